@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Set-up for a fresh Debian machine (with or without a GPU): system packages, the cached Python
+# environment that provides LibTorch (the torch wheel) and the golden-file references, then the build.
+#
+#   bash launch/setup.sh            # install what is missing, configure and build into build/
+#
+# The virtual environment lives outside the clone, keyed by the torch version, so a second run (or a
+# second clone) reuses it: ${TRAINER_CACHE:-$HOME/.cache/llama-trainer}/venv-torch-<version>.
+# On a machine that already has torch (the GPU image) set TRAINER_PYTHON to that python instead.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TORCH_VERSION=2.11.0            # a CUDA 13.0 build on PyPI, the same as the GPU machines' image
+CACHE=${TRAINER_CACHE:-$HOME/.cache/llama-trainer}
+VENV="$CACHE/venv-torch-$TORCH_VERSION"
+BUILD_DIR=${BUILD_DIR:-build}
+
+log() { printf '[setup] %s\n' "$*"; }
+
+apt_packages=(cmake ninja-build g++ ccache pkg-config libopenmpi-dev openmpi-bin libspdlog-dev
+              nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev libsentencepiece-dev)
+missing=()
+for package in "${apt_packages[@]}"; do
+  dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
+done
+if ((${#missing[@]})); then
+  log "installing Debian packages: ${missing[*]}"
+  sudo_cmd=""; [ "$(id -u)" -ne 0 ] && sudo_cmd=sudo
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if [ -n "${TRAINER_PYTHON:-}" ]; then
+  PYTHON=$TRAINER_PYTHON
+else
+  PYTHON="$VENV/bin/python"
+  if ! "$PYTHON" -c "import torch, transformers, galore_torch" >/dev/null 2>&1; then
+    log "creating $VENV (torch==$TORCH_VERSION with its CUDA libraries: several GB, once)"
+    mkdir -p "$CACHE"
+    python3 -m venv "$VENV"
+    "$VENV/bin/pip" install -q --upgrade pip
+    "$VENV/bin/pip" install -q "torch==$TORCH_VERSION" transformers galore-torch numpy sentencepiece
+  fi
+fi
+TORCH_CMAKE=$("$PYTHON" -c "import torch; print(torch.utils.cmake_prefix_path)" 2>/dev/null)
+log "torch $("$PYTHON" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)' 2>/dev/null)"
+
+CUDA_ARGS=()
+if [ -x "${CUDAToolkit_ROOT:-/usr/local/cuda}/bin/nvcc" ]; then
+  CUDA_ARGS+=("-DCUDAToolkit_ROOT=${CUDAToolkit_ROOT:-/usr/local/cuda}")
+fi
+
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_PREFIX_PATH="$TORCH_CMAKE" \
+      -DTRAINER_PYTHON="$PYTHON" "${CUDA_ARGS[@]}" >/dev/null
+# Two compile jobs on two cores; LibTorch translation units take ~2 GB each.
+cmake --build "$BUILD_DIR" -j "${BUILD_JOBS:-$(nproc)}"
+log "built $BUILD_DIR/trainer"

@@ -1,0 +1,1 @@
+#include "optim/adamw.h"

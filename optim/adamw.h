@@ -1,0 +1,56 @@
+// AdamW with torch.optim.AdamW semantics on contiguous fp32 tensors (whole parameters today, a
+// rank's flat shard once sharding lands): one fused pass reads p, g, m, v once and writes p, m, v
+// once. The update is written once as an element-wise functor (optim/adamw_functor.h) and compiled
+// twice: for the host with OpenMP + SIMD, and for CUDA with Thrust (optim/adamw_cuda.cu).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace llm {
+
+struct AdamWOptions {
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+};
+
+// One fused AdamW update in place. p, g, m, v: contiguous, same numel and device; p, m, v fp32;
+// g fp32 or bf16. step is 1-based (bias correction uses it). Decoupled decay: p *= 1 - lr * wd.
+void adamw_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
+                  at::Tensor& exp_avg_sq, double lr, const AdamWOptions& options,
+                  double weight_decay, int64_t step);
+
+struct OptimizedTensor {
+  std::string name;
+  at::Tensor param;  // fp32 master, contiguous; its .grad() holds the gradient at step time
+  bool decay = true; // weight decay applies (matrices yes, norm gains no)
+};
+
+class AdamW {
+ public:
+  AdamW(std::vector<OptimizedTensor> tensors, AdamWOptions options);
+
+  // Applies one update at learning rate lr to every tensor that has a gradient.
+  void step(double lr);
+  int64_t steps_taken() const { return step_; }
+  int64_t state_bytes() const;  // bytes of m and v
+
+  // Checkpointing: "NAME.exp_avg", "NAME.exp_avg_sq" and "step" (a 0-d int64 tensor).
+  std::map<std::string, at::Tensor> state_dict() const;
+  void load_state_dict(const std::map<std::string, at::Tensor>& state);  // throws UserError
+
+ private:
+  std::vector<OptimizedTensor> tensors_;
+  std::vector<at::Tensor> exp_avg_;
+  std::vector<at::Tensor> exp_avg_sq_;
+  AdamWOptions options_;
+  int64_t step_ = 0;
+};
+
+}  // namespace llm

@@ -1,0 +1,46 @@
+// Helpers shared by the tests: paths into the source tree, scratch folders, running the binary.
+#pragma once
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+namespace llm::testing {
+
+inline std::filesystem::path source_dir() { return TRAINER_SOURCE_DIR; }
+inline std::filesystem::path trainer_binary() { return TRAINER_BINARY; }
+
+// A fresh, empty folder under the system temp dir, removed when the object dies.
+class ScratchDir {
+ public:
+  explicit ScratchDir(const std::string& tag) {
+    path_ = std::filesystem::temp_directory_path() /
+            ("trainer_test_" + tag + "_" + std::to_string(::getpid()) + "_" +
+             std::to_string(counter()++));
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~ScratchDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  static int& counter() {
+    static int value = 0;
+    return value;
+  }
+  std::filesystem::path path_;
+};
+
+struct CommandResult {
+  int exit_code = 0;
+  std::string output;  // stdout and stderr together
+};
+
+// Runs a shell command, capturing its output.
+CommandResult run_command(const std::string& command);
+
+}  // namespace llm::testing

@@ -1,0 +1,1 @@
+#include "trainer/config.h"

@@ -1,0 +1,54 @@
+// Pre-tokenized token files: a 64-byte header and then the ids, memory-mapped read-only.
+//
+// Header (little endian): bytes 0-7 magic "LLMTOKv1", u32 version (1), u32 bytes per token (2 or 4),
+// u64 number of tokens, u64 vocabulary size, then zero padding to 64 bytes. The file size must be
+// exactly 64 + tokens * bytes per token. Every id is checked below the vocab size on open (one pass,
+// fast, so a bad file fails before training starts, not hours in).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace llm {
+
+inline constexpr char kTokenFileMagic[8] = {'L', 'L', 'M', 'T', 'O', 'K', 'v', '1'};
+inline constexpr uint32_t kTokenFileVersion = 1;
+inline constexpr size_t kTokenFileHeaderBytes = 64;
+
+class TokenFile {
+ public:
+  // Opens and validates. Throws UserError (path + what is wrong + what to do) for a missing file,
+  // wrong magic or version, bad token width, truncated or oversized file, an id >= the model's
+  // vocab_size (pass model_vocab_size; the header's vocab must not exceed it either).
+  static std::shared_ptr<TokenFile> open(const std::string& path, int64_t model_vocab_size);
+  ~TokenFile();
+  TokenFile(const TokenFile&) = delete;
+  TokenFile& operator=(const TokenFile&) = delete;
+
+  int64_t size() const { return num_tokens_; }
+  int64_t vocab_size() const { return vocab_size_; }
+  int bytes_per_token() const { return bytes_per_token_; }
+  int64_t token(int64_t index) const;
+  // Copies tokens [start, start + out.size()) into out.
+  void read(int64_t start, std::span<int64_t> out) const;
+  const std::string& path() const { return path_; }
+
+ private:
+  TokenFile() = default;
+  std::string path_;
+  void* mapping_ = nullptr;
+  size_t mapping_bytes_ = 0;
+  const unsigned char* tokens_ = nullptr;
+  int64_t num_tokens_ = 0;
+  int64_t vocab_size_ = 0;
+  int bytes_per_token_ = 0;
+};
+
+// Writes a token file; picks uint16 when vocab_size <= 65536, else uint32. Writes to path + ".tmp"
+// then renames, so a crash never leaves a half-written file under the final name.
+void write_token_file(const std::string& path, std::span<const int64_t> tokens, int64_t vocab_size);
+
+}  // namespace llm
