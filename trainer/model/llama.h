@@ -1,0 +1,115 @@
+// LLaMA exactly as transformers' LlamaForCausalLM for the GaLore config family: RMSNorm, rotary
+// embeddings (rotate-half, base rope_theta), SwiGLU MLP, no biases, untied embeddings, causal
+// attention through at::scaled_dot_product_attention, init N(0, initializer_range).
+//
+// Single-device on purpose: this file knows nothing of sharding or offload. Those are applied from
+// outside (sharding/), unit by unit: the embedding, each decoder layer, the final norm with the head.
+// Parameter names are the HF names ("model.layers.0.self_attn.q_proj.weight", "lm_head.weight"), so
+// checkpoints and golden files map one to one.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/modules/embedding.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/nn/pimpl.h>
+
+#include "trainer/config.h"
+
+namespace llm {
+
+// RMSNorm as HF computes it: variance in fp32, x * rsqrt(var + eps) cast back to the input dtype,
+// then times the weight.
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t dim, double eps);
+  at::Tensor forward(const at::Tensor& x);  // (..., dim)
+  at::Tensor weight;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(RMSNorm);
+
+class AttentionImpl : public torch::nn::Module {
+ public:
+  explicit AttentionImpl(const ModelConfig& config);
+  // x (B, T, hidden); cos, sin (T, head_dim) in x's dtype
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+
+ private:
+  int64_t num_heads_, num_kv_heads_, head_dim_;
+};
+TORCH_MODULE(Attention);
+
+class MLPImpl : public torch::nn::Module {
+ public:
+  explicit MLPImpl(const ModelConfig& config);
+  at::Tensor forward(const at::Tensor& x);  // down(silu(gate(x)) * up(x))
+  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+};
+TORCH_MODULE(MLP);
+
+class DecoderLayerImpl : public torch::nn::Module {
+ public:
+  explicit DecoderLayerImpl(const ModelConfig& config);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  Attention self_attn{nullptr};
+  MLP mlp{nullptr};
+  RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
+};
+TORCH_MODULE(DecoderLayer);
+
+// The HF "model." prefix: embeddings, layers and final norm.
+class LlamaBackboneImpl : public torch::nn::Module {
+ public:
+  explicit LlamaBackboneImpl(const ModelConfig& config);
+  torch::nn::Embedding embed_tokens{nullptr};
+  torch::nn::ModuleList layers{nullptr};
+  RMSNorm norm{nullptr};
+};
+TORCH_MODULE(LlamaBackbone);
+
+class LlamaForCausalLMImpl : public torch::nn::Module {
+ public:
+  explicit LlamaForCausalLMImpl(const ModelConfig& config);
+
+  // input_ids (B, T) int64 -> logits (B, T, vocab) in the parameters' dtype.
+  at::Tensor forward(const at::Tensor& input_ids);
+
+  // Rotary tables for positions [0, seq_len): cos, sin (seq_len, head_dim), computed in fp32 and
+  // cast to dtype. Cached per (length, dtype, device).
+  std::pair<at::Tensor, at::Tensor> rotary_tables(int64_t seq_len, at::ScalarType dtype,
+                                                  at::Device device);
+
+  // N(0, initializer_range) for linear and embedding weights from a generator seeded with seed,
+  // ones for norm gains, and the padding row (pad_token_id, -1 meaning vocab-1) of the embedding
+  // zeroed, as GaLore's model does.
+  void init_weights(uint64_t seed);
+
+  const ModelConfig& config() const { return config_; }
+  LlamaBackbone model{nullptr};
+  torch::nn::Linear lm_head{nullptr};
+
+ private:
+  ModelConfig config_;
+  at::Tensor rotary_cos_, rotary_sin_;
+};
+TORCH_MODULE(LlamaForCausalLM);
+
+// Mean next-token cross entropy in fp32. logits (B, T, V), labels (B, T) int64 with -100 ignored.
+at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels);
+
+// Name -> tensor views of every parameter, in registration order (HF names).
+std::vector<std::pair<std::string, at::Tensor>> named_parameters_in_order(torch::nn::Module& module);
+
+// Copies tensors by HF name into the module's parameters. Throws UserError naming `source` and the
+// key for a missing or unexpected name or a shape mismatch. Keeps parameter storage (copy_).
+void load_named_tensors(torch::nn::Module& module, const std::map<std::string, at::Tensor>& tensors,
+                        const std::string& source);
+
+}  // namespace llm
