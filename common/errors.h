@@ -23,6 +23,12 @@ class SystemError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Training itself went wrong (a NaN or inf loss): the message says at which step and what to try.
+class TrainingError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 // Who this process is, for error messages and log prefixes. Filled once by the launcher.
 struct ProcessIdentity {
   int rank = 0;

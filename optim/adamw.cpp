@@ -1,1 +1,281 @@
 #include "optim/adamw.h"
+
+#include <cmath>
+#include <set>
+#include <sstream>
+
+#include <ATen/ATen.h>
+
+#include "common/errors.h"
+#include "optim/adamw_functor.h"
+
+#ifdef TRAINER_HAVE_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "optim/adamw_kernels.h"
+#endif
+
+namespace llm {
+namespace {
+
+constexpr const char* kSource = "AdamW";
+
+// Below this many elements a parallel region costs more than it saves (a fork-join is a few
+// microseconds; one thread updates ~32k elements in about that time).
+constexpr int64_t kMinElementsForThreads = 1 << 15;
+
+std::string describe(const at::Tensor& tensor) {
+  if (!tensor.defined()) return "an undefined tensor";
+  std::ostringstream text;
+  text << tensor.scalar_type() << " " << tensor.sizes() << " on " << tensor.device()
+       << (tensor.is_contiguous() ? "" : " (not contiguous)");
+  return text.str();
+}
+
+std::string describe_shape(at::IntArrayRef sizes) {
+  std::ostringstream text;
+  text << sizes;
+  return text.str();
+}
+
+// Throws UserError naming the first argument that breaks adamw_update's contract.
+void check_update_arguments(const at::Tensor& param, const at::Tensor& grad,
+                            const at::Tensor& exp_avg, const at::Tensor& exp_avg_sq, double lr,
+                            double weight_decay, int64_t step) {
+  const std::pair<const char*, const at::Tensor*> named[] = {
+      {"param", &param}, {"grad", &grad}, {"exp_avg", &exp_avg}, {"exp_avg_sq", &exp_avg_sq}};
+  for (const auto& [name, tensor] : named) {
+    LLM_REQUIRE(tensor->defined(), "adamw_update", name, "is undefined");
+  }
+  for (const auto& [name, tensor] : named) {
+    LLM_REQUIRE(tensor->is_contiguous(), "adamw_update", name,
+                "must be contiguous, got " + describe(*tensor) + "; call .contiguous() first");
+    LLM_REQUIRE(tensor->numel() == param.numel(), "adamw_update", name,
+                "has " + std::to_string(tensor->numel()) + " elements but param has " +
+                    std::to_string(param.numel()) + " (" + describe(*tensor) + " vs " +
+                    describe(param) + ")");
+    LLM_REQUIRE(tensor->device() == param.device(), "adamw_update", name,
+                "is on " + tensor->device().str() + " but param is on " + param.device().str() +
+                    "; all four tensors must live on one device");
+    const bool is_grad = tensor == &grad;
+    const bool dtype_ok = tensor->scalar_type() == at::kFloat ||
+                          (is_grad && tensor->scalar_type() == at::kBFloat16);
+    LLM_REQUIRE(dtype_ok, "adamw_update", name,
+                std::string("must be float32") + (is_grad ? " or bfloat16" : "") + ", got " +
+                    describe(*tensor));
+  }
+  const auto device_type = param.device().type();
+  LLM_REQUIRE(device_type == at::kCPU || device_type == at::kCUDA, "adamw_update", "param",
+              "lives on " + param.device().str() + "; only cpu and cuda are supported");
+  LLM_REQUIRE(step >= 1, "adamw_update", "step",
+              "is 1-based (bias correction uses it), got " + std::to_string(step));
+  LLM_REQUIRE(std::isfinite(lr) && lr >= 0.0, "adamw_update", "lr",
+              "must be finite and >= 0, got " + std::to_string(lr));
+  LLM_REQUIRE(std::isfinite(weight_decay) && weight_decay >= 0.0, "adamw_update", "weight_decay",
+              "must be finite and >= 0, got " + std::to_string(weight_decay));
+}
+
+void check_options(const AdamWOptions& options) {
+  LLM_REQUIRE(options.beta1 >= 0.0 && options.beta1 < 1.0, kSource, "beta1",
+              "must be in [0, 1), got " + std::to_string(options.beta1));
+  LLM_REQUIRE(options.beta2 >= 0.0 && options.beta2 < 1.0, kSource, "beta2",
+              "must be in [0, 1), got " + std::to_string(options.beta2));
+  LLM_REQUIRE(options.eps >= 0.0, kSource, "eps",
+              "must be >= 0, got " + std::to_string(options.eps));
+  LLM_REQUIRE(options.weight_decay >= 0.0, kSource, "weight_decay",
+              "must be >= 0, got " + std::to_string(options.weight_decay));
+}
+
+// The CPU step: one pass over the four arrays, split across OpenMP threads in contiguous
+// blocks (static schedule, so each thread streams its own range) and vectorised within each.
+// The loop vectorises only when the compiler may drop errno from sqrt (-fno-math-errno; without it
+// GCC guards every sqrt with a call to sqrtf for negative inputs and keeps the loop scalar).
+template <typename GradElement, bool kLerpFromStart>
+void update_on_host_loop(float* param, const GradElement* grad, float* exp_avg,
+                         float* exp_avg_sq, int64_t numel, const AdamWScalars& scalars) {
+  const AdamWElementUpdate<GradElement, kLerpFromStart> update{param, grad, exp_avg, exp_avg_sq,
+                                                               scalars};
+#pragma omp parallel for simd schedule(static) if (numel >= kMinElementsForThreads)
+  for (int64_t i = 0; i < numel; ++i) update(i);
+}
+
+template <typename GradElement>
+void update_on_host(float* param, const GradElement* grad, float* exp_avg, float* exp_avg_sq,
+                    int64_t numel, const AdamWScalars& scalars) {
+  if (scalars.exp_avg_lerp_from_start) {
+    update_on_host_loop<GradElement, true>(param, grad, exp_avg, exp_avg_sq, numel, scalars);
+  } else {
+    update_on_host_loop<GradElement, false>(param, grad, exp_avg, exp_avg_sq, numel, scalars);
+  }
+}
+
+void update_on_cuda(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
+                    at::Tensor& exp_avg_sq, const AdamWScalars& scalars) {
+#ifdef TRAINER_HAVE_CUDA
+  const c10::cuda::CUDAGuard device_guard(param.device());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(param.device().index()).stream();
+  const auto gradient_type = grad.scalar_type() == at::kBFloat16 ? GradientElementType::kBfloat16
+                                                                  : GradientElementType::kFloat32;
+  launch_adamw_update_cuda(param.data_ptr<float>(), grad.const_data_ptr(), gradient_type,
+                           exp_avg.data_ptr<float>(), exp_avg_sq.data_ptr<float>(), param.numel(),
+                           scalars, stream);
+#else
+  throw SystemError("adamw_update: param is on " + param.device().str() +
+                    " but this build has no CUDA kernels (configured without the CUDA toolkit or "
+                    "with -DTRAINER_WITH_CUDA=OFF); rebuild with CUDA or keep the step on cpu");
+#endif
+}
+
+}  // namespace
+
+void adamw_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
+                  at::Tensor& exp_avg_sq, double lr, const AdamWOptions& options,
+                  double weight_decay, int64_t step) {
+  check_update_arguments(param, grad, exp_avg, exp_avg_sq, lr, weight_decay, step);
+  const AdamWScalars scalars = make_adamw_scalars(lr, options.beta1, options.beta2, options.eps,
+                                                  weight_decay, step);
+  if (param.device().is_cuda()) {
+    update_on_cuda(param, grad, exp_avg, exp_avg_sq, scalars);
+    return;
+  }
+  const int64_t numel = param.numel();
+  if (grad.scalar_type() == at::kBFloat16) {
+    update_on_host(param.data_ptr<float>(), grad.const_data_ptr<at::BFloat16>(),
+                   exp_avg.data_ptr<float>(), exp_avg_sq.data_ptr<float>(), numel, scalars);
+  } else {
+    update_on_host(param.data_ptr<float>(), grad.const_data_ptr<float>(),
+                   exp_avg.data_ptr<float>(), exp_avg_sq.data_ptr<float>(), numel, scalars);
+  }
+}
+
+AdamW::AdamW(std::vector<OptimizedTensor> tensors, AdamWOptions options)
+    : tensors_(std::move(tensors)), options_(options) {
+  check_options(options_);
+  std::set<std::string> names;
+  for (const OptimizedTensor& tensor : tensors_) {
+    LLM_REQUIRE(!tensor.name.empty(), kSource, "tensors", "every tensor needs a name");
+    LLM_REQUIRE(names.insert(tensor.name).second, kSource, tensor.name,
+                "appears twice; names key the optimizer state and must be unique");
+    LLM_REQUIRE(tensor.param.defined(), kSource, tensor.name, "param is undefined");
+    LLM_REQUIRE(tensor.param.scalar_type() == at::kFloat && tensor.param.is_contiguous(),
+                kSource, tensor.name,
+                "the master param must be a contiguous float32 tensor, got " +
+                    describe(tensor.param));
+  }
+  exp_avg_.resize(tensors_.size());
+  exp_avg_sq_.resize(tensors_.size());
+}
+
+void AdamW::step(double lr) {
+  // Check every tensor before touching any, so a bad gradient leaves the optimizer unchanged.
+  const int64_t next_step = step_ + 1;
+  for (const OptimizedTensor& tensor : tensors_) {
+    const at::Tensor& grad = tensor.param.grad();
+    if (!grad.defined()) continue;
+    check_update_arguments(tensor.param, grad, tensor.param, tensor.param, lr,
+                           options_.weight_decay, next_step);
+  }
+  step_ = next_step;
+  for (size_t index = 0; index < tensors_.size(); ++index) {
+    OptimizedTensor& tensor = tensors_[index];
+    const at::Tensor& grad = tensor.param.grad();
+    if (!grad.defined()) continue;
+    if (!exp_avg_[index].defined()) {
+      exp_avg_[index] = at::zeros_like(tensor.param, at::MemoryFormat::Contiguous);
+      exp_avg_sq_[index] = at::zeros_like(tensor.param, at::MemoryFormat::Contiguous);
+    }
+    const double weight_decay = tensor.decay ? options_.weight_decay : 0.0;
+    adamw_update(tensor.param, grad, exp_avg_[index], exp_avg_sq_[index], lr, options_,
+                 weight_decay, step_);
+  }
+}
+
+int64_t AdamW::state_bytes() const {
+  int64_t bytes = 0;
+  for (size_t index = 0; index < tensors_.size(); ++index) {
+    if (exp_avg_[index].defined()) bytes += exp_avg_[index].nbytes();
+    if (exp_avg_sq_[index].defined()) bytes += exp_avg_sq_[index].nbytes();
+  }
+  return bytes;
+}
+
+// The live state tensors, not copies: save them before the next step. A tensor that has not been
+// stepped yet reports zeros, which is exactly the state it would start from.
+std::map<std::string, at::Tensor> AdamW::state_dict() const {
+  std::map<std::string, at::Tensor> state;
+  for (size_t index = 0; index < tensors_.size(); ++index) {
+    const OptimizedTensor& tensor = tensors_[index];
+    const bool stepped = exp_avg_[index].defined();
+    const auto fresh = [&] { return at::zeros_like(tensor.param, at::MemoryFormat::Contiguous); };
+    state[tensor.name + ".exp_avg"] = stepped ? exp_avg_[index] : fresh();
+    state[tensor.name + ".exp_avg_sq"] = stepped ? exp_avg_sq_[index] : fresh();
+  }
+  state["step"] = at::scalar_tensor(step_, at::kLong);
+  return state;
+}
+
+void AdamW::load_state_dict(const std::map<std::string, at::Tensor>& state) {
+  // Collect every problem first, so one failed resume shows all of them, and change nothing
+  // unless the whole dict fits.
+  std::vector<std::string> problems;
+  std::set<std::string> expected_keys = {"step"};
+  const auto step_entry = state.find("step");
+  if (step_entry == state.end()) {
+    problems.push_back("key 'step' is missing");
+  } else {
+    const at::Tensor& step = step_entry->second;
+    if (!step.defined() || step.numel() != 1 ||
+        !at::isIntegralType(step.scalar_type(), /*includeBool=*/false)) {
+      problems.push_back("key 'step' must hold one integer, got " + describe(step));
+    } else if (step.item<int64_t>() < 0) {
+      problems.push_back("key 'step' is negative (" + std::to_string(step.item<int64_t>()) + ")");
+    }
+  }
+  for (const OptimizedTensor& tensor : tensors_) {
+    for (const char* suffix : {".exp_avg", ".exp_avg_sq"}) {
+      const std::string key = tensor.name + suffix;
+      expected_keys.insert(key);
+      const auto entry = state.find(key);
+      if (entry == state.end()) {
+        problems.push_back("key '" + key + "' is missing");
+        continue;
+      }
+      const at::Tensor& value = entry->second;
+      if (!value.defined() || value.sizes() != tensor.param.sizes()) {
+        problems.push_back("key '" + key + "' has shape " +
+                           (value.defined() ? describe_shape(value.sizes()) : "undefined") +
+                           " but the parameter has shape " +
+                           describe_shape(tensor.param.sizes()));
+      } else if (value.scalar_type() != at::kFloat) {
+        problems.push_back("key '" + key + "' must be float32, got " + describe(value));
+      }
+    }
+  }
+  for (const auto& [key, value] : state) {
+    if (!expected_keys.count(key)) {
+      problems.push_back("key '" + key + "' is unexpected (no parameter of that name)");
+    }
+  }
+  if (!problems.empty()) {
+    std::string message = "cannot load optimizer state: ";
+    for (size_t index = 0; index < problems.size(); ++index) {
+      message += (index ? "; " : "") + problems[index];
+    }
+    throw UserError(std::string(kSource) + ": " + message +
+                    ". Was the checkpoint written for the same model and parameter names?");
+  }
+
+  for (size_t index = 0; index < tensors_.size(); ++index) {
+    const OptimizedTensor& tensor = tensors_[index];
+    if (!exp_avg_[index].defined()) {
+      exp_avg_[index] = at::empty_like(tensor.param, at::MemoryFormat::Contiguous);
+      exp_avg_sq_[index] = at::empty_like(tensor.param, at::MemoryFormat::Contiguous);
+    }
+    exp_avg_[index].copy_(state.at(tensor.name + ".exp_avg"));
+    exp_avg_sq_[index].copy_(state.at(tensor.name + ".exp_avg_sq"));
+  }
+  step_ = state.at("step").item<int64_t>();
+}
+
+}  // namespace llm

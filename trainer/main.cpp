@@ -1,2 +1,76 @@
+// `trainer`: the one binary. `trainer --config FILE [flags]` trains (one process, or one rank per GPU
+// under mpirun); `trainer prepare ...` turns text into a token file. Exit codes: 0 done, 2 bad input
+// (config, flags, data, checkpoint), 3 training diverged, 1 anything else. Under mpirun a failure on
+// any rank aborts the whole job with the message, so no rank is left waiting in a collective.
 #include <cstdio>
-int main() { std::puts("placeholder"); return 0; }
+#include <iostream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/errors.h"
+#include "common/log.h"
+#include "sharding/world.h"
+#include "trainer/cli.h"
+#include "trainer/config.h"
+#include "trainer/data/prepare.h"
+#include "trainer/train_loop.h"
+
+namespace {
+
+int run_command(const llm::Command& command, const llm::World& world) {
+  using Kind = llm::Command::Kind;
+  if (command.kind == Kind::help) {
+    if (world.rank == 0) std::cout << command.help_text;
+    return 0;
+  }
+  if (command.kind == Kind::prepare) {
+    if (world.rank == 0) llm::prepare_token_file(command.prepare);
+    return 0;
+  }
+  llm::RunConfig run = command.run;
+  const llm::ModelConfig model = llm::load_model_config(run.config_path);
+  llm::validate_run_config(run, model, world.world_size);
+  if (run.print_config) {
+    if (world.rank == 0) std::cout << llm::resolved_config_json(model, run).dump(2) << std::endl;
+    return 0;
+  }
+  LLM_REQUIRE(world.world_size == 1, "mpirun", "-np",
+              "this build trains on one rank; run without mpirun (sharding across ranks is not "
+              "wired into the training loop yet)");
+  llm::RuntimeContext context;
+  context.rank = world.rank;
+  context.world_size = world.world_size;
+  context.device = llm::select_device(run.device, world.local_rank);
+  llm::process_identity().device = context.device.str();
+  const llm::TrainingOutcome outcome = llm::train(model, run, context);
+  llm::log::info("done: {} steps, final loss {:.4f}, final eval loss {:.4f}", outcome.steps,
+                 outcome.final_loss, outcome.final_eval_loss);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  llm::World world = llm::start_world(&argc, &argv);
+  llm::log::configure(world.rank, world.world_size);
+  int exit_code = 0;
+  std::string failure;
+  try {
+    exit_code = run_command(llm::parse_command_line(argc, argv), world);
+  } catch (const llm::UserError& error) {
+    exit_code = 2;
+    failure = std::string("error: ") + error.what();
+  } catch (const llm::TrainingError& error) {
+    exit_code = 3;
+    failure = std::string("training stopped: ") + error.what();
+  } catch (const std::exception& error) {
+    exit_code = 1;
+    failure = std::string("fatal: ") + error.what();
+  }
+  if (exit_code != 0) {
+    if (world.world_size > 1) llm::abort_world(exit_code, failure);
+    std::fprintf(stderr, "%s\n", failure.c_str());
+  }
+  llm::stop_world();
+  return exit_code;
+}

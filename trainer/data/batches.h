@@ -8,6 +8,9 @@
 // and within it rank r takes positions [r * batch, (r + 1) * batch): ranks read disjoint windows and
 // N ranks see together exactly what one rank with an N times larger micro-batch sees.
 // Eval walks the held-out windows in file order, split across ranks the same way.
+// Exactly: each next() reads global samples [c + r * batch, c + (r + 1) * batch) on rank r, where c is
+// samples_consumed(), then advances c by batch * world_size. seek(c) may land anywhere (not only on a
+// micro-batch boundary), so a run can resume at another world size or batch size.
 #pragma once
 
 #include <cstdint>

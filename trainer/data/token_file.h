@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <span>
 #include <string>
@@ -50,5 +51,29 @@ class TokenFile {
 // Writes a token file; picks uint16 when vocab_size <= 65536, else uint32. Writes to path + ".tmp"
 // then renames, so a crash never leaves a half-written file under the final name.
 void write_token_file(const std::string& path, std::span<const int64_t> tokens, int64_t vocab_size);
+
+// The streaming form of write_token_file, for corpora larger than memory: append ids in pieces,
+// then finish() fills in the header's token count and renames path + ".tmp" to path. Destroyed
+// without finish() (an exception on the way), it removes the temporary file.
+class TokenFileWriter {
+ public:
+  TokenFileWriter(const std::string& path, int64_t vocab_size);  // throws UserError
+  ~TokenFileWriter();
+  TokenFileWriter(const TokenFileWriter&) = delete;
+  TokenFileWriter& operator=(const TokenFileWriter&) = delete;
+
+  void append(std::span<const int64_t> tokens);  // throws UserError on an id outside the vocab
+  int64_t num_tokens() const { return num_tokens_; }
+  void finish();
+
+ private:
+  std::string path_;
+  std::string temporary_path_;
+  std::FILE* file_ = nullptr;
+  int64_t vocab_size_ = 0;
+  int bytes_per_token_ = 0;
+  int64_t num_tokens_ = 0;
+  std::vector<unsigned char> buffer_;  // ids narrowed to the file's width
+};
 
 }  // namespace llm

@@ -1,0 +1,336 @@
+// Bandwidth of the Communicator's collectives, in the manner of nccl-tests' all_reduce_perf:
+// one row per (collective, size) with time, algorithm bandwidth, bus bandwidth and a count of
+// wrong elements from a run on inputs whose result is known exactly.
+//
+// Conventions (nccl-tests' doc/PERFORMANCE.md): "size" is the whole buffer, the gathered output
+// for all_gather, the input for reduce_scatter, the tensor for all_reduce. algbw = size / time.
+// busbw corrects algbw for the data a ring must move, so it can be compared against the hardware's
+// link bandwidth whatever the collective and rank count: busbw = algbw * 2(n-1)/n for all_reduce,
+// algbw * (n-1)/n for all_gather and reduce_scatter. Time is the mean over the timed iterations
+// of the slowest rank.
+//
+// On CPU the backend is MPI (shared memory within a host), on GPUs NCCL, for one rank the world
+// of one (a copy), unless --backend says otherwise.
+//
+//   mpirun -np 4 build/communicator_bench [--min-bytes 1K] [--max-bytes 64M] [--step-factor 4]
+//          [--iters 20] [--warmup 5] [--dtype float32|bfloat16] [--op sum|average]
+//          [--collectives all_gather,reduce_scatter,all_reduce] [--backend auto|single|mpi|nccl]
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <torch/cuda.h>
+
+#include "common/errors.h"
+#include "common/log.h"
+#include "sharding/communicator.h"
+#include "sharding/world.h"
+
+namespace {
+
+using llm::Communicator;
+using llm::ReduceOp;
+
+struct Options {
+  std::string min_bytes = "1K";
+  std::string max_bytes = "64M";
+  int step_factor = 4;
+  int iters = 20;
+  int warmup = 5;
+  std::string dtype = "float32";
+  std::string op = "sum";
+  std::vector<std::string> collectives = {"all_gather", "reduce_scatter", "all_reduce"};
+  std::string backend = "auto";
+};
+
+// "4096", "4K", "64M", "1G" (binary units).
+int64_t parse_bytes(const std::string& flag, const std::string& text) {
+  try {
+    size_t used = 0;
+    int64_t value = std::stoll(text, &used);
+    const std::string unit = text.substr(used);
+    if (unit == "K" || unit == "k") value <<= 10;
+    else if (unit == "M" || unit == "m") value <<= 20;
+    else if (unit == "G" || unit == "g") value <<= 30;
+    else if (!unit.empty()) throw std::invalid_argument(unit);
+    if (value < 1) throw std::invalid_argument(text);
+    return value;
+  } catch (const std::exception&) {
+    throw llm::UserError(flag + ": '" + text + "' is not a size; write 4096, 4K, 64M or 1G");
+  }
+}
+
+double bus_factor(const std::string& collective, int ranks) {
+  const double n = ranks;
+  return collective == "all_reduce" ? 2.0 * (n - 1) / n : (n - 1) / n;
+}
+
+// --- exactly predictable inputs (the scheme of tests/mpi/communicator_test.cpp) -------------------
+
+// Element i of rank r is r * stride + i % stride; the stride keeps every sum over ranks an
+// integer that the dtype holds exactly (2^24 for float32, 2^8 for bfloat16).
+int64_t pattern_stride(at::ScalarType dtype, int ranks) {
+  const int64_t limit = dtype == at::kBFloat16 ? int64_t{1} << 8 : int64_t{1} << 24;
+  return std::max<int64_t>(1, std::min<int64_t>(limit / (int64_t{ranks} * (ranks + 1) / 2),
+                                                int64_t{1} << 20));
+}
+
+at::Tensor pattern_values(int rank, int64_t offset, int64_t count, int64_t stride) {
+  return at::arange(offset, offset + count, at::kLong).remainder(stride) + rank * stride;
+}
+
+at::Tensor sum_over_ranks(int ranks, int64_t offset, int64_t count, int64_t stride) {
+  at::Tensor total = at::zeros({count}, at::kLong);
+  for (int rank = 0; rank < ranks; ++rank) total += pattern_values(rank, offset, count, stride);
+  return total.to(at::kDouble);
+}
+
+int64_t count_wrong(const at::Tensor& actual, const at::Tensor& expected, double relative) {
+  const at::Tensor got = actual.to(at::kCPU).to(at::kDouble).flatten();
+  return (got - expected).abs().le(expected.abs() * relative).logical_not().sum().item<int64_t>();
+}
+
+// --- one row ----------------------------------------------------------------------------------------
+
+struct Buffers {
+  at::Tensor input, output;  // all_reduce uses input only (in place)
+};
+
+struct Row {
+  int64_t bytes = 0, count = 0;
+  double seconds = 0;
+  int64_t wrong = 0;
+};
+
+class Bench {
+ public:
+  Bench(Communicator& comm, at::ScalarType dtype, ReduceOp op, int iters, int warmup)
+      : comm_(comm), dtype_(dtype), op_(op), iters_(iters), warmup_(warmup) {}
+
+  Row measure(const std::string& collective, int64_t bytes) {
+    const int ranks = comm_.world_size();
+    const int64_t element_size = static_cast<int64_t>(c10::elementSize(dtype_));
+    // The whole buffer in elements, a multiple of the rank count so that it splits evenly.
+    const int64_t count = std::max<int64_t>(ranks, bytes / element_size / ranks * ranks);
+    const int64_t per_rank = count / ranks;
+    Row row;
+    row.count = count;
+    row.bytes = count * element_size;
+
+    Buffers buffers = allocate(collective, count, per_rank);
+    const auto run_once = [&] { run(collective, buffers); };
+    for (int i = 0; i < warmup_; ++i) run_once();
+    synchronize();
+    comm_.barrier();
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters_; ++i) run_once();
+    synchronize();
+    double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters_;
+    LLM_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+    row.seconds = seconds;
+
+    int64_t wrong = check(collective, buffers, count, per_rank);
+    LLM_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD));
+    row.wrong = wrong;
+    return row;
+  }
+
+ private:
+  at::Tensor empty(int64_t count) const {
+    return at::empty({count}, at::TensorOptions().dtype(dtype_).device(comm_.device()));
+  }
+  at::Tensor pattern(int64_t count) const {
+    const int64_t stride = pattern_stride(dtype_, comm_.world_size());
+    return pattern_values(comm_.rank(), 0, count, stride).to(comm_.device(), dtype_);
+  }
+
+  Buffers allocate(const std::string& collective, int64_t count, int64_t per_rank) const {
+    if (collective == "all_gather") return {pattern(per_rank), empty(count)};
+    if (collective == "reduce_scatter") return {pattern(count), empty(per_rank)};
+    return {pattern(count), at::Tensor()};
+  }
+
+  void run(const std::string& collective, const Buffers& buffers) {
+    if (collective == "all_gather") comm_.all_gather(buffers.input, buffers.output);
+    else if (collective == "reduce_scatter")
+      comm_.reduce_scatter(buffers.input, buffers.output, op_);
+    else comm_.all_reduce(buffers.input, op_);
+  }
+
+  void synchronize() const {
+    if (comm_.device().is_cuda()) torch::cuda::synchronize(comm_.device().index());
+  }
+
+  // Runs the collective once more on fresh pattern inputs and counts wrong elements on this rank.
+  int64_t check(const std::string& collective, Buffers& buffers, int64_t count, int64_t per_rank) {
+    const int ranks = comm_.world_size();
+    const int64_t stride = pattern_stride(dtype_, ranks);
+    // Sums are exact by construction; an average may round (NCCL pre-multiplies by 1/n).
+    const double unit_roundoff = dtype_ == at::kBFloat16 ? 1.0 / 128 : 1.0 / (1 << 23);
+    const double relative = op_ == ReduceOp::average ? 4 * unit_roundoff : 0.0;
+    const double divisor = op_ == ReduceOp::average ? ranks : 1.0;
+    if (collective == "all_gather") {
+      buffers.output.fill_(-1);
+      run(collective, buffers);
+      at::Tensor expected = at::empty({count}, at::kDouble);
+      for (int from = 0; from < ranks; ++from)
+        expected.narrow(0, from * per_rank, per_rank)
+            .copy_(pattern_values(from, 0, per_rank, stride));
+      return count_wrong(buffers.output, expected, 0.0);
+    }
+    if (collective == "reduce_scatter") {
+      buffers.output.fill_(-1);
+      run(collective, buffers);
+      const at::Tensor expected =
+          sum_over_ranks(ranks, comm_.rank() * per_rank, per_rank, stride) / divisor;
+      return count_wrong(buffers.output, expected, relative);
+    }
+    buffers.input.copy_(pattern(count));
+    run(collective, buffers);
+    return count_wrong(buffers.input, sum_over_ranks(ranks, 0, count, stride) / divisor,
+                       relative);
+  }
+
+  Communicator& comm_;
+  at::ScalarType dtype_;
+  ReduceOp op_;
+  int iters_, warmup_;
+};
+
+std::unique_ptr<Communicator> make_backend(const std::string& backend, const llm::World& world,
+                                           c10::Device device) {
+  if (backend == "auto") return llm::make_communicator(world, device);
+  if (backend == "single") return llm::make_single_rank_communicator(device);
+  if (backend == "mpi") return llm::make_mpi_communicator(world);
+  if (backend == "nccl") return llm::make_nccl_communicator(world, device);
+  throw llm::UserError("--backend: '" + backend + "'; use auto, single, mpi or nccl");
+}
+
+void run_bench(const Options& options, const llm::World& world) {
+  const int64_t min_bytes = parse_bytes("--min-bytes", options.min_bytes);
+  const int64_t max_bytes = parse_bytes("--max-bytes", options.max_bytes);
+  LLM_REQUIRE(min_bytes <= max_bytes, "communicator_bench", "--min-bytes",
+              "must not exceed --max-bytes");
+  LLM_REQUIRE(options.dtype == "float32" || options.dtype == "bfloat16", "communicator_bench",
+              "--dtype", "'" + options.dtype + "'; use float32 or bfloat16");
+  LLM_REQUIRE(options.op == "sum" || options.op == "average", "communicator_bench", "--op",
+              "'" + options.op + "'; use sum or average");
+  for (const std::string& collective : options.collectives)
+    LLM_REQUIRE(collective == "all_gather" || collective == "reduce_scatter" ||
+                    collective == "all_reduce",
+                "communicator_bench", "--collectives",
+                "'" + collective + "'; use all_gather, reduce_scatter and/or all_reduce");
+  const at::ScalarType dtype = options.dtype == "float32" ? at::kFloat : at::kBFloat16;
+  const ReduceOp op = options.op == "sum" ? ReduceOp::sum : ReduceOp::average;
+
+  const bool use_gpu = options.backend == "nccl" ||
+                       (options.backend != "mpi" && torch::cuda::is_available());
+  const c10::Device device =
+      use_gpu ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank))
+              : c10::Device(c10::kCPU);
+  llm::process_identity().device = device.str();
+  const std::unique_ptr<Communicator> comm = make_backend(options.backend, world, device);
+
+  std::vector<int64_t> sizes;
+  for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= options.step_factor)
+    sizes.push_back(bytes);
+
+  if (world.rank == 0) {
+    std::printf("# communicator_bench: backend %s, %d rank(s), %d on this host, device %s\n",
+                comm->backend_name().c_str(), world.world_size, world.local_size,
+                device.str().c_str());
+    std::printf("# dtype %s, op %s, %d warm-up + %d timed iterations per row; time is the "
+                "slowest rank's mean\n",
+                options.dtype.c_str(), options.op.c_str(), options.warmup, options.iters);
+    std::printf("# busbw = algbw * 2(n-1)/n (all_reduce), algbw * (n-1)/n (all_gather, "
+                "reduce_scatter); #wrong must be 0\n#\n");
+    std::printf("# %-15s %12s %12s %9s %8s %11s %11s %11s %8s\n", "collective", "size(B)",
+                "count", "type", "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+    std::fflush(stdout);
+  }
+  Bench bench(*comm, dtype, op, options.iters, options.warmup);
+  std::map<std::string, std::pair<double, int>> bus_bandwidth_sum;  // collective -> (sum, rows)
+  int64_t total_wrong = 0;
+  for (const std::string& collective : options.collectives) {
+    for (int64_t bytes : sizes) {
+      const Row row = bench.measure(collective, bytes);
+      const double algbw = static_cast<double>(row.bytes) / row.seconds / 1e9;
+      const double busbw = algbw * bus_factor(collective, world.world_size);
+      bus_bandwidth_sum[collective].first += busbw;
+      bus_bandwidth_sum[collective].second += 1;
+      total_wrong += row.wrong;
+      if (world.rank == 0) {
+        std::printf("  %-15s %12lld %12lld %9s %8s %11.1f %11.3f %11.3f %8lld\n",
+                    collective.c_str(), static_cast<long long>(row.bytes),
+                    static_cast<long long>(row.count), options.dtype.c_str(),
+                    collective == "all_gather" ? "none" : options.op.c_str(), row.seconds * 1e6,
+                    algbw, busbw, static_cast<long long>(row.wrong));
+        std::fflush(stdout);
+      }
+    }
+  }
+  if (world.rank == 0) {
+    for (const auto& [collective, sum_and_rows] : bus_bandwidth_sum)
+      std::printf("# Avg bus bandwidth (%s): %.3f GB/s\n", collective.c_str(),
+                  sum_and_rows.first / sum_and_rows.second);
+    std::printf("# Wrong elements in total: %lld%s\n", static_cast<long long>(total_wrong),
+                total_wrong == 0 ? "" : "  <-- RESULTS ARE WRONG");
+  }
+  if (total_wrong != 0)
+    throw llm::SystemError("communicator_bench: " + std::to_string(total_wrong) +
+                           " wrong elements (see the #wrong column)");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const llm::World world = llm::start_world(&argc, &argv);
+  llm::log::configure(world.rank, world.world_size);
+
+  Options options;
+  CLI::App app{"Bandwidth of all_gather, reduce_scatter and all_reduce (nccl-tests style)"};
+  app.add_option("--min-bytes", options.min_bytes, "smallest buffer, e.g. 1K");
+  app.add_option("--max-bytes", options.max_bytes, "largest buffer, e.g. 64M");
+  app.add_option("--step-factor", options.step_factor, "size multiplier between rows")
+      ->check(CLI::Range(2, 1024));
+  app.add_option("--iters", options.iters, "timed iterations per row")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", options.warmup, "untimed iterations per row")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--dtype", options.dtype, "float32 or bfloat16");
+  app.add_option("--op", options.op, "sum or average (reduce_scatter, all_reduce)");
+  app.add_option("--collectives", options.collectives, "which collectives, comma-separated")
+      ->delimiter(',');
+  app.add_option("--backend", options.backend, "auto, single, mpi or nccl");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& error) {
+    const int code = world.rank == 0 ? app.exit(error) : error.get_exit_code();
+    llm::stop_world();
+    return code;
+  }
+
+  int exit_code = 0;
+  std::string failure;
+  try {
+    run_bench(options, world);
+  } catch (const llm::UserError& error) {
+    exit_code = 2;
+    failure = std::string("error: ") + error.what();
+  } catch (const std::exception& error) {
+    exit_code = 1;
+    failure = std::string("fatal: ") + error.what();
+  }
+  if (exit_code != 0) {
+    if (world.world_size > 1) llm::abort_world(exit_code, failure);
+    std::fprintf(stderr, "%s\n", failure.c_str());
+  }
+  llm::stop_world();
+  return exit_code;
+}

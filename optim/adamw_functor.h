@@ -1,0 +1,113 @@
+// The AdamW update of one element, written once and compiled twice: by the host compiler for the
+// OpenMP + SIMD loop in optim/adamw.cpp (the CPU-offload step) and by nvcc for the Thrust kernel in
+// optim/adamw_cuda.cu. It follows torch.optim.AdamW's single-tensor path (non-foreach, non-amsgrad)
+// operation by operation, in fp32 and in the same order, so that the two agree to rounding:
+//
+//   p = p * (1 - lr * wd)                    param.mul_(1 - lr * weight_decay)
+//   m = m + (1 - beta1) * (g - m)            exp_avg.lerp_(grad, 1 - beta1)   (beta1 > 0.5; below,
+//                                            lerp's other form: see lerp_like_torch)
+//   v = v * beta2 + ((1 - beta2) * g) * g    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2)
+//   d = sqrt(v) / sqrt(1 - beta2^t) + eps    (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)
+//   p = p + (-lr / (1 - beta1^t) * m) / d    param.addcdiv_(exp_avg, denom, value=-step_size)
+//
+// Every per-call scalar is computed once on the host in double (as Python does) and rounded to fp32
+// (as the ATen kernels do) in make_adamw_scalars; the functor only does the per-element work.
+//
+// This header must stay free of LibTorch: nvcc compiles it as C++17 without the LibTorch headers.
+// On the host the element code vectorises under `omp simd` only with -fno-math-errno (otherwise
+// GCC guards std::sqrt with an errno call and keeps the loop scalar, ~4x slower measured).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#ifdef __CUDACC__
+#include <cuda_bf16.h>
+#define LLM_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define LLM_HOST_DEVICE inline
+#endif
+
+namespace llm {
+
+// The per-call constants of one AdamW update, already rounded to fp32.
+struct AdamWScalars {
+  float decay_factor;              // 1 - lr * weight_decay
+  bool exp_avg_lerp_from_start;    // lerp weight 1 - beta1 below 0.5 (every beta1 above 0.5)
+  float exp_avg_lerp_coefficient;  // 1 - beta1 if exp_avg_lerp_from_start, else (1 - beta1) - 1
+  float beta2;                     // decay of the second moment
+  float one_minus_beta2;           // weight of g*g in the second moment
+  float bias_correction2_sqrt;     // sqrt(1 - beta2^step)
+  float eps;
+  float negative_step_size;        // -lr / (1 - beta1^step)
+};
+
+// Computes the scalars for one update; step is 1-based. Host only (the caller validated inputs).
+inline AdamWScalars make_adamw_scalars(double lr, double beta1, double beta2, double eps,
+                                       double weight_decay, int64_t step) {
+  const double steps = static_cast<double>(step);
+  const double bias_correction1 = 1.0 - std::pow(beta1, steps);
+  const double bias_correction2 = 1.0 - std::pow(beta2, steps);
+  AdamWScalars scalars;
+  scalars.decay_factor = static_cast<float>(1.0 - lr * weight_decay);
+  const float exp_avg_weight = static_cast<float>(1.0 - beta1);
+  scalars.exp_avg_lerp_from_start = std::fabs(exp_avg_weight) < 0.5f;
+  scalars.exp_avg_lerp_coefficient =
+      scalars.exp_avg_lerp_from_start ? exp_avg_weight : exp_avg_weight - 1.0f;
+  scalars.beta2 = static_cast<float>(beta2);
+  scalars.one_minus_beta2 = static_cast<float>(1.0 - beta2);
+  scalars.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+  scalars.eps = static_cast<float>(eps);
+  scalars.negative_step_size = static_cast<float>(-(lr / bias_correction1));
+  return scalars;
+}
+
+// Gradient element -> fp32. float passes through; c10::BFloat16 (host) converts with its own
+// operator float; __nv_bfloat16 (device) with the CUDA intrinsic, which also works on the host.
+template <typename GradElement>
+LLM_HOST_DEVICE float gradient_to_float(GradElement gradient) {
+  return static_cast<float>(gradient);
+}
+#ifdef __CUDACC__
+LLM_HOST_DEVICE float gradient_to_float(__nv_bfloat16 gradient) {
+  return __bfloat162float(gradient);
+}
+#endif
+
+// torch.lerp(start, end, weight) as ATen computes it (at::native::lerp): start + w * (end - start)
+// for |w| < 0.5, else end - (1 - w) * (end - start), which keeps the result exact at w = 0 and 1.
+// The branch depends only on w, so the host picks it once and it is a template argument here: a
+// run-time select would keep GCC from vectorising the loop. The second form is computed as
+// end + (w - 1) * (end - start), equal to the bit (negation is exact).
+template <bool kLerpFromStart>
+LLM_HOST_DEVICE float lerp_like_torch(float start, float end, float lerp_coefficient) {
+  return (kLerpFromStart ? start : end) + lerp_coefficient * (end - start);
+}
+
+// The update of element i of four flat arrays: param, exp_avg, exp_avg_sq (fp32, updated in place)
+// and grad (fp32 or bf16, read only). A plain aggregate so Thrust can copy it to the device.
+// kLerpFromStart must equal scalars.exp_avg_lerp_from_start (see lerp_like_torch).
+template <typename GradElement, bool kLerpFromStart>
+struct AdamWElementUpdate {
+  float* param;                 // (numel) fp32
+  const GradElement* grad;      // (numel) fp32 or bf16
+  float* exp_avg;               // (numel) fp32, first moment
+  float* exp_avg_sq;            // (numel) fp32, second moment
+  AdamWScalars scalars;
+
+  LLM_HOST_DEVICE void operator()(int64_t i) const {
+    const float gradient = gradient_to_float(grad[i]);
+    const float decayed_param = param[i] * scalars.decay_factor;
+    const float first_moment = lerp_like_torch<kLerpFromStart>(exp_avg[i], gradient,
+                                                               scalars.exp_avg_lerp_coefficient);
+    const float second_moment =
+        exp_avg_sq[i] * scalars.beta2 + (scalars.one_minus_beta2 * gradient) * gradient;
+    const float denominator =
+        std::sqrt(second_moment) / scalars.bias_correction2_sqrt + scalars.eps;
+    param[i] = decayed_param + (scalars.negative_step_size * first_moment) / denominator;
+    exp_avg[i] = first_moment;
+    exp_avg_sq[i] = second_moment;
+  }
+};
+
+}  // namespace llm

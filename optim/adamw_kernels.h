@@ -1,0 +1,24 @@
+// The CUDA side of the AdamW update, as a plain C++ interface on raw device pointers and a stream.
+// It exists because the CUDA sources compile as C++17 without the LibTorch headers: optim/adamw.cpp
+// validates the tensors, picks the stream and calls in here; optim/adamw_cuda.cu runs the shared
+// element functor (optim/adamw_functor.h) with Thrust.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "optim/adamw_functor.h"
+
+namespace llm {
+
+enum class GradientElementType { kFloat32, kBfloat16 };
+
+// Applies one AdamW update in place to numel elements on the device that owns the pointers,
+// enqueued on stream without a host synchronisation. grad points at fp32 or bf16 elements as
+// gradient_type says. Launch failures throw SystemError.
+void launch_adamw_update_cuda(float* param, const void* grad, GradientElementType gradient_type,
+                              float* exp_avg, float* exp_avg_sq, int64_t numel,
+                              const AdamWScalars& scalars, cudaStream_t stream);
+
+}  // namespace llm

@@ -1,0 +1,116 @@
+// Collectives for flat shards, behind one interface with three backends.
+//
+// FSDP needs four collectives (all-gather a unit's shard before use, reduce-scatter its gradient
+// after backward, all-reduce a few norms and counters, broadcast at start-up) and a barrier. Which
+// library carries them depends on where the tensors live, so the choice is made once, by
+// make_communicator(), and nothing above this file names MPI or NCCL:
+//   * "single": a world of one. all_gather and reduce_scatter are copies, everything else does
+//     nothing; no MPI call in the hot path. Takes tensors on its device (CPU or CUDA).
+//   * "mpi":    CPU tensors over MPI, on a duplicate of MPI_COMM_WORLD so that our traffic never
+//     matches anybody else's. Blocking: when a call returns the result is in place.
+//   * "nccl":   CUDA tensors over NCCL, one communicator per rank bound to its GPU. Calls enqueue
+//     on a stream and return at once (no host synchronisation, except barrier()).
+//
+// Layout conventions (NCCL's, which the flat shard layout relies on):
+//   all_gather:     input (n) -> output (world_size * n), rank-major: rank r's input lands at
+//                   output[r * n : (r + 1) * n].
+//   reduce_scatter: input (world_size * n) -> output (n): rank r receives the reduction of
+//                   every rank's input[r * n : (r + 1) * n].
+// Tensors must be contiguous, on the communicator's device, of one dtype: float32, bfloat16 or
+// int64 (int64 for step counters and token counts; average needs a floating dtype). Shapes are
+// free, only element counts matter. Input and output must not overlap, except the in-place
+// all_gather where input is exactly this rank's slice of output. Violations throw llm::UserError
+// naming the collective, the backend and the argument, before any communication, so a bad
+// argument on one rank never leaves the others in a half-started collective on its account alone
+// (they will still wait: the caller must end the job, see sharding/world.h abort_world()).
+//
+// Every rank must call the same collectives in the same order with the same sizes; constructing a
+// communicator is itself collective.
+//
+// Streams (NCCL): by default a collective runs on the current CUDA stream of the communicator's
+// device (c10::cuda::getCurrentCUDAStream), so it is ordered after the kernels that produced its
+// input. Pass a stream to run it elsewhere, e.g. a communication stream for all-gather prefetch.
+// The caller then orders the streams with events, and keeps the tensors alive until the stream
+// has used them: we do not call recordStream, which would hand the caching allocator a
+// non-deterministic free time (FSDP2 dropped it for the same reason).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/Stream.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "sharding/world.h"
+
+namespace llm {
+
+enum class ReduceOp { sum, average };
+std::string reduce_op_name(ReduceOp op);
+
+// Where a GPU collective runs; std::nullopt means the current stream of the communicator's device.
+// CPU backends accept only std::nullopt.
+using CollectiveStream = std::optional<c10::Stream>;
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  c10::Device device() const { return device_; }
+  virtual std::string backend_name() const = 0;  // "single", "mpi" or "nccl"
+
+  // input (n) -> output (world_size * n), rank-major.
+  void all_gather(const at::Tensor& input, const at::Tensor& output,
+                  CollectiveStream stream = std::nullopt);
+  // input (world_size * n) -> output (n): this rank's slice of the reduction over ranks.
+  void reduce_scatter(const at::Tensor& input, const at::Tensor& output, ReduceOp op,
+                      CollectiveStream stream = std::nullopt);
+  // In place: every rank ends with the reduction over ranks.
+  void all_reduce(const at::Tensor& tensor, ReduceOp op, CollectiveStream stream = std::nullopt);
+  // In place: every rank ends with root's tensor.
+  void broadcast(const at::Tensor& tensor, int root, CollectiveStream stream = std::nullopt);
+  // Returns when every rank has called it. NCCL: also waits for the work queued on the current
+  // stream (the one host synchronisation of that backend).
+  void barrier();
+
+ protected:
+  Communicator(int rank, int world_size, c10::Device device)
+      : rank_(rank), world_size_(world_size), device_(device) {}
+
+  // Called with validated arguments only. in_place means input is output's slice for this rank.
+  virtual void run_all_gather(const at::Tensor& input, const at::Tensor& output, bool in_place,
+                              CollectiveStream stream) = 0;
+  virtual void run_reduce_scatter(const at::Tensor& input, const at::Tensor& output, ReduceOp op,
+                                  CollectiveStream stream) = 0;
+  virtual void run_all_reduce(const at::Tensor& tensor, ReduceOp op, CollectiveStream stream) = 0;
+  virtual void run_broadcast(const at::Tensor& tensor, int root, CollectiveStream stream) = 0;
+  virtual void run_barrier() = 0;
+
+ private:
+  void check_tensor(const char* collective, const char* argument, const at::Tensor& tensor) const;
+  void check_stream(const char* collective, const CollectiveStream& stream) const;
+  void check_reduce_op(const char* collective, const at::Tensor& tensor, ReduceOp op) const;
+
+  int rank_;
+  int world_size_;
+  c10::Device device_;
+};
+
+// The backend for this world and device: "single" when world_size == 1, "nccl" for a CUDA device,
+// "mpi" otherwise. Collective over the world (every rank calls it with its own device).
+std::unique_ptr<Communicator> make_communicator(const World& world, c10::Device device);
+
+// Backends by name, for tests and benchmarks that want one regardless of the world size (a
+// one-rank NCCL communicator exercises the NCCL path on a single GPU).
+std::unique_ptr<Communicator> make_single_rank_communicator(c10::Device device);
+std::unique_ptr<Communicator> make_mpi_communicator(const World& world);
+// Throws UserError in a build without CUDA.
+std::unique_ptr<Communicator> make_nccl_communicator(const World& world, c10::Device device);
+
+}  // namespace llm

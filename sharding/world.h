@@ -1,0 +1,44 @@
+// The MPI world this process belongs to: who we are (rank, world size, rank on this host), how the
+// world starts, how it ends normally, and how it ends when one rank fails.
+//
+// Every process of a run is an MPI rank; a plain `trainer ...` without mpirun is an Open MPI
+// singleton, a world of one, so there is a single code path. The local rank (rank among the
+// processes sharing this host's memory) picks the GPU. MPI_COMM_WORLD is switched to
+// MPI_ERRORS_RETURN so that a failed MPI call comes back to LLM_CHECK_MPI with rank, host and call
+// named, instead of Open MPI's default handler killing the job with a generic message.
+//
+// Failure policy: a rank that cannot go on calls abort_world(). It prints its message once and
+// calls MPI_Abort, which makes mpirun end every rank within seconds; the other ranks are probably
+// waiting in a collective for the failed one and would otherwise wait forever.
+//
+// Threading: MPI_THREAD_FUNNELED. Only the thread that called start_world() makes MPI calls;
+// OpenMP and LibTorch worker threads never do.
+#pragma once
+
+#include <string>
+
+namespace llm {
+
+struct World {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;  // rank among the processes on this host; picks cuda:<local_rank>
+  int local_size = 1;  // processes on this host
+  std::string host;    // MPI_Get_processor_name
+};
+
+// Initialises MPI (once; a second call returns the same World), sets MPI_ERRORS_RETURN on
+// MPI_COMM_WORLD, finds the local rank and fills llm::process_identity() (rank, world size, host).
+World start_world(int* argc, char*** argv);
+
+// The World that start_world() returned. Throws SystemError before start_world().
+const World& current_world();
+
+// MPI_Finalize, once; later calls do nothing. Every rank must call it (it is collective).
+void stop_world();
+
+// Prints "[rank R on HOST] MESSAGE" to stderr once, then MPI_Abort(MPI_COMM_WORLD, exit_code) so
+// that mpirun ends every rank. Without a live MPI world it just exits with exit_code.
+[[noreturn]] void abort_world(int exit_code, const std::string& message);
+
+}  // namespace llm

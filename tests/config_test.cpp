@@ -1,0 +1,666 @@
+// Model config loading (the shipped GaLore family and every way a config file can be wrong), run
+// config validation, and the command line. Every error test checks that the UserError names where
+// the mistake is (the file or "command line") and which key or flag, since that is what a user needs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <ostream>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/errors.h"
+#include "tests/test_util.h"
+#include "trainer/cli.h"
+#include "trainer/config.h"
+
+namespace llm {
+namespace {
+
+using nlohmann::json;
+using testing::ScratchDir;
+using testing::source_dir;
+
+std::string config_path(const std::string& name) {
+  return (source_dir() / "configs" / (name + ".json")).string();
+}
+
+// Fails the test unless `message` contains every one of `parts`.
+void expect_mentions(const std::string& message, const std::vector<std::string>& parts) {
+  for (const std::string& part : parts)
+    EXPECT_NE(message.find(part), std::string::npos)
+        << "message should mention \"" << part << "\":\n  " << message;
+}
+
+// Runs `action`, which must throw UserError; returns its message ("" and a failure otherwise).
+std::string user_error_of(const std::function<void()>& action) {
+  try {
+    action();
+  } catch (const UserError& error) {
+    return error.what();
+  } catch (const std::exception& error) {
+    ADD_FAILURE() << "expected UserError, got another exception: " << error.what();
+    return "";
+  }
+  ADD_FAILURE() << "expected UserError, nothing was thrown";
+  return "";
+}
+
+// ------------------------------------------------------------------------------------------------
+// The shipped configs
+
+struct FamilyRow {
+  const char* name;
+  double total_millions;   // optimizers.md 1.5 "total params", two decimals
+  double galore_millions;  // "GaLore params": L * (4h^2 + 3hI)
+};
+
+// optimizers.md section 1.5, counted from the GaLore repo's configs.
+const FamilyRow kFamily[] = {
+    {"llama_9m", 9.00, 0.80},       {"llama_20m", 19.55, 3.16},
+    {"llama_35m", 35.20, 10.62},    {"llama_40m", 42.39, 15.76},
+    {"llama_60m", 58.07, 25.30},    {"llama_71m", 70.58, 37.80},
+    {"llama_100m", 100.12, 59.01},  {"llama_130m", 134.11, 84.93},
+    {"llama_250m", 247.37, 198.18}, {"llama_350m", 367.97, 302.38},
+    {"llama_1b", 1339.08, 1207.91}, {"llama_3b", 2685.83, 2521.83},
+    {"llama_7b", 6738.42, 6476.01},
+};
+
+// Names the row in failure messages instead of gtest's byte dump.
+void PrintTo(const FamilyRow& row, std::ostream* out) { *out << row.name; }
+
+class ConfigFamilyTable : public ::testing::TestWithParam<FamilyRow> {};
+
+TEST_P(ConfigFamilyTable, LoadsAndCountsParametersAsTheTable) {
+  const FamilyRow& row = GetParam();
+  const ModelConfig config = load_model_config(config_path(row.name));
+  EXPECT_EQ(config.name, row.name);
+  EXPECT_EQ(config.num_key_value_heads, config.num_attention_heads);
+  EXPECT_FALSE(config.tie_word_embeddings);
+  EXPECT_EQ(config.pad_token_id, -1);
+  EXPECT_EQ(config.bos_token_id, 0);
+  EXPECT_EQ(config.eos_token_id, 1);
+  EXPECT_DOUBLE_EQ(config.rms_norm_eps, 1e-6);
+  EXPECT_DOUBLE_EQ(config.initializer_range, 0.02);
+  // The table rounds to 0.01M, so the exact count lies within half of that.
+  EXPECT_NEAR(config.num_parameters() / 1e6, row.total_millions, 0.005) << row.name;
+  const double h = static_cast<double>(config.hidden_size);
+  const double galore = config.num_hidden_layers * (4 * h * h + 3 * h * config.intermediate_size);
+  EXPECT_NEAR(galore / 1e6, row.galore_millions, 0.005) << row.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(ConfigGalore, ConfigFamilyTable, ::testing::ValuesIn(kFamily),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+TEST(ConfigFamily, ValuesThatDifferFromTheCommonPattern) {
+  EXPECT_EQ(load_model_config(config_path("llama_100m")).vocab_size, 32100);
+  // No max_position_embeddings in the GaLore files: max_sequence_length stands in for it.
+  EXPECT_EQ(load_model_config(config_path("llama_7b")).max_position_embeddings, 2048);
+  EXPECT_EQ(load_model_config(config_path("llama_60m")).max_position_embeddings, 1024);
+  const ModelConfig one_b = load_model_config(config_path("llama_1b"));
+  EXPECT_EQ(one_b.intermediate_size, 5461);  // odd, as in the GaLore file
+  EXPECT_EQ(one_b.head_dim(), 64);
+}
+
+TEST(ConfigFamily, ExactParameterCountOf9m) {
+  // 2 * 32000 * 128 + 4 * (4 * 128^2 + 3 * 128 * 352 + 2 * 128) + 128
+  EXPECT_EQ(load_model_config(config_path("llama_9m")).num_parameters(), 8'995'968);
+}
+
+TEST(ConfigFamily, TestConfigs) {
+  const ModelConfig tiny = load_model_config(config_path("llama_tiny"));
+  EXPECT_EQ(tiny.name, "llama_tiny");
+  EXPECT_EQ(tiny.hidden_size, 64);
+  EXPECT_EQ(tiny.intermediate_size, 176);
+  EXPECT_EQ(tiny.num_attention_heads, 4);
+  EXPECT_EQ(tiny.num_hidden_layers, 2);
+  EXPECT_EQ(tiny.vocab_size, 512);
+  EXPECT_EQ(tiny.max_position_embeddings, 256);
+  EXPECT_EQ(tiny.head_dim(), 16);
+  const ModelConfig micro = load_model_config(config_path("llama_micro"));
+  EXPECT_EQ(micro.hidden_size, 32);
+  EXPECT_EQ(micro.intermediate_size, 88);
+  EXPECT_EQ(micro.num_attention_heads, 2);
+  EXPECT_EQ(micro.num_hidden_layers, 2);
+  EXPECT_EQ(micro.vocab_size, 128);
+  EXPECT_EQ(micro.max_position_embeddings, 64);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Parameter count, optional keys and JSON round trip
+
+json tiny_json() {
+  std::ifstream stream(config_path("llama_tiny"));
+  return json::parse(stream);
+}
+
+TEST(ConfigParse, GroupedQueryAttentionAndTiedEmbeddingsCount) {
+  json object = tiny_json();  // h 64, I 176, 4 heads (head_dim 16), 2 layers, V 512
+  object["num_key_value_heads"] = 2;
+  object["tie_word_embeddings"] = true;
+  const ModelConfig config = parse_model_config(object, "gqa.json");
+  const int64_t h = 64, kv_width = 2 * 16, layer = 2 * h * h + 2 * h * kv_width + 3 * h * 176 + 2 * h;
+  EXPECT_EQ(config.num_parameters(), 512 * h + 2 * layer + h);
+}
+
+TEST(ConfigParse, AcceptsEveryOptionalHfKey) {
+  json object = tiny_json();
+  object.erase("max_position_embeddings");
+  object.update(json{{"max_position_embeddings", 128}, {"max_sequence_length", 128},
+                     {"rope_theta", 500000.0}, {"num_key_value_heads", 1},
+                     {"tie_word_embeddings", false}, {"torch_dtype", "bfloat16"},
+                     {"attention_bias", false}, {"mlp_bias", false}, {"attention_dropout", 0.0},
+                     {"rope_scaling", nullptr}, {"head_dim", 16}, {"pretraining_tp", 1}});
+  const ModelConfig config = parse_model_config(object, "dir/full.json");
+  EXPECT_EQ(config.name, "full");
+  EXPECT_EQ(config.max_position_embeddings, 128);
+  EXPECT_DOUBLE_EQ(config.rope_theta, 500000.0);
+  EXPECT_EQ(config.num_key_value_heads, 1);
+}
+
+TEST(ConfigParse, ContextLengthDefaultsToHfValueWithoutEitherKey) {
+  json object = tiny_json();
+  object.erase("max_position_embeddings");
+  EXPECT_EQ(parse_model_config(object, "x.json").max_position_embeddings, 2048);
+}
+
+TEST(ConfigParse, ToJsonRoundTrips) {
+  json object = tiny_json();
+  object["num_key_value_heads"] = 2;
+  object["rope_theta"] = 1234.5;
+  const ModelConfig original = parse_model_config(object, "llama_tiny.json");
+  const json written = original.to_json();
+  const ModelConfig reread = parse_model_config(written, "llama_tiny.json");
+  EXPECT_EQ(reread.to_json(), written);
+  EXPECT_EQ(written.at("num_key_value_heads"), 2);
+  EXPECT_EQ(written.at("max_position_embeddings"), 256);
+  EXPECT_EQ(written.at("head_dim"), 16);
+  EXPECT_EQ(reread.num_parameters(), original.num_parameters());
+}
+
+// ------------------------------------------------------------------------------------------------
+// Every way a model config file can be wrong: one UserError naming the file and the key.
+
+class ConfigFileError : public ::testing::Test {
+ protected:
+  // Writes `object` to a file and returns the message of the UserError loading it throws.
+  std::string error_loading(const json& object) { return error_loading_text(object.dump(4)); }
+  std::string error_loading_text(const std::string& text) {
+    const std::string path = (scratch_ / "model.json").string();
+    std::ofstream(path) << text;
+    path_ = path;
+    return user_error_of([&] { load_model_config(path); });
+  }
+  // Tiny config with one key changed (or removed, for a discarded json value).
+  std::string error_with(const std::string& key, const json& value) {
+    json object = tiny_json();
+    if (value.is_discarded())
+      object.erase(key);
+    else
+      object[key] = value;
+    return error_loading(object);
+  }
+  ScratchDir scratch_{"config_error"};
+  std::string path_;
+};
+
+const json kRemove = json(json::value_t::discarded);
+
+TEST_F(ConfigFileError, BaseConfigIsValid) {
+  const std::string path = (scratch_ / "ok.json").string();
+  std::ofstream(path) << tiny_json().dump();
+  EXPECT_EQ(load_model_config(path).hidden_size, 64);
+}
+
+TEST_F(ConfigFileError, MissingFile) {
+  const std::string path = (scratch_ / "absent.json").string();
+  expect_mentions(user_error_of([&] { load_model_config(path); }), {path, "no such file"});
+}
+
+TEST_F(ConfigFileError, FolderInsteadOfFile) {
+  const std::string path = scratch_.path().string();
+  expect_mentions(user_error_of([&] { load_model_config(path); }), {path, "folder"});
+}
+
+TEST_F(ConfigFileError, MalformedJsonReportsLineAndColumn) {
+  const std::string message = error_loading_text("{\n  \"hidden_size\": 64,\n  \"vocab_size\" 512\n}");
+  expect_mentions(message, {path_, "invalid JSON", "line 3", "column"});
+}
+
+TEST_F(ConfigFileError, TopLevelNotAnObject) {
+  expect_mentions(error_loading(json::array({1, 2})), {path_, "expected a JSON object"});
+}
+
+TEST_F(ConfigFileError, UnknownKey) {
+  expect_mentions(error_with("num_layers", 2), {path_, "num_layers", "unknown key"});
+}
+
+TEST_F(ConfigFileError, MissingRequiredKeys) {
+  for (const char* key :
+       {"hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers",
+        "vocab_size"})
+    expect_mentions(error_with(key, kRemove), {path_, std::string(key) + ": missing"});
+}
+
+TEST_F(ConfigFileError, WrongTypesForIntegers) {
+  expect_mentions(error_with("hidden_size", "64"),
+                  {path_, "hidden_size", "positive integer", "got string \"64\""});
+  expect_mentions(error_with("vocab_size", 512.5), {path_, "vocab_size", "got float 512.5"});
+  expect_mentions(error_with("vocab_size", 512.0), {path_, "vocab_size", "got float"});
+  expect_mentions(error_with("num_hidden_layers", true),
+                  {path_, "num_hidden_layers", "got boolean true"});
+  expect_mentions(error_with("intermediate_size", nullptr), {path_, "intermediate_size", "got null"});
+  expect_mentions(error_with("bos_token_id", "0"), {path_, "bos_token_id", "got string"});
+}
+
+TEST_F(ConfigFileError, WrongTypesForOtherKeys) {
+  expect_mentions(error_with("tie_word_embeddings", 1),
+                  {path_, "tie_word_embeddings", "true or false", "got integer 1"});
+  expect_mentions(error_with("use_cache", "yes"), {path_, "use_cache", "got string"});
+  expect_mentions(error_with("rms_norm_eps", "1e-6"), {path_, "rms_norm_eps", "number"});
+  expect_mentions(error_with("rope_theta", false), {path_, "rope_theta", "got boolean"});
+  expect_mentions(error_with("transformers_version", 4.28), {path_, "transformers_version"});
+  expect_mentions(error_with("architectures", "LlamaForCausalLM"), {path_, "architectures"});
+}
+
+TEST_F(ConfigFileError, NonPositiveSizes) {
+  for (const char* key : {"hidden_size", "intermediate_size", "num_attention_heads",
+                          "num_hidden_layers", "vocab_size", "max_position_embeddings",
+                          "num_key_value_heads"}) {
+    expect_mentions(error_with(key, 0), {path_, key, "positive integer", "got integer 0"});
+    expect_mentions(error_with(key, -4), {path_, key, "got integer -4"});
+  }
+  expect_mentions(error_with("rms_norm_eps", 0.0), {path_, "rms_norm_eps", "positive"});
+  expect_mentions(error_with("initializer_range", -0.02), {path_, "initializer_range"});
+}
+
+TEST_F(ConfigFileError, HiddenNotDivisibleByHeads) {
+  expect_mentions(error_with("hidden_size", 66),
+                  {path_, "hidden_size", "multiple of num_attention_heads = 4", "got 66"});
+}
+
+TEST_F(ConfigFileError, HeadsNotDivisibleByKeyValueHeads) {
+  expect_mentions(error_with("num_key_value_heads", 3),
+                  {path_, "num_key_value_heads", "divisor of num_attention_heads = 4", "got 3"});
+}
+
+TEST_F(ConfigFileError, OddHeadDim) {
+  expect_mentions(error_with("hidden_size", 36),  // 36 / 4 heads = 9
+                  {path_, "num_attention_heads", "even", "36 / 4 = 9"});
+}
+
+TEST_F(ConfigFileError, UnsupportedModelVariants) {
+  expect_mentions(error_with("model_type", "mistral"), {path_, "model_type", "\"llama\"", "mistral"});
+  expect_mentions(error_with("hidden_act", "gelu"), {path_, "hidden_act", "\"silu\"", "gelu"});
+  expect_mentions(error_with("architectures", json::array({"GPT2LMHeadModel"})),
+                  {path_, "architectures", "LlamaForCausalLM", "GPT2LMHeadModel"});
+  expect_mentions(error_with("attention_bias", true), {path_, "attention_bias", "false"});
+  expect_mentions(error_with("mlp_bias", true), {path_, "mlp_bias", "false"});
+  expect_mentions(error_with("attention_dropout", 0.1), {path_, "attention_dropout", "0.1"});
+  expect_mentions(error_with("rope_scaling", json{{"type", "linear"}, {"factor", 2.0}}),
+                  {path_, "rope_scaling", "null"});
+  expect_mentions(error_with("head_dim", 32), {path_, "head_dim", "= 16", "got integer 32"});
+  expect_mentions(error_with("pretraining_tp", 2), {path_, "pretraining_tp", "got integer 2"});
+  expect_mentions(error_with("torch_dtype", "int8"), {path_, "torch_dtype", "int8"});
+}
+
+TEST_F(ConfigFileError, TokenIdOutsideVocabulary) {
+  expect_mentions(error_with("eos_token_id", 512), {path_, "eos_token_id", "vocab_size = 512"});
+  expect_mentions(error_with("pad_token_id", -2), {path_, "pad_token_id", "got integer -2"});
+}
+
+TEST_F(ConfigFileError, ContextLengthKeysDisagree) {
+  json object = tiny_json();
+  object["max_sequence_length"] = 1024;
+  expect_mentions(error_loading(object),
+                  {path_, "max_position_embeddings", "max_sequence_length = 1024", "got 256"});
+}
+
+TEST_F(ConfigFileError, HugeIntegerDoesNotWrap) {
+  expect_mentions(error_with("vocab_size", std::numeric_limits<uint64_t>::max()),
+                  {path_, "vocab_size", "18446744073709551615"});
+}
+
+// ------------------------------------------------------------------------------------------------
+// Run config validation
+
+class ConfigRunValidation : public ::testing::Test {
+ protected:
+  ModelConfig model_ = load_model_config(config_path("llama_tiny"));  // max positions 256
+  RunConfig valid() const {
+    RunConfig run;
+    run.config_path = config_path("llama_tiny");
+    return run;
+  }
+  std::string error_with(const std::function<void(RunConfig&)>& change, int world_size = 1) {
+    RunConfig run = valid();
+    change(run);
+    return user_error_of([&] { validate_run_config(run, model_, world_size); });
+  }
+};
+
+TEST_F(ConfigRunValidation, DefaultsAreValid) {
+  RunConfig run = valid();
+  validate_run_config(run, model_, 1);
+  EXPECT_EQ(run.total_batch_size, run.batch_size);
+  EXPECT_EQ(run.gradient_accumulation, 1);
+}
+
+TEST_F(ConfigRunValidation, BoundariesAreAccepted) {
+  RunConfig run = valid();
+  run.max_length = 256;
+  run.warmup_steps = run.num_training_steps;
+  run.min_lr_ratio = 1.0;
+  run.adam_beta1 = 0.0;
+  run.weight_decay = 0.0;
+  run.grad_clipping = 0.0;
+  run.eval_every = 0;
+  run.save_every = 0;
+  EXPECT_NO_THROW(validate_run_config(run, model_, 1));
+  run.max_length = 2;
+  run.warmup_steps = 0;
+  run.min_lr_ratio = 0.0;
+  EXPECT_NO_THROW(validate_run_config(run, model_, 1));
+}
+
+struct RangeCase {
+  const char* flag;
+  std::function<void(RunConfig&)> change;
+  const char* got;  // how the bad value is printed
+};
+
+TEST_F(ConfigRunValidation, EveryRangeNamesItsFlag) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<RangeCase> cases = {
+      {"--lr", [](RunConfig& r) { r.lr = 0; }, "got 0"},
+      {"--lr", [](RunConfig& r) { r.lr = -1e-3; }, "got -0.001"},
+      {"--lr", [nan](RunConfig& r) { r.lr = nan; }, "got nan"},
+      {"--lr", [inf](RunConfig& r) { r.lr = inf; }, "got inf"},
+      {"--batch_size", [](RunConfig& r) { r.batch_size = 0; }, "got 0"},
+      {"--max_length", [](RunConfig& r) { r.max_length = 1; }, "got 1"},
+      {"--max_length", [](RunConfig& r) { r.max_length = 257; }, "max_position_embeddings = 256"},
+      {"--num_training_steps", [](RunConfig& r) { r.num_training_steps = 0; }, "got 0"},
+      {"--warmup_steps", [](RunConfig& r) { r.warmup_steps = -1; }, "got -1"},
+      {"--warmup_steps", [](RunConfig& r) { r.warmup_steps = r.num_training_steps + 1; },
+       "got 201"},
+      {"--min_lr_ratio", [](RunConfig& r) { r.min_lr_ratio = -0.1; }, "got -0.1"},
+      {"--min_lr_ratio", [](RunConfig& r) { r.min_lr_ratio = 1.5; }, "got 1.5"},
+      {"--weight_decay", [](RunConfig& r) { r.weight_decay = -0.1; }, "got -0.1"},
+      {"--grad_clipping", [](RunConfig& r) { r.grad_clipping = -1; }, "got -1"},
+      {"--adam_beta1", [](RunConfig& r) { r.adam_beta1 = 1.0; }, "got 1"},
+      {"--adam_beta1", [](RunConfig& r) { r.adam_beta1 = -0.1; }, "got -0.1"},
+      {"--adam_beta2", [](RunConfig& r) { r.adam_beta2 = 0.0; }, "got 0"},
+      {"--adam_beta2", [](RunConfig& r) { r.adam_beta2 = 1.0; }, "got 1"},
+      {"--adam_eps", [](RunConfig& r) { r.adam_eps = 0.0; }, "got 0"},
+      {"--eval_fraction", [](RunConfig& r) { r.eval_fraction = 0.0; }, "got 0"},
+      {"--eval_fraction", [](RunConfig& r) { r.eval_fraction = 1.0; }, "got 1"},
+      {"--eval_every", [](RunConfig& r) { r.eval_every = -1; }, "got -1"},
+      {"--eval_batches", [](RunConfig& r) { r.eval_batches = 0; }, "got 0"},
+      {"--save_every", [](RunConfig& r) { r.save_every = -5; }, "got -5"},
+      {"--log_every", [](RunConfig& r) { r.log_every = 0; }, "got 0"},
+      {"--total_batch_size", [](RunConfig& r) { r.total_batch_size = -8; }, "got -8"},
+      {"--optimizer", [](RunConfig& r) { r.optimizer = "sgd"; }, "\"sgd\""},
+      {"--data", [](RunConfig& r) { r.data = "/nonexistent/tokens.bin"; }, "not a file"},
+  };
+  for (const RangeCase& range_case : cases) {
+    SCOPED_TRACE(std::string(range_case.flag) + " " + range_case.got);
+    expect_mentions(error_with(range_case.change),
+                    {"command line", std::string(range_case.flag) + ": ", range_case.got});
+  }
+}
+
+TEST_F(ConfigRunValidation, TotalBatchSizeDerivesGradientAccumulation) {
+  RunConfig run = valid();
+  run.batch_size = 8;
+  run.total_batch_size = 64;
+  validate_run_config(run, model_, 2);
+  EXPECT_EQ(run.gradient_accumulation, 4);
+  EXPECT_EQ(run.total_batch_size, 64);
+
+  RunConfig per_step = valid();
+  per_step.batch_size = 8;
+  validate_run_config(per_step, model_, 4);
+  EXPECT_EQ(per_step.total_batch_size, 32);
+  EXPECT_EQ(per_step.gradient_accumulation, 1);
+}
+
+TEST_F(ConfigRunValidation, TotalBatchSizeNotAMultipleListsValidValues) {
+  const std::string message = error_with(
+      [](RunConfig& r) {
+        r.batch_size = 8;
+        r.total_batch_size = 24;
+      },
+      2);
+  expect_mentions(message, {"--total_batch_size", "8 * 2 = 16", "16, 32, 48", "got 24"});
+}
+
+TEST_F(ConfigRunValidation, PlannedOptimizersAreNotImplementedYet) {
+  for (const char* name : {"adamw_sn", "galore_adamw"})
+    expect_mentions(error_with([name](RunConfig& r) { r.optimizer = name; }),
+                    {"--optimizer", name, "not implemented yet"});
+}
+
+TEST_F(ConfigRunValidation, ContinueFromMustBeAnExistingFolder) {
+  ScratchDir scratch("continue_from");
+  expect_mentions(error_with([&](RunConfig& r) { r.continue_from = (scratch / "none").string(); }),
+                  {"--continue_from", "does not exist"});
+  const std::string file = (scratch / "file").string();
+  std::ofstream(file) << "x";
+  expect_mentions(error_with([&](RunConfig& r) { r.continue_from = file; }),
+                  {"--continue_from", "not a folder"});
+  RunConfig run = valid();
+  run.continue_from = scratch.path().string();
+  EXPECT_NO_THROW(validate_run_config(run, model_, 1));
+}
+
+TEST_F(ConfigRunValidation, DataFileThatExistsIsAccepted) {
+  ScratchDir scratch("data_file");
+  const std::string file = (scratch / "tokens.bin").string();
+  std::ofstream(file) << "x";
+  RunConfig run = valid();
+  run.data = file;
+  EXPECT_NO_THROW(validate_run_config(run, model_, 1));
+}
+
+// ------------------------------------------------------------------------------------------------
+// Command line
+
+Command parse(std::vector<std::string> args) {
+  args.insert(args.begin(), "trainer");
+  std::vector<const char*> argv;
+  for (const std::string& arg : args) argv.push_back(arg.c_str());
+  return parse_command_line(static_cast<int>(argv.size()), argv.data());
+}
+
+std::string parse_error(const std::vector<std::string>& args) {
+  return user_error_of([&] { parse(args); });
+}
+
+TEST(CliTrain, DefaultsAreRunConfigDefaults) {
+  const Command command = parse({"--config", "configs/llama_60m.json"});
+  EXPECT_EQ(command.kind, Command::Kind::train);
+  RunConfig expected;
+  expected.config_path = "configs/llama_60m.json";
+  EXPECT_EQ(command.run.to_json(), expected.to_json());
+}
+
+TEST(CliTrain, EveryFlagIsParsed) {
+  const Command command = parse({
+      "--config", "c.json", "--lr", "3e-4", "--batch_size", "4", "--total_batch_size", "64",
+      "--max_length", "512", "--num_training_steps", "1000", "--warmup_steps", "100",
+      "--scheduler", "linear", "--min_lr_ratio", "0.05", "--weight_decay", "0.1",
+      "--grad_clipping", "0.5", "--adam_beta1", "0.8", "--adam_beta2=0.95", "--adam_eps", "1e-6",
+      "--dtype", "bfloat16", "--precision", "pure", "--optimizer", "galore_adamw", "--seed", "42",
+      "--data", "tokens.bin", "--eval_fraction", "0.1", "--eval_every", "10", "--eval_batches",
+      "3", "--save_every", "20", "--save_dir", "ckpt", "--continue_from", "old", "--run_dir",
+      "runs/x", "--device", "cpu", "--log_every", "5", "--print_config"});
+  const RunConfig& run = command.run;
+  EXPECT_EQ(command.kind, Command::Kind::train);
+  EXPECT_EQ(run.config_path, "c.json");
+  EXPECT_DOUBLE_EQ(run.lr, 3e-4);
+  EXPECT_EQ(run.batch_size, 4);
+  EXPECT_EQ(run.total_batch_size, 64);
+  EXPECT_EQ(run.max_length, 512);
+  EXPECT_EQ(run.num_training_steps, 1000);
+  EXPECT_EQ(run.warmup_steps, 100);
+  EXPECT_EQ(run.scheduler, Scheduler::linear);
+  EXPECT_DOUBLE_EQ(run.min_lr_ratio, 0.05);
+  EXPECT_DOUBLE_EQ(run.weight_decay, 0.1);
+  EXPECT_DOUBLE_EQ(run.grad_clipping, 0.5);
+  EXPECT_DOUBLE_EQ(run.adam_beta1, 0.8);
+  EXPECT_DOUBLE_EQ(run.adam_beta2, 0.95);
+  EXPECT_DOUBLE_EQ(run.adam_eps, 1e-6);
+  EXPECT_EQ(run.dtype, DType::bfloat16);
+  EXPECT_EQ(run.precision, Precision::pure);
+  EXPECT_EQ(run.optimizer, "galore_adamw");  // parsed; validate_run_config rejects it for now
+  EXPECT_EQ(run.seed, 42u);
+  EXPECT_EQ(run.data, "tokens.bin");
+  EXPECT_DOUBLE_EQ(run.eval_fraction, 0.1);
+  EXPECT_EQ(run.eval_every, 10);
+  EXPECT_EQ(run.eval_batches, 3);
+  EXPECT_EQ(run.save_every, 20);
+  EXPECT_EQ(run.save_dir, "ckpt");
+  EXPECT_EQ(run.continue_from, "old");
+  EXPECT_EQ(run.run_dir, "runs/x");
+  EXPECT_EQ(run.device, DeviceChoice::cpu);
+  EXPECT_EQ(run.log_every, 5);
+  EXPECT_TRUE(run.print_config);
+}
+
+TEST(CliTrain, EnumSpellings) {
+  EXPECT_EQ(parse({"--config", "c", "--scheduler", "cosine"}).run.scheduler, Scheduler::cosine);
+  EXPECT_EQ(parse({"--config", "c", "--scheduler", "constant"}).run.scheduler,
+            Scheduler::constant);
+  EXPECT_EQ(parse({"--config", "c", "--dtype", "float32"}).run.dtype, DType::float32);
+  EXPECT_EQ(parse({"--config", "c", "--precision", "mixed"}).run.precision, Precision::mixed);
+  EXPECT_EQ(parse({"--config", "c", "--device", "auto"}).run.device, DeviceChoice::auto_select);
+  EXPECT_EQ(parse({"--config", "c", "--device", "cuda"}).run.device, DeviceChoice::cuda);
+}
+
+TEST(CliTrain, RangesAreLeftToValidation) {
+  // Parsing checks syntax only: a negative number is a value, and validate_run_config rejects it.
+  const Command command = parse({"--config", "c", "--warmup_steps", "-5", "--lr", "-1"});
+  EXPECT_EQ(command.run.warmup_steps, -5);
+  EXPECT_DOUBLE_EQ(command.run.lr, -1.0);
+}
+
+TEST(CliTrain, BadChoiceNamesTheFlag) {
+  expect_mentions(parse_error({"--config", "c", "--scheduler", "cosine_restarts"}),
+                  {"command line", "--scheduler", "cosine_restarts"});
+  expect_mentions(parse_error({"--config", "c", "--dtype", "float16"}), {"--dtype", "float16"});
+  expect_mentions(parse_error({"--config", "c", "--precision", "half"}), {"--precision"});
+  expect_mentions(parse_error({"--config", "c", "--device", "tpu"}), {"--device", "tpu"});
+}
+
+TEST(CliTrain, BadNumberNamesTheFlag) {
+  expect_mentions(parse_error({"--config", "c", "--lr", "fast"}), {"--lr", "fast"});
+  expect_mentions(parse_error({"--config", "c", "--batch_size", "1.5"}), {"--batch_size"});
+  expect_mentions(parse_error({"--config", "c", "--max_length", "long"}), {"--max_length"});
+  expect_mentions(parse_error({"--config", "c", "--seed", "x"}), {"--seed"});
+  expect_mentions(parse_error({"--config", "c", "--seed", "-1"}), {"--seed", ">= 0", "got -1"});
+  expect_mentions(parse_error({"--config", "c", "--lr"}), {"--lr"});  // value missing
+}
+
+TEST(CliTrain, UnknownFlagIsNamed) {
+  expect_mentions(parse_error({"--config", "c", "--learning_rate", "1"}),
+                  {"command line", "--learning_rate", "--help"});
+  expect_mentions(parse_error({"--config", "c", "stray"}), {"stray"});
+}
+
+TEST(CliTrain, ConfigIsRequiredForTraining) {
+  expect_mentions(parse_error({"--lr", "1e-3"}), {"command line", "--config", "required"});
+  expect_mentions(parse_error({}), {"--config"});
+}
+
+TEST(CliHelp, HelpIsNotAnErrorAndShowsDefaults) {
+  for (const char* flag : {"--help", "-h"}) {
+    const Command command = parse({flag});
+    ASSERT_EQ(command.kind, Command::Kind::help);
+    expect_mentions(command.help_text, {"--config", "--lr", "--total_batch_size", "--scheduler",
+                                        "cosine", "linear", "constant", "--print_config",
+                                        "prepare", "0.001", "runs/latest"});
+  }
+}
+
+TEST(CliHelp, PrepareHelpShowsItsOwnFlags) {
+  const Command command = parse({"prepare", "--help"});
+  ASSERT_EQ(command.kind, Command::Kind::help);
+  expect_mentions(command.help_text,
+                  {"--input", "--output", "--tokenizer", "--vocab_size", "--model_type", "bpe"});
+  EXPECT_EQ(command.help_text.find("--lr"), std::string::npos) << command.help_text;
+}
+
+TEST(CliPrepare, TrainsTokenizerFromRepeatedInputs) {
+  const Command command = parse({"prepare", "--input", "a.txt", "--input", "b.txt", "--output",
+                                 "tokens.bin", "--vocab_size", "1000", "--model_type", "unigram"});
+  ASSERT_EQ(command.kind, Command::Kind::prepare);
+  EXPECT_EQ(command.prepare.inputs, (std::vector<std::string>{"a.txt", "b.txt"}));
+  EXPECT_EQ(command.prepare.output, "tokens.bin");
+  EXPECT_EQ(command.prepare.vocab_size, 1000);
+  EXPECT_TRUE(command.prepare.tokenizer.empty());
+  EXPECT_EQ(command.prepare.model_type, "unigram");
+}
+
+TEST(CliPrepare, EncodesWithExistingTokenizer) {
+  const Command command =
+      parse({"prepare", "--input", "a.txt", "--output", "t.bin", "--tokenizer", "t5.model"});
+  ASSERT_EQ(command.kind, Command::Kind::prepare);
+  EXPECT_EQ(command.prepare.tokenizer, "t5.model");
+  EXPECT_EQ(command.prepare.vocab_size, 0);
+  EXPECT_EQ(command.prepare.model_type, "bpe");
+}
+
+TEST(CliPrepare, ExactlyOneOfTokenizerAndVocabSize) {
+  expect_mentions(parse_error({"prepare", "--input", "a", "--output", "o"}),
+                  {"--tokenizer", "--vocab_size", "exactly one", "neither"});
+  expect_mentions(parse_error({"prepare", "--input", "a", "--output", "o", "--tokenizer", "m",
+                               "--vocab_size", "100"}),
+                  {"--tokenizer", "--vocab_size", "exactly one", "both"});
+}
+
+TEST(CliPrepare, RequiredAndBadFlagsAreNamed) {
+  expect_mentions(parse_error({"prepare", "--output", "o", "--vocab_size", "100"}), {"--input"});
+  expect_mentions(parse_error({"prepare", "--input", "a", "--vocab_size", "100"}), {"--output"});
+  expect_mentions(parse_error({"prepare", "--input", "a", "--output", "o", "--vocab_size", "0"}),
+                  {"--vocab_size", ">= 1", "got 0"});
+  expect_mentions(parse_error({"prepare", "--input", "a", "--output", "o", "--vocab_size", "many"}),
+                  {"--vocab_size"});
+  expect_mentions(parse_error({"prepare", "--input", "a", "--output", "o", "--vocab_size", "100",
+                               "--model_type", "word"}),
+                  {"--model_type", "word"});
+  expect_mentions(parse_error({"prepare", "--input", "a", "--output", "o", "--vocab_size", "100",
+                               "--lr", "1"}),
+                  {"--lr"});
+}
+
+TEST(CliPrepare, TrainingFlagsAreRejected) {
+  expect_mentions(parse_error({"--lr", "1", "prepare", "--input", "a", "--output", "o",
+                               "--vocab_size", "100"}),
+                  {"command line", "--lr", "training flag"});
+}
+
+TEST(CliPrintConfig, ResolvedConfigHasModelAndRun) {
+  const ModelConfig model = load_model_config(config_path("llama_9m"));
+  RunConfig run;
+  run.config_path = config_path("llama_9m");
+  validate_run_config(run, model, 2);
+  const json resolved = resolved_config_json(model, run);
+  EXPECT_EQ(resolved.at("model").at("name"), "llama_9m");
+  EXPECT_EQ(resolved.at("model").at("num_parameters"), 8'995'968);
+  EXPECT_EQ(resolved.at("model").at("config").at("hidden_size"), 128);
+  EXPECT_EQ(resolved.at("model").at("config").at("max_position_embeddings"), 1024);
+  EXPECT_EQ(resolved.at("run").at("total_batch_size"), 16);  // derived: 8 * world 2
+  EXPECT_EQ(resolved.at("run").at("scheduler"), "cosine");
+  EXPECT_EQ(resolved.at("run").at("device"), "auto");
+  // The model part is itself a loadable config.
+  EXPECT_EQ(parse_model_config(resolved.at("model").at("config"), "llama_9m.json").num_parameters(),
+            model.num_parameters());
+}
+
+}  // namespace
+}  // namespace llm

@@ -1,0 +1,147 @@
+// End-to-end runs of the trainer binary on a tiny config: the loss falls below the corpus's unigram
+// entropy, a resumed run equals the uninterrupted one, divergence stops the run with a clear message,
+// and the command line's exit codes. These read metrics.jsonl, never stdout columns.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/test_util.h"
+
+namespace llm {
+namespace {
+
+using testing::run_command;
+using testing::ScratchDir;
+
+std::string trainer_command(const std::string& flags) {
+  return "OMP_NUM_THREADS=1 " + testing::trainer_binary().string() + " --config " +
+         (testing::source_dir() / "configs/llama_micro.json").string() + " --device cpu " + flags;
+}
+
+std::vector<nlohmann::json> read_events(const std::filesystem::path& run_dir, const std::string& event) {
+  std::vector<nlohmann::json> records;
+  std::ifstream in(run_dir / "metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    nlohmann::json record = nlohmann::json::parse(line);
+    if (record.at("event") == event) records.push_back(record);
+  }
+  return records;
+}
+
+TEST(Train, LossFallsWellBelowTheUnigramEntropy) {
+  ScratchDir dir("loss_falls");
+  auto result = run_command(trainer_command(
+      "--num_training_steps 150 --warmup_steps 10 --lr 3e-3 --batch_size 16 --max_length 64 "
+      "--eval_every 50 --run_dir " + dir.path().string()));
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const auto start = read_events(dir.path(), "start").at(0);
+  const double unigram = start.at("corpus_unigram_entropy");
+  const double floor = start.at("corpus_entropy_rate");
+  ASSERT_GT(unigram, floor + 2.0) << "the corpus must separate the two figures";
+  const auto evals = read_events(dir.path(), "eval");
+  ASSERT_EQ(evals.size(), 3u);
+  const double final_eval = evals.back().at("eval_loss");
+  const auto steps = read_events(dir.path(), "train");
+  ASSERT_EQ(steps.size(), 150u);
+  EXPECT_GT(static_cast<double>(steps.front().at("loss")), unigram - 0.2) << "starts near log(V)";
+  // "Well below": at least 70 % of the way from the unigram entropy down to the floor.
+  EXPECT_LT(final_eval, unigram - 0.7 * (unigram - floor)) << result.output;
+  EXPECT_GT(final_eval, floor - 0.05) << "no model beats the entropy rate";
+}
+
+TEST(Train, ResumedRunEqualsTheUninterruptedOne) {
+  ScratchDir dir("resume");
+  const std::string common =
+      "--num_training_steps 12 --warmup_steps 3 --lr 2e-3 --batch_size 4 --max_length 32 "
+      "--total_batch_size 8 --eval_every 0 ";
+  auto full = run_command(trainer_command(common + "--save_every 6 --save_dir " +
+                                          (dir / "ckpt").string() + " --run_dir " +
+                                          (dir / "full").string()));
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  auto resumed = run_command(trainer_command(common + "--continue_from " +
+                                             (dir / "ckpt/step_6").string() + " --run_dir " +
+                                             (dir / "resumed").string()));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  const auto full_steps = read_events(dir / "full", "train");
+  const auto resumed_steps = read_events(dir / "resumed", "train");
+  ASSERT_EQ(full_steps.size(), 12u);
+  ASSERT_EQ(resumed_steps.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(resumed_steps[i].at("step"), full_steps[i + 6].at("step"));
+    // Same process, same thread count, same operations: bit-identical on CPU.
+    EXPECT_EQ(static_cast<double>(resumed_steps[i].at("loss")),
+              static_cast<double>(full_steps[i + 6].at("loss"))) << "step " << i + 7;
+    EXPECT_EQ(static_cast<double>(resumed_steps[i].at("grad_norm")),
+              static_cast<double>(full_steps[i + 6].at("grad_norm")));
+  }
+  EXPECT_EQ(read_events(dir / "full", "end").at(0).at("final_eval_loss"),
+            read_events(dir / "resumed", "end").at(0).at("final_eval_loss"));
+}
+
+TEST(Train, ResumeFromASaveDirPicksTheNewestCheckpoint) {
+  ScratchDir dir("resume_dir");
+  const std::string common = "--num_training_steps 4 --warmup_steps 1 --batch_size 2 --max_length 16 "
+                             "--eval_every 0 --save_every 2 --save_dir " + (dir / "ckpt").string();
+  ASSERT_EQ(run_command(trainer_command(common + " --run_dir " + (dir / "a").string())).exit_code, 0);
+  auto resumed = run_command(trainer_command("--num_training_steps 6 --warmup_steps 1 --batch_size 2 "
+                                             "--max_length 16 --eval_every 0 --continue_from " +
+                                             (dir / "ckpt").string() + " --run_dir " + (dir / "b").string()));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  const auto steps = read_events(dir / "b", "train");
+  ASSERT_EQ(steps.size(), 2u);
+  EXPECT_EQ(steps.front().at("step"), 5);
+}
+
+TEST(Train, BrokenCheckpointIsAClearError) {
+  ScratchDir dir("bad_ckpt");
+  std::filesystem::create_directories(dir / "step_3");
+  std::ofstream(dir / "step_3/trainer_state.json") << "{\"step\": 3}";
+  std::ofstream(dir / "step_3/model.pt") << "not a zip";
+  auto result = run_command(trainer_command("--num_training_steps 4 --warmup_steps 1 --max_length 32 --continue_from " +
+                                            (dir / "step_3").string() + " --run_dir " +
+                                            (dir / "run").string()));
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find("model.pt"), std::string::npos) << result.output;
+}
+
+TEST(Train, DivergenceStopsWithAClearMessage) {
+  ScratchDir dir("diverge");
+  auto result = run_command(trainer_command(
+      "--num_training_steps 30 --warmup_steps 0 --lr 1e30 --grad_clipping 0 --batch_size 2 "
+      "--max_length 16 --eval_every 0 --run_dir " + dir.path().string()));
+  EXPECT_EQ(result.exit_code, 3) << result.output;
+  EXPECT_NE(result.output.find("training stopped: step"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("Lower --lr"), std::string::npos) << result.output;
+}
+
+TEST(Train, PrintConfigHelpAndBadInputExitCodes) {
+  auto printed = run_command(trainer_command("--print_config --batch_size 3 --max_length 32"));
+  ASSERT_EQ(printed.exit_code, 0) << printed.output;
+  const auto json_start = printed.output.find('{');
+  ASSERT_NE(json_start, std::string::npos) << printed.output;
+  const auto resolved = nlohmann::json::parse(printed.output.substr(json_start));
+  EXPECT_EQ(resolved.at("run").at("batch_size"), 3);
+
+  auto help = run_command(testing::trainer_binary().string() + " --help");
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_NE(help.output.find("--total_batch_size"), std::string::npos);
+
+  auto missing = run_command(testing::trainer_binary().string() + " --config /no/such.json");
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_NE(missing.output.find("/no/such.json"), std::string::npos) << missing.output;
+
+  auto bad_flag = run_command(trainer_command("--scheduler sometimes"));
+  EXPECT_EQ(bad_flag.exit_code, 2);
+  EXPECT_NE(bad_flag.output.find("--scheduler"), std::string::npos) << bad_flag.output;
+
+  auto bad_data = run_command(trainer_command("--data /no/such.tok --max_length 32"));
+  EXPECT_EQ(bad_data.exit_code, 2);
+  EXPECT_NE(bad_data.output.find("/no/such.tok"), std::string::npos) << bad_data.output;
+}
+
+}  // namespace
+}  // namespace llm

@@ -1,0 +1,210 @@
+#include "trainer/cli.h"
+
+#include <map>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "common/errors.h"
+
+namespace llm {
+namespace {
+
+constexpr const char* kCommandLine = "command line";
+
+// The text spelling of each enum is the one to_string() gives, so help, flags and JSON agree.
+template <typename Enum>
+std::map<std::string, Enum> spellings(std::initializer_list<Enum> values) {
+  std::map<std::string, Enum> by_name;
+  for (Enum value : values) by_name.emplace(to_string(value), value);
+  return by_name;
+}
+
+template <typename Enum>
+std::vector<std::string> names_of(const std::map<std::string, Enum>& by_name) {
+  std::vector<std::string> names;
+  for (const auto& entry : by_name) names.push_back(entry.first);
+  return names;
+}
+
+// An enum flag is read as a string restricted to its spellings, converted after parsing.
+template <typename Enum>
+struct EnumFlag {
+  std::map<std::string, Enum> by_name;
+  std::string text;
+
+  EnumFlag(std::initializer_list<Enum> values, Enum initial)
+      : by_name(spellings(values)), text(to_string(initial)) {}
+  CLI::Option* add(CLI::App& app, const char* flag, const char* help) {
+    return app.add_option(flag, text, help)->check(CLI::IsMember(names_of(by_name)))
+        ->capture_default_str();
+  }
+  Enum value() const { return by_name.at(text); }
+};
+
+// An unsigned flag must not take "-1": the conversion to uint64 would wrap it silently.
+const CLI::Validator kNotNegative(
+    [](std::string& text) -> std::string {
+      return !text.empty() && text.front() == '-' ? "expected an integer >= 0 (got " + text + ")"
+                                                  : "";
+    },
+    "", "not negative");
+
+}  // namespace
+
+Command parse_command_line(int argc, const char* const* argv) {
+  Command command;
+  RunConfig& run = command.run;
+  PrepareOptions& prepare = command.prepare;
+
+  CLI::App app{"LLaMA pre-training in C++ over LibTorch: memory-lean, sharded across MPI ranks.\n"
+               "Train: trainer --config configs/llama_60m.json [flags]. "
+               "Make a token file: trainer prepare --help.",
+               "trainer"};
+  app.get_formatter()->column_width(34);
+
+  // Training flags, named as GaLore's torchrun_main.py where it has one.
+  std::vector<CLI::Option*> training_flags;
+  auto add = [&](CLI::Option* option) {
+    training_flags.push_back(option);
+    return option;
+  };
+  add(app.add_option("--config", run.config_path,
+                     "model config: HF LlamaConfig JSON (required), e.g. configs/llama_60m.json"));
+  add(app.add_option("--lr", run.lr, "peak learning rate")->capture_default_str());
+  add(app.add_option("--batch_size", run.batch_size, "micro-batch per rank, in sequences")
+          ->capture_default_str());
+  add(app.add_option("--total_batch_size", run.total_batch_size,
+                     "sequences per optimizer step; 0 = batch_size * world size (no accumulation)")
+          ->capture_default_str());
+  add(app.add_option("--max_length", run.max_length, "tokens per sequence")->capture_default_str());
+  add(app.add_option("--num_training_steps", run.num_training_steps, "optimizer steps to run")
+          ->capture_default_str());
+  add(app.add_option("--warmup_steps", run.warmup_steps, "linear warm-up steps of the schedule")
+          ->capture_default_str());
+  EnumFlag<Scheduler> scheduler({Scheduler::cosine, Scheduler::linear, Scheduler::constant},
+                                run.scheduler);
+  add(scheduler.add(app, "--scheduler", "learning-rate schedule after warm-up"));
+  add(app.add_option("--min_lr_ratio", run.min_lr_ratio,
+                     "final lr of cosine / linear decay, as a fraction of --lr")
+          ->capture_default_str());
+  add(app.add_option("--weight_decay", run.weight_decay, "decoupled weight decay")
+          ->capture_default_str());
+  add(app.add_option("--grad_clipping", run.grad_clipping, "max global grad norm; 0 = off")
+          ->capture_default_str());
+  add(app.add_option("--adam_beta1", run.adam_beta1, "Adam beta1")->capture_default_str());
+  add(app.add_option("--adam_beta2", run.adam_beta2, "Adam beta2")->capture_default_str());
+  add(app.add_option("--adam_eps", run.adam_eps, "Adam epsilon")->capture_default_str());
+  EnumFlag<DType> dtype({DType::float32, DType::bfloat16}, run.dtype);
+  add(dtype.add(app, "--dtype", "compute dtype"));
+  EnumFlag<Precision> precision({Precision::pure, Precision::mixed}, run.precision);
+  add(precision.add(app, "--precision",
+                    "with bfloat16: pure bf16 weights (as GaLore) or mixed (fp32 master weights)"));
+  add(app.add_option("--optimizer", run.optimizer,
+                     "adamw (adamw_sn and galore_adamw are not implemented yet)")
+          ->capture_default_str());
+  add(app.add_option("--seed", run.seed, "seed for initialisation and data order")
+          ->check(kNotNegative)
+          ->capture_default_str());
+  add(app.add_option("--data", run.data,
+                     "\"synthetic\" or a token file made by `trainer prepare`")
+          ->capture_default_str());
+  add(app.add_option("--eval_fraction", run.eval_fraction,
+                     "share of the token windows held out for evaluation")
+          ->capture_default_str());
+  add(app.add_option("--eval_every", run.eval_every, "evaluate every N steps; 0 = only at the end")
+          ->capture_default_str());
+  add(app.add_option("--eval_batches", run.eval_batches, "batches per evaluation")
+          ->capture_default_str());
+  add(app.add_option("--save_every", run.save_every,
+                     "checkpoint every N steps; 0 = only at the end (with --save_dir)")
+          ->capture_default_str());
+  add(app.add_option("--save_dir", run.save_dir, "checkpoint folder; empty = no checkpoints")
+          ->capture_default_str());
+  add(app.add_option("--continue_from", run.continue_from, "checkpoint folder to resume from")
+          ->capture_default_str());
+  add(app.add_option("--run_dir", run.run_dir, "folder for logs and metrics (JSONL)")
+          ->capture_default_str());
+  EnumFlag<DeviceChoice> device(
+      {DeviceChoice::auto_select, DeviceChoice::cpu, DeviceChoice::cuda}, run.device);
+  add(device.add(app, "--device", "auto = this rank's GPU when there is one, else the CPU"));
+  add(app.add_option("--log_every", run.log_every, "log a line every N steps")
+          ->capture_default_str());
+  add(app.add_flag("--print_config", run.print_config,
+                   "print the resolved model and run config as JSON and exit"));
+
+  CLI::App* prepare_app = app.add_subcommand(
+      "prepare", "Tokenise text files into a token file for --data (SentencePiece).");
+  prepare_app->get_formatter()->column_width(34);
+  prepare_app->add_option("--input", prepare.inputs,
+                          "text file to tokenise (repeat for several files)")
+      ->required();
+  prepare_app->add_option("--output", prepare.output, "token file to write")->required();
+  CLI::Option* tokenizer = prepare_app->add_option(
+      "--tokenizer", prepare.tokenizer, "existing SentencePiece model to encode with");
+  CLI::Option* vocab_size = prepare_app->add_option(
+      "--vocab_size", prepare.vocab_size,
+      "train a new SentencePiece model of this vocabulary size (saved as OUTPUT.model)");
+  prepare_app->add_option("--model_type", prepare.model_type,
+                          "SentencePiece model type when training one")
+      ->check(CLI::IsMember({"bpe", "unigram"}))
+      ->capture_default_str();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    command.kind = Command::Kind::help;
+    command.help_text = app.help();  // the selected subcommand's help when there is one
+    return command;
+  } catch (const CLI::CallForAllHelp&) {
+    command.kind = Command::Kind::help;
+    command.help_text = app.help("", CLI::AppFormatMode::All);
+    return command;
+  } catch (const CLI::ParseError& error) {
+    const char* help = prepare_app->parsed() ? "trainer prepare --help" : "trainer --help";
+    fail_user(kCommandLine, "",
+              std::string(error.what()) + " (run `" + help + "` for the flags and their values)");
+  }
+
+  if (prepare_app->parsed()) {
+    for (const CLI::Option* flag : training_flags)
+      if (flag->count() > 0)
+        fail_user(kCommandLine, flag->get_name(),
+                  "is a training flag; `trainer prepare` takes --input, --output, --tokenizer or "
+                  "--vocab_size, and --model_type");
+    if (vocab_size->count() > 0 && prepare.vocab_size < 1)
+      fail_user(kCommandLine, "--vocab_size",
+                "expected an integer >= 1 (got " + std::to_string(prepare.vocab_size) + ")");
+    if ((tokenizer->count() > 0) == (vocab_size->count() > 0))
+      fail_user(kCommandLine, "--tokenizer / --vocab_size",
+                "`trainer prepare` needs exactly one of the two: --tokenizer MODEL to encode with "
+                "an existing SentencePiece model, or --vocab_size N to train a new one (got " +
+                    std::string(tokenizer->count() > 0 ? "both" : "neither") + ")");
+    command.kind = Command::Kind::prepare;
+    return command;
+  }
+
+  if (run.config_path.empty())
+    fail_user(kCommandLine, "--config",
+              "required for training: pass a model config such as configs/llama_60m.json (or "
+              "run `trainer --help`)");
+  run.scheduler = scheduler.value();
+  run.dtype = dtype.value();
+  run.precision = precision.value();
+  run.device = device.value();
+  command.kind = Command::Kind::train;
+  return command;
+}
+
+nlohmann::json resolved_config_json(const ModelConfig& model, const RunConfig& run) {
+  return nlohmann::json{
+      {"model",
+       {{"name", model.name},
+        {"num_parameters", model.num_parameters()},
+        {"config", model.to_json()}}},
+      {"run", run.to_json()},
+  };
+}
+
+}  // namespace llm

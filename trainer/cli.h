@@ -1,0 +1,36 @@
+// The command line: `trainer --config FILE [flags]` trains, `trainer prepare ...` makes a token file.
+//
+// Parsing only turns argv into a RunConfig / PrepareOptions with CLI11 (flag names follow GaLore's
+// torchrun_main.py where one exists); it checks syntax (known flags, numbers, choices) but not ranges
+// or cross-field rules. main() then loads the model config and calls validate_run_config, which
+// needs the model (max_length <= max_position_embeddings) and the world size.
+//
+// --help is not an error: parse_command_line returns Kind::help with the help text, and main prints
+// it and exits 0. Every syntax error is a UserError naming the flag.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "trainer/config.h"
+#include "trainer/data/prepare.h"
+
+namespace llm {
+
+struct Command {
+  enum class Kind { train, prepare, help } kind = Kind::train;
+  RunConfig run;           // Kind::train
+  PrepareOptions prepare;  // Kind::prepare
+  std::string help_text;   // Kind::help: what `--help` prints (for `prepare --help`, its own flags)
+};
+
+// Throws UserError ("command line: ..." naming the flag) on unknown flags, values that are not
+// numbers, choices outside their list, a missing --config for training, and for `prepare` a missing
+// --input / --output or not exactly one of --tokenizer / --vocab_size.
+Command parse_command_line(int argc, const char* const* argv);
+
+// What --print_config shows: {"model": {"name", "num_parameters", "config": HF keys}, "run": flags}.
+nlohmann::json resolved_config_json(const ModelConfig& model, const RunConfig& run);
+
+}  // namespace llm

@@ -1,0 +1,97 @@
+#include "trainer/metrics.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+
+#include "common/errors.h"
+
+namespace llm {
+
+MetricsLog::MetricsLog(const std::string& jsonl_path, bool is_writer)
+    : is_writer_(is_writer), interactive_(is_writer && ::isatty(STDOUT_FILENO) == 1) {
+  if (!is_writer_) return;
+  std::filesystem::create_directories(std::filesystem::path(jsonl_path).parent_path());
+  jsonl_.open(jsonl_path, std::ios::out | std::ios::trunc);
+  LLM_REQUIRE(jsonl_.good(), jsonl_path, "", "cannot write the metrics file; check --run_dir");
+}
+
+void MetricsLog::write(const nlohmann::json& record) {
+  if (!is_writer_) return;
+  jsonl_ << record.dump() << '\n';
+  jsonl_.flush();
+}
+
+void MetricsLog::log_line(const std::string& text) {
+  if (!is_writer_) return;
+  if (bar_drawn_) std::fputs("\r\033[K", stdout);
+  std::fputs(text.c_str(), stdout);
+  std::fputc('\n', stdout);
+  bar_drawn_ = false;
+  std::fflush(stdout);
+}
+
+void MetricsLog::log_step(const StepRecord& r) {
+  if (!is_writer_) return;
+  write({{"event", "train"}, {"step", r.step}, {"loss", r.loss}, {"lr", r.lr},
+         {"grad_norm", r.grad_norm}, {"tokens_per_s", r.tokens_per_second},
+         {"step_time_s", r.step_seconds}, {"tokens_seen", r.tokens_seen},
+         {"peak_memory_bytes", r.peak_memory_bytes}});
+  char line[256];
+  std::snprintf(line, sizeof(line),
+                "step %6lld/%lld | loss %.4f | lr %.3e | grad_norm %.3f | tok/s %.0f | peak_mem %s",
+                static_cast<long long>(r.step), static_cast<long long>(r.total_steps), r.loss, r.lr,
+                r.grad_norm, r.tokens_per_second, format_bytes(r.peak_memory_bytes).c_str());
+  log_line(line);
+  if (interactive_) draw_progress(r.step, r.total_steps);
+}
+
+void MetricsLog::log_eval(int64_t step, double eval_loss, int64_t eval_tokens) {
+  if (!is_writer_) return;
+  write({{"event", "eval"}, {"step", step}, {"eval_loss", eval_loss}, {"eval_tokens", eval_tokens}});
+  char line[160];
+  std::snprintf(line, sizeof(line), "eval @ step %lld | eval_loss %.4f | %lld tokens",
+                static_cast<long long>(step), eval_loss, static_cast<long long>(eval_tokens));
+  log_line(line);
+}
+
+void MetricsLog::draw_progress(int64_t step, int64_t total) {
+  constexpr int kWidth = 30;
+  const double fraction = total > 0 ? static_cast<double>(step) / static_cast<double>(total) : 1.0;
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  const double eta = fraction > 0 ? elapsed * (1.0 - fraction) / fraction : 0.0;
+  std::string bar(kWidth, ' ');
+  for (int i = 0; i < static_cast<int>(fraction * kWidth); ++i) bar[i] = '#';
+  std::printf("[%s] %3.0f%% %lld/%lld elapsed %s ETA %s", bar.c_str(), fraction * 100.0,
+              static_cast<long long>(step), static_cast<long long>(total),
+              format_duration(elapsed).c_str(), format_duration(eta).c_str());
+  std::fflush(stdout);
+  bar_drawn_ = true;
+}
+
+std::string format_bytes(int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes);
+  int unit = 0;
+  while (value >= 1024.0 && unit < 4) {
+    value /= 1024.0;
+    ++unit;
+  }
+  char text[32];
+  std::snprintf(text, sizeof(text), unit == 0 ? "%.0f %s" : "%.2f %s", value, units[unit]);
+  return text;
+}
+
+std::string format_duration(double seconds) {
+  const long long total = static_cast<long long>(seconds + 0.5);
+  char text[32];
+  if (total >= 3600)
+    std::snprintf(text, sizeof(text), "%lldh%02lldm%02llds", total / 3600, total / 60 % 60, total % 60);
+  else
+    std::snprintf(text, sizeof(text), "%lldm%02llds", total / 60, total % 60);
+  return text;
+}
+
+}  // namespace llm

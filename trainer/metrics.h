@@ -1,0 +1,55 @@
+// Logs a person reads and files a program reads: one human line per step from rank 0 (with a
+// progress bar and ETA under it when stdout is a terminal), and the same numbers as JSON lines in
+// RUN_DIR/metrics.jsonl. Tests and scripts read the JSONL, never the columns of stdout.
+//
+// metrics.jsonl records, one per line, each with an "event" field:
+//   {"event":"start", "model":{...}, "run":{...}, "world_size":N, "device":"cpu", ...}
+//   {"event":"train", "step", "loss", "lr", "grad_norm", "tokens_per_s", "step_time_s",
+//    "tokens_seen", "peak_memory_bytes"}
+//   {"event":"eval", "step", "eval_loss", "eval_tokens"}
+//   {"event":"end", "steps", "final_loss", "final_eval_loss", "elapsed_s", ...}
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace llm {
+
+struct StepRecord {
+  int64_t step = 0;
+  int64_t total_steps = 0;
+  double loss = 0;
+  double lr = 0;
+  double grad_norm = 0;
+  double tokens_per_second = 0;
+  double step_seconds = 0;
+  int64_t tokens_seen = 0;
+  int64_t peak_memory_bytes = 0;
+};
+
+class MetricsLog {
+ public:
+  // Only the writer (rank 0) prints and writes; other ranks' calls do nothing.
+  MetricsLog(const std::string& jsonl_path, bool is_writer);
+  void write(const nlohmann::json& record);
+  void log_step(const StepRecord& record);
+  void log_eval(int64_t step, double eval_loss, int64_t eval_tokens);
+  void log_line(const std::string& text);  // a human line that keeps the progress bar intact
+
+ private:
+  void draw_progress(int64_t step, int64_t total);
+  bool is_writer_;
+  bool interactive_;
+  bool bar_drawn_ = false;
+  std::ofstream jsonl_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+std::string format_bytes(int64_t bytes);     // "1.23 GiB"
+std::string format_duration(double seconds);  // "1h02m03s"
+
+}  // namespace llm
