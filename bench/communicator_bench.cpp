@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include <ATen/ATen.h>
 #include <CLI/CLI.hpp>
 #include <torch/cuda.h>
 
@@ -71,7 +72,7 @@ double bus_factor(const std::string& collective, int ranks) {
   return collective == "all_reduce" ? 2.0 * (n - 1) / n : (n - 1) / n;
 }
 
-// --- exactly predictable inputs (the scheme of tests/mpi/communicator_test.cpp) -------------------
+// --- exactly predictable inputs (the scheme of tests/mpi/communicator_test.cpp) ------------------
 
 // Element i of rank r is r * stride + i % stride; the stride keeps every sum over ranks an
 // integer that the dtype holds exactly (2^24 for float32, 2^8 for bfloat16).
@@ -96,7 +97,7 @@ int64_t count_wrong(const at::Tensor& actual, const at::Tensor& expected, double
   return (got - expected).abs().le(expected.abs() * relative).logical_not().sum().item<int64_t>();
 }
 
-// --- one row ----------------------------------------------------------------------------------------
+// --- one row -------------------------------------------------------------------------------------
 
 struct Buffers {
   at::Tensor input, output;  // all_reduce uses input only (in place)

@@ -96,7 +96,14 @@ void update_on_host_loop(float* param, const GradElement* grad, float* exp_avg,
                          float* exp_avg_sq, int64_t numel, const AdamWScalars& scalars) {
   const AdamWElementUpdate<GradElement, kLerpFromStart> update{param, grad, exp_avg, exp_avg_sq,
                                                                scalars};
-#pragma omp parallel for simd schedule(static) if (numel >= kMinElementsForThreads)
+  // Two loops rather than an if() clause on one: with if(), GCC 12 reloads the functor's pointers
+  // inside the loop and gives up vectorising it.
+  if (numel < kMinElementsForThreads) {
+#pragma omp simd
+    for (int64_t i = 0; i < numel; ++i) update(i);
+    return;
+  }
+#pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < numel; ++i) update(i);
 }
 
@@ -171,7 +178,7 @@ void AdamW::step(double lr) {
   // Check every tensor before touching any, so a bad gradient leaves the optimizer unchanged.
   const int64_t next_step = step_ + 1;
   for (const OptimizedTensor& tensor : tensors_) {
-    const at::Tensor& grad = tensor.param.grad();
+    const at::Tensor& grad = tensor.gradient();
     if (!grad.defined()) continue;
     check_update_arguments(tensor.param, grad, tensor.param, tensor.param, lr,
                            options_.weight_decay, next_step);
@@ -179,7 +186,7 @@ void AdamW::step(double lr) {
   step_ = next_step;
   for (size_t index = 0; index < tensors_.size(); ++index) {
     OptimizedTensor& tensor = tensors_[index];
-    const at::Tensor& grad = tensor.param.grad();
+    const at::Tensor& grad = tensor.gradient();
     if (!grad.defined()) continue;
     if (!exp_avg_[index].defined()) {
       exp_avg_[index] = at::zeros_like(tensor.param, at::MemoryFormat::Contiguous);

@@ -30,6 +30,8 @@ struct OptimizedTensor {
   std::string name;
   at::Tensor param;  // fp32 master, contiguous; its .grad() holds the gradient at step time
   bool decay = true; // weight decay applies (matrices yes, norm gains no)
+  at::Tensor grad;   // when defined (a view of a flat gradient shard), used instead of param.grad()
+  const at::Tensor& gradient() const { return grad.defined() ? grad : param.grad(); }
 };
 
 class AdamW {

@@ -20,9 +20,9 @@
 // int64 (int64 for step counters and token counts; average needs a floating dtype). Shapes are
 // free, only element counts matter. Input and output must not overlap, except the in-place
 // all_gather where input is exactly this rank's slice of output. Violations throw llm::UserError
-// naming the collective, the backend and the argument, before any communication, so a bad
-// argument on one rank never leaves the others in a half-started collective on its account alone
-// (they will still wait: the caller must end the job, see sharding/world.h abort_world()).
+// naming the collective, the backend and the argument, before any communication. The other ranks
+// may by then be waiting in that collective: the caller ends the job with abort_world()
+// (sharding/world.h), as trainer's main() does.
 //
 // Every rank must call the same collectives in the same order with the same sizes; constructing a
 // communicator is itself collective.

@@ -24,7 +24,8 @@ inline const char* nccl_hint(ncclResult_t result) {
     case ncclInvalidArgument:
       return "a bad argument (null or misaligned buffer, count, root); rerun with NCCL_DEBUG=INFO";
     case ncclUnhandledCudaError:
-      return "a CUDA call inside NCCL failed; rerun with NCCL_DEBUG=INFO and CUDA_LAUNCH_BLOCKING=1";
+      return "a CUDA call inside NCCL failed; rerun with NCCL_DEBUG=INFO and "
+             "CUDA_LAUNCH_BLOCKING=1";
     case ncclSystemError:
       return "an operating-system or network call failed (shared memory, sockets, InfiniBand); "
              "check /dev/shm size and NCCL_SOCKET_IFNAME, rerun with NCCL_DEBUG=INFO";

@@ -9,6 +9,11 @@ namespace llm::testing {
 
 inline std::filesystem::path source_dir() { return TRAINER_SOURCE_DIR; }
 inline std::filesystem::path trainer_binary() { return TRAINER_BINARY; }
+// mpirun with the settings every multi-rank test needs here (root, 2 cores, up to 4 ranks).
+inline std::string mpirun(int ranks) {
+  return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 " +
+         std::string(TRAINER_MPIEXEC) + " --oversubscribe -np " + std::to_string(ranks) + " ";
+}
 
 // A fresh, empty folder under the system temp dir, removed when the object dies.
 class ScratchDir {

@@ -83,6 +83,11 @@ Command parse_command_line(int argc, const char* const* argv) {
           ->capture_default_str());
   add(app.add_option("--warmup_steps", run.warmup_steps, "linear warm-up steps of the schedule")
           ->capture_default_str());
+  EnumFlag<ShardingStrategy> sharding(
+      {ShardingStrategy::full_shard, ShardingStrategy::shard_grad_op, ShardingStrategy::no_shard},
+      run.sharding);
+  add(sharding.add(app, "--sharding",
+                   "full_shard (ZeRO-3), shard_grad_op (ZeRO-2) or no_shard (data parallel)"));
   EnumFlag<Scheduler> scheduler({Scheduler::cosine, Scheduler::linear, Scheduler::constant},
                                 run.scheduler);
   add(scheduler.add(app, "--scheduler", "learning-rate schedule after warm-up"));
@@ -190,6 +195,7 @@ Command parse_command_line(int argc, const char* const* argv) {
               "required for training: pass a model config such as configs/llama_60m.json (or "
               "run `trainer --help`)");
   run.scheduler = scheduler.value();
+  run.sharding = sharding.value();
   run.dtype = dtype.value();
   run.precision = precision.value();
   run.device = device.value();

@@ -398,6 +398,7 @@ json RunConfig::to_json() const {
       {"continue_from", continue_from},
       {"run_dir", run_dir},
       {"device", to_string(device)},
+      {"sharding", llm::to_string(sharding)},
       {"log_every", log_every},
       {"print_config", print_config},
   };

@@ -24,6 +24,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "sharding/strategy.h"
+
 namespace llm {
 
 struct ModelConfig {
@@ -93,6 +95,7 @@ struct RunConfig {
   std::string continue_from;
   std::string run_dir = "runs/latest";
   DeviceChoice device = DeviceChoice::auto_select;
+  ShardingStrategy sharding = ShardingStrategy::full_shard;
   int64_t log_every = 1;
   bool print_config = false;
 

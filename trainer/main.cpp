@@ -9,6 +9,7 @@
 
 #include "common/errors.h"
 #include "common/log.h"
+#include "sharding/communicator.h"
 #include "sharding/world.h"
 #include "trainer/cli.h"
 #include "trainer/config.h"
@@ -34,14 +35,13 @@ int run_command(const llm::Command& command, const llm::World& world) {
     if (world.rank == 0) std::cout << llm::resolved_config_json(model, run).dump(2) << std::endl;
     return 0;
   }
-  LLM_REQUIRE(world.world_size == 1, "mpirun", "-np",
-              "this build trains on one rank; run without mpirun (sharding across ranks is not "
-              "wired into the training loop yet)");
   llm::RuntimeContext context;
   context.rank = world.rank;
   context.world_size = world.world_size;
   context.device = llm::select_device(run.device, world.local_rank);
   llm::process_identity().device = context.device.str();
+  std::unique_ptr<llm::Communicator> communicator = llm::make_communicator(world, context.device);
+  context.communicator = communicator.get();
   const llm::TrainingOutcome outcome = llm::train(model, run, context);
   llm::log::info("done: {} steps, final loss {:.4f}, final eval loss {:.4f}", outcome.steps,
                  outcome.final_loss, outcome.final_eval_loss);

@@ -17,6 +17,8 @@
 #include "trainer/data/synthetic.h"
 #include "trainer/metrics.h"
 #include "trainer/model/llama.h"
+#include "trainer/model/units.h"
+#include "sharding/fsdp_unit.h"
 #include "trainer/schedule.h"
 
 namespace llm {
@@ -31,13 +33,15 @@ struct Corpus {
   double entropy_rate = 0;
 };
 
-Corpus open_corpus(const RunConfig& run, const ModelConfig& model) {
+Corpus open_corpus(const RunConfig& run, const ModelConfig& model, const RuntimeContext& context) {
   if (run.data != "synthetic") return {TokenFile::open(run.data, model.vocab_size)};
   SyntheticCorpusSpec spec;
   spec.vocab_size = model.vocab_size;
   spec.seed = kSyntheticCorpusSeed;
   SyntheticCorpus corpus = generate_synthetic_corpus(spec);
-  const std::string path = (fs::path(run.run_dir) / "synthetic.tok").string();
+  // Every rank generates the same corpus; each writes its own copy, so no rank waits on a file.
+  const std::string path =
+      (fs::path(run.run_dir) / ("synthetic.rank" + std::to_string(context.rank) + ".tok")).string();
   write_token_file(path, corpus.tokens, model.vocab_size);
   log::info("synthetic corpus: {} tokens, unigram entropy {:.3f} nats, entropy floor {:.3f} nats",
             corpus.tokens.size(), corpus.unigram_entropy_nats, corpus.entropy_rate_nats);
@@ -45,70 +49,127 @@ Corpus open_corpus(const RunConfig& run, const ModelConfig& model) {
           corpus.entropy_rate_nats};
 }
 
-// The weights the optimizer updates. fp32 and mixed: the model's own parameters. Pure bf16: fp32
-// copies whose gradients are the bf16 gradients upcast, copied back into the model after each step.
-struct MasterWeights {
-  std::vector<std::pair<std::string, at::Tensor>> model_params;
-  std::vector<at::Tensor> masters;
-  bool separate = false;
-
-  void gather_gradients() {
-    if (!separate) return;
-    for (size_t i = 0; i < masters.size(); ++i) {
-      const at::Tensor& grad = model_params[i].second.grad();
-      masters[i].mutable_grad() = grad.defined() ? grad.to(at::kFloat) : at::Tensor();
-    }
-  }
-  void publish() {
-    if (!separate) return;
-    at::NoGradGuard no_grad;
-    for (size_t i = 0; i < masters.size(); ++i) model_params[i].second.copy_(masters[i]);
-  }
-  void zero_gradients() {
-    for (auto& [name, param] : model_params) param.mutable_grad() = at::Tensor();
-    if (separate)
-      for (auto& master : masters) master.mutable_grad() = at::Tensor();
-  }
-  std::vector<std::pair<std::string, at::Tensor>> named_masters() const {
-    std::vector<std::pair<std::string, at::Tensor>> named;
-    for (size_t i = 0; i < masters.size(); ++i) named.emplace_back(model_params[i].first, masters[i]);
-    return named;
-  }
-};
-
-// Global L2 norm of all gradients; scales them to max_norm when above it (torch's clip_grad_norm_).
-double clip_gradients(const std::vector<at::Tensor>& params, double max_norm) {
-  at::Tensor total = at::zeros({}, params.front().options().dtype(at::kFloat));
-  for (const auto& p : params)
-    if (p.grad().defined()) total += p.grad().to(at::kFloat).pow(2).sum();
-  const double norm = std::sqrt(total.item<double>());
+// Global L2 norm over every rank's gradient shard; scales the shards to max_norm when above it
+// (torch's clip_grad_norm_ rule). no_shard ranks each hold the whole gradient: no reduction then.
+double clip_gradients(std::vector<std::unique_ptr<ShardedUnit>>& units, Communicator& communicator,
+                      ShardingStrategy strategy, double max_norm) {
+  at::Tensor squares = at::zeros({1}, units.front()->shard_grad().options());
+  for (auto& unit : units) squares += unit->shard_grad().pow(2).sum();
+  if (strategy != ShardingStrategy::no_shard) communicator.all_reduce(squares, ReduceOp::sum);
+  const double norm = std::sqrt(squares.item<double>());
   if (max_norm > 0 && std::isfinite(norm)) {
     const double coefficient = max_norm / (norm + 1e-6);
     if (coefficient < 1.0)
-      for (const auto& p : params)
-        if (p.grad().defined()) p.grad().mul_(coefficient);
+      for (auto& unit : units) unit->shard_grad().mul_(coefficient);
   }
   return norm;
 }
+
+// Every rank's persistent training state, counted from the buffers that exist (after a step, when
+// the optimizer state is allocated): one "sharded_state" record with a row per rank.
+void record_sharded_bytes(MetricsLog& metrics, std::vector<std::unique_ptr<ShardedUnit>>& units,
+                          const AdamW& optimizer, Communicator& communicator) {
+  const int world = communicator.world_size(), rank = communicator.rank();
+  int64_t parameters = 0, gradients = 0, materialized = 0;
+  for (auto& unit : units) {
+    parameters += unit->shard().numel() * unit->shard().element_size();
+    gradients += unit->shard_grad().numel() * unit->shard_grad().element_size();
+    materialized += unit->compute_parameter_bytes();
+  }
+  at::Tensor table = at::zeros({world, 4}, at::TensorOptions().dtype(at::kLong).device(communicator.device()));
+  table[rank] = at::tensor({parameters, gradients, optimizer.state_bytes(), materialized}, at::kLong)
+                    .to(communicator.device());
+  if (world > 1) communicator.all_reduce(table, ReduceOp::sum);
+  table = table.to(at::kCPU);
+  nlohmann::json ranks = nlohmann::json::array();
+  for (int r = 0; r < world; ++r)
+    ranks.push_back({{"rank", r}, {"parameter_shard_bytes", table[r][0].item<int64_t>()},
+                     {"gradient_shard_bytes", table[r][1].item<int64_t>()},
+                     {"optimizer_state_bytes", table[r][2].item<int64_t>()},
+                     {"materialized_parameter_bytes", table[r][3].item<int64_t>()}});
+  metrics.write({{"event", "sharded_state"}, {"ranks", ranks}});
+}
+
+double average_over_ranks(double value, Communicator& communicator) {
+  at::Tensor tensor = at::full({1}, value, at::TensorOptions().dtype(at::kDouble).device(communicator.device()));
+  if (communicator.world_size() > 1) {
+    tensor = tensor.to(at::kFloat);
+    communicator.all_reduce(tensor, ReduceOp::average);
+  }
+  return tensor.item<double>();
+}
+
+// The sharded model: units of the single-device model wrapped by ShardedUnit, run unit by unit.
+struct ShardedModel {
+  LlamaForCausalLM model;
+  UnitContext context;
+  std::vector<ModelUnit> units;
+  std::vector<std::unique_ptr<ShardedUnit>> sharded;
+
+  // Forward through every unit; returns each unit's (input, output). Unit inputs after the first are
+  // detached leaves, so each unit's backward runs on its own, between its gather and its release.
+  std::vector<std::pair<at::Tensor, at::Tensor>> forward(const at::Tensor& input_ids, bool autocast) {
+    std::vector<std::pair<at::Tensor, at::Tensor>> boundaries;
+    AutocastRegion region(input_ids.device().type(), at::kBFloat16, autocast);
+    at::Tensor x = input_ids;
+    for (size_t u = 0; u < units.size(); ++u) {
+      sharded[u]->gather();
+      at::Tensor input = (u == 0 || !at::GradMode::is_enabled()) ? x : x.detach().requires_grad_(true);
+      at::Tensor output = units[u].forward(input);
+      sharded[u]->release_after_forward();
+      boundaries.emplace_back(input, output);
+      x = output;
+    }
+    return boundaries;
+  }
+
+  // Backward unit by unit in reverse: gather, backward, (last micro-batch) reduce gradients, release.
+  void backward(std::vector<std::pair<at::Tensor, at::Tensor>>& boundaries, const at::Tensor& loss,
+                bool reduce) {
+    at::Tensor grad_output;
+    for (size_t u = units.size(); u-- > 0;) {
+      sharded[u]->gather();
+      if (u + 1 == units.size())
+        loss.backward();
+      else
+        boundaries[u].second.backward(grad_output);
+      if (u > 0) grad_output = boundaries[u].first.grad();
+      boundaries[u] = {};
+      if (reduce) sharded[u]->reduce_gradients();
+      sharded[u]->release();
+    }
+  }
+
+  void release_all() {
+    for (auto& unit : sharded) unit->release();
+  }
+};
 
 Batch to_device(Batch batch, c10::Device device) {
   return {batch.input_ids.to(device), batch.labels.to(device)};
 }
 
-double evaluate(LlamaForCausalLM& model, BatchSampler& sampler, const RunConfig& run,
-                c10::Device device, bool autocast, int64_t* tokens) {
+double evaluate(ShardedModel& sharded_model, BatchSampler& sampler, const RunConfig& run,
+                Communicator& communicator, bool autocast, int64_t* tokens) {
   at::NoGradGuard no_grad;
-  model->eval();
   sampler.seek(0);
   double sum = 0;
   for (int64_t i = 0; i < run.eval_batches; ++i) {
-    Batch batch = to_device(sampler.next(), device);
-    AutocastRegion region(device.type(), at::kBFloat16, autocast);
-    sum += causal_lm_loss(model->forward(batch.input_ids), batch.labels).item<double>();
-    *tokens += batch.labels.numel();
+    Batch batch = to_device(sampler.next(), communicator.device());
+    auto boundaries = sharded_model.forward(batch.input_ids, autocast);
+    sum += causal_lm_loss(boundaries.back().second, batch.labels).item<double>();
+    *tokens += batch.labels.numel() * communicator.world_size();
   }
-  model->train();
-  return sum / static_cast<double>(run.eval_batches);
+  sharded_model.release_all();
+  return average_over_ranks(sum / static_cast<double>(run.eval_batches), communicator);
+}
+
+// Flat optimizer state of one unit (laid out like its shard) from the per-parameter slices.
+at::Tensor flat_state(ShardedUnit& unit, const std::map<std::string, at::Tensor>& state,
+                      const std::string& suffix) {
+  std::vector<at::Tensor> slices;
+  for (const auto& parameter : unit.layout().parameters) slices.push_back(state.at(parameter.name + suffix));
+  return at::cat(slices);
 }
 
 }  // namespace
@@ -129,32 +190,35 @@ TrainingOutcome train(const ModelConfig& model_config, const RunConfig& run,
                       const RuntimeContext& context) {
   const bool is_writer = context.rank == 0;
   const c10::Device device = context.device;
+  Communicator& communicator = *context.communicator;
   fs::create_directories(run.run_dir);
   MetricsLog metrics((fs::path(run.run_dir) / "metrics.jsonl").string(), is_writer);
 
-  Corpus corpus = open_corpus(run, model_config);
+  Corpus corpus = open_corpus(run, model_config, context);
   BatchSampler train_batches(corpus.tokens, Split::train, run.max_length, run.eval_fraction,
                              run.seed, context.rank, context.world_size, run.batch_size);
   BatchSampler eval_batches(corpus.tokens, Split::eval, run.max_length, run.eval_fraction, run.seed,
                             context.rank, context.world_size, run.batch_size);
 
-  at::manual_seed(run.seed);
-  LlamaForCausalLM model(model_config);
-  model->init_weights(run.seed);
-  model->to(device);
+  // Every rank builds the same initial weights; each unit then keeps only this rank's rows.
   const bool bf16 = run.dtype == DType::bfloat16;
   const bool pure_bf16 = bf16 && run.precision == Precision::pure;
   const bool autocast = bf16 && !pure_bf16;
-
-  MasterWeights weights{named_parameters_in_order(*model), {}, pure_bf16};
-  for (auto& [name, param] : weights.model_params)
-    weights.masters.push_back(pure_bf16 ? param.detach().clone() : param);
-  if (pure_bf16) model->to(at::kBFloat16);
-  weights.model_params = named_parameters_in_order(*model);
-
+  at::manual_seed(run.seed);
+  ShardedModel sharded_model{LlamaForCausalLM(model_config), {}, {}, {}};
+  sharded_model.model->init_weights(run.seed);
+  sharded_model.model->to(device);
+  sharded_model.units = split_into_units(sharded_model.model, sharded_model.context);
   std::vector<OptimizedTensor> optimized;
-  for (size_t i = 0; i < weights.masters.size(); ++i)
-    optimized.push_back({weights.model_params[i].first, weights.masters[i], weights.masters[i].dim() >= 2});
+  for (auto& unit : sharded_model.units) {
+    auto sharded = std::make_unique<ShardedUnit>(unit.name, unit.parameters, communicator, run.sharding,
+                                                 pure_bf16 ? at::kBFloat16 : at::kFloat);
+    for (const auto& parameter : sharded->layout().parameters)
+      optimized.push_back({parameter.name, sharded->slice(sharded->shard(), parameter), parameter.decay,
+                           sharded->slice(sharded->shard_grad(), parameter)});
+    sharded_model.sharded.push_back(std::move(sharded));
+  }
+  auto& units = sharded_model.sharded;
   AdamW optimizer(optimized, AdamWOptions{run.adam_beta1, run.adam_beta2, run.adam_eps, run.weight_decay});
 
   int64_t start_step = 0, tokens_seen = 0;
@@ -163,56 +227,92 @@ TrainingOutcome train(const ModelConfig& model_config, const RunConfig& run,
     Checkpoint checkpoint = load_checkpoint(folder);
     LLM_REQUIRE(checkpoint.trainer_state.value("model", nlohmann::json()) == model_config.to_json(),
                 folder, "trainer_state.json: model", "the checkpoint was made for another model config");
-    load_named_tensors(*model, checkpoint.model, folder + "/model.pt");
-    if (pure_bf16) {
-      at::NoGradGuard no_grad;
-      for (auto& [name, master] : weights.named_masters()) master.copy_(checkpoint.model.at(name));
+    std::map<std::string, at::Tensor> optimizer_state{{"step", checkpoint.optimizer.at("step")}};
+    for (auto& unit : units) {
+      std::vector<at::Tensor> weights, exp_avg, exp_avg_sq;
+      for (const auto& parameter : unit->layout().parameters) {
+        auto lookup = [&](const std::map<std::string, at::Tensor>& from, const std::string& key,
+                          const std::string& file) {
+          auto found = from.find(key);
+          LLM_REQUIRE(found != from.end(), folder + "/" + file, key, "missing tensor");
+          LLM_REQUIRE(found->second.sizes() == at::IntArrayRef(parameter.full_shape), folder + "/" + file,
+                      key, "shape does not match the model");
+          return found->second.to(device, at::kFloat);
+        };
+        weights.push_back(lookup(checkpoint.model, parameter.name, "model.pt"));
+        exp_avg.push_back(lookup(checkpoint.optimizer, parameter.name + ".exp_avg", "optimizer.pt"));
+        exp_avg_sq.push_back(lookup(checkpoint.optimizer, parameter.name + ".exp_avg_sq", "optimizer.pt"));
+      }
+      unit->load_full(weights, unit->shard());
+      unit->publish_shard();
+      at::Tensor flat_avg = at::zeros_like(unit->shard()), flat_avg_sq = at::zeros_like(unit->shard());
+      unit->load_full(exp_avg, flat_avg);
+      unit->load_full(exp_avg_sq, flat_avg_sq);
+      for (const auto& parameter : unit->layout().parameters) {
+        optimizer_state[parameter.name + ".exp_avg"] = unit->slice(flat_avg, parameter);
+        optimizer_state[parameter.name + ".exp_avg_sq"] = unit->slice(flat_avg_sq, parameter);
+      }
     }
-    optimizer.load_state_dict(checkpoint.optimizer);
+    optimizer.load_state_dict(optimizer_state);
     start_step = checkpoint.trainer_state.at("step").get<int64_t>();
     tokens_seen = checkpoint.trainer_state.at("tokens_seen").get<int64_t>();
     train_batches.seek(checkpoint.trainer_state.at("samples_consumed").get<int64_t>());
     log::info("resumed from {} at step {}", folder, start_step);
   }
 
+  int64_t shard_bytes = 0;
+  for (auto& unit : units) shard_bytes += unit->shard().numel() * 4;
   metrics.write({{"event", "start"}, {"model", model_config.to_json()}, {"run", run.to_json()},
                  {"world_size", context.world_size}, {"device", device.str()},
+                 {"communicator", communicator.backend_name()},
+                 {"sharding", to_string(run.sharding)},
                  {"parameters", model_config.num_parameters()},
+                 {"shard_parameter_bytes", shard_bytes},
                  {"corpus_unigram_entropy", corpus.unigram_entropy},
                  {"corpus_entropy_rate", corpus.entropy_rate}, {"start_step", start_step}});
-  log::info("model {}: {:.2f}M parameters on {}, {} steps of {} sequences x {} tokens",
-            model_config.name, model_config.num_parameters() / 1e6, device.str(),
-            run.num_training_steps, run.total_batch_size, run.max_length);
+  log::info("model {}: {:.2f}M parameters on {} x {} ({}, {}), {} steps of {} sequences x {} tokens",
+            model_config.name, model_config.num_parameters() / 1e6, context.world_size, device.str(),
+            communicator.backend_name(), to_string(run.sharding), run.num_training_steps,
+            run.total_batch_size, run.max_length);
 
+  // Checkpoints hold full tensors (world-size independent): every rank joins the gathers, rank 0 writes.
   auto save = [&](int64_t step) {
-    if (run.save_dir.empty() || !is_writer) return;
+    if (run.save_dir.empty()) return;
+    std::vector<std::pair<std::string, at::Tensor>> model_tensors;
+    std::map<std::string, at::Tensor> optimizer_state, shard_state = optimizer.state_dict();
+    for (auto& unit : units) {
+      for (auto& named : unit->gather_full(unit->shard())) model_tensors.push_back(std::move(named));
+      for (const std::string suffix : {".exp_avg", ".exp_avg_sq"})
+        for (auto& [name, tensor] : unit->gather_full(flat_state(*unit, shard_state, suffix)))
+          optimizer_state[name + suffix] = tensor;
+    }
+    optimizer_state["step"] = shard_state.at("step");
+    if (!is_writer) return;
     const std::string folder = (fs::path(run.save_dir) / ("step_" + std::to_string(step))).string();
-    save_checkpoint(folder, weights.named_masters(), optimizer.state_dict(),
+    save_checkpoint(folder, model_tensors, optimizer_state,
                     {{"step", step}, {"samples_consumed", train_batches.samples_consumed()},
-                     {"tokens_seen", tokens_seen}, {"seed", run.seed},
+                     {"tokens_seen", tokens_seen}, {"seed", run.seed}, {"world_size", context.world_size},
                      {"model", model_config.to_json()}});
     log::info("saved checkpoint {}", folder);
   };
 
   TrainingOutcome outcome{start_step, 0, 0, corpus.unigram_entropy, corpus.entropy_rate};
   const int64_t tokens_per_step = run.total_batch_size * run.max_length;
-  std::vector<at::Tensor> masters = weights.masters;
   for (int64_t step = start_step + 1; step <= run.num_training_steps; ++step) {
     const auto started = std::chrono::steady_clock::now();
     double loss_sum = 0;
     for (int64_t micro = 0; micro < run.gradient_accumulation; ++micro) {
       Batch batch = to_device(train_batches.next(), device);
-      at::Tensor loss;
-      {
-        AutocastRegion region(device.type(), at::kBFloat16, autocast);
-        loss = causal_lm_loss(model->forward(batch.input_ids), batch.labels);
-      }
-      (loss / static_cast<double>(run.gradient_accumulation)).backward();
+      auto boundaries = sharded_model.forward(batch.input_ids, autocast);
+      at::Tensor loss = causal_lm_loss(boundaries.back().second, batch.labels);
       loss_sum += loss.item<double>();
+      // Gradients are reduced once per optimizer step, after the last micro-batch.
+      sharded_model.backward(boundaries, loss / static_cast<double>(run.gradient_accumulation),
+                             micro + 1 == run.gradient_accumulation);
     }
-    const double loss = loss_sum / static_cast<double>(run.gradient_accumulation);
-    weights.gather_gradients();
-    const double grad_norm = clip_gradients(masters, run.grad_clipping);
+    const double loss =
+        average_over_ranks(loss_sum / static_cast<double>(run.gradient_accumulation), communicator);
+    const double grad_norm = clip_gradients(units, communicator, run.sharding, run.grad_clipping);
     if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
       std::ostringstream message;
       message << "step " << step << ": the loss is " << loss << " and the gradient norm "
@@ -224,9 +324,9 @@ TrainingOutcome train(const ModelConfig& model_config, const RunConfig& run,
     const double lr = run.lr * lr_multiplier(run.scheduler, step, run.warmup_steps,
                                              run.num_training_steps, run.min_lr_ratio);
     optimizer.step(lr);
-    weights.zero_gradients();
-    weights.publish();
+    for (auto& unit : units) unit->publish_shard();
     tokens_seen += tokens_per_step;
+    if (step == start_step + 1) record_sharded_bytes(metrics, units, optimizer, communicator);
 
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
@@ -239,7 +339,8 @@ TrainingOutcome train(const ModelConfig& model_config, const RunConfig& run,
     const bool last = step == run.num_training_steps;
     if ((run.eval_every > 0 && step % run.eval_every == 0) || last) {
       int64_t eval_tokens = 0;
-      outcome.final_eval_loss = evaluate(model, eval_batches, run, device, autocast, &eval_tokens);
+      outcome.final_eval_loss =
+          evaluate(sharded_model, eval_batches, run, communicator, autocast, &eval_tokens);
       metrics.log_eval(step, outcome.final_eval_loss, eval_tokens);
     }
     if ((run.save_every > 0 && step % run.save_every == 0) || last) save(step);

@@ -14,10 +14,13 @@
 
 namespace llm {
 
+class Communicator;
+
 struct RuntimeContext {
   int rank = 0;
   int world_size = 1;
   c10::Device device = c10::Device(c10::kCPU);
+  Communicator* communicator = nullptr;  // over all ranks, for this device
 };
 
 struct TrainingOutcome {

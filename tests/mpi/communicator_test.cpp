@@ -24,6 +24,7 @@
 #include <string>
 #include <tuple>
 
+#include <ATen/ATen.h>
 #include <torch/cuda.h>
 #ifdef TRAINER_HAVE_CUDA
 #include <c10/cuda/CUDAStream.h>
@@ -340,7 +341,7 @@ INSTANTIATE_TEST_SUITE_P(Backends, ArgumentErrorTest,
                            return info.param;
                          });
 
-// --- the factory ----------------------------------------------------------------------------------
+// --- the factory ---------------------------------------------------------------------------------
 
 TEST(MakeCommunicator, PicksTheBackendFromWorldAndDevice) {
   const llm::World& world = llm::current_world();

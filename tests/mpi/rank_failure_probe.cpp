@@ -16,7 +16,10 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <string>
+
+#include <ATen/ATen.h>
 
 #include "common/errors.h"
 #include "sharding/communicator.h"

@@ -60,7 +60,8 @@ expect_quick_failure user_error
 expect_output user_error '\[rank 1 on [^]]+\] error: ' "which rank and host failed"
 expect_output user_error 'all_gather \(mpi communicator\): output: holds [0-9]+ elements' \
   "what was wrong"
-[ "$status" -eq 2 ] || fail "user_error: status $status, expected 2 (the code rank 1 passed to MPI_Abort)"
+[ "$status" -eq 2 ] ||
+  fail "user_error: status $status, expected 2 (the code rank 1 passed to MPI_Abort)"
 
 run_probe sigkill
 expect_quick_failure sigkill

@@ -1,0 +1,71 @@
+#include "sharding/flat_layout.h"
+
+#include <nlohmann/json.hpp>
+
+namespace llm {
+
+FlatShardLayout FlatShardLayout::build(const std::string& unit,
+                                       const std::vector<std::pair<std::string, at::Tensor>>& parameters,
+                                       int rank, int world_size) {
+  FlatShardLayout layout;
+  layout.unit = unit;
+  layout.rank = rank;
+  layout.world_size = world_size;
+  for (const auto& [name, tensor] : parameters) {
+    ShardedParameter parameter;
+    parameter.name = name;
+    parameter.full_shape = tensor.sizes().vec();
+    parameter.rows = tensor.size(0);
+    parameter.cols = tensor.numel() / parameter.rows;
+    parameter.rows_per_rank = (parameter.rows + world_size - 1) / world_size;
+    parameter.shard_offset = layout.shard_numel;
+    parameter.first_row = std::min<int64_t>(parameter.rows, rank * parameter.rows_per_rank);
+    parameter.rows_held =
+        std::min<int64_t>(parameter.rows, parameter.first_row + parameter.rows_per_rank) - parameter.first_row;
+    parameter.decay = tensor.dim() >= 2;
+    layout.shard_numel += parameter.shard_numel();
+    layout.parameters.push_back(parameter);
+  }
+  return layout;
+}
+
+at::Tensor FlatShardLayout::take_rows(const ShardedParameter& parameter, const at::Tensor& full) const {
+  at::Tensor rows = at::zeros({parameter.rows_per_rank, parameter.cols}, full.options().dtype(at::kFloat));
+  if (parameter.rows_held > 0)
+    rows.narrow(0, 0, parameter.rows_held)
+        .copy_(full.reshape({parameter.rows, parameter.cols}).narrow(0, parameter.first_row, parameter.rows_held));
+  return rows.reshape({-1});
+}
+
+at::Tensor FlatShardLayout::full_from_gathered(const ShardedParameter& parameter,
+                                               const at::Tensor& gathered) const {
+  // (world, shard_numel) -> (world, rows_per_rank * cols) -> (world * rows_per_rank, cols) -> rows
+  return gathered.view({world_size, shard_numel})
+      .narrow(1, parameter.shard_offset, parameter.shard_numel())
+      .reshape({world_size * parameter.rows_per_rank, parameter.cols})
+      .narrow(0, 0, parameter.rows)
+      .view(parameter.full_shape);
+}
+
+void FlatShardLayout::scatter_into(const ShardedParameter& parameter, const at::Tensor& full,
+                                   at::Tensor& flat) const {
+  // (world, shard_numel) -> this parameter's block of each rank: (world, rows_per_rank, cols)
+  at::Tensor blocks = flat.view({world_size, shard_numel})
+                          .narrow(1, parameter.shard_offset, parameter.shard_numel())
+                          .view({world_size, parameter.rows_per_rank, parameter.cols});
+  at::Tensor padded = at::zeros({world_size * parameter.rows_per_rank, parameter.cols}, flat.options());
+  padded.narrow(0, 0, parameter.rows).copy_(full.reshape({parameter.rows, parameter.cols}));
+  blocks.copy_(padded.view({world_size, parameter.rows_per_rank, parameter.cols}));
+}
+
+nlohmann::json FlatShardLayout::to_json() const {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const auto& p : parameters)
+    rows.push_back({{"name", p.name}, {"shape", p.full_shape}, {"offset", p.shard_offset},
+                    {"rows_per_rank", p.rows_per_rank}, {"first_row", p.first_row},
+                    {"rows_held", p.rows_held}, {"decay", p.decay}});
+  return {{"unit", unit}, {"rank", rank}, {"world_size", world_size}, {"shard_numel", shard_numel},
+          {"parameters", rows}};
+}
+
+}  // namespace llm

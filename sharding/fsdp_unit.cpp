@@ -1,0 +1,131 @@
+#include "sharding/fsdp_unit.h"
+
+#include <c10/core/StorageImpl.h>
+
+namespace llm {
+namespace {
+
+size_t storage_bytes(const at::Tensor& tensor) {
+  return static_cast<size_t>(tensor.numel()) * tensor.element_size();
+}
+
+void free_storage(const at::Tensor& tensor) {
+  tensor.storage().unsafeGetStorageImpl()->reset();
+}
+
+void allocate_storage(const at::Tensor& tensor) {
+  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
+  if (storage->nbytes() == storage_bytes(tensor)) return;
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(storage_bytes(tensor)));
+  storage->set_nbytes(storage_bytes(tensor));
+}
+
+}  // namespace
+
+const char* to_string(ShardingStrategy strategy) {
+  switch (strategy) {
+    case ShardingStrategy::full_shard: return "full_shard";
+    case ShardingStrategy::shard_grad_op: return "shard_grad_op";
+    case ShardingStrategy::no_shard: return "no_shard";
+  }
+  return "?";
+}
+
+ShardedUnit::ShardedUnit(std::string name, std::vector<std::pair<std::string, at::Tensor>> parameters,
+                         Communicator& communicator, ShardingStrategy strategy,
+                         at::ScalarType compute_dtype)
+    : name_(std::move(name)),
+      parameters_(std::move(parameters)),
+      communicator_(communicator),
+      strategy_(strategy) {
+  const bool sharded = strategy_ != ShardingStrategy::no_shard;
+  // no_shard: every rank holds the whole unit, laid out as rank 0 of a world of one.
+  layout_ = FlatShardLayout::build(name_, parameters_, sharded ? communicator_.rank() : 0,
+                                   sharded ? communicator_.world_size() : 1);
+  shard_ = at::empty({layout_.shard_numel}, parameters_.front().second.options().dtype(at::kFloat));
+  for (size_t i = 0; i < parameters_.size(); ++i)
+    slice(shard_, layout_.parameters[i]).copy_(layout_.take_rows(layout_.parameters[i], parameters_[i].second));
+  shard_grad_ = at::zeros_like(shard_);
+  if (compute_dtype != at::kFloat) {
+    at::NoGradGuard no_grad;
+    for (auto& [parameter_name, parameter] : parameters_) parameter.set_data(parameter.to(compute_dtype));
+  }
+  if (sharded) release();
+}
+
+void ShardedUnit::publish_shard() {
+  if (strategy_ != ShardingStrategy::no_shard) return;
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < parameters_.size(); ++i)
+    parameters_[i].second.variable_data().copy_(
+        layout_.full_from_gathered(layout_.parameters[i], shard_));
+}
+
+void ShardedUnit::gather() {
+  if (gathered_) return;
+  at::NoGradGuard no_grad;
+  at::Tensor gathered = at::empty({layout_.world_size * layout_.shard_numel}, shard_.options());
+  communicator_.all_gather(shard_, gathered);
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    const at::Tensor& parameter = parameters_[i].second;
+    allocate_storage(parameter);
+    parameter.variable_data().copy_(layout_.full_from_gathered(layout_.parameters[i], gathered));
+  }
+  gathered_ = true;
+}
+
+void ShardedUnit::release() {
+  if (strategy_ == ShardingStrategy::no_shard || !gathered_) return;
+  for (auto& [name, parameter] : parameters_) free_storage(parameter);
+  gathered_ = false;
+}
+
+void ShardedUnit::release_after_forward() {
+  if (strategy_ == ShardingStrategy::full_shard) release();
+}
+
+void ShardedUnit::reduce_gradients() {
+  at::NoGradGuard no_grad;
+  at::Tensor flat = at::empty({layout_.world_size * layout_.shard_numel}, shard_.options());
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    const at::Tensor& grad = parameters_[i].second.grad();
+    if (grad.defined())
+      layout_.scatter_into(layout_.parameters[i], grad.to(at::kFloat), flat);
+    else
+      layout_.scatter_into(layout_.parameters[i], at::zeros(layout_.parameters[i].full_shape, shard_.options()), flat);
+    parameters_[i].second.mutable_grad() = at::Tensor();
+  }
+  if (strategy_ == ShardingStrategy::no_shard) {
+    communicator_.all_reduce(flat, ReduceOp::average);
+    shard_grad_.copy_(flat);
+  } else {
+    communicator_.reduce_scatter(flat, shard_grad_, ReduceOp::average);
+  }
+}
+
+std::vector<std::pair<std::string, at::Tensor>> ShardedUnit::gather_full(const at::Tensor& flat) {
+  at::Tensor gathered = flat;
+  if (layout_.world_size > 1) {
+    gathered = at::empty({layout_.world_size * layout_.shard_numel}, flat.options());
+    communicator_.all_gather(flat.contiguous(), gathered);
+  }
+  std::vector<std::pair<std::string, at::Tensor>> full;
+  for (const auto& parameter : layout_.parameters)
+    full.emplace_back(parameter.name, layout_.full_from_gathered(parameter, gathered).clone());
+  return full;
+}
+
+void ShardedUnit::load_full(const std::vector<at::Tensor>& full_tensors, at::Tensor& flat) const {
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < layout_.parameters.size(); ++i)
+    slice(flat, layout_.parameters[i]).copy_(layout_.take_rows(layout_.parameters[i], full_tensors[i]));
+}
+
+int64_t ShardedUnit::compute_parameter_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& [name, parameter] : parameters_)
+    bytes += static_cast<int64_t>(parameter.storage().nbytes());
+  return bytes;
+}
+
+}  // namespace llm
