@@ -9,8 +9,9 @@
 
 namespace llm {
 
-MetricsLog::MetricsLog(const std::string& jsonl_path, bool is_writer)
-    : is_writer_(is_writer), interactive_(is_writer && ::isatty(STDOUT_FILENO) == 1) {
+MetricsLog::MetricsLog(const std::string& jsonl_path, bool is_writer, bool single_process)
+    : is_writer_(is_writer),
+      interactive_(is_writer && single_process && ::isatty(STDOUT_FILENO) == 1) {
   if (!is_writer_) return;
   std::filesystem::create_directories(std::filesystem::path(jsonl_path).parent_path());
   jsonl_.open(jsonl_path, std::ios::out | std::ios::trunc);

@@ -33,8 +33,10 @@ struct StepRecord {
 
 class MetricsLog {
  public:
-  // Only the writer (rank 0) prints and writes; other ranks' calls do nothing.
-  MetricsLog(const std::string& jsonl_path, bool is_writer);
+  // Only the writer (rank 0) prints and writes; other ranks' calls do nothing. The progress bar is
+  // drawn only for a single process on a terminal: under mpirun stdout is a pseudo-terminal even
+  // when mpirun's own output goes to a file, so a bar there would litter logs.
+  MetricsLog(const std::string& jsonl_path, bool is_writer, bool single_process);
   void write(const nlohmann::json& record);
   void log_step(const StepRecord& record);
   void log_eval(int64_t step, double eval_loss, int64_t eval_tokens);

@@ -192,7 +192,8 @@ TrainingOutcome train(const ModelConfig& model_config, const RunConfig& run,
   const c10::Device device = context.device;
   Communicator& communicator = *context.communicator;
   fs::create_directories(run.run_dir);
-  MetricsLog metrics((fs::path(run.run_dir) / "metrics.jsonl").string(), is_writer);
+  MetricsLog metrics((fs::path(run.run_dir) / "metrics.jsonl").string(), is_writer,
+                     context.world_size == 1);
 
   Corpus corpus = open_corpus(run, model_config, context);
   BatchSampler train_batches(corpus.tokens, Split::train, run.max_length, run.eval_fraction,
