@@ -8,6 +8,7 @@
 // communicator's device by default, or the stream the caller gives. Nothing here waits on the
 // host except barrier(). Average uses ncclAvg (NCCL pre-multiplies floating inputs by 1/n, so
 // no divide kernel and no second pass).
+#include <ATen/ATen.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
