@@ -7,7 +7,7 @@
 // schedule) and no arithmetic to speak of. Its best time is the ideal; "fraction" is ideal time
 // over our median time.
 //
-//   build/adamw_bench [--threads 2] [--sizes 2^20,2^24,2^26] [--reps 5]
+//   build/bench/adamw_bench [--threads 2] [--sizes 2^20,2^24,2^26] [--reps 5]
 #include <omp.h>
 
 #include <algorithm>

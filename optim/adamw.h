@@ -38,14 +38,22 @@ class AdamW {
  public:
   AdamW(std::vector<OptimizedTensor> tensors, AdamWOptions options);
 
-  // Applies one update at learning rate lr to every tensor that has a gradient.
+  // Applies one update at learning rate lr to every tensor that has a gradient. One step counter
+  // serves all tensors and advances on every call (torch keeps one per parameter and skips those
+  // without a gradient; the two agree whenever every tensor has a gradient at every step).
+  // Every tensor is checked before any is touched: a bad gradient throws UserError and changes
+  // nothing.
   void step(double lr);
   int64_t steps_taken() const { return step_; }
   int64_t state_bytes() const;  // bytes of m and v
 
-  // Checkpointing: "NAME.exp_avg", "NAME.exp_avg_sq" and "step" (a 0-d int64 tensor).
+  // Checkpointing: "NAME.exp_avg", "NAME.exp_avg_sq" and "step" (a 0-d int64 tensor). state_dict
+  // returns the live state tensors, not copies (zeros for a tensor not stepped yet): save or clone
+  // them before the next step. load_state_dict copies in; it needs every key with the parameter's
+  // shape and float32, rejects unknown keys, lists every problem in one UserError, and changes
+  // nothing unless the whole dict fits.
   std::map<std::string, at::Tensor> state_dict() const;
-  void load_state_dict(const std::map<std::string, at::Tensor>& state);  // throws UserError
+  void load_state_dict(const std::map<std::string, at::Tensor>& state);
 
  private:
   std::vector<OptimizedTensor> tensors_;

@@ -61,6 +61,14 @@ std::string shape_name(const std::vector<int64_t>& shape) {
 // The learning rate of step (0-based): a ramp, so a kernel that ignores per-step lr fails.
 double learning_rate(int step) { return 1e-3 * (1.0 + 0.25 * step); }
 
+llm::OptimizedTensor optimized(const std::string& name, const at::Tensor& param, bool decay) {
+  llm::OptimizedTensor tensor;
+  tensor.name = name;
+  tensor.param = param;
+  tensor.decay = decay;
+  return tensor;
+}
+
 // (a) Ten steps of ours and LibTorch's torch::optim::AdamW (weight decay 0.1, lr changing every
 // step) from the same parameters with the same gradients, on the given device.
 void compare_with_libtorch(const at::Device& device) {
@@ -78,7 +86,7 @@ void compare_with_libtorch(const at::Device& device) {
                                                          .eps(1e-8)
                                                          .weight_decay(0.1));
     at::Tensor our_param = initial.clone().requires_grad_(true);
-    llm::AdamW ours({{"w", our_param, /*decay=*/true}},
+    llm::AdamW ours({optimized("w", our_param, /*decay=*/true)},
                     llm::AdamWOptions{.beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8,
                                       .weight_decay = 0.1});
     for (int step = 0; step < kSteps; ++step) {
@@ -140,7 +148,7 @@ void compare_with_golden(const at::Device& device) {
                                     .eps = eps,
                                     .weight_decay = weight_decay};
     at::Tensor param = initial.to(device).clone().requires_grad_(true);
-    llm::AdamW optimizer({{name, param, /*decay=*/options.weight_decay > 0.0}}, options);
+    llm::AdamW optimizer({optimized(name, param, /*decay=*/weight_decay > 0.0)}, options);
     const at::Tensor grads = golden.at(name + ".grads");  // (steps, *shape)
     for (int step = 0; step < kSteps; ++step) {
       param.mutable_grad() = grads[step].to(device);
@@ -243,8 +251,8 @@ TEST(AdamWStateDict, RoundTripContinuesIdentically) {
     grads.push_back(torch::randn(vector_shape));
   }
   const auto make_tensors = [&](const at::Tensor& matrix, const at::Tensor& gain) {
-    return std::vector<llm::OptimizedTensor>{{"block.weight", matrix, true},
-                                             {"block.norm", gain, false}};
+    return std::vector<llm::OptimizedTensor>{optimized("block.weight", matrix, true),
+                                             optimized("block.norm", gain, false)};
   };
   const llm::AdamWOptions options{.beta2 = 0.95, .weight_decay = 0.1};
   auto uninterrupted = make_tensors(torch::randn(matrix_shape), torch::randn(vector_shape));
@@ -284,7 +292,8 @@ TEST(AdamWStateDict, RoundTripContinuesIdentically) {
 TEST(AdamWStateDict, BadLoadsThrowUserErrorNamingTheKeyAndChangeNothing) {
   at::Tensor weight = torch::randn({4, 3});
   at::Tensor norm = torch::randn({3});
-  std::vector<llm::OptimizedTensor> tensors = {{"weight", weight, true}, {"norm", norm, false}};
+  std::vector<llm::OptimizedTensor> tensors = {optimized("weight", weight, true),
+                                               optimized("norm", norm, false)};
   llm::AdamW optimizer(tensors, llm::AdamWOptions{});
   weight.mutable_grad() = torch::randn({4, 3});
   norm.mutable_grad() = torch::randn({3});
@@ -339,7 +348,7 @@ TEST(AdamWStateDict, TensorsWithoutGradientsAreSkippedAndStateIsLazy) {
   at::Tensor stepped = torch::randn({22});
   at::Tensor frozen = torch::randn({7});
   const at::Tensor frozen_before = frozen.clone();
-  llm::AdamW optimizer({{"stepped", stepped, true}, {"frozen", frozen, true}},
+  llm::AdamW optimizer({optimized("stepped", stepped, true), optimized("frozen", frozen, true)},
                        llm::AdamWOptions{.weight_decay = 0.1});
   EXPECT_EQ(optimizer.state_bytes(), 0);
   stepped.mutable_grad() = torch::randn({22});
@@ -349,6 +358,35 @@ TEST(AdamWStateDict, TensorsWithoutGradientsAreSkippedAndStateIsLazy) {
   const auto state = optimizer.state_dict();
   EXPECT_TRUE(at::equal(state.at("frozen.exp_avg"), torch::zeros({7})));
   EXPECT_EQ(state.at("step").item<int64_t>(), 1);
+}
+
+// A flat gradient shard handed over as per-tensor views (OptimizedTensor::grad) steps exactly like
+// the same values in param.grad().
+TEST(AdamWGradients, GradientViewsOfAFlatBufferStepLikeParamGrad) {
+  torch::manual_seed(17);
+  const at::Tensor matrix = torch::randn({37, 29});
+  const at::Tensor gain = torch::randn({22});
+  at::Tensor via_views_matrix = matrix.clone(), via_views_gain = gain.clone();
+  at::Tensor via_grad_matrix = matrix.clone(), via_grad_gain = gain.clone();
+  at::Tensor flat_gradient = torch::empty({37 * 29 + 22});  // (numel of both) fp32
+  std::vector<llm::OptimizedTensor> views = {optimized("matrix", via_views_matrix, true),
+                                             optimized("gain", via_views_gain, false)};
+  views[0].grad = flat_gradient.slice(0, 0, 37 * 29).view({37, 29});
+  views[1].grad = flat_gradient.slice(0, 37 * 29);
+  const llm::AdamWOptions options{.weight_decay = 0.1};
+  llm::AdamW with_views(views, options);
+  llm::AdamW with_param_grad(
+      {optimized("matrix", via_grad_matrix, true), optimized("gain", via_grad_gain, false)},
+      options);
+  for (int step = 0; step < kSteps; ++step) {
+    flat_gradient.normal_();
+    via_grad_matrix.mutable_grad() = flat_gradient.slice(0, 0, 37 * 29).view({37, 29}).clone();
+    via_grad_gain.mutable_grad() = flat_gradient.slice(0, 37 * 29).clone();
+    with_views.step(learning_rate(step));
+    with_param_grad.step(learning_rate(step));
+  }
+  expect_identical(via_views_matrix, via_grad_matrix, "matrix");
+  expect_identical(via_views_gain, via_grad_gain, "gain");
 }
 
 TEST(AdamWArguments, BadArgumentsThrowUserError) {
@@ -372,12 +410,14 @@ TEST(AdamWArguments, BadArgumentsThrowUserError) {
   EXPECT_THROW(llm::adamw_update(param, grad, m, v, -1.0, options, 0.0, 1), llm::UserError);
   EXPECT_TRUE(at::equal(param, torch::zeros({22}))) << "a rejected update must not write";
 
-  EXPECT_THROW(llm::AdamW({{"w", param, true}, {"w", m, true}}, options), llm::UserError)
+  EXPECT_THROW(llm::AdamW({optimized("w", param, true), optimized("w", m, true)}, options),
+               llm::UserError)
       << "duplicate names";
-  EXPECT_THROW(llm::AdamW({{"w", double_state, true}}, options), llm::UserError);
-  EXPECT_THROW(llm::AdamW({{"w", param, true}}, llm::AdamWOptions{.beta2 = 1.0}), llm::UserError);
+  EXPECT_THROW(llm::AdamW({optimized("w", double_state, true)}, options), llm::UserError);
+  EXPECT_THROW(llm::AdamW({optimized("w", param, true)}, llm::AdamWOptions{.beta2 = 1.0}),
+               llm::UserError);
 
-  llm::AdamW optimizer({{"w", param, true}}, options);
+  llm::AdamW optimizer({optimized("w", param, true)}, options);
   param.mutable_grad() = torch::ones({21});
   EXPECT_THROW(optimizer.step(1e-3), llm::UserError);
   EXPECT_EQ(optimizer.steps_taken(), 0) << "a rejected step must not count";

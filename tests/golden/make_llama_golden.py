@@ -1,15 +1,16 @@
 """Golden files for tests/model_golden_test.cpp, from the reference implementation.
 
 llm.c's test_gpt2 pattern: this script lives beside the test that reads its output. It builds
-transformers' LlamaForCausalLM with a tiny config (the values of configs/llama_micro.json, written out
-below so the script does not depend on the config loader), gives it fixed weights, runs one forward
+transformers' LlamaForCausalLM with a tiny config (configs/llama_micro.json's values, written out below
+and checked against that file), gives it fixed weights, runs one forward
 and backward pass on a fixed (2, 23) batch, and saves everything the C++ model must reproduce:
 
     tests/golden/llama_micro_fp32.pt   fp32 weights, fp32 forward and backward
     tests/golden/llama_micro_bf16.pt   the same weights cast to bf16, pure bf16 forward and backward
                                        (GaLore's --dtype bfloat16: model.to(torch.bfloat16))
 
-Each file is a flat dict written by torch.save (readable by torch::pickle_load in C++):
+Each file is a flat dict written by torch.save (readable by torch::pickle_load in C++), its tensors
+views of one storage per dtype to keep the fp32 file under 300 KB:
     "config.<key>"   0-d tensors: int64 for sizes and token ids, float64 for eps and rope_theta
     "input_ids"      (2, 23) int64. Odd length on purpose (no power-of-two tail); holds the pad id
                      (vocab-1) so a missing padding_idx (no gradient to the pad row) shows.
@@ -27,18 +28,23 @@ because HF (and our causal_lm_loss) compute the cross entropy in fp32.
 Attention: attn_implementation="sdpa", because our model calls at::scaled_dot_product_attention, so
 both sides run the same kernel and the bf16 comparison measures the model, not two attention
 kernels' different rounding (eager's matmul + fp32 softmax rounds differently in bf16). In fp32
-eager and sdpa agree to ~1e-7, far inside the test's tolerance.
+eager and sdpa agree to 5e-7 of each tensor's scale, far inside the test's tolerance.
+
+bf16 rope: model.to(torch.bfloat16) also rounds transformers' rotary inv_freq buffer to bf16; the
+script puts the fp32 one back (see main), as GaLore's model and ours build fp32 cos/sin tables.
 
 Run from the repository root with the project venv's python (CPU only, deterministic):
     $VENV/bin/python tests/golden/make_llama_golden.py
 """
 
+import json
 import os
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+MICRO_JSON = os.path.join(HERE, "..", "..", "configs", "llama_micro.json")
 
 # configs/llama_micro.json, in HF LlamaConfig keys. pad_token_id -1 as in the GaLore configs, meaning
 # vocab-1 (GaLore's HF version passed -1 to nn.Embedding as padding_idx, which resolves it so). The
@@ -62,6 +68,16 @@ CONFIG = dict(
 )
 BATCH, SEQ_LEN = 2, 23
 WEIGHT_SEED, TOKEN_SEED = 1234, 5678
+
+
+def check_against_config_file():
+    """CONFIG must be configs/llama_micro.json (keys it omits take HF's defaults)."""
+    with open(MICRO_JSON) as f:
+        on_disk = json.load(f)
+    defaults = {"rope_theta": 10000.0, "tie_word_embeddings": False,
+                "num_key_value_heads": on_disk.get("num_attention_heads")}
+    for key, value in CONFIG.items():
+        assert on_disk.get(key, defaults.get(key)) == value, (key, on_disk.get(key), value)
 
 
 def build_model():
@@ -155,6 +171,7 @@ def share_storage(record):
 
 
 def main():
+    check_against_config_file()
     torch.set_num_threads(1)  # reduction order fixed: the file is reproducible bit for bit
     input_ids, labels_masked = make_inputs()
     model = build_model()
