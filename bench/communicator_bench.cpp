@@ -317,21 +317,8 @@ int main(int argc, char** argv) {
     return code;
   }
 
-  int exit_code = 0;
-  std::string failure;
-  try {
+  return llm::run_reporting_failures(world, [&] {
     run_bench(options, world);
-  } catch (const llm::UserError& error) {
-    exit_code = 2;
-    failure = std::string("error: ") + error.what();
-  } catch (const std::exception& error) {
-    exit_code = 1;
-    failure = std::string("fatal: ") + error.what();
-  }
-  if (exit_code != 0) {
-    if (world.world_size > 1) llm::abort_world(exit_code, failure);
-    std::fprintf(stderr, "%s\n", failure.c_str());
-  }
-  llm::stop_world();
-  return exit_code;
+    return 0;
+  });
 }

@@ -183,14 +183,6 @@ void add_bfloat16_pairs(void* input, void* inout, int* length, MPI_Datatype*) {
     accumulator[i] = c10::BFloat16(static_cast<float>(in[i]) + static_cast<float>(accumulator[i]));
 }
 
-bool mpi_is_live() {
-  int initialized = 0;
-  int finalized = 0;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
-  return initialized && !finalized;
-}
-
 class MpiCommunicator final : public Communicator {
  public:
   explicit MpiCommunicator(const World& world)

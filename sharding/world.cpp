@@ -18,6 +18,8 @@ std::optional<World>& started_world() {
   return world;
 }
 
+}  // namespace
+
 bool mpi_is_live() {
   int initialized = 0;
   int finalized = 0;
@@ -25,8 +27,6 @@ bool mpi_is_live() {
   MPI_Finalized(&finalized);
   return initialized && !finalized;
 }
-
-}  // namespace
 
 World start_world(int* argc, char*** argv) {
   if (started_world()) return *started_world();
@@ -89,6 +89,29 @@ void abort_world(int exit_code, const std::string& message) {
   std::fflush(stdout);
   if (mpi_is_live()) MPI_Abort(MPI_COMM_WORLD, exit_code);
   std::_Exit(exit_code);  // MPI_Abort does not return; this covers a world that never started
+}
+
+int run_reporting_failures(const World& world, const std::function<int()>& body) {
+  int exit_code = 0;
+  std::string failure;
+  try {
+    exit_code = body();
+  } catch (const UserError& error) {
+    exit_code = 2;
+    failure = std::string("error: ") + error.what();
+  } catch (const TrainingError& error) {
+    exit_code = 3;
+    failure = std::string("training stopped: ") + error.what();
+  } catch (const std::exception& error) {
+    exit_code = 1;
+    failure = std::string("fatal: ") + error.what();
+  }
+  if (!failure.empty()) {
+    if (world.world_size > 1) abort_world(exit_code, failure);
+    std::fprintf(stderr, "%s\n", failure.c_str());
+  }
+  stop_world();
+  return exit_code;
 }
 
 }  // namespace llm

@@ -15,6 +15,7 @@
 // OpenMP and LibTorch worker threads never do.
 #pragma once
 
+#include <functional>
 #include <string>
 
 namespace llm {
@@ -40,5 +41,13 @@ void stop_world();
 // Prints "[rank R on HOST] MESSAGE" to stderr once, then MPI_Abort(MPI_COMM_WORLD, exit_code) so
 // that mpirun ends every rank. Without a live MPI world it just exits with exit_code.
 [[noreturn]] void abort_world(int exit_code, const std::string& message);
+
+// True between MPI_Init and MPI_Finalize.
+bool mpi_is_live();
+
+// Runs a program's body and turns its failures into the project's exit codes: UserError 2,
+// TrainingError 3, any other exception 1. In a world of more than one rank a failure goes through
+// abort_world() (so no rank hangs); alone, it is printed to stderr. Calls stop_world() on success.
+int run_reporting_failures(const World& world, const std::function<int()>& body);
 
 }  // namespace llm

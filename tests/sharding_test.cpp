@@ -28,15 +28,6 @@ std::string run_flags(const std::filesystem::path& dir, int ranks, const std::st
          (dir / "run").string();
 }
 
-std::vector<nlohmann::json> events(const std::filesystem::path& run_dir, const std::string& kind) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(run_dir / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    auto record = nlohmann::json::parse(line);
-    if (record.at("event") == kind) out.push_back(record);
-  }
-  return out;
-}
 
 class ShardingEquivalence : public ::testing::TestWithParam<std::string> {};
 
@@ -46,7 +37,7 @@ TEST_P(ShardingEquivalence, NRanksEqualOneRankOnTheSameGlobalBatch) {
   auto reference = run_command("OMP_NUM_THREADS=1 " + testing::trainer_binary().string() +
                                run_flags(reference_dir.path(), 1, strategy));
   ASSERT_EQ(reference.exit_code, 0) << reference.output;
-  const auto reference_steps = events(reference_dir / "run", "train");
+  const auto reference_steps = testing::read_metrics_events(reference_dir / "run", "train");
   const Checkpoint reference_final = load_checkpoint((reference_dir / "ckpt/step_10").string());
   ASSERT_EQ(reference_steps.size(), 10u);
 
@@ -55,7 +46,7 @@ TEST_P(ShardingEquivalence, NRanksEqualOneRankOnTheSameGlobalBatch) {
     auto result = run_command(testing::mpirun(ranks) + testing::trainer_binary().string() +
                               run_flags(dir.path(), ranks, strategy));
     ASSERT_EQ(result.exit_code, 0) << result.output;
-    const auto steps = events(dir / "run", "train");
+    const auto steps = testing::read_metrics_events(dir / "run", "train");
     ASSERT_EQ(steps.size(), 10u);
     for (size_t i = 0; i < steps.size(); ++i) {
       const double expected = reference_steps[i].at("loss"), actual = steps[i].at("loss");
@@ -88,7 +79,7 @@ TEST(ShardingMemory, FourRanksHoldAQuarterOfTheTrainingState) {
     const std::string launcher = ranks == 1 ? "OMP_NUM_THREADS=1 " : testing::mpirun(ranks);
     auto result = run_command(launcher + testing::trainer_binary().string() + flags);
     EXPECT_EQ(result.exit_code, 0) << result.output;
-    return events(dir.path(), "sharded_state").at(0).at("ranks");
+    return testing::read_metrics_events(dir.path(), "sharded_state").at(0).at("ranks");
   };
   const auto single = bytes_per_rank(1, "full_shard").at(0);
   const auto sharded = bytes_per_rank(4, "full_shard");

@@ -2,6 +2,7 @@
 
 #include <array>
 #include <cstdio>
+#include <fstream>
 #include <sys/wait.h>
 
 namespace llm::testing {
@@ -17,6 +18,17 @@ CommandResult run_command(const std::string& command) {
   int status = ::pclose(pipe);
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   return result;
+}
+
+std::vector<nlohmann::json> read_metrics_events(const std::filesystem::path& run_dir,
+                                                const std::string& event) {
+  std::vector<nlohmann::json> records;
+  std::ifstream in(run_dir / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    nlohmann::json record = nlohmann::json::parse(line);
+    if (record.at("event") == event) records.push_back(std::move(record));
+  }
+  return records;
 }
 
 }  // namespace llm::testing

@@ -4,6 +4,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 namespace llm::testing {
 
@@ -47,5 +50,9 @@ struct CommandResult {
 
 // Runs a shell command, capturing its output.
 CommandResult run_command(const std::string& command);
+
+// The records of RUN_DIR/metrics.jsonl whose "event" is `event`, in file order.
+std::vector<nlohmann::json> read_metrics_events(const std::filesystem::path& run_dir,
+                                                const std::string& event);
 
 }  // namespace llm::testing

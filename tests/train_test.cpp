@@ -21,16 +21,6 @@ std::string trainer_command(const std::string& flags) {
          (testing::source_dir() / "configs/llama_micro.json").string() + " --device cpu " + flags;
 }
 
-std::vector<nlohmann::json> read_events(const std::filesystem::path& run_dir, const std::string& event) {
-  std::vector<nlohmann::json> records;
-  std::ifstream in(run_dir / "metrics.jsonl");
-  std::string line;
-  while (std::getline(in, line)) {
-    nlohmann::json record = nlohmann::json::parse(line);
-    if (record.at("event") == event) records.push_back(record);
-  }
-  return records;
-}
 
 TEST(Train, LossFallsWellBelowTheUnigramEntropy) {
   ScratchDir dir("loss_falls");
@@ -38,14 +28,14 @@ TEST(Train, LossFallsWellBelowTheUnigramEntropy) {
       "--num_training_steps 150 --warmup_steps 10 --lr 3e-3 --batch_size 16 --max_length 64 "
       "--eval_every 50 --run_dir " + dir.path().string()));
   ASSERT_EQ(result.exit_code, 0) << result.output;
-  const auto start = read_events(dir.path(), "start").at(0);
+  const auto start = testing::read_metrics_events(dir.path(), "start").at(0);
   const double unigram = start.at("corpus_unigram_entropy");
   const double floor = start.at("corpus_entropy_rate");
   ASSERT_GT(unigram, floor + 2.0) << "the corpus must separate the two figures";
-  const auto evals = read_events(dir.path(), "eval");
+  const auto evals = testing::read_metrics_events(dir.path(), "eval");
   ASSERT_EQ(evals.size(), 3u);
   const double final_eval = evals.back().at("eval_loss");
-  const auto steps = read_events(dir.path(), "train");
+  const auto steps = testing::read_metrics_events(dir.path(), "train");
   ASSERT_EQ(steps.size(), 150u);
   EXPECT_GT(static_cast<double>(steps.front().at("loss")), unigram - 0.2) << "starts near log(V)";
   // "Well below": at least 70 % of the way from the unigram entropy down to the floor.
@@ -66,8 +56,8 @@ TEST(Train, ResumedRunEqualsTheUninterruptedOne) {
                                              (dir / "ckpt/step_6").string() + " --run_dir " +
                                              (dir / "resumed").string()));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-  const auto full_steps = read_events(dir / "full", "train");
-  const auto resumed_steps = read_events(dir / "resumed", "train");
+  const auto full_steps = testing::read_metrics_events(dir / "full", "train");
+  const auto resumed_steps = testing::read_metrics_events(dir / "resumed", "train");
   ASSERT_EQ(full_steps.size(), 12u);
   ASSERT_EQ(resumed_steps.size(), 6u);
   for (size_t i = 0; i < 6; ++i) {
@@ -78,8 +68,8 @@ TEST(Train, ResumedRunEqualsTheUninterruptedOne) {
     EXPECT_EQ(static_cast<double>(resumed_steps[i].at("grad_norm")),
               static_cast<double>(full_steps[i + 6].at("grad_norm")));
   }
-  EXPECT_EQ(read_events(dir / "full", "end").at(0).at("final_eval_loss"),
-            read_events(dir / "resumed", "end").at(0).at("final_eval_loss"));
+  EXPECT_EQ(testing::read_metrics_events(dir / "full", "end").at(0).at("final_eval_loss"),
+            testing::read_metrics_events(dir / "resumed", "end").at(0).at("final_eval_loss"));
 }
 
 TEST(Train, ResumeFromASaveDirPicksTheNewestCheckpoint) {
@@ -91,7 +81,7 @@ TEST(Train, ResumeFromASaveDirPicksTheNewestCheckpoint) {
                                              "--max_length 16 --eval_every 0 --continue_from " +
                                              (dir / "ckpt").string() + " --run_dir " + (dir / "b").string()));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-  const auto steps = read_events(dir / "b", "train");
+  const auto steps = testing::read_metrics_events(dir / "b", "train");
   ASSERT_EQ(steps.size(), 2u);
   EXPECT_EQ(steps.front().at("step"), 5);
 }

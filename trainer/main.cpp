@@ -53,24 +53,6 @@ int run_command(const llm::Command& command, const llm::World& world) {
 int main(int argc, char** argv) {
   llm::World world = llm::start_world(&argc, &argv);
   llm::log::configure(world.rank, world.world_size);
-  int exit_code = 0;
-  std::string failure;
-  try {
-    exit_code = run_command(llm::parse_command_line(argc, argv), world);
-  } catch (const llm::UserError& error) {
-    exit_code = 2;
-    failure = std::string("error: ") + error.what();
-  } catch (const llm::TrainingError& error) {
-    exit_code = 3;
-    failure = std::string("training stopped: ") + error.what();
-  } catch (const std::exception& error) {
-    exit_code = 1;
-    failure = std::string("fatal: ") + error.what();
-  }
-  if (exit_code != 0) {
-    if (world.world_size > 1) llm::abort_world(exit_code, failure);
-    std::fprintf(stderr, "%s\n", failure.c_str());
-  }
-  llm::stop_world();
-  return exit_code;
+  return llm::run_reporting_failures(
+      world, [&] { return run_command(llm::parse_command_line(argc, argv), world); });
 }

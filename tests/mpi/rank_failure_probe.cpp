@@ -71,18 +71,8 @@ void run(const Options& options, const llm::World& world) {
 
 int main(int argc, char** argv) {
   llm::World world = llm::start_world(&argc, &argv);
-  int exit_code = 0;
-  std::string failure;
-  try {
+  return llm::run_reporting_failures(world, [&] {
     run(parse_options(argc, argv), world);
-  } catch (const llm::UserError& error) {
-    exit_code = 2;
-    failure = std::string("error: ") + error.what();
-  } catch (const std::exception& error) {
-    exit_code = 1;
-    failure = std::string("fatal: ") + error.what();
-  }
-  if (exit_code != 0) llm::abort_world(exit_code, failure);
-  llm::stop_world();
-  return 0;
+    return 0;
+  });
 }
