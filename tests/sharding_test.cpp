@@ -100,5 +100,24 @@ TEST(ShardingMemory, FourRanksHoldAQuarterOfTheTrainingState) {
   EXPECT_EQ(replicated.at(3).at("parameter_shard_bytes"), single.at("parameter_shard_bytes"));
 }
 
+TEST(ShardingMemory, StartUpNeverHoldsMoreThanOneUnsharedUnit) {
+  // Units are initialised and sharded as they are built: while unit k is built, units 0..k-1 hold
+  // only their shards. The start record counts the parameter storage that exists at each build.
+  ScratchDir dir("shard_startup");
+  auto result = run_command(testing::mpirun(4) + testing::trainer_binary().string() + " --config " +
+                            (testing::source_dir() / "configs/llama_tiny.json").string() +
+                            " --device cpu --num_training_steps 1 --warmup_steps 0 --max_length 16"
+                            " --batch_size 1 --eval_every 0 --eval_batches 1 --run_dir " +
+                            dir.path().string());
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const auto start = testing::read_metrics_events(dir.path(), "start").at(0);
+  const int64_t peak = start.at("startup_peak_parameter_bytes");
+  const int64_t largest_unit = start.at("largest_unit_parameter_bytes");
+  const int64_t whole_model = static_cast<int64_t>(start.at("parameters")) * 4;
+  EXPECT_GT(largest_unit, 0);
+  EXPECT_EQ(peak, largest_unit) << "more than one unit was materialised at start-up";
+  EXPECT_LT(2 * peak, whole_model) << "the largest unit must be well under the whole model";
+}
+
 }  // namespace
 }  // namespace llm

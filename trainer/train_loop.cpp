@@ -205,20 +205,37 @@ TrainingOutcome train(const ModelConfig& model_config, const RunConfig& run,
   const bool bf16 = run.dtype == DType::bfloat16;
   const bool pure_bf16 = bf16 && run.precision == Precision::pure;
   const bool autocast = bf16 && !pure_bf16;
+  // Each unit is initialised, moved to the device and sharded as soon as it is built, before the
+  // next one is allocated: no rank ever holds the whole unsharded model (no_shard aside, by design).
   at::manual_seed(run.seed);
-  ShardedModel sharded_model{LlamaForCausalLM(model_config), {}, {}, {}};
-  sharded_model.model->init_weights(run.seed);
-  sharded_model.model->to(device);
+  std::vector<std::unique_ptr<ShardedUnit>> built_units;
+  int64_t startup_peak_bytes = 0, largest_unit_bytes = 0;
+  auto shard_unit_when_built = [&](const std::string& name, int64_t index, NamedTensors parameters) {
+    int64_t unit_bytes = 0;
+    {
+      at::NoGradGuard no_grad;
+      for (auto& [parameter_name, parameter] : parameters) {
+        parameter.set_data(parameter.to(device));
+        unit_bytes += static_cast<int64_t>(parameter.storage().nbytes());
+      }
+    }
+    init_unit_weights(parameters, model_config, run.seed, index);
+    int64_t held = unit_bytes;
+    for (auto& unit : built_units) held += unit->compute_parameter_bytes();
+    startup_peak_bytes = std::max(startup_peak_bytes, held);
+    largest_unit_bytes = std::max(largest_unit_bytes, unit_bytes);
+    built_units.push_back(std::make_unique<ShardedUnit>(name, std::move(parameters), communicator,
+                                                        run.sharding,
+                                                        pure_bf16 ? at::kBFloat16 : at::kFloat));
+  };
+  ShardedModel sharded_model{LlamaForCausalLM(model_config, shard_unit_when_built), {}, {},
+                             std::move(built_units)};
   sharded_model.units = split_into_units(sharded_model.model, sharded_model.context);
   std::vector<OptimizedTensor> optimized;
-  for (auto& unit : sharded_model.units) {
-    auto sharded = std::make_unique<ShardedUnit>(unit.name, unit.parameters, communicator, run.sharding,
-                                                 pure_bf16 ? at::kBFloat16 : at::kFloat);
+  for (auto& sharded : sharded_model.sharded)
     for (const auto& parameter : sharded->layout().parameters)
       optimized.push_back({parameter.name, sharded->slice(sharded->shard(), parameter), parameter.decay,
                            sharded->slice(sharded->shard_grad(), parameter)});
-    sharded_model.sharded.push_back(std::move(sharded));
-  }
   auto& units = sharded_model.sharded;
   AdamW optimizer(optimized, AdamWOptions{run.adam_beta1, run.adam_beta2, run.adam_eps, run.weight_decay});
 
@@ -269,6 +286,8 @@ TrainingOutcome train(const ModelConfig& model_config, const RunConfig& run,
                  {"sharding", to_string(run.sharding)},
                  {"parameters", model_config.num_parameters()},
                  {"shard_parameter_bytes", shard_bytes},
+                 {"startup_peak_parameter_bytes", startup_peak_bytes},
+                 {"largest_unit_parameter_bytes", largest_unit_bytes},
                  {"corpus_unigram_entropy", corpus.unigram_entropy},
                  {"corpus_entropy_rate", corpus.entropy_rate}, {"start_step", start_step}});
   log::info("model {}: {:.2f}M parameters on {} x {} ({}, {}), {} steps of {} sequences x {} tokens",

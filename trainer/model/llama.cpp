@@ -96,21 +96,37 @@ at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos,
   return h + mlp(post_attention_layernorm(h));
 }
 
-LlamaBackboneImpl::LlamaBackboneImpl(const ModelConfig& config) {
+LlamaBackboneImpl::LlamaBackboneImpl(const ModelConfig& config, const UnitBuiltHook& on_unit_built) {
   embed_tokens = register_module(
       "embed_tokens",
       torch::nn::Embedding(torch::nn::EmbeddingOptions(config.vocab_size, config.hidden_size)
                                .padding_idx(padding_row(config))));
+  if (on_unit_built)
+    on_unit_built("embed", 0, named_parameters_with_prefix(*embed_tokens, "model.embed_tokens."));
   layers = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < config.num_hidden_layers; ++i) layers->push_back(DecoderLayer(config));
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    DecoderLayer layer(config);
+    layers->push_back(layer);
+    if (on_unit_built)
+      on_unit_built("layer." + std::to_string(i), i + 1,
+                    named_parameters_with_prefix(*layer, "model.layers." + std::to_string(i) + "."));
+  }
   norm = register_module("norm", RMSNorm(config.hidden_size, config.rms_norm_eps));
 }
 
-LlamaForCausalLMImpl::LlamaForCausalLMImpl(const ModelConfig& config) : config_(config) {
+LlamaForCausalLMImpl::LlamaForCausalLMImpl(const ModelConfig& config, UnitBuiltHook on_unit_built)
+    : config_(config) {
   LLM_REQUIRE(!config.tie_word_embeddings, config.name, "tie_word_embeddings",
               "tied embeddings are not supported (the GaLore family is untied); set it to false");
-  model = register_module("model", LlamaBackbone(config));
+  model = register_module("model", LlamaBackbone(config, on_unit_built));
   lm_head = register_module("lm_head", make_linear(config.hidden_size, config.vocab_size));
+  if (on_unit_built) on_unit_built("head", config.num_hidden_layers + 1, head_parameters());
+}
+
+NamedTensors LlamaForCausalLMImpl::head_parameters() {
+  NamedTensors parameters = named_parameters_with_prefix(*model->norm, "model.norm.");
+  for (auto& named : named_parameters_with_prefix(*lm_head, "lm_head.")) parameters.push_back(named);
+  return parameters;
 }
 
 std::pair<at::Tensor, at::Tensor> LlamaForCausalLMImpl::rotary_tables(int64_t seq_len,
@@ -139,18 +155,37 @@ at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& input_ids) {
 }
 
 void LlamaForCausalLMImpl::init_weights(uint64_t seed) {
+  init_unit_weights(named_parameters_with_prefix(*model->embed_tokens, "model.embed_tokens."), config_,
+                    seed, 0);
+  for (size_t i = 0; i < model->layers->size(); ++i)
+    init_unit_weights(named_parameters_with_prefix(*model->layers[i], "model.layers." + std::to_string(i) + "."),
+                      config_, seed, static_cast<int64_t>(i) + 1);
+  init_unit_weights(head_parameters(), config_, seed, config_.num_hidden_layers + 1);
+}
+
+NamedTensors named_parameters_with_prefix(torch::nn::Module& module, const std::string& prefix) {
+  NamedTensors named;
+  for (const auto& item : module.named_parameters(/*recurse=*/true))
+    named.emplace_back(prefix + item.key(), item.value());
+  return named;
+}
+
+void init_unit_weights(const NamedTensors& parameters, const ModelConfig& config, uint64_t seed,
+                       int64_t index) {
   at::NoGradGuard no_grad;
-  at::Generator generator = at::detail::createCPUGenerator(seed);
-  for (auto& [name, param] : named_parameters_in_order(*this)) {
+  // A distinct, reproducible stream per unit (splitmix-style odd multiplier keeps seeds apart).
+  at::Generator generator =
+      at::detail::createCPUGenerator(seed * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(index) + 1);
+  for (const auto& [name, param] : parameters) {
     if (param.dim() == 1) {
       param.fill_(1.0);  // RMSNorm gains
       continue;
     }
     at::Tensor values = at::empty(param.sizes(), at::kFloat);
-    values.normal_(0.0, config_.initializer_range, generator);
+    values.normal_(0.0, config.initializer_range, generator);
     param.copy_(values);
+    if (name == "model.embed_tokens.weight") param[padding_row(config)].zero_();
   }
-  model->embed_tokens->weight[padding_row(config_)].zero_();
 }
 
 at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels) {

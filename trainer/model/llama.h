@@ -8,8 +8,11 @@
 // checkpoints and golden files map one to one.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
@@ -20,6 +23,23 @@
 #include "trainer/config.h"
 
 namespace llm {
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+// Called as each unit's modules are built: the embedding (index 0), each decoder layer (1..L), the
+// final norm with the head (L + 1), with the unit's HF-named parameters. A caller can initialise and
+// shard a unit before the next is allocated, so the whole unsharded model never exists at once.
+using UnitBuiltHook = std::function<void(const std::string& unit, int64_t index, NamedTensors parameters)>;
+
+// A module's parameters with a name prefix: ("model.layers.3.", layer) -> "model.layers.3.mlp...".
+NamedTensors named_parameters_with_prefix(torch::nn::Module& module, const std::string& prefix);
+
+// Initialises one unit's parameters as GaLore's model does: N(0, initializer_range) for matrices and
+// embeddings, ones for norm gains, the embedding's padding row zeroed. Each unit draws from its own
+// generator seeded from (seed, index), so a unit's weights do not depend on the others or on when
+// it is built.
+void init_unit_weights(const NamedTensors& parameters, const ModelConfig& config, uint64_t seed,
+                       int64_t index);
 
 // RMSNorm as HF computes it: variance in fp32, x * rsqrt(var + eps) cast back to the input dtype,
 // then times the weight.
@@ -67,7 +87,7 @@ TORCH_MODULE(DecoderLayer);
 // The HF "model." prefix: embeddings, layers and final norm.
 class LlamaBackboneImpl : public torch::nn::Module {
  public:
-  explicit LlamaBackboneImpl(const ModelConfig& config);
+  LlamaBackboneImpl(const ModelConfig& config, const UnitBuiltHook& on_unit_built);
   torch::nn::Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
   RMSNorm norm{nullptr};
@@ -76,7 +96,7 @@ TORCH_MODULE(LlamaBackbone);
 
 class LlamaForCausalLMImpl : public torch::nn::Module {
  public:
-  explicit LlamaForCausalLMImpl(const ModelConfig& config);
+  explicit LlamaForCausalLMImpl(const ModelConfig& config, UnitBuiltHook on_unit_built = nullptr);
 
   // input_ids (B, T) int64 -> logits (B, T, vocab) in the parameters' dtype.
   at::Tensor forward(const at::Tensor& input_ids);
@@ -86,12 +106,11 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   std::pair<at::Tensor, at::Tensor> rotary_tables(int64_t seq_len, at::ScalarType dtype,
                                                   at::Device device);
 
-  // N(0, initializer_range) for linear and embedding weights from a generator seeded with seed,
-  // ones for norm gains, and the padding row (pad_token_id, -1 meaning vocab-1) of the embedding
-  // zeroed, as GaLore's model does.
+  // init_unit_weights for every unit, in order (the padding row: pad_token_id, -1 meaning vocab-1).
   void init_weights(uint64_t seed);
 
   const ModelConfig& config() const { return config_; }
+  NamedTensors head_parameters();  // model.norm + lm_head: the last unit
   LlamaBackbone model{nullptr};
   torch::nn::Linear lm_head{nullptr};
 
