@@ -133,5 +133,33 @@ TEST(Train, PrintConfigHelpAndBadInputExitCodes) {
   EXPECT_NE(bad_data.output.find("/no/such.tok"), std::string::npos) << bad_data.output;
 }
 
+TEST(Train, PrepareThenTrainOnTheTokenFile) {
+  // The whole user path through the binary: text -> `trainer prepare` (training a tokenizer) ->
+  // token file -> training on it.
+  ScratchDir dir("prepare_train");
+  {
+    std::ofstream text(dir / "corpus.txt");
+    const char* words[] = {"the", "model", "learns", "tokens", "from", "text", "and", "memory",
+                           "shards", "ranks", "gather", "scatter", "every", "step", "again"};
+    for (int line = 0; line < 3000; ++line) {
+      for (int word = 0; word < 12; ++word) text << words[(line * 7 + word * word + word) % 15] << ' ';
+      text << '\n';
+    }
+  }
+  auto prepared = run_command(testing::trainer_binary().string() + " prepare --input " +
+                              (dir / "corpus.txt").string() + " --vocab_size 64 --output " +
+                              (dir / "corpus.tok").string());
+  ASSERT_EQ(prepared.exit_code, 0) << prepared.output;
+  ASSERT_TRUE(std::filesystem::exists(dir / "corpus.tok.model")) << prepared.output;
+  auto trained = run_command(trainer_command("--data " + (dir / "corpus.tok").string() +
+                                             " --num_training_steps 5 --warmup_steps 1 --batch_size 4"
+                                             " --max_length 32 --eval_every 0 --run_dir " +
+                                             (dir / "run").string()));
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  const auto steps = testing::read_metrics_events(dir / "run", "train");
+  ASSERT_EQ(steps.size(), 5u);
+  EXPECT_LT(static_cast<double>(steps.back().at("loss")), static_cast<double>(steps.front().at("loss")));
+}
+
 }  // namespace
 }  // namespace llm
