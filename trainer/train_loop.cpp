@@ -99,6 +99,40 @@ double average_over_ranks(double value, Communicator& communicator) {
   return tensor.item<double>();
 }
 
+// Puts a checkpoint's full tensors (any world size) into this rank's shards, and returns the
+// optimizer state as the per-parameter shard views AdamW holds. The mirror of `save` in train().
+std::map<std::string, at::Tensor> restore_shards(const Checkpoint& checkpoint, const std::string& folder,
+                                                 std::vector<std::unique_ptr<ShardedUnit>>& units,
+                                                 c10::Device device) {
+  std::map<std::string, at::Tensor> optimizer_state;
+  if (auto step = checkpoint.optimizer.find("step"); step != checkpoint.optimizer.end())
+    optimizer_state["step"] = step->second;  // AdamW::load_state_dict reports it when missing
+  for (auto& unit : units) {
+    auto full_tensors = [&](const std::map<std::string, at::Tensor>& from, const std::string& suffix,
+                            const std::string& file) {
+      std::vector<at::Tensor> tensors;
+      for (const auto& parameter : unit->layout().parameters) {
+        const std::string key = parameter.name + suffix;
+        auto found = from.find(key);
+        LLM_REQUIRE(found != from.end(), folder + "/" + file, key, "missing tensor");
+        LLM_REQUIRE(found->second.sizes() == at::IntArrayRef(parameter.full_shape), folder + "/" + file,
+                    key, "shape does not match the model");
+        tensors.push_back(found->second.to(device, at::kFloat));
+      }
+      return tensors;
+    };
+    unit->load_full(full_tensors(checkpoint.model, "", "model.pt"), unit->shard());
+    unit->publish_shard();
+    for (const std::string suffix : {".exp_avg", ".exp_avg_sq"}) {
+      at::Tensor flat = at::zeros_like(unit->shard());
+      unit->load_full(full_tensors(checkpoint.optimizer, suffix, "optimizer.pt"), flat);
+      for (const auto& parameter : unit->layout().parameters)
+        optimizer_state[parameter.name + suffix] = unit->slice(flat, parameter);
+    }
+  }
+  return optimizer_state;
+}
+
 // The sharded model: units of the single-device model wrapped by ShardedUnit, run unit by unit.
 struct ShardedModel {
   LlamaForCausalLM model;
@@ -245,36 +279,17 @@ TrainingOutcome train(const ModelConfig& model_config, const RunConfig& run,
     Checkpoint checkpoint = load_checkpoint(folder);
     LLM_REQUIRE(checkpoint.trainer_state.value("model", nlohmann::json()) == model_config.to_json(),
                 folder, "trainer_state.json: model", "the checkpoint was made for another model config");
-    std::map<std::string, at::Tensor> optimizer_state{{"step", checkpoint.optimizer.at("step")}};
-    for (auto& unit : units) {
-      std::vector<at::Tensor> weights, exp_avg, exp_avg_sq;
-      for (const auto& parameter : unit->layout().parameters) {
-        auto lookup = [&](const std::map<std::string, at::Tensor>& from, const std::string& key,
-                          const std::string& file) {
-          auto found = from.find(key);
-          LLM_REQUIRE(found != from.end(), folder + "/" + file, key, "missing tensor");
-          LLM_REQUIRE(found->second.sizes() == at::IntArrayRef(parameter.full_shape), folder + "/" + file,
-                      key, "shape does not match the model");
-          return found->second.to(device, at::kFloat);
-        };
-        weights.push_back(lookup(checkpoint.model, parameter.name, "model.pt"));
-        exp_avg.push_back(lookup(checkpoint.optimizer, parameter.name + ".exp_avg", "optimizer.pt"));
-        exp_avg_sq.push_back(lookup(checkpoint.optimizer, parameter.name + ".exp_avg_sq", "optimizer.pt"));
-      }
-      unit->load_full(weights, unit->shard());
-      unit->publish_shard();
-      at::Tensor flat_avg = at::zeros_like(unit->shard()), flat_avg_sq = at::zeros_like(unit->shard());
-      unit->load_full(exp_avg, flat_avg);
-      unit->load_full(exp_avg_sq, flat_avg_sq);
-      for (const auto& parameter : unit->layout().parameters) {
-        optimizer_state[parameter.name + ".exp_avg"] = unit->slice(flat_avg, parameter);
-        optimizer_state[parameter.name + ".exp_avg_sq"] = unit->slice(flat_avg_sq, parameter);
-      }
-    }
-    optimizer.load_state_dict(optimizer_state);
-    start_step = checkpoint.trainer_state.at("step").get<int64_t>();
-    tokens_seen = checkpoint.trainer_state.at("tokens_seen").get<int64_t>();
-    train_batches.seek(checkpoint.trainer_state.at("samples_consumed").get<int64_t>());
+    auto state_count = [&](const char* key) {
+      const nlohmann::json& state = checkpoint.trainer_state;
+      LLM_REQUIRE(state.contains(key) && state.at(key).is_number_integer(),
+                  folder + "/trainer_state.json", key, "missing, or not an integer");
+      return state.at(key).get<int64_t>();
+    };
+    start_step = state_count("step");
+    tokens_seen = state_count("tokens_seen");
+    const int64_t samples_consumed = state_count("samples_consumed");
+    optimizer.load_state_dict(restore_shards(checkpoint, folder, units, device));
+    train_batches.seek(samples_consumed);
     log::info("resumed from {} at step {}", folder, start_step);
   }
 

@@ -195,10 +195,7 @@ at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels) {
 }
 
 std::vector<std::pair<std::string, at::Tensor>> named_parameters_in_order(torch::nn::Module& module) {
-  std::vector<std::pair<std::string, at::Tensor>> result;
-  for (const auto& item : module.named_parameters(/*recurse=*/true))
-    result.emplace_back(item.key(), item.value());
-  return result;
+  return named_parameters_with_prefix(module, "");
 }
 
 void load_named_tensors(torch::nn::Module& module, const std::map<std::string, at::Tensor>& tensors,
