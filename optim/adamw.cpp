@@ -198,6 +198,14 @@ void AdamW::step(double lr) {
   }
 }
 
+void AdamW::allocate_state() {
+  for (size_t index = 0; index < tensors_.size(); ++index) {
+    if (exp_avg_[index].defined()) continue;
+    exp_avg_[index] = at::zeros_like(tensors_[index].param, at::MemoryFormat::Contiguous);
+    exp_avg_sq_[index] = at::zeros_like(tensors_[index].param, at::MemoryFormat::Contiguous);
+  }
+}
+
 int64_t AdamW::state_bytes() const {
   int64_t bytes = 0;
   for (size_t index = 0; index < tensors_.size(); ++index) {

@@ -46,6 +46,9 @@ class AdamW {
   void step(double lr);
   int64_t steps_taken() const { return step_; }
   int64_t state_bytes() const;  // bytes of m and v
+  // Allocates m and v (zeros) for every tensor now rather than at its first step, so the state's
+  // memory is counted (and reserved) before training starts.
+  void allocate_state();
 
   // Checkpointing: "NAME.exp_avg", "NAME.exp_avg_sq" and "step" (a 0-d int64 tensor). state_dict
   // returns the live state tensors, not copies (zeros for a tensor not stepped yet): save or clone

@@ -439,10 +439,30 @@ TEST_F(ConfigRunValidation, TotalBatchSizeNotAMultipleListsValidValues) {
   expect_mentions(message, {"--total_batch_size", "8 * 2 = 16", "16, 32, 48", "got 24"});
 }
 
-TEST_F(ConfigRunValidation, PlannedOptimizersAreNotImplementedYet) {
-  for (const char* name : {"adamw_sn", "galore_adamw"})
-    expect_mentions(error_with([name](RunConfig& r) { r.optimizer = name; }),
-                    {"--optimizer", name, "not implemented yet"});
+TEST_F(ConfigRunValidation, OptimizerFlagsAreRangeChecked) {
+  const std::vector<RangeCase> cases = {
+      {"--rank", [](RunConfig& r) { r.optimizer = "galore_adamw"; r.galore_rank = 0; }, "got 0"},
+      {"--update_proj_gap", [](RunConfig& r) { r.optimizer = "galore_adamw"; r.update_proj_gap = -1; }, "got -1"},
+      {"--galore_scale", [](RunConfig& r) { r.optimizer = "galore_adamw"; r.galore_scale = 0; }, "got 0"},
+      {"--proj_type", [](RunConfig& r) { r.optimizer = "galore_adamw"; r.proj_type = "full"; }, "\"full\""},
+      {"--subset_norm_params", [](RunConfig& r) { r.optimizer = "adamw_sn"; r.subset_norm_params = "some"; }, "\"some\""},
+  };
+  for (const RangeCase& range_case : cases) {
+    SCOPED_TRACE(std::string(range_case.flag) + " " + range_case.got);
+    expect_mentions(error_with(range_case.change),
+                    {"command line", std::string(range_case.flag) + ": ", range_case.got});
+  }
+}
+
+TEST_F(ConfigRunValidation, EpsDefaultsToEachOptimizersReference) {
+  for (const auto& [name, eps] : {std::pair<const char*, double>{"adamw", 1e-8}, {"adamw_sn", 1e-6},
+                                  {"galore_adamw", 1e-6}}) {
+    RunConfig run = valid();
+    run.optimizer = name;
+    run.adam_eps = -1;
+    validate_run_config(run, model_, 1);
+    EXPECT_DOUBLE_EQ(run.adam_eps, eps) << name;
+  }
 }
 
 TEST_F(ConfigRunValidation, ContinueFromMustBeAnExistingFolder) {
@@ -517,7 +537,7 @@ TEST(CliTrain, EveryFlagIsParsed) {
   EXPECT_DOUBLE_EQ(run.adam_eps, 1e-6);
   EXPECT_EQ(run.dtype, DType::bfloat16);
   EXPECT_EQ(run.precision, Precision::pure);
-  EXPECT_EQ(run.optimizer, "galore_adamw");  // parsed; validate_run_config rejects it for now
+  EXPECT_EQ(run.optimizer, "galore_adamw");
   EXPECT_EQ(run.seed, 42u);
   EXPECT_EQ(run.data, "tokens.bin");
   EXPECT_DOUBLE_EQ(run.eval_fraction, 0.1);
@@ -530,6 +550,35 @@ TEST(CliTrain, EveryFlagIsParsed) {
   EXPECT_EQ(run.device, DeviceChoice::cpu);
   EXPECT_EQ(run.log_every, 5);
   EXPECT_TRUE(run.print_config);
+}
+
+TEST(CliTrain, OptimizerFlagsAreParsed) {
+  const RunConfig galore = parse({"--config", "c", "--optimizer", "galore_adamw", "--rank", "64",
+                                  "--update_proj_gap", "200", "--galore_scale", "0.25", "--proj_type",
+                                  "reverse_std"}).run;
+  EXPECT_EQ(galore.galore_rank, 64);
+  EXPECT_EQ(galore.update_proj_gap, 200);
+  EXPECT_DOUBLE_EQ(galore.galore_scale, 0.25);
+  EXPECT_EQ(galore.proj_type, "reverse_std");
+  const RunConfig general = parse({"--config", "c", "--optimizer", "adamw_sn", "--subset_size", "-2",
+                                   "--subset_norm_params", "all"}).run;
+  EXPECT_EQ(general.subset_size, -2);
+  EXPECT_EQ(general.subset_norm_params, "all");
+  EXPECT_EQ(parse({"--config", "c", "--optimizer", "adamw_sn", "--subset_size", "heuristics"}).run.subset_size, 0);
+  EXPECT_EQ(parse({"--config", "c", "--optimizer", "adamw_sn", "--subset_size", "512"}).run.subset_size, 512);
+}
+
+TEST(CliTrain, BadOptimizerFlagsAreNamed) {
+  for (const char* bad : {"0", "many", "12x"})
+    expect_mentions(parse_error({"--config", "c", "--optimizer", "adamw_sn", "--subset_size", bad}),
+                    {"--subset_size", "heuristics or a non-zero integer", bad});
+  expect_mentions(parse_error({"--config", "c", "--optimizer", "galore_adamw", "--proj_type", "full"}),
+                  {"--proj_type", "full"});
+  // A flag of another optimizer would do nothing: it is refused, naming the optimizer it belongs to.
+  expect_mentions(parse_error({"--config", "c", "--rank", "64"}),
+                  {"--rank", "applies to --optimizer galore_adamw only", "got --optimizer adamw"});
+  expect_mentions(parse_error({"--config", "c", "--optimizer", "galore_adamw", "--subset_size", "-2"}),
+                  {"--subset_size", "adamw_sn only"});
 }
 
 TEST(CliTrain, EnumSpellings) {

@@ -20,30 +20,19 @@
 
 #include "common/errors.h"
 #include "optim/adamw.h"
+#include "tests/tensor_checks.h"
 #include "tests/test_util.h"
 
 namespace {
+
+using llm::testing::expect_all_close;
+using llm::testing::load_golden;
 
 constexpr int kSteps = 10;
 
 // Shapes that hit every vector tail (AVX-512 holds 16 floats, AVX2 8, SSE 4), a size large enough
 // for several OpenMP threads, and a matrix.
 const std::vector<std::vector<int64_t>> kShapes = {{1}, {7}, {22}, {1023}, {100003}, {37, 29}};
-
-// Fails on the worst element where |actual - expected| > absolute + relative * |expected|.
-void expect_all_close(const at::Tensor& actual, const at::Tensor& expected, double absolute,
-                      double relative, const std::string& what) {
-  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
-  const at::Tensor a = actual.detach().to(at::kCPU, at::kDouble).flatten();
-  const at::Tensor e = expected.detach().to(at::kCPU, at::kDouble).flatten();
-  const at::Tensor excess = (a - e).abs() - (absolute + relative * e.abs());
-  const int64_t worst = excess.argmax().item<int64_t>();
-  EXPECT_LE(excess[worst].item<double>(), 0.0)
-      << what << ": element " << worst << " of " << a.numel() << " is "
-      << a[worst].item<double>() << ", expected " << e[worst].item<double>() << " (|diff| "
-      << std::abs(a[worst].item<double>() - e[worst].item<double>()) << ", tolerance "
-      << absolute << " + " << relative << " * |expected|)";
-}
 
 void expect_identical(const at::Tensor& actual, const at::Tensor& expected,
                       const std::string& what) {
@@ -112,18 +101,6 @@ void compare_with_libtorch(const at::Device& device) {
   }
 }
 
-std::map<std::string, at::Tensor> load_golden(const std::string& file_name) {
-  const auto path = llm::testing::source_dir() / "tests" / "golden" / file_name;
-  std::ifstream file(path, std::ios::binary);
-  EXPECT_TRUE(file) << "cannot open " << path << "; run tests/golden/make_adamw_golden.py";
-  const std::vector<char> bytes((std::istreambuf_iterator<char>(file)),
-                                std::istreambuf_iterator<char>());
-  std::map<std::string, at::Tensor> golden;
-  for (const auto& entry : torch::pickle_load(bytes).toGenericDict()) {
-    golden[entry.key().toStringRef()] = entry.value().toTensor();
-  }
-  return golden;
-}
 
 // (b) Replays the golden file's ten steps with our AdamW on the given device. Every tensor has its
 // own betas and weight decay in the file, so each gets its own optimizer.

@@ -100,15 +100,64 @@ Command parse_command_line(int argc, const char* const* argv) {
           ->capture_default_str());
   add(app.add_option("--adam_beta1", run.adam_beta1, "Adam beta1")->capture_default_str());
   add(app.add_option("--adam_beta2", run.adam_beta2, "Adam beta2")->capture_default_str());
-  add(app.add_option("--adam_eps", run.adam_eps, "Adam epsilon")->capture_default_str());
+  add(app.add_option("--adam_eps", run.adam_eps,
+                     "Adam epsilon; default 1e-8 for adamw, 1e-6 for adamw_sn and galore_adamw "
+                     "(their references)"));
   EnumFlag<DType> dtype({DType::float32, DType::bfloat16}, run.dtype);
   add(dtype.add(app, "--dtype", "compute dtype"));
   EnumFlag<Precision> precision({Precision::pure, Precision::mixed}, run.precision);
   add(precision.add(app, "--precision",
                     "with bfloat16: pure bf16 weights (as GaLore) or mixed (fp32 master weights)"));
   add(app.add_option("--optimizer", run.optimizer,
-                     "adamw (adamw_sn and galore_adamw are not implemented yet)")
+                     "adamw (torch.optim.AdamW), adamw_sn (subset-norm) or galore_adamw (GaLore)")
           ->capture_default_str());
+  CLI::Option* subset_size =
+      app.add_option_function<std::string>(
+             "--subset_size",
+             [&run](const std::string& text) {
+               if (text == "heuristics") {
+                 run.subset_size = 0;
+                 return;
+               }
+               size_t used = 0;
+               int64_t value = 0;
+               try {
+                 value = std::stoll(text, &used);
+               } catch (const std::exception&) {
+                 used = 0;
+               }
+               if (used != text.size() || value == 0)
+                 fail_user(kCommandLine, "--subset_size",
+                           "expected heuristics or a non-zero integer (got \"" + text + "\")");
+               run.subset_size = value;
+             },
+             "adamw_sn: heuristics (one subset per row or column of a matrix) or k: contiguous "
+             "subsets of the largest divisor of numel <= k (k > 0) or <= sqrt(numel)/|k| (k < 0)")
+          ->default_str("heuristics");
+  add(subset_size);
+  CLI::Option* subset_norm_params =
+      app.add_option("--subset_norm_params", run.subset_norm_params,
+                     "adamw_sn: subset-norm on the linear weights only (the paper's best) or on all")
+          ->check(CLI::IsMember({"linear", "all"}))
+          ->capture_default_str();
+  add(subset_norm_params);
+  CLI::Option* galore_rank =
+      app.add_option("--rank", run.galore_rank, "galore_adamw: projection rank")->capture_default_str();
+  add(galore_rank);
+  CLI::Option* update_proj_gap =
+      app.add_option("--update_proj_gap", run.update_proj_gap,
+                     "galore_adamw: steps between projector updates")
+          ->capture_default_str();
+  add(update_proj_gap);
+  CLI::Option* galore_scale =
+      app.add_option("--galore_scale", run.galore_scale, "galore_adamw: scale of the projected update")
+          ->capture_default_str();
+  add(galore_scale);
+  CLI::Option* proj_type =
+      app.add_option("--proj_type", run.proj_type, "galore_adamw: std, reverse_std, left or right")
+          ->check(CLI::IsMember({"std", "reverse_std", "left", "right"}))
+          ->capture_default_str();
+  add(proj_type);
   add(app.add_option("--seed", run.seed, "seed for initialisation and data order")
           ->check(kNotNegative)
           ->capture_default_str());
@@ -194,6 +243,15 @@ Command parse_command_line(int argc, const char* const* argv) {
     fail_user(kCommandLine, "--config",
               "required for training: pass a model config such as configs/llama_60m.json (or "
               "run `trainer --help`)");
+  // A flag of another optimizer would silently do nothing: say so instead.
+  for (const auto& [flags, owner] :
+       {std::pair<std::vector<CLI::Option*>, const char*>{{subset_size, subset_norm_params}, "adamw_sn"},
+        {{galore_rank, update_proj_gap, galore_scale, proj_type}, "galore_adamw"}})
+    for (const CLI::Option* flag : flags)
+      if (flag->count() > 0 && run.optimizer != owner)
+        fail_user(kCommandLine, flag->get_name(),
+                  std::string("applies to --optimizer ") + owner + " only (got --optimizer " +
+                      run.optimizer + ")");
   run.scheduler = scheduler.value();
   run.sharding = sharding.value();
   run.dtype = dtype.value();

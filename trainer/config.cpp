@@ -388,6 +388,12 @@ json RunConfig::to_json() const {
       {"dtype", to_string(dtype)},
       {"precision", to_string(precision)},
       {"optimizer", optimizer},
+      {"subset_size", subset_size},
+      {"subset_norm_params", subset_norm_params},
+      {"rank", galore_rank},
+      {"update_proj_gap", update_proj_gap},
+      {"galore_scale", galore_scale},
+      {"proj_type", proj_type},
       {"seed", seed},
       {"data", data},
       {"eval_fraction", eval_fraction},
@@ -456,8 +462,6 @@ void validate_run_config(RunConfig& run, const ModelConfig& model, int world_siz
                run.adam_beta1);
   require_flag(run.adam_beta2 > 0 && run.adam_beta2 < 1, "--adam_beta2", "a number in (0, 1)",
                run.adam_beta2);
-  require_flag(std::isfinite(run.adam_eps) && run.adam_eps > 0, "--adam_eps",
-               "a finite number > 0", run.adam_eps);
   require_flag(run.eval_fraction > 0 && run.eval_fraction < 1, "--eval_fraction",
                "a number in (0, 1)", run.eval_fraction);
   require_flag(run.eval_every >= 0, "--eval_every", "an integer >= 0 (0 = only at the end)",
@@ -486,11 +490,21 @@ void validate_run_config(RunConfig& run, const ModelConfig& model, int world_siz
                   ")");
   run.gradient_accumulation = run.total_batch_size / sequences_per_micro_step;
 
-  if (run.optimizer == "adamw_sn" || run.optimizer == "galore_adamw")
-    fail_user(kCommandLine, "--optimizer",
-              "\"" + run.optimizer + "\" is not implemented yet; use --optimizer adamw");
-  require_flag(run.optimizer == "adamw", "--optimizer",
-               "one of adamw (adamw_sn and galore_adamw are planned)", "\"" + run.optimizer + "\"");
+  require_flag(run.optimizer == "adamw" || run.optimizer == "adamw_sn" || run.optimizer == "galore_adamw",
+               "--optimizer", "one of adamw, adamw_sn, galore_adamw", "\"" + run.optimizer + "\"");
+  if (run.adam_eps < 0) run.adam_eps = run.optimizer == "adamw" ? 1e-8 : 1e-6;
+  require_flag(std::isfinite(run.adam_eps) && run.adam_eps > 0, "--adam_eps",
+               "a finite number > 0", run.adam_eps);
+  require_flag(run.subset_norm_params == "linear" || run.subset_norm_params == "all",
+               "--subset_norm_params", "linear or all", "\"" + run.subset_norm_params + "\"");
+  require_flag(run.galore_rank >= 1, "--rank", "an integer >= 1 (GaLore's projection rank)", run.galore_rank);
+  require_flag(run.update_proj_gap >= 1, "--update_proj_gap",
+               "an integer >= 1 (steps between projector updates)", run.update_proj_gap);
+  require_flag(std::isfinite(run.galore_scale) && run.galore_scale > 0, "--galore_scale",
+               "a finite number > 0", run.galore_scale);
+  require_flag(run.proj_type == "std" || run.proj_type == "reverse_std" || run.proj_type == "left" ||
+                   run.proj_type == "right",
+               "--proj_type", "one of std, reverse_std, left, right", "\"" + run.proj_type + "\"");
 
   if (!run.continue_from.empty() && !fs::is_directory(run.continue_from))
     fail_user(kCommandLine, "--continue_from",

@@ -81,10 +81,19 @@ struct RunConfig {
   double grad_clipping = 1.0;        // 0 = off
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.999;
-  double adam_eps = 1e-8;
+  double adam_eps = -1;              // < 0: the optimizer's reference default (see kDefaultEps)
   DType dtype = DType::float32;
   Precision precision = Precision::mixed;
-  std::string optimizer = "adamw";
+  std::string optimizer = "adamw";   // adamw | adamw_sn | galore_adamw
+  // adamw_sn: 0 = per matrix ("heuristics": one entry per row or column); k != 0 = general form,
+  // subsets of the largest divisor of numel <= k (k > 0) or <= floor(sqrt(numel) / |k|) (k < 0).
+  int64_t subset_size = 0;
+  std::string subset_norm_params = "linear";  // adamw_sn: "linear" weights only, or "all"
+  // galore_adamw, with GaLore's flag names and torchrun_main's defaults.
+  int64_t galore_rank = 128;
+  int64_t update_proj_gap = 50;
+  double galore_scale = 1.0;
+  std::string proj_type = "std";     // std | reverse_std | left | right
   uint64_t seed = 0;
   std::string data = "synthetic";    // "synthetic" or a token file made by `trainer prepare`
   double eval_fraction = 0.05;       // share of windows held out for evaluation
@@ -105,7 +114,8 @@ struct RunConfig {
 // Checks ranges and cross-field rules (warmup <= steps, total divisible by batch*world, ...) and
 // derives gradient_accumulation (and total_batch_size when it was 0). Throws UserError naming the
 // flag: "command line: --FLAG: what is expected (got X)".
-// Optimizers: "adamw" runs; "adamw_sn" and "galore_adamw" are recognised but not implemented yet.
+// --adam_eps left unset becomes the optimizer's reference default: 1e-8 for adamw (torch), 1e-6 for
+// adamw_sn and galore_adamw (their HF-style references).
 void validate_run_config(RunConfig& run, const ModelConfig& model, int world_size);
 
 const char* to_string(Scheduler value);

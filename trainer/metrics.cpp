@@ -38,7 +38,7 @@ void MetricsLog::log_step(const StepRecord& r) {
   write({{"event", "train"}, {"step", r.step}, {"loss", r.loss}, {"lr", r.lr},
          {"grad_norm", r.grad_norm}, {"tokens_per_s", r.tokens_per_second},
          {"step_time_s", r.step_seconds}, {"tokens_seen", r.tokens_seen},
-         {"peak_memory_bytes", r.peak_memory_bytes}});
+         {"peak_memory_bytes", r.peak_memory_bytes}, {"projector_s", r.projector_seconds}});
   char line[256];
   std::snprintf(line, sizeof(line),
                 "step %6lld/%lld | loss %.4f | lr %.3e | grad_norm %.3f | tok/s %.0f | peak_mem %s",

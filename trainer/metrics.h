@@ -29,6 +29,7 @@ struct StepRecord {
   double step_seconds = 0;
   int64_t tokens_seen = 0;
   int64_t peak_memory_bytes = 0;
+  double projector_seconds = 0;  // GaLore projector recomputation within the step (0 otherwise)
 };
 
 class MetricsLog {

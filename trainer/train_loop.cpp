@@ -10,7 +10,6 @@
 #include "common/errors.h"
 #include "common/log.h"
 #include "common/memory_stats.h"
-#include "optim/adamw.h"
 #include "trainer/autocast.h"
 #include "trainer/checkpoint.h"
 #include "trainer/data/batches.h"
@@ -18,6 +17,7 @@
 #include "trainer/metrics.h"
 #include "trainer/model/llama.h"
 #include "trainer/model/units.h"
+#include "trainer/optimizer_setup.h"
 #include "sharding/fsdp_unit.h"
 #include "trainer/schedule.h"
 
@@ -68,7 +68,7 @@ double clip_gradients(std::vector<std::unique_ptr<ShardedUnit>>& units, Communic
 // Every rank's persistent training state, counted from the buffers that exist (after a step, when
 // the optimizer state is allocated): one "sharded_state" record with a row per rank.
 void record_sharded_bytes(MetricsLog& metrics, std::vector<std::unique_ptr<ShardedUnit>>& units,
-                          const AdamW& optimizer, Communicator& communicator) {
+                          const ShardOptimizer& optimizer, Communicator& communicator) {
   const int world = communicator.world_size(), rank = communicator.rank();
   int64_t parameters = 0, gradients = 0, materialized = 0;
   for (auto& unit : units) {
@@ -99,38 +99,22 @@ double average_over_ranks(double value, Communicator& communicator) {
   return tensor.item<double>();
 }
 
-// Puts a checkpoint's full tensors (any world size) into this rank's shards, and returns the
-// optimizer state as the per-parameter shard views AdamW holds. The mirror of `save` in train().
-std::map<std::string, at::Tensor> restore_shards(const Checkpoint& checkpoint, const std::string& folder,
-                                                 std::vector<std::unique_ptr<ShardedUnit>>& units,
-                                                 c10::Device device) {
-  std::map<std::string, at::Tensor> optimizer_state;
-  if (auto step = checkpoint.optimizer.find("step"); step != checkpoint.optimizer.end())
-    optimizer_state["step"] = step->second;  // AdamW::load_state_dict reports it when missing
+// Puts a checkpoint's full model tensors (any world size) into this rank's shards. The optimizer
+// loads its own full tensors (ShardOptimizer::load_full_state_dict).
+void restore_shards(const Checkpoint& checkpoint, const std::string& folder,
+                    std::vector<std::unique_ptr<ShardedUnit>>& units, c10::Device device) {
   for (auto& unit : units) {
-    auto full_tensors = [&](const std::map<std::string, at::Tensor>& from, const std::string& suffix,
-                            const std::string& file) {
-      std::vector<at::Tensor> tensors;
-      for (const auto& parameter : unit->layout().parameters) {
-        const std::string key = parameter.name + suffix;
-        auto found = from.find(key);
-        LLM_REQUIRE(found != from.end(), folder + "/" + file, key, "missing tensor");
-        LLM_REQUIRE(found->second.sizes() == at::IntArrayRef(parameter.full_shape), folder + "/" + file,
-                    key, "shape does not match the model");
-        tensors.push_back(found->second.to(device, at::kFloat));
-      }
-      return tensors;
-    };
-    unit->load_full(full_tensors(checkpoint.model, "", "model.pt"), unit->shard());
-    unit->publish_shard();
-    for (const std::string suffix : {".exp_avg", ".exp_avg_sq"}) {
-      at::Tensor flat = at::zeros_like(unit->shard());
-      unit->load_full(full_tensors(checkpoint.optimizer, suffix, "optimizer.pt"), flat);
-      for (const auto& parameter : unit->layout().parameters)
-        optimizer_state[parameter.name + suffix] = unit->slice(flat, parameter);
+    std::vector<at::Tensor> tensors;
+    for (const auto& parameter : unit->layout().parameters) {
+      auto found = checkpoint.model.find(parameter.name);
+      LLM_REQUIRE(found != checkpoint.model.end(), folder + "/model.pt", parameter.name, "missing tensor");
+      LLM_REQUIRE(found->second.sizes() == at::IntArrayRef(parameter.full_shape), folder + "/model.pt",
+                  parameter.name, "shape does not match the model");
+      tensors.push_back(found->second.to(device, at::kFloat));
     }
+    unit->load_full(tensors, unit->shard());
+    unit->publish_shard();
   }
-  return optimizer_state;
 }
 
 // The sharded model: units of the single-device model wrapped by ShardedUnit, run unit by unit.
@@ -198,14 +182,6 @@ double evaluate(ShardedModel& sharded_model, BatchSampler& sampler, const RunCon
   return average_over_ranks(sum / static_cast<double>(run.eval_batches), communicator);
 }
 
-// Flat optimizer state of one unit (laid out like its shard) from the per-parameter slices.
-at::Tensor flat_state(ShardedUnit& unit, const std::map<std::string, at::Tensor>& state,
-                      const std::string& suffix) {
-  std::vector<at::Tensor> slices;
-  for (const auto& parameter : unit.layout().parameters) slices.push_back(state.at(parameter.name + suffix));
-  return at::cat(slices);
-}
-
 }  // namespace
 
 c10::Device select_device(DeviceChoice choice, int local_rank) {
@@ -265,13 +241,10 @@ TrainingOutcome train(const ModelConfig& model_config, const RunConfig& run,
   ShardedModel sharded_model{LlamaForCausalLM(model_config, shard_unit_when_built), {}, {},
                              std::move(built_units)};
   sharded_model.units = split_into_units(sharded_model.model, sharded_model.context);
-  std::vector<OptimizedTensor> optimized;
-  for (auto& sharded : sharded_model.sharded)
-    for (const auto& parameter : sharded->layout().parameters)
-      optimized.push_back({parameter.name, sharded->slice(sharded->shard(), parameter), parameter.decay,
-                           sharded->slice(sharded->shard_grad(), parameter)});
   auto& units = sharded_model.sharded;
-  AdamW optimizer(optimized, AdamWOptions{run.adam_beta1, run.adam_beta2, run.adam_eps, run.weight_decay});
+  const bool sharded_across_ranks = context.world_size > 1 && run.sharding != ShardingStrategy::no_shard;
+  std::unique_ptr<ShardOptimizer> optimizer =
+      build_optimizer(run, units, sharded_across_ranks ? &communicator : nullptr);
 
   int64_t start_step = 0, tokens_seen = 0;
   if (!run.continue_from.empty()) {
@@ -288,7 +261,12 @@ TrainingOutcome train(const ModelConfig& model_config, const RunConfig& run,
     start_step = state_count("step");
     tokens_seen = state_count("tokens_seen");
     const int64_t samples_consumed = state_count("samples_consumed");
-    optimizer.load_state_dict(restore_shards(checkpoint, folder, units, device));
+    const std::string saved_optimizer = checkpoint.trainer_state.value("optimizer", std::string("adamw"));
+    LLM_REQUIRE(saved_optimizer == run.optimizer, folder + "/trainer_state.json", "optimizer",
+                "the checkpoint was written by --optimizer " + saved_optimizer + "; resume with it (got --optimizer " +
+                    run.optimizer + ")");
+    restore_shards(checkpoint, folder, units, device);
+    optimizer->load_full_state_dict(checkpoint.optimizer);
     train_batches.seek(samples_consumed);
     log::info("resumed from {} at step {}", folder, start_step);
   }
@@ -301,6 +279,8 @@ TrainingOutcome train(const ModelConfig& model_config, const RunConfig& run,
                  {"sharding", to_string(run.sharding)},
                  {"parameters", model_config.num_parameters()},
                  {"shard_parameter_bytes", shard_bytes},
+                 {"optimizer", run.optimizer},
+                 {"optimizer_state_bytes", optimizer->state_bytes()},
                  {"startup_peak_parameter_bytes", startup_peak_bytes},
                  {"largest_unit_parameter_bytes", largest_unit_bytes},
                  {"corpus_unigram_entropy", corpus.unigram_entropy},
@@ -309,24 +289,21 @@ TrainingOutcome train(const ModelConfig& model_config, const RunConfig& run,
             model_config.name, model_config.num_parameters() / 1e6, context.world_size, device.str(),
             communicator.backend_name(), to_string(run.sharding), run.num_training_steps,
             run.total_batch_size, run.max_length);
+  log::info("optimizer {}: {} of state on this rank", run.optimizer, format_bytes(optimizer->state_bytes()));
 
   // Checkpoints hold full tensors (world-size independent): every rank joins the gathers, rank 0 writes.
   auto save = [&](int64_t step) {
     if (run.save_dir.empty()) return;
     std::vector<std::pair<std::string, at::Tensor>> model_tensors;
-    std::map<std::string, at::Tensor> optimizer_state, shard_state = optimizer.state_dict();
-    for (auto& unit : units) {
+    for (auto& unit : units)
       for (auto& named : unit->gather_full(unit->shard())) model_tensors.push_back(std::move(named));
-      for (const std::string suffix : {".exp_avg", ".exp_avg_sq"})
-        for (auto& [name, tensor] : unit->gather_full(flat_state(*unit, shard_state, suffix)))
-          optimizer_state[name + suffix] = tensor;
-    }
-    optimizer_state["step"] = shard_state.at("step");
+    const std::map<std::string, at::Tensor> optimizer_state = optimizer->full_state_dict();
     if (!is_writer) return;
     const std::string folder = (fs::path(run.save_dir) / ("step_" + std::to_string(step))).string();
     save_checkpoint(folder, model_tensors, optimizer_state,
                     {{"step", step}, {"samples_consumed", train_batches.samples_consumed()},
                      {"tokens_seen", tokens_seen}, {"seed", run.seed}, {"world_size", context.world_size},
+                     {"optimizer", run.optimizer},
                      {"model", model_config.to_json()}});
     log::info("saved checkpoint {}", folder);
   };
@@ -358,10 +335,10 @@ TrainingOutcome train(const ModelConfig& model_config, const RunConfig& run,
     }
     const double lr = run.lr * lr_multiplier(run.scheduler, step, run.warmup_steps,
                                              run.num_training_steps, run.min_lr_ratio);
-    optimizer.step(lr);
+    optimizer->step(lr);
     for (auto& unit : units) unit->publish_shard();
     tokens_seen += tokens_per_step;
-    if (step == start_step + 1) record_sharded_bytes(metrics, units, optimizer, communicator);
+    if (step == start_step + 1) record_sharded_bytes(metrics, units, *optimizer, communicator);
 
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
@@ -370,7 +347,7 @@ TrainingOutcome train(const ModelConfig& model_config, const RunConfig& run,
     if (step % run.log_every == 0 || step == run.num_training_steps)
       metrics.log_step({step, run.num_training_steps, loss, lr, grad_norm,
                         static_cast<double>(tokens_per_step) / seconds, seconds, tokens_seen,
-                        peak_memory_bytes(device)});
+                        peak_memory_bytes(device), optimizer->last_projector_seconds()});
     const bool last = step == run.num_training_steps;
     if ((run.eval_every > 0 && step % run.eval_every == 0) || last) {
       int64_t eval_tokens = 0;

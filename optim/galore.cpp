@@ -1,0 +1,133 @@
+#include "optim/galore.h"
+
+#include <tuple>
+
+#include <ATen/ATen.h>
+
+#include "common/errors.h"
+#include "optim/shard_state.h"
+#include "sharding/communicator.h"
+
+namespace llm {
+
+GaLoreGeometry make_galore_geometry(const ParameterShard& parameter, const OptimizerSettings& settings,
+                                    int64_t index, int shard_rank, int world_size) {
+  LLM_REQUIRE(parameter.full_shape.size() == 2, "galore_adamw", parameter.name,
+              "GaLore projects 2-D weights only; this parameter has " +
+                  std::to_string(parameter.full_shape.size()) + " dimensions");
+  GaLoreGeometry geometry;
+  const int64_t m = parameter.rows, n = parameter.cols;
+  const std::string& type = settings.proj_type;
+  if (type == "std") geometry.right = m >= n;
+  else if (type == "reverse_std") geometry.right = m < n;
+  else if (type == "right") geometry.right = true;
+  else if (type == "left") geometry.right = false;
+  else fail_user("galore_adamw", "--proj_type", "expected std, reverse_std, left or right (got \"" + type + "\")");
+  geometry.rank = std::min({settings.galore_rank, m, n});
+  geometry.world_size = world_size;
+  geometry.shard_rank = shard_rank;
+  geometry.owner = static_cast<int>(index % geometry.world_size);
+  const int64_t r = geometry.rank;
+  if (geometry.right) {
+    geometry.lowrank_numel = m * r;
+    geometry.local_state_shape = {parameter.rows_per_rank, r};
+    geometry.full_state_shape = {m, r};
+    geometry.local_projector_shape = {r, n};
+    geometry.full_projector_shape = {r, n};
+  } else {
+    geometry.lowrank_numel = r * n;
+    geometry.chunk = (geometry.lowrank_numel + geometry.world_size - 1) / geometry.world_size;
+    geometry.local_state_shape = {geometry.chunk};
+    geometry.full_state_shape = {r, n};
+    geometry.local_projector_shape = {parameter.rows_per_rank, r};
+    geometry.full_projector_shape = {m, r};
+  }
+  return geometry;
+}
+
+void refresh_projector(const GaLoreGeometry& geometry, const ParameterShard& parameter,
+                       const at::Tensor& grad, at::Tensor& projector, Communicator* across) {
+  const int64_t m = parameter.rows, n = parameter.cols, r = geometry.rank;
+  const bool sharded = across != nullptr && geometry.world_size > 1;
+  at::Tensor full_projector;
+  {
+    // The full gradient of this one matrix, only for the refresh, on every rank (all-gather) and
+    // freed at the end of this scope; only the owner decomposes it.
+    at::Tensor full_grad;
+    if (sharded) {
+      at::Tensor gathered = at::empty({geometry.world_size * parameter.rows_per_rank * n}, grad.options());
+      across->all_gather(grad, gathered);
+      full_grad = gathered.view({geometry.world_size * parameter.rows_per_rank, n}).narrow(0, 0, m);
+    } else {
+      full_grad = grad.view({parameter.rows_per_rank, n}).narrow(0, 0, m);
+    }
+    full_projector = at::empty(geometry.full_projector_shape, grad.options());
+    if (!sharded || across->rank() == geometry.owner) {
+      // As the reference: thin SVD in fp32 (full_matrices=False), U[:, :r] or Vh[:r].
+      auto [u, s, vh] = at::linalg_svd(full_grad.to(at::kFloat), /*full_matrices=*/false);
+      full_projector.copy_(geometry.right ? vh.narrow(0, 0, r) : u.narrow(1, 0, r));
+    }
+  }
+  if (sharded) across->broadcast(full_projector, geometry.owner);
+  if (geometry.right) {
+    projector.copy_(full_projector);
+  } else {
+    projector.copy_(take_rows(full_projector, parameter.rows_per_rank, parameter.first_row, parameter.rows_held));
+  }
+}
+
+at::Tensor project(const GaLoreGeometry& geometry, const ParameterShard& parameter, const at::Tensor& grad,
+                   const at::Tensor& projector, Communicator* across) {
+  const at::Tensor rows = grad.view({parameter.rows_per_rank, parameter.cols});
+  if (geometry.right) return at::matmul(rows, projector.t());  // (rows_per_rank, r)
+  at::Tensor partial = at::matmul(projector.t(), rows);          // (r, cols): this rank's rows only
+  if (across == nullptr || geometry.world_size == 1) return partial.reshape({-1});
+  at::Tensor padded = at::zeros({geometry.world_size * geometry.chunk}, partial.options());
+  padded.narrow(0, 0, geometry.lowrank_numel).copy_(partial.reshape({-1}));
+  at::Tensor mine = at::empty({geometry.chunk}, partial.options());
+  across->reduce_scatter(padded, mine, ReduceOp::sum);
+  return mine;
+}
+
+at::Tensor project_back(const GaLoreGeometry& geometry, const ParameterShard& parameter,
+                        const at::Tensor& normalized, const at::Tensor& projector, double scale,
+                        Communicator* across) {
+  at::Tensor update;
+  if (geometry.right) {
+    update = at::matmul(normalized, projector);  // (rows_per_rank, cols)
+  } else {
+    at::Tensor full = normalized;
+    if (across != nullptr && geometry.world_size > 1) {
+      full = at::empty({geometry.world_size * geometry.chunk}, normalized.options());
+      across->all_gather(normalized.contiguous(), full);
+    }
+    update = at::matmul(projector, full.narrow(0, 0, geometry.lowrank_numel).view({geometry.rank, parameter.cols}));
+  }
+  return (update * scale).reshape({-1});
+}
+
+at::Tensor assemble_galore_moment(const GaLoreGeometry& geometry, const ParameterShard& parameter,
+                                  const at::Tensor& local, Communicator* across) {
+  if (geometry.right) return assemble_rows(local, parameter.rows, parameter.first_row, parameter.rows_held, across);
+  return assemble_chunks(local, geometry.lowrank_numel, geometry.chunk, across).view(geometry.full_state_shape);
+}
+
+at::Tensor take_galore_moment(const GaLoreGeometry& geometry, const ParameterShard& parameter,
+                              const at::Tensor& full) {
+  if (geometry.right) return take_rows(full, parameter.rows_per_rank, parameter.first_row, parameter.rows_held);
+  return take_chunk(full, geometry.chunk, geometry.shard_rank);
+}
+
+at::Tensor assemble_galore_projector(const GaLoreGeometry& geometry, const ParameterShard& parameter,
+                                     const at::Tensor& local, Communicator* across) {
+  if (geometry.right) return local.clone();  // the same on every rank
+  return assemble_rows(local, parameter.rows, parameter.first_row, parameter.rows_held, across);
+}
+
+at::Tensor take_galore_projector(const GaLoreGeometry& geometry, const ParameterShard& parameter,
+                                 const at::Tensor& full) {
+  if (geometry.right) return full.clone();
+  return take_rows(full, parameter.rows_per_rank, parameter.first_row, parameter.rows_held);
+}
+
+}  // namespace llm

@@ -1,0 +1,43 @@
+// Full (unsharded) optimizer-state tensors from the parts ranks hold, and back: what makes a
+// checkpoint independent of the world size it was written at.
+//
+// Assembly is one all-reduce (sum) of a zero tensor of the full shape into which every rank has
+// written the part it owns; each element is owned by exactly one rank (a part held by two ranks,
+// such as a subset that crosses a shard boundary, is written by the rank holding its first
+// element). It moves twice the bytes of an all-gather, but it is one primitive for every layout
+// (rows, flat chunks, blocks) and runs only when a checkpoint is written.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace llm {
+
+class Communicator;
+
+// local: (rows_per_rank, ...) this rank's rows, padding after rows_held. Returns (rows, ...).
+at::Tensor assemble_rows(const at::Tensor& local, int64_t rows, int64_t first_row, int64_t rows_held,
+                         Communicator* across);
+// full (rows, ...) -> this rank's (rows_per_rank, ...) rows, zero padded.
+at::Tensor take_rows(const at::Tensor& full, int64_t rows_per_rank, int64_t first_row, int64_t rows_held);
+
+// A flat tensor of `total` elements cut in chunks of `chunk` elements, rank r holding
+// [r * chunk, (r + 1) * chunk) (padding past total). local: (chunk). Returns (total).
+at::Tensor assemble_chunks(const at::Tensor& local, int64_t total, int64_t chunk, Communicator* across);
+at::Tensor take_chunk(const at::Tensor& full_flat, int64_t chunk, int rank);
+
+// full: the tensor with `owned` (a mask or range written by this rank) already in place, zeros
+// elsewhere; sums it over ranks in place (no-op without a communicator).
+void sum_over_ranks(at::Tensor& full, Communicator* across);
+
+// Checks a full state dict against the keys and shapes expected (plus "step", one integer >= 0),
+// float32 values and no unknown keys; throws one UserError listing every problem. Returns step.
+int64_t check_full_state(const std::map<std::string, at::Tensor>& state,
+                         const std::map<std::string, std::vector<int64_t>>& expected,
+                         const std::string& optimizer);
+
+}  // namespace llm
