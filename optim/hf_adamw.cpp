@@ -27,7 +27,8 @@ HfAdamW::HfAdamW(const OptimizerSettings& settings, std::vector<ParameterShard> 
   const int rank = across != nullptr ? across->rank() : 0;
   LLM_REQUIRE(settings.galore_rank >= 1, kSource, "--rank", "must be >= 1");
   LLM_REQUIRE(settings.update_proj_gap >= 1, kSource, "--update_proj_gap", "must be >= 1");
-  int64_t galore_index = 0;
+  int64_t galore_index = 0, galore_count = 0;
+  for (const ParameterShard& parameter : parameters) galore_count += parameter.rule == UpdateRule::galore;
   for (ParameterShard& parameter : parameters) {
     Entry entry;
     const at::TensorOptions options = parameter.param.options();
@@ -43,6 +44,8 @@ HfAdamW::HfAdamW(const OptimizerSettings& settings, std::vector<ParameterShard> 
         entry.galore = make_galore_geometry(parameter, settings, galore_index++, rank, world);
         entry.exp_avg_sq = at::zeros(entry.galore.local_state_shape, options);
         entry.projector = at::zeros(entry.galore.local_projector_shape, options);
+        if (settings.stagger_projectors)
+          entry.refresh_offset = (galore_index - 1) * settings.update_proj_gap / galore_count;
         break;
       case UpdateRule::adamw:
         fail_user(kSource, parameter.name,
@@ -74,16 +77,18 @@ void HfAdamW::step(double lr) {
   const double bias_correction2 = 1.0 - std::pow(beta2, static_cast<double>(t));
   const double step_size = lr * std::sqrt(bias_correction2) / bias_correction1;
 
-  // GaLore's schedule: a new projector at steps 1, T + 1, 2T + 1, ... from that step's gradient.
+  // GaLore's schedule: a new projector at steps 1, T + 1, 2T + 1, ... from that step's gradient
+  // (shifted per matrix by refresh_offset when staggered; every matrix gets one at step 1).
   projector_seconds_ = 0;
-  if (!projectors_ready_ || (t - 1) % settings_.update_proj_gap == 0) {
-    const auto started = std::chrono::steady_clock::now();
-    for (Entry& entry : entries_)
-      if (entry.parameter.rule == UpdateRule::galore)
-        refresh_projector(entry.galore, entry.parameter, entry.parameter.grad, entry.projector, across_);
-    projectors_ready_ = true;
-    projector_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  const auto started = std::chrono::steady_clock::now();
+  for (Entry& entry : entries_) {
+    if (entry.parameter.rule != UpdateRule::galore) continue;
+    const int64_t phase = t - 1 - entry.refresh_offset;
+    if (entry.projector_ready && !(phase >= 0 && phase % settings_.update_proj_gap == 0)) continue;
+    refresh_projector(entry.galore, entry.parameter, entry.parameter.grad, entry.projector, across_);
+    entry.projector_ready = true;
   }
+  projector_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
 
   // Phase 1: what each moment is fed. x: the (projected) gradient; u: the second-moment input.
   std::vector<at::Tensor> inputs(entries_.size()), second(entries_.size());
@@ -272,7 +277,7 @@ void HfAdamW::load_full_state_dict(const std::map<std::string, at::Tensor>& stat
     if (entry.projector.defined()) entry.projector.copy_(loaded[i][2]);
   }
   step_ = step;
-  projectors_ready_ = step > 0;
+  for (Entry& entry : entries_) entry.projector_ready = step > 0;
 }
 
 }  // namespace llm

@@ -41,6 +41,8 @@ class HfAdamW final : public ShardOptimizer {
     SubsetGeometry subsets;  // subset_norm
     GaLoreGeometry galore;   // galore
     at::Tensor projector;    // galore, local projector shape
+    int64_t refresh_offset = 0;  // galore: steps after 1 + jT at which this projector is recomputed
+    bool projector_ready = false;
   };
   std::vector<int64_t> moment_shape(const Entry& entry) const;
 
@@ -48,7 +50,6 @@ class HfAdamW final : public ShardOptimizer {
   std::vector<Entry> entries_;
   Communicator* across_;
   int64_t step_ = 0;
-  bool projectors_ready_ = false;
   double projector_seconds_ = 0;
 };
 

@@ -68,6 +68,10 @@ struct OptimizerSettings {
   int64_t update_proj_gap = 50;
   double galore_scale = 1.0;
   std::string proj_type = "std";  // std | reverse_std | left | right
+  // false: every projector is recomputed at steps 1, T + 1, 2T + 1, ... (the reference: all SVDs of
+  // the model in one step). true: after step 1, matrix k of K refreshes at steps 1 + k T / K + j T,
+  // so each step recomputes about K / T projectors instead of K every T steps.
+  bool stagger_projectors = false;
 };
 
 class ShardOptimizer {

@@ -193,5 +193,44 @@ TEST(OptimizerStateBytes, Llama350mMatchesTheAnalyticFigure) {
   }
 }
 
+// Staggered refreshes: every projector is computed at step 1; afterwards matrix k of K = 4 refreshes
+// at steps 1 + kT/K + jT, so with T = 4 each of steps 2..5 recomputes exactly one projector and the
+// reference schedule (all four at step 5) recomputes all at once.
+TEST(GaLoreStagger, EachStepRecomputesItsShareOfProjectors) {
+  for (const bool stagger : {false, true}) {
+    OptimizerSettings settings;
+    settings.kind = "galore_adamw";
+    settings.galore_rank = 2;
+    settings.update_proj_gap = 4;
+    settings.stagger_projectors = stagger;
+    std::vector<ParameterShard> shards;
+    std::vector<at::Tensor> params, grads;
+    for (int k = 0; k < 4; ++k) {
+      params.push_back(at::randn({6, 5}));
+      grads.push_back(at::zeros({6, 5}));
+      shards.push_back(ParameterShard::whole("w" + std::to_string(k), params.back(), grads.back(), false,
+                                             UpdateRule::galore));
+    }
+    auto optimizer = make_shard_optimizer(settings, shards, nullptr);
+    std::map<std::string, at::Tensor> previous;
+    std::vector<int> refreshed_per_step;
+    for (int step = 1; step <= 9; ++step) {
+      for (auto& grad : grads) grad.copy_(at::randn({6, 5}));
+      optimizer->step(1e-3);
+      const auto state = optimizer->full_state_dict();
+      int refreshed = 0;
+      for (int k = 0; k < 4; ++k) {
+        const std::string key = "w" + std::to_string(k) + ".projector";
+        if (!previous.count(key) || !at::equal(previous.at(key), state.at(key))) ++refreshed;
+        previous[key] = state.at(key).clone();
+      }
+      refreshed_per_step.push_back(refreshed);
+    }
+    const std::vector<int> expected = stagger ? std::vector<int>{4, 1, 1, 1, 1, 1, 1, 1, 1}
+                                              : std::vector<int>{4, 0, 0, 0, 4, 0, 0, 0, 4};
+    EXPECT_EQ(refreshed_per_step, expected) << (stagger ? "staggered" : "together");
+  }
+}
+
 }  // namespace
 }  // namespace llm

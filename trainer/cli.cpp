@@ -158,6 +158,10 @@ Command parse_command_line(int argc, const char* const* argv) {
           ->check(CLI::IsMember({"std", "reverse_std", "left", "right"}))
           ->capture_default_str();
   add(proj_type);
+  CLI::Option* galore_stagger =
+      app.add_flag("--galore_stagger", run.galore_stagger,
+                   "galore_adamw: spread projector updates over the gap instead of all at once");
+  add(galore_stagger);
   add(app.add_option("--seed", run.seed, "seed for initialisation and data order")
           ->check(kNotNegative)
           ->capture_default_str());
@@ -246,7 +250,7 @@ Command parse_command_line(int argc, const char* const* argv) {
   // A flag of another optimizer would silently do nothing: say so instead.
   for (const auto& [flags, owner] :
        {std::pair<std::vector<CLI::Option*>, const char*>{{subset_size, subset_norm_params}, "adamw_sn"},
-        {{galore_rank, update_proj_gap, galore_scale, proj_type}, "galore_adamw"}})
+        {{galore_rank, update_proj_gap, galore_scale, proj_type, galore_stagger}, "galore_adamw"}})
     for (const CLI::Option* flag : flags)
       if (flag->count() > 0 && run.optimizer != owner)
         fail_user(kCommandLine, flag->get_name(),

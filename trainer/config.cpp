@@ -394,6 +394,7 @@ json RunConfig::to_json() const {
       {"update_proj_gap", update_proj_gap},
       {"galore_scale", galore_scale},
       {"proj_type", proj_type},
+      {"galore_stagger", galore_stagger},
       {"seed", seed},
       {"data", data},
       {"eval_fraction", eval_fraction},

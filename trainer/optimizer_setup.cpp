@@ -25,6 +25,7 @@ OptimizerSettings optimizer_settings(const RunConfig& run) {
   settings.update_proj_gap = run.update_proj_gap;
   settings.galore_scale = run.galore_scale;
   settings.proj_type = run.proj_type;
+  settings.stagger_projectors = run.galore_stagger;
   return settings;
 }
 
