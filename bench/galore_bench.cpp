@@ -3,6 +3,11 @@
 //   galore together    the reference schedule: every projector recomputed (thin SVD, as
 //                      galore-torch) at steps 1, T + 1, ...: the step that does it stalls
 //   galore staggered   --galore_stagger: after step 1, about K / T projectors per step
+//   galore subspace    --galore_projector subspace: warm-started power iteration instead of the SVD
+//                      (with and without --galore_stagger); its quality is the gradient energy its
+//                      basis captures at the last refresh over what the SVD's basis captures
+// Gradients are a fixed rank-deficient matrix (singular values falling 10 % per index) plus fresh
+// noise every step: correlated from step to step, as training gradients are.
 // For each it prints the median step, the slowest step after step 1 (the stall), their ratio, and
 // the projector seconds per step. Step 1 (every projector, in both schedules) is reported apart.
 //
@@ -26,16 +31,27 @@ using Clock = std::chrono::steady_clock;
 
 struct Timing {
   double first = 0, median = 0, slowest = 0, projector_per_step = 0;
+  double captured = 0;  // subspace: energy captured at the last refresh / the SVD's (mean over matrices)
 };
 
+// A fixed (m x n) matrix with singular values 0.9^i (orthonormal factors from QR of Gaussians).
+at::Tensor structured(const std::vector<int64_t>& shape) {
+  const int64_t k = std::min(shape[0], shape[1]);
+  const at::Tensor u = std::get<0>(at::linalg_qr(at::randn({shape[0], k})));
+  const at::Tensor v = std::get<0>(at::linalg_qr(at::randn({shape[1], k})));
+  const at::Tensor sigma = at::pow(at::full({k}, 0.9), at::arange(k, at::kFloat)) * 10.0;
+  return at::matmul(u * sigma, v.t());
+}
+
 Timing run(const llm::OptimizerSettings& settings, const std::vector<std::vector<int64_t>>& shapes, int steps) {
-  std::vector<at::Tensor> params, grads;
+  std::vector<at::Tensor> params, grads, bases;
   std::vector<llm::ParameterShard> shards;
   const llm::UpdateRule rule = settings.kind == "adamw" ? llm::UpdateRule::adamw : llm::UpdateRule::galore;
   at::manual_seed(0);
   for (size_t i = 0; i < shapes.size(); ++i) {
     params.push_back(at::randn(shapes[i]) * 0.02);
-    grads.push_back(at::randn(shapes[i]));
+    bases.push_back(structured(shapes[i]));
+    grads.push_back(bases.back().clone());
     shards.push_back(llm::ParameterShard::whole("w" + std::to_string(i), params.back(), grads.back(), true, rule));
   }
   auto optimizer = llm::make_shard_optimizer(settings, shards, nullptr);
@@ -43,7 +59,7 @@ Timing run(const llm::OptimizerSettings& settings, const std::vector<std::vector
   double projector = 0;
   Timing timing;
   for (int step = 1; step <= steps; ++step) {
-    for (auto& grad : grads) grad.normal_();
+    for (size_t i = 0; i < grads.size(); ++i) grads[i].copy_(bases[i] + 0.1 * at::randn(shapes[i]));
     const auto start = Clock::now();
     optimizer->step(1e-3);
     const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
@@ -59,6 +75,18 @@ Timing run(const llm::OptimizerSettings& settings, const std::vector<std::vector
   timing.median = sorted[sorted.size() / 2];
   timing.slowest = sorted.back();
   timing.projector_per_step = projector / static_cast<double>(seconds.size());
+  if (settings.projector_method == "subspace" && !settings.stagger_projectors) {
+    const auto state = optimizer->full_state_dict();
+    double sum = 0;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const at::Tensor p = state.at("w" + std::to_string(i) + ".projector");
+      const bool right = p.size(1) == shapes[i][1] && p.size(0) != shapes[i][0];
+      const at::Tensor lowrank = right ? at::matmul(grads[i], p.t()) : at::matmul(p.t(), grads[i]);
+      const at::Tensor sigma = std::get<1>(at::linalg_svd(grads[i], /*full_matrices=*/false));
+      sum += lowrank.square().sum().item<double>() / sigma.narrow(0, 0, p.size(right ? 0 : 1)).square().sum().item<double>();
+    }
+    timing.captured = sum / static_cast<double>(shapes.size());
+  }
   return timing;
 }
 
@@ -100,15 +128,23 @@ int main(int argc, char** argv) {
   together.update_proj_gap = gap;
   llm::OptimizerSettings staggered = together;
   staggered.stagger_projectors = true;
+  llm::OptimizerSettings subspace = together;
+  subspace.projector_method = "subspace";
+  llm::OptimizerSettings subspace_staggered = subspace;
+  subspace_staggered.stagger_projectors = true;
 
-  std::printf("%-18s %10s %12s %12s %10s %16s\n", "optimizer", "step 1 ms", "median ms", "slowest ms",
-              "stall", "projector ms/step");
+  std::printf("%-26s %10s %12s %12s %10s %18s %16s\n", "optimizer", "step 1 ms", "median ms", "slowest ms",
+              "stall", "projector ms/step", "energy vs SVD");
   for (const auto& [name, settings] : {std::pair<const char*, llm::OptimizerSettings>{"adamw", adamw},
                                        {"galore together", together},
-                                       {"galore staggered", staggered}}) {
+                                       {"galore staggered", staggered},
+                                       {"galore subspace", subspace},
+                                       {"galore subspace staggered", subspace_staggered}}) {
     const Timing timing = run(settings, shapes, steps);
-    std::printf("%-18s %10.1f %12.1f %12.1f %9.1fx %16.1f\n", name, 1e3 * timing.first, 1e3 * timing.median,
-                1e3 * timing.slowest, timing.slowest / timing.median, 1e3 * timing.projector_per_step);
+    char quality[32] = "-";
+    if (timing.captured > 0) std::snprintf(quality, sizeof(quality), "%.5f", timing.captured);
+    std::printf("%-26s %10.1f %12.1f %12.1f %9.1fx %18.1f %16s\n", name, 1e3 * timing.first, 1e3 * timing.median,
+                1e3 * timing.slowest, timing.slowest / timing.median, 1e3 * timing.projector_per_step, quality);
   }
   return 0;
 }

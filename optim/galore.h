@@ -53,6 +53,16 @@ GaLoreGeometry make_galore_geometry(const ParameterShard& parameter, const Optim
 void refresh_projector(const GaLoreGeometry& geometry, const ParameterShard& parameter,
                        const at::Tensor& grad, at::Tensor& projector, Communicator* across);
 
+// The same from block power (subspace) iteration on G^T G, without gathering G: every product is a
+// local matmul of this rank's rows plus an all-reduce of an (n x r) or (r x r) matrix. The right
+// singular vectors V_r come out of a Rayleigh-Ritz step; a left projector is U_r = G V_r / sigma,
+// row by row, so each rank computes only its rows. warm: the projector holds the previous basis
+// (the start of the iteration, and the reference its new signs are aligned to); else the start is a
+// Gaussian matrix seeded by the matrix index (the same at every world size).
+void refresh_projector_subspace(const GaLoreGeometry& geometry, const ParameterShard& parameter,
+                                const at::Tensor& grad, at::Tensor& projector, bool warm,
+                                int64_t iterations, uint64_t seed, Communicator* across);
+
 // This rank's part of the low-rank gradient (local state shape). Collective for left projectors.
 at::Tensor project(const GaLoreGeometry& geometry, const ParameterShard& parameter, const at::Tensor& grad,
                    const at::Tensor& projector, Communicator* across);

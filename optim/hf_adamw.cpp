@@ -27,6 +27,9 @@ HfAdamW::HfAdamW(const OptimizerSettings& settings, std::vector<ParameterShard> 
   const int rank = across != nullptr ? across->rank() : 0;
   LLM_REQUIRE(settings.galore_rank >= 1, kSource, "--rank", "must be >= 1");
   LLM_REQUIRE(settings.update_proj_gap >= 1, kSource, "--update_proj_gap", "must be >= 1");
+  LLM_REQUIRE(settings.projector_method == "svd" || settings.projector_method == "subspace", kSource,
+              "--galore_projector", "expected svd or subspace (got \"" + settings.projector_method + "\")");
+  LLM_REQUIRE(settings.subspace_iterations >= 1, kSource, "--subspace_iterations", "must be >= 1");
   int64_t galore_index = 0, galore_count = 0;
   for (const ParameterShard& parameter : parameters) galore_count += parameter.rule == UpdateRule::galore;
   for (ParameterShard& parameter : parameters) {
@@ -44,6 +47,7 @@ HfAdamW::HfAdamW(const OptimizerSettings& settings, std::vector<ParameterShard> 
         entry.galore = make_galore_geometry(parameter, settings, galore_index++, rank, world);
         entry.exp_avg_sq = at::zeros(entry.galore.local_state_shape, options);
         entry.projector = at::zeros(entry.galore.local_projector_shape, options);
+        entry.projector_seed = 0x9a10e + static_cast<uint64_t>(galore_index);
         if (settings.stagger_projectors)
           entry.refresh_offset = (galore_index - 1) * settings.update_proj_gap / galore_count;
         break;
@@ -85,7 +89,14 @@ void HfAdamW::step(double lr) {
     if (entry.parameter.rule != UpdateRule::galore) continue;
     const int64_t phase = t - 1 - entry.refresh_offset;
     if (entry.projector_ready && !(phase >= 0 && phase % settings_.update_proj_gap == 0)) continue;
-    refresh_projector(entry.galore, entry.parameter, entry.parameter.grad, entry.projector, across_);
+    if (settings_.projector_method == "subspace")
+      refresh_projector_subspace(entry.galore, entry.parameter, entry.parameter.grad, entry.projector,
+                                 entry.projector_ready,
+                                 entry.projector_ready ? settings_.subspace_iterations
+                                                       : 3 * settings_.subspace_iterations,
+                                 entry.projector_seed, across_);
+    else
+      refresh_projector(entry.galore, entry.parameter, entry.parameter.grad, entry.projector, across_);
     entry.projector_ready = true;
   }
   projector_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();

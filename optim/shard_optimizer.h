@@ -72,6 +72,12 @@ struct OptimizerSettings {
   // the model in one step). true: after step 1, matrix k of K refreshes at steps 1 + k T / K + j T,
   // so each step recomputes about K / T projectors instead of K every T steps.
   bool stagger_projectors = false;
+  // "svd": the reference's thin SVD of the full gradient (gathered for the refresh). "subspace":
+  // block power iteration on G^T G from the row shards (all-reduces of n x r and r x r only, no
+  // gathered gradient), warm-started from the previous projector, with the new basis's signs
+  // aligned to the old one so the carried moments keep their meaning.
+  std::string projector_method = "svd";
+  int64_t subspace_iterations = 2;  // per refresh after the first (the first runs 3x as many)
 };
 
 class ShardOptimizer {

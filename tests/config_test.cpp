@@ -555,8 +555,11 @@ TEST(CliTrain, EveryFlagIsParsed) {
 TEST(CliTrain, OptimizerFlagsAreParsed) {
   const RunConfig galore = parse({"--config", "c", "--optimizer", "galore_adamw", "--rank", "64",
                                   "--update_proj_gap", "200", "--galore_scale", "0.25", "--proj_type",
-                                  "reverse_std", "--galore_stagger"}).run;
+                                  "reverse_std", "--galore_stagger", "--galore_projector", "subspace",
+                                  "--subspace_iterations", "3"}).run;
   EXPECT_TRUE(galore.galore_stagger);
+  EXPECT_EQ(galore.galore_projector, "subspace");
+  EXPECT_EQ(galore.subspace_iterations, 3);
   EXPECT_EQ(galore.galore_rank, 64);
   EXPECT_EQ(galore.update_proj_gap, 200);
   EXPECT_DOUBLE_EQ(galore.galore_scale, 0.25);

@@ -32,6 +32,8 @@ const OptimizerCase kCases[] = {
     {"rmsprop_sn", "--optimizer adamw_sn --adam_beta1 0 --lr 1e-2"},
     {"galore_std", "--optimizer galore_adamw --rank 8 --update_proj_gap 4 --galore_scale 0.5 --lr 5e-3"},
     {"galore_left", "--optimizer galore_adamw --rank 8 --update_proj_gap 4 --proj_type left --lr 5e-3"},
+    {"galore_subspace", "--optimizer galore_adamw --rank 8 --update_proj_gap 4 --galore_projector subspace "
+                        "--galore_stagger --lr 5e-3"},
 };
 
 std::string run_flags(const OptimizerCase& optimizer, const std::filesystem::path& dir, int ranks,

@@ -162,6 +162,18 @@ Command parse_command_line(int argc, const char* const* argv) {
       app.add_flag("--galore_stagger", run.galore_stagger,
                    "galore_adamw: spread projector updates over the gap instead of all at once");
   add(galore_stagger);
+  CLI::Option* galore_projector =
+      app.add_option("--galore_projector", run.galore_projector,
+                     "galore_adamw: svd (the reference's SVD of the gathered gradient) or subspace "
+                     "(warm-started power iteration on the shards, no gathered gradient)")
+          ->check(CLI::IsMember({"svd", "subspace"}))
+          ->capture_default_str();
+  add(galore_projector);
+  CLI::Option* subspace_iterations =
+      app.add_option("--subspace_iterations", run.subspace_iterations,
+                     "galore_adamw subspace: power iterations per refresh (3x at the first)")
+          ->capture_default_str();
+  add(subspace_iterations);
   add(app.add_option("--seed", run.seed, "seed for initialisation and data order")
           ->check(kNotNegative)
           ->capture_default_str());
@@ -250,7 +262,7 @@ Command parse_command_line(int argc, const char* const* argv) {
   // A flag of another optimizer would silently do nothing: say so instead.
   for (const auto& [flags, owner] :
        {std::pair<std::vector<CLI::Option*>, const char*>{{subset_size, subset_norm_params}, "adamw_sn"},
-        {{galore_rank, update_proj_gap, galore_scale, proj_type, galore_stagger}, "galore_adamw"}})
+        {{galore_rank, update_proj_gap, galore_scale, proj_type, galore_stagger, galore_projector, subspace_iterations}, "galore_adamw"}})
     for (const CLI::Option* flag : flags)
       if (flag->count() > 0 && run.optimizer != owner)
         fail_user(kCommandLine, flag->get_name(),

@@ -395,6 +395,8 @@ json RunConfig::to_json() const {
       {"galore_scale", galore_scale},
       {"proj_type", proj_type},
       {"galore_stagger", galore_stagger},
+      {"galore_projector", galore_projector},
+      {"subspace_iterations", subspace_iterations},
       {"seed", seed},
       {"data", data},
       {"eval_fraction", eval_fraction},
@@ -503,6 +505,10 @@ void validate_run_config(RunConfig& run, const ModelConfig& model, int world_siz
                "an integer >= 1 (steps between projector updates)", run.update_proj_gap);
   require_flag(std::isfinite(run.galore_scale) && run.galore_scale > 0, "--galore_scale",
                "a finite number > 0", run.galore_scale);
+  require_flag(run.galore_projector == "svd" || run.galore_projector == "subspace", "--galore_projector",
+               "svd or subspace", "\"" + run.galore_projector + "\"");
+  require_flag(run.subspace_iterations >= 1, "--subspace_iterations", "an integer >= 1",
+               run.subspace_iterations);
   require_flag(run.proj_type == "std" || run.proj_type == "reverse_std" || run.proj_type == "left" ||
                    run.proj_type == "right",
                "--proj_type", "one of std, reverse_std, left, right", "\"" + run.proj_type + "\"");

@@ -95,6 +95,8 @@ struct RunConfig {
   double galore_scale = 1.0;
   std::string proj_type = "std";     // std | reverse_std | left | right
   bool galore_stagger = false;       // spread projector refreshes over the gap (no all-SVD step)
+  std::string galore_projector = "svd";  // svd (the reference) | subspace (no gathered gradient)
+  int64_t subspace_iterations = 2;
   uint64_t seed = 0;
   std::string data = "synthetic";    // "synthetic" or a token file made by `trainer prepare`
   double eval_fraction = 0.05;       // share of windows held out for evaluation

@@ -26,6 +26,8 @@ OptimizerSettings optimizer_settings(const RunConfig& run) {
   settings.galore_scale = run.galore_scale;
   settings.proj_type = run.proj_type;
   settings.stagger_projectors = run.galore_stagger;
+  settings.projector_method = run.galore_projector;
+  settings.subspace_iterations = run.subspace_iterations;
   return settings;
 }
 
