@@ -42,10 +42,16 @@ ShardedUnit::ShardedUnit(std::string name, std::vector<std::pair<std::string, at
   // no_shard: every rank holds the whole unit, laid out as rank 0 of a world of one.
   layout_ = FlatShardLayout::build(name_, parameters_, sharded ? communicator_.rank() : 0,
                                    sharded ? communicator_.world_size() : 1);
-  shard_ = at::empty({layout_.shard_numel}, parameters_.front().second.options().dtype(at::kFloat));
-  for (size_t i = 0; i < parameters_.size(); ++i)
-    slice(shard_, layout_.parameters[i]).copy_(layout_.take_rows(layout_.parameters[i], parameters_[i].second));
-  shard_grad_ = at::zeros_like(shard_);
+  {
+    // Without autograd: copying from parameters that require grad would make the shard a non-leaf
+    // with a CopySlices history, and every in-place optimizer update would then extend that graph
+    // (and keep the tensors its nodes save) for the rest of the run.
+    at::NoGradGuard no_grad;
+    shard_ = at::empty({layout_.shard_numel}, parameters_.front().second.options().dtype(at::kFloat));
+    for (size_t i = 0; i < parameters_.size(); ++i)
+      slice(shard_, layout_.parameters[i]).copy_(layout_.take_rows(layout_.parameters[i], parameters_[i].second));
+    shard_grad_ = at::zeros_like(shard_);
+  }
   if (compute_dtype != at::kFloat) {
     at::NoGradGuard no_grad;
     for (auto& [parameter_name, parameter] : parameters_) parameter.set_data(parameter.to(compute_dtype));
