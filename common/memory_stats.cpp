@@ -1,12 +1,38 @@
 #include "common/memory_stats.h"
 
 #include <sys/resource.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include "common/errors.h"
 
 #ifdef TRAINER_HAVE_CUDA
+#include <ATen/core/CachingHostAllocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <torch/csrc/cuda/memory_snapshot.h>
 #endif
 
 namespace llm {
+namespace {
+
+// The history and the snapshot are the CUDA caching allocator's: on a CPU rank there is nothing to
+// record (the host figures are in memory.rank<R>.jsonl), so asking for them is a user error.
+void require_cuda(c10::Device device) {
+#ifdef TRAINER_HAVE_CUDA
+  if (device.is_cuda()) return;
+  fail_user("command line", "--memory_snapshot",
+            "needs a CUDA device (the snapshot is the CUDA caching allocator's, for "
+            "pytorch.org/memory_viz); this rank runs on " + device.str() +
+                ". Drop the flag on CPU runs: the host figures are in RUN_DIR/memory.rank<R>.jsonl");
+#else
+  fail_user("command line", "--memory_snapshot",
+            "needs a CUDA device, and this trainer was built without CUDA (the snapshot is the CUDA "
+            "caching allocator's). Drop the flag: the host figures are in RUN_DIR/memory.rank<R>.jsonl");
+#endif
+}
+
+}  // namespace
 
 int64_t peak_resident_bytes() {
   rusage usage{};
@@ -14,18 +40,84 @@ int64_t peak_resident_bytes() {
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
-int64_t device_peak_allocated_bytes(c10::Device device) {
+int64_t current_resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t total_pages = 0, resident_pages = 0;
+  if (!(statm >> total_pages >> resident_pages)) return 0;
+  return resident_pages * static_cast<int64_t>(::sysconf(_SC_PAGESIZE));
+}
+
+DeviceMemoryStats device_memory_stats(c10::Device device) {
+  DeviceMemoryStats result;
 #ifdef TRAINER_HAVE_CUDA
   if (device.is_cuda()) {
-    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
-    return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    const auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    result.allocated_bytes = stats.allocated_bytes[all].current;
+    result.allocated_peak_bytes = stats.allocated_bytes[all].peak;
+    result.reserved_bytes = stats.reserved_bytes[all].current;
+    result.reserved_peak_bytes = stats.reserved_bytes[all].peak;
+    result.alloc_retries = stats.num_alloc_retries;
+    result.ooms = stats.num_ooms;
   }
 #endif
-  return 0;
+  return result;
+}
+
+void reset_device_peak_stats(c10::Device device) {
+#ifdef TRAINER_HAVE_CUDA
+  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+#endif
+}
+
+PinnedMemoryStats pinned_memory_stats(c10::Device device) {
+  PinnedMemoryStats result;
+#ifdef TRAINER_HAVE_CUDA
+  if (device.is_cuda()) {
+    const at::HostStats stats = at::getHostAllocator(at::kCUDA)->get_stats();
+    result.reserved_bytes = stats.allocated_bytes.current;
+    result.reserved_peak_bytes = stats.allocated_bytes.peak;
+    result.active_bytes = stats.active_bytes.current;
+  }
+#endif
+  return result;
+}
+
+int64_t device_peak_allocated_bytes(c10::Device device) {
+  return device_memory_stats(device).allocated_peak_bytes;
 }
 
 int64_t peak_memory_bytes(c10::Device device) {
   return device.is_cuda() ? device_peak_allocated_bytes(device) : peak_resident_bytes();
+}
+
+void start_device_memory_history(c10::Device device, int64_t max_entries) {
+  require_cuda(device);
+#ifdef TRAINER_HAVE_CUDA
+  // enabled "all" (allocations and frees), context "all", stacks "all" (C++ frames: no Python here).
+  torch::cuda::_record_memory_history(std::string("all"), std::string("all"), "all",
+                                      static_cast<size_t>(max_entries));
+#endif
+}
+
+void stop_device_memory_history(c10::Device device) {
+  require_cuda(device);
+#ifdef TRAINER_HAVE_CUDA
+  torch::cuda::_record_memory_history(std::optional<std::string>(), std::optional<std::string>(), "all",
+                                      0);
+#endif
+}
+
+void write_device_memory_snapshot(c10::Device device, const std::string& path) {
+  require_cuda(device);
+#ifdef TRAINER_HAVE_CUDA
+  const std::string pickled = torch::cuda::_memory_snapshot_pickled();
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  LLM_REQUIRE(out.good(), path, "", "cannot write the memory snapshot; check --run_dir");
+  out.write(pickled.data(), static_cast<std::streamsize>(pickled.size()));
+#else
+  (void)path;
+#endif
 }
 
 }  // namespace llm

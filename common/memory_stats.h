@@ -1,17 +1,52 @@
-// Process-level memory readings for the per-step log line: the peak resident set of this process
-// and, on CUDA, the caching allocator's peak allocated bytes. The full per-category ledger builds on
-// these (docs/architecture.md, memory ledger).
+// Process-level memory readings: the peak and current resident set of this process, the CUDA
+// caching allocator's statistics, the pinned host bytes of CUDA's caching host allocator, and the
+// CUDA allocator's history and snapshot for pytorch.org/memory_viz. The per-category ledger
+// (trainer/memory_ledger.h) builds on these and on common/host_memory.h.
+//
+// Every CUDA reading is compile-guarded (TRAINER_HAVE_CUDA) and returns zeros for a CPU device, so
+// callers need no guards of their own.
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include <c10/core/Device.h>
 
 namespace llm {
 
-int64_t peak_resident_bytes();                  // getrusage ru_maxrss, in bytes
+int64_t peak_resident_bytes();     // getrusage ru_maxrss, in bytes
+int64_t current_resident_bytes();  // /proc/self/statm resident pages, in bytes (0 if unreadable)
 int64_t device_peak_allocated_bytes(c10::Device device);  // 0 on CPU
 // The figure the step line shows: device peak on CUDA, process peak RSS on CPU.
 int64_t peak_memory_bytes(c10::Device device);
+
+// The CUDA caching allocator's aggregate statistics (all pools). Zero on CPU.
+struct DeviceMemoryStats {
+  int64_t allocated_bytes = 0;       // in tensors now
+  int64_t allocated_peak_bytes = 0;  // since the last reset_device_peak_stats
+  int64_t reserved_bytes = 0;        // segments held from cudaMalloc now (allocated + cached)
+  int64_t reserved_peak_bytes = 0;
+  int64_t alloc_retries = 0;         // cudaMalloc failures that freed the cache and retried
+  int64_t ooms = 0;                  // out-of-memory errors raised
+};
+DeviceMemoryStats device_memory_stats(c10::Device device);
+void reset_device_peak_stats(c10::Device device);
+
+// CUDA's caching host allocator (pinned memory from tensor.pin_memory() and pinned_memory(true)).
+// Zero on CPU. Pinned pools allocated with cudaHostAlloc directly are not in these figures.
+struct PinnedMemoryStats {
+  int64_t reserved_bytes = 0;  // pinned blocks held (in use + cached)
+  int64_t reserved_peak_bytes = 0;
+  int64_t active_bytes = 0;    // pinned blocks in use
+};
+PinnedMemoryStats pinned_memory_stats(c10::Device device);
+
+// The CUDA allocator's history (torch::cuda::_record_memory_history: every allocation and free with
+// its C++ stack, up to max_entries events in a ring) and its snapshot as the pickle that
+// pytorch.org/memory_viz opens (torch::cuda::_memory_snapshot_pickled). Both throw UserError unless
+// `device` is CUDA in a CUDA build.
+void start_device_memory_history(c10::Device device, int64_t max_entries);
+void stop_device_memory_history(c10::Device device);
+void write_device_memory_snapshot(c10::Device device, const std::string& path);
 
 }  // namespace llm

@@ -134,4 +134,11 @@ int64_t ShardedUnit::compute_parameter_bytes() const {
   return bytes;
 }
 
+int64_t ShardedUnit::full_gradient_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& [name, parameter] : parameters_)
+    if (parameter.grad().defined()) bytes += static_cast<int64_t>(parameter.grad().storage().nbytes());
+  return bytes;
+}
+
 }  // namespace llm

@@ -56,6 +56,7 @@ class ShardedUnit {
   void load_full(const std::vector<at::Tensor>& full_tensors, at::Tensor& flat) const;
 
   int64_t compute_parameter_bytes() const;  // bytes of the materialised parameters right now
+  int64_t full_gradient_bytes() const;      // bytes of the parameters' gradients not yet reduced
 
  private:
   std::string name_;

@@ -203,6 +203,9 @@ Command parse_command_line(int argc, const char* const* argv) {
           ->capture_default_str());
   add(app.add_flag("--print_config", run.print_config,
                    "print the resolved model and run config as JSON and exit"));
+  add(app.add_flag("--memory_snapshot", run.memory_snapshot,
+                   "CUDA only: record the allocator's history and write "
+                   "RUN_DIR/memory_snapshot.rank<R>.pickle for pytorch.org/memory_viz"));
 
   CLI::App* prepare_app = app.add_subcommand(
       "prepare", "Tokenise text files into a token file for --data (SentencePiece).");

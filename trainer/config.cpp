@@ -410,6 +410,7 @@ json RunConfig::to_json() const {
       {"sharding", llm::to_string(sharding)},
       {"log_every", log_every},
       {"print_config", print_config},
+      {"memory_snapshot", memory_snapshot},
   };
 }
 

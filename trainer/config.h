@@ -110,6 +110,9 @@ struct RunConfig {
   ShardingStrategy sharding = ShardingStrategy::full_shard;
   int64_t log_every = 1;
   bool print_config = false;
+  // CUDA only: record the caching allocator's history and write RUN_DIR/memory_snapshot.rank<R>.pickle
+  // (pytorch.org/memory_viz) after the first steps; a UserError on a CPU rank.
+  bool memory_snapshot = false;
 
   nlohmann::json to_json() const;
 };

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/errors.h"
+#include "common/host_memory.h"
 #include "common/log.h"
 #include "sharding/communicator.h"
 #include "sharding/world.h"
@@ -51,6 +52,8 @@ int run_command(const llm::Command& command, const llm::World& world) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // First, before any tensor exists: the memory ledger counts LibTorch's CPU allocations from here.
+  llm::install_host_memory_tracking();
   llm::World world = llm::start_world(&argc, &argv);
   llm::log::configure(world.rank, world.world_size);
   return llm::run_reporting_failures(

@@ -7,6 +7,7 @@
 //   {"event":"train", "step", "loss", "lr", "grad_norm", "tokens_per_s", "step_time_s",
 //    "tokens_seen", "peak_memory_bytes"}
 //   {"event":"eval", "step", "eval_loss", "eval_tokens"}
+//   {"event":"memory", "ranks":[{...}]}  every rank's memory summary (trainer/memory/ledger.h)
 //   {"event":"end", "steps", "final_loss", "final_eval_loss", "elapsed_s", ...}
 #pragma once
 

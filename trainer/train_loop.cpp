@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <sstream>
 
 #include "common/errors.h"
@@ -14,6 +15,7 @@
 #include "trainer/checkpoint.h"
 #include "trainer/data/batches.h"
 #include "trainer/data/synthetic.h"
+#include "trainer/memory/ledger.h"
 #include "trainer/metrics.h"
 #include "trainer/model/llama.h"
 #include "trainer/model/units.h"
@@ -123,6 +125,10 @@ struct ShardedModel {
   UnitContext context;
   std::vector<ModelUnit> units;
   std::vector<std::unique_ptr<ShardedUnit>> sharded;
+  // Called after each unit's forward ("forward", or "eval" without grad; its compute copy still
+  // gathered) and after its backward ("backward"; before its gradients are reduced): the memory
+  // ledger's timeline points.
+  std::function<void(const char* phase, size_t unit)> on_unit_boundary = nullptr;
 
   // Forward through every unit; returns each unit's (input, output). Unit inputs after the first are
   // detached leaves, so each unit's backward runs on its own, between its gather and its release.
@@ -134,6 +140,7 @@ struct ShardedModel {
       sharded[u]->gather();
       at::Tensor input = (u == 0 || !at::GradMode::is_enabled()) ? x : x.detach().requires_grad_(true);
       at::Tensor output = units[u].forward(input);
+      if (on_unit_boundary) on_unit_boundary(at::GradMode::is_enabled() ? "forward" : "eval", u);
       sharded[u]->release_after_forward();
       boundaries.emplace_back(input, output);
       x = output;
@@ -153,6 +160,7 @@ struct ShardedModel {
         boundaries[u].second.backward(grad_output);
       if (u > 0) grad_output = boundaries[u].first.grad();
       boundaries[u] = {};
+      if (on_unit_boundary) on_unit_boundary("backward", u);
       if (reduce) sharded[u]->reduce_gradients();
       sharded[u]->release();
     }
@@ -182,6 +190,24 @@ double evaluate(ShardedModel& sharded_model, BatchSampler& sampler, const RunCon
   return average_over_ranks(sum / static_cast<double>(run.eval_batches), communicator);
 }
 
+// The end of the run's ledger (collective): rank 0 writes RUN_DIR/memory_report.md, and every rank's
+// summary goes into metrics.jsonl as one "memory" record.
+void finish_memory_ledger(MemoryLedger& ledger, MetricsLog& metrics, Communicator& communicator,
+                          const ModelConfig& model_config, const RunConfig& run, int world_size,
+                          c10::Device device, int64_t steps) {
+  std::ostringstream description;
+  description << "Run `" << run.run_dir << "`: " << model_config.name << ", " << run.optimizer << ", "
+              << to_string(run.dtype)
+              << (run.dtype == DType::bfloat16 ? std::string(" (") + to_string(run.precision) + ")" : "")
+              << ", " << to_string(run.sharding) << ", " << world_size << " rank(s) on " << device.str()
+              << ", batch " << run.batch_size << " x " << run.max_length << " tokens, " << steps
+              << " step(s).";
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const RankMemorySummary& rank : ledger.finish(communicator, "Memory report", description.str()))
+    ranks.push_back(rank.to_json());
+  metrics.write({{"event", "memory"}, {"ranks", ranks}});
+}
+
 }  // namespace
 
 c10::Device select_device(DeviceChoice choice, int local_rank) {
@@ -201,9 +227,17 @@ TrainingOutcome train(const ModelConfig& model_config, const RunConfig& run,
   const bool is_writer = context.rank == 0;
   const c10::Device device = context.device;
   Communicator& communicator = *context.communicator;
+  // --memory_snapshot on a CPU rank is a UserError here, before anything is written.
+  constexpr int64_t kSnapshotSteps = 2;  // --memory_snapshot: history through these steps
+  if (run.memory_snapshot) start_device_memory_history(device, 100000);
   fs::create_directories(run.run_dir);
   MetricsLog metrics((fs::path(run.run_dir) / "metrics.jsonl").string(), is_writer,
                      context.world_size == 1);
+  // Before anything is built: the window up to the first step is the start-up peak.
+  MemoryLedger ledger(run.run_dir, context.rank, context.world_size, device,
+                      {{"model", model_config.name}, {"optimizer", run.optimizer},
+                       {"dtype", to_string(run.dtype)}, {"precision", to_string(run.precision)},
+                       {"sharding", to_string(run.sharding)}});
 
   Corpus corpus = open_corpus(run, model_config, context);
   BatchSampler train_batches(corpus.tokens, Split::train, run.max_length, run.eval_fraction,
@@ -308,13 +342,28 @@ TrainingOutcome train(const ModelConfig& model_config, const RunConfig& run,
     log::info("saved checkpoint {}", folder);
   };
 
+  // The ledger's owned buffers: everything the trainer holds, by category (trainer/memory/ledger.h).
+  int64_t live_batch_bytes = 0;
+  auto owned_now = [&] {
+    const int64_t rotary = distinct_storage_bytes(
+        {sharded_model.model->rotary_cos_cache(), sharded_model.model->rotary_sin_cache(),
+         sharded_model.context.cos, sharded_model.context.sin});
+    return owned_memory(units, *optimizer, live_batch_bytes + rotary);
+  };
+  sharded_model.on_unit_boundary = [&](const char* phase, size_t u) {
+    ledger.point(phase, sharded_model.units[u].name, owned_now());
+  };
+
   TrainingOutcome outcome{start_step, 0, 0, corpus.unigram_entropy, corpus.entropy_rate};
   const int64_t tokens_per_step = run.total_batch_size * run.max_length;
   for (int64_t step = start_step + 1; step <= run.num_training_steps; ++step) {
     const auto started = std::chrono::steady_clock::now();
+    ledger.begin_step(step);
     double loss_sum = 0;
     for (int64_t micro = 0; micro < run.gradient_accumulation; ++micro) {
       Batch batch = to_device(train_batches.next(), device);
+      ledger.set_micro_batch(micro);
+      live_batch_bytes = static_cast<int64_t>(batch.input_ids.nbytes() + batch.labels.nbytes());
       auto boundaries = sharded_model.forward(batch.input_ids, autocast);
       at::Tensor loss = causal_lm_loss(boundaries.back().second, batch.labels);
       loss_sum += loss.item<double>();
@@ -322,6 +371,7 @@ TrainingOutcome train(const ModelConfig& model_config, const RunConfig& run,
       sharded_model.backward(boundaries, loss / static_cast<double>(run.gradient_accumulation),
                              micro + 1 == run.gradient_accumulation);
     }
+    live_batch_bytes = 0;
     const double loss =
         average_over_ranks(loss_sum / static_cast<double>(run.gradient_accumulation), communicator);
     const double grad_norm = clip_gradients(units, communicator, run.sharding, run.grad_clipping);
@@ -337,6 +387,7 @@ TrainingOutcome train(const ModelConfig& model_config, const RunConfig& run,
                                              run.num_training_steps, run.min_lr_ratio);
     optimizer->step(lr);
     for (auto& unit : units) unit->publish_shard();
+    ledger.point("optimizer", "", owned_now());
     tokens_seen += tokens_per_step;
     if (step == start_step + 1) record_sharded_bytes(metrics, units, *optimizer, communicator);
 
@@ -347,19 +398,31 @@ TrainingOutcome train(const ModelConfig& model_config, const RunConfig& run,
     if (step % run.log_every == 0 || step == run.num_training_steps)
       metrics.log_step({step, run.num_training_steps, loss, lr, grad_norm,
                         static_cast<double>(tokens_per_step) / seconds, seconds, tokens_seen,
-                        peak_memory_bytes(device), optimizer->last_projector_seconds()});
+                        ledger.step_line_peak_bytes(), optimizer->last_projector_seconds()});
     const bool last = step == run.num_training_steps;
     if ((run.eval_every > 0 && step % run.eval_every == 0) || last) {
       int64_t eval_tokens = 0;
       outcome.final_eval_loss =
           evaluate(sharded_model, eval_batches, run, communicator, autocast, &eval_tokens);
+      ledger.point("eval", "", owned_now());
       metrics.log_eval(step, outcome.final_eval_loss, eval_tokens);
     }
-    if ((run.save_every > 0 && step % run.save_every == 0) || last) save(step);
+    if ((run.save_every > 0 && step % run.save_every == 0) || last) {
+      save(step);
+      if (!run.save_dir.empty()) ledger.point("checkpoint", "", owned_now());
+    }
+    ledger.end_step();
+    if (run.memory_snapshot && (step == start_step + kSnapshotSteps || last)) {
+      write_device_memory_snapshot(
+          device, (fs::path(run.run_dir) / ("memory_snapshot.rank" + std::to_string(context.rank) + ".pickle")).string());
+      stop_device_memory_history(device);
+    }
   }
+  finish_memory_ledger(ledger, metrics, communicator, model_config, run, context.world_size, device,
+                       outcome.steps - start_step);
   metrics.write({{"event", "end"}, {"steps", outcome.steps}, {"final_loss", outcome.final_loss},
                  {"final_eval_loss", outcome.final_eval_loss},
-                 {"peak_memory_bytes", peak_memory_bytes(device)}});
+                 {"peak_memory_bytes", ledger.step_line_peak_bytes()}});
   return outcome;
 }
 

@@ -110,6 +110,9 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   void init_weights(uint64_t seed);
 
   const ModelConfig& config() const { return config_; }
+  // The cached cos and sin tables (undefined before the first forward): owned buffers, not parameters.
+  const at::Tensor& rotary_cos_cache() const { return rotary_cos_; }
+  const at::Tensor& rotary_sin_cache() const { return rotary_sin_; }
   NamedTensors head_parameters();  // model.norm + lm_head: the last unit
   LlamaBackbone model{nullptr};
   torch::nn::Linear lm_head{nullptr};

@@ -1,0 +1,210 @@
+#include "trainer/memory/categories.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace llm {
+
+const std::array<const char*, MemoryCategories::kCount>& MemoryCategories::keys() {
+  static const std::array<const char*, kCount> names = {
+      "parameters", "gradients", "optimizer_device", "optimizer_host", "activations", "other"};
+  return names;
+}
+
+const std::array<const char*, MemoryCategories::kCount>& MemoryCategories::titles() {
+  static const std::array<const char*, kCount> names = {
+      "parameters", "gradients", "optimizer (device)", "optimizer (host)", "activations", "other"};
+  return names;
+}
+
+int64_t& MemoryCategories::at(int index) {
+  switch (index) {
+    case 0: return parameters;
+    case 1: return gradients;
+    case 2: return optimizer_device;
+    case 3: return optimizer_host;
+    case 4: return activations;
+    default: return other;
+  }
+}
+
+int64_t MemoryCategories::at(int index) const { return const_cast<MemoryCategories*>(this)->at(index); }
+
+int64_t MemoryCategories::total() const {
+  int64_t sum = 0;
+  for (int i = 0; i < kCount; ++i) sum += at(i);
+  return sum;
+}
+
+void MemoryCategories::raise_to(const MemoryCategories& other) {
+  for (int i = 0; i < kCount; ++i) at(i) = std::max(at(i), other.at(i));
+}
+
+nlohmann::json MemoryCategories::to_json() const {
+  nlohmann::json object = nlohmann::json::object();
+  for (int i = 0; i < kCount; ++i) object[keys()[i]] = at(i);
+  return object;
+}
+
+MemoryCategories MemoryCategories::from_json(const nlohmann::json& object) {
+  MemoryCategories categories;
+  for (int i = 0; i < kCount; ++i) categories.at(i) = object.value(keys()[i], int64_t{0});
+  return categories;
+}
+
+nlohmann::json RankMemorySummary::to_json() const {
+  return {{"rank", rank},
+          {"peak_bytes", peak_bytes},
+          {"max", max.to_json()},
+          {"at_peak", at_peak.to_json()},
+          {"transient_at_peak", transient_at_peak},
+          {"peak_phase", peak_phase},
+          {"peak_step", peak_step},
+          {"host_peak_bytes", host_peak_bytes},
+          {"rss_peak_bytes", rss_peak_bytes},
+          {"reserved_peak_bytes", reserved_peak_bytes},
+          {"pinned_peak_bytes", pinned_peak_bytes},
+          {"alloc_retries", alloc_retries},
+          {"ooms", ooms}};
+}
+
+RankMemorySummary RankMemorySummary::from_json(const nlohmann::json& object) {
+  RankMemorySummary summary;
+  summary.rank = object.value("rank", 0);
+  summary.peak_bytes = object.value("peak_bytes", int64_t{0});
+  if (object.contains("max")) summary.max = MemoryCategories::from_json(object.at("max"));
+  if (object.contains("at_peak")) summary.at_peak = MemoryCategories::from_json(object.at("at_peak"));
+  summary.transient_at_peak = object.value("transient_at_peak", int64_t{0});
+  summary.peak_phase = object.value("peak_phase", std::string());
+  summary.peak_step = object.value("peak_step", int64_t{0});
+  summary.host_peak_bytes = object.value("host_peak_bytes", int64_t{0});
+  summary.rss_peak_bytes = object.value("rss_peak_bytes", int64_t{0});
+  summary.reserved_peak_bytes = object.value("reserved_peak_bytes", int64_t{0});
+  summary.pinned_peak_bytes = object.value("pinned_peak_bytes", int64_t{0});
+  summary.alloc_retries = object.value("alloc_retries", int64_t{0});
+  summary.ooms = object.value("ooms", int64_t{0});
+  return summary;
+}
+
+AcrossRanks across_ranks(const std::vector<int64_t>& values) {
+  AcrossRanks result;
+  if (values.empty()) return result;
+  std::vector<int64_t> sorted = values;
+  std::sort(sorted.begin(), sorted.end());
+  double sum = 0;
+  for (int64_t value : sorted) sum += static_cast<double>(value);
+  const size_t n = sorted.size();
+  result.mean = sum / static_cast<double>(n);
+  result.min = static_cast<double>(sorted.front());
+  result.max = static_cast<double>(sorted.back());
+  result.median = n % 2 == 1 ? static_cast<double>(sorted[n / 2])
+                             : 0.5 * (static_cast<double>(sorted[n / 2 - 1]) + static_cast<double>(sorted[n / 2]));
+  return result;
+}
+
+ByteUnit byte_unit_for(int64_t largest) {
+  static const ByteUnit units[] = {{"B", 1.0}, {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}};
+  int index = 0;
+  while (index < 3 && static_cast<double>(largest) >= units[index + 1].divisor) ++index;
+  return units[index];
+}
+
+std::string format_in(double bytes, const ByteUnit& unit) {
+  char text[48];
+  if (unit.divisor == 1.0)
+    std::snprintf(text, sizeof(text), "%.0f", bytes);
+  else
+    std::snprintf(text, sizeof(text), "%.2f", bytes / unit.divisor);
+  return text;
+}
+
+std::string format_in(int64_t bytes, const ByteUnit& unit) { return format_in(static_cast<double>(bytes), unit); }
+
+std::string human_bytes(int64_t bytes) {
+  const ByteUnit unit = byte_unit_for(bytes < 0 ? -bytes : bytes);
+  return format_in(bytes, unit) + " " + unit.name;
+}
+
+namespace {
+
+struct Figure {
+  std::string title;
+  int64_t (*read)(const RankMemorySummary&);
+  bool cuda_only;
+};
+
+const std::vector<Figure>& figures() {
+  static const std::vector<Figure> list = {
+      {"peak (tracked)", [](const RankMemorySummary& r) { return r.peak_bytes; }, false},
+      {"parameters", [](const RankMemorySummary& r) { return r.max.parameters; }, false},
+      {"gradients", [](const RankMemorySummary& r) { return r.max.gradients; }, false},
+      {"optimizer (device)", [](const RankMemorySummary& r) { return r.max.optimizer_device; }, false},
+      {"optimizer (host)", [](const RankMemorySummary& r) { return r.max.optimizer_host; }, false},
+      {"activations", [](const RankMemorySummary& r) { return r.max.activations; }, false},
+      {"other", [](const RankMemorySummary& r) { return r.max.other; }, false},
+      {"host allocator peak", [](const RankMemorySummary& r) { return r.host_peak_bytes; }, false},
+      {"peak RSS", [](const RankMemorySummary& r) { return r.rss_peak_bytes; }, false},
+      {"reserved peak", [](const RankMemorySummary& r) { return r.reserved_peak_bytes; }, true},
+      {"pinned peak", [](const RankMemorySummary& r) { return r.pinned_peak_bytes; }, true},
+  };
+  return list;
+}
+
+int64_t largest_of(const std::vector<RankMemorySummary>& ranks, bool cuda) {
+  int64_t largest = 0;
+  for (const RankMemorySummary& rank : ranks)
+    for (const Figure& figure : figures())
+      if (cuda || !figure.cuda_only) largest = std::max(largest, figure.read(rank));
+  return largest;
+}
+
+}  // namespace
+
+std::string per_rank_markdown(const std::vector<RankMemorySummary>& ranks, bool cuda) {
+  const ByteUnit unit = byte_unit_for(largest_of(ranks, cuda));
+  std::ostringstream out;
+  out << "| rank |";
+  for (const Figure& figure : figures())
+    if (cuda || !figure.cuda_only) out << ' ' << figure.title << " (" << unit.name << ") |";
+  out << " peak at |";
+  if (cuda) out << " alloc retries | OOMs |";
+  out << "\n|---:|";
+  for (const Figure& figure : figures())
+    if (cuda || !figure.cuda_only) out << "---:|";
+  out << "---|";
+  if (cuda) out << "---:|---:|";
+  out << '\n';
+  for (const RankMemorySummary& rank : ranks) {
+    out << "| " << rank.rank << " |";
+    for (const Figure& figure : figures())
+      if (cuda || !figure.cuda_only) out << ' ' << format_in(figure.read(rank), unit) << " |";
+    out << " step " << rank.peak_step << ", " << rank.peak_phase << " |";
+    if (cuda) out << ' ' << rank.alloc_retries << " | " << rank.ooms << " |";
+    out << '\n';
+  }
+  return out.str();
+}
+
+std::string across_ranks_markdown(const std::vector<RankMemorySummary>& ranks, bool cuda) {
+  const ByteUnit unit = byte_unit_for(largest_of(ranks, cuda));
+  std::ostringstream out;
+  out << "| figure (" << unit.name << ") | mean | min | median | max | max / mean |\n"
+      << "|---|---:|---:|---:|---:|---|\n";
+  for (const Figure& figure : figures()) {
+    if (figure.cuda_only && !cuda) continue;
+    std::vector<int64_t> values;
+    for (const RankMemorySummary& rank : ranks) values.push_back(figure.read(rank));
+    const AcrossRanks stats = across_ranks(values);
+    char ratio[64];
+    std::snprintf(ratio, sizeof(ratio), "%.3f", stats.imbalance());
+    out << "| " << figure.title << " | " << format_in(stats.mean, unit) << " | " << format_in(stats.min, unit)
+        << " | " << format_in(stats.median, unit) << " | " << format_in(stats.max, unit) << " | " << ratio
+        << (stats.imbalance() > kImbalanceThreshold ? " **imbalanced**" : "") << " |\n";
+  }
+  return out.str();
+}
+
+}  // namespace llm
