@@ -224,6 +224,35 @@ Command parse_command_line(int argc, const char* const* argv) {
       ->check(CLI::IsMember({"bpe", "unigram"}))
       ->capture_default_str();
 
+  CLI::App* report_app = app.add_subcommand(
+      "report", "Aggregate the memory ledgers of run folders: Markdown tables and SVG plots side by side.");
+  report_app->get_formatter()->column_width(34);
+  report_app->add_option("run_dirs", command.report.run_dirs,
+                         "run folders (--run_dir of a training run): metrics.jsonl and memory.rank<R>.jsonl")
+      ->required();
+  report_app->add_option("--out", command.report.out,
+                         "folder for memory_report.md and memory/*.svg")
+      ->capture_default_str();
+
+  CLI::App* estimate_app = app.add_subcommand(
+      "estimate",
+      "Predict each rank's peak memory by category for a config, training flags and a world size, "
+      "without running: trainer estimate --config FILE [training flags] --world_size N. The device is "
+      "--device's: cpu, or cuda (also for auto)");
+  estimate_app->get_formatter()->column_width(34);
+  estimate_app->fallthrough();  // the training flags (--config, --optimizer, ...) are the parent's
+  estimate_app->add_option("--world_size", command.estimate.world_size, "ranks to estimate for")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  estimate_app->add_option("--gathered_units", command.estimate.gathered_units,
+                           "units whose compute copies are gathered at once; 0 = 2 on CUDA (prefetch), 1 on CPU")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  estimate_app->add_option("--memory_budget_gib", command.estimate.memory_budget_gib,
+                           "memory per rank, GiB (e.g. 24): say whether each rank's peak fits")
+      ->check(CLI::NonNegativeNumber);
+  estimate_app->add_flag("--json", command.estimate.json, "print the estimate (every phase of every rank) as JSON");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -235,7 +264,10 @@ Command parse_command_line(int argc, const char* const* argv) {
     command.help_text = app.help("", CLI::AppFormatMode::All);
     return command;
   } catch (const CLI::ParseError& error) {
-    const char* help = prepare_app->parsed() ? "trainer prepare --help" : "trainer --help";
+    const char* help = prepare_app->parsed()    ? "trainer prepare --help"
+                       : report_app->parsed()   ? "trainer report --help"
+                       : estimate_app->parsed() ? "trainer estimate --help"
+                                                : "trainer --help";
     fail_user(kCommandLine, "",
               std::string(error.what()) + " (run `" + help + "` for the flags and their values)");
   }
@@ -258,10 +290,20 @@ Command parse_command_line(int argc, const char* const* argv) {
     return command;
   }
 
+  if (report_app->parsed()) {
+    for (const CLI::Option* flag : training_flags)
+      if (flag->count() > 0)
+        fail_user(kCommandLine, flag->get_name(),
+                  "is a training flag; `trainer report` takes run folders and --out (each run's "
+                  "settings come from its metrics.jsonl)");
+    command.kind = Command::Kind::report;
+    return command;
+  }
+
   if (run.config_path.empty())
     fail_user(kCommandLine, "--config",
-              "required for training: pass a model config such as configs/llama_60m.json (or "
-              "run `trainer --help`)");
+              std::string("required for ") + (estimate_app->parsed() ? "`trainer estimate`" : "training") +
+                  ": pass a model config such as configs/llama_60m.json (or run `trainer --help`)");
   // A flag of another optimizer would silently do nothing: say so instead.
   for (const auto& [flags, owner] :
        {std::pair<std::vector<CLI::Option*>, const char*>{{subset_size, subset_norm_params}, "adamw_sn"},
@@ -276,7 +318,7 @@ Command parse_command_line(int argc, const char* const* argv) {
   run.dtype = dtype.value();
   run.precision = precision.value();
   run.device = device.value();
-  command.kind = Command::Kind::train;
+  command.kind = estimate_app->parsed() ? Command::Kind::estimate : Command::Kind::train;
   return command;
 }
 

@@ -1,4 +1,6 @@
-// The command line: `trainer --config FILE [flags]` trains, `trainer prepare ...` makes a token file.
+// The command line: `trainer --config FILE [flags]` trains, `trainer prepare ...` makes a token file,
+// `trainer report RUN_DIR...` aggregates the memory ledgers of run folders, and `trainer estimate
+// --config FILE [training flags] --world_size N` predicts each rank's peak memory without running.
 //
 // Parsing only turns argv into a RunConfig / PrepareOptions with CLI11 (flag names follow GaLore's
 // torchrun_main.py where one exists); it checks syntax (known flags, numbers, choices) but not ranges
@@ -10,18 +12,27 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
 #include "trainer/config.h"
 #include "trainer/data/prepare.h"
+#include "trainer/memory/estimate.h"
 
 namespace llm {
 
+struct ReportOptions {
+  std::vector<std::string> run_dirs;  // run folders (each with metrics.jsonl and memory.rank<R>.jsonl)
+  std::string out = "memory_report";  // writes OUT/memory_report.md and OUT/memory/*.svg
+};
+
 struct Command {
-  enum class Kind { train, prepare, help } kind = Kind::train;
-  RunConfig run;           // Kind::train
+  enum class Kind { train, prepare, report, estimate, help } kind = Kind::train;
+  RunConfig run;           // Kind::train and Kind::estimate
   PrepareOptions prepare;  // Kind::prepare
+  ReportOptions report;    // Kind::report
+  EstimateOptions estimate;  // Kind::estimate
   std::string help_text;   // Kind::help: what `--help` prints (for `prepare --help`, its own flags)
 };
 

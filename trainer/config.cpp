@@ -7,6 +7,7 @@
 #include <limits>
 #include <sstream>
 #include <string_view>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
@@ -412,6 +413,72 @@ json RunConfig::to_json() const {
       {"print_config", print_config},
       {"memory_snapshot", memory_snapshot},
   };
+}
+
+RunConfig run_config_from_json(const json& object, const std::string& source) {
+  RunConfig run;
+  if (!object.is_object()) fail_user(source, "run", "expected a JSON object of run settings (got " + describe(object) + ")");
+  auto read = [&](const char* key, auto& field) {
+    auto found = object.find(key);
+    if (found == object.end() || found->is_null()) return;
+    try {
+      field = found->get<std::remove_reference_t<decltype(field)>>();
+    } catch (const json::exception&) {
+      fail_user(source, std::string("run.") + key, "has the wrong type (got " + describe(*found) + ")");
+    }
+  };
+  // Enums are written by to_string(); read them back through the same spellings.
+  auto read_enum = [&](const char* key, auto& field, auto... values) {
+    std::string text;
+    read(key, text);
+    if (text.empty()) return;
+    bool matched = false;
+    ((text == to_string(values) ? (field = values, matched = true) : false), ...);
+    if (!matched) fail_user(source, std::string("run.") + key, "unknown value \"" + text + "\"");
+  };
+  read("config", run.config_path);
+  read("lr", run.lr);
+  read("batch_size", run.batch_size);
+  read("total_batch_size", run.total_batch_size);
+  read("gradient_accumulation", run.gradient_accumulation);
+  read("max_length", run.max_length);
+  read("num_training_steps", run.num_training_steps);
+  read("warmup_steps", run.warmup_steps);
+  read_enum("scheduler", run.scheduler, Scheduler::cosine, Scheduler::linear, Scheduler::constant);
+  read("min_lr_ratio", run.min_lr_ratio);
+  read("weight_decay", run.weight_decay);
+  read("grad_clipping", run.grad_clipping);
+  read("adam_beta1", run.adam_beta1);
+  read("adam_beta2", run.adam_beta2);
+  read("adam_eps", run.adam_eps);
+  read_enum("dtype", run.dtype, DType::float32, DType::bfloat16);
+  read_enum("precision", run.precision, Precision::pure, Precision::mixed);
+  read("optimizer", run.optimizer);
+  read("subset_size", run.subset_size);
+  read("subset_norm_params", run.subset_norm_params);
+  read("rank", run.galore_rank);
+  read("update_proj_gap", run.update_proj_gap);
+  read("galore_scale", run.galore_scale);
+  read("proj_type", run.proj_type);
+  read("galore_stagger", run.galore_stagger);
+  read("galore_projector", run.galore_projector);
+  read("subspace_iterations", run.subspace_iterations);
+  read("seed", run.seed);
+  read("data", run.data);
+  read("eval_fraction", run.eval_fraction);
+  read("eval_every", run.eval_every);
+  read("eval_batches", run.eval_batches);
+  read("save_every", run.save_every);
+  read("save_dir", run.save_dir);
+  read("continue_from", run.continue_from);
+  read("run_dir", run.run_dir);
+  read_enum("device", run.device, DeviceChoice::auto_select, DeviceChoice::cpu, DeviceChoice::cuda);
+  read_enum("sharding", run.sharding, ShardingStrategy::full_shard, ShardingStrategy::shard_grad_op,
+            ShardingStrategy::no_shard);
+  read("log_every", run.log_every);
+  read("print_config", run.print_config);
+  read("memory_snapshot", run.memory_snapshot);
+  return run;
 }
 
 namespace {

@@ -117,6 +117,11 @@ struct RunConfig {
   nlohmann::json to_json() const;
 };
 
+// The inverse of RunConfig::to_json for the keys it writes (a run's metrics.jsonl start record ->
+// the run's settings, for `trainer report` and `trainer estimate`). Keys it lacks keep their
+// defaults; a key of the wrong type is a UserError naming `source`.
+RunConfig run_config_from_json(const nlohmann::json& object, const std::string& source);
+
 // Checks ranges and cross-field rules (warmup <= steps, total divisible by batch*world, ...) and
 // derives gradient_accumulation (and total_batch_size when it was 0). Throws UserError naming the
 // flag: "command line: --FLAG: what is expected (got X)".

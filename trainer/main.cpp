@@ -1,6 +1,8 @@
 // `trainer`: the one binary. `trainer --config FILE [flags]` trains (one process, or one rank per GPU
-// under mpirun); `trainer prepare ...` turns text into a token file. Exit codes: 0 done, 2 bad input
-// (config, flags, data, checkpoint), 3 training diverged, 1 anything else. Under mpirun a failure on
+// under mpirun); `trainer prepare ...` turns text into a token file; `trainer report RUN_DIR...`
+// aggregates run folders' memory ledgers; `trainer estimate --config FILE [flags] --world_size N`
+// predicts peak memory per rank. Exit codes: 0 done, 2 bad input (config, flags, data, checkpoint,
+// run folders), 3 training diverged, 1 anything else. Under mpirun a failure on
 // any rank aborts the whole job with the message, so no rank is left waiting in a collective.
 #include <cstdio>
 #include <iostream>
@@ -15,6 +17,8 @@
 #include "trainer/cli.h"
 #include "trainer/config.h"
 #include "trainer/data/prepare.h"
+#include "trainer/memory/estimate.h"
+#include "trainer/memory/report.h"
 #include "trainer/train_loop.h"
 
 namespace {
@@ -29,8 +33,17 @@ int run_command(const llm::Command& command, const llm::World& world) {
     if (world.rank == 0) llm::prepare_token_file(command.prepare);
     return 0;
   }
+  if (command.kind == Kind::report) {
+    if (world.rank == 0) llm::write_memory_report(command.report.run_dirs, command.report.out);
+    return 0;
+  }
   llm::RunConfig run = command.run;
   const llm::ModelConfig model = llm::load_model_config(run.config_path);
+  if (command.kind == Kind::estimate) {
+    llm::validate_run_config(run, model, command.estimate.world_size);
+    if (world.rank == 0) std::cout << llm::run_estimate_command(model, run, command.estimate) << std::flush;
+    return 0;
+  }
   llm::validate_run_config(run, model, world.world_size);
   if (run.print_config) {
     if (world.rank == 0) std::cout << llm::resolved_config_json(model, run).dump(2) << std::endl;

@@ -1,0 +1,646 @@
+#include "trainer/memory/estimate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "common/errors.h"
+#include "optim/galore.h"
+#include "optim/shard_optimizer.h"
+#include "optim/subset_norm.h"
+#include "trainer/optimizer_setup.h"
+
+namespace llm {
+namespace {
+
+// Category indices of MemoryCategories::at().
+constexpr int kParameters = 0, kGradients = 1, kOptimizerDevice = 2, kActivations = 4, kOther = 5;
+
+enum class Mode { fp32, mixed, pure };
+
+// The step as the trainer runs it, one tensor lifetime at a time, with the ledger's points.
+// `add`/`remove` move a category's live bytes; `spike` is a transient on top of what is live (it
+// raises the window's peak only); `point` closes a window as MemoryLedger::point does.
+class Timeline {
+ public:
+  void add(int category, int64_t bytes) {
+    live_.at(category) += bytes;
+    total_ += bytes;
+    window_peak_ = std::max(window_peak_, total_);
+  }
+  void remove(int category, int64_t bytes) {
+    live_.at(category) -= bytes;
+    total_ -= bytes;
+  }
+  void spike(int64_t bytes) { window_peak_ = std::max(window_peak_, total_ + bytes); }
+  void point(const std::string& label) {
+    phases_.push_back({label, window_peak_, live_});
+    window_peak_ = total_;
+  }
+  void open_window() { window_peak_ = total_; }
+  int64_t total() const { return total_; }
+  const std::vector<PhaseEstimate>& phases() const { return phases_; }
+
+ private:
+  MemoryCategories live_;
+  int64_t total_ = 0;
+  int64_t window_peak_ = 0;
+  std::vector<PhaseEstimate> phases_;
+};
+
+int64_t product(const std::vector<int64_t>& shape) {
+  int64_t count = 1;
+  for (int64_t size : shape) count *= size;
+  return count;
+}
+
+struct Model {
+  const ModelConfig& config;
+  const RunConfig& run;
+  Mode mode;
+  int64_t tokens;  // per micro-batch on this rank: batch_size x max_length
+  int64_t h, I, V, kv, heads;
+
+  Model(const ModelConfig& model, const RunConfig& run_config)
+      : config(model), run(run_config),
+        mode(run_config.dtype == DType::float32 ? Mode::fp32
+             : run_config.precision == Precision::mixed ? Mode::mixed : Mode::pure),
+        tokens(run_config.batch_size * run_config.max_length),
+        h(model.hidden_size), I(model.intermediate_size), V(model.vocab_size),
+        kv(model.num_key_value_heads * model.head_dim()), heads(model.num_attention_heads) {}
+
+  int64_t compute_bytes() const { return mode == Mode::pure ? 2 : 4; }      // compute copy element
+  int64_t hidden_bytes() const { return mode == Mode::pure ? 2 : 4; }       // unit boundary element
+  int64_t activation_grad_bytes() const { return mode == Mode::fp32 ? 4 : 2; }  // inside a layer
+  int64_t logits_bytes() const { return mode == Mode::fp32 ? 4 : 2; }
+
+  // Bytes per token autograd saves in a decoder layer's forward, its output included (the
+  // layer's input is the previous unit's output). Op by op (trainer/model/llama.cpp):
+  //   fp32  input_layernorm: rsqrt (1), x * rsqrt (h), weight * normed (h, the q/k/v input);
+  //         rotary: q_rot (h), k_rot (kv) (x * cos saves only cos: q itself needs no grad);
+  //         v (kv); SDPA (CPU flash): output (h, o_proj's input is a view of it) and its
+  //         logsumexp (heads, fp32); h = x + attention (h, post_attention_layernorm's x32);
+  //         post_attention_layernorm (2h + 1); SwiGLU: gate, silu, up, product (4I); output (h).
+  //         = 4 (8h + 2kv + 4I + heads + 2)
+  //   mixed (bf16 autocast): the norms in fp32 (normed 4h + rsqrt 4 each, h 4h, output 4h);
+  //         every linear saves its own bf16 cast of its input (3 x 2h for q, k, v; 2 x 2h for gate,
+  //         up); q_rot and k_rot are fp32 (bf16 q times fp32 cos) and SDPA saves their bf16 casts
+  //         (2h + 2kv), v (2kv), output (2h), logsumexp (4 heads); SwiGLU in bf16 (8I).
+  //         = 30h + 4kv + 8I + 8 + 4 heads, plus the bf16 weight casts, 2 bytes per linear weight
+  //         element, which autograd keeps until the layer's backward
+  //   pure (bf16 weights): each norm saves its fp32 copy of x (4h), rsqrt (4), normed (2h) and the
+  //         output (2h); q_rot, k_rot, v, output (4h + 4kv), logsumexp (4 heads); SwiGLU (8I);
+  //         output (2h); h = x + attention is not saved (the norm saves its fp32 copy instead).
+  //         = 22h + 4kv + 8I + 8 + 4 heads
+  int64_t layer_saved_per_token() const {
+    switch (mode) {
+      case Mode::fp32: return 4 * (8 * h + 2 * kv + 4 * I + heads + 2);
+      case Mode::mixed: return 30 * h + 4 * kv + 8 * I + 8 + 4 * heads;
+      case Mode::pure: return 22 * h + 4 * kv + 8 * I + 8 + 4 * heads;
+    }
+    return 0;
+  }
+  // The head: final norm (rsqrt, normed, the lm_head input) and the logits.
+  //   fp32 4 (2h + 1) + 4V; mixed 4 + 4h + 2h (the bf16 cast) + 2V, plus the bf16 cast of lm_head's
+  //   weight; pure 4h (fp32 copy) + 4 + 2h + 2h + 2V.
+  int64_t head_saved_per_token() const {
+    switch (mode) {
+      case Mode::fp32: return 4 * (2 * h + 1) + 4 * V;
+      case Mode::mixed: return 4 + 6 * h + 2 * V;
+      case Mode::pure: return 8 * h + 4 + 2 * V;
+    }
+    return 0;
+  }
+  // What is live for a moment at the end of a layer's forward, beyond what it keeps: fp32 the down
+  // projection's output while the residual add writes the output (4h); mixed also
+  // post_attention_layernorm's fp32 output (a temporary of the whole expression, 4h) and the fp32
+  // copy CPU makes of the bf16 operand of a mixed-dtype add (4h): 10h; pure 4h (down's output and
+  // its accumulation buffer).
+  int64_t layer_forward_tail_per_token() const {
+    return mode == Mode::fp32 ? 4 * h : mode == Mode::mixed ? 10 * h : 4 * h;
+  }
+  // Without grad (evaluation) a layer keeps only its output, but the SwiGLU temporaries of one
+  // expression live together: gate, silu, up, product, and post_attention_layernorm's output with
+  // the down projection's output (fp32: 4 (4I + 2h)); mixed adds the bf16 casts of the norm output
+  // (2 x 2h) and the fp32 copy of down's output for the residual add: 8I + 14h; pure 8I + 4h.
+  int64_t layer_eval_tail_per_token() const {
+    return mode == Mode::fp32 ? 4 * (4 * I + 2 * h) : mode == Mode::mixed ? 8 * I + 14 * h : 8 * I + 4 * h;
+  }
+  // The head's forward under autocast: the final norm's fp32 output, a temporary of
+  // `lm_head(norm(x))`, is live while the logits are written (lm_head keeps only its bf16 cast). In
+  // fp32 and pure bf16 lm_head keeps the norm's output itself.
+  int64_t head_forward_tail_per_token() const { return mode == Mode::mixed ? 4 * h : 0; }
+  // Without grad also the bf16 cast of lm_head's weight is a temporary (mixed: 2 V h, not per
+  // token), with the norm's fp32 output and its cast (6h).
+  int64_t head_eval_tail_per_token() const { return mode == Mode::mixed ? 6 * h : 4 * h; }
+  // The weights autocast casts to bf16 and autograd keeps for backward (mixed only).
+  int64_t autocast_weight_bytes(const UnitShape& unit) const {
+    if (mode != Mode::mixed) return 0;
+    int64_t bytes = 0;
+    for (const ParameterShape& parameter : unit.parameters)
+      if (parameter.linear) bytes += 2 * parameter.rows * parameter.cols;
+    return bytes;
+  }
+};
+
+struct UnitGeometry {
+  const UnitShape* shape = nullptr;
+  int64_t numel = 0;        // P_u
+  int64_t shard_numel = 0;  // S_u, padded rows
+  int64_t gathered_numel = 0;  // world x S_u: the all-gather / reduce-scatter buffer
+  std::vector<int64_t> rows_per_rank;
+};
+
+// One rank's step, as train() and ShardedModel run it (docs/sharding.md), for the last step of a run
+// (it evaluates) with a GaLore projector refresh (step 1 always has one).
+class StepSimulation {
+ public:
+  StepSimulation(const Model& model, const std::vector<UnitShape>& units, int world, int rank, int gathered_units)
+      : m_(model), world_(world), rank_(rank), gathered_units_(gathered_units) {
+    const bool no_shard = m_.run.sharding == ShardingStrategy::no_shard;
+    layout_world_ = no_shard ? 1 : world_;
+    for (const UnitShape& unit : units) {
+      UnitGeometry geometry;
+      geometry.shape = &unit;
+      for (const ParameterShape& parameter : unit.parameters) {
+        const int64_t rows_per_rank = (parameter.rows + layout_world_ - 1) / layout_world_;
+        geometry.rows_per_rank.push_back(rows_per_rank);
+        geometry.numel += parameter.rows * parameter.cols;
+        geometry.shard_numel += rows_per_rank * parameter.cols;
+      }
+      geometry.gathered_numel = layout_world_ * geometry.shard_numel;
+      units_.push_back(geometry);
+    }
+    gathered_.assign(units_.size(), false);
+  }
+
+  RankEstimate run() {
+    const int64_t n = m_.tokens;
+    const bool no_shard = m_.run.sharding == ShardingStrategy::no_shard;
+    // Persistent: master and gradient shards (fp32), optimizer state, rotary tables.
+    for (const UnitGeometry& unit : units_) {
+      timeline_.add(kParameters, 4 * unit.shard_numel);
+      timeline_.add(kGradients, 4 * unit.shard_numel);
+    }
+    if (no_shard) {
+      for (size_t u = 0; u < units_.size(); ++u) {
+        timeline_.add(kParameters, compute_bytes(u));
+        gathered_[u] = true;
+      }
+    }
+    timeline_.add(kOptimizerDevice, optimizer_state());
+    const int64_t head_dim = m_.config.head_dim();
+    timeline_.add(kOther, 2 * m_.run.max_length * head_dim * 4);                  // cos, sin (fp32)
+    if (m_.mode == Mode::pure) timeline_.add(kOther, 2 * m_.run.max_length * head_dim * 2);  // bf16 copies
+    timeline_.open_window();
+
+    const int64_t micro_batches = std::max<int64_t>(1, m_.run.gradient_accumulation);
+    for (int64_t micro = 0; micro < micro_batches; ++micro) micro_batch(micro, micro + 1 == micro_batches);
+
+    // Clipping squares each gradient shard (one unit at a time), then the optimizer.
+    int64_t largest_shard = 0;
+    for (const UnitGeometry& unit : units_) largest_shard = std::max(largest_shard, unit.shard_numel);
+    timeline_.spike(4 * largest_shard);
+    timeline_.spike(optimizer_transient());
+    timeline_.point("optimizer");
+
+    evaluation(n);
+    RankEstimate estimate = summarize();
+    estimate.checkpoint_peak_bytes = checkpoint_peak();
+    return estimate;
+  }
+
+ private:
+  int64_t compute_bytes(size_t u) const { return m_.compute_bytes() * units_[u].numel; }
+  int64_t full_grad_bytes(size_t u) const { return m_.compute_bytes() * units_[u].numel; }
+  bool is_head(size_t u) const { return u + 1 == units_.size(); }
+  bool is_embed(size_t u) const { return u == 0; }
+  const std::string& name(size_t u) const { return units_[u].shape->name; }
+
+  // ShardedUnit::gather: the all-gather buffer (fp32, world x S_u), then each parameter's storage in
+  // turn, filled from its rows of every rank's block. With more than one rank and more than one
+  // parameter those rows are not contiguous in the buffer, and reshaping them makes an fp32 copy of
+  // the parameter (padded rows included) before it is copied in.
+  void gather_one(size_t u) {
+    if (gathered_[u]) return;
+    const UnitGeometry& unit = units_[u];
+    timeline_.add(kActivations, 4 * unit.gathered_numel);
+    const bool copies = layout_world_ > 1 && unit.shape->parameters.size() > 1;
+    for (size_t i = 0; i < unit.shape->parameters.size(); ++i) {
+      const ParameterShape& parameter = unit.shape->parameters[i];
+      timeline_.add(kParameters, m_.compute_bytes() * parameter.rows * parameter.cols);
+      if (copies) timeline_.spike(4 * layout_world_ * unit.rows_per_rank[i] * parameter.cols);
+    }
+    timeline_.remove(kActivations, 4 * unit.gathered_numel);
+    gathered_[u] = true;
+  }
+  // With gathered_units k, the next k - 1 units in the direction of travel come with unit u.
+  void gather(size_t u, int direction) {
+    gather_one(u);
+    for (int ahead = 1; ahead < gathered_units_; ++ahead) {
+      const int64_t next = static_cast<int64_t>(u) + direction * ahead;
+      if (next >= 0 && next < static_cast<int64_t>(units_.size())) gather_one(static_cast<size_t>(next));
+    }
+  }
+  void release(size_t u) {
+    if (!gathered_[u] || m_.run.sharding == ShardingStrategy::no_shard) return;
+    timeline_.remove(kParameters, compute_bytes(u));
+    gathered_[u] = false;
+  }
+
+  int64_t unit_output_bytes(size_t u, int64_t n) const {
+    return is_head(u) ? n * m_.V * m_.logits_bytes() : n * m_.h * m_.hidden_bytes();
+  }
+  // Saved by the unit's forward, its output excluded.
+  int64_t unit_saved_bytes(size_t u, int64_t n) const {
+    if (is_embed(u)) return 0;  // the embedding saves the ids (the batch)
+    if (is_head(u)) return n * m_.head_saved_per_token() - unit_output_bytes(u, n) + m_.autocast_weight_bytes(*units_[u].shape);
+    return n * m_.layer_saved_per_token() - unit_output_bytes(u, n) + m_.autocast_weight_bytes(*units_[u].shape);
+  }
+
+  void micro_batch(int64_t micro, bool last) {
+    const int64_t n = m_.tokens;
+    const int64_t batch = 2 * n * 8;  // input_ids and labels, int64
+    timeline_.add(kOther, batch);
+    const bool full_shard = m_.run.sharding == ShardingStrategy::full_shard;
+
+    // Forward: each unit keeps what autograd saves and its output (held in the boundaries).
+    for (size_t u = 0; u < units_.size(); ++u) {
+      gather(u, +1);
+      timeline_.add(kActivations, unit_saved_bytes(u, n) + unit_output_bytes(u, n));
+      if (is_head(u))
+        timeline_.spike(n * m_.head_forward_tail_per_token());
+      else if (!is_embed(u))
+        timeline_.spike(n * m_.layer_forward_tail_per_token());
+      timeline_.point("forward:" + name(u));
+      if (full_shard) release(u);
+    }
+    // The loss: log-softmax in fp32 (saved); bf16 logits are first copied to fp32 for it.
+    const int64_t log_softmax = 4 * n * m_.V;
+    if (m_.mode != Mode::fp32) timeline_.spike(log_softmax + log_softmax);
+    timeline_.add(kActivations, log_softmax);
+
+    const int64_t grad_x = n * m_.h * m_.hidden_bytes();  // gradient of a unit's input
+    const size_t head_input = units_.size() - 2;            // the unit whose output the head reads
+    for (size_t u = units_.size(); u-- > 0;) {
+      gather(u, -1);
+      // Parameter gradients: the first micro-batch creates them, later ones add into them (the
+      // new gradient is a transient of the same size).
+      auto parameter_gradients = [&] {
+        if (micro == 0)
+          timeline_.add(kGradients, full_grad_bytes(u));
+        else
+          timeline_.spike(full_grad_bytes(u));
+      };
+      if (is_head(u)) {
+        // nll_loss's gradient and log_softmax's (fp32, n x V each) are live together with the
+        // log-softmax and the logits: the usual peak of a step. Then the first and the saved
+        // log-softmax go, log_softmax's gradient stays as the logits' gradient (cast to bf16 for
+        // bf16 logits).
+        timeline_.add(kActivations, log_softmax);  // nll_loss backward
+        timeline_.add(kActivations, log_softmax);  // log_softmax backward
+        timeline_.remove(kActivations, log_softmax);
+        timeline_.remove(kActivations, log_softmax);
+        if (m_.mode != Mode::fp32) {
+          timeline_.add(kActivations, n * m_.V * 2);
+          timeline_.remove(kActivations, log_softmax);
+        }
+        parameter_gradients();
+        timeline_.add(kActivations, grad_x);
+        timeline_.remove(kActivations, n * m_.V * m_.logits_bytes());  // the logits' gradient
+        timeline_.remove(kActivations, unit_saved_bytes(u, n) + unit_output_bytes(u, n));
+        // The loss tensor keeps the head's graph until the micro-batch ends, and with it the head's
+        // input leaf (the last layer's output) and that leaf's gradient: both stay.
+      } else if (is_embed(u)) {
+        parameter_gradients();  // embedding_dense_backward: a (V x h) gradient
+        if (u != head_input) timeline_.remove(kActivations, unit_output_bytes(u, n));
+      } else {
+        // SwiGLU's backward: the product's, silu's and up's gradients live at once while the
+        // product is gone (2 I per token in the gradient dtype) plus down_proj's weight gradient.
+        timeline_.spike(2 * m_.I * n * m_.activation_grad_bytes() +
+                        (m_.mode == Mode::fp32 ? 4 : 2) * m_.h * m_.I);
+        parameter_gradients();
+        timeline_.remove(kActivations, unit_saved_bytes(u, n));
+        timeline_.add(kActivations, grad_x);  // the gradient of this layer's input
+        if (u != head_input) {
+          timeline_.remove(kActivations, grad_x);                   // the previous grad_output
+          timeline_.remove(kActivations, unit_output_bytes(u, n));  // the boundary output
+        }
+      }
+      timeline_.point("backward:" + name(u));
+      if (last) reduce_gradients(u);
+      if (m_.run.sharding != ShardingStrategy::no_shard) release(u);
+    }
+    // backward() returns: its grad_output (the first layer's input gradient) goes; the micro-batch
+    // ends: the loss and with it the head's input and that input's gradient, and the batch.
+    if (head_input > 0) timeline_.remove(kActivations, grad_x);
+    timeline_.remove(kActivations, grad_x + unit_output_bytes(head_input, n));
+    timeline_.remove(kOther, batch);
+  }
+
+  // reduce_gradients: a flat fp32 buffer of world x S_u; per parameter (registration order) a
+  // zero-padded fp32 copy of its gradient (and, for bf16 gradients, their fp32 conversion) goes in,
+  // then the gradient is freed.
+  void reduce_gradients(size_t u) {
+    const UnitGeometry& unit = units_[u];
+    timeline_.add(kActivations, 4 * unit.gathered_numel);
+    for (size_t i = 0; i < unit.shape->parameters.size(); ++i) {
+      const ParameterShape& parameter = unit.shape->parameters[i];
+      const int64_t padded = 4 * layout_world_ * unit.rows_per_rank[i] * parameter.cols;
+      const int64_t converted = m_.mode == Mode::pure ? 4 * parameter.rows * parameter.cols : 0;
+      timeline_.spike(padded + converted);
+      timeline_.remove(kGradients, m_.compute_bytes() * parameter.rows * parameter.cols);
+    }
+    timeline_.remove(kActivations, 4 * unit.gathered_numel);
+  }
+
+  void evaluation(int64_t n) {
+    const bool full_shard = m_.run.sharding == ShardingStrategy::full_shard;
+    const int64_t batch = 2 * n * 8;  // the eval batch is not an owned buffer: the ledger sees it here
+    for (int64_t b = 0; b < m_.run.eval_batches; ++b) {
+      timeline_.add(kActivations, batch);
+      for (size_t u = 0; u < units_.size(); ++u) {
+        gather(u, +1);
+        timeline_.add(kActivations, unit_output_bytes(u, n));
+        if (is_head(u))
+          timeline_.spike(n * m_.head_eval_tail_per_token() + m_.autocast_weight_bytes(*units_[u].shape));
+        else if (!is_embed(u))
+          timeline_.spike(n * m_.layer_eval_tail_per_token());
+        timeline_.point("eval:" + name(u));
+        if (full_shard) release(u);
+      }
+      const int64_t log_softmax = 4 * n * m_.V;
+      timeline_.spike(log_softmax + (m_.mode == Mode::fp32 ? 0 : log_softmax));
+      for (size_t u = 0; u < units_.size(); ++u) timeline_.remove(kActivations, unit_output_bytes(u, n));
+      timeline_.remove(kActivations, batch);
+    }
+    for (size_t u = 0; u < units_.size(); ++u) release(u);
+    timeline_.point("eval");
+  }
+
+  ParameterShard shard_of(size_t u, size_t i, int shard_rank) const {
+    const ParameterShape& shape = units_[u].shape->parameters[i];
+    ParameterShard shard;
+    shard.name = shape.name;
+    shard.full_shape = shape.shape;
+    shard.rows = shape.rows;
+    shard.cols = shape.cols;
+    shard.rows_per_rank = units_[u].rows_per_rank[i];
+    shard.first_row = std::min<int64_t>(shape.rows, shard_rank * shard.rows_per_rank);
+    shard.rows_held = std::min<int64_t>(shape.rows, shard.first_row + shard.rows_per_rank) - shard.first_row;
+    shard.decay = shape.shape.size() >= 2;
+    shard.rule = update_rule_for(shape.name, shape.shape.size(), m_.run);
+    return shard;
+  }
+  int optimizer_world() const { return layout_world_; }
+  int shard_rank() const { return layout_world_ == 1 ? 0 : rank_; }
+
+  int64_t optimizer_state() const {
+    const OptimizerSettings settings = optimizer_settings(m_.run);
+    int64_t bytes = 0;
+    for (size_t u = 0; u < units_.size(); ++u)
+      for (size_t i = 0; i < units_[u].shape->parameters.size(); ++i)
+        bytes += optimizer_state_bytes(settings, shard_of(u, i, shard_rank()), optimizer_world());
+    return bytes;
+  }
+
+  // The optimizer's own temporaries (optim/hf_adamw.cpp; AdamW's fused kernel has none), and GaLore's
+  // projector refresh before them.
+  int64_t optimizer_transient() const {
+    const OptimizerSettings settings = optimizer_settings(m_.run);
+    if (settings.kind == "adamw") return 0;
+    const int world = optimizer_world();
+    int64_t refresh = 0, kept = 0, phase1 = 0, phase2 = 0;
+    int64_t galore_index = 0;
+    for (size_t u = 0; u < units_.size(); ++u) {
+      for (size_t i = 0; i < units_[u].shape->parameters.size(); ++i) {
+        const ParameterShard shard = shard_of(u, i, shard_rank());
+        const int64_t local = 4 * shard.rows_per_rank * shard.cols;
+        switch (shard.rule) {
+          case UpdateRule::adam_hf:
+            phase2 = std::max(phase2, 2 * local);  // sqrt(v) + eps, m / denominator
+            break;
+          case UpdateRule::subset_norm: {
+            const SubsetGeometry geometry = make_subset_geometry(shard, settings.subset_size, world);
+            const int64_t state = 4 * product(geometry.local_state_shape);
+            phase1 = std::max(phase1, kept + local);  // grad^2 before its sums
+            kept += state;                             // the sums, kept for phase 2
+            phase2 = std::max(phase2, geometry.kind == SubsetKind::block ? 2 * local : state);
+            break;
+          }
+          case UpdateRule::galore: {
+            const GaLoreGeometry geometry = make_galore_geometry(shard, settings, galore_index, shard_rank(), world);
+            const int64_t lowrank = 4 * product(geometry.local_state_shape);
+            const int64_t m = shard.rows, cols = shard.cols, r = geometry.rank;
+            // Refresh: the gathered gradient of this one matrix, the full projector, and on its owner
+            // the thin SVD: LibTorch's copy of the input for LAPACK (m n) and U, S, Vh (m k + k + k n).
+            // LAPACK's own workspace is allocated by the LAPACK library, outside LibTorch's allocator
+            // (not in the tracked total; in the resident set). "subspace": a few (n x r), (r x r).
+            int64_t one = 4 * product(geometry.full_projector_shape);
+            if (settings.projector_method == "svd") {
+              if (world > 1) one += 4 * world * shard.rows_per_rank * cols;
+              if (world == 1 || geometry.owner == shard_rank()) {
+                const int64_t k = std::min(m, cols);
+                one += 4 * (m * cols + m * k + k + k * cols);
+              }
+            } else {
+              one += 4 * (4 * cols * r + shard.rows_per_rank * r + 2 * r * r);
+            }
+            refresh = std::max(refresh, one);
+            // Phase 1 keeps the projected gradient; a left projection reduce-scatters (r x n) partials.
+            if (!geometry.right) phase1 = std::max(phase1, kept + 4 * (r * cols + world * geometry.chunk));
+            kept += lowrank;
+            // Phase 2: denominator and normalised update, then the update projected back and scaled;
+            // a left projection first all-gathers the normalised update (world x chunk), which is
+            // freed before the scaling.
+            int64_t back = 2 * lowrank + 2 * local;
+            if (!geometry.right && world > 1) back = 2 * lowrank + std::max(4 * world * geometry.chunk + local, 2 * local);
+            phase2 = std::max(phase2, back);
+            ++galore_index;
+            break;
+          }
+          case UpdateRule::adamw:
+            break;
+        }
+      }
+    }
+    return std::max({refresh, phase1, kept + phase2});
+  }
+
+  // save(): every rank all-gathers each unit and keeps full fp32 copies of all parameters, then
+  // the full optimizer state; rank 0 pickles them (a byte buffer outside LibTorch's allocator, not
+  // counted here).
+  int64_t checkpoint_peak() const {
+    int64_t full_parameters = 0, largest_gather = 0;
+    for (const UnitGeometry& unit : units_) {
+      full_parameters += 4 * unit.numel;
+      largest_gather = std::max(largest_gather, 4 * unit.gathered_numel);
+    }
+    const OptimizerSettings settings = optimizer_settings(m_.run);
+    int64_t full_state = 0;
+    for (size_t u = 0; u < units_.size(); ++u)
+      for (size_t i = 0; i < units_[u].shape->parameters.size(); ++i) {
+        ParameterShard whole = shard_of(u, i, 0);
+        whole.rows_per_rank = whole.rows;
+        whole.first_row = 0;
+        whole.rows_held = whole.rows;
+        full_state += optimizer_state_bytes(settings, whole, 1);
+      }
+    const PhaseEstimate& after_optimizer = *std::find_if(
+        timeline_.phases().begin(), timeline_.phases().end(), [](const PhaseEstimate& p) { return p.label == "optimizer"; });
+    return after_optimizer.at_point.total() + full_parameters + largest_gather + full_state;
+  }
+
+  RankEstimate summarize() const {
+    RankEstimate estimate;
+    estimate.rank = rank_;
+    estimate.phases = timeline_.phases();
+    bool first = true;
+    for (const PhaseEstimate& phase : estimate.phases) {
+      estimate.max.raise_to(phase.at_point);
+      if (first || phase.peak_bytes > estimate.peak_bytes) {
+        estimate.peak_bytes = phase.peak_bytes;
+        estimate.peak_phase = phase.label;
+        estimate.at_peak = phase.at_point;
+        first = false;
+      }
+    }
+    return estimate;
+  }
+
+  const Model& m_;
+  int world_, rank_;
+  int layout_world_ = 1;
+  int gathered_units_;
+  std::vector<UnitGeometry> units_;
+  std::vector<bool> gathered_;
+  Timeline timeline_;
+};
+
+std::string resolved_device(const RunConfig& run, const EstimateOptions& options) {
+  if (!options.device.empty()) return options.device;
+  return run.device == DeviceChoice::cpu ? "cpu" : "cuda";
+}
+
+}  // namespace
+
+std::vector<UnitShape> unit_shapes(const ModelConfig& model) {
+  const int64_t h = model.hidden_size, I = model.intermediate_size, V = model.vocab_size;
+  const int64_t kv = model.num_key_value_heads * model.head_dim(), q = model.num_attention_heads * model.head_dim();
+  auto matrix = [](std::string name, int64_t rows, int64_t cols, bool linear) {
+    return ParameterShape{std::move(name), {rows, cols}, rows, cols, linear};
+  };
+  auto vector = [](std::string name, int64_t size) { return ParameterShape{std::move(name), {size}, size, 1, false}; };
+  std::vector<UnitShape> units;
+  units.push_back({"embed", {matrix("model.embed_tokens.weight", V, h, false)}});
+  for (int64_t i = 0; i < model.num_hidden_layers; ++i) {
+    const std::string prefix = "model.layers." + std::to_string(i) + ".";
+    units.push_back({"layer." + std::to_string(i),
+                     {matrix(prefix + "self_attn.q_proj.weight", q, h, true),
+                      matrix(prefix + "self_attn.k_proj.weight", kv, h, true),
+                      matrix(prefix + "self_attn.v_proj.weight", kv, h, true),
+                      matrix(prefix + "self_attn.o_proj.weight", h, q, true),
+                      matrix(prefix + "mlp.gate_proj.weight", I, h, true),
+                      matrix(prefix + "mlp.up_proj.weight", I, h, true),
+                      matrix(prefix + "mlp.down_proj.weight", h, I, true),
+                      vector(prefix + "input_layernorm.weight", h),
+                      vector(prefix + "post_attention_layernorm.weight", h)}});
+  }
+  units.push_back({"head", {vector("model.norm.weight", h), matrix("lm_head.weight", V, h, true)}});
+  return units;
+}
+
+MemoryEstimate estimate_memory(const ModelConfig& model, const RunConfig& run, const EstimateOptions& options) {
+  LLM_REQUIRE(options.world_size >= 1, "command line", "--world_size", "expected an integer >= 1");
+  MemoryEstimate estimate;
+  estimate.device = resolved_device(run, options);
+  LLM_REQUIRE(estimate.device == "cpu" || estimate.device == "cuda", "command line", "--device",
+              "the estimate is for cpu or cuda (got \"" + estimate.device + "\")");
+  estimate.gathered_units = options.gathered_units > 0 ? options.gathered_units : (estimate.device == "cuda" ? 2 : 1);
+  const std::vector<UnitShape> units = unit_shapes(model);
+  const Model shape(model, run);
+  for (int rank = 0; rank < options.world_size; ++rank) {
+    StepSimulation simulation(shape, units, options.world_size, rank, estimate.gathered_units);
+    estimate.ranks.push_back(simulation.run());
+  }
+  return estimate;
+}
+
+nlohmann::json estimate_to_json(const MemoryEstimate& estimate) {
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const RankEstimate& rank : estimate.ranks) {
+    nlohmann::json phases = nlohmann::json::array();
+    for (const PhaseEstimate& phase : rank.phases)
+      phases.push_back({{"label", phase.label}, {"peak_bytes", phase.peak_bytes}, {"at_point", phase.at_point.to_json()}});
+    ranks.push_back({{"rank", rank.rank},
+                     {"peak_bytes", rank.peak_bytes},
+                     {"peak_phase", rank.peak_phase},
+                     {"max", rank.max.to_json()},
+                     {"at_peak", rank.at_peak.to_json()},
+                     {"checkpoint_peak_bytes", rank.checkpoint_peak_bytes},
+                     {"phases", phases}});
+  }
+  return {{"device", estimate.device}, {"gathered_units", estimate.gathered_units}, {"ranks", ranks}};
+}
+
+std::string run_estimate_command(const ModelConfig& model, const RunConfig& run, const EstimateOptions& options) {
+  const MemoryEstimate estimate = estimate_memory(model, run, options);
+  if (options.json) return estimate_to_json(estimate).dump(1) + "\n";
+  std::vector<RankMemorySummary> as_summaries;
+  int64_t largest = 0, largest_checkpoint = 0;
+  for (const RankEstimate& rank : estimate.ranks) {
+    RankMemorySummary summary;
+    summary.rank = rank.rank;
+    summary.peak_bytes = rank.peak_bytes;
+    summary.max = rank.max;
+    summary.at_peak = rank.at_peak;
+    summary.peak_phase = rank.peak_phase;
+    as_summaries.push_back(summary);
+    largest = std::max(largest, rank.peak_bytes);
+    largest_checkpoint = std::max(largest_checkpoint, rank.checkpoint_peak_bytes);
+  }
+  const ByteUnit unit = byte_unit_for(std::max(largest, largest_checkpoint));
+  std::ostringstream out;
+  out << "Estimate for " << model.name << " (" << model.num_parameters() << " parameters), --optimizer "
+      << run.optimizer << ", --dtype " << to_string(run.dtype);
+  if (run.dtype == DType::bfloat16) out << " --precision " << to_string(run.precision);
+  out << ", --sharding " << to_string(run.sharding) << ", " << options.world_size << " rank(s) on "
+      << estimate.device << ", micro-batch " << run.batch_size << " x " << run.max_length << " tokens"
+      << (run.gradient_accumulation > 1 ? ", " + std::to_string(run.gradient_accumulation) + " micro-batches per step" : "")
+      << ", " << estimate.gathered_units << " unit(s) gathered at once.\n"
+      << "Peak: the largest total inside any phase of a step (evaluation included); the categories: each one's "
+         "largest value at a phase boundary (docs/memory.md). Sizes in "
+      << unit.name << ".\n\n";
+  out << "| rank | peak | peak in | parameters | gradients | optimizer (device) | optimizer (host) | activations | other | checkpoint save |\n"
+      << "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|\n";
+  for (const RankEstimate& rank : estimate.ranks) {
+    out << "| " << rank.rank << " | " << format_in(rank.peak_bytes, unit) << " | " << rank.peak_phase << " |";
+    for (int i = 0; i < MemoryCategories::kCount; ++i) out << ' ' << format_in(rank.max.at(i), unit) << " |";
+    out << ' ' << format_in(rank.checkpoint_peak_bytes, unit) << " |\n";
+  }
+  out << "\nCheckpoint save: every rank holds full fp32 copies of all parameters and the full optimizer state "
+         "while a checkpoint is written (--save_dir).\n";
+  if (options.memory_budget_gib > 0) {
+    const double budget = options.memory_budget_gib * 1073741824.0;
+    const bool fits = static_cast<double>(largest) <= budget;
+    char line[256];
+    std::snprintf(line, sizeof(line), "\nBudget %.1f GiB per rank: the training peak %s (largest rank %.2f GiB)",
+                  options.memory_budget_gib, fits ? "fits" : "does NOT fit",
+                  static_cast<double>(largest) / 1073741824.0);
+    out << line;
+    if (!run.save_dir.empty() || largest_checkpoint > budget) {
+      std::snprintf(line, sizeof(line), "; saving a checkpoint %s (%.2f GiB)",
+                    static_cast<double>(largest_checkpoint) <= budget ? "fits" : "does NOT fit",
+                    static_cast<double>(largest_checkpoint) / 1073741824.0);
+      out << line;
+    }
+    out << ".\n";
+    if (estimate.device == "cuda")
+      out << "(CUDA: allocated bytes; the caching allocator reserves more, and the CUDA context, cuBLAS "
+             "workspaces and NCCL buffers come on top.)\n";
+  }
+  return out.str();
+}
+
+}  // namespace llm

@@ -1,0 +1,87 @@
+// Predicts each rank's peak memory by category for a model config, the training flags and a world
+// size, without running: `trainer estimate`, and the "estimate" column of `trainer report`.
+//
+// The prediction walks one training step as the trainer runs it (docs/sharding.md) and sums, at
+// each timeline point and at the worst moment inside each phase (its window), the buffers alive:
+//   persistent  fp32 master shard, fp32 gradient shard, optimizer state (optim's analytic
+//               optimizer_state_bytes() per parameter and rank), the batch and rotary tables
+//   parameters  + the gathered compute copies (full_shard: the units in flight; shard_grad_op: every
+//               unit from its forward to its backward; no_shard: all, always)
+//   activations the tensors autograd saves per unit, derived from the LLaMA unit structure below
+//               (estimate.cpp lists them op by op), in the dtypes --dtype / --precision give them
+//   transients  the gather buffer, the reduce-scatter buffer and padded copies, the backward's
+//               gradient buffers, the loss's log-softmax, the optimizer's temporaries, GaLore's
+//               gathered gradient and SVD at a projector refresh
+// Nothing is calibrated from measurements; docs/memory.md has the formulas and the measured errors.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "trainer/config.h"
+#include "trainer/memory/categories.h"
+
+namespace llm {
+
+// A unit's parameters as the model registers them (names, shapes, order), from the config alone.
+struct ParameterShape {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t rows = 0;
+  int64_t cols = 1;
+  bool linear = false;  // a weight a linear layer multiplies by (autocast casts it to bf16)
+};
+struct UnitShape {
+  std::string name;  // "embed", "layer.3", "head"
+  std::vector<ParameterShape> parameters;
+};
+std::vector<UnitShape> unit_shapes(const ModelConfig& model);
+
+struct EstimateOptions {
+  int world_size = 1;
+  // The device the estimate is for: "cpu" or "cuda". Empty: the run's --device (auto = cuda).
+  std::string device;
+  // Units whose compute copies can be gathered at once: 0 = 2 on CUDA (the next unit prefetched
+  // while one runs), 1 on CPU.
+  int gathered_units = 0;
+  double memory_budget_gib = 0;  // > 0: `trainer estimate` says whether each rank's peak fits
+  bool json = false;             // `trainer estimate --json`: the whole estimate as JSON
+};
+
+// One phase's window: the largest total inside it, and the categories at its closing point.
+struct PhaseEstimate {
+  std::string label;           // "forward:layer.0", "backward:head", "optimizer", ...
+  int64_t peak_bytes = 0;      // the worst moment inside the window
+  MemoryCategories at_point;   // at the closing point (what the ledger's point records)
+};
+
+struct RankEstimate {
+  int rank = 0;
+  int64_t peak_bytes = 0;       // largest window peak of a training step (eval included)
+  std::string peak_phase;
+  MemoryCategories max;         // each category's largest value at any point
+  MemoryCategories at_peak;     // the categories at the point closing the peak's window
+  int64_t checkpoint_peak_bytes = 0;  // writing a checkpoint: every rank holds full tensors then
+  std::vector<PhaseEstimate> phases;
+};
+
+struct MemoryEstimate {
+  std::string device;           // "cpu" or "cuda"
+  int gathered_units = 1;
+  std::vector<RankEstimate> ranks;
+};
+
+// run must be validated for options.world_size (validate_run_config), so gradient_accumulation
+// and total_batch_size are set.
+MemoryEstimate estimate_memory(const ModelConfig& model, const RunConfig& run, const EstimateOptions& options);
+
+nlohmann::json estimate_to_json(const MemoryEstimate& estimate);
+
+// What `trainer estimate` prints: the settings, a per-rank table by category, the phase of the
+// peak, the checkpoint peak, and with a budget whether every rank fits.
+std::string run_estimate_command(const ModelConfig& model, const RunConfig& run, const EstimateOptions& options);
+
+}  // namespace llm

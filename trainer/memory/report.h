@@ -1,0 +1,19 @@
+// `trainer report RUN_DIR [RUN_DIR ...] [--out DIR]`: reads each run folder's metrics.jsonl (the
+// start record names the run: model, optimizer, dtype, sharding, world size; train records give
+// tokens/s; the end record the final loss) and memory.rank<R>.jsonl files, and writes
+//   OUT/memory_report.md   runs side by side: peak per rank by category, across-rank statistics
+//                          with imbalance flags, tokens/s, final loss, estimate beside measured
+//   OUT/memory/*.svg       per run, each rank's memory over the peak step stacked by category;
+//                          for all runs, the peak per rank per run
+// Hand-written SVG (trainer/memory/svg.h), no dependencies. A missing folder, a folder without
+// metrics.jsonl or without memory ledgers is a UserError naming it (exit 2).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace llm {
+
+void write_memory_report(const std::vector<std::string>& run_dirs, const std::string& out_dir);
+
+}  // namespace llm
