@@ -1,0 +1,207 @@
+// trainer report on recorded run folders (tests/fixtures/memory_runs, made by make_fixtures.sh
+// beside them): the Markdown names every run and rank with its figures, and every SVG parses as XML
+// (expat) with the panels, bars and markers the data calls for. Bad run folders are exit 2.
+#include <gtest/gtest.h>
+
+#include <expat.h>
+
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/test_util.h"
+
+namespace llm {
+namespace {
+
+using testing::run_command;
+using testing::ScratchDir;
+
+// A parsed XML element: its name, attributes and children.
+struct Element {
+  std::string name;
+  std::map<std::string, std::string> attributes;
+  std::vector<std::unique_ptr<Element>> children;
+
+  bool has_class(const std::string& css_class) const {
+    auto found = attributes.find("class");
+    if (found == attributes.end()) return false;
+    std::istringstream words(found->second);
+    for (std::string word; words >> word;)
+      if (word == css_class) return true;
+    return false;
+  }
+  // Descendants (self included) with this element name and class ("" = any class).
+  void find(const std::string& element, const std::string& css_class, std::vector<const Element*>& out) const {
+    if (name == element && (css_class.empty() || has_class(css_class))) out.push_back(this);
+    for (const auto& child : children) child->find(element, css_class, out);
+  }
+  std::vector<const Element*> all(const std::string& element, const std::string& css_class = "") const {
+    std::vector<const Element*> out;
+    find(element, css_class, out);
+    return out;
+  }
+};
+
+struct ParseState {
+  std::unique_ptr<Element> root;
+  std::vector<Element*> open;
+};
+
+// Parses a whole document with expat; fails the test (and returns nullptr) if it is not well formed.
+std::unique_ptr<Element> parse_xml(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ParseState state;
+  XML_Parser parser = XML_ParserCreate("UTF-8");
+  XML_SetUserData(parser, &state);
+  XML_SetElementHandler(
+      parser,
+      [](void* data, const XML_Char* name, const XML_Char** attributes) {
+        auto* state = static_cast<ParseState*>(data);
+        auto element = std::make_unique<Element>();
+        element->name = name;
+        for (int i = 0; attributes[i] != nullptr; i += 2) element->attributes[attributes[i]] = attributes[i + 1];
+        Element* raw = element.get();
+        if (state->open.empty())
+          state->root = std::move(element);
+        else
+          state->open.back()->children.push_back(std::move(element));
+        state->open.push_back(raw);
+      },
+      [](void* data, const XML_Char*) { static_cast<ParseState*>(data)->open.pop_back(); });
+  const bool ok = XML_Parse(parser, text.data(), static_cast<int>(text.size()), /*isFinal=*/1) == XML_STATUS_OK;
+  if (!ok)
+    ADD_FAILURE() << path << " is not well-formed XML: " << XML_ErrorString(XML_GetErrorCode(parser)) << " at line "
+                  << XML_GetCurrentLineNumber(parser);
+  XML_ParserFree(parser);
+  return ok ? std::move(state.root) : nullptr;
+}
+
+std::filesystem::path fixtures() { return testing::source_dir() / "tests/fixtures/memory_runs"; }
+
+std::vector<nlohmann::json> ledger(const std::string& run, int rank) {
+  std::ifstream in(fixtures() / run / ("memory.rank" + std::to_string(rank) + ".jsonl"));
+  std::vector<nlohmann::json> records;
+  for (std::string line; std::getline(in, line);) records.push_back(nlohmann::json::parse(line));
+  return records;
+}
+
+const std::vector<std::pair<std::string, int>> kRuns = {
+    {"adamw_fp32_w1", 1}, {"adamw_sn_fp32_w2", 2}, {"galore_bf16_w2", 2}};
+
+class MemoryReport : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string command = testing::trainer_binary().string() + " report";
+    for (const auto& [run, ranks] : kRuns) command += " " + (fixtures() / run).string();
+    result_ = run_command(command + " --out " + out_.path().string());
+    ASSERT_EQ(result_.exit_code, 0) << result_.output;
+    std::ifstream in(out_ / "memory_report.md");
+    markdown_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  ScratchDir out_{"memory_report"};
+  testing::CommandResult result_;
+  std::string markdown_;
+};
+
+TEST_F(MemoryReport, MarkdownComparesTheRunsAndListsEveryRank) {
+  for (const char* heading : {"# Memory report", "## Runs side by side", "## Categories side by side",
+                              "### Peak per rank, by category", "### Across ranks", "### Estimate beside measured"})
+    EXPECT_NE(markdown_.find(heading), std::string::npos) << heading;
+  EXPECT_NE(markdown_.find("| tokens/s | final loss |"), std::string::npos);
+  for (const auto& [run, ranks] : kRuns) {
+    EXPECT_NE(markdown_.find("## Run " + run), std::string::npos) << run;
+    // The side-by-side row names the run's optimizer and world size, from its start record.
+    const auto start = testing::read_metrics_events(fixtures() / run, "start").at(0);
+    const std::string row_start = "| " + run + " | llama_micro | " + start.at("optimizer").get<std::string>() + " |";
+    const size_t row = markdown_.find(row_start);
+    ASSERT_NE(row, std::string::npos) << row_start;
+    const std::string row_text = markdown_.substr(row, markdown_.find('\n', row) - row);
+    EXPECT_NE(row_text.find("| " + std::to_string(ranks) + " | cpu |"), std::string::npos) << row_text;
+    // Estimate beside measured: one row per rank with both figures and the error.
+    const size_t section = markdown_.find("## Run " + run);
+    const size_t estimate = markdown_.find("### Estimate beside measured", section);
+    ASSERT_NE(estimate, std::string::npos);
+    for (int r = 0; r < ranks; ++r)
+      EXPECT_NE(markdown_.find("\n| " + std::to_string(r) + " | ", estimate), std::string::npos) << run << " rank " << r;
+    EXPECT_NE(markdown_.find("memory/" + run + "_timeline.svg", section), std::string::npos);
+  }
+  EXPECT_NE(markdown_.find("memory/peak_per_rank.svg"), std::string::npos);
+}
+
+TEST_F(MemoryReport, TimelinePlotsHaveAPanelPerRankAndABarPerPoint) {
+  for (const auto& [run, ranks] : kRuns) {
+    const auto svg = parse_xml(out_ / "memory" / (run + "_timeline.svg"));
+    ASSERT_NE(svg, nullptr) << run;
+    EXPECT_EQ(svg->name, "svg");
+    for (const char* attribute : {"width", "height", "viewBox", "xmlns"})
+      EXPECT_EQ(svg->attributes.count(attribute), 1u) << attribute;
+    EXPECT_EQ(svg->all("g", "legend-entry").size(), 6u) << "one legend entry per category";
+    const auto panels = svg->all("g", "panel");
+    ASSERT_EQ(panels.size(), static_cast<size_t>(ranks)) << run;
+    // The plot shows the step in which rank 0 peaked: as many bars (window-peak ticks) as that step
+    // has points in each rank's ledger, and one stacked segment per non-zero category of each point.
+    const auto rank0 = ledger(run, 0);
+    const int64_t step = rank0.back().at("summary").at("peak_step");
+    for (int r = 0; r < ranks; ++r) {
+      const Element& panel = *panels[r];
+      EXPECT_EQ(panel.attributes.at("id"), "rank-" + std::to_string(r));
+      size_t expected_points = 0, expected_segments = 0;
+      for (const auto& record : ledger(run, r)) {
+        if (record.at("event") != "point" || record.at("step") != step) continue;
+        ++expected_points;
+        for (const char* key : {"parameters", "gradients", "optimizer_device", "optimizer_host", "activations", "other"})
+          expected_segments += static_cast<int64_t>(record.at(key)) > 0 ? 1 : 0;
+      }
+      ASSERT_GT(expected_points, 5u);
+      EXPECT_EQ(panel.all("line", "window-peak").size(), expected_points) << run << " rank " << r;
+      EXPECT_EQ(panel.all("rect", "bar").size(), expected_segments) << run << " rank " << r;
+      EXPECT_EQ(panel.all("rect", "activations").size() > 0, true);
+    }
+  }
+}
+
+TEST_F(MemoryReport, PeakPlotHasABarPerRankAndAnEstimatePerRun) {
+  const auto svg = parse_xml(out_ / "memory/peak_per_rank.svg");
+  ASSERT_NE(svg, nullptr);
+  EXPECT_EQ(svg->name, "svg");
+  size_t bars = 0;
+  for (const auto& [run, ranks] : kRuns) bars += static_cast<size_t>(ranks);
+  EXPECT_EQ(svg->all("rect", "peak").size(), bars);
+  EXPECT_EQ(svg->all("line", "estimate").size(), kRuns.size());
+  EXPECT_EQ(svg->all("g", "run").size(), kRuns.size());
+  EXPECT_EQ(svg->all("text", "run-label").size(), kRuns.size());
+}
+
+TEST(MemoryReportErrors, BadRunFoldersAreExitTwo) {
+  ScratchDir dir("report_errors");
+  const std::string report = testing::trainer_binary().string() + " report ";
+  auto missing = run_command(report + (dir / "no_such_run").string() + " --out " + (dir / "out").string());
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
+  EXPECT_NE(missing.output.find("no such folder"), std::string::npos) << missing.output;
+
+  std::filesystem::create_directories(dir / "empty_run");
+  auto no_metrics = run_command(report + (dir / "empty_run").string() + " --out " + (dir / "out").string());
+  EXPECT_EQ(no_metrics.exit_code, 2) << no_metrics.output;
+  EXPECT_NE(no_metrics.output.find("metrics.jsonl"), std::string::npos) << no_metrics.output;
+
+  // A two-rank run folder with only rank 0's ledger.
+  std::filesystem::create_directories(dir / "half_run");
+  for (const char* file : {"metrics.jsonl", "memory.rank0.jsonl"})
+    std::filesystem::copy_file(fixtures() / "adamw_sn_fp32_w2" / file, dir / "half_run" / file);
+  auto no_ledger = run_command(report + (dir / "half_run").string() + " --out " + (dir / "out").string());
+  EXPECT_EQ(no_ledger.exit_code, 2) << no_ledger.output;
+  EXPECT_NE(no_ledger.output.find("memory.rank1.jsonl"), std::string::npos) << no_ledger.output;
+
+  auto nothing = run_command(report);
+  EXPECT_EQ(nothing.exit_code, 2) << nothing.output;
+  auto training_flag = run_command(report + (fixtures() / "adamw_fp32_w1").string() + " --lr 1");
+  EXPECT_EQ(training_flag.exit_code, 2) << training_flag.output;
+}
+
+}  // namespace
+}  // namespace llm
