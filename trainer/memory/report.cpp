@@ -189,7 +189,7 @@ RunRecord read_run(const std::string& dir) {
 
 std::string format_ratio(double value) {
   char text[32];
-  std::snprintf(text, sizeof(text), "%+.1f %%", 100.0 * value);
+  std::snprintf(text, sizeof(text), "%+.2f %%", 100.0 * value);
   return text;
 }
 

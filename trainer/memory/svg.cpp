@@ -143,7 +143,7 @@ std::string stacked_timeline_svg(const std::string& title, const std::vector<Ran
   const double bar_width = std::clamp(640.0 / std::max<size_t>(points, 1), 6.0, 22.0);
   const double slot = bar_width * 1.3;
   const double plot_width = slot * static_cast<double>(std::max<size_t>(points, 1));
-  const double panel_height = 150, panel_gap = 26, labels = 118;
+  const double panel_height = 150, panel_gap = 36, labels = 118;
   const double width = std::max(kLeft + plot_width + kRight, 720.0);
   const double height = kTitle + kLegend + static_cast<double>(ranks.size()) * (panel_height + panel_gap) + labels;
   SvgDocument svg(width, height);
