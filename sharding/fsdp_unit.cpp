@@ -147,10 +147,6 @@ void ShardedUnit::release() {
   gathered_ = false;
 }
 
-void ShardedUnit::release_after_forward() {
-  if (strategy_ == ShardingStrategy::full_shard) release();
-}
-
 void ShardedUnit::reduce_gradients() {
   at::NoGradGuard no_grad;
   at::Tensor flat = at::empty({layout_.world_size * layout_.shard_numel}, shard_.options());

@@ -6,8 +6,8 @@
 //   wait_gathered()     orders the current (compute) stream after that gather: an event, no host wait
 //                       (without a gather stream, on CPU or in a build without CUDA, gather_async is
 //                       gather() and wait_gathered has nothing to do)
-//   release()           free the compute parameters' storage (full_shard after forward and backward;
-//                       shard_grad_op only after backward; no_shard never)
+//   release()           free the compute parameters' storage (no_shard: nothing; when each strategy
+//                       releases is sharding/gather_schedule.h's decision)
 //   reduce_gradients()  full gradients -> this rank's gradient shard: reduce-scatter (average) for the
 //                       sharded strategies, all-reduce (average) for no_shard; frees the full gradients
 //
@@ -59,7 +59,6 @@ class ShardedUnit {
   void wait_gathered();
   bool gather_in_flight() const { return gather_in_flight_; }
   void release();
-  void release_after_forward();   // release() for full_shard, nothing otherwise
   void reduce_gradients();
   // After the optimizer updated the shard: no_shard copies it into the compute parameters (the
   // sharded strategies refresh them at the next gather()).
