@@ -93,6 +93,10 @@ Command parse_command_line(int argc, const char* const* argv) {
       run.sharding);
   add(sharding.add(app, "--sharding",
                    "full_shard (ZeRO-3), shard_grad_op (ZeRO-2) or no_shard (data parallel)"));
+  bool no_prefetch = !run.prefetch;
+  add(app.add_flag("--no_prefetch", no_prefetch,
+                   "gather each unit only when it runs (default: the next unit's all-gather is "
+                   "prefetched while one runs, on a CUDA side stream)"));
   EnumFlag<Scheduler> scheduler({Scheduler::cosine, Scheduler::linear, Scheduler::constant},
                                 run.scheduler);
   add(scheduler.add(app, "--scheduler", "learning-rate schedule after warm-up"));
@@ -261,6 +265,7 @@ Command parse_command_line(int argc, const char* const* argv) {
                 "applies to --optimizer " + owner + " only (got --optimizer " + run.optimizer + ")");
   run.scheduler = scheduler.value();
   run.sharding = sharding.value();
+  run.prefetch = !no_prefetch;
   run.dtype = dtype.value();
   run.precision = precision.value();
   run.device = device.value();

@@ -7,6 +7,8 @@
 //   {"event":"train", "step", "loss", "lr", "grad_norm", "tokens_per_s", "step_time_s",
 //    "tokens_seen", "peak_memory_bytes"}
 //   {"event":"eval", "step", "eval_loss", "eval_tokens"}
+//   {"event":"gather_schedule", "strategy", "prefetch", "side_stream", "units",
+//    "peak_gathered_units", "schedule_peak_gathered_units", "inline_gathers", "prefetches"}
 //   {"event":"end", "steps", "final_loss", "final_eval_loss", "elapsed_s", ...}
 #pragma once
 
