@@ -29,36 +29,13 @@
 #include "sharding/communicator.h"
 #include "sharding/fsdp_unit.h"
 #include "sharding/world.h"
+#include "tests/mpi/backends.h"
 
 namespace {
 
 using llm::Communicator;
 using llm::ShardedUnit;
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
-
-// A communicator of the named backend, or nullptr with the reason it cannot run here.
-std::unique_ptr<Communicator> make_backend(const std::string& backend, std::string& why_not) {
-  const llm::World& world = llm::current_world();
-  if (backend == "single") return llm::make_single_rank_communicator(c10::kCPU);
-  if (backend == "mpi") return llm::make_mpi_communicator(world);
-#ifndef TRAINER_HAVE_CUDA
-  why_not = "built without CUDA";
-  return nullptr;
-#else
-  if (!torch::cuda::is_available()) {
-    why_not = "no GPU on this host";
-    return nullptr;
-  }
-  if (world.local_size > static_cast<int>(torch::cuda::device_count())) {
-    why_not = std::to_string(world.local_size) + " ranks on this host but " +
-              std::to_string(torch::cuda::device_count()) + " GPU(s): NCCL needs one each";
-    return nullptr;
-  }
-  const c10::Device gpu(c10::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank));
-  if (backend == "single_cuda") return llm::make_single_rank_communicator(gpu);
-  return llm::make_nccl_communicator(world, gpu);
-#endif
-}
 
 // The full (unsharded) fp32 values of a unit's parameters, identical on every rank.
 NamedTensors full_parameters(int64_t seed, c10::Device device) {
@@ -96,9 +73,9 @@ TestUnit make_unit(Communicator& comm, const NamedTensors& full) {
 class GatherPrefetch : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
-    std::string why_not;
-    comm_ = make_backend(GetParam(), why_not);
-    if (comm_ == nullptr) GTEST_SKIP() << why_not;
+    const std::string why_not = llm::testing::backend_unavailable_reason(GetParam());
+    if (!why_not.empty()) GTEST_SKIP() << why_not;
+    comm_ = llm::testing::make_backend(GetParam());
     stream_ = llm::make_gather_stream(comm_->device());
   }
   bool on_gpu() const { return comm_->device().is_cuda(); }
