@@ -5,7 +5,8 @@
 //   galore staggered   --galore_stagger: after step 1, about K / T projectors per step
 //   galore subspace    --galore_projector subspace: warm-started power iteration instead of the SVD
 //                      (with and without --galore_stagger); its quality is the gradient energy its
-//                      basis captures at the last refresh over what the SVD's basis captures
+//                      basis captures at the last refresh over what the SVD's basis captures, and
+//                      (every GaLore row) the share of the noise-free matrix's energy in the span
 // Gradients are a fixed rank-deficient matrix (singular values falling 10 % per index) plus fresh
 // noise every step: correlated from step to step, as training gradients are.
 // For each it prints the median step, the slowest step after step 1 (the stall), their ratio, and
@@ -32,6 +33,7 @@ using Clock = std::chrono::steady_clock;
 struct Timing {
   double first = 0, median = 0, slowest = 0, projector_per_step = 0;
   double captured = 0;  // subspace: energy captured at the last refresh / the SVD's (mean over matrices)
+  double signal = 0;    // galore: share of the noise-free matrix's energy inside the projector's span
 };
 
 // A fixed (m x n) matrix with singular values 0.9^i (orthonormal factors from QR of Gaussians).
@@ -75,18 +77,23 @@ Timing run(const llm::OptimizerSettings& settings, const std::vector<std::vector
   timing.median = sorted[sorted.size() / 2];
   timing.slowest = sorted.back();
   timing.projector_per_step = projector / static_cast<double>(seconds.size());
-  if (settings.projector_method == "subspace" && !settings.stagger_projectors) {
-    const auto state = optimizer->full_state_dict();
-    double sum = 0;
-    for (size_t i = 0; i < shapes.size(); ++i) {
-      const at::Tensor p = state.at("w" + std::to_string(i) + ".projector");
-      const bool right = p.size(1) == shapes[i][1] && p.size(0) != shapes[i][0];
-      const at::Tensor lowrank = right ? at::matmul(grads[i], p.t()) : at::matmul(p.t(), grads[i]);
-      const at::Tensor sigma = std::get<1>(at::linalg_svd(grads[i], /*full_matrices=*/false));
-      sum += lowrank.square().sum().item<double>() / sigma.narrow(0, 0, p.size(right ? 0 : 1)).square().sum().item<double>();
-    }
-    timing.captured = sum / static_cast<double>(shapes.size());
+  if (settings.kind != "galore_adamw") return timing;
+  const auto state = optimizer->full_state_dict();
+  double captured = 0, signal = 0;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const at::Tensor p = state.at("w" + std::to_string(i) + ".projector");
+    const bool right = p.size(1) == shapes[i][1] && p.size(0) != shapes[i][0];
+    auto energy = [&](const at::Tensor& m) {
+      return (right ? at::matmul(m, p.t()) : at::matmul(p.t(), m)).square().sum().item<double>();
+    };
+    const at::Tensor sigma = std::get<1>(at::linalg_svd(grads[i], /*full_matrices=*/false));
+    captured += energy(grads[i]) / sigma.narrow(0, 0, p.size(right ? 0 : 1)).square().sum().item<double>();
+    signal += energy(bases[i]) / bases[i].square().sum().item<double>();
   }
+  // The last refresh used the last step's gradient only when every projector refreshed together.
+  if (settings.projector_method == "subspace" && !settings.stagger_projectors)
+    timing.captured = captured / static_cast<double>(shapes.size());
+  timing.signal = signal / static_cast<double>(shapes.size());
   return timing;
 }
 
@@ -97,10 +104,12 @@ int main(int argc, char** argv) {
   std::string config = "configs/llama_60m.json";
   int64_t rank = 128, gap = 8;
   int steps = 17, threads = 0;
+  int64_t iterations = 2;
   app.add_option("--config", config, "model config")->capture_default_str();
   app.add_option("--rank", rank, "GaLore rank")->capture_default_str();
   app.add_option("--gap", gap, "--update_proj_gap")->capture_default_str();
   app.add_option("--steps", steps, "steps per run (>= 2 gaps + 1)")->capture_default_str();
+  app.add_option("--subspace_iterations", iterations, "power iterations per subspace refresh")->capture_default_str();
   app.add_option("--threads", threads, "intra-op threads; 0 = LibTorch's default")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (threads > 0) at::set_num_threads(threads);
@@ -130,21 +139,23 @@ int main(int argc, char** argv) {
   staggered.stagger_projectors = true;
   llm::OptimizerSettings subspace = together;
   subspace.projector_method = "subspace";
+  subspace.subspace_iterations = iterations;
   llm::OptimizerSettings subspace_staggered = subspace;
   subspace_staggered.stagger_projectors = true;
 
-  std::printf("%-26s %10s %12s %12s %10s %18s %16s\n", "optimizer", "step 1 ms", "median ms", "slowest ms",
-              "stall", "projector ms/step", "energy vs SVD");
+  std::printf("%-26s %10s %12s %12s %10s %18s %14s %14s\n", "optimizer", "step 1 ms", "median ms", "slowest ms",
+              "stall", "projector ms/step", "energy vs SVD", "signal in span");
   for (const auto& [name, settings] : {std::pair<const char*, llm::OptimizerSettings>{"adamw", adamw},
                                        {"galore together", together},
                                        {"galore staggered", staggered},
                                        {"galore subspace", subspace},
                                        {"galore subspace staggered", subspace_staggered}}) {
     const Timing timing = run(settings, shapes, steps);
-    char quality[32] = "-";
+    char quality[32] = "-", signal[32] = "-";
     if (timing.captured > 0) std::snprintf(quality, sizeof(quality), "%.5f", timing.captured);
-    std::printf("%-26s %10.1f %12.1f %12.1f %9.1fx %18.1f %16s\n", name, 1e3 * timing.first, 1e3 * timing.median,
-                1e3 * timing.slowest, timing.slowest / timing.median, 1e3 * timing.projector_per_step, quality);
+    if (timing.signal > 0) std::snprintf(signal, sizeof(signal), "%.5f", timing.signal);
+    std::printf("%-26s %10.1f %12.1f %12.1f %9.1fx %18.1f %14s %14s\n", name, 1e3 * timing.first, 1e3 * timing.median,
+                1e3 * timing.slowest, timing.slowest / timing.median, 1e3 * timing.projector_per_step, quality, signal);
   }
   return 0;
 }

@@ -1,8 +1,23 @@
 #include "sharding/fsdp_unit.h"
 
 #include <c10/core/StorageImpl.h>
+#ifdef TRAINER_HAVE_CUDA
+#include <c10/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 namespace llm {
+
+// The two events of an asynchronous gather, made on first use (CUDA builds only; an incomplete
+// type elsewhere, never created).
+struct ShardedUnit::GatherEvents {
+#ifdef TRAINER_HAVE_CUDA
+  c10::cuda::CUDAEvent compute_ready;  // recorded on the compute stream before the gather starts
+  c10::cuda::CUDAEvent gathered;       // recorded on the gather stream after the last copy
+#endif
+};
+
 namespace {
 
 size_t storage_bytes(const at::Tensor& tensor) {
@@ -67,27 +82,75 @@ void ShardedUnit::publish_shard() {
         layout_.full_from_gathered(layout_.parameters[i], shard_));
 }
 
-void ShardedUnit::gather() {
-  if (gathered_) return;
+ShardedUnit::~ShardedUnit() {
+  // Never throws: the shard must outlive a gather still reading it, so the compute stream waits.
+  try {
+    wait_gathered();
+  } catch (...) {
+  }
+}
+
+void ShardedUnit::fill_compute_parameters(const CollectiveStream& stream) {
   at::NoGradGuard no_grad;
   at::Tensor gathered = at::empty({layout_.world_size * layout_.shard_numel}, shard_.options());
-  communicator_.all_gather(shard_, gathered);
+  communicator_.all_gather(shard_, gathered, stream);
   for (size_t i = 0; i < parameters_.size(); ++i) {
     const at::Tensor& parameter = parameters_[i].second;
     allocate_storage(parameter);
     parameter.variable_data().copy_(layout_.full_from_gathered(layout_.parameters[i], gathered));
   }
+}
+
+void ShardedUnit::gather() {
+  if (gathered_) {
+    wait_gathered();
+    return;
+  }
+  fill_compute_parameters(std::nullopt);
   gathered_ = true;
+}
+
+void ShardedUnit::gather_async(const CollectiveStream& gather_stream) {
+  if (gathered_) return;
+#ifdef TRAINER_HAVE_CUDA
+  if (gather_stream && shard_.is_cuda()) {
+    const c10::DeviceIndex device = shard_.device().index();
+    const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(device);
+    const c10::cuda::CUDAStream side(*gather_stream);
+    if (!events_) events_ = std::make_unique<GatherEvents>();
+    // Everything queued on the compute stream so far happens first: the optimizer's last write to
+    // the shard, and the last reads of blocks that release() returned to the gather stream's pool
+    // and that the allocations below may hand out again (see the header on recordStream).
+    events_->compute_ready.record(compute);
+    events_->compute_ready.block(side);
+    {
+      c10::cuda::CUDAStreamGuard on_gather_stream(side);
+      fill_compute_parameters(gather_stream);
+    }
+    events_->gathered.record(side);
+    gathered_ = true;
+    gather_in_flight_ = true;
+    return;
+  }
+#endif
+  gather();  // no gather stream here: correctness is the same, only the overlap is lost
+}
+
+void ShardedUnit::wait_gathered() {
+  if (!gather_in_flight_) return;
+#ifdef TRAINER_HAVE_CUDA
+  events_->gathered.block(c10::cuda::getCurrentCUDAStream(shard_.device().index()));
+#endif
+  gather_in_flight_ = false;
 }
 
 void ShardedUnit::release() {
   if (strategy_ == ShardingStrategy::no_shard || !gathered_) return;
+  // A prefetch released unused still reads the shard: the compute stream (the optimizer) must not
+  // overwrite it before that gather is done. The schedule never does this; it costs nothing then.
+  wait_gathered();
   for (auto& [name, parameter] : parameters_) free_storage(parameter);
   gathered_ = false;
-}
-
-void ShardedUnit::release_after_forward() {
-  if (strategy_ == ShardingStrategy::full_shard) release();
 }
 
 void ShardedUnit::reduce_gradients() {
@@ -125,6 +188,14 @@ void ShardedUnit::load_full(const std::vector<at::Tensor>& full_tensors, at::Ten
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < layout_.parameters.size(); ++i)
     slice(flat, layout_.parameters[i]).copy_(layout_.take_rows(layout_.parameters[i], full_tensors[i]));
+}
+
+CollectiveStream make_gather_stream(c10::Device device) {
+#ifdef TRAINER_HAVE_CUDA
+  if (device.is_cuda())
+    return c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index()).unwrap();
+#endif
+  return std::nullopt;
 }
 
 int64_t ShardedUnit::compute_parameter_bytes() const {

@@ -2,16 +2,32 @@
 // materialises around forward and backward (docs/sharding.md has the order of collectives).
 //
 //   gather()            all-gather the shard into the compute parameters (allocating their storage)
-//   release()           free the compute parameters' storage (full_shard after forward and backward;
-//                       shard_grad_op only after backward; no_shard never)
+//   gather_async(s)     the same, enqueued on the gather stream s (CUDA) so that it overlaps compute
+//   wait_gathered()     orders the current (compute) stream after that gather: an event, no host wait
+//                       (without a gather stream, on CPU or in a build without CUDA, gather_async is
+//                       gather() and wait_gathered has nothing to do)
+//   release()           free the compute parameters' storage (no_shard: nothing; when each strategy
+//                       releases is sharding/gather_schedule.h's decision)
 //   reduce_gradients()  full gradients -> this rank's gradient shard: reduce-scatter (average) for the
 //                       sharded strategies, all-reduce (average) for no_shard; frees the full gradients
 //
 // Storage is freed and re-allocated in place (StorageImpl reset / new DataPtr) and refilled through
 // variable_data(), which does not bump the version counter: autograd's saved references to a weight
 // stay valid across release() and gather(), as with FSDP's storage resize_(0).
+//
+// Streams and the caching allocator (CUDA, gather_async): the gather stream first waits on an event
+// recorded on the compute stream, then allocates the compute storage and the gathered buffer and
+// runs the all-gather and the copies, then records a "gathered" event that wait_gathered() makes
+// the compute stream wait on. We do not call recordStream. Storage allocated under the gather
+// stream belongs to that stream's pool, and the caching allocator hands a freed block out again
+// only to an allocation on the same stream; every allocation on the gather stream comes after its
+// wait on the compute stream's event, which was recorded after the last kernel reading the block
+// had been queued (release() runs after the unit's forward or backward is queued). So a block is
+// never refilled while compute still reads it, and it returns to the pool at release(), at a known
+// point, instead of at some later event query as recordStream would make it (FSDP2's reasoning).
 #pragma once
 
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,9 +48,17 @@ class ShardedUnit {
   ShardedUnit(std::string name, std::vector<std::pair<std::string, at::Tensor>> parameters,
               Communicator& communicator, ShardingStrategy strategy, at::ScalarType compute_dtype);
 
-  void gather();
+  ~ShardedUnit();
+
+  void gather();  // also waits for a prefetch in flight
+  // Starts the gather on gather_stream (a CUDA stream of the communicator's device) and returns at
+  // once; std::nullopt or a CPU unit gathers in line. Does nothing when already gathered.
+  void gather_async(const CollectiveStream& gather_stream);
+  // Makes the current stream wait for the gather started by gather_async (cudaStreamWaitEvent);
+  // nothing to do after a synchronous gather.
+  void wait_gathered();
+  bool gather_in_flight() const { return gather_in_flight_; }
   void release();
-  void release_after_forward();   // release() for full_shard, nothing otherwise
   void reduce_gradients();
   // After the optimizer updated the shard: no_shard copies it into the compute parameters (the
   // sharded strategies refresh them at the next gather()).
@@ -64,8 +88,19 @@ class ShardedUnit {
   Communicator& communicator_;
   ShardingStrategy strategy_;
   FlatShardLayout layout_;
+  // All-gathers the shard into freshly allocated compute storage on the current stream (the
+  // collective on `stream`: the same stream, passed for NCCL).
+  void fill_compute_parameters(const CollectiveStream& stream);
+
   at::Tensor shard_, shard_grad_;
   bool gathered_ = true;
+  bool gather_in_flight_ = false;  // gathered on the gather stream, not yet waited for
+  struct GatherEvents;             // CUDA events (fsdp_unit.cpp; CUDA builds only)
+  std::unique_ptr<GatherEvents> events_;
 };
+
+// A side stream for prefetching all-gathers on `device`: a CUDA stream from LibTorch's pool, or
+// std::nullopt where gathers are synchronous (a CPU device, or a build without CUDA).
+CollectiveStream make_gather_stream(c10::Device device);
 
 }  // namespace llm

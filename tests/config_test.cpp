@@ -518,7 +518,7 @@ TEST(CliTrain, EveryFlagIsParsed) {
       "--dtype", "bfloat16", "--precision", "pure", "--optimizer", "galore_adamw", "--seed", "42",
       "--data", "tokens.bin", "--eval_fraction", "0.1", "--eval_every", "10", "--eval_batches",
       "3", "--save_every", "20", "--save_dir", "ckpt", "--continue_from", "old", "--run_dir",
-      "runs/x", "--device", "cpu", "--log_every", "5", "--print_config"});
+      "runs/x", "--device", "cpu", "--log_every", "5", "--print_config", "--no_prefetch"});
   const RunConfig& run = command.run;
   EXPECT_EQ(command.kind, Command::Kind::train);
   EXPECT_EQ(run.config_path, "c.json");
@@ -550,6 +550,9 @@ TEST(CliTrain, EveryFlagIsParsed) {
   EXPECT_EQ(run.device, DeviceChoice::cpu);
   EXPECT_EQ(run.log_every, 5);
   EXPECT_TRUE(run.print_config);
+  EXPECT_FALSE(run.prefetch);
+  EXPECT_EQ(run.to_json().at("prefetch"), false);
+  EXPECT_TRUE(parse({"--config", "c.json"}).run.prefetch) << "prefetch is on by default";
 }
 
 TEST(CliTrain, OptimizerFlagsAreParsed) {

@@ -70,6 +70,11 @@ Command parse_command_line(int argc, const char* const* argv) {
     training_flags.push_back(option);
     return option;
   };
+  // Flags of one optimizer: given with another, they would silently do nothing.
+  std::vector<std::pair<CLI::Option*, std::string>> optimizer_flags;
+  auto for_optimizer = [&](const std::string& owner, CLI::Option* option) {
+    optimizer_flags.emplace_back(add(option), owner);
+  };
   add(app.add_option("--config", run.config_path,
                      "model config: HF LlamaConfig JSON (required), e.g. configs/llama_60m.json"));
   add(app.add_option("--lr", run.lr, "peak learning rate")->capture_default_str());
@@ -88,6 +93,10 @@ Command parse_command_line(int argc, const char* const* argv) {
       run.sharding);
   add(sharding.add(app, "--sharding",
                    "full_shard (ZeRO-3), shard_grad_op (ZeRO-2) or no_shard (data parallel)"));
+  bool no_prefetch = !run.prefetch;
+  add(app.add_flag("--no_prefetch", no_prefetch,
+                   "gather each unit only when it runs (default: the next unit's all-gather is "
+                   "prefetched while one runs, on a CUDA side stream)"));
   EnumFlag<Scheduler> scheduler({Scheduler::cosine, Scheduler::linear, Scheduler::constant},
                                 run.scheduler);
   add(scheduler.add(app, "--scheduler", "learning-rate schedule after warm-up"));
@@ -111,7 +120,7 @@ Command parse_command_line(int argc, const char* const* argv) {
   add(app.add_option("--optimizer", run.optimizer,
                      "adamw (torch.optim.AdamW), adamw_sn (subset-norm) or galore_adamw (GaLore)")
           ->capture_default_str());
-  CLI::Option* subset_size =
+  for_optimizer("adamw_sn",
       app.add_option_function<std::string>(
              "--subset_size",
              [&run](const std::string& text) {
@@ -133,47 +142,38 @@ Command parse_command_line(int argc, const char* const* argv) {
              },
              "adamw_sn: heuristics (one subset per row or column of a matrix) or k: contiguous "
              "subsets of the largest divisor of numel <= k (k > 0) or <= sqrt(numel)/|k| (k < 0)")
-          ->default_str("heuristics");
-  add(subset_size);
-  CLI::Option* subset_norm_params =
+          ->default_str("heuristics"));
+  for_optimizer("adamw_sn",
       app.add_option("--subset_norm_params", run.subset_norm_params,
                      "adamw_sn: subset-norm on the linear weights only (the paper's best) or on all")
           ->check(CLI::IsMember({"linear", "all"}))
-          ->capture_default_str();
-  add(subset_norm_params);
-  CLI::Option* galore_rank =
-      app.add_option("--rank", run.galore_rank, "galore_adamw: projection rank")->capture_default_str();
-  add(galore_rank);
-  CLI::Option* update_proj_gap =
+          ->capture_default_str());
+  for_optimizer("galore_adamw",
+      app.add_option("--rank", run.galore_rank, "galore_adamw: projection rank")->capture_default_str());
+  for_optimizer("galore_adamw",
       app.add_option("--update_proj_gap", run.update_proj_gap,
                      "galore_adamw: steps between projector updates")
-          ->capture_default_str();
-  add(update_proj_gap);
-  CLI::Option* galore_scale =
+          ->capture_default_str());
+  for_optimizer("galore_adamw",
       app.add_option("--galore_scale", run.galore_scale, "galore_adamw: scale of the projected update")
-          ->capture_default_str();
-  add(galore_scale);
-  CLI::Option* proj_type =
+          ->capture_default_str());
+  for_optimizer("galore_adamw",
       app.add_option("--proj_type", run.proj_type, "galore_adamw: std, reverse_std, left or right")
           ->check(CLI::IsMember({"std", "reverse_std", "left", "right"}))
-          ->capture_default_str();
-  add(proj_type);
-  CLI::Option* galore_stagger =
+          ->capture_default_str());
+  for_optimizer("galore_adamw",
       app.add_flag("--galore_stagger", run.galore_stagger,
-                   "galore_adamw: spread projector updates over the gap instead of all at once");
-  add(galore_stagger);
-  CLI::Option* galore_projector =
+                   "galore_adamw: spread projector updates over the gap instead of all at once"));
+  for_optimizer("galore_adamw",
       app.add_option("--galore_projector", run.galore_projector,
                      "galore_adamw: svd (the reference's SVD of the gathered gradient) or subspace "
                      "(warm-started power iteration on the shards, no gathered gradient)")
           ->check(CLI::IsMember({"svd", "subspace"}))
-          ->capture_default_str();
-  add(galore_projector);
-  CLI::Option* subspace_iterations =
+          ->capture_default_str());
+  for_optimizer("galore_adamw",
       app.add_option("--subspace_iterations", run.subspace_iterations,
                      "galore_adamw subspace: power iterations per refresh (3x at the first)")
-          ->capture_default_str();
-  add(subspace_iterations);
+          ->capture_default_str());
   add(app.add_option("--seed", run.seed, "seed for initialisation and data order")
           ->check(kNotNegative)
           ->capture_default_str());
@@ -304,17 +304,13 @@ Command parse_command_line(int argc, const char* const* argv) {
     fail_user(kCommandLine, "--config",
               std::string("required for ") + (estimate_app->parsed() ? "`trainer estimate`" : "training") +
                   ": pass a model config such as configs/llama_60m.json (or run `trainer --help`)");
-  // A flag of another optimizer would silently do nothing: say so instead.
-  for (const auto& [flags, owner] :
-       {std::pair<std::vector<CLI::Option*>, const char*>{{subset_size, subset_norm_params}, "adamw_sn"},
-        {{galore_rank, update_proj_gap, galore_scale, proj_type, galore_stagger, galore_projector, subspace_iterations}, "galore_adamw"}})
-    for (const CLI::Option* flag : flags)
-      if (flag->count() > 0 && run.optimizer != owner)
-        fail_user(kCommandLine, flag->get_name(),
-                  std::string("applies to --optimizer ") + owner + " only (got --optimizer " +
-                      run.optimizer + ")");
+  for (const auto& [flag, owner] : optimizer_flags)
+    if (flag->count() > 0 && run.optimizer != owner)
+      fail_user(kCommandLine, flag->get_name(),
+                "applies to --optimizer " + owner + " only (got --optimizer " + run.optimizer + ")");
   run.scheduler = scheduler.value();
   run.sharding = sharding.value();
+  run.prefetch = !no_prefetch;
   run.dtype = dtype.value();
   run.precision = precision.value();
   run.device = device.value();

@@ -409,6 +409,7 @@ json RunConfig::to_json() const {
       {"run_dir", run_dir},
       {"device", to_string(device)},
       {"sharding", llm::to_string(sharding)},
+      {"prefetch", prefetch},
       {"log_every", log_every},
       {"print_config", print_config},
       {"memory_snapshot", memory_snapshot},

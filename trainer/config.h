@@ -108,6 +108,9 @@ struct RunConfig {
   std::string run_dir = "runs/latest";
   DeviceChoice device = DeviceChoice::auto_select;
   ShardingStrategy sharding = ShardingStrategy::full_shard;
+  // Gather the next unit while one runs (on a CUDA side stream; in line on CPU). --no_prefetch turns
+  // it off: at most one unit gathered under full_shard instead of two. Nothing to do for no_shard.
+  bool prefetch = true;
   int64_t log_every = 1;
   bool print_config = false;
   // CUDA only: record the caching allocator's history and write RUN_DIR/memory_snapshot.rank<R>.pickle

@@ -8,6 +8,8 @@
 //    "tokens_seen", "peak_memory_bytes"}
 //   {"event":"eval", "step", "eval_loss", "eval_tokens"}
 //   {"event":"memory", "ranks":[{...}]}  every rank's memory summary (trainer/memory/ledger.h)
+//   {"event":"gather_schedule", "strategy", "prefetch", "side_stream", "units",
+//    "peak_gathered_units", "schedule_peak_gathered_units", "inline_gathers", "prefetches"}
 //   {"event":"end", "steps", "final_loss", "final_eval_loss", "elapsed_s", ...}
 #pragma once
 

@@ -21,6 +21,7 @@
 #include "trainer/model/units.h"
 #include "trainer/optimizer_setup.h"
 #include "sharding/fsdp_unit.h"
+#include "sharding/gather_schedule.h"
 #include "trainer/schedule.h"
 
 namespace llm {
@@ -120,11 +121,16 @@ void restore_shards(const Checkpoint& checkpoint, const std::string& folder,
 }
 
 // The sharded model: units of the single-device model wrapped by ShardedUnit, run unit by unit.
+// When each unit is gathered, prefetched and released is the GatherSchedule's decision; this struct
+// carries the actions out (apply) and measures how many units are gathered at once.
 struct ShardedModel {
   LlamaForCausalLM model;
   UnitContext context;
   std::vector<ModelUnit> units;
   std::vector<std::unique_ptr<ShardedUnit>> sharded;
+  GatherSchedule schedule;
+  CollectiveStream gather_stream;       // CUDA side stream for prefetches; none on CPU
+  int64_t peak_gathered_units = 0;      // counted from the units themselves, after every action
   // Called after each unit's forward ("forward", or "eval" without grad; its compute copy still
   // gathered) and after its backward ("backward"; before its gradients are reduced): the memory
   // ledger's timeline points.
@@ -137,23 +143,24 @@ struct ShardedModel {
     AutocastRegion region(input_ids.device().type(), at::kBFloat16, autocast);
     at::Tensor x = input_ids;
     for (size_t u = 0; u < units.size(); ++u) {
-      sharded[u]->gather();
+      apply(schedule.before_forward(static_cast<int64_t>(u)));  // gather u, prefetch u + 1
       at::Tensor input = (u == 0 || !at::GradMode::is_enabled()) ? x : x.detach().requires_grad_(true);
       at::Tensor output = units[u].forward(input);
       if (on_unit_boundary) on_unit_boundary(at::GradMode::is_enabled() ? "forward" : "eval", u);
-      sharded[u]->release_after_forward();
+      apply(schedule.after_forward(static_cast<int64_t>(u)));   // full_shard: release u
       boundaries.emplace_back(input, output);
       x = output;
     }
     return boundaries;
   }
 
-  // Backward unit by unit in reverse: gather, backward, (last micro-batch) reduce gradients, release.
+  // Backward unit by unit in reverse: gather (prefetch the one before), backward, (last micro-batch)
+  // reduce gradients, release.
   void backward(std::vector<std::pair<at::Tensor, at::Tensor>>& boundaries, const at::Tensor& loss,
                 bool reduce) {
     at::Tensor grad_output;
     for (size_t u = units.size(); u-- > 0;) {
-      sharded[u]->gather();
+      apply(schedule.before_backward(static_cast<int64_t>(u)));  // gather u, prefetch u - 1
       if (u + 1 == units.size())
         loss.backward();
       else
@@ -162,14 +169,52 @@ struct ShardedModel {
       boundaries[u] = {};
       if (on_unit_boundary) on_unit_boundary("backward", u);
       if (reduce) sharded[u]->reduce_gradients();
-      sharded[u]->release();
+      apply(schedule.after_backward(static_cast<int64_t>(u)));   // release u
     }
   }
 
-  void release_all() {
-    for (auto& unit : sharded) unit->release();
+  void release_all() { apply(schedule.release_all()); }
+
+  void apply(const std::vector<GatherAction>& actions) {
+    for (const GatherAction& action : actions) {
+      ShardedUnit& unit = *sharded[static_cast<size_t>(action.unit)];
+      switch (action.op) {
+        case GatherOp::gather: unit.gather(); break;
+        case GatherOp::prefetch: unit.gather_async(gather_stream); break;
+        case GatherOp::wait: unit.wait_gathered(); break;
+        case GatherOp::release: unit.release(); break;
+      }
+      // The schedule's bookkeeping must describe the units, or its bound would mean nothing.
+      if (unit.gathered() != schedule.materialised(action.unit))
+        throw std::logic_error("gather schedule: after " + std::string(to_string(action.op)) +
+                               " of unit " + unit.name() + " the unit is " +
+                               (unit.gathered() ? "gathered" : "released") +
+                               " but the schedule thinks otherwise");
+      count_gathered_units();
+    }
+  }
+
+  // Updates the measured peak; also called once before the first step (no_shard units are
+  // materialised from the start, and no action ever changes that).
+  void count_gathered_units() {
+    int64_t gathered_now = 0;
+    for (const auto& each : sharded) gathered_now += each->gathered() ? 1 : 0;
+    peak_gathered_units = std::max(peak_gathered_units, gathered_now);
   }
 };
+
+// The end-of-run record of the gather order: tests read the peak from it.
+nlohmann::json gather_schedule_record(const ShardedModel& model) {
+  return {{"event", "gather_schedule"},
+          {"strategy", to_string(model.schedule.strategy())},
+          {"prefetch", model.schedule.prefetch()},
+          {"side_stream", model.gather_stream.has_value()},
+          {"units", model.schedule.unit_count()},
+          {"peak_gathered_units", model.peak_gathered_units},
+          {"schedule_peak_gathered_units", model.schedule.peak_gathered_units()},
+          {"inline_gathers", model.schedule.inline_gathers()},
+          {"prefetches", model.schedule.prefetches()}};
+}
 
 Batch to_device(Batch batch, c10::Device device) {
   return {batch.input_ids.to(device), batch.labels.to(device)};
@@ -273,9 +318,12 @@ TrainingOutcome train(const ModelConfig& model_config, const RunConfig& run,
                                                         pure_bf16 ? at::kBFloat16 : at::kFloat));
   };
   ShardedModel sharded_model{LlamaForCausalLM(model_config, shard_unit_when_built), {}, {},
-                             std::move(built_units)};
+                             std::move(built_units), {}, {}, 0};
   sharded_model.units = split_into_units(sharded_model.model, sharded_model.context);
   auto& units = sharded_model.sharded;
+  sharded_model.schedule = GatherSchedule(static_cast<int64_t>(units.size()), run.sharding, run.prefetch);
+  if (run.prefetch) sharded_model.gather_stream = make_gather_stream(device);
+  sharded_model.count_gathered_units();
   const bool sharded_across_ranks = context.world_size > 1 && run.sharding != ShardingStrategy::no_shard;
   std::unique_ptr<ShardOptimizer> optimizer =
       build_optimizer(run, units, sharded_across_ranks ? &communicator : nullptr);
@@ -420,6 +468,7 @@ TrainingOutcome train(const ModelConfig& model_config, const RunConfig& run,
   }
   finish_memory_ledger(ledger, metrics, communicator, model_config, run, context.world_size, device,
                        outcome.steps - start_step);
+  metrics.write(gather_schedule_record(sharded_model));
   metrics.write({{"event", "end"}, {"steps", outcome.steps}, {"final_loss", outcome.final_loss},
                  {"final_eval_loss", outcome.final_eval_loss},
                  {"peak_memory_bytes", ledger.step_line_peak_bytes()}});

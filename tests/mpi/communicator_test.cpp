@@ -33,6 +33,7 @@
 #include "common/errors.h"
 #include "sharding/communicator.h"
 #include "sharding/world.h"
+#include "tests/mpi/backends.h"
 
 namespace {
 
@@ -103,32 +104,11 @@ class Communicators : public ::testing::Environment {
 
   // nullptr with a reason when this backend cannot run here.
   Communicator* get(const std::string& backend, std::string& why_not) {
-    const llm::World& world = llm::current_world();
-    const bool needs_gpu = backend == "nccl" || backend == "single_cuda";
-    if (needs_gpu) {
-#ifndef TRAINER_HAVE_CUDA
-      why_not = "built without CUDA";
-      return nullptr;
-#endif
-      if (!torch::cuda::is_available()) {
-        why_not = "no GPU on this host";
-        return nullptr;
-      }
-      if (world.local_size > static_cast<int>(torch::cuda::device_count())) {
-        why_not = std::to_string(world.local_size) + " ranks on this host but " +
-                  std::to_string(torch::cuda::device_count()) + " GPU(s): NCCL needs one each";
-        return nullptr;
-      }
-    }
+    why_not = llm::testing::backend_unavailable_reason(backend);
+    if (!why_not.empty()) return nullptr;
     auto found = made_.find(backend);
-    if (found != made_.end()) return found->second.get();
-    const c10::Device gpu(c10::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank));
-    std::unique_ptr<Communicator> made;
-    if (backend == "single") made = llm::make_single_rank_communicator(c10::kCPU);
-    if (backend == "single_cuda") made = llm::make_single_rank_communicator(gpu);
-    if (backend == "mpi") made = llm::make_mpi_communicator(world);
-    if (backend == "nccl") made = llm::make_nccl_communicator(world, gpu);
-    return made_.emplace(backend, std::move(made)).first->second.get();
+    if (found == made_.end()) found = made_.emplace(backend, llm::testing::make_backend(backend)).first;
+    return found->second.get();
   }
 
   void TearDown() override { made_.clear(); }
