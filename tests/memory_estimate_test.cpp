@@ -60,6 +60,7 @@ TEST(RunConfigJson, ReadsBackWhatToJsonWrites) {
   run.galore_projector = "subspace";
   run.sharding = ShardingStrategy::shard_grad_op;
   run.device = DeviceChoice::cpu;
+  run.prefetch = false;
   run.seed = 9;
   run.memory_snapshot = true;
   const RunConfig back = run_config_from_json(run.to_json(), "test");
@@ -129,7 +130,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama_micro", 2, "--batch_size 2 --max_length 32 --optimizer adamw_sn --sharding shard_grad_op"},
                       Case{"llama_micro", 3, "--batch_size 2 --max_length 32 --optimizer galore_adamw --rank 8 --sharding no_shard"},
                       Case{"llama_tiny", 2, "--batch_size 2 --max_length 32 --total_batch_size 8 --dtype bfloat16"},
-                      Case{"llama_tiny", 2, "--batch_size 2 --max_length 32 --dtype bfloat16 --precision pure --optimizer galore_adamw --rank 16 --proj_type left"}),
+                      Case{"llama_tiny", 2, "--batch_size 2 --max_length 32 --dtype bfloat16 --precision pure --optimizer galore_adamw --rank 16 --proj_type left"},
+                      Case{"llama_tiny", 4, "--batch_size 2 --max_length 32 --no_prefetch"}),
     case_name);
 
 TEST(EstimateCommand, BadInputIsExitTwo) {

@@ -244,10 +244,6 @@ Command parse_command_line(int argc, const char* const* argv) {
   estimate_app->add_option("--world_size", command.estimate.world_size, "ranks to estimate for")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  estimate_app->add_option("--gathered_units", command.estimate.gathered_units,
-                           "units whose compute copies are gathered at once; 0 = 2 on CUDA (prefetch), 1 on CPU")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
   estimate_app->add_option("--memory_budget_gib", command.estimate.memory_budget_gib,
                            "memory per rank, GiB (e.g. 24): say whether each rank's peak fits")
       ->check(CLI::NonNegativeNumber);

@@ -476,6 +476,7 @@ RunConfig run_config_from_json(const json& object, const std::string& source) {
   read_enum("device", run.device, DeviceChoice::auto_select, DeviceChoice::cpu, DeviceChoice::cuda);
   read_enum("sharding", run.sharding, ShardingStrategy::full_shard, ShardingStrategy::shard_grad_op,
             ShardingStrategy::no_shard);
+  read("prefetch", run.prefetch);
   read("log_every", run.log_every);
   read("print_config", run.print_config);
   read("memory_snapshot", run.memory_snapshot);

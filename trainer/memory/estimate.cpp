@@ -9,6 +9,7 @@
 #include "optim/galore.h"
 #include "optim/shard_optimizer.h"
 #include "optim/subset_norm.h"
+#include "sharding/gather_schedule.h"
 #include "trainer/optimizer_setup.h"
 
 namespace llm {
@@ -156,8 +157,8 @@ struct UnitGeometry {
 // (it evaluates) with a GaLore projector refresh (step 1 always has one).
 class StepSimulation {
  public:
-  StepSimulation(const Model& model, const std::vector<UnitShape>& units, int world, int rank, int gathered_units)
-      : m_(model), world_(world), rank_(rank), gathered_units_(gathered_units) {
+  StepSimulation(const Model& model, const std::vector<UnitShape>& units, int world, int rank)
+      : m_(model), world_(world), rank_(rank) {
     const bool no_shard = m_.run.sharding == ShardingStrategy::no_shard;
     layout_world_ = no_shard ? 1 : world_;
     for (const UnitShape& unit : units) {
@@ -173,7 +174,10 @@ class StepSimulation {
       units_.push_back(geometry);
     }
     gathered_.assign(units_.size(), false);
+    schedule_ = GatherSchedule(static_cast<int64_t>(units_.size()), m_.run.sharding, m_.run.prefetch);
   }
+
+  int64_t peak_gathered_units() const { return schedule_.peak_gathered_units(); }
 
   RankEstimate run() {
     const int64_t n = m_.tokens;
@@ -235,18 +239,23 @@ class StepSimulation {
     timeline_.remove(kActivations, 4 * unit.gathered_numel);
     gathered_[u] = true;
   }
-  // With gathered_units k, the next k - 1 units in the direction of travel come with unit u.
-  void gather(size_t u, int direction) {
-    gather_one(u);
-    for (int ahead = 1; ahead < gathered_units_; ++ahead) {
-      const int64_t next = static_cast<int64_t>(u) + direction * ahead;
-      if (next >= 0 && next < static_cast<int64_t>(units_.size())) gather_one(static_cast<size_t>(next));
-    }
-  }
   void release(size_t u) {
     if (!gathered_[u] || m_.run.sharding == ShardingStrategy::no_shard) return;
     timeline_.remove(kParameters, compute_bytes(u));
     gathered_[u] = false;
+  }
+  // The trainer's own GatherSchedule decides what is gathered, prefetched and released around each
+  // unit (sharding/gather_schedule.h): a prefetch allocates what a gather does, when it is issued.
+  void apply(const std::vector<GatherAction>& actions) {
+    for (const GatherAction& action : actions) {
+      const size_t u = static_cast<size_t>(action.unit);
+      switch (action.op) {
+        case GatherOp::gather:
+        case GatherOp::prefetch: gather_one(u); break;
+        case GatherOp::wait: break;
+        case GatherOp::release: release(u); break;
+      }
+    }
   }
 
   int64_t unit_output_bytes(size_t u, int64_t n) const {
@@ -263,18 +272,17 @@ class StepSimulation {
     const int64_t n = m_.tokens;
     const int64_t batch = 2 * n * 8;  // input_ids and labels, int64
     timeline_.add(kOther, batch);
-    const bool full_shard = m_.run.sharding == ShardingStrategy::full_shard;
 
     // Forward: each unit keeps what autograd saves and its output (held in the boundaries).
     for (size_t u = 0; u < units_.size(); ++u) {
-      gather(u, +1);
+      apply(schedule_.before_forward(static_cast<int64_t>(u)));
       timeline_.add(kActivations, unit_saved_bytes(u, n) + unit_output_bytes(u, n));
       if (is_head(u))
         timeline_.spike(n * m_.head_forward_tail_per_token());
       else if (!is_embed(u))
         timeline_.spike(n * m_.layer_forward_tail_per_token());
       timeline_.point("forward:" + name(u));
-      if (full_shard) release(u);
+      apply(schedule_.after_forward(static_cast<int64_t>(u)));
     }
     // The loss: log-softmax in fp32 (saved); bf16 logits are first copied to fp32 for it.
     const int64_t log_softmax = 4 * n * m_.V;
@@ -284,7 +292,7 @@ class StepSimulation {
     const int64_t grad_x = n * m_.h * m_.hidden_bytes();  // gradient of a unit's input
     const size_t head_input = units_.size() - 2;            // the unit whose output the head reads
     for (size_t u = units_.size(); u-- > 0;) {
-      gather(u, -1);
+      apply(schedule_.before_backward(static_cast<int64_t>(u)));
       // Parameter gradients: the first micro-batch creates them, later ones add into them (the
       // new gradient is a transient of the same size).
       auto parameter_gradients = [&] {
@@ -330,7 +338,7 @@ class StepSimulation {
       }
       timeline_.point("backward:" + name(u));
       if (last) reduce_gradients(u);
-      if (m_.run.sharding != ShardingStrategy::no_shard) release(u);
+      apply(schedule_.after_backward(static_cast<int64_t>(u)));
     }
     // backward() returns: its grad_output (the first layer's input gradient) goes; the micro-batch
     // ends: the loss and with it the head's input and that input's gradient, and the batch.
@@ -356,26 +364,25 @@ class StepSimulation {
   }
 
   void evaluation(int64_t n) {
-    const bool full_shard = m_.run.sharding == ShardingStrategy::full_shard;
     const int64_t batch = 2 * n * 8;  // the eval batch is not an owned buffer: the ledger sees it here
     for (int64_t b = 0; b < m_.run.eval_batches; ++b) {
       timeline_.add(kActivations, batch);
       for (size_t u = 0; u < units_.size(); ++u) {
-        gather(u, +1);
+        apply(schedule_.before_forward(static_cast<int64_t>(u)));
         timeline_.add(kActivations, unit_output_bytes(u, n));
         if (is_head(u))
           timeline_.spike(n * m_.head_eval_tail_per_token() + m_.autocast_weight_bytes(*units_[u].shape));
         else if (!is_embed(u))
           timeline_.spike(n * m_.layer_eval_tail_per_token());
         timeline_.point("eval:" + name(u));
-        if (full_shard) release(u);
+        apply(schedule_.after_forward(static_cast<int64_t>(u)));
       }
       const int64_t log_softmax = 4 * n * m_.V;
       timeline_.spike(log_softmax + (m_.mode == Mode::fp32 ? 0 : log_softmax));
       for (size_t u = 0; u < units_.size(); ++u) timeline_.remove(kActivations, unit_output_bytes(u, n));
       timeline_.remove(kActivations, batch);
     }
-    for (size_t u = 0; u < units_.size(); ++u) release(u);
+    apply(schedule_.release_all());
     timeline_.point("eval");
   }
 
@@ -512,9 +519,9 @@ class StepSimulation {
   const Model& m_;
   int world_, rank_;
   int layout_world_ = 1;
-  int gathered_units_;
   std::vector<UnitGeometry> units_;
   std::vector<bool> gathered_;
+  GatherSchedule schedule_;
   Timeline timeline_;
 };
 
@@ -557,12 +564,12 @@ MemoryEstimate estimate_memory(const ModelConfig& model, const RunConfig& run, c
   estimate.device = resolved_device(run, options);
   LLM_REQUIRE(estimate.device == "cpu" || estimate.device == "cuda", "command line", "--device",
               "the estimate is for cpu or cuda (got \"" + estimate.device + "\")");
-  estimate.gathered_units = options.gathered_units > 0 ? options.gathered_units : (estimate.device == "cuda" ? 2 : 1);
   const std::vector<UnitShape> units = unit_shapes(model);
   const Model shape(model, run);
   for (int rank = 0; rank < options.world_size; ++rank) {
-    StepSimulation simulation(shape, units, options.world_size, rank, estimate.gathered_units);
+    StepSimulation simulation(shape, units, options.world_size, rank);
     estimate.ranks.push_back(simulation.run());
+    estimate.gathered_units = static_cast<int>(simulation.peak_gathered_units());
   }
   return estimate;
 }
@@ -608,7 +615,8 @@ std::string run_estimate_command(const ModelConfig& model, const RunConfig& run,
   out << ", --sharding " << to_string(run.sharding) << ", " << options.world_size << " rank(s) on "
       << estimate.device << ", micro-batch " << run.batch_size << " x " << run.max_length << " tokens"
       << (run.gradient_accumulation > 1 ? ", " + std::to_string(run.gradient_accumulation) + " micro-batches per step" : "")
-      << ", " << estimate.gathered_units << " unit(s) gathered at once.\n"
+      << ", " << (run.prefetch ? "prefetch" : "no prefetch") << ": at most " << estimate.gathered_units
+      << " unit(s) gathered at once.\n"
       << "Peak: the largest total inside any phase of a step (evaluation included); the categories: each one's "
          "largest value at a phase boundary (docs/memory.md). Sizes in "
       << unit.name << ".\n\n";

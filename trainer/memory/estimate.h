@@ -5,8 +5,9 @@
 // each timeline point and at the worst moment inside each phase (its window), the buffers alive:
 //   persistent  fp32 master shard, fp32 gradient shard, optimizer state (optim's analytic
 //               optimizer_state_bytes() per parameter and rank), the batch and rotary tables
-//   parameters  + the gathered compute copies (full_shard: the units in flight; shard_grad_op: every
-//               unit from its forward to its backward; no_shard: all, always)
+//   parameters  + the gathered compute copies, as the trainer's GatherSchedule gathers, prefetches
+//               and releases them (full_shard: the running unit and, with prefetch, the next;
+//               shard_grad_op: every unit from its forward to its backward; no_shard: all, always)
 //   activations the tensors autograd saves per unit, derived from the LLaMA unit structure below
 //               (estimate.cpp lists them op by op), in the dtypes --dtype / --precision give them
 //   transients  the gather buffer, the reduce-scatter buffer and padded copies, the backward's
@@ -44,9 +45,6 @@ struct EstimateOptions {
   int world_size = 1;
   // The device the estimate is for: "cpu" or "cuda". Empty: the run's --device (auto = cuda).
   std::string device;
-  // Units whose compute copies can be gathered at once: 0 = 2 on CUDA (the next unit prefetched
-  // while one runs), 1 on CPU.
-  int gathered_units = 0;
   double memory_budget_gib = 0;  // > 0: `trainer estimate` says whether each rank's peak fits
   bool json = false;             // `trainer estimate --json`: the whole estimate as JSON
 };
@@ -70,7 +68,7 @@ struct RankEstimate {
 
 struct MemoryEstimate {
   std::string device;           // "cpu" or "cuda"
-  int gathered_units = 1;
+  int gathered_units = 1;       // the gather schedule's peak of units gathered at once
   std::vector<RankEstimate> ranks;
 };
 
