@@ -153,34 +153,37 @@ const std::vector<Figure>& figures() {
   return list;
 }
 
-int64_t largest_of(const std::vector<RankMemorySummary>& ranks, bool cuda) {
+int64_t largest_of(const std::vector<RankMemorySummary>& ranks, const Figure& figure) {
   int64_t largest = 0;
-  for (const RankMemorySummary& rank : ranks)
-    for (const Figure& figure : figures())
-      if (cuda || !figure.cuda_only) largest = std::max(largest, figure.read(rank));
+  for (const RankMemorySummary& rank : ranks) largest = std::max(largest, figure.read(rank));
   return largest;
 }
 
 }  // namespace
 
+// Each column (per rank) or row (across ranks) in its own unit: the RSS of a LibTorch process is
+// hundreds of MiB while a small model's categories are KiB.
 std::string per_rank_markdown(const std::vector<RankMemorySummary>& ranks, bool cuda) {
-  const ByteUnit unit = byte_unit_for(largest_of(ranks, cuda));
+  std::vector<const Figure*> shown;
+  std::vector<ByteUnit> units;
+  for (const Figure& figure : figures())
+    if (cuda || !figure.cuda_only) {
+      shown.push_back(&figure);
+      units.push_back(byte_unit_for(largest_of(ranks, figure)));
+    }
   std::ostringstream out;
   out << "| rank |";
-  for (const Figure& figure : figures())
-    if (cuda || !figure.cuda_only) out << ' ' << figure.title << " (" << unit.name << ") |";
+  for (size_t i = 0; i < shown.size(); ++i) out << ' ' << shown[i]->title << " (" << units[i].name << ") |";
   out << " peak at |";
   if (cuda) out << " alloc retries | OOMs |";
   out << "\n|---:|";
-  for (const Figure& figure : figures())
-    if (cuda || !figure.cuda_only) out << "---:|";
+  for (size_t i = 0; i < shown.size(); ++i) out << "---:|";
   out << "---|";
   if (cuda) out << "---:|---:|";
   out << '\n';
   for (const RankMemorySummary& rank : ranks) {
     out << "| " << rank.rank << " |";
-    for (const Figure& figure : figures())
-      if (cuda || !figure.cuda_only) out << ' ' << format_in(figure.read(rank), unit) << " |";
+    for (size_t i = 0; i < shown.size(); ++i) out << ' ' << format_in(shown[i]->read(rank), units[i]) << " |";
     out << " step " << rank.peak_step << ", " << rank.peak_phase << " |";
     if (cuda) out << ' ' << rank.alloc_retries << " | " << rank.ooms << " |";
     out << '\n';
@@ -189,20 +192,20 @@ std::string per_rank_markdown(const std::vector<RankMemorySummary>& ranks, bool 
 }
 
 std::string across_ranks_markdown(const std::vector<RankMemorySummary>& ranks, bool cuda) {
-  const ByteUnit unit = byte_unit_for(largest_of(ranks, cuda));
   std::ostringstream out;
-  out << "| figure (" << unit.name << ") | mean | min | median | max | max / mean |\n"
-      << "|---|---:|---:|---:|---:|---|\n";
+  out << "| figure | unit | mean | min | median | max | max / mean |\n"
+      << "|---|---|---:|---:|---:|---:|---|\n";
   for (const Figure& figure : figures()) {
     if (figure.cuda_only && !cuda) continue;
     std::vector<int64_t> values;
     for (const RankMemorySummary& rank : ranks) values.push_back(figure.read(rank));
     const AcrossRanks stats = across_ranks(values);
+    const ByteUnit unit = byte_unit_for(static_cast<int64_t>(stats.max));
     char ratio[64];
     std::snprintf(ratio, sizeof(ratio), "%.3f", stats.imbalance());
-    out << "| " << figure.title << " | " << format_in(stats.mean, unit) << " | " << format_in(stats.min, unit)
-        << " | " << format_in(stats.median, unit) << " | " << format_in(stats.max, unit) << " | " << ratio
-        << (stats.imbalance() > kImbalanceThreshold ? " **imbalanced**" : "") << " |\n";
+    out << "| " << figure.title << " | " << unit.name << " | " << format_in(stats.mean, unit) << " | "
+        << format_in(stats.min, unit) << " | " << format_in(stats.median, unit) << " | " << format_in(stats.max, unit)
+        << " | " << ratio << (stats.imbalance() > kImbalanceThreshold ? " **imbalanced**" : "") << " |\n";
   }
   return out.str();
 }

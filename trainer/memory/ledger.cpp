@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <sstream>
 
 #include "common/errors.h"
 #include "common/host_memory.h"
@@ -266,6 +267,8 @@ std::vector<RankMemorySummary> MemoryLedger::finish(Communicator& communicator, 
     log::info("memory: peak per rank mean {}, min {}, max {} (max/mean {:.3f}{}); {}", human_bytes(static_cast<int64_t>(stats.mean)),
               human_bytes(static_cast<int64_t>(stats.min)), human_bytes(static_cast<int64_t>(stats.max)), stats.imbalance(),
               stats.imbalance() > kImbalanceThreshold ? ", imbalanced" : "", path);
+    std::istringstream table(across_ranks_markdown(ranks, cuda));
+    for (std::string line; std::getline(table, line);) log::info("memory: {}", line);
   }
   return ranks;
 }

@@ -69,7 +69,7 @@ class MemoryLedger {
   int64_t step_line_peak_bytes() const;
   RankMemorySummary summary() const;
   // Collective: every rank's summary, gathered with one all-reduce of a table (ranks x figures).
-  // Rank 0 writes RUN_DIR/memory_report.md under `title` and logs one line. Every rank writes its
+  // Rank 0 writes RUN_DIR/memory_report.md under `title` and prints the across-ranks table. Every rank writes its
   // end record. Returns the summaries of all ranks on every rank.
   std::vector<RankMemorySummary> finish(Communicator& communicator, const std::string& title,
                                         const std::string& description);
