@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include <ATen/ATen.h>
+#include <torch/cuda.h>
 #include <nlohmann/json.hpp>
 
 #include "common/host_memory.h"
@@ -182,6 +183,34 @@ TEST(LedgerSnapshot, MemorySnapshotOnCpuIsAUserError) {
   EXPECT_NE(result.output.find("--memory_snapshot"), std::string::npos) << result.output;
   EXPECT_NE(result.output.find("CUDA"), std::string::npos) << result.output;
   EXPECT_FALSE(std::filesystem::exists(dir / "run/metrics.jsonl")) << "nothing is written before the check";
+}
+
+// On a GPU: the ledger reads the caching allocator (allocated, reserved), and --memory_snapshot
+// writes the allocator's history as a pickle (pytorch.org/memory_viz reads it). Skips without a GPU.
+TEST(LedgerCuda, CachingAllocatorReadingsAndSnapshot) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this host";
+  ScratchDir dir("ledger_cuda");
+  auto result = run_command(testing::trainer_binary().string() + " --config " +
+                            (testing::source_dir() / "configs/llama_tiny.json").string() +
+                            " --device cuda --num_training_steps 3 --warmup_steps 0 --max_length 32"
+                            " --batch_size 2 --eval_every 0 --eval_batches 1 --memory_snapshot --run_dir " +
+                            dir.path().string());
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const auto snapshot = dir / "memory_snapshot.rank0.pickle";
+  ASSERT_TRUE(std::filesystem::exists(snapshot));
+  EXPECT_GT(std::filesystem::file_size(snapshot), 1000u);
+  std::ifstream in(dir / "memory.rank0.jsonl");
+  int steps = 0;
+  for (std::string line; std::getline(in, line);) {
+    const auto record = nlohmann::json::parse(line);
+    if (record.at("event") != "step") continue;
+    ++steps;
+    const int64_t peak = record.at("peak_bytes"), reserved = record.at("reserved_peak_bytes");
+    EXPECT_GT(peak, 0);
+    EXPECT_GE(reserved, peak) << "the caching allocator reserves at least what it hands out";
+    EXPECT_EQ(record.at("ooms"), 0);
+  }
+  EXPECT_EQ(steps, 3);
 }
 
 }  // namespace
