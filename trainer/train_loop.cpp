@@ -460,7 +460,9 @@ TrainingOutcome train(const ModelConfig& model_config, const RunConfig& run,
       if (!run.save_dir.empty()) ledger.point("checkpoint", "", owned_now());
     }
     ledger.end_step();
-    if (run.memory_snapshot && (step == start_step + kSnapshotSteps || last)) {
+    // Once: after the second step (or the last, if fewer). Recording stops there, so a later
+    // snapshot would replace this one with one whose history is gone.
+    if (run.memory_snapshot && step == std::min(start_step + kSnapshotSteps, run.num_training_steps)) {
       write_device_memory_snapshot(
           device, (fs::path(run.run_dir) / ("memory_snapshot.rank" + std::to_string(context.rank) + ".pickle")).string());
       stop_device_memory_history(device);
