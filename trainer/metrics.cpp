@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "common/errors.h"
+#include "trainer/memory/categories.h"
 
 namespace llm {
 
@@ -43,7 +44,7 @@ void MetricsLog::log_step(const StepRecord& r) {
   std::snprintf(line, sizeof(line),
                 "step %6lld/%lld | loss %.4f | lr %.3e | grad_norm %.3f | tok/s %.0f | peak_mem %s",
                 static_cast<long long>(r.step), static_cast<long long>(r.total_steps), r.loss, r.lr,
-                r.grad_norm, r.tokens_per_second, format_bytes(r.peak_memory_bytes).c_str());
+                r.grad_norm, r.tokens_per_second, human_bytes(r.peak_memory_bytes).c_str());
   log_line(line);
   if (interactive_) draw_progress(r.step, r.total_steps);
 }
@@ -70,19 +71,6 @@ void MetricsLog::draw_progress(int64_t step, int64_t total) {
               format_duration(elapsed).c_str(), format_duration(eta).c_str());
   std::fflush(stdout);
   bar_drawn_ = true;
-}
-
-std::string format_bytes(int64_t bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double value = static_cast<double>(bytes);
-  int unit = 0;
-  while (value >= 1024.0 && unit < 4) {
-    value /= 1024.0;
-    ++unit;
-  }
-  char text[32];
-  std::snprintf(text, sizeof(text), unit == 0 ? "%.0f %s" : "%.2f %s", value, units[unit]);
-  return text;
 }
 
 std::string format_duration(double seconds) {

@@ -55,7 +55,6 @@ class MetricsLog {
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
-std::string format_bytes(int64_t bytes);     // "1.23 GiB"
 std::string format_duration(double seconds);  // "1h02m03s"
 
 }  // namespace llm

@@ -371,7 +371,7 @@ TrainingOutcome train(const ModelConfig& model_config, const RunConfig& run,
             model_config.name, model_config.num_parameters() / 1e6, context.world_size, device.str(),
             communicator.backend_name(), to_string(run.sharding), run.num_training_steps,
             run.total_batch_size, run.max_length);
-  log::info("optimizer {}: {} of state on this rank", run.optimizer, format_bytes(optimizer->state_bytes()));
+  log::info("optimizer {}: {} of state on this rank", run.optimizer, human_bytes(optimizer->state_bytes()));
 
   // Checkpoints hold full tensors (world-size independent): every rank joins the gathers, rank 0 writes.
   auto save = [&](int64_t step) {

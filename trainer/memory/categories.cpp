@@ -89,26 +89,31 @@ RankMemorySummary RankMemorySummary::from_json(const nlohmann::json& object) {
   return summary;
 }
 
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
 AcrossRanks across_ranks(const std::vector<int64_t>& values) {
   AcrossRanks result;
   if (values.empty()) return result;
-  std::vector<int64_t> sorted = values;
-  std::sort(sorted.begin(), sorted.end());
+  std::vector<double> as_double(values.begin(), values.end());
   double sum = 0;
-  for (int64_t value : sorted) sum += static_cast<double>(value);
-  const size_t n = sorted.size();
-  result.mean = sum / static_cast<double>(n);
-  result.min = static_cast<double>(sorted.front());
-  result.max = static_cast<double>(sorted.back());
-  result.median = n % 2 == 1 ? static_cast<double>(sorted[n / 2])
-                             : 0.5 * (static_cast<double>(sorted[n / 2 - 1]) + static_cast<double>(sorted[n / 2]));
+  for (double value : as_double) sum += value;
+  result.mean = sum / static_cast<double>(as_double.size());
+  result.min = *std::min_element(as_double.begin(), as_double.end());
+  result.max = *std::max_element(as_double.begin(), as_double.end());
+  result.median = median(std::move(as_double));
   return result;
 }
 
 ByteUnit byte_unit_for(int64_t largest) {
-  static const ByteUnit units[] = {{"B", 1.0}, {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}};
+  static const ByteUnit units[] = {
+      {"B", 1.0}, {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
   int index = 0;
-  while (index < 3 && static_cast<double>(largest) >= units[index + 1].divisor) ++index;
+  while (index < 4 && static_cast<double>(largest) >= units[index + 1].divisor) ++index;
   return units[index];
 }
 

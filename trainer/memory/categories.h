@@ -73,12 +73,13 @@ struct AcrossRanks {
   double imbalance() const { return mean > 0 ? max / mean : 1.0; }
 };
 AcrossRanks across_ranks(const std::vector<int64_t>& values);
+double median(std::vector<double> values);  // 0 for none; the mean of the middle two for an even count
 
 // Ranks whose figure is above this fraction of the mean are flagged as imbalanced.
 constexpr double kImbalanceThreshold = 1.05;
 
 // Byte counts in one unit chosen for a column of numbers: the largest power of 1024 (B, KiB, MiB,
-// GiB) at which the largest value is at least 1.
+// GiB, TiB) at which the largest value is at least 1.
 struct ByteUnit {
   const char* name;
   double divisor;
@@ -86,7 +87,7 @@ struct ByteUnit {
 ByteUnit byte_unit_for(int64_t largest);
 std::string format_in(int64_t bytes, const ByteUnit& unit);   // "12.34" (no unit name)
 std::string format_in(double bytes, const ByteUnit& unit);
-std::string human_bytes(int64_t bytes);                         // "12.34 MiB"
+std::string human_bytes(int64_t bytes);                         // "12.34 MiB" (step lines, logs, plots)
 
 // The per-rank table (peak, at which phase, each category's peak, host peak, peak RSS, and on CUDA
 // reserved / pinned / retries / OOMs) and the across-ranks table with imbalance flags, in Markdown.

@@ -63,13 +63,6 @@ std::string file_label(const std::string& label) {
   return out.empty() ? "run" : out;
 }
 
-double median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
-
 RankMemorySummary summary_from_steps(int rank, const std::vector<json>& records) {
   RankMemorySummary summary;
   summary.rank = rank;
