@@ -78,19 +78,10 @@ void refresh_projector(const GaLoreGeometry& geometry, const ParameterShard& par
   }
 }
 
-namespace {
-
-void sum_in_place(at::Tensor& tensor, Communicator* across, int world_size) {
-  if (across != nullptr && world_size > 1) across->all_reduce(tensor, ReduceOp::sum);
-}
-
-}  // namespace
-
 void refresh_projector_subspace(const GaLoreGeometry& geometry, const ParameterShard& parameter,
                                 const at::Tensor& grad, at::Tensor& projector, bool warm,
                                 int64_t iterations, uint64_t seed, Communicator* across) {
   const int64_t n = parameter.cols, r = geometry.rank;
-  const int world = geometry.world_size;
   const at::Tensor rows = grad.view({parameter.rows_per_rank, n});  // padding rows are zero
   // Start: (n x r). Warm: the previous right basis (P^T), or G^T U_prev for a left projector.
   at::Tensor basis;
@@ -98,7 +89,7 @@ void refresh_projector_subspace(const GaLoreGeometry& geometry, const ParameterS
     basis = projector.t().contiguous();
   } else if (warm) {
     basis = at::matmul(rows.t(), projector).contiguous();
-    sum_in_place(basis, across, world);
+    sum_over_ranks(basis, across);
   } else {
     at::Generator generator = at::make_generator<at::CPUGeneratorImpl>(seed);
     basis = at::randn({n, r}, generator, at::TensorOptions().dtype(at::kFloat)).to(grad.device());
@@ -106,13 +97,13 @@ void refresh_projector_subspace(const GaLoreGeometry& geometry, const ParameterS
   basis = std::get<0>(at::linalg_qr(basis));
   for (int64_t i = 0; i < iterations; ++i) {
     at::Tensor next = at::matmul(rows.t(), at::matmul(rows, basis)).contiguous();  // G^T G Q
-    sum_in_place(next, across, world);
+    sum_over_ranks(next, across);
     basis = std::get<0>(at::linalg_qr(next));
   }
   // Rayleigh-Ritz: the r x r Gram of G Q gives the singular values and the rotation within span(Q).
   const at::Tensor projected = at::matmul(rows, basis);  // (rows_per_rank, r)
   at::Tensor gram = at::matmul(projected.t(), projected).contiguous();
-  sum_in_place(gram, across, world);
+  sum_over_ranks(gram, across);
   auto [eigenvalues, eigenvectors] = at::linalg_eigh(gram);  // ascending
   const at::Tensor order = at::arange(r - 1, -1, -1, at::TensorOptions().dtype(at::kLong).device(grad.device()));
   const at::Tensor right_vectors = at::matmul(basis, eigenvectors.index_select(1, order));  // (n, r) V_r
@@ -130,7 +121,7 @@ void refresh_projector_subspace(const GaLoreGeometry& geometry, const ParameterS
   at::Tensor agreement;
   if (warm) {
     agreement = geometry.right ? (fresh * projector).sum(1) : (fresh * projector).sum(0).contiguous();
-    if (!geometry.right) sum_in_place(agreement, across, world);
+    if (!geometry.right) sum_over_ranks(agreement, across);
   } else {
     const at::Tensor largest = right_vectors.abs().argmax(0);
     agreement = right_vectors.gather(0, largest.unsqueeze(0)).squeeze(0);
