@@ -83,21 +83,22 @@ void HfAdamW::step(double lr) {
 
   // GaLore's schedule: a new projector at steps 1, T + 1, 2T + 1, ... from that step's gradient
   // (shifted per matrix by refresh_offset when staggered; every matrix gets one at step 1).
+  // Every projector exists after step 1 (a checkpoint of a later step carries them).
   projector_seconds_ = 0;
   const auto started = std::chrono::steady_clock::now();
+  const bool have_projectors = t > 1;
   for (Entry& entry : entries_) {
     if (entry.parameter.rule != UpdateRule::galore) continue;
     const int64_t phase = t - 1 - entry.refresh_offset;
-    if (entry.projector_ready && !(phase >= 0 && phase % settings_.update_proj_gap == 0)) continue;
+    if (have_projectors && !(phase >= 0 && phase % settings_.update_proj_gap == 0)) continue;
     if (settings_.projector_method == "subspace")
       refresh_projector_subspace(entry.galore, entry.parameter, entry.parameter.grad, entry.projector,
-                                 entry.projector_ready,
-                                 entry.projector_ready ? settings_.subspace_iterations
-                                                       : 3 * settings_.subspace_iterations,
+                                 have_projectors,
+                                 have_projectors ? settings_.subspace_iterations
+                                                 : 3 * settings_.subspace_iterations,
                                  entry.projector_seed, across_);
     else
       refresh_projector(entry.galore, entry.parameter, entry.parameter.grad, entry.projector, across_);
-    entry.projector_ready = true;
   }
   projector_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
 
@@ -288,7 +289,6 @@ void HfAdamW::load_full_state_dict(const std::map<std::string, at::Tensor>& stat
     if (entry.projector.defined()) entry.projector.copy_(loaded[i][2]);
   }
   step_ = step;
-  for (Entry& entry : entries_) entry.projector_ready = step > 0;
 }
 
 }  // namespace llm

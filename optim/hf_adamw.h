@@ -42,7 +42,6 @@ class HfAdamW final : public ShardOptimizer {
     GaLoreGeometry galore;   // galore
     at::Tensor projector;    // galore, local projector shape
     int64_t refresh_offset = 0;  // galore: steps after 1 + jT at which this projector is recomputed
-    bool projector_ready = false;
     uint64_t projector_seed = 0;  // galore subspace: the cold start's Gaussian
   };
   std::vector<int64_t> moment_shape(const Entry& entry) const;
