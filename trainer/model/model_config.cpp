@@ -1,0 +1,339 @@
+#include "trainer/model/model_config.h"
+
+#include <cctype>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <sstream>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "common/errors.h"
+
+namespace llm {
+namespace {
+
+using nlohmann::json;
+
+// Every key a model config may hold. Anything else is rejected so that a misspelt key ("num_layers")
+// is reported instead of silently leaving a default in place.
+constexpr std::string_view kKnownModelKeys[] = {
+    // The GaLore family (configs/llama_*.json).
+    "architectures", "model_type", "hidden_act", "bos_token_id", "eos_token_id", "pad_token_id",
+    "initializer_range", "rms_norm_eps", "transformers_version", "use_cache", "hidden_size",
+    "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size",
+    "max_sequence_length",
+    // Optional HF LlamaConfig keys.
+    "max_position_embeddings", "rope_theta", "num_key_value_heads", "tie_word_embeddings",
+    "torch_dtype", "attention_bias", "mlp_bias", "attention_dropout", "rope_scaling", "head_dim",
+    "pretraining_tp"};
+
+// Sizes go into tensor shapes and into products like vocab * hidden; int32 range keeps both sane.
+constexpr int64_t kMaxSize = std::numeric_limits<int32_t>::max();
+
+std::string known_keys_list() {
+  std::string list;
+  for (std::string_view key : kKnownModelKeys) {
+    if (!list.empty()) list += ", ";
+    list += key;
+  }
+  return list;
+}
+
+
+// Reads typed fields of one JSON object, failing with "SOURCE: KEY: expected ... (got ...)".
+class ModelConfigReader {
+ public:
+  ModelConfigReader(const json& object, const std::string& source)
+      : object_(object), source_(source) {}
+
+  [[noreturn]] void fail(const std::string& key, const std::string& message) const {
+    fail_user(source_, key, message);
+  }
+  [[noreturn]] void fail_expected(const std::string& key, const std::string& expected,
+                                  const json& got) const {
+    fail(key, "expected " + expected + " (got " + describe_json_value(got) + ")");
+  }
+
+  // The value, or nullptr when the key is absent or null (HF writes null for "use the default").
+  const json* optional(const char* key) const {
+    auto found = object_.find(key);
+    if (found == object_.end() || found->is_null()) return nullptr;
+    return &*found;
+  }
+  bool present(const char* key) const { return object_.contains(key); }
+
+  int64_t integer(const char* key, const json& value, const std::string& expected) const {
+    if (!value.is_number_integer()) fail_expected(key, expected, value);
+    if (value.is_number_unsigned() &&
+        value.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
+      fail_expected(key, expected, value);
+    return value.get<int64_t>();
+  }
+
+  int64_t required_size(const char* key) const {
+    const std::string expected = "a positive integer";
+    auto found = object_.find(key);
+    if (found == object_.end())
+      fail(key, "missing: " + expected + " is required (see configs/llama_60m.json)");
+    const int64_t size = integer(key, *found, expected);
+    if (size <= 0 || size > kMaxSize) fail_expected(key, expected + " up to 2^31-1", *found);
+    return size;
+  }
+
+  std::optional<int64_t> optional_size(const char* key) const {
+    const json* value = optional(key);
+    if (value == nullptr) return std::nullopt;
+    const int64_t size = integer(key, *value, "a positive integer");
+    if (size <= 0 || size > kMaxSize) fail_expected(key, "a positive integer up to 2^31-1", *value);
+    return size;
+  }
+
+  // Token ids: an id in [-1, vocab_size), -1 or null meaning "none".
+  int64_t token_id(const char* key, int64_t fallback, int64_t vocab_size) const {
+    const std::string expected =
+        "an integer token id in [-1, vocab_size = " + std::to_string(vocab_size) + ") or null";
+    if (!present(key)) return fallback;
+    const json& value = object_.at(key);
+    if (value.is_null()) return -1;
+    const int64_t id = integer(key, value, expected);
+    if (id < -1 || id >= vocab_size) fail_expected(key, expected, value);
+    return id;
+  }
+
+  double positive_number(const char* key, double fallback) const {
+    const json* value = optional(key);
+    if (value == nullptr) return fallback;
+    const std::string expected = "a positive finite number";
+    if (!value->is_number()) fail_expected(key, expected, *value);
+    const double number = value->get<double>();
+    if (!(number > 0.0) || !std::isfinite(number)) fail_expected(key, expected, *value);
+    return number;
+  }
+
+  bool boolean(const char* key, bool fallback) const {
+    const json* value = optional(key);
+    if (value == nullptr) return fallback;
+    if (!value->is_boolean()) fail_expected(key, "true or false", *value);
+    return value->get<bool>();
+  }
+
+  // A key that is accepted only with the one value this trainer builds.
+  void require_bool(const char* key, bool only, const char* why) const {
+    const json* value = optional(key);
+    if (value == nullptr) return;
+    if (!value->is_boolean()) fail_expected(key, "a boolean", *value);
+    if (value->get<bool>() != only)
+      fail_expected(key, std::string(only ? "true" : "false") + ": " + why, *value);
+  }
+  void require_number(const char* key, double only, const char* why) const {
+    const json* value = optional(key);
+    if (value == nullptr) return;
+    if (!value->is_number()) fail_expected(key, "a number", *value);
+    if (value->get<double>() != only)
+      fail_expected(key, format_number(only) + ": " + why, *value);
+  }
+  void require_string(const char* key, const char* only, const char* why) const {
+    const json* value = optional(key);
+    if (value == nullptr) return;
+    if (!value->is_string() || value->get<std::string>() != only)
+      fail_expected(key, std::string("\"") + only + "\": " + why, *value);
+  }
+  void require_string_type(const char* key) const {
+    const json* value = optional(key);
+    if (value != nullptr && !value->is_string()) fail_expected(key, "a string", *value);
+  }
+
+ private:
+  const json& object_;
+  const std::string& source_;
+};
+
+bool iequals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(a[i])) !=
+        std::tolower(static_cast<unsigned char>(b[i])))
+      return false;
+  return true;
+}
+
+}  // namespace
+
+// "integer 3", "float 1.5", "string \"abc\"", "boolean true", "null", "array [...]".
+std::string describe_json_value(const json& value) {
+  std::string text = value.dump();
+  if (text.size() > 60) text = text.substr(0, 57) + "...";
+  if (value.is_number_integer()) return "integer " + text;
+  if (value.is_number_float()) return "float " + text;
+  if (value.is_null()) return "null";
+  return std::string(value.type_name()) + " " + text;
+}
+
+std::string format_number(double value) {
+  std::ostringstream text;
+  text << value;
+  return text.str();
+}
+
+ModelConfig parse_model_config(const json& object, const std::string& source) {
+  if (!object.is_object())
+    fail_user(source, "(top level)",
+              "expected a JSON object of HF LlamaConfig keys (got " + describe_json_value(object) + ")");
+  for (const auto& item : object.items()) {
+    bool known = false;
+    for (std::string_view key : kKnownModelKeys) known = known || key == item.key();
+    if (!known)
+      fail_user(source, item.key(),
+                "unknown key: remove it or fix its spelling (accepted keys: " + known_keys_list() +
+                    ")");
+  }
+
+  const ModelConfigReader reader(object, source);
+  ModelConfig config;
+  config.name = std::filesystem::path(source).stem().string();
+
+  config.hidden_size = reader.required_size("hidden_size");
+  config.intermediate_size = reader.required_size("intermediate_size");
+  config.num_attention_heads = reader.required_size("num_attention_heads");
+  config.num_hidden_layers = reader.required_size("num_hidden_layers");
+  config.vocab_size = reader.required_size("vocab_size");
+
+  if (const json* architectures = reader.optional("architectures")) {
+    const char* expected = "[\"LlamaForCausalLM\"] (any capitalisation, e.g. GaLore's LLaMAForCausalLM)";
+    if (!architectures->is_array() || architectures->size() != 1 ||
+        !(*architectures)[0].is_string() ||
+        !iequals((*architectures)[0].get<std::string>(), "LlamaForCausalLM"))
+      reader.fail_expected("architectures", expected, *architectures);
+  }
+  reader.require_string("model_type", "llama", "this trainer builds LLaMA models only");
+  reader.require_string("hidden_act", "silu", "the LLaMA MLP is SwiGLU");
+  reader.require_string_type("transformers_version");
+  reader.boolean("use_cache", true);  // inference-only switch: checked for type, then ignored
+  if (const json* dtype = reader.optional("torch_dtype")) {
+    if (!dtype->is_string() || (dtype->get<std::string>() != "float32" &&
+                                dtype->get<std::string>() != "float16" &&
+                                dtype->get<std::string>() != "bfloat16"))
+      reader.fail_expected("torch_dtype", "\"float32\", \"float16\" or \"bfloat16\" (ignored: --dtype decides)",
+                           *dtype);
+  }
+
+  config.bos_token_id = reader.token_id("bos_token_id", config.bos_token_id, config.vocab_size);
+  config.eos_token_id = reader.token_id("eos_token_id", config.eos_token_id, config.vocab_size);
+  config.pad_token_id = reader.token_id("pad_token_id", config.pad_token_id, config.vocab_size);
+  config.initializer_range = reader.positive_number("initializer_range", config.initializer_range);
+  config.rms_norm_eps = reader.positive_number("rms_norm_eps", config.rms_norm_eps);
+  config.rope_theta = reader.positive_number("rope_theta", config.rope_theta);
+  config.tie_word_embeddings = reader.boolean("tie_word_embeddings", config.tie_word_embeddings);
+
+  const std::optional<int64_t> max_position = reader.optional_size("max_position_embeddings");
+  const std::optional<int64_t> max_sequence = reader.optional_size("max_sequence_length");
+  if (max_position && max_sequence && *max_position != *max_sequence)
+    reader.fail("max_position_embeddings",
+                "expected the same value as max_sequence_length = " +
+                    std::to_string(*max_sequence) + " or only one of the two keys (got " +
+                    std::to_string(*max_position) + ")");
+  config.max_position_embeddings = max_position ? *max_position
+                                   : max_sequence ? *max_sequence
+                                                  : config.max_position_embeddings;
+
+  reader.require_bool("attention_bias", false, "LLaMA projections have no bias");
+  reader.require_bool("mlp_bias", false, "LLaMA projections have no bias");
+  reader.require_number("attention_dropout", 0.0, "pre-training runs without dropout");
+  if (reader.present("rope_scaling") && !object.at("rope_scaling").is_null())
+    reader.fail_expected("rope_scaling", "null: RoPE scaling is not supported", object.at("rope_scaling"));
+  if (const json* tp = reader.optional("pretraining_tp")) {
+    if (reader.integer("pretraining_tp", *tp, "the integer 1") != 1)
+      reader.fail_expected("pretraining_tp", "1: tensor-parallel emulation is not supported", *tp);
+  }
+
+  // Shape rules: whole heads, whole groups of heads per kv head, an even head_dim for rotate-half.
+  if (config.hidden_size % config.num_attention_heads != 0)
+    reader.fail("hidden_size",
+                "expected a multiple of num_attention_heads = " +
+                    std::to_string(config.num_attention_heads) + " (got " +
+                    std::to_string(config.hidden_size) + ")");
+  config.num_key_value_heads =
+      reader.optional_size("num_key_value_heads").value_or(config.num_attention_heads);
+  if (config.num_attention_heads % config.num_key_value_heads != 0)
+    reader.fail("num_key_value_heads",
+                "expected a divisor of num_attention_heads = " +
+                    std::to_string(config.num_attention_heads) + " (got " +
+                    std::to_string(config.num_key_value_heads) + ")");
+  if (config.head_dim() % 2 != 0)
+    reader.fail("num_attention_heads",
+                "expected hidden_size / num_attention_heads (the head dim) to be even for rotary "
+                "embeddings (got " + std::to_string(config.hidden_size) + " / " +
+                    std::to_string(config.num_attention_heads) + " = " +
+                    std::to_string(config.head_dim()) + ")");
+  if (const json* head_dim = reader.optional("head_dim")) {
+    const std::string expected = "hidden_size / num_attention_heads = " +
+                                 std::to_string(config.head_dim());
+    if (reader.integer("head_dim", *head_dim, expected) != config.head_dim())
+      reader.fail_expected("head_dim", expected, *head_dim);
+  }
+  return config;
+}
+
+ModelConfig load_model_config(const std::string& path) {
+  namespace fs = std::filesystem;
+  const char* what_to_pass = "pass --config with an HF LlamaConfig JSON file, e.g. configs/llama_60m.json";
+  std::error_code error;
+  if (!fs::exists(path, error)) fail_user(path, "", std::string("no such file: ") + what_to_pass);
+  if (fs::is_directory(path, error))
+    fail_user(path, "", std::string("is a folder, not a JSON file: ") + what_to_pass);
+  std::ifstream stream(path);
+  if (!stream) fail_user(path, "", "cannot be opened for reading: check its permissions");
+
+  json object;
+  try {
+    object = json::parse(stream);
+  } catch (const json::parse_error& parse_error) {
+    // nlohmann's text is "[json.exception.parse_error.101] parse error at line L, column C: ...".
+    std::string detail = parse_error.what();
+    if (const size_t tag_end = detail.find("] "); detail.rfind("[json.exception", 0) == 0 &&
+                                                  tag_end != std::string::npos)
+      detail = detail.substr(tag_end + 2);
+    fail_user(path, "", "invalid JSON: " + detail);
+  }
+  return parse_model_config(object, path);
+}
+
+int64_t ModelConfig::num_parameters() const {
+  const int64_t h = hidden_size;
+  const int64_t kv_width = num_key_value_heads * head_dim();
+  const int64_t attention = 2 * h * h + 2 * h * kv_width;  // q, o: h x h; k, v: kv_width x h
+  const int64_t mlp = 3 * h * intermediate_size;           // gate, up, down
+  const int64_t norms = 2 * h;                             // input and post-attention RMSNorm
+  const int64_t embedding = vocab_size * h;
+  const int64_t head = tie_word_embeddings ? 0 : vocab_size * h;
+  return embedding + head + num_hidden_layers * (attention + mlp + norms) + h;
+}
+
+json ModelConfig::to_json() const {
+  return json{
+      {"architectures", json::array({"LlamaForCausalLM"})},
+      {"model_type", "llama"},
+      {"hidden_act", "silu"},
+      {"hidden_size", hidden_size},
+      {"intermediate_size", intermediate_size},
+      {"num_attention_heads", num_attention_heads},
+      {"num_key_value_heads", num_key_value_heads},
+      {"num_hidden_layers", num_hidden_layers},
+      {"head_dim", head_dim()},
+      {"vocab_size", vocab_size},
+      {"max_position_embeddings", max_position_embeddings},
+      {"rms_norm_eps", rms_norm_eps},
+      {"rope_theta", rope_theta},
+      {"initializer_range", initializer_range},
+      {"tie_word_embeddings", tie_word_embeddings},
+      {"pad_token_id", pad_token_id},
+      {"bos_token_id", bos_token_id},
+      {"eos_token_id", eos_token_id},
+  };
+}
+
+}  // namespace llm
