@@ -47,16 +47,16 @@ at::Tensor structured(const std::vector<int64_t>& shape) {
 
 Timing run(const llm::OptimizerSettings& settings, const std::vector<std::vector<int64_t>>& shapes, int steps) {
   std::vector<at::Tensor> params, grads, bases;
-  std::vector<llm::ParameterShard> shards;
+  std::vector<llm::UnitShard> units;
   const llm::UpdateRule rule = settings.kind == "adamw" ? llm::UpdateRule::adamw : llm::UpdateRule::galore;
   at::manual_seed(0);
   for (size_t i = 0; i < shapes.size(); ++i) {
     params.push_back(at::randn(shapes[i]) * 0.02);
     bases.push_back(structured(shapes[i]));
     grads.push_back(bases.back().clone());
-    shards.push_back(llm::ParameterShard::whole("w" + std::to_string(i), params.back(), grads.back(), true, rule));
+    units.push_back(llm::single_parameter_unit("w" + std::to_string(i), shapes[i], params.back(), grads.back(), rule, true));
   }
-  auto optimizer = llm::make_shard_optimizer(settings, shards, nullptr);
+  auto optimizer = std::make_unique<llm::ShardOptimizer>(settings, std::move(units), nullptr);
   std::vector<double> seconds;
   double projector = 0;
   Timing timing;

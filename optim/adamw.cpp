@@ -8,6 +8,7 @@
 
 #include "common/errors.h"
 #include "optim/adamw_functor.h"
+#include "optim/shard_state.h"
 
 #ifdef TRAINER_HAVE_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -30,12 +31,6 @@ std::string describe(const at::Tensor& tensor) {
   std::ostringstream text;
   text << tensor.scalar_type() << " " << tensor.sizes() << " on " << tensor.device()
        << (tensor.is_contiguous() ? "" : " (not contiguous)");
-  return text.str();
-}
-
-std::string describe_shape(at::IntArrayRef sizes) {
-  std::ostringstream text;
-  text << sizes;
   return text.str();
 }
 
@@ -76,7 +71,9 @@ void check_update_arguments(const at::Tensor& param, const at::Tensor& grad,
               "must be finite and >= 0, got " + std::to_string(weight_decay));
 }
 
-void check_options(const AdamWOptions& options) {
+}  // namespace
+
+void check_adamw_options(const AdamWOptions& options) {
   LLM_REQUIRE(options.beta1 >= 0.0 && options.beta1 < 1.0, kSource, "beta1",
               "must be in [0, 1), got " + std::to_string(options.beta1));
   LLM_REQUIRE(options.beta2 >= 0.0 && options.beta2 < 1.0, kSource, "beta2",
@@ -86,6 +83,8 @@ void check_options(const AdamWOptions& options) {
   LLM_REQUIRE(options.weight_decay >= 0.0, kSource, "weight_decay",
               "must be >= 0, got " + std::to_string(options.weight_decay));
 }
+
+namespace {
 
 // The CPU step: one pass over the four arrays, split across OpenMP threads in contiguous
 // blocks (static schedule, so each thread streams its own range) and vectorised within each.
@@ -158,7 +157,7 @@ void adamw_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg
 
 AdamW::AdamW(std::vector<OptimizedTensor> tensors, AdamWOptions options)
     : tensors_(std::move(tensors)), options_(options) {
-  check_options(options_);
+  check_adamw_options(options_);
   std::set<std::string> names;
   for (const OptimizedTensor& tensor : tensors_) {
     LLM_REQUIRE(!tensor.name.empty(), kSource, "tensors", "every tensor needs a name");
@@ -231,55 +230,12 @@ std::map<std::string, at::Tensor> AdamW::state_dict() const {
 }
 
 void AdamW::load_state_dict(const std::map<std::string, at::Tensor>& state) {
-  // Collect every problem first, so one failed resume shows all of them, and change nothing
-  // unless the whole dict fits.
-  std::vector<std::string> problems;
-  std::set<std::string> expected_keys = {"step"};
-  const auto step_entry = state.find("step");
-  if (step_entry == state.end()) {
-    problems.push_back("key 'step' is missing");
-  } else {
-    const at::Tensor& step = step_entry->second;
-    if (!step.defined() || step.numel() != 1 ||
-        !at::isIntegralType(step.scalar_type(), /*includeBool=*/false)) {
-      problems.push_back("key 'step' must hold one integer, got " + describe(step));
-    } else if (step.item<int64_t>() < 0) {
-      problems.push_back("key 'step' is negative (" + std::to_string(step.item<int64_t>()) + ")");
-    }
-  }
-  for (const OptimizedTensor& tensor : tensors_) {
-    for (const char* suffix : {".exp_avg", ".exp_avg_sq"}) {
-      const std::string key = tensor.name + suffix;
-      expected_keys.insert(key);
-      const auto entry = state.find(key);
-      if (entry == state.end()) {
-        problems.push_back("key '" + key + "' is missing");
-        continue;
-      }
-      const at::Tensor& value = entry->second;
-      if (!value.defined() || value.sizes() != tensor.param.sizes()) {
-        problems.push_back("key '" + key + "' has shape " +
-                           (value.defined() ? describe_shape(value.sizes()) : "undefined") +
-                           " but the parameter has shape " +
-                           describe_shape(tensor.param.sizes()));
-      } else if (value.scalar_type() != at::kFloat) {
-        problems.push_back("key '" + key + "' must be float32, got " + describe(value));
-      }
-    }
-  }
-  for (const auto& [key, value] : state) {
-    if (!expected_keys.count(key)) {
-      problems.push_back("key '" + key + "' is unexpected (no parameter of that name)");
-    }
-  }
-  if (!problems.empty()) {
-    std::string message = "cannot load optimizer state: ";
-    for (size_t index = 0; index < problems.size(); ++index) {
-      message += (index ? "; " : "") + problems[index];
-    }
-    throw UserError(std::string(kSource) + ": " + message +
-                    ". Was the checkpoint written for the same model and parameter names?");
-  }
+  // The one validator (optim/shard_state.h) lists every problem and throws before anything changes.
+  std::map<std::string, FullStateShape> expected;
+  for (const OptimizedTensor& tensor : tensors_)
+    for (const char* suffix : {".exp_avg", ".exp_avg_sq"})
+      expected[tensor.name + suffix] = {tensor.param.sizes().vec()};
+  const int64_t step = check_full_state(state, expected, "adamw");
 
   for (size_t index = 0; index < tensors_.size(); ++index) {
     const OptimizedTensor& tensor = tensors_[index];
@@ -290,7 +246,7 @@ void AdamW::load_state_dict(const std::map<std::string, at::Tensor>& state) {
     exp_avg_[index].copy_(state.at(tensor.name + ".exp_avg"));
     exp_avg_sq_[index].copy_(state.at(tensor.name + ".exp_avg_sq"));
   }
-  step_ = state.at("step").item<int64_t>();
+  step_ = step;
 }
 
 }  // namespace llm

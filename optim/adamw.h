@@ -20,6 +20,9 @@ struct AdamWOptions {
   double weight_decay = 0.0;
 };
 
+// Throws UserError naming the option out of range (betas in [0, 1), eps and weight decay >= 0).
+void check_adamw_options(const AdamWOptions& options);
+
 // One fused AdamW update in place. p, g, m, v: contiguous, same numel and device; p, m, v fp32;
 // g fp32 or bf16. step is 1-based (bias correction uses it). Decoupled decay: p *= 1 - lr * wd.
 void adamw_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,

@@ -12,7 +12,7 @@
 
 namespace llm {
 
-GaLoreGeometry make_galore_geometry(const ParameterShard& parameter, const OptimizerSettings& settings,
+GaLoreGeometry make_galore_geometry(const ShardedParameter& parameter, const OptimizerSettings& settings,
                                     int64_t index, int shard_rank, int world_size) {
   LLM_REQUIRE(parameter.full_shape.size() == 2, "galore_adamw", parameter.name,
               "GaLore projects 2-D weights only; this parameter has " +
@@ -47,7 +47,7 @@ GaLoreGeometry make_galore_geometry(const ParameterShard& parameter, const Optim
   return geometry;
 }
 
-void refresh_projector(const GaLoreGeometry& geometry, const ParameterShard& parameter,
+void refresh_projector(const GaLoreGeometry& geometry, const ShardedParameter& parameter,
                        const at::Tensor& grad, at::Tensor& projector, Communicator* across) {
   const int64_t m = parameter.rows, n = parameter.cols, r = geometry.rank;
   const bool sharded = across != nullptr && geometry.world_size > 1;
@@ -78,7 +78,7 @@ void refresh_projector(const GaLoreGeometry& geometry, const ParameterShard& par
   }
 }
 
-void refresh_projector_subspace(const GaLoreGeometry& geometry, const ParameterShard& parameter,
+void refresh_projector_subspace(const GaLoreGeometry& geometry, const ShardedParameter& parameter,
                                 const at::Tensor& grad, at::Tensor& projector, bool warm,
                                 int64_t iterations, uint64_t seed, Communicator* across) {
   const int64_t n = parameter.cols, r = geometry.rank;
@@ -130,7 +130,7 @@ void refresh_projector_subspace(const GaLoreGeometry& geometry, const ParameterS
   projector.copy_(geometry.right ? fresh * signs.unsqueeze(1) : fresh * signs.unsqueeze(0));
 }
 
-at::Tensor project(const GaLoreGeometry& geometry, const ParameterShard& parameter, const at::Tensor& grad,
+at::Tensor project(const GaLoreGeometry& geometry, const ShardedParameter& parameter, const at::Tensor& grad,
                    const at::Tensor& projector, Communicator* across) {
   const at::Tensor rows = grad.view({parameter.rows_per_rank, parameter.cols});
   if (geometry.right) return at::matmul(rows, projector.t());  // (rows_per_rank, r)
@@ -143,7 +143,7 @@ at::Tensor project(const GaLoreGeometry& geometry, const ParameterShard& paramet
   return mine;
 }
 
-at::Tensor project_back(const GaLoreGeometry& geometry, const ParameterShard& parameter,
+at::Tensor project_back(const GaLoreGeometry& geometry, const ShardedParameter& parameter,
                         const at::Tensor& normalized, const at::Tensor& projector, double scale,
                         Communicator* across) {
   at::Tensor update;
@@ -160,25 +160,25 @@ at::Tensor project_back(const GaLoreGeometry& geometry, const ParameterShard& pa
   return (update * scale).reshape({-1});
 }
 
-at::Tensor assemble_galore_moment(const GaLoreGeometry& geometry, const ParameterShard& parameter,
+at::Tensor assemble_galore_moment(const GaLoreGeometry& geometry, const ShardedParameter& parameter,
                                   const at::Tensor& local, Communicator* across) {
   if (geometry.right) return assemble_rows(local, parameter.rows, parameter.first_row, parameter.rows_held, across);
   return assemble_chunks(local, geometry.lowrank_numel, geometry.chunk, across).view(geometry.full_state_shape);
 }
 
-at::Tensor take_galore_moment(const GaLoreGeometry& geometry, const ParameterShard& parameter,
+at::Tensor take_galore_moment(const GaLoreGeometry& geometry, const ShardedParameter& parameter,
                               const at::Tensor& full) {
   if (geometry.right) return take_rows(full, parameter.rows_per_rank, parameter.first_row, parameter.rows_held);
   return take_chunk(full, geometry.chunk, geometry.shard_rank);
 }
 
-at::Tensor assemble_galore_projector(const GaLoreGeometry& geometry, const ParameterShard& parameter,
+at::Tensor assemble_galore_projector(const GaLoreGeometry& geometry, const ShardedParameter& parameter,
                                      const at::Tensor& local, Communicator* across) {
   if (geometry.right) return local.clone();  // the same on every rank
   return assemble_rows(local, parameter.rows, parameter.first_row, parameter.rows_held, across);
 }
 
-at::Tensor take_galore_projector(const GaLoreGeometry& geometry, const ParameterShard& parameter,
+at::Tensor take_galore_projector(const GaLoreGeometry& geometry, const ShardedParameter& parameter,
                                  const at::Tensor& full) {
   if (geometry.right) return full.clone();
   return take_rows(full, parameter.rows_per_rank, parameter.first_row, parameter.rows_held);

@@ -27,9 +27,12 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "optim/shard_optimizer.h"
+#include "optim/optimizer_settings.h"
+#include "sharding/flat_layout.h"
 
 namespace llm {
+
+class Communicator;
 
 struct GaLoreGeometry {
   bool right = true;       // projector on the right (R = G P^T) or the left (R = P^T G)
@@ -46,11 +49,11 @@ struct GaLoreGeometry {
 };
 
 // index: the matrix's position among the GaLore matrices (picks the owner).
-GaLoreGeometry make_galore_geometry(const ParameterShard& parameter, const OptimizerSettings& settings,
+GaLoreGeometry make_galore_geometry(const ShardedParameter& parameter, const OptimizerSettings& settings,
                                     int64_t index, int shard_rank, int world_size);
 
 // Recomputes the projector from this step's gradient (collective). projector: local shape.
-void refresh_projector(const GaLoreGeometry& geometry, const ParameterShard& parameter,
+void refresh_projector(const GaLoreGeometry& geometry, const ShardedParameter& parameter,
                        const at::Tensor& grad, at::Tensor& projector, Communicator* across);
 
 // The same from block power (subspace) iteration on G^T G, without gathering G: every product is a
@@ -59,28 +62,28 @@ void refresh_projector(const GaLoreGeometry& geometry, const ParameterShard& par
 // row by row, so each rank computes only its rows. warm: the projector holds the previous basis
 // (the start of the iteration, and the reference its new signs are aligned to); else the start is a
 // Gaussian matrix seeded by the matrix index (the same at every world size).
-void refresh_projector_subspace(const GaLoreGeometry& geometry, const ParameterShard& parameter,
+void refresh_projector_subspace(const GaLoreGeometry& geometry, const ShardedParameter& parameter,
                                 const at::Tensor& grad, at::Tensor& projector, bool warm,
                                 int64_t iterations, uint64_t seed, Communicator* across);
 
 // This rank's part of the low-rank gradient (local state shape). Collective for left projectors.
-at::Tensor project(const GaLoreGeometry& geometry, const ParameterShard& parameter, const at::Tensor& grad,
+at::Tensor project(const GaLoreGeometry& geometry, const ShardedParameter& parameter, const at::Tensor& grad,
                    const at::Tensor& projector, Communicator* across);
 
 // The full-rank update of this rank's rows, (rows_per_rank * cols), scale included. Collective for
 // left projectors.
-at::Tensor project_back(const GaLoreGeometry& geometry, const ParameterShard& parameter,
+at::Tensor project_back(const GaLoreGeometry& geometry, const ShardedParameter& parameter,
                         const at::Tensor& normalized, const at::Tensor& projector, double scale,
                         Communicator* across);
 
 // Checkpoint state (collective): moments and projector, local <-> full.
-at::Tensor assemble_galore_moment(const GaLoreGeometry& geometry, const ParameterShard& parameter,
+at::Tensor assemble_galore_moment(const GaLoreGeometry& geometry, const ShardedParameter& parameter,
                                   const at::Tensor& local, Communicator* across);
-at::Tensor take_galore_moment(const GaLoreGeometry& geometry, const ParameterShard& parameter,
+at::Tensor take_galore_moment(const GaLoreGeometry& geometry, const ShardedParameter& parameter,
                               const at::Tensor& full);
-at::Tensor assemble_galore_projector(const GaLoreGeometry& geometry, const ParameterShard& parameter,
+at::Tensor assemble_galore_projector(const GaLoreGeometry& geometry, const ShardedParameter& parameter,
                                      const at::Tensor& local, Communicator* across);
-at::Tensor take_galore_projector(const GaLoreGeometry& geometry, const ParameterShard& parameter,
+at::Tensor take_galore_projector(const GaLoreGeometry& geometry, const ShardedParameter& parameter,
                                  const at::Tensor& full);
 
 }  // namespace llm

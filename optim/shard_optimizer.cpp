@@ -1,149 +1,224 @@
 #include "optim/shard_optimizer.h"
 
+#include <cmath>
+
 #include <ATen/ATen.h>
 
 #include "common/errors.h"
 #include "optim/adamw.h"
-#include "optim/galore.h"
-#include "optim/hf_adamw.h"
 #include "optim/shard_state.h"
-#include "optim/subset_norm.h"
 #include "sharding/communicator.h"
 
 namespace llm {
 namespace {
 
-// torch.optim.AdamW on shards: the fused kernel of optim/adamw.h, one view per parameter.
-class AdamWShards final : public ShardOptimizer {
- public:
-  AdamWShards(const OptimizerSettings& settings, std::vector<ParameterShard> parameters, Communicator* across)
-      : parameters_(std::move(parameters)),
-        across_(across),
-        adamw_(optimized_tensors(parameters_),
-               AdamWOptions{settings.beta1, settings.beta2, settings.eps, settings.weight_decay}) {
-    adamw_.allocate_state();
+constexpr const char* kSource = "optimizer";
+
+// Views of a unit's flat state buffer for each parameter, in order; the buffer is sized here.
+at::Tensor allocate_views(std::vector<ParameterState>& parameters,
+                          const std::vector<std::optional<std::vector<int64_t>>>& shapes,
+                          at::Tensor ParameterState::*member, const at::TensorOptions& options) {
+  int64_t total = 0;
+  for (const auto& shape : shapes) total += StateShapes::numel(shape);
+  at::Tensor flat = at::zeros({total}, options);
+  int64_t offset = 0;
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    if (!shapes[i]) continue;
+    const int64_t numel = StateShapes::numel(shapes[i]);
+    parameters[i].*member = flat.narrow(0, offset, numel).view(*shapes[i]);
+    offset += numel;
   }
-
-  void step(double lr) override { adamw_.step(lr); }
-  int64_t steps_taken() const override { return adamw_.steps_taken(); }
-  int64_t state_bytes() const override { return adamw_.state_bytes(); }
-
-  std::map<std::string, at::Tensor> full_state_dict() override {
-    std::map<std::string, at::Tensor> local = adamw_.state_dict(), full;
-    for (const ParameterShard& parameter : parameters_)
-      for (const std::string suffix : {".exp_avg", ".exp_avg_sq"})
-        full[parameter.name + suffix] =
-            assemble_rows(local.at(parameter.name + suffix).view({parameter.rows_per_rank, parameter.cols}),
-                          parameter.rows, parameter.first_row, parameter.rows_held, across_)
-                .reshape(parameter.full_shape);
-    full["step"] = local.at("step");
-    return full;
-  }
-
-  void load_full_state_dict(const std::map<std::string, at::Tensor>& state) override {
-    std::map<std::string, std::vector<int64_t>> expected;
-    for (const ParameterShard& parameter : parameters_)
-      for (const std::string suffix : {".exp_avg", ".exp_avg_sq"})
-        expected[parameter.name + suffix] = parameter.full_shape;
-    check_full_state(state, expected, "adamw");
-    std::map<std::string, at::Tensor> local;
-    for (const ParameterShard& parameter : parameters_)
-      for (const std::string suffix : {".exp_avg", ".exp_avg_sq"})
-        local[parameter.name + suffix] =
-            take_rows(state.at(parameter.name + suffix).to(parameter.param.device()).reshape({parameter.rows, parameter.cols}),
-                      parameter.rows_per_rank, parameter.first_row, parameter.rows_held)
-                .reshape({-1});
-    local["step"] = state.at("step");
-    adamw_.load_state_dict(local);
-  }
-
- private:
-  static std::vector<OptimizedTensor> optimized_tensors(const std::vector<ParameterShard>& parameters) {
-    std::vector<OptimizedTensor> tensors;
-    for (const ParameterShard& parameter : parameters)
-      tensors.push_back({parameter.name, parameter.param, parameter.decay, parameter.grad});
-    return tensors;
-  }
-
-  std::vector<ParameterShard> parameters_;
-  Communicator* across_;
-  AdamW adamw_;
-};
+  return flat;
+}
 
 }  // namespace
 
-const char* to_string(UpdateRule rule) {
-  switch (rule) {
-    case UpdateRule::adamw: return "adamw";
-    case UpdateRule::adam_hf: return "adam_hf";
-    case UpdateRule::subset_norm: return "subset_norm";
-    case UpdateRule::galore: return "galore";
-  }
-  return "?";
-}
-
-ParameterShard ParameterShard::whole(std::string name, at::Tensor param, at::Tensor grad, bool decay,
-                                     UpdateRule rule) {
-  ParameterShard shard;
-  shard.name = std::move(name);
-  shard.full_shape = param.sizes().vec();
-  shard.rows = param.dim() == 0 ? 1 : param.size(0);
-  shard.cols = shard.rows == 0 ? 1 : param.numel() / shard.rows;
-  shard.first_row = 0;
-  shard.rows_held = shard.rows;
-  shard.rows_per_rank = shard.rows;
-  shard.param = param.view({-1});
-  shard.grad = grad.defined() ? grad.view({-1}) : grad;
-  shard.decay = decay;
-  shard.rule = rule;
-  return shard;
-}
-
-std::unique_ptr<ShardOptimizer> make_shard_optimizer(const OptimizerSettings& settings,
-                                                     std::vector<ParameterShard> parameters,
-                                                     Communicator* across) {
+void check_optimizer_settings(const OptimizerSettings& settings) {
   LLM_REQUIRE(settings.kind == "adamw" || settings.kind == "adamw_sn" || settings.kind == "galore_adamw",
               "command line", "--optimizer",
               "expected adamw, adamw_sn or galore_adamw (got \"" + settings.kind + "\")");
-  for (const ParameterShard& parameter : parameters) {
-    LLM_REQUIRE(parameter.param.defined() && parameter.param.scalar_type() == at::kFloat &&
-                    parameter.param.is_contiguous() &&
-                    parameter.param.numel() == parameter.rows_per_rank * parameter.cols,
-                "optimizer", parameter.name,
-                "the master parameter must be a contiguous float32 tensor of rows_per_rank * cols elements");
-    const bool adamw_rule = parameter.rule == UpdateRule::adamw;
-    LLM_REQUIRE(adamw_rule == (settings.kind == "adamw"), "optimizer", parameter.name,
-                std::string("rule ") + to_string(parameter.rule) + " does not belong to --optimizer " +
-                    settings.kind);
-  }
-  if (settings.kind == "adamw") return std::make_unique<AdamWShards>(settings, std::move(parameters), across);
-  return std::make_unique<HfAdamW>(settings, std::move(parameters), across);
+  check_adamw_options({settings.beta1, settings.beta2, settings.eps, settings.weight_decay});
+  LLM_REQUIRE(settings.galore_rank >= 1, kSource, "--rank", "must be >= 1");
+  LLM_REQUIRE(settings.update_proj_gap >= 1, kSource, "--update_proj_gap", "must be >= 1");
+  LLM_REQUIRE(settings.projector_method == "svd" || settings.projector_method == "subspace", kSource,
+              "--galore_projector", "expected svd or subspace (got \"" + settings.projector_method + "\")");
+  LLM_REQUIRE(settings.subspace_iterations >= 1, kSource, "--subspace_iterations", "must be >= 1");
 }
 
-int64_t optimizer_state_bytes(const OptimizerSettings& settings, const ParameterShard& parameter,
-                              int world_size) {
-  auto numel = [](const std::vector<int64_t>& shape) {
-    int64_t count = 1;
-    for (int64_t size : shape) count *= size;
-    return count;
-  };
-  const int64_t shard_numel = parameter.rows_per_rank * parameter.cols;
-  const int64_t first_moment = settings.beta1 > 0 ? 1 : 0;
-  switch (parameter.rule) {
-    case UpdateRule::adamw:
-      return 8 * shard_numel;
-    case UpdateRule::adam_hf:
-      return 4 * (first_moment + 1) * shard_numel;
-    case UpdateRule::subset_norm:
-      return 4 * (first_moment * shard_numel +
-                  numel(make_subset_geometry(parameter, settings.subset_size, world_size).local_state_shape));
-    case UpdateRule::galore: {
-      // The geometry of rank 0 (the chunk of a left projection is the same on every rank).
-      const GaLoreGeometry geometry = make_galore_geometry(parameter, settings, 0, 0, world_size);
-      return 4 * ((first_moment + 1) * numel(geometry.local_state_shape) + numel(geometry.local_projector_shape));
+UnitShard single_parameter_unit(const std::string& name, const std::vector<int64_t>& full_shape,
+                                at::Tensor master, at::Tensor gradient, UpdateRule rule, bool decay, int rank,
+                                int world) {
+  UnitShard unit;
+  unit.layout = FlatShardLayout::from_shapes(name, {{name, full_shape}}, rank, world);
+  unit.layout.parameters.front().decay = decay;
+  unit.master = master.view({-1});
+  unit.gradient = gradient.view({-1});
+  unit.rules = {rule};
+  return unit;
+}
+
+ShardOptimizer::ShardOptimizer(const OptimizerSettings& settings, std::vector<UnitShard> units,
+                               Communicator* across)
+    : settings_(settings), across_(across) {
+  check_optimizer_settings(settings_);
+  // Each rule's parameters are numbered across the whole model (GaLore spreads its SVD owners and
+  // staggers its refreshes by that number).
+  std::map<UpdateRule, int64_t> count, index;
+  for (const UnitShard& unit : units)
+    for (UpdateRule rule : unit.rules) ++count[rule];
+  for (UnitShard& unit : units) {
+    const FlatShardLayout& layout = unit.layout;
+    LLM_REQUIRE(unit.rules.size() == layout.parameters.size(), kSource, layout.unit,
+                "needs one update rule per parameter");
+    for (const at::Tensor* flat : {&unit.master, &unit.gradient})
+      LLM_REQUIRE(flat->defined() && flat->scalar_type() == at::kFloat && flat->is_contiguous() &&
+                      flat->numel() == layout.shard_numel,
+                  kSource, layout.unit,
+                  "the master and gradient shards must be contiguous float32 tensors of the layout's "
+                  "shard_numel elements");
+    UnitState state;
+    std::vector<std::optional<std::vector<int64_t>>> exp_avg, exp_avg_sq, projector;
+    for (size_t i = 0; i < layout.parameters.size(); ++i) {
+      const ShardedParameter& parameter = layout.parameters[i];
+      const UpdateRule rule = unit.rules[i];
+      LLM_REQUIRE((rule == UpdateRule::adamw) == (settings_.kind == "adamw"), kSource, parameter.name,
+                  std::string("rule ") + to_string(rule) + " does not belong to --optimizer " + settings_.kind);
+      ParameterState p;
+      p.parameter = parameter;
+      p.rule = rule;
+      p.master = unit.master.narrow(0, parameter.shard_offset, parameter.shard_numel());
+      p.gradient = unit.gradient.narrow(0, parameter.shard_offset, parameter.shard_numel());
+      const RulePosition position{index[rule]++, count[rule], layout.rank, layout.world_size};
+      const StateShapes shapes = rule_of(rule).plan(p, settings_, position);
+      exp_avg.push_back(shapes.exp_avg);
+      exp_avg_sq.push_back(shapes.exp_avg_sq);
+      projector.push_back(shapes.projector);
+      state.parameters.push_back(std::move(p));
+    }
+    const at::TensorOptions options = unit.master.options();
+    state.exp_avg = allocate_views(state.parameters, exp_avg, &ParameterState::exp_avg, options);
+    state.exp_avg_sq = allocate_views(state.parameters, exp_avg_sq, &ParameterState::exp_avg_sq, options);
+    state.projector = allocate_views(state.parameters, projector, &ParameterState::projector, options);
+    units_.push_back(std::move(state));
+  }
+}
+
+ShardOptimizer::~ShardOptimizer() = default;
+
+void ShardOptimizer::begin_step() {
+  ++step_;
+  projector_seconds_ = 0;
+}
+
+void ShardOptimizer::step(double lr) {
+  begin_step();
+  for (size_t u = 0; u < units_.size(); ++u) step_unit(u, lr);
+}
+
+void ShardOptimizer::step_unit(size_t unit, double lr) {
+  LLM_REQUIRE(std::isfinite(lr) && lr >= 0, kSource, "lr", "must be finite and >= 0");
+  LLM_REQUIRE(step_ >= 1, kSource, "step", "step_unit before the first begin_step()");
+  std::vector<ParameterState>& parameters = units_.at(unit).parameters;
+  const int64_t t = step_;
+  const double bias_correction1 = 1.0 - std::pow(settings_.beta1, static_cast<double>(t));
+  const double bias_correction2 = 1.0 - std::pow(settings_.beta2, static_cast<double>(t));
+  const StepScalars scalars{lr, t, lr * std::sqrt(bias_correction2) / bias_correction1};
+
+  for (ParameterState& p : parameters) rule_of(p.rule).refresh(p, settings_, t, across_, &projector_seconds_);
+
+  std::vector<MomentInputs> inputs;
+  std::vector<size_t> summed;
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    inputs.push_back(rule_of(parameters[i].rule).inputs(parameters[i], across_));
+    if (inputs.back().sum_over_ranks) summed.push_back(i);
+  }
+  if (!summed.empty()) {
+    // One all-reduce for every subset sum of this unit that spans ranks. Each parameter takes a
+    // segment of all its subsets (the same layout on every rank); a rank's partial sums sit at their
+    // global subset index, so a subset shared by two ranks adds up.
+    int64_t total = 0;
+    for (size_t i : summed) total += parameters[i].subsets.total_subsets;
+    at::Tensor joined = at::zeros({total}, inputs[summed.front()].second.options());
+    int64_t offset = 0;
+    for (size_t i : summed) {
+      const SubsetGeometry& subsets = parameters[i].subsets;
+      const int64_t first = subsets.kind == SubsetKind::block ? subsets.first_block : 0;
+      joined.narrow(0, offset + first, inputs[i].second.numel()).copy_(inputs[i].second.reshape({-1}));
+      offset += subsets.total_subsets;
+    }
+    across_->all_reduce(joined, ReduceOp::sum);
+    offset = 0;
+    for (size_t i : summed) {
+      const SubsetGeometry& subsets = parameters[i].subsets;
+      const int64_t first = subsets.kind == SubsetKind::block ? subsets.first_block : 0;
+      inputs[i].second = joined.narrow(0, offset + first, inputs[i].second.numel()).view(inputs[i].second.sizes());
+      offset += subsets.total_subsets;
     }
   }
-  return 0;
+
+  for (size_t i = 0; i < parameters.size(); ++i)
+    rule_of(parameters[i].rule).update(parameters[i], inputs[i], settings_, scalars, across_);
+}
+
+int64_t ShardOptimizer::state_bytes() const {
+  int64_t bytes = 0;
+  for (const UnitState& unit : units_)
+    bytes += static_cast<int64_t>(unit.exp_avg.nbytes() + unit.exp_avg_sq.nbytes() + unit.projector.nbytes());
+  return bytes;
+}
+
+OwnedBytes ShardOptimizer::owned_bytes() const {
+  OwnedBytes owned;
+  owned.optimizer_device = state_bytes();
+  return owned;
+}
+
+std::map<std::string, at::Tensor> ShardOptimizer::full_state_dict() {
+  std::map<std::string, at::Tensor> state;
+  for (const UnitState& unit : units_)
+    for (const ParameterState& p : unit.parameters)
+      for (auto& [suffix, tensor] : rule_of(p.rule).assemble(p, across_)) state[p.parameter.name + suffix] = tensor;
+  state["step"] = at::scalar_tensor(step_, at::kLong);
+  return state;
+}
+
+void ShardOptimizer::load_full_state_dict(const std::map<std::string, at::Tensor>& state) {
+  std::map<std::string, FullStateShape> expected;
+  for (const UnitState& unit : units_)
+    for (const ParameterState& p : unit.parameters)
+      for (const auto& [suffix, shape] : rule_of(p.rule).full_shapes(p)) expected[p.parameter.name + suffix] = shape;
+  const int64_t step = check_full_state(state, expected, settings_.kind);
+
+  // Every rank's part is cut before anything is written, so a failure leaves the state as it was.
+  std::vector<std::vector<std::map<std::string, at::Tensor>>> loaded;
+  for (const UnitState& unit : units_) {
+    loaded.emplace_back();
+    for (const ParameterState& p : unit.parameters) {
+      std::map<std::string, at::Tensor> full;
+      for (const auto& [suffix, shape] : rule_of(p.rule).full_shapes(p)) full[suffix] = state.at(p.parameter.name + suffix);
+      loaded.back().push_back(rule_of(p.rule).take(p, full));
+    }
+  }
+  for (size_t u = 0; u < units_.size(); ++u)
+    for (size_t i = 0; i < units_[u].parameters.size(); ++i) {
+      ParameterState& p = units_[u].parameters[i];
+      for (auto& [suffix, local] : loaded[u][i]) {
+        at::Tensor& target = suffix == ".exp_avg" ? p.exp_avg : suffix == ".exp_avg_sq" ? p.exp_avg_sq : p.projector;
+        target.copy_(local.view(target.sizes()));
+      }
+    }
+  step_ = step;
+}
+
+int64_t optimizer_state_bytes(const OptimizerSettings& settings, const ShardedParameter& parameter,
+                              UpdateRule rule, int world_size) {
+  ParameterState state;
+  state.parameter = parameter;
+  state.rule = rule;
+  // The rank only moves a block subset's boundaries or picks GaLore's SVD owner; the parameter's
+  // first_row already says which rows it holds.
+  const RulePosition position{0, 1, 0, world_size};
+  return 4 * rule_of(rule).plan(state, settings, position).total_numel();
 }
 
 }  // namespace llm

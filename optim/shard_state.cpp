@@ -51,8 +51,7 @@ at::Tensor take_chunk(const at::Tensor& full_flat, int64_t chunk, int rank) {
 }
 
 int64_t check_full_state(const std::map<std::string, at::Tensor>& state,
-                         const std::map<std::string, std::vector<int64_t>>& expected,
-                         const std::string& optimizer) {
+                         const std::map<std::string, FullStateShape>& expected, const std::string& optimizer) {
   std::vector<std::string> problems;
   auto shape_text = [](at::IntArrayRef shape) {
     std::ostringstream text;
@@ -70,14 +69,14 @@ int64_t check_full_state(const std::map<std::string, at::Tensor>& state,
   } else {
     step = step_entry->second.item<int64_t>();
   }
-  for (const auto& [key, shape] : expected) {
+  for (const auto& [key, full] : expected) {
     const auto entry = state.find(key);
     if (entry == state.end()) {
       problems.push_back("key '" + key + "' is missing");
-    } else if (!entry->second.defined() || entry->second.sizes() != at::IntArrayRef(shape)) {
+    } else if (!entry->second.defined() || entry->second.sizes() != at::IntArrayRef(full.shape)) {
       problems.push_back("key '" + key + "' has shape " +
-                         (entry->second.defined() ? shape_text(entry->second.sizes()) : "undefined") +
-                         " but " + shape_text(shape) + " is expected");
+                         (entry->second.defined() ? shape_text(entry->second.sizes()) : "undefined") + " but " +
+                         full.what + " has shape " + shape_text(full.shape));
     } else if (entry->second.scalar_type() != at::kFloat) {
       problems.push_back("key '" + key + "' must be float32");
     }

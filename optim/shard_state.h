@@ -34,10 +34,18 @@ at::Tensor take_chunk(const at::Tensor& full_flat, int64_t chunk, int rank);
 // elsewhere; sums it over ranks in place (no-op without a communicator).
 void sum_over_ranks(at::Tensor& full, Communicator* across);
 
-// Checks a full state dict against the keys and shapes expected (plus "step", one integer >= 0),
-// float32 values and no unknown keys; throws one UserError listing every problem. Returns step.
+// A full (checkpointed) state tensor: its shape, and what it is, for messages ("the parameter",
+// "the low-rank moment", ...).
+struct FullStateShape {
+  std::vector<int64_t> shape;
+  std::string what = "the parameter";
+};
+
+// The one validator of optimizer state dicts (the sharded optimizer's checkpoints and AdamW's
+// state_dict): checks a full state dict against the keys and shapes expected (plus "step", one
+// integer >= 0), float32 values and no unknown keys; throws one UserError listing every problem.
+// Returns step.
 int64_t check_full_state(const std::map<std::string, at::Tensor>& state,
-                         const std::map<std::string, std::vector<int64_t>>& expected,
-                         const std::string& optimizer);
+                         const std::map<std::string, FullStateShape>& expected, const std::string& optimizer);
 
 }  // namespace llm

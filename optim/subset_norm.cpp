@@ -18,7 +18,7 @@ int64_t subset_size_for(int64_t numel, int64_t k) {
   return 1;
 }
 
-SubsetGeometry make_subset_geometry(const ParameterShard& parameter, int64_t subset_size_argument,
+SubsetGeometry make_subset_geometry(const ShardedParameter& parameter, int64_t subset_size_argument,
                                     int world_size) {
   SubsetGeometry geometry;
   const bool matrix = parameter.full_shape.size() == 2;
@@ -39,7 +39,7 @@ SubsetGeometry make_subset_geometry(const ParameterShard& parameter, int64_t sub
     }
     return geometry;
   }
-  const int64_t numel = parameter.numel();
+  const int64_t numel = parameter.rows * parameter.cols;
   const int64_t s = subset_size_for(numel, subset_size_argument == 0 ? -2 : subset_size_argument);
   geometry.kind = SubsetKind::block;
   geometry.subset_size = s;
@@ -77,7 +77,7 @@ at::Tensor as_blocks(const SubsetGeometry& geometry, const at::Tensor& flat_real
 
 }  // namespace
 
-at::Tensor subset_square_sums(const SubsetGeometry& geometry, const ParameterShard& parameter,
+at::Tensor subset_square_sums(const SubsetGeometry& geometry, const ShardedParameter& parameter,
                               const at::Tensor& grad) {
   switch (geometry.kind) {
     case SubsetKind::row:
@@ -91,7 +91,7 @@ at::Tensor subset_square_sums(const SubsetGeometry& geometry, const ParameterSha
   return {};
 }
 
-void apply_subset_update(const SubsetGeometry& geometry, const ParameterShard& parameter,
+void apply_subset_update(const SubsetGeometry& geometry, const ShardedParameter& parameter,
                          at::Tensor& param, const at::Tensor& numerator, const at::Tensor& denominator,
                          double step_size) {
   if (geometry.kind != SubsetKind::block) {
@@ -112,7 +112,7 @@ void apply_subset_update(const SubsetGeometry& geometry, const ParameterShard& p
       .add_(numerator.narrow(0, 0, geometry.local_count) / per_element, -step_size);
 }
 
-at::Tensor assemble_subset_state(const SubsetGeometry& geometry, const ParameterShard& parameter,
+at::Tensor assemble_subset_state(const SubsetGeometry& geometry, const ShardedParameter& parameter,
                                  const at::Tensor& local, Communicator* across) {
   switch (geometry.kind) {
     case SubsetKind::row:
@@ -135,7 +135,7 @@ at::Tensor assemble_subset_state(const SubsetGeometry& geometry, const Parameter
   return {};
 }
 
-at::Tensor take_subset_state(const SubsetGeometry& geometry, const ParameterShard& parameter,
+at::Tensor take_subset_state(const SubsetGeometry& geometry, const ShardedParameter& parameter,
                              const at::Tensor& full) {
   switch (geometry.kind) {
     case SubsetKind::row:

@@ -22,9 +22,12 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "optim/shard_optimizer.h"
+#include "optim/optimizer_settings.h"
+#include "sharding/flat_layout.h"
 
 namespace llm {
+
+class Communicator;
 
 enum class SubsetKind { row, column, block };
 
@@ -46,22 +49,22 @@ struct SubsetGeometry {
 int64_t subset_size_for(int64_t numel, int64_t k);
 
 // subset_size_argument: 0 = per matrix (1-D tensors: general with -2), else the general form's k.
-SubsetGeometry make_subset_geometry(const ParameterShard& parameter, int64_t subset_size_argument,
+SubsetGeometry make_subset_geometry(const ShardedParameter& parameter, int64_t subset_size_argument,
                                     int world_size);
 
 // Sum of grad^2 over the part of each subset this rank holds, in the local state shape.
-at::Tensor subset_square_sums(const SubsetGeometry& geometry, const ParameterShard& parameter,
+at::Tensor subset_square_sums(const SubsetGeometry& geometry, const ShardedParameter& parameter,
                               const at::Tensor& grad);
 
 // param -= step_size * numerator / denominator[subset of the element]. numerator: like param.
-void apply_subset_update(const SubsetGeometry& geometry, const ParameterShard& parameter,
+void apply_subset_update(const SubsetGeometry& geometry, const ShardedParameter& parameter,
                          at::Tensor& param, const at::Tensor& numerator, const at::Tensor& denominator,
                          double step_size);
 
 // Checkpoint state: local (local_state_shape) <-> full (full_state_shape). Collective.
-at::Tensor assemble_subset_state(const SubsetGeometry& geometry, const ParameterShard& parameter,
+at::Tensor assemble_subset_state(const SubsetGeometry& geometry, const ShardedParameter& parameter,
                                  const at::Tensor& local, Communicator* across);
-at::Tensor take_subset_state(const SubsetGeometry& geometry, const ParameterShard& parameter,
+at::Tensor take_subset_state(const SubsetGeometry& geometry, const ShardedParameter& parameter,
                              const at::Tensor& full);
 
 }  // namespace llm

@@ -7,22 +7,32 @@ namespace llm {
 FlatShardLayout FlatShardLayout::build(const std::string& unit,
                                        const std::vector<std::pair<std::string, at::Tensor>>& parameters,
                                        int rank, int world_size) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+  for (const auto& [name, tensor] : parameters) shapes.emplace_back(name, tensor.sizes().vec());
+  return from_shapes(unit, shapes, rank, world_size);
+}
+
+FlatShardLayout FlatShardLayout::from_shapes(const std::string& unit,
+                                             const std::vector<std::pair<std::string, std::vector<int64_t>>>& shapes,
+                                             int rank, int world_size) {
   FlatShardLayout layout;
   layout.unit = unit;
   layout.rank = rank;
   layout.world_size = world_size;
-  for (const auto& [name, tensor] : parameters) {
+  for (const auto& [name, shape] : shapes) {
     ShardedParameter parameter;
     parameter.name = name;
-    parameter.full_shape = tensor.sizes().vec();
-    parameter.rows = tensor.size(0);
-    parameter.cols = tensor.numel() / parameter.rows;
+    parameter.full_shape = shape;
+    parameter.rows = shape.empty() ? 1 : shape.front();
+    int64_t numel = 1;
+    for (int64_t size : shape) numel *= size;
+    parameter.cols = parameter.rows == 0 ? 1 : numel / parameter.rows;
     parameter.rows_per_rank = (parameter.rows + world_size - 1) / world_size;
     parameter.shard_offset = layout.shard_numel;
     parameter.first_row = std::min<int64_t>(parameter.rows, rank * parameter.rows_per_rank);
     parameter.rows_held =
         std::min<int64_t>(parameter.rows, parameter.first_row + parameter.rows_per_rank) - parameter.first_row;
-    parameter.decay = tensor.dim() >= 2;
+    parameter.decay = shape.size() >= 2;
     layout.shard_numel += parameter.shard_numel();
     layout.parameters.push_back(parameter);
   }

@@ -40,7 +40,13 @@ struct FlatShardLayout {
   std::vector<ShardedParameter> parameters;
   int64_t shard_numel = 0;  // elements in this unit's flat shard (same on every rank)
 
-  // world_size = 1 gives the unsharded layout (no_shard keeps the whole unit on every rank).
+  // The layout of parameters of these names and full shapes, in this order, as rank `rank` of
+  // `world_size` holds them. world_size = 1 gives the unsharded layout (no_shard keeps the whole unit
+  // on every rank). Decay: matrices yes, vectors (norm gains) no.
+  static FlatShardLayout from_shapes(const std::string& unit,
+                                     const std::vector<std::pair<std::string, std::vector<int64_t>>>& shapes,
+                                     int rank, int world_size);
+  // The same for the tensors' shapes.
   static FlatShardLayout build(const std::string& unit,
                                const std::vector<std::pair<std::string, at::Tensor>>& parameters,
                                int rank, int world_size);

@@ -62,10 +62,11 @@ ShardedUnit::ShardedUnit(std::string name, std::vector<std::pair<std::string, at
     // with a CopySlices history, and every in-place optimizer update would then extend that graph
     // (and keep the tensors its nodes save) for the rest of the run.
     at::NoGradGuard no_grad;
-    shard_ = at::empty({layout_.shard_numel}, parameters_.front().second.options().dtype(at::kFloat));
+    master_ = at::empty({layout_.shard_numel}, parameters_.front().second.options().dtype(at::kFloat));
     for (size_t i = 0; i < parameters_.size(); ++i)
-      slice(shard_, layout_.parameters[i]).copy_(layout_.take_rows(layout_.parameters[i], parameters_[i].second));
-    shard_grad_ = at::zeros_like(shard_);
+      slice(master_, layout_.parameters[i]).copy_(layout_.take_rows(layout_.parameters[i], parameters_[i].second));
+    gradient_ = at::zeros_like(master_);
+    compute_ = compute_dtype == at::kFloat ? master_ : master_.to(compute_dtype);
   }
   if (compute_dtype != at::kFloat) {
     at::NoGradGuard no_grad;
@@ -75,11 +76,12 @@ ShardedUnit::ShardedUnit(std::string name, std::vector<std::pair<std::string, at
 }
 
 void ShardedUnit::publish_shard() {
-  if (strategy_ != ShardingStrategy::no_shard) return;
   at::NoGradGuard no_grad;
+  if (!compute_.is_same(master_)) compute_.copy_(master_);
+  if (strategy_ != ShardingStrategy::no_shard) return;
   for (size_t i = 0; i < parameters_.size(); ++i)
     parameters_[i].second.variable_data().copy_(
-        layout_.full_from_gathered(layout_.parameters[i], shard_));
+        layout_.full_from_gathered(layout_.parameters[i], compute_));
 }
 
 ShardedUnit::~ShardedUnit() {
@@ -92,8 +94,8 @@ ShardedUnit::~ShardedUnit() {
 
 void ShardedUnit::fill_compute_parameters(const CollectiveStream& stream) {
   at::NoGradGuard no_grad;
-  at::Tensor gathered = at::empty({layout_.world_size * layout_.shard_numel}, shard_.options());
-  communicator_.all_gather(shard_, gathered, stream);
+  at::Tensor gathered = at::empty({layout_.world_size * layout_.shard_numel}, compute_.options());
+  communicator_.all_gather(compute_, gathered, stream);
   for (size_t i = 0; i < parameters_.size(); ++i) {
     const at::Tensor& parameter = parameters_[i].second;
     allocate_storage(parameter);
@@ -113,8 +115,8 @@ void ShardedUnit::gather() {
 void ShardedUnit::gather_async(const CollectiveStream& gather_stream) {
   if (gathered_) return;
 #ifdef TRAINER_HAVE_CUDA
-  if (gather_stream && shard_.is_cuda()) {
-    const c10::DeviceIndex device = shard_.device().index();
+  if (gather_stream && master_.is_cuda()) {
+    const c10::DeviceIndex device = master_.device().index();
     const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(device);
     const c10::cuda::CUDAStream side(*gather_stream);
     if (!events_) events_ = std::make_unique<GatherEvents>();
@@ -139,7 +141,7 @@ void ShardedUnit::gather_async(const CollectiveStream& gather_stream) {
 void ShardedUnit::wait_gathered() {
   if (!gather_in_flight_) return;
 #ifdef TRAINER_HAVE_CUDA
-  events_->gathered.block(c10::cuda::getCurrentCUDAStream(shard_.device().index()));
+  events_->gathered.block(c10::cuda::getCurrentCUDAStream(master_.device().index()));
 #endif
   gather_in_flight_ = false;
 }
@@ -155,20 +157,20 @@ void ShardedUnit::release() {
 
 void ShardedUnit::reduce_gradients() {
   at::NoGradGuard no_grad;
-  at::Tensor flat = at::empty({layout_.world_size * layout_.shard_numel}, shard_.options());
+  at::Tensor flat = at::empty({layout_.world_size * layout_.shard_numel}, gradient_.options());
   for (size_t i = 0; i < parameters_.size(); ++i) {
     const at::Tensor& grad = parameters_[i].second.grad();
     if (grad.defined())
       layout_.scatter_into(layout_.parameters[i], grad.to(at::kFloat), flat);
     else
-      layout_.scatter_into(layout_.parameters[i], at::zeros(layout_.parameters[i].full_shape, shard_.options()), flat);
+      layout_.scatter_into(layout_.parameters[i], at::zeros(layout_.parameters[i].full_shape, gradient_.options()), flat);
     parameters_[i].second.mutable_grad() = at::Tensor();
   }
   if (strategy_ == ShardingStrategy::no_shard) {
     communicator_.all_reduce(flat, ReduceOp::average);
-    shard_grad_.copy_(flat);
+    gradient_.copy_(flat);
   } else {
-    communicator_.reduce_scatter(flat, shard_grad_, ReduceOp::average);
+    communicator_.reduce_scatter(flat, gradient_, ReduceOp::average);
   }
 }
 
@@ -203,6 +205,13 @@ int64_t ShardedUnit::compute_parameter_bytes() const {
   for (const auto& [name, parameter] : parameters_)
     bytes += static_cast<int64_t>(parameter.storage().nbytes());
   return bytes;
+}
+
+OwnedBytes ShardedUnit::owned_bytes() const {
+  OwnedBytes owned;
+  owned.parameters = distinct_storage_bytes({master_, compute_}) + compute_parameter_bytes();
+  owned.gradients = static_cast<int64_t>(gradient_.nbytes()) + full_gradient_bytes();
+  return owned;
 }
 
 int64_t ShardedUnit::full_gradient_bytes() const {

@@ -1,13 +1,22 @@
-// One FSDP unit at run time: its fp32 master shard, gradient shard, and the module parameters it
-// materialises around forward and backward (docs/sharding.md has the order of collectives).
+// One FSDP unit at run time: its fp32 master shard, its compute shard, its gradient shard, and the
+// module parameters it materialises around forward and backward (docs/sharding.md has the order of
+// collectives).
 //
-//   gather()            all-gather the shard into the compute parameters (allocating their storage)
+// The master shard (fp32) is what the optimizer updates; the compute shard is what is all-gathered:
+// this rank's rows in the dtype the parameters compute in. For fp32 and for bf16 "mixed" (autocast
+// over fp32 parameters) that dtype is fp32 and the compute shard is the master itself; for bf16
+// "pure" it is a bf16 copy refreshed by publish_shard() after each optimizer step, so the all-gather
+// moves half the bytes. (Rounding to bf16 before the gather or after it gives the same bits.)
+//
+//   gather()            all-gather the compute shard into the parameters (allocating their storage)
 //   gather_async(s)     the same, enqueued on the gather stream s (CUDA) so that it overlaps compute
 //   wait_gathered()     orders the current (compute) stream after that gather: an event, no host wait
 //                       (without a gather stream, on CPU or in a build without CUDA, gather_async is
 //                       gather() and wait_gathered has nothing to do)
-//   release()           free the compute parameters' storage (no_shard: nothing; when each strategy
+//   release()           free the gathered parameters' storage (no_shard: nothing; when each strategy
 //                       releases is sharding/gather_schedule.h's decision)
+//   publish_shard()     after the optimizer: master -> compute shard (pure bf16) and, for no_shard,
+//                       -> the parameters
 //   reduce_gradients()  full gradients -> this rank's gradient shard: reduce-scatter (average) for the
 //                       sharded strategies, all-reduce (average) for no_shard; frees the full gradients
 //
@@ -34,6 +43,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "common/owned_bytes.h"
 #include "sharding/communicator.h"
 #include "sharding/flat_layout.h"
 #include "sharding/strategy.h"
@@ -43,8 +53,8 @@ namespace llm {
 class ShardedUnit {
  public:
   // parameters: the unit's module parameters (fp32), initialised identically on every rank. This
-  // rank's rows are copied into the fp32 shard; then the parameters become compute copies of
-  // compute_dtype, and for the sharded strategies their storage is freed until gather().
+  // rank's rows are copied into the fp32 master shard (and the compute shard); then the parameters
+  // become compute_dtype, and for the sharded strategies their storage is freed until gather().
   ShardedUnit(std::string name, std::vector<std::pair<std::string, at::Tensor>> parameters,
               Communicator& communicator, ShardingStrategy strategy, at::ScalarType compute_dtype);
 
@@ -60,15 +70,19 @@ class ShardedUnit {
   bool gather_in_flight() const { return gather_in_flight_; }
   void release();
   void reduce_gradients();
-  // After the optimizer updated the shard: no_shard copies it into the compute parameters (the
-  // sharded strategies refresh them at the next gather()).
+  // After the optimizer updated the master shard: refreshes the compute shard from it (when they are
+  // two buffers), and for no_shard the parameters (the sharded strategies refresh them at the next
+  // gather()).
   void publish_shard();
   bool gathered() const { return gathered_; }
 
   const FlatShardLayout& layout() const { return layout_; }
   const std::string& name() const { return name_; }
-  at::Tensor& shard() { return shard_; }            // (shard_numel) fp32 master
-  at::Tensor& shard_grad() { return shard_grad_; }  // (shard_numel) fp32
+  at::Tensor& master_shard() { return master_; }             // (shard_numel) fp32
+  at::Tensor& compute_shard() { return compute_; }           // (shard_numel) compute dtype
+  at::Tensor& gradient_shard() { return gradient_; }         // (shard_numel) fp32
+  const at::Tensor& master_shard() const { return master_; }
+  const at::Tensor& gradient_shard() const { return gradient_; }
   // Views of one parameter's rows inside a flat buffer laid out like the shard.
   at::Tensor slice(const at::Tensor& flat, const ShardedParameter& parameter) const {
     return flat.narrow(0, parameter.shard_offset, parameter.shard_numel());
@@ -81,6 +95,9 @@ class ShardedUnit {
 
   int64_t compute_parameter_bytes() const;  // bytes of the materialised parameters right now
   int64_t full_gradient_bytes() const;      // bytes of the parameters' gradients not yet reduced
+  // What this unit holds now: parameters (master and compute shards, each storage once, and the
+  // gathered parameters) and gradients (the shard and full gradients not yet reduced).
+  OwnedBytes owned_bytes() const;
 
  private:
   std::string name_;
@@ -92,7 +109,7 @@ class ShardedUnit {
   // collective on `stream`: the same stream, passed for NCCL).
   void fill_compute_parameters(const CollectiveStream& stream);
 
-  at::Tensor shard_, shard_grad_;
+  at::Tensor master_, compute_, gradient_;
   bool gathered_ = true;
   bool gather_in_flight_ = false;  // gathered on the gather stream, not yet waited for
   struct GatherEvents;             // CUDA events (fsdp_unit.cpp; CUDA builds only)

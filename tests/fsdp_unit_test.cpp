@@ -20,13 +20,13 @@ TEST(ShardedUnit, MasterShardHasNoAutogradHistory) {
   at::Tensor gain = at::ones({4}).set_requires_grad(true);
   ShardedUnit unit("unit", {{"weight", weight}, {"gain", gain}}, *communicator, ShardingStrategy::full_shard,
                    at::kFloat);
-  EXPECT_FALSE(unit.shard().requires_grad());
-  EXPECT_EQ(unit.shard().grad_fn(), nullptr);
-  EXPECT_FALSE(unit.shard_grad().requires_grad());
+  EXPECT_FALSE(unit.master_shard().requires_grad());
+  EXPECT_EQ(unit.master_shard().grad_fn(), nullptr);
+  EXPECT_FALSE(unit.gradient_shard().requires_grad());
   // An in-place update of a parameter's view records nothing.
-  at::Tensor view = unit.slice(unit.shard(), unit.layout().parameters[0]);
+  at::Tensor view = unit.slice(unit.master_shard(), unit.layout().parameters[0]);
   view.add_(at::ones_like(view), 0.5);
-  EXPECT_EQ(unit.shard().grad_fn(), nullptr);
+  EXPECT_EQ(unit.master_shard().grad_fn(), nullptr);
 }
 
 }  // namespace

@@ -22,24 +22,23 @@ using testing::run_command;
 using testing::ScratchDir;
 
 TEST(UnitShapes, MatchTheModelsUnits) {
-  // The estimate's parameter list comes from the config alone; it must be the model's, in order
-  // (flat shard offsets and update rules depend on it). A grouped-query config checks k/v widths.
+  // The estimate's parameter list comes from the config alone (describe_units); it must be the
+  // model's, in order (flat shard offsets and update rules depend on it). A grouped-query config
+  // checks k/v widths.
   nlohmann::json grouped = nlohmann::json::parse(std::ifstream(testing::source_dir() / "configs/llama_tiny.json"));
   grouped["num_key_value_heads"] = 2;
   for (const ModelConfig& config : {load_model_config((testing::source_dir() / "configs/llama_micro.json").string()),
                                     parse_model_config(grouped, "llama_tiny_gqa.json")}) {
     LlamaForCausalLM model(config);
-    UnitContext context;
-    const std::vector<ModelUnit> units = split_into_units(model, context);
-    const std::vector<UnitShape> shapes = unit_shapes(config);
-    ASSERT_EQ(units.size(), shapes.size());
-    for (size_t u = 0; u < units.size(); ++u) {
-      EXPECT_EQ(units[u].name, shapes[u].name);
-      ASSERT_EQ(units[u].parameters.size(), shapes[u].parameters.size()) << units[u].name;
-      for (size_t p = 0; p < units[u].parameters.size(); ++p) {
-        EXPECT_EQ(units[u].parameters[p].first, shapes[u].parameters[p].name);
-        EXPECT_EQ(units[u].parameters[p].second.sizes().vec(), shapes[u].parameters[p].shape)
-            << shapes[u].parameters[p].name;
+    const std::vector<UnitSpec> shapes = describe_units(config);
+    ASSERT_EQ(model->units().size(), shapes.size());
+    for (size_t u = 0; u < shapes.size(); ++u) {
+      const NamedTensors parameters = model->unit_parameters(u);
+      EXPECT_EQ(model->units()[u].name, shapes[u].name);
+      ASSERT_EQ(parameters.size(), shapes[u].parameters.size()) << shapes[u].name;
+      for (size_t p = 0; p < parameters.size(); ++p) {
+        EXPECT_EQ(parameters[p].first, shapes[u].parameters[p].name);
+        EXPECT_EQ(parameters[p].second.sizes().vec(), shapes[u].parameters[p].shape) << shapes[u].parameters[p].name;
       }
     }
   }

@@ -11,6 +11,7 @@
 #include "tests/test_util.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
+#include "trainer/model/units.h"
 #include "trainer/optimizer_setup.h"
 
 namespace llm {
@@ -154,41 +155,31 @@ TEST(OptimizerStateBytes, Llama350mMatchesTheAnalyticFigure) {
   const int64_t galore = 4 * (L * (4 * 3 * r * h + 2 * (r * h + 2 * I * r) + (h * r + 2 * r * I))) +
                          8 * (embeddings + norms);
 
-  // The shards of one rank holding everything: parameters allocated, never touched (lazy pages).
-  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes = {{"model.embed_tokens.weight", {V, h}}};
-  for (int64_t layer = 0; layer < L; ++layer) {
-    const std::string prefix = "model.layers." + std::to_string(layer) + ".";
-    for (const char* name : {"q_proj", "k_proj", "v_proj", "o_proj"})
-      shapes.push_back({prefix + "self_attn." + name + ".weight", {h, h}});
-    shapes.push_back({prefix + "mlp.gate_proj.weight", {I, h}});
-    shapes.push_back({prefix + "mlp.up_proj.weight", {I, h}});
-    shapes.push_back({prefix + "mlp.down_proj.weight", {h, I}});
-    shapes.push_back({prefix + "input_layernorm.weight", {h}});
-    shapes.push_back({prefix + "post_attention_layernorm.weight", {h}});
-  }
-  shapes.push_back({"model.norm.weight", {h}});
-  shapes.push_back({"lm_head.weight", {V, h}});
-  int64_t counted = 0;
-  std::vector<at::Tensor> storage;
-  for (const auto& [name, shape] : shapes) {
-    storage.push_back(at::empty(shape, at::kFloat));
-    counted += storage.back().numel();
-  }
-  ASSERT_EQ(counted, P);
-
+  // The units of one rank holding everything, laid out as the trainer lays them out: shards allocated,
+  // never touched (lazy pages).
   for (const auto& [optimizer, expected] :
        {std::pair<std::string, int64_t>{"adamw", adamw}, {"adamw_sn", adamw_sn}, {"galore_adamw", galore}}) {
     RunConfig run;
     run.optimizer = optimizer;
     run.adam_eps = 1e-6;
-    std::vector<ParameterShard> shards;
-    for (size_t i = 0; i < shapes.size(); ++i)
-      shards.push_back(ParameterShard::whole(shapes[i].first, storage[i], {}, shapes[i].second.size() == 2,
-                                             update_rule_for(shapes[i].first, shapes[i].second.size(), run)));
-    int64_t predicted = 0;
-    for (const ParameterShard& shard : shards) predicted += optimizer_state_bytes(optimizer_settings(run), shard, 1);
-    auto built = make_shard_optimizer(optimizer_settings(run), std::move(shards), nullptr);
-    EXPECT_EQ(built->state_bytes(), expected) << optimizer;
+    std::vector<UnitShard> units;
+    int64_t counted = 0, predicted = 0;
+    for (const UnitSpec& spec : describe_units(model)) {
+      std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+      for (const ParameterSpec& parameter : spec.parameters) shapes.emplace_back(parameter.name, parameter.shape);
+      UnitShard unit;
+      unit.layout = FlatShardLayout::from_shapes(spec.name, shapes, 0, 1);
+      unit.master = at::empty({unit.layout.shard_numel}, at::kFloat);
+      unit.gradient = at::empty({unit.layout.shard_numel}, at::kFloat);
+      unit.rules = update_rules_for(unit.layout, run);
+      for (size_t i = 0; i < unit.rules.size(); ++i)
+        predicted += optimizer_state_bytes(optimizer_settings(run), unit.layout.parameters[i], unit.rules[i], 1);
+      counted += unit.layout.shard_numel;
+      units.push_back(std::move(unit));
+    }
+    ASSERT_EQ(counted, P);
+    ShardOptimizer built(optimizer_settings(run), std::move(units), nullptr);
+    EXPECT_EQ(built.state_bytes(), expected) << optimizer;
     EXPECT_EQ(predicted, expected) << optimizer << " (optimizer_state_bytes, used by estimates)";
     std::printf("[ state bytes ] llama_350m %-13s %6.3f GB  (%.3f bytes per parameter)\n", optimizer.c_str(),
                 expected / 1e9, static_cast<double>(expected) / static_cast<double>(P));
@@ -205,15 +196,15 @@ TEST(GaLoreStagger, EachStepRecomputesItsShareOfProjectors) {
     settings.galore_rank = 2;
     settings.update_proj_gap = 4;
     settings.stagger_projectors = stagger;
-    std::vector<ParameterShard> shards;
+    std::vector<UnitShard> units;
     std::vector<at::Tensor> params, grads;
     for (int k = 0; k < 4; ++k) {
       params.push_back(at::randn({6, 5}));
       grads.push_back(at::zeros({6, 5}));
-      shards.push_back(ParameterShard::whole("w" + std::to_string(k), params.back(), grads.back(), false,
-                                             UpdateRule::galore));
+      units.push_back(single_parameter_unit("w" + std::to_string(k), {6, 5}, params.back(), grads.back(),
+                                            UpdateRule::galore, false));
     }
-    auto optimizer = make_shard_optimizer(settings, shards, nullptr);
+    auto optimizer = std::make_unique<ShardOptimizer>(settings, std::move(units), nullptr);
     std::map<std::string, at::Tensor> previous;
     std::vector<int> refreshed_per_step;
     for (int step = 1; step <= 9; ++step) {

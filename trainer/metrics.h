@@ -5,7 +5,8 @@
 // metrics.jsonl records, one per line, each with an "event" field:
 //   {"event":"start", "model":{...}, "run":{...}, "world_size":N, "device":"cpu", ...}
 //   {"event":"train", "step", "loss", "lr", "grad_norm", "tokens_per_s", "step_time_s",
-//    "tokens_seen", "peak_memory_bytes"}
+//    "tokens_seen", "peak_memory_bytes", "projector_s", "phase_s": {"forward", "backward",
+//    "collectives", "optimizer", "other"}}  (phase_s: where the step's time went, common/step_timer.h)
 //   {"event":"eval", "step", "eval_loss", "eval_tokens"}
 //   {"event":"memory", "ranks":[{...}]}  every rank's memory summary (trainer/memory/ledger.h)
 //   {"event":"gather_schedule", "strategy", "prefetch", "side_stream", "units",
@@ -20,6 +21,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/step_timer.h"
+
 namespace llm {
 
 struct StepRecord {
@@ -33,6 +36,7 @@ struct StepRecord {
   int64_t tokens_seen = 0;
   int64_t peak_memory_bytes = 0;
   double projector_seconds = 0;  // GaLore projector recomputation within the step (0 otherwise)
+  PhaseSeconds phase_seconds{};  // the step's time by phase; they add up to step_seconds
 };
 
 class MetricsLog {

@@ -1,6 +1,6 @@
 #include "trainer/optimizer_setup.h"
 
-#include "sharding/fsdp_unit.h"
+#include "sharding/sharded_model.h"
 
 namespace llm {
 namespace {
@@ -41,33 +41,20 @@ UpdateRule update_rule_for(const std::string& name, size_t dims, const RunConfig
   return UpdateRule::adamw;
 }
 
-std::vector<ParameterShard> parameter_shards(std::vector<std::unique_ptr<ShardedUnit>>& units,
-                                             const RunConfig& run) {
-  std::vector<ParameterShard> shards;
-  for (auto& unit : units) {
-    for (const ShardedParameter& parameter : unit->layout().parameters) {
-      ParameterShard shard;
-      shard.name = parameter.name;
-      shard.param = unit->slice(unit->shard(), parameter);
-      shard.grad = unit->slice(unit->shard_grad(), parameter);
-      shard.full_shape = parameter.full_shape;
-      shard.rows = parameter.rows;
-      shard.cols = parameter.cols;
-      shard.first_row = parameter.first_row;
-      shard.rows_held = parameter.rows_held;
-      shard.rows_per_rank = parameter.rows_per_rank;
-      shard.decay = parameter.decay;
-      shard.rule = update_rule_for(parameter.name, parameter.full_shape.size(), run);
-      shards.push_back(std::move(shard));
-    }
-  }
-  return shards;
+std::vector<UpdateRule> update_rules_for(const FlatShardLayout& layout, const RunConfig& run) {
+  std::vector<UpdateRule> rules;
+  for (const ShardedParameter& parameter : layout.parameters)
+    rules.push_back(update_rule_for(parameter.name, parameter.full_shape.size(), run));
+  return rules;
 }
 
-std::unique_ptr<ShardOptimizer> build_optimizer(const RunConfig& run,
-                                                std::vector<std::unique_ptr<ShardedUnit>>& units,
-                                                Communicator* across) {
-  return make_shard_optimizer(optimizer_settings(run), parameter_shards(units, run), across);
+std::unique_ptr<ShardOptimizer> build_optimizer(const RunConfig& run, ShardedModel& model, Communicator* across) {
+  std::vector<UnitShard> units;
+  for (size_t u = 0; u < model.unit_count(); ++u) {
+    ShardedUnit& unit = model.unit(u);
+    units.push_back({unit.layout(), unit.master_shard(), unit.gradient_shard(), update_rules_for(unit.layout(), run)});
+  }
+  return std::make_unique<ShardOptimizer>(optimizer_settings(run), std::move(units), across);
 }
 
 }  // namespace llm

@@ -17,18 +17,15 @@
 
 namespace llm {
 
-class ShardedUnit;
+class ShardedModel;
 
 OptimizerSettings optimizer_settings(const RunConfig& run);
 UpdateRule update_rule_for(const std::string& name, size_t dims, const RunConfig& run);
+// The rule of each parameter of a layout, in order.
+std::vector<UpdateRule> update_rules_for(const FlatShardLayout& layout, const RunConfig& run);
 
-// One ParameterShard per parameter of every unit (views into the units' shard and gradient shard).
-std::vector<ParameterShard> parameter_shards(std::vector<std::unique_ptr<ShardedUnit>>& units,
-                                             const RunConfig& run);
-
-// across: the communicator when the units are sharded (more than one rank, not no_shard).
-std::unique_ptr<ShardOptimizer> build_optimizer(const RunConfig& run,
-                                                std::vector<std::unique_ptr<ShardedUnit>>& units,
-                                                Communicator* across);
+// The optimizer over every unit of the sharded model (the units' master and gradient shards, used in
+// place). across: the communicator when the units are sharded (more than one rank, not no_shard).
+std::unique_ptr<ShardOptimizer> build_optimizer(const RunConfig& run, ShardedModel& model, Communicator* across);
 
 }  // namespace llm

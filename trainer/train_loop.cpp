@@ -5,12 +5,13 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <functional>
 #include <sstream>
 
 #include "common/errors.h"
 #include "common/log.h"
 #include "common/memory_stats.h"
+#include "common/step_timer.h"
+#include "sharding/sharded_model.h"
 #include "trainer/autocast.h"
 #include "trainer/checkpoint.h"
 #include "trainer/data/batches.h"
@@ -18,17 +19,16 @@
 #include "trainer/memory/ledger.h"
 #include "trainer/metrics.h"
 #include "trainer/model/llama.h"
-#include "trainer/model/units.h"
 #include "trainer/optimizer_setup.h"
-#include "sharding/fsdp_unit.h"
-#include "sharding/gather_schedule.h"
 #include "trainer/schedule.h"
+#include "trainer/train_state.h"
 
 namespace llm {
 namespace fs = std::filesystem;
 namespace {
 
 constexpr uint64_t kSyntheticCorpusSeed = 1234;  // the corpus is fixed; --seed varies init and order
+constexpr int64_t kSnapshotSteps = 2;            // --memory_snapshot: history through these steps
 
 struct Corpus {
   std::shared_ptr<TokenFile> tokens;
@@ -52,45 +52,8 @@ Corpus open_corpus(const RunConfig& run, const ModelConfig& model, const Runtime
           corpus.entropy_rate_nats};
 }
 
-// Global L2 norm over every rank's gradient shard; scales the shards to max_norm when above it
-// (torch's clip_grad_norm_ rule). no_shard ranks each hold the whole gradient: no reduction then.
-double clip_gradients(std::vector<std::unique_ptr<ShardedUnit>>& units, Communicator& communicator,
-                      ShardingStrategy strategy, double max_norm) {
-  at::Tensor squares = at::zeros({1}, units.front()->shard_grad().options());
-  for (auto& unit : units) squares += unit->shard_grad().pow(2).sum();
-  if (strategy != ShardingStrategy::no_shard) communicator.all_reduce(squares, ReduceOp::sum);
-  const double norm = std::sqrt(squares.item<double>());
-  if (max_norm > 0 && std::isfinite(norm)) {
-    const double coefficient = max_norm / (norm + 1e-6);
-    if (coefficient < 1.0)
-      for (auto& unit : units) unit->shard_grad().mul_(coefficient);
-  }
-  return norm;
-}
-
-// Every rank's persistent training state, counted from the buffers that exist (after a step, when
-// the optimizer state is allocated): one "sharded_state" record with a row per rank.
-void record_sharded_bytes(MetricsLog& metrics, std::vector<std::unique_ptr<ShardedUnit>>& units,
-                          const ShardOptimizer& optimizer, Communicator& communicator) {
-  const int world = communicator.world_size(), rank = communicator.rank();
-  int64_t parameters = 0, gradients = 0, materialized = 0;
-  for (auto& unit : units) {
-    parameters += unit->shard().numel() * unit->shard().element_size();
-    gradients += unit->shard_grad().numel() * unit->shard_grad().element_size();
-    materialized += unit->compute_parameter_bytes();
-  }
-  at::Tensor table = at::zeros({world, 4}, at::TensorOptions().dtype(at::kLong).device(communicator.device()));
-  table[rank] = at::tensor({parameters, gradients, optimizer.state_bytes(), materialized}, at::kLong)
-                    .to(communicator.device());
-  if (world > 1) communicator.all_reduce(table, ReduceOp::sum);
-  table = table.to(at::kCPU);
-  nlohmann::json ranks = nlohmann::json::array();
-  for (int r = 0; r < world; ++r)
-    ranks.push_back({{"rank", r}, {"parameter_shard_bytes", table[r][0].item<int64_t>()},
-                     {"gradient_shard_bytes", table[r][1].item<int64_t>()},
-                     {"optimizer_state_bytes", table[r][2].item<int64_t>()},
-                     {"materialized_parameter_bytes", table[r][3].item<int64_t>()}});
-  metrics.write({{"event", "sharded_state"}, {"ranks", ranks}});
+Batch to_device(Batch batch, c10::Device device) {
+  return {batch.input_ids.to(device), batch.labels.to(device)};
 }
 
 double average_over_ranks(double value, Communicator& communicator) {
@@ -102,155 +65,393 @@ double average_over_ranks(double value, Communicator& communicator) {
   return tensor.item<double>();
 }
 
-// Puts a checkpoint's full model tensors (any world size) into this rank's shards. The optimizer
-// loads its own full tensors (ShardOptimizer::load_full_state_dict).
-void restore_shards(const Checkpoint& checkpoint, const std::string& folder,
-                    std::vector<std::unique_ptr<ShardedUnit>>& units, c10::Device device) {
-  for (auto& unit : units) {
+// Global L2 norm over every rank's gradient shard; scales the shards to max_norm when above it
+// (torch's clip_grad_norm_ rule). no_shard ranks each hold the whole gradient: no reduction then.
+double clip_gradients(ShardedModel& model, Communicator& communicator, double max_norm) {
+  at::Tensor squares = at::zeros({1}, model.unit(0).gradient_shard().options());
+  for (size_t u = 0; u < model.unit_count(); ++u) squares += model.unit(u).gradient_shard().pow(2).sum();
+  if (model.options().strategy != ShardingStrategy::no_shard) communicator.all_reduce(squares, ReduceOp::sum);
+  const double norm = std::sqrt(squares.item<double>());
+  if (max_norm > 0 && std::isfinite(norm)) {
+    const double coefficient = max_norm / (norm + 1e-6);
+    if (coefficient < 1.0)
+      for (size_t u = 0; u < model.unit_count(); ++u) model.unit(u).gradient_shard().mul_(coefficient);
+  }
+  return norm;
+}
+
+// Before anything is written: --memory_snapshot on a CPU rank is a UserError, and the run folder exists.
+bool prepare_run(const RunConfig& run, c10::Device device) {
+  if (run.memory_snapshot) start_device_memory_history(device, 100000);
+  fs::create_directories(run.run_dir);
+  return true;
+}
+
+// Every rank builds the same initial weights from the seed.
+const ModelConfig& seeded(const ModelConfig& config, uint64_t seed) {
+  at::manual_seed(seed);
+  return config;
+}
+
+// One optimizer step's outcome, for the step line and metrics.jsonl.
+struct StepResult {
+  double loss = 0, grad_norm = 0, lr = 0;
+  PhaseSeconds phase_seconds{};
+};
+
+// Everything one rank's training holds. The constructor is the set-up, in the order the memory
+// ledger needs (the ledger first: the window up to the first step is the start-up peak), then the
+// data, the sharded model (each unit initialised and sharded as it is built), the optimizer and a
+// resumed state; train_step() is one optimizer step; the rest (evaluation, checkpoints, accounting)
+// sits beside it.
+class Training {
+ public:
+  Training(const ModelConfig& model_config, const RunConfig& run, const RuntimeContext& context);
+  TrainingOutcome run();
+
+ private:
+  StepResult train_step(int64_t step);
+  double evaluate(int64_t* tokens);
+  void save(int64_t step);
+  void resume(const std::string& folder);
+  void shard_when_built(const UnitSpec& unit, NamedTensors parameters);
+  MemoryCategories owned_now() const;
+  void record_start();
+  void record_sharded_bytes();
+  void finish_memory_ledger(int64_t steps_run);
+  nlohmann::json gather_schedule_record() const;
+
+  const ModelConfig& model_config_;
+  const RunConfig& run_;
+  const RuntimeContext& context_;
+  const c10::Device device_;
+  Communicator& communicator_;
+  const bool autocast_;  // bf16 mixed: fp32 parameters, bf16 autocast in the forward
+  const bool prepared_;
+  MetricsLog metrics_;
+  MemoryLedger ledger_;
+  Corpus corpus_;
+  BatchSampler train_batches_, eval_batches_;
+  StepTimer timer_;
+  ShardedModel sharded_;
+  int64_t startup_peak_bytes_ = 0, largest_unit_bytes_ = 0;  // parameter storage while building
+  UnitContext unit_context_;
+  LlamaForCausalLM model_;
+  std::unique_ptr<ShardOptimizer> optimizer_;
+  TrainState state_;
+  int64_t start_step_ = 0;
+  int64_t live_batch_bytes_ = 0;
+};
+
+Training::Training(const ModelConfig& model_config, const RunConfig& run, const RuntimeContext& context)
+    : model_config_(model_config),
+      run_(run),
+      context_(context),
+      device_(context.device),
+      communicator_(*context.communicator),
+      autocast_(run.dtype == DType::bfloat16 && run.precision == Precision::mixed),
+      prepared_(prepare_run(run, device_)),
+      metrics_((fs::path(run.run_dir) / "metrics.jsonl").string(), context.rank == 0, context.world_size == 1),
+      ledger_(run.run_dir, context.rank, context.world_size, device_,
+              {{"model", model_config.name}, {"optimizer", run.optimizer}, {"dtype", to_string(run.dtype)},
+               {"precision", to_string(run.precision)}, {"sharding", to_string(run.sharding)}}),
+      corpus_(open_corpus(run, model_config, context)),
+      train_batches_(corpus_.tokens, Split::train, run.max_length, run.eval_fraction, run.seed, context.rank,
+                     context.world_size, run.batch_size),
+      eval_batches_(corpus_.tokens, Split::eval, run.max_length, run.eval_fraction, run.seed, context.rank,
+                    context.world_size, run.batch_size),
+      timer_(device_),
+      sharded_(communicator_,
+               {run.sharding, run.prefetch,
+                run.dtype == DType::bfloat16 && run.precision == Precision::pure ? at::kBFloat16 : at::kFloat}),
+      model_(seeded(model_config, run.seed),
+             [this](const UnitSpec& unit, NamedTensors parameters) { shard_when_built(unit, std::move(parameters)); }) {
+  for (size_t u = 0; u < sharded_.unit_count(); ++u)
+    sharded_.set_forward(u, [this, u](const at::Tensor& input) {
+      return model_->forward_unit(u, input, unit_context_);
+    });
+  sharded_.set_timer(&timer_);
+  sharded_.add_listener([this](UnitEvent event, size_t u, Pass pass) {
+    if (event == UnitEvent::after_forward)
+      ledger_.point(pass == Pass::train ? "forward" : "eval", sharded_.unit(u).name(), owned_now());
+    else if (event == UnitEvent::after_backward)
+      ledger_.point("backward", sharded_.unit(u).name(), owned_now());
+  });
+  const bool sharded_across_ranks = context.world_size > 1 && run.sharding != ShardingStrategy::no_shard;
+  optimizer_ = build_optimizer(run, sharded_, sharded_across_ranks ? &communicator_ : nullptr);
+  state_.seed = run.seed;
+  if (!run.continue_from.empty()) resume(resolve_checkpoint_folder(run.continue_from));
+  start_step_ = state_.step;
+  record_start();
+}
+
+// Each unit is initialised, moved to the device and sharded as soon as it is built, before the next
+// one is allocated: no rank ever holds the whole unsharded model (no_shard aside, by design).
+void Training::shard_when_built(const UnitSpec& unit, NamedTensors parameters) {
+  int64_t unit_bytes = 0;
+  {
+    at::NoGradGuard no_grad;
+    for (auto& [name, parameter] : parameters) {
+      parameter.set_data(parameter.to(device_));
+      unit_bytes += static_cast<int64_t>(parameter.storage().nbytes());
+    }
+  }
+  init_unit_weights(unit, parameters, model_config_.initializer_range, run_.seed);
+  int64_t held = unit_bytes;
+  for (size_t u = 0; u < sharded_.unit_count(); ++u) held += sharded_.unit(u).compute_parameter_bytes();
+  startup_peak_bytes_ = std::max(startup_peak_bytes_, held);
+  largest_unit_bytes_ = std::max(largest_unit_bytes_, unit_bytes);
+  sharded_.add_unit(unit.name, std::move(parameters));
+}
+
+// One optimizer step: each micro-batch's forward and backward (the last one reduces every unit's
+// gradients into its shard as its backward ends), the loss averaged over ranks, global-norm clipping,
+// the optimizer unit by unit, and the compute shards refreshed from the masters.
+StepResult Training::train_step(int64_t step) {
+  timer_.begin_step();
+  ledger_.begin_step(step);
+  double loss_sum = 0;
+  for (int64_t micro = 0; micro < run_.gradient_accumulation; ++micro) {
+    Batch batch = to_device(train_batches_.next(), device_);
+    ledger_.set_micro_batch(micro);
+    live_batch_bytes_ = static_cast<int64_t>(batch.input_ids.nbytes() + batch.labels.nbytes());
+    Activations boundaries;
+    {
+      AutocastRegion region(device_.type(), at::kBFloat16, autocast_);
+      boundaries = sharded_.forward(batch.input_ids, Pass::train);
+    }
+    at::Tensor loss;
+    {
+      StepTimer::Scope timed(&timer_, StepPhase::forward);
+      loss = causal_lm_loss(boundaries.back().output, batch.labels);
+      loss_sum += loss.item<double>();
+    }
+    const bool last = micro + 1 == run_.gradient_accumulation;
+    sharded_.backward(boundaries, loss / static_cast<double>(run_.gradient_accumulation), /*reduce=*/last);
+  }
+  live_batch_bytes_ = 0;
+
+  StepResult result;
+  {
+    StepTimer::Scope timed(&timer_, StepPhase::collectives);
+    result.loss = average_over_ranks(loss_sum / static_cast<double>(run_.gradient_accumulation), communicator_);
+  }
+  {
+    StepTimer::Scope timed(&timer_, StepPhase::optimizer);
+    result.grad_norm = clip_gradients(sharded_, communicator_, run_.grad_clipping);
+    if (!std::isfinite(result.loss) || !std::isfinite(result.grad_norm)) {
+      std::ostringstream message;
+      message << "step " << step << ": the loss is " << result.loss << " and the gradient norm " << result.grad_norm
+              << "; training stopped before the weights were corrupted. Lower --lr (now " << run_.lr
+              << "), set --grad_clipping (now " << run_.grad_clipping << "), raise --warmup_steps, or use --dtype float32";
+      throw TrainingError(message.str());
+    }
+    result.lr = run_.lr * lr_multiplier(run_.scheduler, step, run_.warmup_steps, run_.num_training_steps, run_.min_lr_ratio);
+    optimizer_->begin_step();
+    for (const UnitAction& action : sharded_.plan().optimizer_pass()) optimizer_->step_unit(action.unit, result.lr);
+    sharded_.publish_shards();
+  }
+  ledger_.point("optimizer", "", owned_now());
+  state_.step = step;
+  state_.samples_consumed = train_batches_.samples_consumed();
+  state_.tokens_seen += run_.total_batch_size * run_.max_length;
+  result.phase_seconds = timer_.end_step();
+  return result;
+}
+
+TrainingOutcome Training::run() {
+  TrainingOutcome outcome{start_step_, 0, 0, corpus_.unigram_entropy, corpus_.entropy_rate};
+  const int64_t tokens_per_step = run_.total_batch_size * run_.max_length;
+  for (int64_t step = start_step_ + 1; step <= run_.num_training_steps; ++step) {
+    const auto started = std::chrono::steady_clock::now();
+    const StepResult result = train_step(step);
+    if (step == start_step_ + 1) record_sharded_bytes();
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    outcome.steps = step;
+    outcome.final_loss = result.loss;
+    const bool last = step == run_.num_training_steps;
+    if (step % run_.log_every == 0 || last)
+      metrics_.log_step({step, run_.num_training_steps, result.loss, result.lr, result.grad_norm,
+                         static_cast<double>(tokens_per_step) / seconds, seconds, state_.tokens_seen,
+                         ledger_.step_line_peak_bytes(), optimizer_->last_projector_seconds(), result.phase_seconds});
+    if ((run_.eval_every > 0 && step % run_.eval_every == 0) || last) {
+      int64_t eval_tokens = 0;
+      outcome.final_eval_loss = evaluate(&eval_tokens);
+      ledger_.point("eval", "", owned_now());
+      metrics_.log_eval(step, outcome.final_eval_loss, eval_tokens);
+    }
+    if (!run_.save_dir.empty() && ((run_.save_every > 0 && step % run_.save_every == 0) || last)) {
+      save(step);
+      ledger_.point("checkpoint", "", owned_now());
+    }
+    ledger_.end_step();
+    // Once: after the second step (or the last, if fewer). Recording stops there, so a later
+    // snapshot would replace this one with one whose history is gone.
+    if (run_.memory_snapshot && step == std::min(start_step_ + kSnapshotSteps, run_.num_training_steps)) {
+      write_device_memory_snapshot(
+          device_, (fs::path(run_.run_dir) / ("memory_snapshot.rank" + std::to_string(context_.rank) + ".pickle")).string());
+      stop_device_memory_history(device_);
+    }
+  }
+  finish_memory_ledger(outcome.steps - start_step_);
+  metrics_.write(gather_schedule_record());
+  metrics_.write({{"event", "end"}, {"steps", outcome.steps}, {"final_loss", outcome.final_loss},
+                  {"final_eval_loss", outcome.final_eval_loss}, {"peak_memory_bytes", ledger_.step_line_peak_bytes()}});
+  return outcome;
+}
+
+double Training::evaluate(int64_t* tokens) {
+  at::NoGradGuard no_grad;
+  eval_batches_.seek(0);
+  double sum = 0;
+  for (int64_t i = 0; i < run_.eval_batches; ++i) {
+    Batch batch = to_device(eval_batches_.next(), device_);
+    Activations boundaries;
+    {
+      AutocastRegion region(device_.type(), at::kBFloat16, autocast_);
+      boundaries = sharded_.forward(batch.input_ids, Pass::eval);
+    }
+    sum += causal_lm_loss(boundaries.back().output, batch.labels).item<double>();
+    *tokens += batch.labels.numel() * communicator_.world_size();
+  }
+  sharded_.release_all();
+  return average_over_ranks(sum / static_cast<double>(run_.eval_batches), communicator_);
+}
+
+// Checkpoints hold full tensors (world-size independent): every rank joins the gathers, rank 0 writes.
+void Training::save(int64_t step) {
+  std::vector<std::pair<std::string, at::Tensor>> model_tensors;
+  for (size_t u = 0; u < sharded_.unit_count(); ++u) {
+    ShardedUnit& unit = sharded_.unit(u);
+    for (auto& named : unit.gather_full(unit.master_shard())) model_tensors.push_back(std::move(named));
+  }
+  const std::map<std::string, at::Tensor> optimizer_state = optimizer_->full_state_dict();
+  if (context_.rank != 0) return;
+  const std::string folder = (fs::path(run_.save_dir) / ("step_" + std::to_string(step))).string();
+  nlohmann::json trainer_state = state_.to_json();
+  trainer_state["world_size"] = context_.world_size;
+  trainer_state["optimizer"] = run_.optimizer;
+  trainer_state["model"] = model_config_.to_json();
+  save_checkpoint(folder, model_tensors, optimizer_state, trainer_state);
+  log::info("saved checkpoint {}", folder);
+}
+
+// A checkpoint's full model tensors (any world size) into this rank's shards, its optimizer state
+// into the optimizer (ShardOptimizer::load_full_state_dict), and the run's position.
+void Training::resume(const std::string& folder) {
+  Checkpoint checkpoint = load_checkpoint(folder);
+  LLM_REQUIRE(checkpoint.trainer_state.value("model", nlohmann::json()) == model_config_.to_json(), folder,
+              "trainer_state.json: model", "the checkpoint was made for another model config");
+  const TrainState saved = TrainState::from_json(checkpoint.trainer_state, folder + "/trainer_state.json");
+  const std::string saved_optimizer = checkpoint.trainer_state.value("optimizer", std::string("adamw"));
+  LLM_REQUIRE(saved_optimizer == run_.optimizer, folder + "/trainer_state.json", "optimizer",
+              "the checkpoint was written by --optimizer " + saved_optimizer + "; resume with it (got --optimizer " +
+                  run_.optimizer + ")");
+  if (checkpoint.trainer_state.contains("seed") && saved.seed != run_.seed)
+    log::warn("resuming a run saved with --seed {} under --seed {}: the data order from here on is --seed {}'s",
+              saved.seed, run_.seed, run_.seed);
+  for (size_t u = 0; u < sharded_.unit_count(); ++u) {
+    ShardedUnit& unit = sharded_.unit(u);
     std::vector<at::Tensor> tensors;
-    for (const auto& parameter : unit->layout().parameters) {
+    for (const auto& parameter : unit.layout().parameters) {
       auto found = checkpoint.model.find(parameter.name);
       LLM_REQUIRE(found != checkpoint.model.end(), folder + "/model.pt", parameter.name, "missing tensor");
       LLM_REQUIRE(found->second.sizes() == at::IntArrayRef(parameter.full_shape), folder + "/model.pt",
                   parameter.name, "shape does not match the model");
-      tensors.push_back(found->second.to(device, at::kFloat));
+      tensors.push_back(found->second.to(device_, at::kFloat));
     }
-    unit->load_full(tensors, unit->shard());
-    unit->publish_shard();
+    unit.load_full(tensors, unit.master_shard());
   }
+  sharded_.publish_shards();
+  optimizer_->load_full_state_dict(checkpoint.optimizer);
+  train_batches_.seek(saved.samples_consumed);
+  state_.step = saved.step;
+  state_.samples_consumed = saved.samples_consumed;
+  state_.tokens_seen = saved.tokens_seen;
+  log::info("resumed from {} at step {}", folder, saved.step);
 }
 
-// The sharded model: units of the single-device model wrapped by ShardedUnit, run unit by unit.
-// When each unit is gathered, prefetched and released is the GatherSchedule's decision; this struct
-// carries the actions out (apply) and measures how many units are gathered at once.
-struct ShardedModel {
-  LlamaForCausalLM model;
-  UnitContext context;
-  std::vector<ModelUnit> units;
-  std::vector<std::unique_ptr<ShardedUnit>> sharded;
-  GatherSchedule schedule;
-  CollectiveStream gather_stream;       // CUDA side stream for prefetches; none on CPU
-  int64_t peak_gathered_units = 0;      // counted from the units themselves, after every action
-  // Called after each unit's forward ("forward", or "eval" without grad; its compute copy still
-  // gathered) and after its backward ("backward"; before its gradients are reduced): the memory
-  // ledger's timeline points.
-  std::function<void(const char* phase, size_t unit)> on_unit_boundary = nullptr;
-
-  // Forward through every unit; returns each unit's (input, output). Unit inputs after the first are
-  // detached leaves, so each unit's backward runs on its own, between its gather and its release.
-  std::vector<std::pair<at::Tensor, at::Tensor>> forward(const at::Tensor& input_ids, bool autocast) {
-    std::vector<std::pair<at::Tensor, at::Tensor>> boundaries;
-    AutocastRegion region(input_ids.device().type(), at::kBFloat16, autocast);
-    at::Tensor x = input_ids;
-    for (size_t u = 0; u < units.size(); ++u) {
-      apply(schedule.before_forward(static_cast<int64_t>(u)));  // gather u, prefetch u + 1
-      at::Tensor input = (u == 0 || !at::GradMode::is_enabled()) ? x : x.detach().requires_grad_(true);
-      at::Tensor output = units[u].forward(input);
-      if (on_unit_boundary) on_unit_boundary(at::GradMode::is_enabled() ? "forward" : "eval", u);
-      apply(schedule.after_forward(static_cast<int64_t>(u)));   // full_shard: release u
-      boundaries.emplace_back(input, output);
-      x = output;
-    }
-    return boundaries;
-  }
-
-  // Backward unit by unit in reverse: gather (prefetch the one before), backward, (last micro-batch)
-  // reduce gradients, release.
-  void backward(std::vector<std::pair<at::Tensor, at::Tensor>>& boundaries, const at::Tensor& loss,
-                bool reduce) {
-    at::Tensor grad_output;
-    for (size_t u = units.size(); u-- > 0;) {
-      apply(schedule.before_backward(static_cast<int64_t>(u)));  // gather u, prefetch u - 1
-      if (u + 1 == units.size())
-        loss.backward();
-      else
-        boundaries[u].second.backward(grad_output);
-      if (u > 0) grad_output = boundaries[u].first.grad();
-      boundaries[u] = {};
-      if (on_unit_boundary) on_unit_boundary("backward", u);
-      if (reduce) sharded[u]->reduce_gradients();
-      apply(schedule.after_backward(static_cast<int64_t>(u)));   // release u
-    }
-  }
-
-  void release_all() { apply(schedule.release_all()); }
-
-  void apply(const std::vector<GatherAction>& actions) {
-    for (const GatherAction& action : actions) {
-      ShardedUnit& unit = *sharded[static_cast<size_t>(action.unit)];
-      switch (action.op) {
-        case GatherOp::gather: unit.gather(); break;
-        case GatherOp::prefetch: unit.gather_async(gather_stream); break;
-        case GatherOp::wait: unit.wait_gathered(); break;
-        case GatherOp::release: unit.release(); break;
-      }
-      // The schedule's bookkeeping must describe the units, or its bound would mean nothing.
-      if (unit.gathered() != schedule.materialised(action.unit))
-        throw std::logic_error("gather schedule: after " + std::string(to_string(action.op)) +
-                               " of unit " + unit.name() + " the unit is " +
-                               (unit.gathered() ? "gathered" : "released") +
-                               " but the schedule thinks otherwise");
-      count_gathered_units();
-    }
-  }
-
-  // Updates the measured peak; also called once before the first step (no_shard units are
-  // materialised from the start, and no action ever changes that).
-  void count_gathered_units() {
-    int64_t gathered_now = 0;
-    for (const auto& each : sharded) gathered_now += each->gathered() ? 1 : 0;
-    peak_gathered_units = std::max(peak_gathered_units, gathered_now);
-  }
-};
-
-// The end-of-run record of the gather order: tests read the peak from it.
-nlohmann::json gather_schedule_record(const ShardedModel& model) {
-  return {{"event", "gather_schedule"},
-          {"strategy", to_string(model.schedule.strategy())},
-          {"prefetch", model.schedule.prefetch()},
-          {"side_stream", model.gather_stream.has_value()},
-          {"units", model.schedule.unit_count()},
-          {"peak_gathered_units", model.peak_gathered_units},
-          {"schedule_peak_gathered_units", model.schedule.peak_gathered_units()},
-          {"inline_gathers", model.schedule.inline_gathers()},
-          {"prefetches", model.schedule.prefetches()}};
+// The ledger's owned buffers: what the units and the optimizer report, plus the batch and the
+// rotary tables (trainer/memory/ledger.h).
+MemoryCategories Training::owned_now() const {
+  OwnedBytes owned = sharded_.owned_bytes();
+  owned += optimizer_->owned_bytes();
+  const int64_t rotary = distinct_storage_bytes(
+      {model_->rotary_cos_cache(), model_->rotary_sin_cache(), unit_context_.cos, unit_context_.sin});
+  return owned_categories(owned, live_batch_bytes_ + rotary);
 }
 
-Batch to_device(Batch batch, c10::Device device) {
-  return {batch.input_ids.to(device), batch.labels.to(device)};
+void Training::record_start() {
+  int64_t shard_bytes = 0;
+  for (size_t u = 0; u < sharded_.unit_count(); ++u) shard_bytes += sharded_.unit(u).master_shard().numel() * 4;
+  metrics_.write({{"event", "start"}, {"model", model_config_.to_json()}, {"run", run_.to_json()},
+                  {"world_size", context_.world_size}, {"device", device_.str()},
+                  {"communicator", communicator_.backend_name()}, {"sharding", to_string(run_.sharding)},
+                  {"parameters", model_config_.num_parameters()}, {"shard_parameter_bytes", shard_bytes},
+                  {"optimizer", run_.optimizer}, {"optimizer_state_bytes", optimizer_->state_bytes()},
+                  {"startup_peak_parameter_bytes", startup_peak_bytes_},
+                  {"largest_unit_parameter_bytes", largest_unit_bytes_},
+                  {"corpus_unigram_entropy", corpus_.unigram_entropy},
+                  {"corpus_entropy_rate", corpus_.entropy_rate}, {"start_step", start_step_}});
+  log::info("model {}: {:.2f}M parameters on {} x {} ({}, {}), {} steps of {} sequences x {} tokens",
+            model_config_.name, model_config_.num_parameters() / 1e6, context_.world_size, device_.str(),
+            communicator_.backend_name(), to_string(run_.sharding), run_.num_training_steps, run_.total_batch_size,
+            run_.max_length);
+  log::info("optimizer {}: {} of state on this rank", run_.optimizer, human_bytes(optimizer_->state_bytes()));
 }
 
-double evaluate(ShardedModel& sharded_model, BatchSampler& sampler, const RunConfig& run,
-                Communicator& communicator, bool autocast, int64_t* tokens) {
-  at::NoGradGuard no_grad;
-  sampler.seek(0);
-  double sum = 0;
-  for (int64_t i = 0; i < run.eval_batches; ++i) {
-    Batch batch = to_device(sampler.next(), communicator.device());
-    auto boundaries = sharded_model.forward(batch.input_ids, autocast);
-    sum += causal_lm_loss(boundaries.back().second, batch.labels).item<double>();
-    *tokens += batch.labels.numel() * communicator.world_size();
+// Every rank's persistent training state, counted from the buffers that exist (after a step): one
+// "sharded_state" record with a row per rank.
+void Training::record_sharded_bytes() {
+  const int world = communicator_.world_size(), rank = communicator_.rank();
+  int64_t parameters = 0, gradients = 0, materialized = 0;
+  for (size_t u = 0; u < sharded_.unit_count(); ++u) {
+    const ShardedUnit& unit = sharded_.unit(u);
+    parameters += static_cast<int64_t>(unit.master_shard().nbytes());
+    gradients += static_cast<int64_t>(unit.gradient_shard().nbytes());
+    materialized += unit.compute_parameter_bytes();
   }
-  sharded_model.release_all();
-  return average_over_ranks(sum / static_cast<double>(run.eval_batches), communicator);
+  at::Tensor table = at::zeros({world, 4}, at::TensorOptions().dtype(at::kLong).device(communicator_.device()));
+  table[rank] = at::tensor({parameters, gradients, optimizer_->state_bytes(), materialized}, at::kLong)
+                    .to(communicator_.device());
+  if (world > 1) communicator_.all_reduce(table, ReduceOp::sum);
+  table = table.to(at::kCPU);
+  nlohmann::json ranks = nlohmann::json::array();
+  for (int r = 0; r < world; ++r)
+    ranks.push_back({{"rank", r}, {"parameter_shard_bytes", table[r][0].item<int64_t>()},
+                     {"gradient_shard_bytes", table[r][1].item<int64_t>()},
+                     {"optimizer_state_bytes", table[r][2].item<int64_t>()},
+                     {"materialized_parameter_bytes", table[r][3].item<int64_t>()}});
+  metrics_.write({{"event", "sharded_state"}, {"ranks", ranks}});
 }
 
 // The end of the run's ledger (collective): rank 0 writes RUN_DIR/memory_report.md, and every rank's
 // summary goes into metrics.jsonl as one "memory" record.
-void finish_memory_ledger(MemoryLedger& ledger, MetricsLog& metrics, Communicator& communicator,
-                          const ModelConfig& model_config, const RunConfig& run, int world_size,
-                          c10::Device device, int64_t steps) {
+void Training::finish_memory_ledger(int64_t steps_run) {
   std::ostringstream description;
-  description << "Run `" << run.run_dir << "`: " << model_config.name << ", " << run.optimizer << ", "
-              << to_string(run.dtype)
-              << (run.dtype == DType::bfloat16 ? std::string(" (") + to_string(run.precision) + ")" : "")
-              << ", " << to_string(run.sharding) << ", " << world_size << " rank(s) on " << device.str()
-              << ", batch " << run.batch_size << " x " << run.max_length << " tokens, " << steps
-              << " step(s).";
+  description << "Run `" << run_.run_dir << "`: " << model_config_.name << ", " << run_.optimizer << ", "
+              << to_string(run_.dtype)
+              << (run_.dtype == DType::bfloat16 ? std::string(" (") + to_string(run_.precision) + ")" : "") << ", "
+              << to_string(run_.sharding) << ", " << context_.world_size << " rank(s) on " << device_.str()
+              << ", batch " << run_.batch_size << " x " << run_.max_length << " tokens, " << steps_run << " step(s).";
   nlohmann::json ranks = nlohmann::json::array();
-  for (const RankMemorySummary& rank : ledger.finish(communicator, "Memory report", description.str()))
+  for (const RankMemorySummary& rank : ledger_.finish(communicator_, "Memory report", description.str()))
     ranks.push_back(rank.to_json());
-  metrics.write({{"event", "memory"}, {"ranks", ranks}});
+  metrics_.write({{"event", "memory"}, {"ranks", ranks}});
+}
+
+// The end-of-run record of the gather order: tests read the peak from it.
+nlohmann::json Training::gather_schedule_record() const {
+  const GatherSchedule& schedule = sharded_.plan().gathers();
+  return {{"event", "gather_schedule"},
+          {"strategy", to_string(schedule.strategy())},
+          {"prefetch", schedule.prefetch()},
+          {"side_stream", sharded_.has_gather_stream()},
+          {"units", schedule.unit_count()},
+          {"peak_gathered_units", sharded_.peak_gathered_units()},
+          {"schedule_peak_gathered_units", schedule.peak_gathered_units()},
+          {"inline_gathers", schedule.inline_gathers()},
+          {"prefetches", schedule.prefetches()}};
 }
 
 }  // namespace
@@ -262,219 +463,13 @@ c10::Device select_device(DeviceChoice choice, int local_rank) {
     const int count = static_cast<int>(torch::cuda::device_count());
     return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank % count));
   }
-  if (choice == DeviceChoice::auto_select && have_cuda)
-    return select_device(DeviceChoice::cuda, local_rank);
+  if (choice == DeviceChoice::auto_select && have_cuda) return select_device(DeviceChoice::cuda, local_rank);
   return c10::Device(c10::kCPU);
 }
 
-TrainingOutcome train(const ModelConfig& model_config, const RunConfig& run,
-                      const RuntimeContext& context) {
-  const bool is_writer = context.rank == 0;
-  const c10::Device device = context.device;
-  Communicator& communicator = *context.communicator;
-  // --memory_snapshot on a CPU rank is a UserError here, before anything is written.
-  constexpr int64_t kSnapshotSteps = 2;  // --memory_snapshot: history through these steps
-  if (run.memory_snapshot) start_device_memory_history(device, 100000);
-  fs::create_directories(run.run_dir);
-  MetricsLog metrics((fs::path(run.run_dir) / "metrics.jsonl").string(), is_writer,
-                     context.world_size == 1);
-  // Before anything is built: the window up to the first step is the start-up peak.
-  MemoryLedger ledger(run.run_dir, context.rank, context.world_size, device,
-                      {{"model", model_config.name}, {"optimizer", run.optimizer},
-                       {"dtype", to_string(run.dtype)}, {"precision", to_string(run.precision)},
-                       {"sharding", to_string(run.sharding)}});
-
-  Corpus corpus = open_corpus(run, model_config, context);
-  BatchSampler train_batches(corpus.tokens, Split::train, run.max_length, run.eval_fraction,
-                             run.seed, context.rank, context.world_size, run.batch_size);
-  BatchSampler eval_batches(corpus.tokens, Split::eval, run.max_length, run.eval_fraction, run.seed,
-                            context.rank, context.world_size, run.batch_size);
-
-  // Every rank builds the same initial weights; each unit then keeps only this rank's rows.
-  const bool bf16 = run.dtype == DType::bfloat16;
-  const bool pure_bf16 = bf16 && run.precision == Precision::pure;
-  const bool autocast = bf16 && !pure_bf16;
-  // Each unit is initialised, moved to the device and sharded as soon as it is built, before the
-  // next one is allocated: no rank ever holds the whole unsharded model (no_shard aside, by design).
-  at::manual_seed(run.seed);
-  std::vector<std::unique_ptr<ShardedUnit>> built_units;
-  int64_t startup_peak_bytes = 0, largest_unit_bytes = 0;
-  auto shard_unit_when_built = [&](const std::string& name, int64_t index, NamedTensors parameters) {
-    int64_t unit_bytes = 0;
-    {
-      at::NoGradGuard no_grad;
-      for (auto& [parameter_name, parameter] : parameters) {
-        parameter.set_data(parameter.to(device));
-        unit_bytes += static_cast<int64_t>(parameter.storage().nbytes());
-      }
-    }
-    init_unit_weights(parameters, model_config, run.seed, index);
-    int64_t held = unit_bytes;
-    for (auto& unit : built_units) held += unit->compute_parameter_bytes();
-    startup_peak_bytes = std::max(startup_peak_bytes, held);
-    largest_unit_bytes = std::max(largest_unit_bytes, unit_bytes);
-    built_units.push_back(std::make_unique<ShardedUnit>(name, std::move(parameters), communicator,
-                                                        run.sharding,
-                                                        pure_bf16 ? at::kBFloat16 : at::kFloat));
-  };
-  ShardedModel sharded_model{LlamaForCausalLM(model_config, shard_unit_when_built), {}, {},
-                             std::move(built_units), {}, {}, 0};
-  sharded_model.units = split_into_units(sharded_model.model, sharded_model.context);
-  auto& units = sharded_model.sharded;
-  sharded_model.schedule = GatherSchedule(static_cast<int64_t>(units.size()), run.sharding, run.prefetch);
-  if (run.prefetch) sharded_model.gather_stream = make_gather_stream(device);
-  sharded_model.count_gathered_units();
-  const bool sharded_across_ranks = context.world_size > 1 && run.sharding != ShardingStrategy::no_shard;
-  std::unique_ptr<ShardOptimizer> optimizer =
-      build_optimizer(run, units, sharded_across_ranks ? &communicator : nullptr);
-
-  int64_t start_step = 0, tokens_seen = 0;
-  if (!run.continue_from.empty()) {
-    const std::string folder = resolve_checkpoint_folder(run.continue_from);
-    Checkpoint checkpoint = load_checkpoint(folder);
-    LLM_REQUIRE(checkpoint.trainer_state.value("model", nlohmann::json()) == model_config.to_json(),
-                folder, "trainer_state.json: model", "the checkpoint was made for another model config");
-    auto state_count = [&](const char* key) {
-      const nlohmann::json& state = checkpoint.trainer_state;
-      LLM_REQUIRE(state.contains(key) && state.at(key).is_number_integer(),
-                  folder + "/trainer_state.json", key, "missing, or not an integer");
-      return state.at(key).get<int64_t>();
-    };
-    start_step = state_count("step");
-    tokens_seen = state_count("tokens_seen");
-    const int64_t samples_consumed = state_count("samples_consumed");
-    const std::string saved_optimizer = checkpoint.trainer_state.value("optimizer", std::string("adamw"));
-    LLM_REQUIRE(saved_optimizer == run.optimizer, folder + "/trainer_state.json", "optimizer",
-                "the checkpoint was written by --optimizer " + saved_optimizer + "; resume with it (got --optimizer " +
-                    run.optimizer + ")");
-    restore_shards(checkpoint, folder, units, device);
-    optimizer->load_full_state_dict(checkpoint.optimizer);
-    train_batches.seek(samples_consumed);
-    log::info("resumed from {} at step {}", folder, start_step);
-  }
-
-  int64_t shard_bytes = 0;
-  for (auto& unit : units) shard_bytes += unit->shard().numel() * 4;
-  metrics.write({{"event", "start"}, {"model", model_config.to_json()}, {"run", run.to_json()},
-                 {"world_size", context.world_size}, {"device", device.str()},
-                 {"communicator", communicator.backend_name()},
-                 {"sharding", to_string(run.sharding)},
-                 {"parameters", model_config.num_parameters()},
-                 {"shard_parameter_bytes", shard_bytes},
-                 {"optimizer", run.optimizer},
-                 {"optimizer_state_bytes", optimizer->state_bytes()},
-                 {"startup_peak_parameter_bytes", startup_peak_bytes},
-                 {"largest_unit_parameter_bytes", largest_unit_bytes},
-                 {"corpus_unigram_entropy", corpus.unigram_entropy},
-                 {"corpus_entropy_rate", corpus.entropy_rate}, {"start_step", start_step}});
-  log::info("model {}: {:.2f}M parameters on {} x {} ({}, {}), {} steps of {} sequences x {} tokens",
-            model_config.name, model_config.num_parameters() / 1e6, context.world_size, device.str(),
-            communicator.backend_name(), to_string(run.sharding), run.num_training_steps,
-            run.total_batch_size, run.max_length);
-  log::info("optimizer {}: {} of state on this rank", run.optimizer, human_bytes(optimizer->state_bytes()));
-
-  // Checkpoints hold full tensors (world-size independent): every rank joins the gathers, rank 0 writes.
-  auto save = [&](int64_t step) {
-    if (run.save_dir.empty()) return;
-    std::vector<std::pair<std::string, at::Tensor>> model_tensors;
-    for (auto& unit : units)
-      for (auto& named : unit->gather_full(unit->shard())) model_tensors.push_back(std::move(named));
-    const std::map<std::string, at::Tensor> optimizer_state = optimizer->full_state_dict();
-    if (!is_writer) return;
-    const std::string folder = (fs::path(run.save_dir) / ("step_" + std::to_string(step))).string();
-    save_checkpoint(folder, model_tensors, optimizer_state,
-                    {{"step", step}, {"samples_consumed", train_batches.samples_consumed()},
-                     {"tokens_seen", tokens_seen}, {"seed", run.seed}, {"world_size", context.world_size},
-                     {"optimizer", run.optimizer},
-                     {"model", model_config.to_json()}});
-    log::info("saved checkpoint {}", folder);
-  };
-
-  // The ledger's owned buffers: everything the trainer holds, by category (trainer/memory/ledger.h).
-  int64_t live_batch_bytes = 0;
-  auto owned_now = [&] {
-    const int64_t rotary = distinct_storage_bytes(
-        {sharded_model.model->rotary_cos_cache(), sharded_model.model->rotary_sin_cache(),
-         sharded_model.context.cos, sharded_model.context.sin});
-    return owned_memory(units, *optimizer, live_batch_bytes + rotary);
-  };
-  sharded_model.on_unit_boundary = [&](const char* phase, size_t u) {
-    ledger.point(phase, sharded_model.units[u].name, owned_now());
-  };
-
-  TrainingOutcome outcome{start_step, 0, 0, corpus.unigram_entropy, corpus.entropy_rate};
-  const int64_t tokens_per_step = run.total_batch_size * run.max_length;
-  for (int64_t step = start_step + 1; step <= run.num_training_steps; ++step) {
-    const auto started = std::chrono::steady_clock::now();
-    ledger.begin_step(step);
-    double loss_sum = 0;
-    for (int64_t micro = 0; micro < run.gradient_accumulation; ++micro) {
-      Batch batch = to_device(train_batches.next(), device);
-      ledger.set_micro_batch(micro);
-      live_batch_bytes = static_cast<int64_t>(batch.input_ids.nbytes() + batch.labels.nbytes());
-      auto boundaries = sharded_model.forward(batch.input_ids, autocast);
-      at::Tensor loss = causal_lm_loss(boundaries.back().second, batch.labels);
-      loss_sum += loss.item<double>();
-      // Gradients are reduced once per optimizer step, after the last micro-batch.
-      sharded_model.backward(boundaries, loss / static_cast<double>(run.gradient_accumulation),
-                             micro + 1 == run.gradient_accumulation);
-    }
-    live_batch_bytes = 0;
-    const double loss =
-        average_over_ranks(loss_sum / static_cast<double>(run.gradient_accumulation), communicator);
-    const double grad_norm = clip_gradients(units, communicator, run.sharding, run.grad_clipping);
-    if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
-      std::ostringstream message;
-      message << "step " << step << ": the loss is " << loss << " and the gradient norm "
-              << grad_norm << "; training stopped before the weights were corrupted. Lower --lr"
-              << " (now " << run.lr << "), set --grad_clipping (now " << run.grad_clipping
-              << "), raise --warmup_steps, or use --dtype float32";
-      throw TrainingError(message.str());
-    }
-    const double lr = run.lr * lr_multiplier(run.scheduler, step, run.warmup_steps,
-                                             run.num_training_steps, run.min_lr_ratio);
-    optimizer->step(lr);
-    for (auto& unit : units) unit->publish_shard();
-    ledger.point("optimizer", "", owned_now());
-    tokens_seen += tokens_per_step;
-    if (step == start_step + 1) record_sharded_bytes(metrics, units, *optimizer, communicator);
-
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    outcome.steps = step;
-    outcome.final_loss = loss;
-    if (step % run.log_every == 0 || step == run.num_training_steps)
-      metrics.log_step({step, run.num_training_steps, loss, lr, grad_norm,
-                        static_cast<double>(tokens_per_step) / seconds, seconds, tokens_seen,
-                        ledger.step_line_peak_bytes(), optimizer->last_projector_seconds()});
-    const bool last = step == run.num_training_steps;
-    if ((run.eval_every > 0 && step % run.eval_every == 0) || last) {
-      int64_t eval_tokens = 0;
-      outcome.final_eval_loss =
-          evaluate(sharded_model, eval_batches, run, communicator, autocast, &eval_tokens);
-      ledger.point("eval", "", owned_now());
-      metrics.log_eval(step, outcome.final_eval_loss, eval_tokens);
-    }
-    if ((run.save_every > 0 && step % run.save_every == 0) || last) {
-      save(step);
-      if (!run.save_dir.empty()) ledger.point("checkpoint", "", owned_now());
-    }
-    ledger.end_step();
-    // Once: after the second step (or the last, if fewer). Recording stops there, so a later
-    // snapshot would replace this one with one whose history is gone.
-    if (run.memory_snapshot && step == std::min(start_step + kSnapshotSteps, run.num_training_steps)) {
-      write_device_memory_snapshot(
-          device, (fs::path(run.run_dir) / ("memory_snapshot.rank" + std::to_string(context.rank) + ".pickle")).string());
-      stop_device_memory_history(device);
-    }
-  }
-  finish_memory_ledger(ledger, metrics, communicator, model_config, run, context.world_size, device,
-                       outcome.steps - start_step);
-  metrics.write(gather_schedule_record(sharded_model));
-  metrics.write({{"event", "end"}, {"steps", outcome.steps}, {"final_loss", outcome.final_loss},
-                 {"final_eval_loss", outcome.final_eval_loss},
-                 {"peak_memory_bytes", ledger.step_line_peak_bytes()}});
-  return outcome;
+TrainingOutcome train(const ModelConfig& model_config, const RunConfig& run, const RuntimeContext& context) {
+  Training training(model_config, run, context);
+  return training.run();
 }
 
 }  // namespace llm

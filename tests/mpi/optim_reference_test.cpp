@@ -44,36 +44,23 @@ Sharded shard_group() {
   return group;
 }
 
-// This rank's rows of a full tensor, as the flat layout cuts them.
-ParameterShard shard_of(const std::string& name, const at::Tensor& full, UpdateRule rule, bool decay,
-                        const Sharded& group) {
-  ParameterShard shard;
-  shard.name = name;
-  shard.full_shape = full.sizes().vec();
-  shard.rows = full.size(0);
-  shard.cols = full.numel() / shard.rows;
-  shard.rows_per_rank = (shard.rows + group.world - 1) / group.world;
-  shard.first_row = std::min<int64_t>(shard.rows, group.rank * shard.rows_per_rank);
-  shard.rows_held = std::min<int64_t>(shard.rows, shard.first_row + shard.rows_per_rank) - shard.first_row;
-  shard.param = take_rows(full.reshape({shard.rows, shard.cols}), shard.rows_per_rank, shard.first_row,
-                          shard.rows_held)
-                    .reshape({-1});
-  shard.grad = at::zeros_like(shard.param);
-  shard.decay = decay;
-  shard.rule = rule;
-  return shard;
+// This rank's rows of a full tensor as a unit of its own, as the flat layout cuts them.
+UnitShard shard_of(const std::string& name, const at::Tensor& full, UpdateRule rule, bool decay,
+                   const Sharded& group) {
+  const FlatShardLayout layout = FlatShardLayout::build(name, {{name, full}}, group.rank, group.world);
+  const at::Tensor rows = layout.take_rows(layout.parameters.front(), full);
+  return single_parameter_unit(name, full.sizes().vec(), rows, at::zeros_like(rows), rule, decay, group.rank,
+                               group.world);
 }
 
-void set_gradient(ParameterShard& shard, const at::Tensor& full_grad) {
-  shard.grad.copy_(take_rows(full_grad.reshape({shard.rows, shard.cols}), shard.rows_per_rank,
-                             shard.first_row, shard.rows_held)
-                       .reshape({-1}));
+void set_gradient(UnitShard& unit, const at::Tensor& full_grad) {
+  unit.gradient.copy_(unit.layout.take_rows(unit.layout.parameters.front(), full_grad));
 }
 
-at::Tensor full_param(const ParameterShard& shard, Communicator* across) {
-  return assemble_rows(shard.param.view({shard.rows_per_rank, shard.cols}), shard.rows, shard.first_row,
-                       shard.rows_held, across)
-      .reshape(shard.full_shape);
+at::Tensor full_param(const UnitShard& unit, Communicator* across) {
+  const ShardedParameter& p = unit.layout.parameters.front();
+  return assemble_rows(unit.master.view({p.rows_per_rank, p.cols}), p.rows, p.first_row, p.rows_held, across)
+      .reshape(p.full_shape);
 }
 
 std::vector<std::string> case_names(const std::map<std::string, at::Tensor>& golden) {
@@ -101,10 +88,9 @@ TEST(AdamwSNReference, EveryFormEqualsThePublishedAlgorithmAtThisWorldSize) {
     settings.weight_decay = golden.at(name + ".weight_decay").item<double>();
     settings.subset_size = form == 2 ? golden.at(name + ".subset_size_arg").item<int64_t>() : 0;
     const UpdateRule rule = form == 0 ? UpdateRule::adam_hf : UpdateRule::subset_norm;
-    std::vector<ParameterShard> shards = {
-        shard_of(name, golden.at(name + ".initial"), rule, settings.weight_decay > 0, group)};
-    ParameterShard view = shards.front();  // shares the param and grad storage
-    auto optimizer = make_shard_optimizer(settings, shards, group.across);
+    UnitShard view = shard_of(name, golden.at(name + ".initial"), rule, settings.weight_decay > 0, group);
+    // The optimizer's copy shares the master and gradient storage with `view`.
+    auto optimizer = std::make_unique<ShardOptimizer>(settings, std::vector<UnitShard>{view}, group.across);
     const at::Tensor grads = golden.at(name + ".grads");
     for (int64_t step = 0; step < lrs.size(0); ++step) {
       set_gradient(view, grads[step]);
@@ -146,10 +132,8 @@ TEST(GaLoreReference, EveryProjectionEqualsGaLoreTorchAtThisWorldSize) {
       settings.galore_rank = golden.at(name + ".rank").item<int64_t>();
     }
     const UpdateRule rule = proj_type >= 0 ? UpdateRule::galore : UpdateRule::adam_hf;
-    std::vector<ParameterShard> shards = {
-        shard_of(name, golden.at(name + ".initial"), rule, settings.weight_decay > 0, group)};
-    ParameterShard view = shards.front();
-    auto optimizer = make_shard_optimizer(settings, shards, group.across);
+    UnitShard view = shard_of(name, golden.at(name + ".initial"), rule, settings.weight_decay > 0, group);
+    auto optimizer = std::make_unique<ShardOptimizer>(settings, std::vector<UnitShard>{view}, group.across);
     const at::Tensor grads = golden.at(name + ".grads");
     for (int64_t step = 0; step < lrs.size(0); ++step) {
       set_gradient(view, grads[step]);
@@ -192,10 +176,8 @@ TEST(GaLoreReference, SubspaceProjectorCapturesTheSvdsEnergyAtThisWorldSize) {
     settings.proj_type = kProjTypes[proj_type];
     settings.galore_rank = golden.at(name + ".rank").item<int64_t>();
     settings.projector_method = "subspace";
-    std::vector<ParameterShard> shards = {
-        shard_of(name, golden.at(name + ".initial"), UpdateRule::galore, false, group)};
-    ParameterShard view = shards.front();
-    auto optimizer = make_shard_optimizer(settings, shards, group.across);
+    UnitShard view = shard_of(name, golden.at(name + ".initial"), UpdateRule::galore, false, group);
+    auto optimizer = std::make_unique<ShardOptimizer>(settings, std::vector<UnitShard>{view}, group.across);
     const at::Tensor grad = golden.at(name + ".grads")[0];
     set_gradient(view, grad);
     optimizer->step(1e-3);

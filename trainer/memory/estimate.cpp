@@ -9,7 +9,9 @@
 #include "optim/galore.h"
 #include "optim/shard_optimizer.h"
 #include "optim/subset_norm.h"
-#include "sharding/gather_schedule.h"
+#include "sharding/flat_layout.h"
+#include "sharding/step_plan.h"
+#include "trainer/model/units.h"
 #include "trainer/optimizer_setup.h"
 
 namespace llm {
@@ -136,55 +138,68 @@ struct Model {
   // token), with the norm's fp32 output and its cast (6h).
   int64_t head_eval_tail_per_token() const { return mode == Mode::mixed ? 6 * h : 4 * h; }
   // The weights autocast casts to bf16 and autograd keeps for backward (mixed only).
-  int64_t autocast_weight_bytes(const UnitShape& unit) const {
+  int64_t autocast_weight_bytes(const UnitSpec& unit) const {
     if (mode != Mode::mixed) return 0;
     int64_t bytes = 0;
-    for (const ParameterShape& parameter : unit.parameters)
-      if (parameter.linear) bytes += 2 * parameter.rows * parameter.cols;
+    for (const ParameterSpec& parameter : unit.parameters)
+      if (parameter.linear) bytes += 2 * parameter.numel();
     return bytes;
   }
 };
 
+// One unit as this rank holds it: the layout the runtime builds (sharding/flat_layout.h) and the
+// rules the optimizer gives its parameters.
 struct UnitGeometry {
-  const UnitShape* shape = nullptr;
-  int64_t numel = 0;        // P_u
-  int64_t shard_numel = 0;  // S_u, padded rows
-  int64_t gathered_numel = 0;  // world x S_u: the all-gather / reduce-scatter buffer
-  std::vector<int64_t> rows_per_rank;
+  const UnitSpec* spec = nullptr;
+  FlatShardLayout layout;        // this rank's rows of each parameter
+  FlatShardLayout whole;         // the unsharded layout (a checkpoint's full tensors)
+  std::vector<UpdateRule> rules;
+  int64_t first_galore = 0;      // the model-wide index of the unit's first GaLore matrix
+  int64_t numel = 0;             // P_u
+  int64_t shard_numel = 0;       // S_u, padded rows
+  int64_t gathered_numel = 0;    // world x S_u: the all-gather / reduce-scatter buffer
 };
 
 // One rank's step, as train() and ShardedModel run it (docs/sharding.md), for the last step of a run
-// (it evaluates) with a GaLore projector refresh (step 1 always has one).
+// (it evaluates) with a GaLore projector refresh (step 1 always has one). The order of the step is the
+// runtime's own StepPlan (sharding/step_plan.h): each of its per-unit actions is replayed here as the
+// bytes it allocates and frees.
 class StepSimulation {
  public:
-  StepSimulation(const Model& model, const std::vector<UnitShape>& units, int world, int rank)
+  StepSimulation(const Model& model, const std::vector<UnitSpec>& units, int world, int rank)
       : m_(model), world_(world), rank_(rank) {
     const bool no_shard = m_.run.sharding == ShardingStrategy::no_shard;
     layout_world_ = no_shard ? 1 : world_;
-    for (const UnitShape& unit : units) {
+    int64_t galore_matrices = 0;
+    for (const UnitSpec& unit : units) {
+      std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+      for (const ParameterSpec& parameter : unit.parameters) shapes.emplace_back(parameter.name, parameter.shape);
       UnitGeometry geometry;
-      geometry.shape = &unit;
-      for (const ParameterShape& parameter : unit.parameters) {
-        const int64_t rows_per_rank = (parameter.rows + layout_world_ - 1) / layout_world_;
-        geometry.rows_per_rank.push_back(rows_per_rank);
-        geometry.numel += parameter.rows * parameter.cols;
-        geometry.shard_numel += rows_per_rank * parameter.cols;
-      }
+      geometry.spec = &unit;
+      geometry.layout = FlatShardLayout::from_shapes(unit.name, shapes, shard_rank(), layout_world_);
+      geometry.whole = FlatShardLayout::from_shapes(unit.name, shapes, 0, 1);
+      geometry.rules = update_rules_for(geometry.layout, m_.run);
+      geometry.first_galore = galore_matrices;
+      for (UpdateRule rule : geometry.rules) galore_matrices += rule == UpdateRule::galore;
+      for (const ParameterSpec& parameter : unit.parameters) geometry.numel += parameter.numel();
+      geometry.shard_numel = geometry.layout.shard_numel;
       geometry.gathered_numel = layout_world_ * geometry.shard_numel;
       units_.push_back(geometry);
     }
     gathered_.assign(units_.size(), false);
-    schedule_ = GatherSchedule(static_cast<int64_t>(units_.size()), m_.run.sharding, m_.run.prefetch);
+    plan_ = StepPlan(static_cast<int64_t>(units_.size()), m_.run.sharding, m_.run.prefetch);
   }
 
-  int64_t peak_gathered_units() const { return schedule_.peak_gathered_units(); }
+  int64_t peak_gathered_units() const { return plan_.gathers().peak_gathered_units(); }
 
   RankEstimate run() {
     const int64_t n = m_.tokens;
     const bool no_shard = m_.run.sharding == ShardingStrategy::no_shard;
-    // Persistent: master and gradient shards (fp32), optimizer state, rotary tables.
+    // Persistent: master and gradient shards (fp32), the bf16 compute shard of pure bf16 (what is
+    // all-gathered; fp32 gathers the master itself), optimizer state, rotary tables.
     for (const UnitGeometry& unit : units_) {
       timeline_.add(kParameters, 4 * unit.shard_numel);
+      if (m_.mode == Mode::pure) timeline_.add(kParameters, 2 * unit.shard_numel);
       timeline_.add(kGradients, 4 * unit.shard_numel);
     }
     if (no_shard) {
@@ -202,11 +217,13 @@ class StepSimulation {
     const int64_t micro_batches = std::max<int64_t>(1, m_.run.gradient_accumulation);
     for (int64_t micro = 0; micro < micro_batches; ++micro) micro_batch(micro, micro + 1 == micro_batches);
 
-    // Clipping squares each gradient shard (one unit at a time), then the optimizer.
+    // Clipping squares each gradient shard (one unit at a time), then the optimizer, unit by unit:
+    // each unit's temporaries are gone before the next unit's step.
     int64_t largest_shard = 0;
     for (const UnitGeometry& unit : units_) largest_shard = std::max(largest_shard, unit.shard_numel);
     timeline_.spike(4 * largest_shard);
-    timeline_.spike(optimizer_transient());
+    for (const UnitAction& action : plan_.optimizer_pass())
+      timeline_.spike(optimizer_transient(static_cast<size_t>(action.unit)));
     timeline_.point("optimizer");
 
     evaluation(n);
@@ -220,23 +237,23 @@ class StepSimulation {
   int64_t full_grad_bytes(size_t u) const { return m_.compute_bytes() * units_[u].numel; }
   bool is_head(size_t u) const { return u + 1 == units_.size(); }
   bool is_embed(size_t u) const { return u == 0; }
-  const std::string& name(size_t u) const { return units_[u].shape->name; }
+  const std::string& name(size_t u) const { return units_[u].spec->name; }
 
-  // ShardedUnit::gather: the all-gather buffer (fp32, world x S_u), then each parameter's storage in
-  // turn, filled from its rows of every rank's block. With more than one rank and more than one
-  // parameter those rows are not contiguous in the buffer, and reshaping them makes an fp32 copy of
-  // the parameter (padded rows included) before it is copied in.
+  // ShardedUnit::gather: the all-gather buffer (the compute dtype, world x S_u), then each
+  // parameter's storage in turn, filled from its rows of every rank's block. With more than one rank
+  // and more than one parameter those rows are not contiguous in the buffer, and reshaping them makes
+  // a copy of the parameter (padded rows included) before it is copied in.
   void gather_one(size_t u) {
     if (gathered_[u]) return;
     const UnitGeometry& unit = units_[u];
-    timeline_.add(kActivations, 4 * unit.gathered_numel);
-    const bool copies = layout_world_ > 1 && unit.shape->parameters.size() > 1;
-    for (size_t i = 0; i < unit.shape->parameters.size(); ++i) {
-      const ParameterShape& parameter = unit.shape->parameters[i];
-      timeline_.add(kParameters, m_.compute_bytes() * parameter.rows * parameter.cols);
-      if (copies) timeline_.spike(4 * layout_world_ * unit.rows_per_rank[i] * parameter.cols);
+    const int64_t element = m_.compute_bytes();
+    timeline_.add(kActivations, element * unit.gathered_numel);
+    const bool copies = layout_world_ > 1 && unit.layout.parameters.size() > 1;
+    for (const ShardedParameter& parameter : unit.layout.parameters) {
+      timeline_.add(kParameters, element * parameter.rows * parameter.cols);
+      if (copies) timeline_.spike(element * layout_world_ * parameter.rows_per_rank * parameter.cols);
     }
-    timeline_.remove(kActivations, 4 * unit.gathered_numel);
+    timeline_.remove(kActivations, element * unit.gathered_numel);
     gathered_[u] = true;
   }
   void release(size_t u) {
@@ -244,17 +261,14 @@ class StepSimulation {
     timeline_.remove(kParameters, compute_bytes(u));
     gathered_[u] = false;
   }
-  // The trainer's own GatherSchedule decides what is gathered, prefetched and released around each
-  // unit (sharding/gather_schedule.h): a prefetch allocates what a gather does, when it is issued.
-  void apply(const std::vector<GatherAction>& actions) {
-    for (const GatherAction& action : actions) {
-      const size_t u = static_cast<size_t>(action.unit);
-      switch (action.op) {
-        case GatherOp::gather:
-        case GatherOp::prefetch: gather_one(u); break;
-        case GatherOp::wait: break;
-        case GatherOp::release: release(u); break;
-      }
+  // A gather action of the plan: a prefetch allocates what a gather does, when it is issued.
+  void apply(const UnitAction& action) {
+    const size_t u = static_cast<size_t>(action.unit);
+    switch (action.op) {
+      case UnitOp::gather:
+      case UnitOp::prefetch: gather_one(u); break;
+      case UnitOp::release: release(u); break;
+      default: break;  // wait: no bytes move
     }
   }
 
@@ -264,8 +278,8 @@ class StepSimulation {
   // Saved by the unit's forward, its output excluded.
   int64_t unit_saved_bytes(size_t u, int64_t n) const {
     if (is_embed(u)) return 0;  // the embedding saves the ids (the batch)
-    if (is_head(u)) return n * m_.head_saved_per_token() - unit_output_bytes(u, n) + m_.autocast_weight_bytes(*units_[u].shape);
-    return n * m_.layer_saved_per_token() - unit_output_bytes(u, n) + m_.autocast_weight_bytes(*units_[u].shape);
+    if (is_head(u)) return n * m_.head_saved_per_token() - unit_output_bytes(u, n) + m_.autocast_weight_bytes(*units_[u].spec);
+    return n * m_.layer_saved_per_token() - unit_output_bytes(u, n) + m_.autocast_weight_bytes(*units_[u].spec);
   }
 
   void micro_batch(int64_t micro, bool last) {
@@ -274,15 +288,18 @@ class StepSimulation {
     timeline_.add(kOther, batch);
 
     // Forward: each unit keeps what autograd saves and its output (held in the boundaries).
-    for (size_t u = 0; u < units_.size(); ++u) {
-      apply(schedule_.before_forward(static_cast<int64_t>(u)));
+    for (const UnitAction& action : plan_.forward_pass()) {
+      if (action.op != UnitOp::forward) {
+        apply(action);
+        continue;
+      }
+      const size_t u = static_cast<size_t>(action.unit);
       timeline_.add(kActivations, unit_saved_bytes(u, n) + unit_output_bytes(u, n));
       if (is_head(u))
         timeline_.spike(n * m_.head_forward_tail_per_token());
       else if (!is_embed(u))
         timeline_.spike(n * m_.layer_forward_tail_per_token());
       timeline_.point("forward:" + name(u));
-      apply(schedule_.after_forward(static_cast<int64_t>(u)));
     }
     // The loss: log-softmax in fp32 (saved); bf16 logits are first copied to fp32 for it.
     const int64_t log_softmax = 4 * n * m_.V;
@@ -291,8 +308,16 @@ class StepSimulation {
 
     const int64_t grad_x = n * m_.h * m_.hidden_bytes();  // gradient of a unit's input
     const size_t head_input = units_.size() - 2;            // the unit whose output the head reads
-    for (size_t u = units_.size(); u-- > 0;) {
-      apply(schedule_.before_backward(static_cast<int64_t>(u)));
+    for (const UnitAction& action : plan_.backward_pass(last)) {
+      const size_t u = static_cast<size_t>(action.unit);
+      if (action.op == UnitOp::reduce_gradients) {
+        reduce_gradients(u);
+        continue;
+      }
+      if (action.op != UnitOp::backward) {
+        apply(action);
+        continue;
+      }
       // Parameter gradients: the first micro-batch creates them, later ones add into them (the
       // new gradient is a transient of the same size).
       auto parameter_gradients = [&] {
@@ -337,8 +362,6 @@ class StepSimulation {
         }
       }
       timeline_.point("backward:" + name(u));
-      if (last) reduce_gradients(u);
-      apply(schedule_.after_backward(static_cast<int64_t>(u)));
     }
     // backward() returns: its grad_output (the first layer's input gradient) goes; the micro-batch
     // ends: the loss and with it the head's input and that input's gradient, and the batch.
@@ -353,9 +376,8 @@ class StepSimulation {
   void reduce_gradients(size_t u) {
     const UnitGeometry& unit = units_[u];
     timeline_.add(kActivations, 4 * unit.gathered_numel);
-    for (size_t i = 0; i < unit.shape->parameters.size(); ++i) {
-      const ParameterShape& parameter = unit.shape->parameters[i];
-      const int64_t padded = 4 * layout_world_ * unit.rows_per_rank[i] * parameter.cols;
+    for (const ShardedParameter& parameter : unit.layout.parameters) {
+      const int64_t padded = 4 * layout_world_ * parameter.rows_per_rank * parameter.cols;
       const int64_t converted = m_.mode == Mode::pure ? 4 * parameter.rows * parameter.cols : 0;
       timeline_.spike(padded + converted);
       timeline_.remove(kGradients, m_.compute_bytes() * parameter.rows * parameter.cols);
@@ -367,109 +389,97 @@ class StepSimulation {
     const int64_t batch = 2 * n * 8;  // the eval batch is not an owned buffer: the ledger sees it here
     for (int64_t b = 0; b < m_.run.eval_batches; ++b) {
       timeline_.add(kActivations, batch);
-      for (size_t u = 0; u < units_.size(); ++u) {
-        apply(schedule_.before_forward(static_cast<int64_t>(u)));
+      for (const UnitAction& action : plan_.forward_pass()) {
+        if (action.op != UnitOp::forward) {
+          apply(action);
+          continue;
+        }
+        const size_t u = static_cast<size_t>(action.unit);
         timeline_.add(kActivations, unit_output_bytes(u, n));
         if (is_head(u))
-          timeline_.spike(n * m_.head_eval_tail_per_token() + m_.autocast_weight_bytes(*units_[u].shape));
+          timeline_.spike(n * m_.head_eval_tail_per_token() + m_.autocast_weight_bytes(*units_[u].spec));
         else if (!is_embed(u))
           timeline_.spike(n * m_.layer_eval_tail_per_token());
         timeline_.point("eval:" + name(u));
-        apply(schedule_.after_forward(static_cast<int64_t>(u)));
       }
       const int64_t log_softmax = 4 * n * m_.V;
       timeline_.spike(log_softmax + (m_.mode == Mode::fp32 ? 0 : log_softmax));
       for (size_t u = 0; u < units_.size(); ++u) timeline_.remove(kActivations, unit_output_bytes(u, n));
       timeline_.remove(kActivations, batch);
     }
-    apply(schedule_.release_all());
+    for (const UnitAction& action : plan_.release_all()) apply(action);
     timeline_.point("eval");
   }
 
-  ParameterShard shard_of(size_t u, size_t i, int shard_rank) const {
-    const ParameterShape& shape = units_[u].shape->parameters[i];
-    ParameterShard shard;
-    shard.name = shape.name;
-    shard.full_shape = shape.shape;
-    shard.rows = shape.rows;
-    shard.cols = shape.cols;
-    shard.rows_per_rank = units_[u].rows_per_rank[i];
-    shard.first_row = std::min<int64_t>(shape.rows, shard_rank * shard.rows_per_rank);
-    shard.rows_held = std::min<int64_t>(shape.rows, shard.first_row + shard.rows_per_rank) - shard.first_row;
-    shard.decay = shape.shape.size() >= 2;
-    shard.rule = update_rule_for(shape.name, shape.shape.size(), m_.run);
-    return shard;
-  }
   int optimizer_world() const { return layout_world_; }
   int shard_rank() const { return layout_world_ == 1 ? 0 : rank_; }
 
   int64_t optimizer_state() const {
     const OptimizerSettings settings = optimizer_settings(m_.run);
     int64_t bytes = 0;
-    for (size_t u = 0; u < units_.size(); ++u)
-      for (size_t i = 0; i < units_[u].shape->parameters.size(); ++i)
-        bytes += optimizer_state_bytes(settings, shard_of(u, i, shard_rank()), optimizer_world());
+    for (const UnitGeometry& unit : units_)
+      for (size_t i = 0; i < unit.layout.parameters.size(); ++i)
+        bytes += optimizer_state_bytes(settings, unit.layout.parameters[i], unit.rules[i], optimizer_world());
     return bytes;
   }
 
-  // The optimizer's own temporaries (optim/hf_adamw.cpp; AdamW's fused kernel has none), and GaLore's
-  // projector refresh before them.
-  int64_t optimizer_transient() const {
+  // One unit's optimizer step's own temporaries (optim/update_rules.cpp; AdamW's fused kernel has
+  // none), and GaLore's projector refresh before them. They are gone before the next unit's step.
+  int64_t optimizer_transient(size_t u) const {
     const OptimizerSettings settings = optimizer_settings(m_.run);
     if (settings.kind == "adamw") return 0;
     const int world = optimizer_world();
+    const UnitGeometry& unit = units_[u];
     int64_t refresh = 0, kept = 0, phase1 = 0, phase2 = 0;
-    int64_t galore_index = 0;
-    for (size_t u = 0; u < units_.size(); ++u) {
-      for (size_t i = 0; i < units_[u].shape->parameters.size(); ++i) {
-        const ParameterShard shard = shard_of(u, i, shard_rank());
-        const int64_t local = 4 * shard.rows_per_rank * shard.cols;
-        switch (shard.rule) {
-          case UpdateRule::adam_hf:
-            phase2 = std::max(phase2, 2 * local);  // sqrt(v) + eps, m / denominator
-            break;
-          case UpdateRule::subset_norm: {
-            const SubsetGeometry geometry = make_subset_geometry(shard, settings.subset_size, world);
-            const int64_t state = 4 * product(geometry.local_state_shape);
-            phase1 = std::max(phase1, kept + local);  // grad^2 before its sums
-            kept += state;                             // the sums, kept for phase 2
-            phase2 = std::max(phase2, geometry.kind == SubsetKind::block ? 2 * local : state);
-            break;
-          }
-          case UpdateRule::galore: {
-            const GaLoreGeometry geometry = make_galore_geometry(shard, settings, galore_index, shard_rank(), world);
-            const int64_t lowrank = 4 * product(geometry.local_state_shape);
-            const int64_t m = shard.rows, cols = shard.cols, r = geometry.rank;
-            // Refresh: the gathered gradient of this one matrix, the full projector, and on its owner
-            // the thin SVD: LibTorch's copy of the input for LAPACK (m n) and U, S, Vh (m k + k + k n).
-            // LAPACK's own workspace is allocated by the LAPACK library, outside LibTorch's allocator
-            // (not in the tracked total; in the resident set). "subspace": a few (n x r), (r x r).
-            int64_t one = 4 * product(geometry.full_projector_shape);
-            if (settings.projector_method == "svd") {
-              if (world > 1) one += 4 * world * shard.rows_per_rank * cols;
-              if (world == 1 || geometry.owner == shard_rank()) {
-                const int64_t k = std::min(m, cols);
-                one += 4 * (m * cols + m * k + k + k * cols);
-              }
-            } else {
-              one += 4 * (4 * cols * r + shard.rows_per_rank * r + 2 * r * r);
-            }
-            refresh = std::max(refresh, one);
-            // Phase 1 keeps the projected gradient; a left projection reduce-scatters (r x n) partials.
-            if (!geometry.right) phase1 = std::max(phase1, kept + 4 * (r * cols + world * geometry.chunk));
-            kept += lowrank;
-            // Phase 2: denominator and normalised update, then the update projected back and scaled;
-            // a left projection first all-gathers the normalised update (world x chunk), which is
-            // freed before the scaling.
-            int64_t back = 2 * lowrank + 2 * local;
-            if (!geometry.right && world > 1) back = 2 * lowrank + std::max(4 * world * geometry.chunk + local, 2 * local);
-            phase2 = std::max(phase2, back);
-            ++galore_index;
-            break;
-          }
-          case UpdateRule::adamw:
-            break;
+    int64_t galore_index = unit.first_galore;
+    for (size_t i = 0; i < unit.layout.parameters.size(); ++i) {
+      const ShardedParameter& shard = unit.layout.parameters[i];
+      const int64_t local = 4 * shard.rows_per_rank * shard.cols;
+      switch (unit.rules[i]) {
+        case UpdateRule::adam_hf:
+          phase2 = std::max(phase2, 2 * local);  // sqrt(v) + eps, m / denominator
+          break;
+        case UpdateRule::subset_norm: {
+          const SubsetGeometry geometry = make_subset_geometry(shard, settings.subset_size, world);
+          const int64_t state = 4 * product(geometry.local_state_shape);
+          phase1 = std::max(phase1, kept + local);  // grad^2 before its sums
+          kept += state;                             // the sums, kept for the update
+          phase2 = std::max(phase2, geometry.kind == SubsetKind::block ? 2 * local : state);
+          break;
         }
+        case UpdateRule::galore: {
+          const GaLoreGeometry geometry = make_galore_geometry(shard, settings, galore_index, shard_rank(), world);
+          const int64_t lowrank = 4 * product(geometry.local_state_shape);
+          const int64_t m = shard.rows, cols = shard.cols, r = geometry.rank;
+          // Refresh: the gathered gradient of this one matrix, the full projector, and on its owner
+          // the thin SVD: LibTorch's copy of the input for LAPACK (m n) and U, S, Vh (m k + k + k n).
+          // LAPACK's own workspace is allocated by the LAPACK library, outside LibTorch's allocator
+          // (not in the tracked total; in the resident set). "subspace": a few (n x r), (r x r).
+          int64_t one = 4 * product(geometry.full_projector_shape);
+          if (settings.projector_method == "svd") {
+            if (world > 1) one += 4 * world * shard.rows_per_rank * cols;
+            if (world == 1 || geometry.owner == shard_rank()) {
+              const int64_t k = std::min(m, cols);
+              one += 4 * (m * cols + m * k + k + k * cols);
+            }
+          } else {
+            one += 4 * (4 * cols * r + shard.rows_per_rank * r + 2 * r * r);
+          }
+          refresh = std::max(refresh, one);
+          // The inputs keep the projected gradient; a left projection reduce-scatters (r x n) partials.
+          if (!geometry.right) phase1 = std::max(phase1, kept + 4 * (r * cols + world * geometry.chunk));
+          kept += lowrank;
+          // The update: denominator and normalised update, then the update projected back and scaled;
+          // a left projection first all-gathers the normalised update (world x chunk), which is freed
+          // before the scaling.
+          int64_t back = 2 * lowrank + 2 * local;
+          if (!geometry.right && world > 1) back = 2 * lowrank + std::max(4 * world * geometry.chunk + local, 2 * local);
+          phase2 = std::max(phase2, back);
+          ++galore_index;
+          break;
+        }
+        case UpdateRule::adamw:
+          break;
       }
     }
     return std::max({refresh, phase1, kept + phase2});
@@ -486,14 +496,9 @@ class StepSimulation {
     }
     const OptimizerSettings settings = optimizer_settings(m_.run);
     int64_t full_state = 0;
-    for (size_t u = 0; u < units_.size(); ++u)
-      for (size_t i = 0; i < units_[u].shape->parameters.size(); ++i) {
-        ParameterShard whole = shard_of(u, i, 0);
-        whole.rows_per_rank = whole.rows;
-        whole.first_row = 0;
-        whole.rows_held = whole.rows;
-        full_state += optimizer_state_bytes(settings, whole, 1);
-      }
+    for (const UnitGeometry& unit : units_)
+      for (size_t i = 0; i < unit.whole.parameters.size(); ++i)
+        full_state += optimizer_state_bytes(settings, unit.whole.parameters[i], unit.rules[i], 1);
     const PhaseEstimate& after_optimizer = *std::find_if(
         timeline_.phases().begin(), timeline_.phases().end(), [](const PhaseEstimate& p) { return p.label == "optimizer"; });
     return after_optimizer.at_point.total() + full_parameters + largest_gather + full_state;
@@ -521,7 +526,7 @@ class StepSimulation {
   int layout_world_ = 1;
   std::vector<UnitGeometry> units_;
   std::vector<bool> gathered_;
-  GatherSchedule schedule_;
+  StepPlan plan_;
   Timeline timeline_;
 };
 
@@ -532,39 +537,13 @@ std::string resolved_device(const RunConfig& run, const EstimateOptions& options
 
 }  // namespace
 
-std::vector<UnitShape> unit_shapes(const ModelConfig& model) {
-  const int64_t h = model.hidden_size, I = model.intermediate_size, V = model.vocab_size;
-  const int64_t kv = model.num_key_value_heads * model.head_dim(), q = model.num_attention_heads * model.head_dim();
-  auto matrix = [](std::string name, int64_t rows, int64_t cols, bool linear) {
-    return ParameterShape{std::move(name), {rows, cols}, rows, cols, linear};
-  };
-  auto vector = [](std::string name, int64_t size) { return ParameterShape{std::move(name), {size}, size, 1, false}; };
-  std::vector<UnitShape> units;
-  units.push_back({"embed", {matrix("model.embed_tokens.weight", V, h, false)}});
-  for (int64_t i = 0; i < model.num_hidden_layers; ++i) {
-    const std::string prefix = "model.layers." + std::to_string(i) + ".";
-    units.push_back({"layer." + std::to_string(i),
-                     {matrix(prefix + "self_attn.q_proj.weight", q, h, true),
-                      matrix(prefix + "self_attn.k_proj.weight", kv, h, true),
-                      matrix(prefix + "self_attn.v_proj.weight", kv, h, true),
-                      matrix(prefix + "self_attn.o_proj.weight", h, q, true),
-                      matrix(prefix + "mlp.gate_proj.weight", I, h, true),
-                      matrix(prefix + "mlp.up_proj.weight", I, h, true),
-                      matrix(prefix + "mlp.down_proj.weight", h, I, true),
-                      vector(prefix + "input_layernorm.weight", h),
-                      vector(prefix + "post_attention_layernorm.weight", h)}});
-  }
-  units.push_back({"head", {vector("model.norm.weight", h), matrix("lm_head.weight", V, h, true)}});
-  return units;
-}
-
 MemoryEstimate estimate_memory(const ModelConfig& model, const RunConfig& run, const EstimateOptions& options) {
   LLM_REQUIRE(options.world_size >= 1, "command line", "--world_size", "expected an integer >= 1");
   MemoryEstimate estimate;
   estimate.device = resolved_device(run, options);
   LLM_REQUIRE(estimate.device == "cpu" || estimate.device == "cuda", "command line", "--device",
               "the estimate is for cpu or cuda (got \"" + estimate.device + "\")");
-  const std::vector<UnitShape> units = unit_shapes(model);
+  const std::vector<UnitSpec> units = describe_units(model);
   const Model shape(model, run);
   for (int rank = 0; rank < options.world_size; ++rank) {
     StepSimulation simulation(shape, units, options.world_size, rank);

@@ -1,14 +1,17 @@
 // Predicts each rank's peak memory by category for a model config, the training flags and a world
 // size, without running: `trainer estimate`, and the "estimate" column of `trainer report`.
 //
-// The prediction walks one training step as the trainer runs it (docs/sharding.md) and sums, at
-// each timeline point and at the worst moment inside each phase (its window), the buffers alive:
-//   persistent  fp32 master shard, fp32 gradient shard, optimizer state (optim's analytic
-//               optimizer_state_bytes() per parameter and rank), the batch and rotary tables
-//   parameters  + the gathered compute copies, as the trainer's GatherSchedule gathers, prefetches
-//               and releases them (full_shard: the running unit and, with prefetch, the next;
-//               shard_grad_op: every unit from its forward to its backward; no_shard: all, always)
-//   activations the tensors autograd saves per unit, derived from the LLaMA unit structure below
+// The prediction replays one training step as the trainer runs it: the same StepPlan of per-unit
+// actions (sharding/step_plan.h) over the same units (trainer/model/units.h) and the same layouts
+// (sharding/flat_layout.h), and sums, at each timeline point and at the worst moment inside each
+// phase (its window), the buffers alive:
+//   persistent  fp32 master shard, bf16 compute shard (pure bf16), fp32 gradient shard, optimizer
+//               state (optim's optimizer_state_bytes() per parameter and rank), the batch and rotary
+//               tables
+//   parameters  + the gathered compute copies, as the plan gathers, prefetches and releases them
+//               (full_shard: the running unit and, with prefetch, the next; shard_grad_op: every
+//               unit from its forward to its backward; no_shard: all, always)
+//   activations the tensors autograd saves per unit, derived from the LLaMA units (trainer/model/units.h)
 //               (estimate.cpp lists them op by op), in the dtypes --dtype / --precision give them
 //   transients  the gather buffer, the reduce-scatter buffer and padded copies, the backward's
 //               gradient buffers, the loss's log-softmax, the optimizer's temporaries, GaLore's
@@ -26,20 +29,6 @@
 #include "trainer/memory/categories.h"
 
 namespace llm {
-
-// A unit's parameters as the model registers them (names, shapes, order), from the config alone.
-struct ParameterShape {
-  std::string name;
-  std::vector<int64_t> shape;
-  int64_t rows = 0;
-  int64_t cols = 1;
-  bool linear = false;  // a weight a linear layer multiplies by (autocast casts it to bf16)
-};
-struct UnitShape {
-  std::string name;  // "embed", "layer.3", "head"
-  std::vector<ParameterShape> parameters;
-};
-std::vector<UnitShape> unit_shapes(const ModelConfig& model);
 
 struct EstimateOptions {
   int world_size = 1;

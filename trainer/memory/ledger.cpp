@@ -8,38 +8,19 @@
 #include "common/host_memory.h"
 #include "common/log.h"
 #include "common/memory_stats.h"
-#include "optim/shard_optimizer.h"
 #include "sharding/communicator.h"
-#include "sharding/fsdp_unit.h"
 
 namespace llm {
 namespace fs = std::filesystem;
 
-MemoryCategories owned_memory(const std::vector<std::unique_ptr<ShardedUnit>>& units,
-                              const ShardOptimizer& optimizer, int64_t other_bytes) {
-  MemoryCategories owned;
-  for (const auto& unit : units) {
-    owned.parameters += static_cast<int64_t>(unit->shard().nbytes()) + unit->compute_parameter_bytes();
-    owned.gradients += static_cast<int64_t>(unit->shard_grad().nbytes()) + unit->full_gradient_bytes();
-  }
-  // No optimizer state lives off the training device yet (offload/ is not built): all of it is
-  // "device" state, which on a CPU run is the CPU.
-  owned.optimizer_device = optimizer.state_bytes();
-  owned.other = other_bytes;
-  return owned;
-}
-
-int64_t distinct_storage_bytes(const std::vector<at::Tensor>& tensors) {
-  std::vector<const void*> seen;
-  int64_t bytes = 0;
-  for (const at::Tensor& tensor : tensors) {
-    if (!tensor.defined()) continue;
-    const void* storage = tensor.storage().unsafeGetStorageImpl();
-    if (std::find(seen.begin(), seen.end(), storage) != seen.end()) continue;
-    seen.push_back(storage);
-    bytes += static_cast<int64_t>(tensor.storage().nbytes());
-  }
-  return bytes;
+MemoryCategories owned_categories(const OwnedBytes& owned, int64_t other_bytes) {
+  MemoryCategories categories;
+  categories.parameters = owned.parameters;
+  categories.gradients = owned.gradients;
+  categories.optimizer_device = owned.optimizer_device;
+  categories.optimizer_host = owned.optimizer_host;
+  categories.other = other_bytes;
+  return categories;
 }
 
 MemoryLedger::MemoryLedger(const std::string& run_dir, int rank, int world_size, c10::Device device,

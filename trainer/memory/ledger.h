@@ -32,22 +32,17 @@
 #include <c10/core/Device.h>
 #include <nlohmann/json.hpp>
 
+#include "common/owned_bytes.h"
 #include "trainer/memory/categories.h"
 
 namespace llm {
 
 class Communicator;
-class ShardedUnit;
-class ShardOptimizer;
 
-// The owned categories now (activations left at 0 for the ledger to fill in). other_bytes: owned
-// buffers of no other category (the batch, rotary tables).
-MemoryCategories owned_memory(const std::vector<std::unique_ptr<ShardedUnit>>& units,
-                              const ShardOptimizer& optimizer, int64_t other_bytes);
-
-// Bytes of the distinct storages among the tensors (views of one storage count once; undefined
-// tensors count 0).
-int64_t distinct_storage_bytes(const std::vector<at::Tensor>& tensors);
+// The owned categories (activations left at 0 for the ledger to fill in) from what the owners report
+// (common/owned_bytes.h: the sharded model's units, the optimizer). other_bytes: owned buffers of no
+// other category (the batch, rotary tables).
+MemoryCategories owned_categories(const OwnedBytes& owned, int64_t other_bytes);
 
 class MemoryLedger {
  public:

@@ -27,10 +27,6 @@ torch::nn::Linear make_linear(int64_t in, int64_t out) {
   return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
 }
 
-int64_t padding_row(const ModelConfig& config) {
-  return config.pad_token_id < 0 ? config.vocab_size + config.pad_token_id : config.pad_token_id;
-}
-
 }  // namespace
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
@@ -96,37 +92,73 @@ at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos,
   return h + mlp(post_attention_layernorm(h));
 }
 
-LlamaBackboneImpl::LlamaBackboneImpl(const ModelConfig& config, const UnitBuiltHook& on_unit_built) {
+LlamaBackboneImpl::LlamaBackboneImpl() {
+  layers = register_module("layers", torch::nn::ModuleList());
+}
+
+// Registration order is embed_tokens, layers, norm (the HF order of named_parameters) because the
+// layers list is registered by the constructor, before any unit exists, and the rest are added in
+// forward order.
+void LlamaBackboneImpl::add_embedding(const ModelConfig& config, int64_t padding_row) {
   embed_tokens = register_module(
       "embed_tokens",
-      torch::nn::Embedding(torch::nn::EmbeddingOptions(config.vocab_size, config.hidden_size)
-                               .padding_idx(padding_row(config))));
-  if (on_unit_built)
-    on_unit_built("embed", 0, named_parameters_with_prefix(*embed_tokens, "model.embed_tokens."));
-  layers = register_module("layers", torch::nn::ModuleList());
-  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
-    DecoderLayer layer(config);
-    layers->push_back(layer);
-    if (on_unit_built)
-      on_unit_built("layer." + std::to_string(i), i + 1,
-                    named_parameters_with_prefix(*layer, "model.layers." + std::to_string(i) + "."));
-  }
+      torch::nn::Embedding(torch::nn::EmbeddingOptions(config.vocab_size, config.hidden_size).padding_idx(padding_row)));
+}
+
+void LlamaBackboneImpl::add_layer(const ModelConfig& config) { layers->push_back(DecoderLayer(config)); }
+
+void LlamaBackboneImpl::add_norm(const ModelConfig& config) {
   norm = register_module("norm", RMSNorm(config.hidden_size, config.rms_norm_eps));
 }
 
 LlamaForCausalLMImpl::LlamaForCausalLMImpl(const ModelConfig& config, UnitBuiltHook on_unit_built)
-    : config_(config) {
+    : config_(config), units_(describe_units(config)) {
   LLM_REQUIRE(!config.tie_word_embeddings, config.name, "tie_word_embeddings",
               "tied embeddings are not supported (the GaLore family is untied); set it to false");
-  model = register_module("model", LlamaBackbone(config, on_unit_built));
-  lm_head = register_module("lm_head", make_linear(config.hidden_size, config.vocab_size));
-  if (on_unit_built) on_unit_built("head", config.num_hidden_layers + 1, head_parameters());
+  model = register_module("model", LlamaBackbone());
+  for (size_t u = 0; u < units_.size(); ++u) {
+    build_unit(units_[u]);
+    NamedTensors parameters = unit_parameters(u);
+    // The description and the modules are two statements of one model: they must agree exactly.
+    bool same = parameters.size() == units_[u].parameters.size();
+    for (size_t i = 0; same && i < parameters.size(); ++i)
+      same = parameters[i].first == units_[u].parameters[i].name &&
+             parameters[i].second.sizes() == at::IntArrayRef(units_[u].parameters[i].shape);
+    if (!same) throw std::logic_error("unit " + units_[u].name + ": the modules built differ from its description");
+    if (on_unit_built) on_unit_built(units_[u], std::move(parameters));
+  }
 }
 
-NamedTensors LlamaForCausalLMImpl::head_parameters() {
-  NamedTensors parameters = named_parameters_with_prefix(*model->norm, "model.norm.");
-  for (auto& named : named_parameters_with_prefix(*lm_head, "lm_head.")) parameters.push_back(named);
-  return parameters;
+void LlamaForCausalLMImpl::build_unit(const UnitSpec& unit) {
+  switch (unit.kind) {
+    case UnitKind::embedding:
+      model->add_embedding(config_, unit.parameters.front().zero_row);
+      break;
+    case UnitKind::decoder_layer:
+      model->add_layer(config_);
+      layers_.push_back(model->layers[unit.layer]->as<DecoderLayerImpl>());
+      break;
+    case UnitKind::head:
+      model->add_norm(config_);
+      lm_head = register_module("lm_head", make_linear(config_.hidden_size, config_.vocab_size));
+      break;
+  }
+}
+
+NamedTensors LlamaForCausalLMImpl::unit_parameters(size_t unit) {
+  const UnitSpec& spec = units_.at(unit);
+  switch (spec.kind) {
+    case UnitKind::embedding:
+      return named_parameters_with_prefix(*model->embed_tokens, "model.embed_tokens.");
+    case UnitKind::decoder_layer:
+      return named_parameters_with_prefix(*layers_.at(spec.layer), "model.layers." + std::to_string(spec.layer) + ".");
+    case UnitKind::head: {
+      NamedTensors parameters = named_parameters_with_prefix(*model->norm, "model.norm.");
+      for (auto& named : named_parameters_with_prefix(*lm_head, "lm_head.")) parameters.push_back(named);
+      return parameters;
+    }
+  }
+  return {};
 }
 
 std::pair<at::Tensor, at::Tensor> LlamaForCausalLMImpl::rotary_tables(int64_t seq_len,
@@ -147,20 +179,33 @@ std::pair<at::Tensor, at::Tensor> LlamaForCausalLMImpl::rotary_tables(int64_t se
   return {rotary_cos_.slice(0, 0, seq_len).to(dtype), rotary_sin_.slice(0, 0, seq_len).to(dtype)};
 }
 
+at::Tensor LlamaForCausalLMImpl::forward_unit(size_t unit, const at::Tensor& input, UnitContext& context) {
+  const UnitSpec& spec = units_.at(unit);
+  switch (spec.kind) {
+    case UnitKind::embedding: {
+      at::Tensor hidden = model->embed_tokens(input);  // (B, T, hidden)
+      std::tie(context.cos, context.sin) = rotary_tables(input.size(1), hidden.scalar_type(), hidden.device());
+      return hidden;
+    }
+    case UnitKind::decoder_layer:
+      return layers_[spec.layer]->forward(input, context.cos.to(input.scalar_type()),
+                                          context.sin.to(input.scalar_type()));
+    case UnitKind::head:
+      return lm_head(model->norm(input));  // (B, T, vocab)
+  }
+  return {};
+}
+
 at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& input_ids) {
-  at::Tensor hidden = model->embed_tokens(input_ids);  // (B, T, hidden)
-  auto [cos, sin] = rotary_tables(input_ids.size(1), hidden.scalar_type(), hidden.device());
-  for (const auto& layer : *model->layers) hidden = layer->as<DecoderLayer>()->forward(hidden, cos, sin);
-  return lm_head(model->norm(hidden));  // (B, T, vocab)
+  UnitContext context;
+  at::Tensor x = input_ids;
+  for (size_t u = 0; u < units_.size(); ++u) x = forward_unit(u, x, context);
+  return x;
 }
 
 void LlamaForCausalLMImpl::init_weights(uint64_t seed) {
-  init_unit_weights(named_parameters_with_prefix(*model->embed_tokens, "model.embed_tokens."), config_,
-                    seed, 0);
-  for (size_t i = 0; i < model->layers->size(); ++i)
-    init_unit_weights(named_parameters_with_prefix(*model->layers[i], "model.layers." + std::to_string(i) + "."),
-                      config_, seed, static_cast<int64_t>(i) + 1);
-  init_unit_weights(head_parameters(), config_, seed, config_.num_hidden_layers + 1);
+  for (size_t u = 0; u < units_.size(); ++u)
+    init_unit_weights(units_[u], unit_parameters(u), config_.initializer_range, seed);
 }
 
 NamedTensors named_parameters_with_prefix(torch::nn::Module& module, const std::string& prefix) {
@@ -170,21 +215,23 @@ NamedTensors named_parameters_with_prefix(torch::nn::Module& module, const std::
   return named;
 }
 
-void init_unit_weights(const NamedTensors& parameters, const ModelConfig& config, uint64_t seed,
-                       int64_t index) {
+void init_unit_weights(const UnitSpec& unit, const NamedTensors& parameters, double initializer_range,
+                       uint64_t seed) {
   at::NoGradGuard no_grad;
   // A distinct, reproducible stream per unit (splitmix-style odd multiplier keeps seeds apart).
   at::Generator generator =
-      at::detail::createCPUGenerator(seed * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(index) + 1);
-  for (const auto& [name, param] : parameters) {
-    if (param.dim() == 1) {
-      param.fill_(1.0);  // RMSNorm gains
+      at::detail::createCPUGenerator(seed * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(unit.index) + 1);
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    const ParameterSpec& spec = unit.parameters.at(i);
+    const at::Tensor& param = parameters[i].second;
+    if (spec.init == ParameterInit::ones) {
+      param.fill_(1.0);
       continue;
     }
     at::Tensor values = at::empty(param.sizes(), at::kFloat);
-    values.normal_(0.0, config.initializer_range, generator);
+    values.normal_(0.0, initializer_range, generator);
     param.copy_(values);
-    if (name == "model.embed_tokens.weight") param[padding_row(config)].zero_();
+    if (spec.zero_row >= 0) param[spec.zero_row].zero_();
   }
 }
 

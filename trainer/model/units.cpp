@@ -2,29 +2,53 @@
 
 namespace llm {
 
-std::vector<ModelUnit> split_into_units(LlamaForCausalLM& model, UnitContext& context) {
-  std::vector<ModelUnit> units;
-  LlamaForCausalLMImpl* impl = model.get();
-  units.push_back({"embed", named_parameters_with_prefix(*impl->model->embed_tokens, "model.embed_tokens."),
-                   [impl, &context](const at::Tensor& input_ids) {
-                     at::Tensor hidden = impl->model->embed_tokens(input_ids);  // (B, T, hidden)
-                     std::tie(context.cos, context.sin) =
-                         impl->rotary_tables(input_ids.size(1), hidden.scalar_type(), hidden.device());
-                     return hidden;
-                   }});
-  const auto& layers = *impl->model->layers;
-  for (size_t i = 0; i < layers.size(); ++i) {
-    auto layer = layers[i]->as<DecoderLayerImpl>();
-    units.push_back({"layer." + std::to_string(i),
-                     named_parameters_with_prefix(*layer, "model.layers." + std::to_string(i) + "."),
-                     [layer, &context](const at::Tensor& hidden) {
-                       return layer->forward(hidden, context.cos.to(hidden.scalar_type()),
-                                             context.sin.to(hidden.scalar_type()));
-                     }});
+const char* to_string(UnitKind kind) {
+  switch (kind) {
+    case UnitKind::embedding: return "embedding";
+    case UnitKind::decoder_layer: return "decoder_layer";
+    case UnitKind::head: return "head";
   }
-  units.push_back({"head", impl->head_parameters(), [impl](const at::Tensor& hidden) {
-                     return impl->lm_head(impl->model->norm(hidden));  // (B, T, vocab)
-                   }});
+  return "?";
+}
+
+int64_t ParameterSpec::numel() const {
+  int64_t count = 1;
+  for (int64_t size : shape) count *= size;
+  return count;
+}
+
+std::vector<UnitSpec> describe_units(const ModelConfig& config) {
+  const int64_t h = config.hidden_size, I = config.intermediate_size, V = config.vocab_size;
+  const int64_t q = config.num_attention_heads * config.head_dim();
+  const int64_t kv = config.num_key_value_heads * config.head_dim();
+  auto linear = [](std::string name, int64_t out, int64_t in) {
+    return ParameterSpec{std::move(name), {out, in}, ParameterInit::normal, /*linear=*/true};
+  };
+  auto gain = [](std::string name, int64_t size) {
+    return ParameterSpec{std::move(name), {size}, ParameterInit::ones, /*linear=*/false};
+  };
+
+  std::vector<UnitSpec> units;
+  // pad_token_id -1 means the last row, as GaLore's model (nn.Embedding's padding_idx -1).
+  const int64_t padding_row = config.pad_token_id < 0 ? V + config.pad_token_id : config.pad_token_id;
+  units.push_back({"embed", UnitKind::embedding, 0, -1,
+                   {ParameterSpec{"model.embed_tokens.weight", {V, h}, ParameterInit::normal,
+                                  /*linear=*/false, padding_row}}});
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+    const std::string prefix = "model.layers." + std::to_string(layer) + ".";
+    units.push_back({"layer." + std::to_string(layer), UnitKind::decoder_layer, layer + 1, layer,
+                     {linear(prefix + "self_attn.q_proj.weight", q, h),
+                      linear(prefix + "self_attn.k_proj.weight", kv, h),
+                      linear(prefix + "self_attn.v_proj.weight", kv, h),
+                      linear(prefix + "self_attn.o_proj.weight", h, q),
+                      linear(prefix + "mlp.gate_proj.weight", I, h),
+                      linear(prefix + "mlp.up_proj.weight", I, h),
+                      linear(prefix + "mlp.down_proj.weight", h, I),
+                      gain(prefix + "input_layernorm.weight", h),
+                      gain(prefix + "post_attention_layernorm.weight", h)}});
+  }
+  units.push_back({"head", UnitKind::head, config.num_hidden_layers + 1, -1,
+                   {gain("model.norm.weight", h), linear("lm_head.weight", V, h)}});
   return units;
 }
 

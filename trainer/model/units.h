@@ -1,29 +1,60 @@
-// How the model splits into FSDP units, as data: the embedding, each decoder layer, and the final
-// norm with the LM head. Each unit has its HF-named parameters and a forward from the previous
-// unit's output to its own. This is model knowledge only: sharding/ wraps the units from outside.
+// The model's units as data, written once: the embedding, each decoder layer, and the final norm
+// with the LM head. A unit's description is its name, its kind (which forward runs it) and its
+// parameters: HF names, shapes, how each is initialised, and whether a linear layer multiplies by
+// it. It is read by
+//   - the model's construction (trainer/model/llama.cpp builds the modules a description names,
+//     unit by unit, and checks that what it built has exactly the described parameters),
+//   - the whole-model forward (a loop over the units' forwards: the same function, unit by unit,
+//     that the trainer runs under sharding, so the golden test checks the code that trains),
+//   - initialisation (init_unit_weights), and
+//   - the memory estimate (trainer/memory/estimate.cpp), which needs shapes without tensors.
+// Model knowledge only: sharding/ wraps the units from outside.
 #pragma once
 
-#include <functional>
+#include <cstdint>
 #include <string>
-#include <utility>
 #include <vector>
 
-#include "trainer/model/llama.h"
+#include <ATen/core/Tensor.h>
+
+#include "trainer/model/model_config.h"
 
 namespace llm {
 
-// Per-batch values the layers share (rotary tables), set by the embedding unit's forward.
+enum class UnitKind { embedding, decoder_layer, head };
+const char* to_string(UnitKind kind);
+
+enum class ParameterInit {
+  normal,  // N(0, initializer_range): matrices and the embedding
+  ones,    // RMSNorm gains
+};
+
+struct ParameterSpec {
+  std::string name;             // HF name, e.g. "model.layers.3.mlp.up_proj.weight"
+  std::vector<int64_t> shape;   // (out, in) for a linear weight, (dim) for a norm gain
+  ParameterInit init = ParameterInit::normal;
+  bool linear = false;          // a linear layer multiplies by it (autocast casts it to bf16)
+  int64_t zero_row = -1;        // a row initialised to zero (the embedding's padding row), or -1
+
+  int64_t rows() const { return shape.front(); }
+  int64_t numel() const;
+  int64_t cols() const { return numel() / rows(); }
+};
+
+struct UnitSpec {
+  std::string name;   // "embed", "layer.3", "head"
+  UnitKind kind = UnitKind::embedding;
+  int64_t index = 0;  // position in the model, 0 .. layers + 1: seeds the unit's initialisation
+  int64_t layer = -1; // decoder layers: the layer's index
+  std::vector<ParameterSpec> parameters;  // in the order the modules register them
+};
+
+// The units of LlamaForCausalLM for this config, in forward order.
+std::vector<UnitSpec> describe_units(const ModelConfig& config);
+
+// Per-batch values the layers share (the rotary tables), set by the embedding unit's forward.
 struct UnitContext {
   at::Tensor cos, sin;  // (T, head_dim) in the hidden states' dtype
 };
-
-struct ModelUnit {
-  std::string name;                                           // "embed", "layer.3", "head"
-  std::vector<std::pair<std::string, at::Tensor>> parameters; // HF names
-  std::function<at::Tensor(const at::Tensor&)> forward;       // ids -> hidden -> ... -> logits
-};
-
-// The returned forwards hold references to model and context: both must outlive the units.
-std::vector<ModelUnit> split_into_units(LlamaForCausalLM& model, UnitContext& context);
 
 }  // namespace llm

@@ -1,0 +1,87 @@
+#include "common/step_timer.h"
+
+#include <chrono>
+
+#ifdef TRAINER_HAVE_CUDA
+#include <c10/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace llm {
+
+const char* to_string(StepPhase phase) {
+  switch (phase) {
+    case StepPhase::forward: return "forward";
+    case StepPhase::backward: return "backward";
+    case StepPhase::collectives: return "collectives";
+    case StepPhase::optimizer: return "optimizer";
+    case StepPhase::other: return "other";
+  }
+  return "?";
+}
+
+// Each mark opens `phase` at a point in time: a host clock reading, or (CUDA) an event recorded on
+// the compute stream. Events are kept between steps and reused.
+struct StepTimer::Marks {
+  std::vector<StepPhase> phases;
+  std::vector<std::chrono::steady_clock::time_point> host;
+#ifdef TRAINER_HAVE_CUDA
+  std::vector<std::unique_ptr<c10::cuda::CUDAEvent>> events;
+#endif
+  size_t count = 0;
+};
+
+StepTimer::StepTimer(c10::Device device) : device_(device), marks_(std::make_unique<Marks>()) {}
+StepTimer::~StepTimer() = default;
+
+void StepTimer::begin_step() {
+  marks_->count = 0;
+  in_step_ = true;
+  current_ = StepPhase::other;
+  switch_to(StepPhase::other);
+}
+
+StepPhase StepTimer::switch_to(StepPhase phase) {
+  const StepPhase previous = current_;
+  if (!in_step_) return previous;
+  current_ = phase;
+  Marks& marks = *marks_;
+  const size_t index = marks.count++;
+  if (marks.phases.size() <= index) {
+    marks.phases.resize(index + 1);
+    marks.host.resize(index + 1);
+  }
+  marks.phases[index] = phase;
+#ifdef TRAINER_HAVE_CUDA
+  if (device_.is_cuda()) {
+    if (marks.events.size() <= index)
+      marks.events.push_back(std::make_unique<c10::cuda::CUDAEvent>(cudaEventDefault));  // timing on
+    marks.events[index]->record(c10::cuda::getCurrentCUDAStream(device_.index()));
+    return previous;
+  }
+#endif
+  marks.host[index] = std::chrono::steady_clock::now();
+  return previous;
+}
+
+PhaseSeconds StepTimer::end_step() {
+  switch_to(StepPhase::other);  // the closing mark
+  in_step_ = false;
+  PhaseSeconds seconds{};
+  Marks& marks = *marks_;
+#ifdef TRAINER_HAVE_CUDA
+  if (device_.is_cuda()) {
+    marks.events[marks.count - 1]->synchronize();
+    for (size_t i = 0; i + 1 < marks.count; ++i)
+      seconds[static_cast<size_t>(marks.phases[i])] +=
+          marks.events[i]->elapsed_time(*marks.events[i + 1]) / 1000.0;
+    return seconds;
+  }
+#endif
+  for (size_t i = 0; i + 1 < marks.count; ++i)
+    seconds[static_cast<size_t>(marks.phases[i])] +=
+        std::chrono::duration<double>(marks.host[i + 1] - marks.host[i]).count();
+  return seconds;
+}
+
+}  // namespace llm

@@ -1,0 +1,63 @@
+// Where a training step's time goes: forward, backward, collectives, optimizer, and the rest (data,
+// logging). One clock per rank that the step switches between phases as it runs, so the phases
+// partition the step and add up to its time.
+//
+// On a CPU rank a switch reads the steady clock. On a CUDA rank a switch records an event on the
+// current (compute) stream, and end_step() waits for the last event once and reads the intervals:
+// each phase is the time the compute stream spent in it, with no host synchronisation inside the
+// step. An all-gather prefetched on the gather stream overlaps compute and shows only as the wait it
+// causes (under collectives): the exposed communication, which is what a user can act on.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <c10/core/Device.h>
+
+namespace llm {
+
+enum class StepPhase { forward, backward, collectives, optimizer, other };
+constexpr int kStepPhases = 5;
+const char* to_string(StepPhase phase);
+
+using PhaseSeconds = std::array<double, kStepPhases>;
+
+class StepTimer {
+ public:
+  explicit StepTimer(c10::Device device);
+  ~StepTimer();
+  StepTimer(const StepTimer&) = delete;
+  StepTimer& operator=(const StepTimer&) = delete;
+
+  void begin_step();  // the step starts, in phase "other"
+  // Time from now on counts to `phase`; returns the phase it counted to until now. Outside a step
+  // (evaluation, checkpoints) switches are ignored.
+  StepPhase switch_to(StepPhase phase);
+  PhaseSeconds end_step();  // seconds per phase since begin_step()
+
+  // Counts to `phase` until the scope ends, then to the phase before.
+  class Scope {
+   public:
+    Scope(StepTimer* timer, StepPhase phase) : timer_(timer), previous_(timer ? timer->switch_to(phase) : phase) {}
+    ~Scope() {
+      if (timer_) timer_->switch_to(previous_);
+    }
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    StepTimer* timer_;
+    StepPhase previous_;
+  };
+
+ private:
+  struct Marks;  // the clock readings or CUDA events of the step (step_timer.cpp)
+  c10::Device device_;
+  bool in_step_ = false;
+  StepPhase current_ = StepPhase::other;
+  std::unique_ptr<Marks> marks_;
+};
+
+}  // namespace llm

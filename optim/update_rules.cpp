@@ -1,0 +1,267 @@
+#include "optim/update_rules.h"
+
+#include <chrono>
+
+#include <ATen/ATen.h>
+
+#include "optim/adamw.h"
+#include "optim/shard_state.h"
+
+namespace llm {
+namespace {
+
+at::Tensor rows_of(const ParameterState& state, const at::Tensor& flat) {
+  return flat.view({state.parameter.rows_per_rank, state.parameter.cols});
+}
+
+// Local (rows_per_rank * cols) <-> full (the parameter's shape): the layout of adamw's and adam_hf's
+// moments and of subset-norm's first moment.
+at::Tensor assemble_like_parameter(const ParameterState& state, const at::Tensor& local, Communicator* across) {
+  const ShardedParameter& p = state.parameter;
+  return assemble_rows(rows_of(state, local), p.rows, p.first_row, p.rows_held, across).reshape(p.full_shape);
+}
+
+at::Tensor take_like_parameter(const ParameterState& state, const at::Tensor& full) {
+  const ShardedParameter& p = state.parameter;
+  return take_rows(full.to(state.master.device()).reshape({p.rows, p.cols}), p.rows_per_rank, p.first_row,
+                   p.rows_held)
+      .reshape({-1});
+}
+
+std::vector<int64_t> flat_like_parameter(const ParameterState& state) {
+  return {state.parameter.shard_numel()};
+}
+
+// torch.optim.AdamW, fused: one pass reads p, g, m, v once and writes p, m, v once.
+class TorchAdamW final : public Rule {
+ public:
+  StateShapes plan(ParameterState& state, const OptimizerSettings&, const RulePosition&) const override {
+    return {flat_like_parameter(state), flat_like_parameter(state), std::nullopt};
+  }
+  std::map<std::string, FullStateShape> full_shapes(const ParameterState& state) const override {
+    return {{".exp_avg", {state.parameter.full_shape}}, {".exp_avg_sq", {state.parameter.full_shape}}};
+  }
+  std::map<std::string, at::Tensor> assemble(const ParameterState& state, Communicator* across) const override {
+    std::map<std::string, at::Tensor> full;
+    full[".exp_avg"] = assemble_like_parameter(state, state.exp_avg, across);
+    full[".exp_avg_sq"] = assemble_like_parameter(state, state.exp_avg_sq, across);
+    return full;
+  }
+  std::map<std::string, at::Tensor> take(const ParameterState& state,
+                                         const std::map<std::string, at::Tensor>& full) const override {
+    return {{".exp_avg", take_like_parameter(state, full.at(".exp_avg"))},
+            {".exp_avg_sq", take_like_parameter(state, full.at(".exp_avg_sq"))}};
+  }
+  void update(ParameterState& state, const MomentInputs& inputs, const OptimizerSettings& settings,
+              const StepScalars& scalars, Communicator*) const override {
+    const AdamWOptions options{settings.beta1, settings.beta2, settings.eps, settings.weight_decay};
+    adamw_update(state.master, inputs.first, state.exp_avg, state.exp_avg_sq, scalars.lr, options,
+                 state.parameter.decay ? settings.weight_decay : 0.0, scalars.t);
+  }
+};
+
+// The HF-style AdamW of the references, which the three rules below share: moments on what
+// inputs() feeds them, the denominator sqrt(v) + eps, a rule-specific update, then decoupled weight
+// decay after the update (as the references apply it).
+class HfStyleRule : public Rule {
+ public:
+  void update(ParameterState& state, const MomentInputs& inputs, const OptimizerSettings& settings,
+              const StepScalars& scalars, Communicator* across) const final {
+    const at::Tensor& x = inputs.first;
+    at::Tensor numerator = x;
+    if (settings.beta1 > 0) {
+      state.exp_avg.mul_(settings.beta1).add_(x, 1.0 - settings.beta1);
+      numerator = state.exp_avg;
+    }
+    if (inputs.second.defined())
+      state.exp_avg_sq.mul_(settings.beta2).add_(inputs.second, 1.0 - settings.beta2);
+    else
+      state.exp_avg_sq.mul_(settings.beta2).addcmul_(x, x, 1.0 - settings.beta2);
+    const at::Tensor denominator = state.exp_avg_sq.sqrt().add_(settings.eps);
+    apply(state, numerator, denominator, settings, scalars, across);
+    if (state.parameter.decay && settings.weight_decay > 0)
+      state.master.add_(state.master, -scalars.lr * settings.weight_decay);
+  }
+
+ protected:
+  // master -= step_size * (the rule's normalised update).
+  virtual void apply(ParameterState& state, const at::Tensor& numerator, const at::Tensor& denominator,
+                     const OptimizerSettings& settings, const StepScalars& scalars, Communicator* across) const = 0;
+  static std::optional<std::vector<int64_t>> first_moment(const OptimizerSettings& settings,
+                                                          std::vector<int64_t> shape) {
+    if (settings.beta1 > 0) return shape;
+    return std::nullopt;  // beta1 = 0: no first moment (RMSProp-SN)
+  }
+};
+
+class HfAdam final : public HfStyleRule {
+ public:
+  StateShapes plan(ParameterState& state, const OptimizerSettings& settings, const RulePosition&) const override {
+    return {first_moment(settings, flat_like_parameter(state)), flat_like_parameter(state), std::nullopt};
+  }
+  std::map<std::string, FullStateShape> full_shapes(const ParameterState& state) const override {
+    std::map<std::string, FullStateShape> shapes = {{".exp_avg_sq", {state.parameter.full_shape}}};
+    if (state.exp_avg.defined()) shapes[".exp_avg"] = {state.parameter.full_shape};
+    return shapes;
+  }
+  std::map<std::string, at::Tensor> assemble(const ParameterState& state, Communicator* across) const override {
+    std::map<std::string, at::Tensor> full;
+    if (state.exp_avg.defined()) full[".exp_avg"] = assemble_like_parameter(state, state.exp_avg, across);
+    full[".exp_avg_sq"] = assemble_like_parameter(state, state.exp_avg_sq, across);
+    return full;
+  }
+  std::map<std::string, at::Tensor> take(const ParameterState& state,
+                                         const std::map<std::string, at::Tensor>& full) const override {
+    std::map<std::string, at::Tensor> local;
+    if (state.exp_avg.defined()) local[".exp_avg"] = take_like_parameter(state, full.at(".exp_avg"));
+    local[".exp_avg_sq"] = take_like_parameter(state, full.at(".exp_avg_sq"));
+    return local;
+  }
+
+ protected:
+  void apply(ParameterState& state, const at::Tensor& numerator, const at::Tensor& denominator,
+             const OptimizerSettings&, const StepScalars& scalars, Communicator*) const override {
+    state.master.add_(numerator / denominator, -scalars.step_size);
+  }
+};
+
+class SubsetNorm final : public HfStyleRule {
+ public:
+  StateShapes plan(ParameterState& state, const OptimizerSettings& settings,
+                   const RulePosition& position) const override {
+    state.subsets = make_subset_geometry(state.parameter, settings.subset_size, position.world);
+    return {first_moment(settings, flat_like_parameter(state)), state.subsets.local_state_shape, std::nullopt};
+  }
+  std::map<std::string, FullStateShape> full_shapes(const ParameterState& state) const override {
+    std::map<std::string, FullStateShape> shapes = {
+        {".exp_avg_sq", {state.subsets.full_state_shape, "the subset-norm state"}}};
+    if (state.exp_avg.defined()) shapes[".exp_avg"] = {state.parameter.full_shape};
+    return shapes;
+  }
+  std::map<std::string, at::Tensor> assemble(const ParameterState& state, Communicator* across) const override {
+    std::map<std::string, at::Tensor> full;
+    if (state.exp_avg.defined()) full[".exp_avg"] = assemble_like_parameter(state, state.exp_avg, across);
+    full[".exp_avg_sq"] = assemble_subset_state(state.subsets, state.parameter, state.exp_avg_sq, across);
+    return full;
+  }
+  std::map<std::string, at::Tensor> take(const ParameterState& state,
+                                         const std::map<std::string, at::Tensor>& full) const override {
+    std::map<std::string, at::Tensor> local;
+    if (state.exp_avg.defined()) local[".exp_avg"] = take_like_parameter(state, full.at(".exp_avg"));
+    local[".exp_avg_sq"] =
+        take_subset_state(state.subsets, state.parameter, full.at(".exp_avg_sq").to(state.master.device()));
+    return local;
+  }
+  MomentInputs inputs(ParameterState& state, Communicator* across) const override {
+    return {state.gradient, subset_square_sums(state.subsets, state.parameter, state.gradient),
+            state.subsets.spans_ranks && across != nullptr};
+  }
+
+ protected:
+  void apply(ParameterState& state, const at::Tensor& numerator, const at::Tensor& denominator,
+             const OptimizerSettings&, const StepScalars& scalars, Communicator*) const override {
+    apply_subset_update(state.subsets, state.parameter, state.master, numerator, denominator, scalars.step_size);
+  }
+};
+
+class GaLore final : public HfStyleRule {
+ public:
+  StateShapes plan(ParameterState& state, const OptimizerSettings& settings,
+                   const RulePosition& position) const override {
+    state.galore = make_galore_geometry(state.parameter, settings, position.index, position.rank, position.world);
+    state.projector_seed = 0x9a10e + static_cast<uint64_t>(position.index + 1);
+    if (settings.stagger_projectors)
+      state.refresh_offset = position.index * settings.update_proj_gap / position.count;
+    return {first_moment(settings, state.galore.local_state_shape), state.galore.local_state_shape,
+            state.galore.local_projector_shape};
+  }
+  std::map<std::string, FullStateShape> full_shapes(const ParameterState& state) const override {
+    std::map<std::string, FullStateShape> shapes = {
+        {".exp_avg_sq", {state.galore.full_state_shape, "the low-rank moment"}},
+        {".projector", {state.galore.full_projector_shape, "the projector"}}};
+    if (state.exp_avg.defined()) shapes[".exp_avg"] = {state.galore.full_state_shape, "the low-rank moment"};
+    return shapes;
+  }
+  std::map<std::string, at::Tensor> assemble(const ParameterState& state, Communicator* across) const override {
+    std::map<std::string, at::Tensor> full;
+    if (state.exp_avg.defined())
+      full[".exp_avg"] = assemble_galore_moment(state.galore, state.parameter, state.exp_avg, across);
+    full[".exp_avg_sq"] = assemble_galore_moment(state.galore, state.parameter, state.exp_avg_sq, across);
+    full[".projector"] = assemble_galore_projector(state.galore, state.parameter, state.projector, across);
+    return full;
+  }
+  std::map<std::string, at::Tensor> take(const ParameterState& state,
+                                         const std::map<std::string, at::Tensor>& full) const override {
+    auto on_device = [&](const char* suffix) { return full.at(suffix).to(state.master.device()); };
+    std::map<std::string, at::Tensor> local;
+    if (state.exp_avg.defined())
+      local[".exp_avg"] = take_galore_moment(state.galore, state.parameter, on_device(".exp_avg"));
+    local[".exp_avg_sq"] = take_galore_moment(state.galore, state.parameter, on_device(".exp_avg_sq"));
+    local[".projector"] = take_galore_projector(state.galore, state.parameter, on_device(".projector"));
+    return local;
+  }
+
+  // GaLore's schedule: a new projector at steps 1, T + 1, 2T + 1, ... from that step's gradient
+  // (shifted per matrix by refresh_offset when staggered; every matrix gets one at step 1). Every
+  // projector exists after step 1 (a checkpoint of a later step carries them).
+  void refresh(ParameterState& state, const OptimizerSettings& settings, int64_t t, Communicator* across,
+               double* projector_seconds) const override {
+    const bool have_projectors = t > 1;
+    const int64_t phase = t - 1 - state.refresh_offset;
+    if (have_projectors && !(phase >= 0 && phase % settings.update_proj_gap == 0)) return;
+    const auto started = std::chrono::steady_clock::now();
+    if (settings.projector_method == "subspace")
+      refresh_projector_subspace(state.galore, state.parameter, state.gradient, state.projector, have_projectors,
+                                 have_projectors ? settings.subspace_iterations : 3 * settings.subspace_iterations,
+                                 state.projector_seed, across);
+    else
+      refresh_projector(state.galore, state.parameter, state.gradient, state.projector, across);
+    *projector_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  }
+  MomentInputs inputs(ParameterState& state, Communicator* across) const override {
+    return {project(state.galore, state.parameter, state.gradient, state.projector, across), at::Tensor(), false};
+  }
+
+ protected:
+  void apply(ParameterState& state, const at::Tensor& numerator, const at::Tensor& denominator,
+             const OptimizerSettings& settings, const StepScalars& scalars, Communicator* across) const override {
+    state.master.add_(project_back(state.galore, state.parameter, numerator / denominator, state.projector,
+                                   settings.galore_scale, across),
+                      -scalars.step_size);
+  }
+};
+
+}  // namespace
+
+const char* to_string(UpdateRule rule) {
+  switch (rule) {
+    case UpdateRule::adamw: return "adamw";
+    case UpdateRule::adam_hf: return "adam_hf";
+    case UpdateRule::subset_norm: return "subset_norm";
+    case UpdateRule::galore: return "galore";
+  }
+  return "?";
+}
+
+int64_t StateShapes::numel(const std::optional<std::vector<int64_t>>& shape) {
+  if (!shape) return 0;
+  int64_t count = 1;
+  for (int64_t size : *shape) count *= size;
+  return count;
+}
+
+const Rule& rule_of(UpdateRule rule) {
+  static const TorchAdamW adamw;
+  static const HfAdam adam_hf;
+  static const SubsetNorm subset_norm;
+  static const GaLore galore;
+  switch (rule) {
+    case UpdateRule::adamw: return adamw;
+    case UpdateRule::adam_hf: return adam_hf;
+    case UpdateRule::subset_norm: return subset_norm;
+    case UpdateRule::galore: return galore;
+  }
+  throw std::logic_error("rule_of: unknown update rule");
+}
+
+}  // namespace llm

@@ -1,0 +1,115 @@
+// The update rules, one class each: what state a parameter keeps under the rule (its sizes on this
+// rank and its full, checkpointed shapes), how that state is assembled into full tensors and cut
+// back into a rank's part, and the update itself. The optimizer (optim/shard_optimizer.h), the
+// checkpoints and the memory estimate all ask the rule; adding a rule is adding its class here and
+// one line in rule_of().
+//
+//   adamw        torch.optim.AdamW: the fused host/CUDA kernel of optim/adamw.h
+//   adam_hf      the HF-style AdamW of the GaLore and subset-norm references (eps outside the bias
+//                correction, weight decay after the update)
+//   subset_norm  adam_hf with one second-moment entry per subset (AdamwSN, optim/subset_norm.h)
+//   galore       adam_hf in GaLore's low-rank space (GaLoreAdamW, optim/galore.h)
+//
+// A step of one unit runs in three phases so that the statistics a unit sums over ranks go in one
+// all-reduce: refresh (GaLore's projector, when due), inputs (what the moments are fed; a rule may
+// hand back partial sums to be summed over ranks), update (moments, parameter, weight decay).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "optim/galore.h"
+#include "optim/optimizer_settings.h"
+#include "optim/shard_state.h"
+#include "optim/subset_norm.h"
+#include "sharding/flat_layout.h"
+
+namespace llm {
+
+class Communicator;
+
+enum class UpdateRule { adamw, adam_hf, subset_norm, galore };
+const char* to_string(UpdateRule rule);
+
+// The state one parameter keeps on this rank: each kind's local shape, or none.
+struct StateShapes {
+  std::optional<std::vector<int64_t>> exp_avg, exp_avg_sq, projector;
+  static int64_t numel(const std::optional<std::vector<int64_t>>& shape);  // 0 for none
+  int64_t total_numel() const { return numel(exp_avg) + numel(exp_avg_sq) + numel(projector); }
+};
+
+
+
+// Where a parameter stands among the parameters of its rule (GaLore spreads its SVD owners and
+// staggers its refreshes by it) and in the world.
+struct RulePosition {
+  int64_t index = 0;  // among the model's parameters with this rule, in unit order
+  int64_t count = 1;  // parameters with this rule in the model
+  int rank = 0;       // the parameter's shard rank (0 for a replicated parameter)
+  int world = 1;      // ranks the parameter is sharded over (1: whole)
+};
+
+// One parameter inside the optimizer: its layout row, views of its unit's flat buffers, and the
+// geometry its rule derived.
+struct ParameterState {
+  ShardedParameter parameter;
+  UpdateRule rule = UpdateRule::adamw;
+  at::Tensor master;      // (rows_per_rank * cols) fp32, a view of the unit's master shard
+  at::Tensor gradient;    // (rows_per_rank * cols) fp32, a view of the unit's gradient shard
+  at::Tensor exp_avg;     // views of the unit's state buffers, in the rule's local shapes; undefined
+  at::Tensor exp_avg_sq;  // where the rule keeps none (exp_avg with beta1 = 0 under the HF rules)
+  at::Tensor projector;
+  SubsetGeometry subsets;      // subset_norm
+  GaLoreGeometry galore;       // galore
+  int64_t refresh_offset = 0;  // galore: steps after 1 + jT at which this projector is recomputed
+  uint64_t projector_seed = 0; // galore subspace: the cold start's Gaussian
+};
+
+// One step's scalars, the same for every parameter.
+struct StepScalars {
+  double lr = 0;
+  int64_t t = 0;  // 1-based
+  double step_size = 0;  // HF rules: lr * sqrt(1 - beta2^t) / (1 - beta1^t)
+};
+
+// What a parameter's moments are fed this step. second: the second-moment input when it is not
+// first^2 (subset sums); sum_over_ranks: second holds this rank's partial sums at their global
+// subset index, to be summed over ranks before update().
+struct MomentInputs {
+  at::Tensor first;
+  at::Tensor second;
+  bool sum_over_ranks = false;
+};
+
+class Rule {
+ public:
+  virtual ~Rule() = default;
+  // Derives the rule's geometry into `state` and returns the state it keeps on this rank.
+  virtual StateShapes plan(ParameterState& state, const OptimizerSettings& settings,
+                           const RulePosition& position) const = 0;
+  // The checkpoint's keys for this parameter: suffix (".exp_avg", ...) -> full shape.
+  virtual std::map<std::string, FullStateShape> full_shapes(const ParameterState& state) const = 0;
+  // Full tensors of the state, by suffix (collective over `across`).
+  virtual std::map<std::string, at::Tensor> assemble(const ParameterState& state, Communicator* across) const = 0;
+  // This rank's part of full tensors (already checked against full_shapes), by suffix.
+  virtual std::map<std::string, at::Tensor> take(const ParameterState& state,
+                                                 const std::map<std::string, at::Tensor>& full) const = 0;
+
+  // The step's phases. refresh and inputs may be collective.
+  virtual void refresh(ParameterState& state, const OptimizerSettings& settings, int64_t t,
+                       Communicator* across, double* projector_seconds) const {}
+  virtual MomentInputs inputs(ParameterState& state, Communicator* across) const {
+    return {state.gradient, at::Tensor(), false};
+  }
+  virtual void update(ParameterState& state, const MomentInputs& inputs, const OptimizerSettings& settings,
+                      const StepScalars& scalars, Communicator* across) const = 0;
+};
+
+const Rule& rule_of(UpdateRule rule);
+
+}  // namespace llm
