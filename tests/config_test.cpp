@@ -346,24 +346,24 @@ class ConfigRunValidation : public ::testing::Test {
 TEST_F(ConfigRunValidation, DefaultsAreValid) {
   RunConfig run = valid();
   validate_run_config(run, model_, 1);
-  EXPECT_EQ(run.total_batch_size, run.batch_size);
-  EXPECT_EQ(run.gradient_accumulation, 1);
+  EXPECT_EQ(run.data.total_batch_size, run.data.batch_size);
+  EXPECT_EQ(run.data.gradient_accumulation, 1);
 }
 
 TEST_F(ConfigRunValidation, BoundariesAreAccepted) {
   RunConfig run = valid();
-  run.max_length = 256;
-  run.warmup_steps = run.num_training_steps;
-  run.min_lr_ratio = 1.0;
-  run.adam_beta1 = 0.0;
-  run.weight_decay = 0.0;
-  run.grad_clipping = 0.0;
-  run.eval_every = 0;
-  run.save_every = 0;
+  run.data.max_length = 256;
+  run.optimizer.warmup_steps = run.num_training_steps;
+  run.optimizer.min_lr_ratio = 1.0;
+  run.optimizer.adam_beta1 = 0.0;
+  run.optimizer.weight_decay = 0.0;
+  run.optimizer.grad_clipping = 0.0;
+  run.data.eval_every = 0;
+  run.checkpoint.save_every = 0;
   EXPECT_NO_THROW(validate_run_config(run, model_, 1));
-  run.max_length = 2;
-  run.warmup_steps = 0;
-  run.min_lr_ratio = 0.0;
+  run.data.max_length = 2;
+  run.optimizer.warmup_steps = 0;
+  run.optimizer.min_lr_ratio = 0.0;
   EXPECT_NO_THROW(validate_run_config(run, model_, 1));
 }
 
@@ -377,35 +377,35 @@ TEST_F(ConfigRunValidation, EveryRangeNamesItsFlag) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const double inf = std::numeric_limits<double>::infinity();
   const std::vector<RangeCase> cases = {
-      {"--lr", [](RunConfig& r) { r.lr = 0; }, "got 0"},
-      {"--lr", [](RunConfig& r) { r.lr = -1e-3; }, "got -0.001"},
-      {"--lr", [nan](RunConfig& r) { r.lr = nan; }, "got nan"},
-      {"--lr", [inf](RunConfig& r) { r.lr = inf; }, "got inf"},
-      {"--batch_size", [](RunConfig& r) { r.batch_size = 0; }, "got 0"},
-      {"--max_length", [](RunConfig& r) { r.max_length = 1; }, "got 1"},
-      {"--max_length", [](RunConfig& r) { r.max_length = 257; }, "max_position_embeddings = 256"},
+      {"--lr", [](RunConfig& r) { r.optimizer.lr = 0; }, "got 0"},
+      {"--lr", [](RunConfig& r) { r.optimizer.lr = -1e-3; }, "got -0.001"},
+      {"--lr", [nan](RunConfig& r) { r.optimizer.lr = nan; }, "got nan"},
+      {"--lr", [inf](RunConfig& r) { r.optimizer.lr = inf; }, "got inf"},
+      {"--batch_size", [](RunConfig& r) { r.data.batch_size = 0; }, "got 0"},
+      {"--max_length", [](RunConfig& r) { r.data.max_length = 1; }, "got 1"},
+      {"--max_length", [](RunConfig& r) { r.data.max_length = 257; }, "max_position_embeddings = 256"},
       {"--num_training_steps", [](RunConfig& r) { r.num_training_steps = 0; }, "got 0"},
-      {"--warmup_steps", [](RunConfig& r) { r.warmup_steps = -1; }, "got -1"},
-      {"--warmup_steps", [](RunConfig& r) { r.warmup_steps = r.num_training_steps + 1; },
+      {"--warmup_steps", [](RunConfig& r) { r.optimizer.warmup_steps = -1; }, "got -1"},
+      {"--warmup_steps", [](RunConfig& r) { r.optimizer.warmup_steps = r.num_training_steps + 1; },
        "got 201"},
-      {"--min_lr_ratio", [](RunConfig& r) { r.min_lr_ratio = -0.1; }, "got -0.1"},
-      {"--min_lr_ratio", [](RunConfig& r) { r.min_lr_ratio = 1.5; }, "got 1.5"},
-      {"--weight_decay", [](RunConfig& r) { r.weight_decay = -0.1; }, "got -0.1"},
-      {"--grad_clipping", [](RunConfig& r) { r.grad_clipping = -1; }, "got -1"},
-      {"--adam_beta1", [](RunConfig& r) { r.adam_beta1 = 1.0; }, "got 1"},
-      {"--adam_beta1", [](RunConfig& r) { r.adam_beta1 = -0.1; }, "got -0.1"},
-      {"--adam_beta2", [](RunConfig& r) { r.adam_beta2 = 0.0; }, "got 0"},
-      {"--adam_beta2", [](RunConfig& r) { r.adam_beta2 = 1.0; }, "got 1"},
-      {"--adam_eps", [](RunConfig& r) { r.adam_eps = 0.0; }, "got 0"},
-      {"--eval_fraction", [](RunConfig& r) { r.eval_fraction = 0.0; }, "got 0"},
-      {"--eval_fraction", [](RunConfig& r) { r.eval_fraction = 1.0; }, "got 1"},
-      {"--eval_every", [](RunConfig& r) { r.eval_every = -1; }, "got -1"},
-      {"--eval_batches", [](RunConfig& r) { r.eval_batches = 0; }, "got 0"},
-      {"--save_every", [](RunConfig& r) { r.save_every = -5; }, "got -5"},
-      {"--log_every", [](RunConfig& r) { r.log_every = 0; }, "got 0"},
-      {"--total_batch_size", [](RunConfig& r) { r.total_batch_size = -8; }, "got -8"},
-      {"--optimizer", [](RunConfig& r) { r.optimizer = "sgd"; }, "\"sgd\""},
-      {"--data", [](RunConfig& r) { r.data = "/nonexistent/tokens.bin"; }, "not a file"},
+      {"--min_lr_ratio", [](RunConfig& r) { r.optimizer.min_lr_ratio = -0.1; }, "got -0.1"},
+      {"--min_lr_ratio", [](RunConfig& r) { r.optimizer.min_lr_ratio = 1.5; }, "got 1.5"},
+      {"--weight_decay", [](RunConfig& r) { r.optimizer.weight_decay = -0.1; }, "got -0.1"},
+      {"--grad_clipping", [](RunConfig& r) { r.optimizer.grad_clipping = -1; }, "got -1"},
+      {"--adam_beta1", [](RunConfig& r) { r.optimizer.adam_beta1 = 1.0; }, "got 1"},
+      {"--adam_beta1", [](RunConfig& r) { r.optimizer.adam_beta1 = -0.1; }, "got -0.1"},
+      {"--adam_beta2", [](RunConfig& r) { r.optimizer.adam_beta2 = 0.0; }, "got 0"},
+      {"--adam_beta2", [](RunConfig& r) { r.optimizer.adam_beta2 = 1.0; }, "got 1"},
+      {"--adam_eps", [](RunConfig& r) { r.optimizer.adam_eps = 0.0; }, "got 0"},
+      {"--eval_fraction", [](RunConfig& r) { r.data.eval_fraction = 0.0; }, "got 0"},
+      {"--eval_fraction", [](RunConfig& r) { r.data.eval_fraction = 1.0; }, "got 1"},
+      {"--eval_every", [](RunConfig& r) { r.data.eval_every = -1; }, "got -1"},
+      {"--eval_batches", [](RunConfig& r) { r.data.eval_batches = 0; }, "got 0"},
+      {"--save_every", [](RunConfig& r) { r.checkpoint.save_every = -5; }, "got -5"},
+      {"--log_every", [](RunConfig& r) { r.logging.log_every = 0; }, "got 0"},
+      {"--total_batch_size", [](RunConfig& r) { r.data.total_batch_size = -8; }, "got -8"},
+      {"--optimizer", [](RunConfig& r) { r.optimizer.name = "sgd"; }, "\"sgd\""},
+      {"--data", [](RunConfig& r) { r.data.source = "/nonexistent/tokens.bin"; }, "not a file"},
   };
   for (const RangeCase& range_case : cases) {
     SCOPED_TRACE(std::string(range_case.flag) + " " + range_case.got);
@@ -416,24 +416,24 @@ TEST_F(ConfigRunValidation, EveryRangeNamesItsFlag) {
 
 TEST_F(ConfigRunValidation, TotalBatchSizeDerivesGradientAccumulation) {
   RunConfig run = valid();
-  run.batch_size = 8;
-  run.total_batch_size = 64;
+  run.data.batch_size = 8;
+  run.data.total_batch_size = 64;
   validate_run_config(run, model_, 2);
-  EXPECT_EQ(run.gradient_accumulation, 4);
-  EXPECT_EQ(run.total_batch_size, 64);
+  EXPECT_EQ(run.data.gradient_accumulation, 4);
+  EXPECT_EQ(run.data.total_batch_size, 64);
 
   RunConfig per_step = valid();
-  per_step.batch_size = 8;
+  per_step.data.batch_size = 8;
   validate_run_config(per_step, model_, 4);
-  EXPECT_EQ(per_step.total_batch_size, 32);
-  EXPECT_EQ(per_step.gradient_accumulation, 1);
+  EXPECT_EQ(per_step.data.total_batch_size, 32);
+  EXPECT_EQ(per_step.data.gradient_accumulation, 1);
 }
 
 TEST_F(ConfigRunValidation, TotalBatchSizeNotAMultipleListsValidValues) {
   const std::string message = error_with(
       [](RunConfig& r) {
-        r.batch_size = 8;
-        r.total_batch_size = 24;
+        r.data.batch_size = 8;
+        r.data.total_batch_size = 24;
       },
       2);
   expect_mentions(message, {"--total_batch_size", "8 * 2 = 16", "16, 32, 48", "got 24"});
@@ -441,11 +441,11 @@ TEST_F(ConfigRunValidation, TotalBatchSizeNotAMultipleListsValidValues) {
 
 TEST_F(ConfigRunValidation, OptimizerFlagsAreRangeChecked) {
   const std::vector<RangeCase> cases = {
-      {"--rank", [](RunConfig& r) { r.optimizer = "galore_adamw"; r.galore_rank = 0; }, "got 0"},
-      {"--update_proj_gap", [](RunConfig& r) { r.optimizer = "galore_adamw"; r.update_proj_gap = -1; }, "got -1"},
-      {"--galore_scale", [](RunConfig& r) { r.optimizer = "galore_adamw"; r.galore_scale = 0; }, "got 0"},
-      {"--proj_type", [](RunConfig& r) { r.optimizer = "galore_adamw"; r.proj_type = "full"; }, "\"full\""},
-      {"--subset_norm_params", [](RunConfig& r) { r.optimizer = "adamw_sn"; r.subset_norm_params = "some"; }, "\"some\""},
+      {"--rank", [](RunConfig& r) { r.optimizer.name = "galore_adamw"; r.optimizer.galore_rank = 0; }, "got 0"},
+      {"--update_proj_gap", [](RunConfig& r) { r.optimizer.name = "galore_adamw"; r.optimizer.update_proj_gap = -1; }, "got -1"},
+      {"--galore_scale", [](RunConfig& r) { r.optimizer.name = "galore_adamw"; r.optimizer.galore_scale = 0; }, "got 0"},
+      {"--proj_type", [](RunConfig& r) { r.optimizer.name = "galore_adamw"; r.optimizer.proj_type = "full"; }, "\"full\""},
+      {"--subset_norm_params", [](RunConfig& r) { r.optimizer.name = "adamw_sn"; r.optimizer.subset_norm_params = "some"; }, "\"some\""},
   };
   for (const RangeCase& range_case : cases) {
     SCOPED_TRACE(std::string(range_case.flag) + " " + range_case.got);
@@ -458,23 +458,23 @@ TEST_F(ConfigRunValidation, EpsDefaultsToEachOptimizersReference) {
   for (const auto& [name, eps] : {std::pair<const char*, double>{"adamw", 1e-8}, {"adamw_sn", 1e-6},
                                   {"galore_adamw", 1e-6}}) {
     RunConfig run = valid();
-    run.optimizer = name;
-    run.adam_eps = -1;
+    run.optimizer.name = name;
+    run.optimizer.adam_eps = -1;
     validate_run_config(run, model_, 1);
-    EXPECT_DOUBLE_EQ(run.adam_eps, eps) << name;
+    EXPECT_DOUBLE_EQ(run.optimizer.adam_eps, eps) << name;
   }
 }
 
 TEST_F(ConfigRunValidation, ContinueFromMustBeAnExistingFolder) {
   ScratchDir scratch("continue_from");
-  expect_mentions(error_with([&](RunConfig& r) { r.continue_from = (scratch / "none").string(); }),
+  expect_mentions(error_with([&](RunConfig& r) { r.checkpoint.continue_from = (scratch / "none").string(); }),
                   {"--continue_from", "does not exist"});
   const std::string file = (scratch / "file").string();
   std::ofstream(file) << "x";
-  expect_mentions(error_with([&](RunConfig& r) { r.continue_from = file; }),
+  expect_mentions(error_with([&](RunConfig& r) { r.checkpoint.continue_from = file; }),
                   {"--continue_from", "not a folder"});
   RunConfig run = valid();
-  run.continue_from = scratch.path().string();
+  run.checkpoint.continue_from = scratch.path().string();
   EXPECT_NO_THROW(validate_run_config(run, model_, 1));
 }
 
@@ -483,7 +483,7 @@ TEST_F(ConfigRunValidation, DataFileThatExistsIsAccepted) {
   const std::string file = (scratch / "tokens.bin").string();
   std::ofstream(file) << "x";
   RunConfig run = valid();
-  run.data = file;
+  run.data.source = file;
   EXPECT_NO_THROW(validate_run_config(run, model_, 1));
 }
 
@@ -522,37 +522,37 @@ TEST(CliTrain, EveryFlagIsParsed) {
   const RunConfig& run = command.run;
   EXPECT_EQ(command.kind, Command::Kind::train);
   EXPECT_EQ(run.config_path, "c.json");
-  EXPECT_DOUBLE_EQ(run.lr, 3e-4);
-  EXPECT_EQ(run.batch_size, 4);
-  EXPECT_EQ(run.total_batch_size, 64);
-  EXPECT_EQ(run.max_length, 512);
+  EXPECT_DOUBLE_EQ(run.optimizer.lr, 3e-4);
+  EXPECT_EQ(run.data.batch_size, 4);
+  EXPECT_EQ(run.data.total_batch_size, 64);
+  EXPECT_EQ(run.data.max_length, 512);
   EXPECT_EQ(run.num_training_steps, 1000);
-  EXPECT_EQ(run.warmup_steps, 100);
-  EXPECT_EQ(run.scheduler, Scheduler::linear);
-  EXPECT_DOUBLE_EQ(run.min_lr_ratio, 0.05);
-  EXPECT_DOUBLE_EQ(run.weight_decay, 0.1);
-  EXPECT_DOUBLE_EQ(run.grad_clipping, 0.5);
-  EXPECT_DOUBLE_EQ(run.adam_beta1, 0.8);
-  EXPECT_DOUBLE_EQ(run.adam_beta2, 0.95);
-  EXPECT_DOUBLE_EQ(run.adam_eps, 1e-6);
-  EXPECT_EQ(run.dtype, DType::bfloat16);
-  EXPECT_EQ(run.precision, Precision::pure);
-  EXPECT_EQ(run.optimizer, "galore_adamw");
+  EXPECT_EQ(run.optimizer.warmup_steps, 100);
+  EXPECT_EQ(run.optimizer.scheduler, Scheduler::linear);
+  EXPECT_DOUBLE_EQ(run.optimizer.min_lr_ratio, 0.05);
+  EXPECT_DOUBLE_EQ(run.optimizer.weight_decay, 0.1);
+  EXPECT_DOUBLE_EQ(run.optimizer.grad_clipping, 0.5);
+  EXPECT_DOUBLE_EQ(run.optimizer.adam_beta1, 0.8);
+  EXPECT_DOUBLE_EQ(run.optimizer.adam_beta2, 0.95);
+  EXPECT_DOUBLE_EQ(run.optimizer.adam_eps, 1e-6);
+  EXPECT_EQ(run.precision.dtype, DType::bfloat16);
+  EXPECT_EQ(run.precision.mode, Precision::pure);
+  EXPECT_EQ(run.optimizer.name, "galore_adamw");
   EXPECT_EQ(run.seed, 42u);
-  EXPECT_EQ(run.data, "tokens.bin");
-  EXPECT_DOUBLE_EQ(run.eval_fraction, 0.1);
-  EXPECT_EQ(run.eval_every, 10);
-  EXPECT_EQ(run.eval_batches, 3);
-  EXPECT_EQ(run.save_every, 20);
-  EXPECT_EQ(run.save_dir, "ckpt");
-  EXPECT_EQ(run.continue_from, "old");
-  EXPECT_EQ(run.run_dir, "runs/x");
+  EXPECT_EQ(run.data.source, "tokens.bin");
+  EXPECT_DOUBLE_EQ(run.data.eval_fraction, 0.1);
+  EXPECT_EQ(run.data.eval_every, 10);
+  EXPECT_EQ(run.data.eval_batches, 3);
+  EXPECT_EQ(run.checkpoint.save_every, 20);
+  EXPECT_EQ(run.checkpoint.save_dir, "ckpt");
+  EXPECT_EQ(run.checkpoint.continue_from, "old");
+  EXPECT_EQ(run.logging.run_dir, "runs/x");
   EXPECT_EQ(run.device, DeviceChoice::cpu);
-  EXPECT_EQ(run.log_every, 5);
-  EXPECT_TRUE(run.print_config);
-  EXPECT_FALSE(run.prefetch);
+  EXPECT_EQ(run.logging.log_every, 5);
+  EXPECT_TRUE(run.logging.print_config);
+  EXPECT_FALSE(run.sharding.prefetch);
   EXPECT_EQ(run.to_json().at("prefetch"), false);
-  EXPECT_TRUE(parse({"--config", "c.json"}).run.prefetch) << "prefetch is on by default";
+  EXPECT_TRUE(parse({"--config", "c.json"}).run.sharding.prefetch) << "prefetch is on by default";
 }
 
 TEST(CliTrain, OptimizerFlagsAreParsed) {
@@ -560,19 +560,19 @@ TEST(CliTrain, OptimizerFlagsAreParsed) {
                                   "--update_proj_gap", "200", "--galore_scale", "0.25", "--proj_type",
                                   "reverse_std", "--galore_stagger", "--galore_projector", "subspace",
                                   "--subspace_iterations", "3"}).run;
-  EXPECT_TRUE(galore.galore_stagger);
-  EXPECT_EQ(galore.galore_projector, "subspace");
-  EXPECT_EQ(galore.subspace_iterations, 3);
-  EXPECT_EQ(galore.galore_rank, 64);
-  EXPECT_EQ(galore.update_proj_gap, 200);
-  EXPECT_DOUBLE_EQ(galore.galore_scale, 0.25);
-  EXPECT_EQ(galore.proj_type, "reverse_std");
+  EXPECT_TRUE(galore.optimizer.galore_stagger);
+  EXPECT_EQ(galore.optimizer.galore_projector, "subspace");
+  EXPECT_EQ(galore.optimizer.subspace_iterations, 3);
+  EXPECT_EQ(galore.optimizer.galore_rank, 64);
+  EXPECT_EQ(galore.optimizer.update_proj_gap, 200);
+  EXPECT_DOUBLE_EQ(galore.optimizer.galore_scale, 0.25);
+  EXPECT_EQ(galore.optimizer.proj_type, "reverse_std");
   const RunConfig general = parse({"--config", "c", "--optimizer", "adamw_sn", "--subset_size", "-2",
                                    "--subset_norm_params", "all"}).run;
-  EXPECT_EQ(general.subset_size, -2);
-  EXPECT_EQ(general.subset_norm_params, "all");
-  EXPECT_EQ(parse({"--config", "c", "--optimizer", "adamw_sn", "--subset_size", "heuristics"}).run.subset_size, 0);
-  EXPECT_EQ(parse({"--config", "c", "--optimizer", "adamw_sn", "--subset_size", "512"}).run.subset_size, 512);
+  EXPECT_EQ(general.optimizer.subset_size, -2);
+  EXPECT_EQ(general.optimizer.subset_norm_params, "all");
+  EXPECT_EQ(parse({"--config", "c", "--optimizer", "adamw_sn", "--subset_size", "heuristics"}).run.optimizer.subset_size, 0);
+  EXPECT_EQ(parse({"--config", "c", "--optimizer", "adamw_sn", "--subset_size", "512"}).run.optimizer.subset_size, 512);
 }
 
 TEST(CliTrain, BadOptimizerFlagsAreNamed) {
@@ -589,11 +589,11 @@ TEST(CliTrain, BadOptimizerFlagsAreNamed) {
 }
 
 TEST(CliTrain, EnumSpellings) {
-  EXPECT_EQ(parse({"--config", "c", "--scheduler", "cosine"}).run.scheduler, Scheduler::cosine);
-  EXPECT_EQ(parse({"--config", "c", "--scheduler", "constant"}).run.scheduler,
+  EXPECT_EQ(parse({"--config", "c", "--scheduler", "cosine"}).run.optimizer.scheduler, Scheduler::cosine);
+  EXPECT_EQ(parse({"--config", "c", "--scheduler", "constant"}).run.optimizer.scheduler,
             Scheduler::constant);
-  EXPECT_EQ(parse({"--config", "c", "--dtype", "float32"}).run.dtype, DType::float32);
-  EXPECT_EQ(parse({"--config", "c", "--precision", "mixed"}).run.precision, Precision::mixed);
+  EXPECT_EQ(parse({"--config", "c", "--dtype", "float32"}).run.precision.dtype, DType::float32);
+  EXPECT_EQ(parse({"--config", "c", "--precision", "mixed"}).run.precision.mode, Precision::mixed);
   EXPECT_EQ(parse({"--config", "c", "--device", "auto"}).run.device, DeviceChoice::auto_select);
   EXPECT_EQ(parse({"--config", "c", "--device", "cuda"}).run.device, DeviceChoice::cuda);
 }
@@ -601,8 +601,8 @@ TEST(CliTrain, EnumSpellings) {
 TEST(CliTrain, RangesAreLeftToValidation) {
   // Parsing checks syntax only: a negative number is a value, and validate_run_config rejects it.
   const Command command = parse({"--config", "c", "--warmup_steps", "-5", "--lr", "-1"});
-  EXPECT_EQ(command.run.warmup_steps, -5);
-  EXPECT_DOUBLE_EQ(command.run.lr, -1.0);
+  EXPECT_EQ(command.run.optimizer.warmup_steps, -5);
+  EXPECT_DOUBLE_EQ(command.run.optimizer.lr, -1.0);
 }
 
 TEST(CliTrain, BadChoiceNamesTheFlag) {

@@ -46,22 +46,22 @@ TEST(UnitShapes, MatchTheModelsUnits) {
 
 TEST(RunConfigJson, ReadsBackWhatToJsonWrites) {
   RunConfig run;
-  run.lr = 3e-3;
-  run.batch_size = 3;
-  run.total_batch_size = 24;
-  run.gradient_accumulation = 4;
-  run.max_length = 77;
-  run.dtype = DType::bfloat16;
-  run.precision = Precision::pure;
-  run.optimizer = "galore_adamw";
-  run.galore_rank = 17;
-  run.proj_type = "left";
-  run.galore_projector = "subspace";
-  run.sharding = ShardingStrategy::shard_grad_op;
+  run.optimizer.lr = 3e-3;
+  run.data.batch_size = 3;
+  run.data.total_batch_size = 24;
+  run.data.gradient_accumulation = 4;
+  run.data.max_length = 77;
+  run.precision.dtype = DType::bfloat16;
+  run.precision.mode = Precision::pure;
+  run.optimizer.name = "galore_adamw";
+  run.optimizer.galore_rank = 17;
+  run.optimizer.proj_type = "left";
+  run.optimizer.galore_projector = "subspace";
+  run.sharding.strategy = ShardingStrategy::shard_grad_op;
   run.device = DeviceChoice::cpu;
-  run.prefetch = false;
+  run.sharding.prefetch = false;
   run.seed = 9;
-  run.memory_snapshot = true;
+  run.logging.memory_snapshot = true;
   const RunConfig back = run_config_from_json(run.to_json(), "test");
   EXPECT_EQ(back.to_json(), run.to_json());
   nlohmann::json wrong = run.to_json();

@@ -160,8 +160,8 @@ TEST(OptimizerStateBytes, Llama350mMatchesTheAnalyticFigure) {
   for (const auto& [optimizer, expected] :
        {std::pair<std::string, int64_t>{"adamw", adamw}, {"adamw_sn", adamw_sn}, {"galore_adamw", galore}}) {
     RunConfig run;
-    run.optimizer = optimizer;
-    run.adam_eps = 1e-6;
+    run.optimizer.name = optimizer;
+    run.optimizer.adam_eps = 1e-6;
     std::vector<UnitShard> units;
     int64_t counted = 0, predicted = 0;
     for (const UnitSpec& spec : describe_units(model)) {

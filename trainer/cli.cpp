@@ -77,47 +77,47 @@ Command parse_command_line(int argc, const char* const* argv) {
   };
   add(app.add_option("--config", run.config_path,
                      "model config: HF LlamaConfig JSON (required), e.g. configs/llama_60m.json"));
-  add(app.add_option("--lr", run.lr, "peak learning rate")->capture_default_str());
-  add(app.add_option("--batch_size", run.batch_size, "micro-batch per rank, in sequences")
+  add(app.add_option("--lr", run.optimizer.lr, "peak learning rate")->capture_default_str());
+  add(app.add_option("--batch_size", run.data.batch_size, "micro-batch per rank, in sequences")
           ->capture_default_str());
-  add(app.add_option("--total_batch_size", run.total_batch_size,
+  add(app.add_option("--total_batch_size", run.data.total_batch_size,
                      "sequences per optimizer step; 0 = batch_size * world size (no accumulation)")
           ->capture_default_str());
-  add(app.add_option("--max_length", run.max_length, "tokens per sequence")->capture_default_str());
+  add(app.add_option("--max_length", run.data.max_length, "tokens per sequence")->capture_default_str());
   add(app.add_option("--num_training_steps", run.num_training_steps, "optimizer steps to run")
           ->capture_default_str());
-  add(app.add_option("--warmup_steps", run.warmup_steps, "linear warm-up steps of the schedule")
+  add(app.add_option("--warmup_steps", run.optimizer.warmup_steps, "linear warm-up steps of the schedule")
           ->capture_default_str());
   EnumFlag<ShardingStrategy> sharding(
       {ShardingStrategy::full_shard, ShardingStrategy::shard_grad_op, ShardingStrategy::no_shard},
-      run.sharding);
+      run.sharding.strategy);
   add(sharding.add(app, "--sharding",
                    "full_shard (ZeRO-3), shard_grad_op (ZeRO-2) or no_shard (data parallel)"));
-  bool no_prefetch = !run.prefetch;
+  bool no_prefetch = !run.sharding.prefetch;
   add(app.add_flag("--no_prefetch", no_prefetch,
                    "gather each unit only when it runs (default: the next unit's all-gather is "
                    "prefetched while one runs, on a CUDA side stream)"));
   EnumFlag<Scheduler> scheduler({Scheduler::cosine, Scheduler::linear, Scheduler::constant},
-                                run.scheduler);
+                                run.optimizer.scheduler);
   add(scheduler.add(app, "--scheduler", "learning-rate schedule after warm-up"));
-  add(app.add_option("--min_lr_ratio", run.min_lr_ratio,
+  add(app.add_option("--min_lr_ratio", run.optimizer.min_lr_ratio,
                      "final lr of cosine / linear decay, as a fraction of --lr")
           ->capture_default_str());
-  add(app.add_option("--weight_decay", run.weight_decay, "decoupled weight decay")
+  add(app.add_option("--weight_decay", run.optimizer.weight_decay, "decoupled weight decay")
           ->capture_default_str());
-  add(app.add_option("--grad_clipping", run.grad_clipping, "max global grad norm; 0 = off")
+  add(app.add_option("--grad_clipping", run.optimizer.grad_clipping, "max global grad norm; 0 = off")
           ->capture_default_str());
-  add(app.add_option("--adam_beta1", run.adam_beta1, "Adam beta1")->capture_default_str());
-  add(app.add_option("--adam_beta2", run.adam_beta2, "Adam beta2")->capture_default_str());
-  add(app.add_option("--adam_eps", run.adam_eps,
+  add(app.add_option("--adam_beta1", run.optimizer.adam_beta1, "Adam beta1")->capture_default_str());
+  add(app.add_option("--adam_beta2", run.optimizer.adam_beta2, "Adam beta2")->capture_default_str());
+  add(app.add_option("--adam_eps", run.optimizer.adam_eps,
                      "Adam epsilon; default 1e-8 for adamw, 1e-6 for adamw_sn and galore_adamw "
                      "(their references)"));
-  EnumFlag<DType> dtype({DType::float32, DType::bfloat16}, run.dtype);
+  EnumFlag<DType> dtype({DType::float32, DType::bfloat16}, run.precision.dtype);
   add(dtype.add(app, "--dtype", "compute dtype"));
-  EnumFlag<Precision> precision({Precision::pure, Precision::mixed}, run.precision);
+  EnumFlag<Precision> precision({Precision::pure, Precision::mixed}, run.precision.mode);
   add(precision.add(app, "--precision",
                     "with bfloat16: pure bf16 weights (as GaLore) or mixed (fp32 master weights)"));
-  add(app.add_option("--optimizer", run.optimizer,
+  add(app.add_option("--optimizer", run.optimizer.name,
                      "adamw (torch.optim.AdamW), adamw_sn (subset-norm) or galore_adamw (GaLore)")
           ->capture_default_str());
   for_optimizer("adamw_sn",
@@ -125,7 +125,7 @@ Command parse_command_line(int argc, const char* const* argv) {
              "--subset_size",
              [&run](const std::string& text) {
                if (text == "heuristics") {
-                 run.subset_size = 0;
+                 run.optimizer.subset_size = 0;
                  return;
                }
                size_t used = 0;
@@ -138,72 +138,72 @@ Command parse_command_line(int argc, const char* const* argv) {
                if (used != text.size() || value == 0)
                  fail_user(kCommandLine, "--subset_size",
                            "expected heuristics or a non-zero integer (got \"" + text + "\")");
-               run.subset_size = value;
+               run.optimizer.subset_size = value;
              },
              "adamw_sn: heuristics (one subset per row or column of a matrix) or k: contiguous "
              "subsets of the largest divisor of numel <= k (k > 0) or <= sqrt(numel)/|k| (k < 0)")
           ->default_str("heuristics"));
   for_optimizer("adamw_sn",
-      app.add_option("--subset_norm_params", run.subset_norm_params,
+      app.add_option("--subset_norm_params", run.optimizer.subset_norm_params,
                      "adamw_sn: subset-norm on the linear weights only (the paper's best) or on all")
           ->check(CLI::IsMember({"linear", "all"}))
           ->capture_default_str());
   for_optimizer("galore_adamw",
-      app.add_option("--rank", run.galore_rank, "galore_adamw: projection rank")->capture_default_str());
+      app.add_option("--rank", run.optimizer.galore_rank, "galore_adamw: projection rank")->capture_default_str());
   for_optimizer("galore_adamw",
-      app.add_option("--update_proj_gap", run.update_proj_gap,
+      app.add_option("--update_proj_gap", run.optimizer.update_proj_gap,
                      "galore_adamw: steps between projector updates")
           ->capture_default_str());
   for_optimizer("galore_adamw",
-      app.add_option("--galore_scale", run.galore_scale, "galore_adamw: scale of the projected update")
+      app.add_option("--galore_scale", run.optimizer.galore_scale, "galore_adamw: scale of the projected update")
           ->capture_default_str());
   for_optimizer("galore_adamw",
-      app.add_option("--proj_type", run.proj_type, "galore_adamw: std, reverse_std, left or right")
+      app.add_option("--proj_type", run.optimizer.proj_type, "galore_adamw: std, reverse_std, left or right")
           ->check(CLI::IsMember({"std", "reverse_std", "left", "right"}))
           ->capture_default_str());
   for_optimizer("galore_adamw",
-      app.add_flag("--galore_stagger", run.galore_stagger,
+      app.add_flag("--galore_stagger", run.optimizer.galore_stagger,
                    "galore_adamw: spread projector updates over the gap instead of all at once"));
   for_optimizer("galore_adamw",
-      app.add_option("--galore_projector", run.galore_projector,
+      app.add_option("--galore_projector", run.optimizer.galore_projector,
                      "galore_adamw: svd (the reference's SVD of the gathered gradient) or subspace "
                      "(warm-started power iteration on the shards, no gathered gradient)")
           ->check(CLI::IsMember({"svd", "subspace"}))
           ->capture_default_str());
   for_optimizer("galore_adamw",
-      app.add_option("--subspace_iterations", run.subspace_iterations,
+      app.add_option("--subspace_iterations", run.optimizer.subspace_iterations,
                      "galore_adamw subspace: power iterations per refresh (3x at the first)")
           ->capture_default_str());
   add(app.add_option("--seed", run.seed, "seed for initialisation and data order")
           ->check(kNotNegative)
           ->capture_default_str());
-  add(app.add_option("--data", run.data,
+  add(app.add_option("--data", run.data.source,
                      "\"synthetic\" or a token file made by `trainer prepare`")
           ->capture_default_str());
-  add(app.add_option("--eval_fraction", run.eval_fraction,
+  add(app.add_option("--eval_fraction", run.data.eval_fraction,
                      "share of the token windows held out for evaluation")
           ->capture_default_str());
-  add(app.add_option("--eval_every", run.eval_every, "evaluate every N steps; 0 = only at the end")
+  add(app.add_option("--eval_every", run.data.eval_every, "evaluate every N steps; 0 = only at the end")
           ->capture_default_str());
-  add(app.add_option("--eval_batches", run.eval_batches, "batches per evaluation")
+  add(app.add_option("--eval_batches", run.data.eval_batches, "batches per evaluation")
           ->capture_default_str());
-  add(app.add_option("--save_every", run.save_every,
+  add(app.add_option("--save_every", run.checkpoint.save_every,
                      "checkpoint every N steps; 0 = only at the end (with --save_dir)")
           ->capture_default_str());
-  add(app.add_option("--save_dir", run.save_dir, "checkpoint folder; empty = no checkpoints")
+  add(app.add_option("--save_dir", run.checkpoint.save_dir, "checkpoint folder; empty = no checkpoints")
           ->capture_default_str());
-  add(app.add_option("--continue_from", run.continue_from, "checkpoint folder to resume from")
+  add(app.add_option("--continue_from", run.checkpoint.continue_from, "checkpoint folder to resume from")
           ->capture_default_str());
-  add(app.add_option("--run_dir", run.run_dir, "folder for logs and metrics (JSONL)")
+  add(app.add_option("--run_dir", run.logging.run_dir, "folder for logs and metrics (JSONL)")
           ->capture_default_str());
   EnumFlag<DeviceChoice> device(
       {DeviceChoice::auto_select, DeviceChoice::cpu, DeviceChoice::cuda}, run.device);
   add(device.add(app, "--device", "auto = this rank's GPU when there is one, else the CPU"));
-  add(app.add_option("--log_every", run.log_every, "log a line every N steps")
+  add(app.add_option("--log_every", run.logging.log_every, "log a line every N steps")
           ->capture_default_str());
-  add(app.add_flag("--print_config", run.print_config,
+  add(app.add_flag("--print_config", run.logging.print_config,
                    "print the resolved model and run config as JSON and exit"));
-  add(app.add_flag("--memory_snapshot", run.memory_snapshot,
+  add(app.add_flag("--memory_snapshot", run.logging.memory_snapshot,
                    "CUDA only: record the allocator's history and write "
                    "RUN_DIR/memory_snapshot.rank<R>.pickle for pytorch.org/memory_viz"));
 
@@ -301,14 +301,14 @@ Command parse_command_line(int argc, const char* const* argv) {
               std::string("required for ") + (estimate_app->parsed() ? "`trainer estimate`" : "training") +
                   ": pass a model config such as configs/llama_60m.json (or run `trainer --help`)");
   for (const auto& [flag, owner] : optimizer_flags)
-    if (flag->count() > 0 && run.optimizer != owner)
+    if (flag->count() > 0 && run.optimizer.name != owner)
       fail_user(kCommandLine, flag->get_name(),
-                "applies to --optimizer " + owner + " only (got --optimizer " + run.optimizer + ")");
-  run.scheduler = scheduler.value();
-  run.sharding = sharding.value();
-  run.prefetch = !no_prefetch;
-  run.dtype = dtype.value();
-  run.precision = precision.value();
+                "applies to --optimizer " + owner + " only (got --optimizer " + run.optimizer.name + ")");
+  run.optimizer.scheduler = scheduler.value();
+  run.sharding.strategy = sharding.value();
+  run.sharding.prefetch = !no_prefetch;
+  run.precision.dtype = dtype.value();
+  run.precision.mode = precision.value();
   run.device = device.value();
   command.kind = estimate_app->parsed() ? Command::Kind::estimate : Command::Kind::train;
   return command;

@@ -21,14 +21,23 @@ enum class DType { float32, bfloat16 };
 enum class DeviceChoice { auto_select, cpu, cuda };
 enum class Precision { pure, mixed };  // bf16 only: pure bf16 weights (GaLore) or autocast + fp32 master
 
-struct RunConfig {
-  std::string config_path;
-  double lr = 1e-3;
+// What each step reads: where the tokens come from, how many per rank and per step, and the
+// held-out evaluation.
+struct DataConfig {
+  std::string source = "synthetic";  // --data: "synthetic" or a token file made by `trainer prepare`
   int64_t batch_size = 8;            // per-rank micro-batch, sequences
   int64_t total_batch_size = 0;      // sequences per optimizer step; 0 = batch_size * world
   int64_t gradient_accumulation = 1; // derived: total / (batch_size * world)
   int64_t max_length = 128;          // tokens per sequence
-  int64_t num_training_steps = 200;  // optimizer steps
+  double eval_fraction = 0.05;       // share of windows held out for evaluation
+  int64_t eval_every = 50;           // 0 = only at the end
+  int64_t eval_batches = 8;
+};
+
+// The update: which optimizer, its hyper-parameters, the learning-rate schedule and clipping.
+struct OptimizerConfig {
+  std::string name = "adamw";        // --optimizer: adamw | adamw_sn | galore_adamw
+  double lr = 1e-3;
   int64_t warmup_steps = 20;
   Scheduler scheduler = Scheduler::cosine;
   double min_lr_ratio = 0.1;
@@ -36,10 +45,7 @@ struct RunConfig {
   double grad_clipping = 1.0;        // 0 = off
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.999;
-  double adam_eps = -1;              // < 0: the optimizer's reference default (see kDefaultEps)
-  DType dtype = DType::float32;
-  Precision precision = Precision::mixed;
-  std::string optimizer = "adamw";   // adamw | adamw_sn | galore_adamw
+  double adam_eps = -1;              // < 0: the optimizer's reference default (validate_run_config)
   // adamw_sn: 0 = per matrix ("heuristics": one entry per row or column); k != 0 = general form,
   // subsets of the largest divisor of numel <= k (k > 0) or <= floor(sqrt(numel) / |k|) (k < 0).
   int64_t subset_size = 0;
@@ -52,25 +58,50 @@ struct RunConfig {
   bool galore_stagger = false;       // spread projector refreshes over the gap (no all-SVD step)
   std::string galore_projector = "svd";  // svd (the reference) | subspace (no gathered gradient)
   int64_t subspace_iterations = 2;
-  uint64_t seed = 0;
-  std::string data = "synthetic";    // "synthetic" or a token file made by `trainer prepare`
-  double eval_fraction = 0.05;       // share of windows held out for evaluation
-  int64_t eval_every = 50;           // 0 = only at the end
-  int64_t eval_batches = 8;
-  int64_t save_every = 0;            // 0 = only at the end when save_dir is set
-  std::string save_dir;
-  std::string continue_from;
-  std::string run_dir = "runs/latest";
-  DeviceChoice device = DeviceChoice::auto_select;
-  ShardingStrategy sharding = ShardingStrategy::full_shard;
+};
+
+// How the units are spread over the ranks.
+struct ShardingConfig {
+  ShardingStrategy strategy = ShardingStrategy::full_shard;  // --sharding
   // Gather the next unit while one runs (on a CUDA side stream; in line on CPU). --no_prefetch turns
   // it off: at most one unit gathered under full_shard instead of two. Nothing to do for no_shard.
   bool prefetch = true;
+};
+
+// The dtype the model computes in.
+struct PrecisionConfig {
+  DType dtype = DType::float32;
+  Precision mode = Precision::mixed;  // --precision, for bfloat16
+};
+
+struct CheckpointConfig {
+  int64_t save_every = 0;            // 0 = only at the end when save_dir is set
+  std::string save_dir;
+  std::string continue_from;
+};
+
+struct LoggingConfig {
+  std::string run_dir = "runs/latest";
   int64_t log_every = 1;
   bool print_config = false;
   // CUDA only: record the caching allocator's history and write RUN_DIR/memory_snapshot.rank<R>.pickle
   // (pytorch.org/memory_viz) after the first steps; a UserError on a CPU rank.
   bool memory_snapshot = false;
+};
+
+// The run's settings, grouped by concern; each flag fills one field (README's flag table). JSON
+// (metrics.jsonl's "run" record, --print_config) keeps one flat object keyed by the flags' names.
+struct RunConfig {
+  std::string config_path;           // --config
+  int64_t num_training_steps = 200;  // optimizer steps
+  uint64_t seed = 0;                 // weight init and data order
+  DeviceChoice device = DeviceChoice::auto_select;
+  DataConfig data;
+  OptimizerConfig optimizer;
+  ShardingConfig sharding;
+  PrecisionConfig precision;
+  CheckpointConfig checkpoint;
+  LoggingConfig logging;
 
   nlohmann::json to_json() const;
 };

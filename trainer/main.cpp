@@ -45,7 +45,7 @@ int run_command(const llm::Command& command, const llm::World& world) {
     return 0;
   }
   llm::validate_run_config(run, model, world.world_size);
-  if (run.print_config) {
+  if (run.logging.print_config) {
     if (world.rank == 0) std::cout << llm::resolved_config_json(model, run).dump(2) << std::endl;
     return 0;
   }

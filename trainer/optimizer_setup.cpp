@@ -15,28 +15,28 @@ bool is_block_linear(const std::string& name, size_t dims) {
 
 OptimizerSettings optimizer_settings(const RunConfig& run) {
   OptimizerSettings settings;
-  settings.kind = run.optimizer;
-  settings.beta1 = run.adam_beta1;
-  settings.beta2 = run.adam_beta2;
-  settings.eps = run.adam_eps;
-  settings.weight_decay = run.weight_decay;
-  settings.subset_size = run.subset_size;
-  settings.galore_rank = run.galore_rank;
-  settings.update_proj_gap = run.update_proj_gap;
-  settings.galore_scale = run.galore_scale;
-  settings.proj_type = run.proj_type;
-  settings.stagger_projectors = run.galore_stagger;
-  settings.projector_method = run.galore_projector;
-  settings.subspace_iterations = run.subspace_iterations;
+  settings.kind = run.optimizer.name;
+  settings.beta1 = run.optimizer.adam_beta1;
+  settings.beta2 = run.optimizer.adam_beta2;
+  settings.eps = run.optimizer.adam_eps;
+  settings.weight_decay = run.optimizer.weight_decay;
+  settings.subset_size = run.optimizer.subset_size;
+  settings.galore_rank = run.optimizer.galore_rank;
+  settings.update_proj_gap = run.optimizer.update_proj_gap;
+  settings.galore_scale = run.optimizer.galore_scale;
+  settings.proj_type = run.optimizer.proj_type;
+  settings.stagger_projectors = run.optimizer.galore_stagger;
+  settings.projector_method = run.optimizer.galore_projector;
+  settings.subspace_iterations = run.optimizer.subspace_iterations;
   return settings;
 }
 
 UpdateRule update_rule_for(const std::string& name, size_t dims, const RunConfig& run) {
-  if (run.optimizer == "galore_adamw")
+  if (run.optimizer.name == "galore_adamw")
     return is_block_linear(name, dims) ? UpdateRule::galore : UpdateRule::adam_hf;
-  if (run.optimizer == "adamw_sn") {
+  if (run.optimizer.name == "adamw_sn") {
     const bool linear = is_block_linear(name, dims) || name == "lm_head.weight";
-    return linear || run.subset_norm_params == "all" ? UpdateRule::subset_norm : UpdateRule::adam_hf;
+    return linear || run.optimizer.subset_norm_params == "all" ? UpdateRule::subset_norm : UpdateRule::adam_hf;
   }
   return UpdateRule::adamw;
 }

@@ -37,14 +37,14 @@ struct Corpus {
 };
 
 Corpus open_corpus(const RunConfig& run, const ModelConfig& model, const RuntimeContext& context) {
-  if (run.data != "synthetic") return {TokenFile::open(run.data, model.vocab_size)};
+  if (run.data.source != "synthetic") return {TokenFile::open(run.data.source, model.vocab_size)};
   SyntheticCorpusSpec spec;
   spec.vocab_size = model.vocab_size;
   spec.seed = kSyntheticCorpusSeed;
   SyntheticCorpus corpus = generate_synthetic_corpus(spec);
   // Every rank generates the same corpus; each writes its own copy, so no rank waits on a file.
   const std::string path =
-      (fs::path(run.run_dir) / ("synthetic.rank" + std::to_string(context.rank) + ".tok")).string();
+      (fs::path(run.logging.run_dir) / ("synthetic.rank" + std::to_string(context.rank) + ".tok")).string();
   write_token_file(path, corpus.tokens, model.vocab_size);
   log::info("synthetic corpus: {} tokens, unigram entropy {:.3f} nats, entropy floor {:.3f} nats",
             corpus.tokens.size(), corpus.unigram_entropy_nats, corpus.entropy_rate_nats);
@@ -82,8 +82,8 @@ double clip_gradients(ShardedModel& model, Communicator& communicator, double ma
 
 // Before anything is written: --memory_snapshot on a CPU rank is a UserError, and the run folder exists.
 bool prepare_run(const RunConfig& run, c10::Device device) {
-  if (run.memory_snapshot) start_device_memory_history(device, 100000);
-  fs::create_directories(run.run_dir);
+  if (run.logging.memory_snapshot) start_device_memory_history(device, 100000);
+  fs::create_directories(run.logging.run_dir);
   return true;
 }
 
@@ -149,21 +149,21 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
       context_(context),
       device_(context.device),
       communicator_(*context.communicator),
-      autocast_(run.dtype == DType::bfloat16 && run.precision == Precision::mixed),
+      autocast_(run.precision.dtype == DType::bfloat16 && run.precision.mode == Precision::mixed),
       prepared_(prepare_run(run, device_)),
-      metrics_((fs::path(run.run_dir) / "metrics.jsonl").string(), context.rank == 0, context.world_size == 1),
-      ledger_(run.run_dir, context.rank, context.world_size, device_,
-              {{"model", model_config.name}, {"optimizer", run.optimizer}, {"dtype", to_string(run.dtype)},
-               {"precision", to_string(run.precision)}, {"sharding", to_string(run.sharding)}}),
+      metrics_((fs::path(run.logging.run_dir) / "metrics.jsonl").string(), context.rank == 0, context.world_size == 1),
+      ledger_(run.logging.run_dir, context.rank, context.world_size, device_,
+              {{"model", model_config.name}, {"optimizer", run.optimizer.name}, {"dtype", to_string(run.precision.dtype)},
+               {"precision", to_string(run.precision.mode)}, {"sharding", to_string(run.sharding.strategy)}}),
       corpus_(open_corpus(run, model_config, context)),
-      train_batches_(corpus_.tokens, Split::train, run.max_length, run.eval_fraction, run.seed, context.rank,
-                     context.world_size, run.batch_size),
-      eval_batches_(corpus_.tokens, Split::eval, run.max_length, run.eval_fraction, run.seed, context.rank,
-                    context.world_size, run.batch_size),
+      train_batches_(corpus_.tokens, Split::train, run.data.max_length, run.data.eval_fraction, run.seed, context.rank,
+                     context.world_size, run.data.batch_size),
+      eval_batches_(corpus_.tokens, Split::eval, run.data.max_length, run.data.eval_fraction, run.seed, context.rank,
+                    context.world_size, run.data.batch_size),
       timer_(device_),
       sharded_(communicator_,
-               {run.sharding, run.prefetch,
-                run.dtype == DType::bfloat16 && run.precision == Precision::pure ? at::kBFloat16 : at::kFloat}),
+               {run.sharding.strategy, run.sharding.prefetch,
+                run.precision.dtype == DType::bfloat16 && run.precision.mode == Precision::pure ? at::kBFloat16 : at::kFloat}),
       model_(seeded(model_config, run.seed),
              [this](const UnitSpec& unit, NamedTensors parameters) { shard_when_built(unit, std::move(parameters)); }) {
   for (size_t u = 0; u < sharded_.unit_count(); ++u)
@@ -177,10 +177,10 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
     else if (event == UnitEvent::after_backward)
       ledger_.point("backward", sharded_.unit(u).name(), owned_now());
   });
-  const bool sharded_across_ranks = context.world_size > 1 && run.sharding != ShardingStrategy::no_shard;
+  const bool sharded_across_ranks = context.world_size > 1 && run.sharding.strategy != ShardingStrategy::no_shard;
   optimizer_ = build_optimizer(run, sharded_, sharded_across_ranks ? &communicator_ : nullptr);
   state_.seed = run.seed;
-  if (!run.continue_from.empty()) resume(resolve_checkpoint_folder(run.continue_from));
+  if (!run.checkpoint.continue_from.empty()) resume(resolve_checkpoint_folder(run.checkpoint.continue_from));
   start_step_ = state_.step;
   record_start();
 }
@@ -211,7 +211,7 @@ StepResult Training::train_step(int64_t step) {
   timer_.begin_step();
   ledger_.begin_step(step);
   double loss_sum = 0;
-  for (int64_t micro = 0; micro < run_.gradient_accumulation; ++micro) {
+  for (int64_t micro = 0; micro < run_.data.gradient_accumulation; ++micro) {
     Batch batch = to_device(train_batches_.next(), device_);
     ledger_.set_micro_batch(micro);
     live_batch_bytes_ = static_cast<int64_t>(batch.input_ids.nbytes() + batch.labels.nbytes());
@@ -226,27 +226,27 @@ StepResult Training::train_step(int64_t step) {
       loss = causal_lm_loss(boundaries.back().output, batch.labels);
       loss_sum += loss.item<double>();
     }
-    const bool last = micro + 1 == run_.gradient_accumulation;
-    sharded_.backward(boundaries, loss / static_cast<double>(run_.gradient_accumulation), /*reduce=*/last);
+    const bool last = micro + 1 == run_.data.gradient_accumulation;
+    sharded_.backward(boundaries, loss / static_cast<double>(run_.data.gradient_accumulation), /*reduce=*/last);
   }
   live_batch_bytes_ = 0;
 
   StepResult result;
   {
     StepTimer::Scope timed(&timer_, StepPhase::collectives);
-    result.loss = average_over_ranks(loss_sum / static_cast<double>(run_.gradient_accumulation), communicator_);
+    result.loss = average_over_ranks(loss_sum / static_cast<double>(run_.data.gradient_accumulation), communicator_);
   }
   {
     StepTimer::Scope timed(&timer_, StepPhase::optimizer);
-    result.grad_norm = clip_gradients(sharded_, communicator_, run_.grad_clipping);
+    result.grad_norm = clip_gradients(sharded_, communicator_, run_.optimizer.grad_clipping);
     if (!std::isfinite(result.loss) || !std::isfinite(result.grad_norm)) {
       std::ostringstream message;
       message << "step " << step << ": the loss is " << result.loss << " and the gradient norm " << result.grad_norm
-              << "; training stopped before the weights were corrupted. Lower --lr (now " << run_.lr
-              << "), set --grad_clipping (now " << run_.grad_clipping << "), raise --warmup_steps, or use --dtype float32";
+              << "; training stopped before the weights were corrupted. Lower --lr (now " << run_.optimizer.lr
+              << "), set --grad_clipping (now " << run_.optimizer.grad_clipping << "), raise --warmup_steps, or use --dtype float32";
       throw TrainingError(message.str());
     }
-    result.lr = run_.lr * lr_multiplier(run_.scheduler, step, run_.warmup_steps, run_.num_training_steps, run_.min_lr_ratio);
+    result.lr = run_.optimizer.lr * lr_multiplier(run_.optimizer.scheduler, step, run_.optimizer.warmup_steps, run_.num_training_steps, run_.optimizer.min_lr_ratio);
     optimizer_->begin_step();
     for (const UnitAction& action : sharded_.plan().optimizer_pass()) optimizer_->step_unit(action.unit, result.lr);
     sharded_.publish_shards();
@@ -254,14 +254,14 @@ StepResult Training::train_step(int64_t step) {
   ledger_.point("optimizer", "", owned_now());
   state_.step = step;
   state_.samples_consumed = train_batches_.samples_consumed();
-  state_.tokens_seen += run_.total_batch_size * run_.max_length;
+  state_.tokens_seen += run_.data.total_batch_size * run_.data.max_length;
   result.phase_seconds = timer_.end_step();
   return result;
 }
 
 TrainingOutcome Training::run() {
   TrainingOutcome outcome{start_step_, 0, 0, corpus_.unigram_entropy, corpus_.entropy_rate};
-  const int64_t tokens_per_step = run_.total_batch_size * run_.max_length;
+  const int64_t tokens_per_step = run_.data.total_batch_size * run_.data.max_length;
   for (int64_t step = start_step_ + 1; step <= run_.num_training_steps; ++step) {
     const auto started = std::chrono::steady_clock::now();
     const StepResult result = train_step(step);
@@ -270,26 +270,26 @@ TrainingOutcome Training::run() {
     outcome.steps = step;
     outcome.final_loss = result.loss;
     const bool last = step == run_.num_training_steps;
-    if (step % run_.log_every == 0 || last)
+    if (step % run_.logging.log_every == 0 || last)
       metrics_.log_step({step, run_.num_training_steps, result.loss, result.lr, result.grad_norm,
                          static_cast<double>(tokens_per_step) / seconds, seconds, state_.tokens_seen,
                          ledger_.step_line_peak_bytes(), optimizer_->last_projector_seconds(), result.phase_seconds});
-    if ((run_.eval_every > 0 && step % run_.eval_every == 0) || last) {
+    if ((run_.data.eval_every > 0 && step % run_.data.eval_every == 0) || last) {
       int64_t eval_tokens = 0;
       outcome.final_eval_loss = evaluate(&eval_tokens);
       ledger_.point("eval", "", owned_now());
       metrics_.log_eval(step, outcome.final_eval_loss, eval_tokens);
     }
-    if (!run_.save_dir.empty() && ((run_.save_every > 0 && step % run_.save_every == 0) || last)) {
+    if (!run_.checkpoint.save_dir.empty() && ((run_.checkpoint.save_every > 0 && step % run_.checkpoint.save_every == 0) || last)) {
       save(step);
       ledger_.point("checkpoint", "", owned_now());
     }
     ledger_.end_step();
     // Once: after the second step (or the last, if fewer). Recording stops there, so a later
     // snapshot would replace this one with one whose history is gone.
-    if (run_.memory_snapshot && step == std::min(start_step_ + kSnapshotSteps, run_.num_training_steps)) {
+    if (run_.logging.memory_snapshot && step == std::min(start_step_ + kSnapshotSteps, run_.num_training_steps)) {
       write_device_memory_snapshot(
-          device_, (fs::path(run_.run_dir) / ("memory_snapshot.rank" + std::to_string(context_.rank) + ".pickle")).string());
+          device_, (fs::path(run_.logging.run_dir) / ("memory_snapshot.rank" + std::to_string(context_.rank) + ".pickle")).string());
       stop_device_memory_history(device_);
     }
   }
@@ -304,7 +304,7 @@ double Training::evaluate(int64_t* tokens) {
   at::NoGradGuard no_grad;
   eval_batches_.seek(0);
   double sum = 0;
-  for (int64_t i = 0; i < run_.eval_batches; ++i) {
+  for (int64_t i = 0; i < run_.data.eval_batches; ++i) {
     Batch batch = to_device(eval_batches_.next(), device_);
     Activations boundaries;
     {
@@ -315,7 +315,7 @@ double Training::evaluate(int64_t* tokens) {
     *tokens += batch.labels.numel() * communicator_.world_size();
   }
   sharded_.release_all();
-  return average_over_ranks(sum / static_cast<double>(run_.eval_batches), communicator_);
+  return average_over_ranks(sum / static_cast<double>(run_.data.eval_batches), communicator_);
 }
 
 // Checkpoints hold full tensors (world-size independent): every rank joins the gathers, rank 0 writes.
@@ -327,10 +327,10 @@ void Training::save(int64_t step) {
   }
   const std::map<std::string, at::Tensor> optimizer_state = optimizer_->full_state_dict();
   if (context_.rank != 0) return;
-  const std::string folder = (fs::path(run_.save_dir) / ("step_" + std::to_string(step))).string();
+  const std::string folder = (fs::path(run_.checkpoint.save_dir) / ("step_" + std::to_string(step))).string();
   nlohmann::json trainer_state = state_.to_json();
   trainer_state["world_size"] = context_.world_size;
-  trainer_state["optimizer"] = run_.optimizer;
+  trainer_state["optimizer"] = run_.optimizer.name;
   trainer_state["model"] = model_config_.to_json();
   save_checkpoint(folder, model_tensors, optimizer_state, trainer_state);
   log::info("saved checkpoint {}", folder);
@@ -344,9 +344,9 @@ void Training::resume(const std::string& folder) {
               "trainer_state.json: model", "the checkpoint was made for another model config");
   const TrainState saved = TrainState::from_json(checkpoint.trainer_state, folder + "/trainer_state.json");
   const std::string saved_optimizer = checkpoint.trainer_state.value("optimizer", std::string("adamw"));
-  LLM_REQUIRE(saved_optimizer == run_.optimizer, folder + "/trainer_state.json", "optimizer",
+  LLM_REQUIRE(saved_optimizer == run_.optimizer.name, folder + "/trainer_state.json", "optimizer",
               "the checkpoint was written by --optimizer " + saved_optimizer + "; resume with it (got --optimizer " +
-                  run_.optimizer + ")");
+                  run_.optimizer.name + ")");
   if (checkpoint.trainer_state.contains("seed") && saved.seed != run_.seed)
     log::warn("resuming a run saved with --seed {} under --seed {}: the data order from here on is --seed {}'s",
               saved.seed, run_.seed, run_.seed);
@@ -386,18 +386,18 @@ void Training::record_start() {
   for (size_t u = 0; u < sharded_.unit_count(); ++u) shard_bytes += sharded_.unit(u).master_shard().numel() * 4;
   metrics_.write({{"event", "start"}, {"model", model_config_.to_json()}, {"run", run_.to_json()},
                   {"world_size", context_.world_size}, {"device", device_.str()},
-                  {"communicator", communicator_.backend_name()}, {"sharding", to_string(run_.sharding)},
+                  {"communicator", communicator_.backend_name()}, {"sharding", to_string(run_.sharding.strategy)},
                   {"parameters", model_config_.num_parameters()}, {"shard_parameter_bytes", shard_bytes},
-                  {"optimizer", run_.optimizer}, {"optimizer_state_bytes", optimizer_->state_bytes()},
+                  {"optimizer", run_.optimizer.name}, {"optimizer_state_bytes", optimizer_->state_bytes()},
                   {"startup_peak_parameter_bytes", startup_peak_bytes_},
                   {"largest_unit_parameter_bytes", largest_unit_bytes_},
                   {"corpus_unigram_entropy", corpus_.unigram_entropy},
                   {"corpus_entropy_rate", corpus_.entropy_rate}, {"start_step", start_step_}});
   log::info("model {}: {:.2f}M parameters on {} x {} ({}, {}), {} steps of {} sequences x {} tokens",
             model_config_.name, model_config_.num_parameters() / 1e6, context_.world_size, device_.str(),
-            communicator_.backend_name(), to_string(run_.sharding), run_.num_training_steps, run_.total_batch_size,
-            run_.max_length);
-  log::info("optimizer {}: {} of state on this rank", run_.optimizer, human_bytes(optimizer_->state_bytes()));
+            communicator_.backend_name(), to_string(run_.sharding.strategy), run_.num_training_steps, run_.data.total_batch_size,
+            run_.data.max_length);
+  log::info("optimizer {}: {} of state on this rank", run_.optimizer.name, human_bytes(optimizer_->state_bytes()));
 }
 
 // Every rank's persistent training state, counted from the buffers that exist (after a step): one
@@ -429,11 +429,11 @@ void Training::record_sharded_bytes() {
 // summary goes into metrics.jsonl as one "memory" record.
 void Training::finish_memory_ledger(int64_t steps_run) {
   std::ostringstream description;
-  description << "Run `" << run_.run_dir << "`: " << model_config_.name << ", " << run_.optimizer << ", "
-              << to_string(run_.dtype)
-              << (run_.dtype == DType::bfloat16 ? std::string(" (") + to_string(run_.precision) + ")" : "") << ", "
-              << to_string(run_.sharding) << ", " << context_.world_size << " rank(s) on " << device_.str()
-              << ", batch " << run_.batch_size << " x " << run_.max_length << " tokens, " << steps_run << " step(s).";
+  description << "Run `" << run_.logging.run_dir << "`: " << model_config_.name << ", " << run_.optimizer.name << ", "
+              << to_string(run_.precision.dtype)
+              << (run_.precision.dtype == DType::bfloat16 ? std::string(" (") + to_string(run_.precision.mode) + ")" : "") << ", "
+              << to_string(run_.sharding.strategy) << ", " << context_.world_size << " rank(s) on " << device_.str()
+              << ", batch " << run_.data.batch_size << " x " << run_.data.max_length << " tokens, " << steps_run << " step(s).";
   nlohmann::json ranks = nlohmann::json::array();
   for (const RankMemorySummary& rank : ledger_.finish(communicator_, "Memory report", description.str()))
     ranks.push_back(rank.to_json());

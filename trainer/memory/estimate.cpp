@@ -67,9 +67,9 @@ struct Model {
 
   Model(const ModelConfig& model, const RunConfig& run_config)
       : config(model), run(run_config),
-        mode(run_config.dtype == DType::float32 ? Mode::fp32
-             : run_config.precision == Precision::mixed ? Mode::mixed : Mode::pure),
-        tokens(run_config.batch_size * run_config.max_length),
+        mode(run_config.precision.dtype == DType::float32 ? Mode::fp32
+             : run_config.precision.mode == Precision::mixed ? Mode::mixed : Mode::pure),
+        tokens(run_config.data.batch_size * run_config.data.max_length),
         h(model.hidden_size), I(model.intermediate_size), V(model.vocab_size),
         kv(model.num_key_value_heads * model.head_dim()), heads(model.num_attention_heads) {}
 
@@ -168,7 +168,7 @@ class StepSimulation {
  public:
   StepSimulation(const Model& model, const std::vector<UnitSpec>& units, int world, int rank)
       : m_(model), world_(world), rank_(rank) {
-    const bool no_shard = m_.run.sharding == ShardingStrategy::no_shard;
+    const bool no_shard = m_.run.sharding.strategy == ShardingStrategy::no_shard;
     layout_world_ = no_shard ? 1 : world_;
     int64_t galore_matrices = 0;
     for (const UnitSpec& unit : units) {
@@ -187,14 +187,14 @@ class StepSimulation {
       units_.push_back(geometry);
     }
     gathered_.assign(units_.size(), false);
-    plan_ = StepPlan(static_cast<int64_t>(units_.size()), m_.run.sharding, m_.run.prefetch);
+    plan_ = StepPlan(static_cast<int64_t>(units_.size()), m_.run.sharding.strategy, m_.run.sharding.prefetch);
   }
 
   int64_t peak_gathered_units() const { return plan_.gathers().peak_gathered_units(); }
 
   RankEstimate run() {
     const int64_t n = m_.tokens;
-    const bool no_shard = m_.run.sharding == ShardingStrategy::no_shard;
+    const bool no_shard = m_.run.sharding.strategy == ShardingStrategy::no_shard;
     // Persistent: master and gradient shards (fp32), the bf16 compute shard of pure bf16 (what is
     // all-gathered; fp32 gathers the master itself), optimizer state, rotary tables.
     for (const UnitGeometry& unit : units_) {
@@ -210,11 +210,11 @@ class StepSimulation {
     }
     timeline_.add(kOptimizerDevice, optimizer_state());
     const int64_t head_dim = m_.config.head_dim();
-    timeline_.add(kOther, 2 * m_.run.max_length * head_dim * 4);                  // cos, sin (fp32)
-    if (m_.mode == Mode::pure) timeline_.add(kOther, 2 * m_.run.max_length * head_dim * 2);  // bf16 copies
+    timeline_.add(kOther, 2 * m_.run.data.max_length * head_dim * 4);                  // cos, sin (fp32)
+    if (m_.mode == Mode::pure) timeline_.add(kOther, 2 * m_.run.data.max_length * head_dim * 2);  // bf16 copies
     timeline_.open_window();
 
-    const int64_t micro_batches = std::max<int64_t>(1, m_.run.gradient_accumulation);
+    const int64_t micro_batches = std::max<int64_t>(1, m_.run.data.gradient_accumulation);
     for (int64_t micro = 0; micro < micro_batches; ++micro) micro_batch(micro, micro + 1 == micro_batches);
 
     // Clipping squares each gradient shard (one unit at a time), then the optimizer, unit by unit:
@@ -257,7 +257,7 @@ class StepSimulation {
     gathered_[u] = true;
   }
   void release(size_t u) {
-    if (!gathered_[u] || m_.run.sharding == ShardingStrategy::no_shard) return;
+    if (!gathered_[u] || m_.run.sharding.strategy == ShardingStrategy::no_shard) return;
     timeline_.remove(kParameters, compute_bytes(u));
     gathered_[u] = false;
   }
@@ -387,7 +387,7 @@ class StepSimulation {
 
   void evaluation(int64_t n) {
     const int64_t batch = 2 * n * 8;  // the eval batch is not an owned buffer: the ledger sees it here
-    for (int64_t b = 0; b < m_.run.eval_batches; ++b) {
+    for (int64_t b = 0; b < m_.run.data.eval_batches; ++b) {
       timeline_.add(kActivations, batch);
       for (const UnitAction& action : plan_.forward_pass()) {
         if (action.op != UnitOp::forward) {
@@ -589,12 +589,12 @@ std::string run_estimate_command(const ModelConfig& model, const RunConfig& run,
   const ByteUnit unit = byte_unit_for(std::max(largest, largest_checkpoint));
   std::ostringstream out;
   out << "Estimate for " << model.name << " (" << model.num_parameters() << " parameters), --optimizer "
-      << run.optimizer << ", --dtype " << to_string(run.dtype);
-  if (run.dtype == DType::bfloat16) out << " --precision " << to_string(run.precision);
-  out << ", --sharding " << to_string(run.sharding) << ", " << options.world_size << " rank(s) on "
-      << estimate.device << ", micro-batch " << run.batch_size << " x " << run.max_length << " tokens"
-      << (run.gradient_accumulation > 1 ? ", " + std::to_string(run.gradient_accumulation) + " micro-batches per step" : "")
-      << ", " << (run.prefetch ? "prefetch" : "no prefetch") << ": at most " << estimate.gathered_units
+      << run.optimizer.name << ", --dtype " << to_string(run.precision.dtype);
+  if (run.precision.dtype == DType::bfloat16) out << " --precision " << to_string(run.precision.mode);
+  out << ", --sharding " << to_string(run.sharding.strategy) << ", " << options.world_size << " rank(s) on "
+      << estimate.device << ", micro-batch " << run.data.batch_size << " x " << run.data.max_length << " tokens"
+      << (run.data.gradient_accumulation > 1 ? ", " + std::to_string(run.data.gradient_accumulation) + " micro-batches per step" : "")
+      << ", " << (run.sharding.prefetch ? "prefetch" : "no prefetch") << ": at most " << estimate.gathered_units
       << " unit(s) gathered at once.\n"
       << "Peak: the largest total inside any phase of a step (evaluation included); the categories: each one's "
          "largest value at a phase boundary (docs/memory.md). Sizes in "
@@ -616,7 +616,7 @@ std::string run_estimate_command(const ModelConfig& model, const RunConfig& run,
                   options.memory_budget_gib, fits ? "fits" : "does NOT fit",
                   static_cast<double>(largest) / 1073741824.0);
     out << line;
-    if (!run.save_dir.empty() || largest_checkpoint > budget) {
+    if (!run.checkpoint.save_dir.empty() || largest_checkpoint > budget) {
       std::snprintf(line, sizeof(line), "; saving a checkpoint %s (%.2f GiB)",
                     static_cast<double>(largest_checkpoint) <= budget ? "fits" : "does NOT fit",
                     static_cast<double>(largest_checkpoint) / 1073741824.0);

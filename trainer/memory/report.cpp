@@ -206,11 +206,11 @@ int64_t largest_estimate(const RunRecord& run) {
 
 std::string run_settings(const RunRecord& run) {
   std::ostringstream out;
-  out << run.model.name << ", " << run.run.optimizer << ", " << to_string(run.run.dtype);
-  if (run.run.dtype == DType::bfloat16) out << " (" << to_string(run.run.precision) << ")";
-  out << ", " << to_string(run.run.sharding) << ", " << run.world << " rank(s) on " << run.device << ", micro-batch "
-      << run.run.batch_size << " x " << run.run.max_length;
-  if (run.run.gradient_accumulation > 1) out << " x " << run.run.gradient_accumulation << " accumulated";
+  out << run.model.name << ", " << run.run.optimizer.name << ", " << to_string(run.run.precision.dtype);
+  if (run.run.precision.dtype == DType::bfloat16) out << " (" << to_string(run.run.precision.mode) << ")";
+  out << ", " << to_string(run.run.sharding.strategy) << ", " << run.world << " rank(s) on " << run.device << ", micro-batch "
+      << run.run.data.batch_size << " x " << run.run.data.max_length;
+  if (run.run.data.gradient_accumulation > 1) out << " x " << run.run.data.gradient_accumulation << " accumulated";
   return out.str();
 }
 
@@ -226,10 +226,10 @@ std::string side_by_side(const std::vector<RunRecord>& runs) {
     std::vector<int64_t> peaks;
     for (const RankMemorySummary& rank : run.ranks) peaks.push_back(rank.peak_bytes);
     const AcrossRanks stats = across_ranks(peaks);
-    out << "| " << run.label << " | " << run.model.name << " | " << run.run.optimizer
-        << " | " << to_string(run.run.dtype)
-        << (run.run.dtype == DType::bfloat16 ? std::string(" ") + to_string(run.run.precision) : "") << " | "
-        << to_string(run.run.sharding) << " | " << run.world << " | " << run.device << " | " << run.steps << " | "
+    out << "| " << run.label << " | " << run.model.name << " | " << run.run.optimizer.name
+        << " | " << to_string(run.run.precision.dtype)
+        << (run.run.precision.dtype == DType::bfloat16 ? std::string(" ") + to_string(run.run.precision.mode) : "") << " | "
+        << to_string(run.run.sharding.strategy) << " | " << run.world << " | " << run.device << " | " << run.steps << " | "
         << format_number(run.tokens_per_second, "%.0f") << " | " << format_number(run.final_loss, "%.4f") << " | "
         << format_in(stats.max, unit) << " | " << format_in(stats.mean, unit) << " | "
         << format_number(stats.imbalance(), "%.3f") << (stats.imbalance() > kImbalanceThreshold ? " **imbalanced**" : "")
