@@ -48,7 +48,7 @@ const char* to_string(ShardingStrategy strategy) {
 
 ShardedUnit::ShardedUnit(std::string name, std::vector<std::pair<std::string, at::Tensor>> parameters,
                          Communicator& communicator, ShardingStrategy strategy,
-                         at::ScalarType compute_dtype)
+                         at::ScalarType compute_dtype, bool resident_when_whole)
     : name_(std::move(name)),
       parameters_(std::move(parameters)),
       communicator_(communicator),
@@ -68,6 +68,20 @@ ShardedUnit::ShardedUnit(std::string name, std::vector<std::pair<std::string, at
     gradient_ = at::zeros_like(master_);
     compute_ = compute_dtype == at::kFloat ? master_ : master_.to(compute_dtype);
   }
+  resident_ = resident_when_whole && layout_.world_size == 1;
+  if (resident_) {
+    // The parameters become views of the compute shard (leaves still: set_data keeps their autograd
+    // identity), and with fp32 parameters their gradients views of the gradient shard.
+    at::NoGradGuard no_grad;
+    gradients_in_shard_ = compute_dtype == at::kFloat;
+    for (size_t i = 0; i < parameters_.size(); ++i) {
+      at::Tensor& parameter = parameters_[i].second;
+      const ShardedParameter& row = layout_.parameters[i];
+      parameter.set_data(slice(compute_, row).view(row.full_shape));
+      if (gradients_in_shard_) parameter.mutable_grad() = slice(gradient_, row).view(row.full_shape);
+    }
+    return;
+  }
   if (compute_dtype != at::kFloat) {
     at::NoGradGuard no_grad;
     for (auto& [parameter_name, parameter] : parameters_) parameter.set_data(parameter.to(compute_dtype));
@@ -77,8 +91,8 @@ ShardedUnit::ShardedUnit(std::string name, std::vector<std::pair<std::string, at
 
 void ShardedUnit::publish_shard() {
   at::NoGradGuard no_grad;
-  if (!compute_.is_same(master_)) compute_.copy_(master_);
-  if (strategy_ != ShardingStrategy::no_shard) return;
+  if (!compute_.is_same(master_)) compute_.copy_(master_);  // a resident unit's parameters see it
+  if (resident_ || strategy_ != ShardingStrategy::no_shard) return;
   for (size_t i = 0; i < parameters_.size(); ++i)
     parameters_[i].second.variable_data().copy_(
         layout_.full_from_gathered(layout_.parameters[i], compute_));
@@ -104,6 +118,7 @@ void ShardedUnit::fill_compute_parameters(const CollectiveStream& stream) {
 }
 
 void ShardedUnit::gather() {
+  if (resident_) return;
   if (gathered_) {
     wait_gathered();
     return;
@@ -113,7 +128,7 @@ void ShardedUnit::gather() {
 }
 
 void ShardedUnit::gather_async(const CollectiveStream& gather_stream) {
-  if (gathered_) return;
+  if (gathered_ || resident_) return;
 #ifdef TRAINER_HAVE_CUDA
   if (gather_stream && master_.is_cuda()) {
     const c10::DeviceIndex device = master_.device().index();
@@ -147,7 +162,7 @@ void ShardedUnit::wait_gathered() {
 }
 
 void ShardedUnit::release() {
-  if (strategy_ == ShardingStrategy::no_shard || !gathered_) return;
+  if (resident_ || strategy_ == ShardingStrategy::no_shard || !gathered_) return;
   // A prefetch released unused still reads the shard: the compute stream (the optimizer) must not
   // overwrite it before that gather is done. The schedule never does this; it costs nothing then.
   wait_gathered();
@@ -155,8 +170,33 @@ void ShardedUnit::release() {
   gathered_ = false;
 }
 
+void ShardedUnit::prepare_gradients() {
+  if (!gradients_in_shard_ || !gradient_consumed_) return;
+  at::NoGradGuard no_grad;
+  gradient_.zero_();
+  gradient_consumed_ = false;
+}
+
 void ShardedUnit::reduce_gradients() {
   at::NoGradGuard no_grad;
+  gradient_consumed_ = true;
+  if (resident_) {
+    // The whole unit on this rank: the gradients go straight into the shard (already there for
+    // fp32), then an average over no_shard's ranks in place.
+    if (!gradients_in_shard_) {
+      for (size_t i = 0; i < parameters_.size(); ++i) {
+        const at::Tensor& grad = parameters_[i].second.grad();
+        at::Tensor target = slice(gradient_, layout_.parameters[i]);
+        if (grad.defined())
+          target.copy_(grad.reshape({-1}));
+        else
+          target.zero_();
+        parameters_[i].second.mutable_grad() = at::Tensor();
+      }
+    }
+    if (communicator_.world_size() > 1) communicator_.all_reduce(gradient_, ReduceOp::average);
+    return;
+  }
   at::Tensor flat = at::empty({layout_.world_size * layout_.shard_numel}, gradient_.options());
   for (size_t i = 0; i < parameters_.size(); ++i) {
     const at::Tensor& grad = parameters_[i].second.grad();
@@ -201,6 +241,7 @@ CollectiveStream make_gather_stream(c10::Device device) {
 }
 
 int64_t ShardedUnit::compute_parameter_bytes() const {
+  if (resident_) return 0;
   int64_t bytes = 0;
   for (const auto& [name, parameter] : parameters_)
     bytes += static_cast<int64_t>(parameter.storage().nbytes());
@@ -215,6 +256,7 @@ OwnedBytes ShardedUnit::owned_bytes() const {
 }
 
 int64_t ShardedUnit::full_gradient_bytes() const {
+  if (gradients_in_shard_) return 0;
   int64_t bytes = 0;
   for (const auto& [name, parameter] : parameters_)
     if (parameter.grad().defined()) bytes += static_cast<int64_t>(parameter.grad().storage().nbytes());

@@ -15,8 +15,15 @@
 //                       gather() and wait_gathered has nothing to do)
 //   release()           free the gathered parameters' storage (no_shard: nothing; when each strategy
 //                       releases is sharding/gather_schedule.h's decision)
-//   publish_shard()     after the optimizer: master -> compute shard (pure bf16) and, for no_shard,
-//                       -> the parameters
+//   publish_shard()     after the optimizer: master -> compute shard (pure bf16)
+//
+// Resident units. When a unit's shard is the whole unit (one rank, or no_shard) there is nothing to
+// gather: its parameters are views of the compute shard (fp32: of the master itself), so they exist
+// once, gather() and release() do nothing, and an optimizer update reaches them in place. With fp32
+// parameters the gradients are views of the gradient shard too: autograd accumulates into it in
+// place (its += on a defined .grad), so "reducing" is an all-reduce in place across no_shard's ranks
+// and nothing at all at one rank. prepare_gradients() zeroes the shard before the first backward
+// of a step. (FSDP at one rank still frees and re-gathers: a copy of every weight twice a step.)
 //   reduce_gradients()  full gradients -> this rank's gradient shard: reduce-scatter (average) for the
 //                       sharded strategies, all-reduce (average) for no_shard; frees the full gradients
 //
@@ -55,8 +62,11 @@ class ShardedUnit {
   // parameters: the unit's module parameters (fp32), initialised identically on every rank. This
   // rank's rows are copied into the fp32 master shard (and the compute shard); then the parameters
   // become compute_dtype, and for the sharded strategies their storage is freed until gather().
+  // resident_when_whole: a unit whose shard is the whole unit keeps its parameters as views of its
+  // shards (above); false gathers and releases it like any other (tests of the gather path).
   ShardedUnit(std::string name, std::vector<std::pair<std::string, at::Tensor>> parameters,
-              Communicator& communicator, ShardingStrategy strategy, at::ScalarType compute_dtype);
+              Communicator& communicator, ShardingStrategy strategy, at::ScalarType compute_dtype,
+              bool resident_when_whole = false);
 
   ~ShardedUnit();
 
@@ -69,12 +79,16 @@ class ShardedUnit {
   void wait_gathered();
   bool gather_in_flight() const { return gather_in_flight_; }
   void release();
+  // Before this unit's backward: a resident fp32 unit zeroes its gradient shard if the last step
+  // consumed it (the first micro-batch of a step then accumulates into zeros).
+  void prepare_gradients();
   void reduce_gradients();
   // After the optimizer updated the master shard: refreshes the compute shard from it (when they are
   // two buffers), and for no_shard the parameters (the sharded strategies refresh them at the next
   // gather()).
   void publish_shard();
   bool gathered() const { return gathered_; }
+  bool resident() const { return resident_; }  // parameters are views of the shards (above)
 
   const FlatShardLayout& layout() const { return layout_; }
   const std::string& name() const { return name_; }
@@ -93,8 +107,10 @@ class ShardedUnit {
   std::vector<std::pair<std::string, at::Tensor>> gather_full(const at::Tensor& flat);
   void load_full(const std::vector<at::Tensor>& full_tensors, at::Tensor& flat) const;
 
-  int64_t compute_parameter_bytes() const;  // bytes of the materialised parameters right now
-  int64_t full_gradient_bytes() const;      // bytes of the parameters' gradients not yet reduced
+  // Bytes of gathered parameters right now (0 for a resident unit: its parameters are its shard).
+  int64_t compute_parameter_bytes() const;
+  // Bytes of the parameters' gradients not yet reduced, beyond the gradient shard.
+  int64_t full_gradient_bytes() const;
   // What this unit holds now: parameters (master and compute shards, each storage once, and the
   // gathered parameters) and gradients (the shard and full gradients not yet reduced).
   OwnedBytes owned_bytes() const;
@@ -110,6 +126,9 @@ class ShardedUnit {
   void fill_compute_parameters(const CollectiveStream& stream);
 
   at::Tensor master_, compute_, gradient_;
+  bool resident_ = false;
+  bool gradients_in_shard_ = false;  // resident with fp32 parameters: .grad views the gradient shard
+  bool gradient_consumed_ = false;   // reduced since the last prepare_gradients()
   bool gathered_ = true;
   bool gather_in_flight_ = false;  // gathered on the gather stream, not yet waited for
   struct GatherEvents;             // CUDA events (fsdp_unit.cpp; CUDA builds only)

@@ -27,10 +27,14 @@ size_t ShardedModel::add_unit(std::string name, std::vector<std::pair<std::strin
                               UnitForward forward) {
   if (started_) throw std::logic_error("ShardedModel: unit " + name + " added after the first pass");
   units_.push_back(std::make_unique<ShardedUnit>(std::move(name), std::move(parameters), communicator_,
-                                                 options_.strategy, options_.compute_dtype));
+                                                 options_.strategy, options_.compute_dtype,
+                                                 options_.resident_when_whole));
   forwards_.push_back(std::move(forward));
-  // Nothing has run yet, so a fresh plan over the units so far is the plan.
-  plan_ = StepPlan(static_cast<int64_t>(units_.size()), options_.strategy, options_.prefetch);
+  // Nothing has run yet, so a fresh plan over the units so far is the plan. Resident units (the
+  // whole unit on this rank) are never gathered nor released: no_shard's plan.
+  const bool resident = units_.back()->resident();
+  plan_ = StepPlan(static_cast<int64_t>(units_.size()), resident ? ShardingStrategy::no_shard : options_.strategy,
+                   options_.prefetch);
   count_gathered_units();  // no_shard units stay gathered from the start
   return units_.size() - 1;
 }
@@ -75,6 +79,7 @@ void ShardedModel::backward(Activations& boundaries, const at::Tensor& loss, boo
     const size_t u = static_cast<size_t>(action.unit);
     switch (action.op) {
       case UnitOp::backward: {
+        units_[u]->prepare_gradients();
         {
           StepTimer::Scope timed(timer_, StepPhase::backward);
           if (u + 1 == units_.size())

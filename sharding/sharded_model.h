@@ -49,6 +49,9 @@ struct ShardingOptions {
   ShardingStrategy strategy = ShardingStrategy::full_shard;
   bool prefetch = true;                       // gather the next unit while one runs
   at::ScalarType compute_dtype = at::kFloat;  // the parameters' dtype in compute (and in the gather)
+  // A unit whose shard is the whole unit (one rank, or no_shard) keeps its parameters as views of
+  // its shards instead of gathering them (sharding/fsdp_unit.h); the plan then has no gathers.
+  bool resident_when_whole = true;
 };
 
 enum class Pass { train, eval };

@@ -142,12 +142,12 @@ TEST(LedgerSharding, ShardedCategoriesShrinkAsOneOverN) {
       }
     }
   }
-  // The contrast that shows the test can fail: no_shard holds everything (and the compute copies
-  // beside the master) on every rank.
+  // The contrast that shows the test can fail: no_shard holds everything on every rank. Its units are
+  // resident (sharding/fsdp_unit.h): the parameters are views of the master, not a copy beside it.
   const MemoryCategories replicated = optimizer_point(2, "no_shard").at(1);
   EXPECT_EQ(replicated.gradients, single.gradients);
   EXPECT_EQ(replicated.optimizer_device, single.optimizer_device);
-  EXPECT_EQ(replicated.parameters, 2 * single.parameters);
+  EXPECT_EQ(replicated.parameters, single.parameters);
 }
 
 TEST(LedgerReport, EndOfRunTableIsGatheredToRankZero) {

@@ -6,7 +6,9 @@
 //   * its per-unit events, in order (before_gather, after_forward, after_backward,
 //     gradient_shard_ready), and gradient_shard_ready only on a reducing backward;
 //   * pure bf16: the compute shard is the master rounded to bf16, gathered as bf16 (half the bytes),
-//     refreshed by publish_shards(); the units report their own bytes.
+//     refreshed by publish_shards(); the units report their own bytes;
+//   * at one rank (the default, resident units) the parameters and gradients are views of the
+//     shards and nothing is gathered; the gather path is tested with resident_when_whole off.
 // The multi-rank behaviour (reduce-scatter across ranks) is tests/mpi/sharded_model_test.cpp's.
 #include <gtest/gtest.h>
 
@@ -113,12 +115,18 @@ struct Wrapped {
   }
 };
 
-class ShardedModelStrategies : public ::testing::TestWithParam<ShardingStrategy> {};
+struct Setting {
+  ShardingStrategy strategy;
+  bool resident;  // ShardingOptions::resident_when_whole: at one rank, every unit stays resident
+};
+
+class ShardedModelStrategies : public ::testing::TestWithParam<Setting> {};
 
 TEST_P(ShardedModelStrategies, EqualsThePlainModelWithAccumulation) {
   const ToyModel reference_model(3);
   ToyModel plain = reference_model.copy();
-  Wrapped wrapped(reference_model, {GetParam(), /*prefetch=*/true, at::kFloat});
+  const ShardingStrategy strategy = GetParam().strategy;
+  Wrapped wrapped(reference_model, {strategy, /*prefetch=*/true, at::kFloat, GetParam().resident});
   const std::vector<at::Tensor> inputs = {at::randn({6, 4}), at::randn({6, 4})};
 
   for (size_t micro = 0; micro < inputs.size(); ++micro) {
@@ -139,18 +147,55 @@ TEST_P(ShardedModelStrategies, EqualsThePlainModelWithAccumulation) {
     }
     EXPECT_EQ(unit.full_gradient_bytes(), 0) << "the full gradients are freed once reduced";
   }
-  if (GetParam() != ShardingStrategy::no_shard)
-    for (size_t u = 0; u < 3; ++u) EXPECT_FALSE(wrapped.sharded->unit(u).gathered()) << "released after backward";
-  EXPECT_LE(wrapped.sharded->peak_gathered_units(), GetParam() == ShardingStrategy::full_shard ? 2 : 3);
+  const bool gathers = !GetParam().resident && strategy != ShardingStrategy::no_shard;
+  for (size_t u = 0; u < 3; ++u)
+    EXPECT_EQ(wrapped.sharded->unit(u).gathered(), !gathers) << "released after backward, or resident";
+  EXPECT_LE(wrapped.sharded->peak_gathered_units(), gathers && strategy == ShardingStrategy::full_shard ? 2 : 3);
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, ShardedModelStrategies,
-                         ::testing::Values(ShardingStrategy::full_shard, ShardingStrategy::shard_grad_op,
-                                           ShardingStrategy::no_shard),
-                         [](const auto& info) { return std::string(to_string(info.param)); });
+                         ::testing::Values(Setting{ShardingStrategy::full_shard, false},
+                                           Setting{ShardingStrategy::shard_grad_op, false},
+                                           Setting{ShardingStrategy::no_shard, false},
+                                           Setting{ShardingStrategy::full_shard, true},
+                                           Setting{ShardingStrategy::no_shard, true}),
+                         [](const auto& info) {
+                           return std::string(to_string(info.param.strategy)) + (info.param.resident ? "_resident" : "");
+                         });
+
+TEST(ShardedModel, AtOneRankUnitsAreTheirShards) {
+  // The default: a unit that is its own whole shard keeps its parameters as views of the master and
+  // (fp32) its gradients as views of the gradient shard; the plan has nothing to gather.
+  Wrapped wrapped(ToyModel(4), {ShardingStrategy::full_shard, /*prefetch=*/true, at::kFloat});
+  ShardedUnit& unit = wrapped.sharded->unit(1);
+  ASSERT_TRUE(unit.resident());
+  for (size_t p = 0; p < 2; ++p) {
+    const ShardedParameter& row = unit.layout().parameters[p];
+    const at::Tensor& parameter = wrapped.model.units[1][p].second;
+    EXPECT_EQ(parameter.data_ptr<float>(), unit.master_shard().data_ptr<float>() + row.shard_offset);
+    EXPECT_EQ(parameter.grad().data_ptr<float>(), unit.gradient_shard().data_ptr<float>() + row.shard_offset);
+  }
+  for (const UnitAction& action : StepPlan(wrapped.sharded->plan()).forward_pass())
+    EXPECT_EQ(action.op, UnitOp::forward) << "nothing to gather";
+  EXPECT_EQ(wrapped.sharded->owned_bytes().parameters, 4 * (20 + 18 + 6)) << "one copy of the weights";
+  EXPECT_EQ(wrapped.sharded->owned_bytes().gradients, 4 * (20 + 18 + 6)) << "one copy of the gradients";
+  // An update of the master is the parameters' update: nothing to publish.
+  unit.master_shard().add_(1.0);
+  EXPECT_TRUE(at::equal(wrapped.model.units[1][1].second.reshape({-1}),
+                        unit.master_shard().narrow(0, unit.layout().parameters[1].shard_offset, 3)));
+  // Two steps: the second starts from zeroed gradients, not the first's.
+  const at::Tensor input = at::randn({2, 4});
+  for (int step = 0; step < 2; ++step) {
+    Activations boundaries = wrapped.sharded->forward(input, Pass::train);
+    wrapped.sharded->backward(boundaries, loss_of(boundaries.back().output), /*reduce=*/true);
+  }
+  ToyModel plain = wrapped.model.copy();
+  loss_of(plain.forward(input)).backward();
+  EXPECT_TRUE(at::allclose(unit.gradient_shard().narrow(0, 0, 15), plain.units[1][0].second.grad().reshape({-1}), 1e-6, 1e-7));
+}
 
 TEST(ShardedModel, EventsComeInThePlansOrder) {
-  Wrapped wrapped(ToyModel(5), {ShardingStrategy::full_shard, /*prefetch=*/false, at::kFloat});
+  Wrapped wrapped(ToyModel(5), {ShardingStrategy::full_shard, /*prefetch=*/false, at::kFloat, /*resident=*/false});
   std::vector<std::string> events;
   wrapped.sharded->add_listener([&](UnitEvent event, size_t unit, Pass pass) {
     events.push_back(std::string(to_string(event)) + " " + std::to_string(unit) + (pass == Pass::eval ? " eval" : ""));
@@ -179,7 +224,7 @@ TEST(ShardedModel, EventsComeInThePlansOrder) {
 }
 
 TEST(ShardedModel, PureBf16GathersTheRoundedComputeShard) {
-  Wrapped wrapped(ToyModel(7), {ShardingStrategy::full_shard, /*prefetch=*/true, at::kBFloat16});
+  Wrapped wrapped(ToyModel(7), {ShardingStrategy::full_shard, /*prefetch=*/true, at::kBFloat16, /*resident=*/false});
   ShardedUnit& unit = wrapped.sharded->unit(1);
   EXPECT_EQ(unit.master_shard().scalar_type(), at::kFloat);
   EXPECT_EQ(unit.compute_shard().scalar_type(), at::kBFloat16);
@@ -207,7 +252,7 @@ TEST(ShardedModel, PureBf16GathersTheRoundedComputeShard) {
 }
 
 TEST(ShardedModel, Fp32ComputeShardIsTheMaster) {
-  Wrapped wrapped(ToyModel(9), {ShardingStrategy::full_shard, /*prefetch=*/false, at::kFloat});
+  Wrapped wrapped(ToyModel(9), {ShardingStrategy::full_shard, /*prefetch=*/false, at::kFloat, /*resident=*/false});
   ShardedUnit& unit = wrapped.sharded->unit(0);
   EXPECT_TRUE(unit.compute_shard().is_same(unit.master_shard())) << "no second buffer in fp32";
   EXPECT_EQ(wrapped.sharded->owned_bytes().parameters, 4 * (20 + 18 + 6)) << "counted once";

@@ -444,7 +444,9 @@ void Training::finish_memory_ledger(int64_t steps_run) {
 nlohmann::json Training::gather_schedule_record() const {
   const GatherSchedule& schedule = sharded_.plan().gathers();
   return {{"event", "gather_schedule"},
-          {"strategy", to_string(schedule.strategy())},
+          {"strategy", to_string(sharded_.options().strategy)},
+          // One rank or no_shard: every unit is its own shard and is never gathered.
+          {"units_resident", sharded_.unit_count() > 0 && sharded_.unit(0).resident()},
           {"prefetch", schedule.prefetch()},
           {"side_stream", sharded_.has_gather_stream()},
           {"units", schedule.unit_count()},

@@ -170,6 +170,8 @@ class StepSimulation {
       : m_(model), world_(world), rank_(rank) {
     const bool no_shard = m_.run.sharding.strategy == ShardingStrategy::no_shard;
     layout_world_ = no_shard ? 1 : world_;
+    // One rank or no_shard: each unit is its whole shard and stays resident (sharding/fsdp_unit.h).
+    resident_ = layout_world_ == 1;
     int64_t galore_matrices = 0;
     for (const UnitSpec& unit : units) {
       std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
@@ -187,27 +189,23 @@ class StepSimulation {
       units_.push_back(geometry);
     }
     gathered_.assign(units_.size(), false);
-    plan_ = StepPlan(static_cast<int64_t>(units_.size()), m_.run.sharding.strategy, m_.run.sharding.prefetch);
+    plan_ = StepPlan(static_cast<int64_t>(units_.size()),
+                     resident_ ? ShardingStrategy::no_shard : m_.run.sharding.strategy, m_.run.sharding.prefetch);
   }
 
   int64_t peak_gathered_units() const { return plan_.gathers().peak_gathered_units(); }
 
   RankEstimate run() {
     const int64_t n = m_.tokens;
-    const bool no_shard = m_.run.sharding.strategy == ShardingStrategy::no_shard;
     // Persistent: master and gradient shards (fp32), the bf16 compute shard of pure bf16 (what is
-    // all-gathered; fp32 gathers the master itself), optimizer state, rotary tables.
+    // all-gathered; fp32 gathers the master itself), optimizer state, rotary tables. A resident
+    // unit's parameters are views of its compute shard: nothing more.
     for (const UnitGeometry& unit : units_) {
       timeline_.add(kParameters, 4 * unit.shard_numel);
       if (m_.mode == Mode::pure) timeline_.add(kParameters, 2 * unit.shard_numel);
       timeline_.add(kGradients, 4 * unit.shard_numel);
     }
-    if (no_shard) {
-      for (size_t u = 0; u < units_.size(); ++u) {
-        timeline_.add(kParameters, compute_bytes(u));
-        gathered_[u] = true;
-      }
-    }
+    if (resident_) gathered_.assign(units_.size(), true);
     timeline_.add(kOptimizerDevice, optimizer_state());
     const int64_t head_dim = m_.config.head_dim();
     timeline_.add(kOther, 2 * m_.run.data.max_length * head_dim * 4);                  // cos, sin (fp32)
@@ -235,6 +233,7 @@ class StepSimulation {
  private:
   int64_t compute_bytes(size_t u) const { return m_.compute_bytes() * units_[u].numel; }
   int64_t full_grad_bytes(size_t u) const { return m_.compute_bytes() * units_[u].numel; }
+  bool gradients_in_shard() const { return resident_ && m_.compute_bytes() == 4; }
   bool is_head(size_t u) const { return u + 1 == units_.size(); }
   bool is_embed(size_t u) const { return u == 0; }
   const std::string& name(size_t u) const { return units_[u].spec->name; }
@@ -257,7 +256,7 @@ class StepSimulation {
     gathered_[u] = true;
   }
   void release(size_t u) {
-    if (!gathered_[u] || m_.run.sharding.strategy == ShardingStrategy::no_shard) return;
+    if (!gathered_[u] || resident_) return;
     timeline_.remove(kParameters, compute_bytes(u));
     gathered_[u] = false;
   }
@@ -319,9 +318,10 @@ class StepSimulation {
         continue;
       }
       // Parameter gradients: the first micro-batch creates them, later ones add into them (the
-      // new gradient is a transient of the same size).
+      // new gradient is a transient of the same size). Resident fp32 units add every micro-batch's
+      // into the gradient shard.
       auto parameter_gradients = [&] {
-        if (micro == 0)
+        if (micro == 0 && !gradients_in_shard())
           timeline_.add(kGradients, full_grad_bytes(u));
         else
           timeline_.spike(full_grad_bytes(u));
@@ -372,9 +372,14 @@ class StepSimulation {
 
   // reduce_gradients: a flat fp32 buffer of world x S_u; per parameter (registration order) a
   // zero-padded fp32 copy of its gradient (and, for bf16 gradients, their fp32 conversion) goes in,
-  // then the gradient is freed.
+  // then the gradient is freed. A resident unit converts its bf16 gradients straight into its shard
+  // (its fp32 ones are there already) and all-reduces the shard in place.
   void reduce_gradients(size_t u) {
     const UnitGeometry& unit = units_[u];
+    if (resident_) {
+      if (!gradients_in_shard()) timeline_.remove(kGradients, full_grad_bytes(u));
+      return;
+    }
     timeline_.add(kActivations, 4 * unit.gathered_numel);
     for (const ShardedParameter& parameter : unit.layout.parameters) {
       const int64_t padded = 4 * layout_world_ * parameter.rows_per_rank * parameter.cols;
@@ -524,6 +529,7 @@ class StepSimulation {
   const Model& m_;
   int world_, rank_;
   int layout_world_ = 1;
+  bool resident_ = false;
   std::vector<UnitGeometry> units_;
   std::vector<bool> gathered_;
   StepPlan plan_;
