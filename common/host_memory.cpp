@@ -1,5 +1,7 @@
 #include "common/host_memory.h"
 
+#include <malloc.h>
+
 #include <atomic>
 #include <mutex>
 #include <unordered_map>
@@ -97,6 +99,13 @@ class CountingCPUAllocator final : public c10::Allocator {
 }  // namespace
 
 void install_host_memory_tracking() { CountingCPUAllocator::instance().install(); }
+
+void keep_freed_host_memory() {
+#if defined(__GLIBC__)
+  mallopt(M_MMAP_MAX, 0);                     // no per-block mappings: every block from the heaps
+  mallopt(M_TRIM_THRESHOLD, 64L << 30);       // never give the heap's top back
+#endif
+}
 bool host_memory_tracking_installed() { return CountingCPUAllocator::instance().active(); }
 HostMemoryCounters host_memory_counters() { return CountingCPUAllocator::instance().counters(); }
 void reset_host_window_peak() { CountingCPUAllocator::instance().reset_window(); }

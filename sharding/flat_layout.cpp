@@ -57,15 +57,46 @@ at::Tensor FlatShardLayout::full_from_gathered(const ShardedParameter& parameter
       .view(parameter.full_shape);
 }
 
-void FlatShardLayout::scatter_into(const ShardedParameter& parameter, const at::Tensor& full,
-                                   at::Tensor& flat) const {
+namespace {
+
+// A parameter's block of every rank in a rank-major flat buffer: (world, rows_per_rank, cols).
+at::Tensor rank_blocks(const FlatShardLayout& layout, const ShardedParameter& parameter, const at::Tensor& flat) {
+  return flat.view({layout.world_size, layout.shard_numel})
+      .narrow(1, parameter.shard_offset, parameter.shard_numel())
+      .view({layout.world_size, parameter.rows_per_rank, parameter.cols});
+}
+
+}  // namespace
+
+void FlatShardLayout::copy_full_from_gathered(const ShardedParameter& parameter, const at::Tensor& gathered,
+                                              const at::Tensor& destination) const {
+  const at::Tensor blocks = rank_blocks(*this, parameter, gathered);
+  const at::Tensor rows = destination.view({parameter.rows, parameter.cols});
+  const int64_t whole = parameter.rows / parameter.rows_per_rank;  // ranks whose block is all real rows
+  const int64_t rest = parameter.rows - whole * parameter.rows_per_rank;
+  if (whole > 0)
+    rows.narrow(0, 0, whole * parameter.rows_per_rank)
+        .view({whole, parameter.rows_per_rank, parameter.cols})
+        .copy_(blocks.narrow(0, 0, whole));
+  if (rest > 0) rows.narrow(0, whole * parameter.rows_per_rank, rest).copy_(blocks[whole].narrow(0, 0, rest));
+}
+
+void FlatShardLayout::scatter_into(const ShardedParameter& parameter, const at::Tensor& full, at::Tensor& flat) const {
   // (world, shard_numel) -> this parameter's block of each rank: (world, rows_per_rank, cols)
-  at::Tensor blocks = flat.view({world_size, shard_numel})
-                          .narrow(1, parameter.shard_offset, parameter.shard_numel())
-                          .view({world_size, parameter.rows_per_rank, parameter.cols});
-  at::Tensor padded = at::zeros({world_size * parameter.rows_per_rank, parameter.cols}, flat.options());
-  padded.narrow(0, 0, parameter.rows).copy_(full.reshape({parameter.rows, parameter.cols}));
-  blocks.copy_(padded.view({world_size, parameter.rows_per_rank, parameter.cols}));
+  at::Tensor blocks = rank_blocks(*this, parameter, flat);
+  const at::Tensor rows = full.reshape({parameter.rows, parameter.cols});
+  const int64_t whole = parameter.rows / parameter.rows_per_rank;
+  const int64_t rest = parameter.rows - whole * parameter.rows_per_rank;
+  if (whole > 0)
+    blocks.narrow(0, 0, whole)
+        .copy_(rows.narrow(0, 0, whole * parameter.rows_per_rank).view({whole, parameter.rows_per_rank, parameter.cols}));
+  int64_t padded_from = whole;  // the first rank block holding padding
+  if (rest > 0) {
+    blocks[whole].narrow(0, 0, rest).copy_(rows.narrow(0, whole * parameter.rows_per_rank, rest));
+    blocks[whole].narrow(0, rest, parameter.rows_per_rank - rest).zero_();
+    padded_from = whole + 1;
+  }
+  if (padded_from < world_size) blocks.narrow(0, padded_from, world_size - padded_from).zero_();
 }
 
 nlohmann::json FlatShardLayout::to_json() const {

@@ -55,7 +55,12 @@ struct FlatShardLayout {
   at::Tensor take_rows(const ShardedParameter& parameter, const at::Tensor& full) const;
   // Gathered flat buffer (world_size * shard_numel, rank-major) -> the full tensor of a parameter.
   at::Tensor full_from_gathered(const ShardedParameter& parameter, const at::Tensor& gathered) const;
-  // Full gradients -> rank-major flat buffer (world_size * shard_numel) for reduce-scatter.
+  // The same written into `destination` (the parameter's shape, contiguous) in one strided copy per
+  // run of whole rank blocks, without the intermediate copy full_from_gathered's reshape makes.
+  void copy_full_from_gathered(const ShardedParameter& parameter, const at::Tensor& gathered,
+                               const at::Tensor& destination) const;
+  // Full gradients (any float dtype; converted by the copy) -> rank-major flat buffer
+  // (world_size * shard_numel) for reduce-scatter; padding rows written as zeros.
   void scatter_into(const ShardedParameter& parameter, const at::Tensor& full, at::Tensor& flat) const;
 
   nlohmann::json to_json() const;

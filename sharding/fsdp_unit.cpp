@@ -113,7 +113,7 @@ void ShardedUnit::fill_compute_parameters(const CollectiveStream& stream) {
   for (size_t i = 0; i < parameters_.size(); ++i) {
     const at::Tensor& parameter = parameters_[i].second;
     allocate_storage(parameter);
-    parameter.variable_data().copy_(layout_.full_from_gathered(layout_.parameters[i], gathered));
+    layout_.copy_full_from_gathered(layout_.parameters[i], gathered, parameter.variable_data());
   }
 }
 
@@ -201,7 +201,7 @@ void ShardedUnit::reduce_gradients() {
   for (size_t i = 0; i < parameters_.size(); ++i) {
     const at::Tensor& grad = parameters_[i].second.grad();
     if (grad.defined())
-      layout_.scatter_into(layout_.parameters[i], grad.to(at::kFloat), flat);
+      layout_.scatter_into(layout_.parameters[i], grad, flat);  // bf16 converts in the copy
     else
       layout_.scatter_into(layout_.parameters[i], at::zeros(layout_.parameters[i].full_shape, gradient_.options()), flat);
     parameters_[i].second.mutable_grad() = at::Tensor();

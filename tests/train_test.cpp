@@ -43,6 +43,47 @@ TEST(Train, LossFallsWellBelowTheUnigramEntropy) {
   EXPECT_GT(final_eval, floor - 0.05) << "no model beats the entropy rate";
 }
 
+// metrics.jsonl's train records split each step's time into phases (common/step_timer.h) that add up
+// to the step: a reader can see where the time went. At one rank the units are resident and nothing is
+// gathered; at two ranks under full_shard the gathers and reduce-scatters show as collectives.
+// Structure, not speed: no time is compared with a threshold.
+TEST(Train, StepTimeSplitsIntoPhases) {
+  for (const int ranks : {1, 2}) {
+    ScratchDir dir("phases" + std::to_string(ranks));
+    const std::string flags = " --config " + (testing::source_dir() / "configs/llama_micro.json").string() +
+                              " --device cpu --num_training_steps 3 --warmup_steps 0 --batch_size 2 --max_length 32"
+                              " --total_batch_size " + std::to_string(4 * ranks) + " --run_dir " + dir.path().string();
+    const std::string launcher = ranks == 1 ? "OMP_NUM_THREADS=1 " : testing::mpirun(ranks);
+    auto result = run_command(launcher + testing::trainer_binary().string() + flags);
+    ASSERT_EQ(result.exit_code, 0) << result.output;
+    const auto steps = testing::read_metrics_events(dir.path(), "train");
+    ASSERT_EQ(steps.size(), 3u);
+    for (const auto& step : steps) {
+      const nlohmann::json& phases = step.at("phase_s");
+      double sum = 0;
+      for (const char* phase : {"forward", "backward", "collectives", "optimizer", "other"}) {
+        ASSERT_TRUE(phases.contains(phase)) << step.dump();
+        EXPECT_GE(static_cast<double>(phases.at(phase)), 0.0) << phase;
+        sum += static_cast<double>(phases.at(phase));
+      }
+      const double step_time = step.at("step_time_s");
+      // The phases partition the step's span; the rest is the few calls outside it (metrics line).
+      EXPECT_LE(sum, step_time) << step.dump();
+      EXPECT_GE(sum, 0.9 * step_time - 1e-3) << step.dump();
+      for (const char* phase : {"forward", "backward", "optimizer"})
+        EXPECT_GT(static_cast<double>(phases.at(phase)), 0.0) << phase << ": " << step.dump();
+      if (ranks == 2) EXPECT_GT(static_cast<double>(phases.at("collectives")), 0.0) << step.dump();
+    }
+    const auto schedule = testing::read_metrics_events(dir.path(), "gather_schedule").at(0);
+    EXPECT_EQ(schedule.at("units_resident"), ranks == 1) << schedule.dump();
+    const int64_t gathers = schedule.at("inline_gathers").get<int64_t>() + schedule.at("prefetches").get<int64_t>();
+    if (ranks == 1)
+      EXPECT_EQ(gathers, 0) << "one rank: every unit is its own shard, nothing is gathered";
+    else
+      EXPECT_GT(gathers, 0) << schedule.dump();
+  }
+}
+
 TEST(Train, ResumedRunEqualsTheUninterruptedOne) {
   ScratchDir dir("resume");
   const std::string common =

@@ -65,7 +65,9 @@ int run_command(const llm::Command& command, const llm::World& world) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // First, before any tensor exists: the memory ledger counts LibTorch's CPU allocations from here.
+  // First, before any tensor exists: the memory ledger counts LibTorch's CPU allocations from here,
+  // and freed host memory stays in the process for the next step's buffers.
+  llm::keep_freed_host_memory();
   llm::install_host_memory_tracking();
   llm::World world = llm::start_world(&argc, &argv);
   llm::log::configure(world.rank, world.world_size);

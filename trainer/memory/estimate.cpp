@@ -239,19 +239,14 @@ class StepSimulation {
   const std::string& name(size_t u) const { return units_[u].spec->name; }
 
   // ShardedUnit::gather: the all-gather buffer (the compute dtype, world x S_u), then each
-  // parameter's storage in turn, filled from its rows of every rank's block. With more than one rank
-  // and more than one parameter those rows are not contiguous in the buffer, and reshaping them makes
-  // a copy of the parameter (padded rows included) before it is copied in.
+  // parameter's storage in turn, filled from its rows of every rank's block by strided copies.
   void gather_one(size_t u) {
     if (gathered_[u]) return;
     const UnitGeometry& unit = units_[u];
     const int64_t element = m_.compute_bytes();
     timeline_.add(kActivations, element * unit.gathered_numel);
-    const bool copies = layout_world_ > 1 && unit.layout.parameters.size() > 1;
-    for (const ShardedParameter& parameter : unit.layout.parameters) {
+    for (const ShardedParameter& parameter : unit.layout.parameters)
       timeline_.add(kParameters, element * parameter.rows * parameter.cols);
-      if (copies) timeline_.spike(element * layout_world_ * parameter.rows_per_rank * parameter.cols);
-    }
     timeline_.remove(kActivations, element * unit.gathered_numel);
     gathered_[u] = true;
   }
@@ -300,10 +295,11 @@ class StepSimulation {
         timeline_.spike(n * m_.layer_forward_tail_per_token());
       timeline_.point("forward:" + name(u));
     }
-    // The loss: log-softmax in fp32 (saved); bf16 logits are first copied to fp32 for it.
-    const int64_t log_softmax = 4 * n * m_.V;
-    if (m_.mode != Mode::fp32) timeline_.spike(log_softmax + log_softmax);
-    timeline_.add(kActivations, log_softmax);
+    // The loss (trainer/model/cross_entropy.h): its gradient with respect to the logits, written in
+    // the forward in the logits' dtype and kept for backward; the row blocks it works in are a few
+    // hundred KiB (not counted).
+    const int64_t logits_gradient = n * m_.V * m_.logits_bytes();
+    timeline_.add(kActivations, logits_gradient);
 
     const int64_t grad_x = n * m_.h * m_.hidden_bytes();  // gradient of a unit's input
     const size_t head_input = units_.size() - 2;            // the unit whose output the head reads
@@ -327,21 +323,11 @@ class StepSimulation {
           timeline_.spike(full_grad_bytes(u));
       };
       if (is_head(u)) {
-        // nll_loss's gradient and log_softmax's (fp32, n x V each) are live together with the
-        // log-softmax and the logits: the usual peak of a step. Then the first and the saved
-        // log-softmax go, log_softmax's gradient stays as the logits' gradient (cast to bf16 for
-        // bf16 logits).
-        timeline_.add(kActivations, log_softmax);  // nll_loss backward
-        timeline_.add(kActivations, log_softmax);  // log_softmax backward
-        timeline_.remove(kActivations, log_softmax);
-        timeline_.remove(kActivations, log_softmax);
-        if (m_.mode != Mode::fp32) {
-          timeline_.add(kActivations, n * m_.V * 2);
-          timeline_.remove(kActivations, log_softmax);
-        }
+        // The loss's backward scales its saved gradient in place; lm_head's backward turns it into
+        // the weight's gradient and the input's, then it goes.
         parameter_gradients();
         timeline_.add(kActivations, grad_x);
-        timeline_.remove(kActivations, n * m_.V * m_.logits_bytes());  // the logits' gradient
+        timeline_.remove(kActivations, logits_gradient);
         timeline_.remove(kActivations, unit_saved_bytes(u, n) + unit_output_bytes(u, n));
         // The loss tensor keeps the head's graph until the micro-batch ends, and with it the head's
         // input leaf (the last layer's output) and that leaf's gradient: both stay.
@@ -370,10 +356,10 @@ class StepSimulation {
     timeline_.remove(kOther, batch);
   }
 
-  // reduce_gradients: a flat fp32 buffer of world x S_u; per parameter (registration order) a
-  // zero-padded fp32 copy of its gradient (and, for bf16 gradients, their fp32 conversion) goes in,
-  // then the gradient is freed. A resident unit converts its bf16 gradients straight into its shard
-  // (its fp32 ones are there already) and all-reduces the shard in place.
+  // reduce_gradients: a flat fp32 buffer of world x S_u, into which each parameter's gradient is
+  // copied (converted from bf16 on the way), then freed. A resident unit converts its bf16
+  // gradients straight into its shard (its fp32 ones are there already) and all-reduces the shard
+  // in place.
   void reduce_gradients(size_t u) {
     const UnitGeometry& unit = units_[u];
     if (resident_) {
@@ -381,12 +367,8 @@ class StepSimulation {
       return;
     }
     timeline_.add(kActivations, 4 * unit.gathered_numel);
-    for (const ShardedParameter& parameter : unit.layout.parameters) {
-      const int64_t padded = 4 * layout_world_ * parameter.rows_per_rank * parameter.cols;
-      const int64_t converted = m_.mode == Mode::pure ? 4 * parameter.rows * parameter.cols : 0;
-      timeline_.spike(padded + converted);
+    for (const ShardedParameter& parameter : unit.layout.parameters)
       timeline_.remove(kGradients, m_.compute_bytes() * parameter.rows * parameter.cols);
-    }
     timeline_.remove(kActivations, 4 * unit.gathered_numel);
   }
 
@@ -407,8 +389,6 @@ class StepSimulation {
           timeline_.spike(n * m_.layer_eval_tail_per_token());
         timeline_.point("eval:" + name(u));
       }
-      const int64_t log_softmax = 4 * n * m_.V;
-      timeline_.spike(log_softmax + (m_.mode == Mode::fp32 ? 0 : log_softmax));
       for (size_t u = 0; u < units_.size(); ++u) timeline_.remove(kActivations, unit_output_bytes(u, n));
       timeline_.remove(kActivations, batch);
     }

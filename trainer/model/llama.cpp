@@ -1,6 +1,5 @@
 #include "trainer/model/llama.h"
 
-#include <ATen/ops/cross_entropy_loss.h>
 #include <ATen/ops/scaled_dot_product_attention.h>
 #include <torch/nn/functional/activation.h>
 
@@ -233,12 +232,6 @@ void init_unit_weights(const UnitSpec& unit, const NamedTensors& parameters, dou
     param.copy_(values);
     if (spec.zero_row >= 0) param[spec.zero_row].zero_();
   }
-}
-
-at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels) {
-  const int64_t vocab = logits.size(-1);
-  return at::cross_entropy_loss(logits.reshape({-1, vocab}).to(at::kFloat), labels.reshape({-1}),
-                                /*weight=*/{}, at::Reduction::Mean, /*ignore_index=*/-100);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> named_parameters_in_order(torch::nn::Module& module) {

@@ -22,6 +22,7 @@
 #include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
+#include "trainer/model/cross_entropy.h"
 #include "trainer/model/model_config.h"
 #include "trainer/model/units.h"
 
@@ -141,9 +142,6 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   at::Tensor rotary_cos_, rotary_sin_;
 };
 TORCH_MODULE(LlamaForCausalLM);
-
-// Mean next-token cross entropy in fp32. logits (B, T, V), labels (B, T) int64 with -100 ignored.
-at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels);
 
 // Name -> tensor views of every parameter, in registration order (HF names).
 std::vector<std::pair<std::string, at::Tensor>> named_parameters_in_order(torch::nn::Module& module);

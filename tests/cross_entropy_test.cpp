@@ -1,0 +1,97 @@
+// The fused loss (trainer/model/cross_entropy.h) against ATen's cross_entropy: the loss and the
+// gradient it hands back, fp32 and bf16 logits, ignored labels, a vocabulary that is not a multiple
+// of any vector width (1023) and one whose rows span several blocks' worth of rows (32000), a scaled
+// backward (accumulation divides the loss), evaluation without grad, and every label ignored.
+// The golden model test (model_golden_test.cpp) checks the loss against transformers' as well.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+
+#include <cmath>
+
+#include "tests/tensor_checks.h"
+#include "trainer/model/cross_entropy.h"
+
+namespace llm {
+namespace {
+
+using testing::expect_all_close;
+
+struct Case {
+  int64_t rows, vocab;
+  at::ScalarType dtype;
+};
+
+std::pair<at::Tensor, at::Tensor> inputs(const Case& c, uint64_t seed) {
+  at::manual_seed(static_cast<int64_t>(seed));
+  at::Tensor logits = (at::randn({c.rows, c.vocab}) * 3).to(c.dtype);
+  at::Tensor labels = at::randint(0, c.vocab, {c.rows}, at::kLong);
+  labels.index_put_({at::arange(0, c.rows, 5)}, -100);  // every fifth row ignored
+  return {logits, labels};
+}
+
+class FusedCrossEntropy : public ::testing::TestWithParam<Case> {};
+
+TEST_P(FusedCrossEntropy, LossAndGradientEqualATens) {
+  const Case c = GetParam();
+  const auto [values, labels] = inputs(c, 1);
+  at::Tensor ours_logits = values.clone().requires_grad_(true);
+  at::Tensor reference_logits = values.clone().requires_grad_(true);
+  const at::Tensor ours = causal_lm_loss(ours_logits, labels);
+  const at::Tensor reference = causal_lm_loss_reference(reference_logits, labels);
+  // fp32 throughout; the sums inside a row and over rows run in another order: a few ulps.
+  EXPECT_NEAR(ours.item<double>(), reference.item<double>(), 2e-6 * std::abs(reference.item<double>()));
+  (ours * 0.25).backward();  // a scaled loss, as with gradient accumulation
+  (reference * 0.25).backward();
+  ASSERT_EQ(ours_logits.grad().scalar_type(), c.dtype);
+  // fp32: ours is exp(x - max) / sum; ATen's is exp(log_softmax), whose argument carries rounding
+  // of |log p| x 2^-24 (|log p| up to ~30 for these logits and 32000 classes), so ATen's own value
+  // is off by up to ~6e-6 relative: 2e-5 allows that, and a wrong label, scale or count is off by
+  // far more. bf16 rounds each once from fp32, as ATen's backward through the upcast does: equal,
+  // or one bf16 ulp (2^-8) apart.
+  const double tolerance = c.dtype == at::kFloat ? 2e-5 : 1.0 / 128;
+  expect_all_close(ours_logits.grad().to(at::kFloat), reference_logits.grad().to(at::kFloat), 1e-9, tolerance,
+                   "d loss / d logits");
+  EXPECT_EQ(ours_logits.grad().index({at::arange(0, c.rows, 5)}).count_nonzero().item<int64_t>(), 0)
+      << "ignored rows get no gradient";
+}
+
+TEST_P(FusedCrossEntropy, EvaluationGivesTheTrainingLoss) {
+  const Case c = GetParam();
+  const auto [values, labels] = inputs(c, 2);
+  const at::Tensor trained = causal_lm_loss(values.clone().requires_grad_(true), labels);
+  at::NoGradGuard no_grad;
+  EXPECT_EQ(causal_lm_loss(values, labels).item<double>(), trained.item<double>());
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, FusedCrossEntropy,
+                         ::testing::Values(Case{37, 1023, at::kFloat}, Case{64, 32000, at::kFloat},
+                                           Case{37, 1023, at::kBFloat16}, Case{9, 7, at::kFloat}),
+                         [](const auto& info) {
+                           return std::to_string(info.param.rows) + "x" + std::to_string(info.param.vocab) +
+                                  (info.param.dtype == at::kFloat ? "_fp32" : "_bf16");
+                         });
+
+TEST(FusedCrossEntropyEdges, EveryLabelIgnoredIsNaNWithNoGradient) {
+  at::Tensor logits = at::randn({4, 11}).requires_grad_(true);
+  const at::Tensor labels = at::full({4}, -100, at::kLong);
+  const at::Tensor loss = causal_lm_loss(logits, labels);
+  EXPECT_TRUE(std::isnan(loss.item<double>()));
+  EXPECT_TRUE(std::isnan(causal_lm_loss_reference(logits, labels).item<double>())) << "as ATen's";
+  loss.backward();
+  EXPECT_EQ(logits.grad().count_nonzero().item<int64_t>(), 0);
+}
+
+TEST(FusedCrossEntropyEdges, BatchedShapesAndAWrongLabelIsNoticed) {
+  // (B, T, V) logits and (B, T) labels, as the trainer passes them; a shifted label changes the loss.
+  at::manual_seed(3);
+  const at::Tensor logits = at::randn({2, 5, 13});
+  const at::Tensor labels = at::randint(0, 13, {2, 5}, at::kLong);
+  const double ours = causal_lm_loss(logits, labels).item<double>();
+  EXPECT_NEAR(ours, causal_lm_loss_reference(logits, labels).item<double>(), 1e-6);
+  EXPECT_GT(std::abs(causal_lm_loss(logits, (labels + 1) % 13).item<double>() - ours), 1e-3);
+}
+
+}  // namespace
+}  // namespace llm

@@ -1,0 +1,96 @@
+#include "trainer/model/cross_entropy.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+namespace llm {
+namespace {
+
+constexpr int64_t kIgnoreIndex = -100;
+// Bytes of fp32 a block of rows may take: its exponentials and (bf16 logits) its fp32 copy stay in a
+// core's L2 cache between the passes over it.
+constexpr int64_t kBlockBytes = 256 * 1024;
+
+// logits (N, V) contiguous, labels (N) int64 contiguous on the same device. Returns the per-row
+// losses (N) fp32 (0 for ignored rows) and, when `gradient` is defined ((N, V) in the logits'
+// dtype), fills it with (softmax - onehot) * scale per row (0 for ignored rows).
+at::Tensor cross_entropy_rows(const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& gradient,
+                              const at::Tensor& scale) {
+  const int64_t rows = logits.size(0), vocab = logits.size(1);
+  at::Tensor losses = at::empty({rows}, logits.options().dtype(at::kFloat));
+  auto block = [&](int64_t begin, int64_t end) {
+    const at::Tensor x = logits.narrow(0, begin, end - begin).to(at::kFloat);  // (n, V) fp32
+    const at::Tensor y = labels.narrow(0, begin, end - begin);
+    const at::Tensor valid = y.ne(kIgnoreIndex);
+    const at::Tensor target = at::where(valid, y, at::zeros_like(y)).unsqueeze(1);  // (n, 1)
+    const at::Tensor max = std::get<0>(x.max(1, /*keepdim=*/true));                 // (n, 1)
+    at::Tensor exponentials = (x - max).exp_();                                       // (n, V)
+    const at::Tensor sums = exponentials.sum(1, /*keepdim=*/true);                    // (n, 1)
+    const at::Tensor log_sum = max + sums.log();                                      // logsumexp
+    losses.narrow(0, begin, end - begin).copy_(at::where(valid, (log_sum - x.gather(1, target)).squeeze(1), 0.0));
+    if (!gradient.defined()) return;
+    // softmax - onehot, times 1/count on counted rows and 0 on ignored ones.
+    exponentials.div_(sums);
+    exponentials.scatter_add_(1, target, -at::ones_like(target, exponentials.options()));
+    exponentials.mul_(at::where(valid, scale, 0.0).unsqueeze(1));
+    gradient.narrow(0, begin, end - begin).copy_(exponentials);
+  };
+  if (logits.is_cuda()) {
+    block(0, rows);  // one block: the device's kernels are the parallelism
+  } else {
+    const int64_t per_block = std::max<int64_t>(1, kBlockBytes / (4 * vocab));
+    const int64_t blocks = (rows + per_block - 1) / per_block;
+    // Blocks in parallel; the ATen ops inside each run on the thread that owns the block.
+    at::parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
+      for (int64_t b = first; b < last; ++b) block(b * per_block, std::min(rows, (b + 1) * per_block));
+    });
+  }
+  return losses;
+}
+
+// Mean over counted rows; the gradient of that mean is computed with it and handed to backward.
+struct FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {
+  static at::Tensor forward(torch::autograd::AutogradContext* context, const at::Tensor& logits,
+                            const at::Tensor& labels) {
+    const at::Tensor flat_logits = logits.contiguous(), flat_labels = labels.contiguous();
+    const at::Tensor count = flat_labels.ne(kIgnoreIndex).sum().to(at::kFloat);
+    at::Tensor gradient = at::empty_like(flat_logits);
+    const at::Tensor losses = cross_entropy_rows(flat_logits, flat_labels, gradient, count.reciprocal());
+    context->saved_data["gradient"] = gradient;
+    context->mark_non_differentiable({labels});
+    return losses.sum() / count;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* context,
+                                                 torch::autograd::variable_list grad_outputs) {
+    // Taken out of the context so that it is freed once the next node has used it (saved_data
+    // outlives backward: the loss keeps the graph until the micro-batch ends).
+    at::Tensor gradient = context->saved_data["gradient"].toTensor();
+    context->saved_data.erase("gradient");
+    const at::Tensor& scale = grad_outputs[0];
+    if (!(scale.numel() == 1 && scale.item<double>() == 1.0)) gradient.mul_(scale);
+    return {gradient, at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels) {
+  const int64_t vocab = logits.size(-1);
+  const at::Tensor flat_logits = logits.reshape({-1, vocab});
+  const at::Tensor flat_labels = labels.reshape({-1});
+  if (at::GradMode::is_enabled() && flat_logits.requires_grad())
+    return FusedCrossEntropy::apply(flat_logits, flat_labels);
+  const at::Tensor contiguous_labels = flat_labels.contiguous();
+  const at::Tensor count = contiguous_labels.ne(kIgnoreIndex).sum().to(at::kFloat);
+  return cross_entropy_rows(flat_logits.contiguous(), contiguous_labels, at::Tensor(), at::Tensor()).sum() / count;
+}
+
+at::Tensor causal_lm_loss_reference(const at::Tensor& logits, const at::Tensor& labels) {
+  const int64_t vocab = logits.size(-1);
+  return at::cross_entropy_loss(logits.reshape({-1, vocab}).to(at::kFloat), labels.reshape({-1}),
+                                /*weight=*/{}, at::Reduction::Mean, kIgnoreIndex);
+}
+
+}  // namespace llm
