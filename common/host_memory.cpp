@@ -3,6 +3,7 @@
 #include <malloc.h>
 
 #include <atomic>
+#include <limits>
 #include <mutex>
 #include <unordered_map>
 
@@ -102,8 +103,9 @@ void install_host_memory_tracking() { CountingCPUAllocator::instance().install()
 
 void keep_freed_host_memory() {
 #if defined(__GLIBC__)
-  mallopt(M_MMAP_MAX, 0);                     // no per-block mappings: every block from the heaps
-  mallopt(M_TRIM_THRESHOLD, 64L << 30);       // never give the heap's top back
+  mallopt(M_MMAP_MAX, 0);  // no per-block mappings: every block from the heaps
+  // Give the heap's top back only above 2 GiB free (mallopt takes an int: INT_MAX is the most).
+  mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
 #endif
 }
 bool host_memory_tracking_installed() { return CountingCPUAllocator::instance().active(); }
