@@ -68,8 +68,12 @@ double average_over_ranks(double value, Communicator& communicator) {
 // Global L2 norm over every rank's gradient shard; scales the shards to max_norm when above it
 // (torch's clip_grad_norm_ rule). no_shard ranks each hold the whole gradient: no reduction then.
 double clip_gradients(ShardedModel& model, Communicator& communicator, double max_norm) {
+  // Each flat shard's squared norm as a dot product with itself: one pass, no temporary.
   at::Tensor squares = at::zeros({1}, model.unit(0).gradient_shard().options());
-  for (size_t u = 0; u < model.unit_count(); ++u) squares += model.unit(u).gradient_shard().pow(2).sum();
+  for (size_t u = 0; u < model.unit_count(); ++u) {
+    const at::Tensor& gradient = model.unit(u).gradient_shard();
+    squares += at::dot(gradient, gradient);
+  }
   if (model.options().strategy != ShardingStrategy::no_shard) communicator.all_reduce(squares, ReduceOp::sum);
   const double norm = std::sqrt(squares.item<double>());
   if (max_norm > 0 && std::isfinite(norm)) {

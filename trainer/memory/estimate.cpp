@@ -215,11 +215,8 @@ class StepSimulation {
     const int64_t micro_batches = std::max<int64_t>(1, m_.run.data.gradient_accumulation);
     for (int64_t micro = 0; micro < micro_batches; ++micro) micro_batch(micro, micro + 1 == micro_batches);
 
-    // Clipping squares each gradient shard (one unit at a time), then the optimizer, unit by unit:
-    // each unit's temporaries are gone before the next unit's step.
-    int64_t largest_shard = 0;
-    for (const UnitGeometry& unit : units_) largest_shard = std::max(largest_shard, unit.shard_numel);
-    timeline_.spike(4 * largest_shard);
+    // Clipping (a dot product per gradient shard: nothing allocated), then the optimizer, unit by
+    // unit: each unit's temporaries are gone before the next unit's step.
     for (const UnitAction& action : plan_.optimizer_pass())
       timeline_.spike(optimizer_transient(static_cast<size_t>(action.unit)));
     timeline_.point("optimizer");

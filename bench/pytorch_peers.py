@@ -1,0 +1,475 @@
+"""The PyTorch side of bench/train_vs_pytorch.sh, and the summary that sets it beside ours.
+
+The peers are what a PyTorch user would write for the same training step as build/trainer: transformers'
+LlamaForCausalLM built from the same HF config JSON (sdpa attention, fp32), loss through the model's
+own `labels=` path, global-norm clipping to --grad_clipping, torch.optim.AdamW with the trainer's
+hyper-parameters, and the loss read back every step (our trainer reads it too). The timed step is
+forward + backward + clip + optimizer.step + zero_grad(set_to_none=True) + loss.item(); data is random
+ids drawn before the loop (speed only: the content of the tokens does not change the work).
+
+    eager      one process, torch.set_num_threads(--threads), AdamW(fused=True)
+    fsdp2      one rank of `python -m torch.distributed.run --nproc_per_node R`: gloo on CPU,
+               fully_shard on each decoder layer and then on the root model (torchtitan's
+               parallelize_llama order), fused AdamW where DTensor parameters allow it, else
+               foreach (the fallback is printed and recorded), clipping as torchtitan does it
+               (the total norm's full_tensor(), then clip_grads_with_norm_)
+    peak       the bound: best fp32 matmul GFLOP/s of this machine at --threads (one number)
+    summarize  reads both sides' JSONL (ours: RUN_DIR/metrics.jsonl; the peers write the same
+               "start" / "train" records) round by round and prints the comparison
+
+Each peer writes JSONL to --out like the trainer's metrics.jsonl: one "start" record (parameters,
+optimizer, world size, threads) and one "train" record per step (step, loss, grad_norm, step_time_s
+and the per-phase forward_s, backward_s, clip_s, optimizer_s). Under fsdp2 only rank 0 writes, and
+its times are rank 0's, as the trainer's are; ranks meet at every step's clip and loss all-reduce.
+
+Run from the repository root with the project venv's python; bench/train_vs_pytorch.sh drives it.
+"""
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+
+WARMUP_STEPS = 2  # discarded per run: allocator growth, lazy init, first-touch of the optimizer state
+
+
+# ------------------------------------------------------------------------------------------------
+# The model and the step, shared by both peers
+
+
+def hf_config(path):
+    """A LlamaConfig from one of configs/*.json (GaLore's keys, as our trainer reads them)."""
+    from transformers import LlamaConfig
+
+    with open(path) as f:
+        raw = json.load(f)
+    keys = dict(raw)
+    # GaLore's files name the context max_sequence_length; transformers reads max_position_embeddings.
+    if "max_sequence_length" in keys:
+        keys.setdefault("max_position_embeddings", keys.pop("max_sequence_length"))
+    # pad_token_id -1 means vocab-1 (GaLore's nn.Embedding resolved it so; our ModelConfig does too).
+    if keys.get("pad_token_id", None) == -1:
+        keys["pad_token_id"] = keys["vocab_size"] - 1
+    for stale in ("architectures", "transformers_version", "model_type"):
+        keys.pop(stale, None)
+    keys["use_cache"] = False  # training: no KV cache objects built in forward
+    return LlamaConfig(**keys, attn_implementation="sdpa")
+
+
+def build_model(config_path, seed):
+    import torch
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(seed)  # every FSDP rank builds the same weights before sharding
+    model = LlamaForCausalLM(hf_config(config_path)).float()
+    model.train()
+    return model
+
+
+def random_batches(vocab, steps, batch, length, seed):
+    """(steps, batch, length) int64 ids in [0, vocab), drawn once before timing."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (steps, batch, length), generator=generator)
+
+
+def make_adamw(params, args, implementation):
+    import torch
+
+    flags = {"fused": True} if implementation == "fused" else {"foreach": True}
+    return torch.optim.AdamW(params, lr=args.lr, betas=(args.beta1, args.beta2), eps=args.eps,
+                             weight_decay=args.weight_decay, **flags)
+
+
+def count_parameters(model):
+    """Full (unsharded) parameter count; DTensor.numel() is the global size."""
+    return sum(p.numel() for p in model.parameters())
+
+
+class JsonlWriter:
+    """Rank 0's records in the trainer's metrics.jsonl shape; other ranks write nothing."""
+
+    def __init__(self, path, enabled):
+        self.file = open(path, "w") if enabled else None
+
+    def write(self, record):
+        if self.file:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+
+
+def timed_step(model, ids, clip, step_optimizer, read_loss):
+    """One training step, timed as both peers time it: forward (the loss through the model's labels=
+    path), backward, clip, and the optimizer with zero_grad and the loss read. Returns the loss, the
+    gradient norm and the train record's time fields."""
+    started = time.perf_counter()
+    loss = model(input_ids=ids, labels=ids).loss
+    forwarded = time.perf_counter()
+    loss.backward()
+    backwarded = time.perf_counter()
+    grad_norm = clip()
+    clipped = time.perf_counter()
+    step_optimizer()
+    loss_value = read_loss(loss)
+    finished = time.perf_counter()
+    return loss_value, grad_norm, {"step_time_s": finished - started, "forward_s": forwarded - started,
+                                   "backward_s": backwarded - forwarded, "clip_s": clipped - backwarded,
+                                   "optimizer_s": finished - clipped}
+
+
+def check_parameters(parameters, ours_metrics):
+    """The HF model must be the model our trainer ran: same count as its metrics.jsonl "start" record."""
+    if not ours_metrics:
+        return "unchecked"
+    start = next((r for r in read_jsonl(ours_metrics) if r.get("event") == "start"), {})
+    expected = start.get("parameters")
+    if parameters != expected:
+        sys.exit(f"pytorch_peers: the HF model has {parameters} parameters but {ours_metrics} says "
+                 f"{expected}: the two sides would not train the same model")
+    return f"= ours ({ours_metrics})"
+
+
+# ------------------------------------------------------------------------------------------------
+# eager: one process
+
+
+def run_eager(args):
+    import torch
+
+    torch.set_num_threads(args.threads)
+    model = build_model(args.config, args.seed)
+    parameters = count_parameters(model)
+    checked = check_parameters(parameters, args.check_against)
+    optimizer = make_adamw(model.parameters(), args, "fused")
+    batches = random_batches(model.config.vocab_size, args.steps, args.batch, args.length, args.seed + 1)
+    out = JsonlWriter(args.out, True)
+    out.write({"event": "start", "peer": "eager", "parameters": parameters, "world_size": 1,
+               "threads": torch.get_num_threads(), "optimizer": "AdamW(fused=True)",
+               "attn_implementation": model.config._attn_implementation,
+               "torch": torch.__version__, "batch": args.batch, "length": args.length})
+    print(f"[pytorch eager] {parameters} parameters {checked}, {torch.get_num_threads()} threads, "
+          f"AdamW(fused=True), {args.steps} steps of {args.batch} x {args.length}", flush=True)
+
+    def step_optimizer():
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for step in range(1, args.steps + 1):
+        loss, grad_norm, times = timed_step(
+            model, batches[step - 1], lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clipping),
+            step_optimizer, lambda loss: loss.item())
+        out.write({"event": "train", "step": step, "loss": loss, "grad_norm": grad_norm.item(), **times})
+
+
+# ------------------------------------------------------------------------------------------------
+# fsdp2: one rank of R, under torch.distributed.run
+
+
+def run_fsdp2(args):
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    torch.set_num_threads(args.threads)
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = build_model(args.config, args.seed)
+    parameters = count_parameters(model)
+    checked = check_parameters(parameters, args.check_against)
+    # torchtitan's order: each transformer block is a unit, then the root takes what is left
+    # (embedding, final norm, lm_head). Defaults otherwise: reshard after forward (ZeRO-3, as our
+    # full_shard), the root kept gathered for backward, fp32 throughout.
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    assert all(isinstance(p, DTensor) for p in model.parameters())
+    assert count_parameters(model) == parameters
+
+    implementation = "fused"
+    fallback_reason = ""
+    optimizer = make_adamw(model.parameters(), args, implementation)
+    # Each rank's share of the global batch: rank r reads rows [r*batch, (r+1)*batch) of a global one.
+    batches = random_batches(model.config.vocab_size, args.steps, args.batch * world, args.length,
+                             args.seed + 1)[:, rank * args.batch:(rank + 1) * args.batch]
+    out = JsonlWriter(args.out, rank == 0)
+
+    def log(message):
+        if rank == 0:
+            print(f"[pytorch fsdp2] {message}", flush=True)
+
+    log(f"{parameters} parameters {checked}, {world} ranks x {torch.get_num_threads()} thread(s), gloo, "
+        f"fully_shard per decoder layer + root, {args.steps} steps of {args.batch} x {args.length} per rank")
+    def clip():
+        # As torchtitan's clip_grad_norm_: the norm of the sharded gradients is a Partial DTensor;
+        # full_tensor() all-reduces it, then every shard is scaled by the same coefficient.
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
+        grad_norm = torch.nn.utils.get_total_norm(grads, 2.0)
+        if isinstance(grad_norm, DTensor):
+            grad_norm = grad_norm.full_tensor()
+        torch.nn.utils.clip_grads_with_norm_(model.parameters(), args.grad_clipping, grad_norm)
+        return grad_norm
+
+    def step_optimizer():
+        nonlocal optimizer, implementation, fallback_reason
+        try:
+            optimizer.step()
+        except Exception as error:  # noqa: BLE001 - any refusal of the fused kernel on DTensors
+            if step != 1 or implementation != "fused":
+                raise
+            # Step 1 is a warm-up step (discarded), so switching here costs no measured step.
+            fallback_reason = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+            log(f"AdamW(fused=True) failed on DTensor parameters ({fallback_reason}); using foreach=True")
+            implementation = "foreach"
+            optimizer = make_adamw(model.parameters(), args, implementation)
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def read_loss(loss):
+        # Our trainer averages the loss over ranks each step; the same one-scalar all-reduce here.
+        loss_sum = loss.detach().clone()
+        dist.all_reduce(loss_sum)
+        return loss_sum.item() / world
+
+    for step in range(1, args.steps + 1):
+        loss, grad_norm, times = timed_step(model, batches[step - 1], clip, step_optimizer, read_loss)
+        if step == 1:
+            out.write({"event": "start", "peer": "fsdp2", "parameters": parameters, "world_size": world,
+                       "threads": torch.get_num_threads(), "backend": dist.get_backend(),
+                       "optimizer": f"AdamW({implementation}=True)", "optimizer_fallback": fallback_reason,
+                       "attn_implementation": model.config._attn_implementation,
+                       "torch": torch.__version__, "batch": args.batch, "length": args.length})
+        out.write({"event": "train", "step": step, "loss": loss, "grad_norm": grad_norm.item(), **times})
+    log(f"optimizer AdamW({implementation}=True)")
+    dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------------------------------------
+# peak: the physical bound
+
+
+def run_peak(args):
+    """Best fp32 GEMM rate at --threads: a training step is matmul-bound, so this is its ceiling."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    n = 1536
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    c = torch.empty(n, n)
+    best = math.inf
+    deadline = time.perf_counter() + 3.0
+    for _ in range(200):
+        started = time.perf_counter()
+        torch.mm(a, b, out=c)
+        best = min(best, time.perf_counter() - started)
+        if time.perf_counter() > deadline:
+            break
+    print(f"{2 * n**3 / best / 1e9:.1f}")  # GFLOP/s, for the shell
+
+
+# ------------------------------------------------------------------------------------------------
+# summarize: both sides, round by round
+
+
+def read_jsonl(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def train_records(path):
+    records = read_jsonl(path)
+    start = next((r for r in records if r.get("event") == "start"), {})
+    steps = [r for r in records if r.get("event") == "train"]
+    return start, steps
+
+
+NOT_PHASES = {"step_time_s", "tokens_per_s"}  # the total, and a rate that happens to end in _s
+
+
+def phase_fields(step):
+    """Per-phase seconds of one train record: numeric *_s fields but the total, and the members of a
+    phase object ("phase_s": {"forward": ...} as the trainer writes it, or "phases"), named <phase>_s."""
+    phases = {k: v for k, v in step.items()
+              if k.endswith("_s") and k not in NOT_PHASES and isinstance(v, (int, float))}
+    for key in ("phase_s", "phases"):
+        nested = step.get(key)
+        if isinstance(nested, dict):
+            for name, value in nested.items():
+                if isinstance(value, (int, float)):
+                    phases[name if name.endswith("_s") else name + "_s"] = value
+    return phases
+
+
+def side_summary(paths, label):
+    """Median over all kept steps of all rounds, the per-round medians, phase medians, first loss."""
+    kept, round_medians, phases, first_losses, start = [], [], {}, [], {}
+    for path in paths:
+        start, steps = train_records(path)
+        if not steps:
+            sys.exit(f"pytorch_peers: {label}: no train records in {path}")
+        first_losses.append(steps[0].get("loss", math.nan))
+        times = [s["step_time_s"] for s in steps if s["step"] > WARMUP_STEPS]
+        if not times:
+            sys.exit(f"pytorch_peers: {label}: {path} has no step past the {WARMUP_STEPS} warm-up steps")
+        kept += times
+        round_medians.append(statistics.median(times))
+        for s in steps:
+            if s["step"] > WARMUP_STEPS:
+                for key, value in phase_fields(s).items():
+                    phases.setdefault(key, []).append(value)
+    phase_medians = {k: statistics.median(v) for k, v in phases.items() if any(x != 0 for x in v)}
+    return {"median": statistics.median(kept), "round_medians": round_medians, "kept_steps": len(kept),
+            "phases": phase_medians, "first_loss": statistics.median(first_losses), "start": start}
+
+
+def model_flops_per_token(config_path, parameters, length):
+    """PaLM's count: 6 x matmul parameters + 12 x layers x hidden x length (attention scores)."""
+    with open(config_path) as f:
+        raw = json.load(f)
+    hidden, layers, vocab = raw["hidden_size"], raw["num_hidden_layers"], raw["vocab_size"]
+    norms = (2 * layers + 1) * hidden
+    matmul_parameters = parameters - vocab * hidden - norms  # the embedding lookup is no matmul
+    return 6 * matmul_parameters + 12 * layers * hidden * length
+
+
+def run_summarize(args):
+    ours = side_summary(args.ours, "ours")
+    theirs = side_summary(args.theirs, "pytorch")
+    # The same PyTorch run with our trainer's host-allocator policy put in by environment variables
+    # (common/host_memory.h: keep freed memory, no per-block mappings): what of the difference is the
+    # allocator rather than the computation.
+    tuned = side_summary(args.theirs_tuned, "pytorch tuned") if args.theirs_tuned else None
+    ranks, batch, length = args.ranks, args.batch, args.length
+    tokens = ranks * batch * length
+    parameters = ours["start"].get("parameters") or theirs["start"].get("parameters")
+    flops = model_flops_per_token(args.config, parameters, length) * tokens
+    ratio = theirs["median"] / ours["median"]
+    ln_vocab = math.log(json.load(open(args.config))["vocab_size"])
+    # A sanity check rather than an equality: the two sides start from different random weights and
+    # data, but a model of this shape at its init must start near ln(vocab) on both.
+    agree = all(abs(side["first_loss"] - ln_vocab) < 0.5 for side in (ours, theirs))
+    optimizer = theirs["start"].get("optimizer", "?")
+    record = {
+        "comparison": args.comparison, "config": args.config, "ranks": ranks, "batch": batch,
+        "length": length, "threads": args.threads, "steps": args.steps, "rounds": len(args.ours),
+        "parameters": parameters, "ours_s": ours["median"], "pytorch_s": theirs["median"], "ratio": ratio,
+        "ours_round_medians": ours["round_medians"], "pytorch_round_medians": theirs["round_medians"],
+        "ours_tokens_per_s": tokens / ours["median"], "pytorch_tokens_per_s": tokens / theirs["median"],
+        "ours_phases_s": ours["phases"], "pytorch_phases_s": theirs["phases"],
+        "pytorch_optimizer": optimizer,
+        "pytorch_optimizer_fallback": theirs["start"].get("optimizer_fallback", ""),
+        "model_gflop_per_step": flops / 1e9,
+        "ours_gflops": flops / ours["median"] / 1e9, "pytorch_gflops": flops / theirs["median"] / 1e9,
+        "peak_gflops": args.peak_gflops, "first_loss_ours": ours["first_loss"],
+        "first_loss_pytorch": theirs["first_loss"], "ln_vocab": ln_vocab, "first_losses_sane": agree,
+        "machine": json.loads(args.machine) if args.machine else {},
+    }
+    if tuned:
+        record.update({"pytorch_tuned_s": tuned["median"], "ratio_vs_tuned": tuned["median"] / ours["median"],
+                       "pytorch_tuned_round_medians": tuned["round_medians"],
+                       "pytorch_tuned_phases_s": tuned["phases"], "pytorch_tuned_env": args.tuned_env})
+    if args.json:
+        print(json.dumps(record))
+        return
+
+    def seconds_range(medians):
+        return f"{min(medians):.3f}-{max(medians):.3f}"
+
+    def fraction(gflops):
+        return f"{gflops / args.peak_gflops:6.1%}" if args.peak_gflops else "   n/a"
+
+    print(f"\n== {args.comparison}: {args.config}, {ranks} rank(s) x {args.threads} thread(s), "
+          f"{batch} x {length} per rank ({tokens} tokens/step), {parameters / 1e6:.2f}M parameters")
+    print(f"   {args.steps} steps per run ({WARMUP_STEPS} warm-up discarded), {len(args.ours)} round(s), "
+          f"median over all kept steps; rounds = min-max of per-round medians")
+    print(f"   {'side':<34} {'s/step':>8} {'rounds':>13} {'tokens/s':>9} {'GFLOP/s':>8} {'of peak':>7}")
+    sides = [(args.ours_label, ours), (args.pytorch_label + " " + optimizer, theirs)]
+    if tuned:
+        sides.append(("  same, with our allocator policy", tuned))
+    for name, side in sides:
+        gflops = flops / side["median"] / 1e9
+        print(f"   {name:<34} {side['median']:8.3f} {seconds_range(side['round_medians']):>13} "
+              f"{tokens / side['median']:9.0f} {gflops:8.1f} {fraction(gflops):>7}")
+    print(f"   ratio pytorch / ours: {ratio:.3f} ({'we are faster' if ratio > 1 else 'pytorch is faster'})")
+    if tuned:
+        print(f"   ratio pytorch with our allocator policy / ours: {record['ratio_vs_tuned']:.3f} "
+              f"(env {args.tuned_env})")
+    peak = (f"measured fp32 GEMM peak {args.peak_gflops:.1f} GFLOP/s at {args.peak_threads} thread(s)"
+            if args.peak_gflops else "no GEMM peak given (--peak_gflops)")
+    print(f"   bound: {flops / 1e9:.1f} GFLOP per step (6N + 12LHT); {peak}")
+    # Phases as each side records them (a side that does not split its step shows "-").
+    names = sorted(set(ours["phases"]) | set(theirs["phases"]))
+    if names:
+        def cell(side, name):
+            return f"{side['phases'][name]:8.3f}" if name in side["phases"] else f"{'-':>8}"
+
+        header = f"   {'phase medians (s/step)':<34} {'ours':>8} {'pytorch':>8}" + (f" {'tuned':>8}" if tuned else "")
+        print(header)
+        for name in names:
+            print(f"   {name:<34} {cell(ours, name)} {cell(theirs, name)}" + (f" {cell(tuned, name)}" if tuned else ""))
+        if ranks > 1:
+            print("   (FSDP2's all-gathers and reduce-scatters run in its forward and backward hooks, so "
+                  "pytorch's forward_s / backward_s include them)")
+    if record["pytorch_optimizer_fallback"]:
+        print(f"   note: fused AdamW refused DTensors ({record['pytorch_optimizer_fallback']}); "
+              "pytorch ran foreach=True")
+    print(f"   first-step loss: ours {ours['first_loss']:.3f}, pytorch {theirs['first_loss']:.3f}, "
+          f"ln(vocab) {ln_vocab:.3f}: {'both at init, as expected' if agree else 'NOT NEAR ln(vocab): check'}")
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="mode", required=True)
+    for mode in ("eager", "fsdp2"):
+        p = sub.add_parser(mode)
+        p.add_argument("--config", required=True)
+        p.add_argument("--steps", type=int, required=True)
+        p.add_argument("--batch", type=int, required=True, help="sequences per rank")
+        p.add_argument("--length", type=int, required=True)
+        p.add_argument("--threads", type=int, required=True)
+        p.add_argument("--out", required=True, help="JSONL in the trainer's metrics.jsonl shape")
+        p.add_argument("--check_against", default="", help="our run's metrics.jsonl: the parameter counts must agree")
+        p.add_argument("--lr", type=float, default=1e-3)
+        p.add_argument("--beta1", type=float, default=0.9)
+        p.add_argument("--beta2", type=float, default=0.999)
+        p.add_argument("--eps", type=float, default=1e-8)
+        p.add_argument("--weight_decay", type=float, default=0.0)
+        p.add_argument("--grad_clipping", type=float, default=1.0)
+        p.add_argument("--seed", type=int, default=0)
+    p = sub.add_parser("peak")
+    p.add_argument("--threads", type=int, required=True)
+    p = sub.add_parser("summarize")
+    p.add_argument("--comparison", required=True)
+    p.add_argument("--config", required=True)
+    p.add_argument("--ranks", type=int, required=True)
+    p.add_argument("--batch", type=int, required=True)
+    p.add_argument("--length", type=int, required=True)
+    p.add_argument("--threads", type=int, required=True)
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--ours", nargs="+", required=True, help="metrics.jsonl per round, in order")
+    p.add_argument("--theirs", nargs="+", required=True, help="peer JSONL per round, in order")
+    p.add_argument("--theirs_tuned", nargs="*", default=[],
+                   help="peer JSONL per round run with our allocator policy through the environment")
+    p.add_argument("--tuned_env", default="", help="the environment the tuned peer ran with")
+    p.add_argument("--ours_label", default="ours")
+    p.add_argument("--pytorch_label", default="pytorch")
+    p.add_argument("--peak_gflops", type=float, default=0.0)
+    p.add_argument("--peak_threads", type=int, default=0)
+    p.add_argument("--machine", default="", help="JSON object describing the machine")
+    p.add_argument("--json", action="store_true")
+    return parser.parse_args()
+
+
+def main():
+    args = parse_args()
+    {"eager": run_eager, "fsdp2": run_fsdp2, "peak": run_peak, "summarize": run_summarize}[args.mode](args)
+
+
+if __name__ == "__main__":
+    main()
