@@ -66,9 +66,19 @@ ShardedUnit::ShardedUnit(std::string name, std::vector<std::pair<std::string, at
     for (size_t i = 0; i < parameters_.size(); ++i)
       slice(master_, layout_.parameters[i]).copy_(layout_.take_rows(layout_.parameters[i], parameters_[i].second));
     gradient_ = at::zeros_like(master_);
-    compute_ = compute_dtype == at::kFloat ? master_ : master_.to(compute_dtype);
   }
+  compute_dtype_ = compute_dtype;
   resident_ = resident_when_whole && layout_.world_size == 1;
+  // The compute shard persists only where something reads it between steps: fp32 (it is the master)
+  // and a resident unit (its parameters are views of it). A gathered bf16 unit rounds its master rows
+  // into a transient send buffer at each gather instead, as FSDP2 does: 2 bytes per shard element
+  // for the gather's duration rather than for the whole run.
+  if (compute_dtype == at::kFloat)
+    compute_ = master_;
+  else if (resident_) {
+    at::NoGradGuard no_grad;
+    compute_ = master_.to(compute_dtype);
+  }
   if (resident_) {
     // The parameters become views of the compute shard (leaves still: set_data keeps their autograd
     // identity), and with fp32 parameters their gradients views of the gradient shard.
@@ -91,11 +101,11 @@ ShardedUnit::ShardedUnit(std::string name, std::vector<std::pair<std::string, at
 
 void ShardedUnit::publish_shard() {
   at::NoGradGuard no_grad;
-  if (!compute_.is_same(master_)) compute_.copy_(master_);  // a resident unit's parameters see it
+  if (compute_.defined() && !compute_.is_same(master_)) compute_.copy_(master_);  // resident: its parameters see it
   if (resident_ || strategy_ != ShardingStrategy::no_shard) return;
-  for (size_t i = 0; i < parameters_.size(); ++i)
+  for (size_t i = 0; i < parameters_.size(); ++i)  // copy_ rounds to the parameters' dtype
     parameters_[i].second.variable_data().copy_(
-        layout_.full_from_gathered(layout_.parameters[i], compute_));
+        layout_.full_from_gathered(layout_.parameters[i], master_));
 }
 
 ShardedUnit::~ShardedUnit() {
@@ -108,8 +118,12 @@ ShardedUnit::~ShardedUnit() {
 
 void ShardedUnit::fill_compute_parameters(const CollectiveStream& stream) {
   at::NoGradGuard no_grad;
-  at::Tensor gathered = at::empty({layout_.world_size * layout_.shard_numel}, compute_.options());
-  communicator_.all_gather(compute_, gathered, stream);
+  // Allocated on the current stream (the gather stream for a prefetch), so the caching allocator
+  // reuses the send buffer only after the collective that reads it.
+  at::Tensor send = compute_.defined() ? compute_ : master_.to(compute_dtype_);
+  at::Tensor gathered = at::empty({layout_.world_size * layout_.shard_numel}, send.options());
+  communicator_.all_gather(send, gathered, stream);
+  send = at::Tensor();
   for (size_t i = 0; i < parameters_.size(); ++i) {
     const at::Tensor& parameter = parameters_[i].second;
     allocate_storage(parameter);

@@ -2,20 +2,22 @@
 // module parameters it materialises around forward and backward (docs/sharding.md has the order of
 // collectives).
 //
-// The master shard (fp32) is what the optimizer updates; the compute shard is what is all-gathered:
-// this rank's rows in the dtype the parameters compute in. For fp32 and for bf16 "mixed" (autocast
-// over fp32 parameters) that dtype is fp32 and the compute shard is the master itself; for bf16
-// "pure" it is a bf16 copy refreshed by publish_shard() after each optimizer step, so the all-gather
-// moves half the bytes. (Rounding to bf16 before the gather or after it gives the same bits.)
+// The master shard (fp32) is what the optimizer updates; the gather sends this rank's rows in the
+// dtype the parameters compute in. For fp32 and for bf16 "mixed" (autocast over fp32 parameters)
+// that dtype is fp32 and the master itself is sent; for bf16 "pure" each gather rounds the master
+// into a transient bf16 send buffer (as FSDP2 does), so the all-gather moves half the bytes and no
+// second copy of the shard is kept between gathers. (Rounding to bf16 before the gather or after it
+// gives the same bits.) The "compute shard" is that rows-in-compute-dtype buffer where it persists:
+// the master in fp32, a bf16 copy for a resident bf16 unit (its parameters are views of it).
 //
-//   gather()            all-gather the compute shard into the parameters (allocating their storage)
+//   gather()            all-gather this rank's rows (compute dtype) into the parameters (allocating their storage)
 //   gather_async(s)     the same, enqueued on the gather stream s (CUDA) so that it overlaps compute
 //   wait_gathered()     orders the current (compute) stream after that gather: an event, no host wait
 //                       (without a gather stream, on CPU or in a build without CUDA, gather_async is
 //                       gather() and wait_gathered has nothing to do)
 //   release()           free the gathered parameters' storage (no_shard: nothing; when each strategy
 //                       releases is sharding/gather_schedule.h's decision)
-//   publish_shard()     after the optimizer: master -> compute shard (pure bf16)
+//   publish_shard()     after the optimizer: master -> compute shard (resident bf16) or -> parameters (no_shard)
 //
 // Resident units. When a unit's shard is the whole unit (one rank, or no_shard) there is nothing to
 // gather: its parameters are views of the compute shard (fp32: of the master itself), so they exist
@@ -60,7 +62,7 @@ namespace llm {
 class ShardedUnit {
  public:
   // parameters: the unit's module parameters (fp32), initialised identically on every rank. This
-  // rank's rows are copied into the fp32 master shard (and the compute shard); then the parameters
+  // rank's rows are copied into the fp32 master shard (and a resident bf16 unit's compute shard); then the parameters
   // become compute_dtype, and for the sharded strategies their storage is freed until gather().
   // resident_when_whole: a unit whose shard is the whole unit keeps its parameters as views of its
   // shards (above); false gathers and releases it like any other (tests of the gather path).
@@ -93,7 +95,9 @@ class ShardedUnit {
   const FlatShardLayout& layout() const { return layout_; }
   const std::string& name() const { return name_; }
   at::Tensor& master_shard() { return master_; }             // (shard_numel) fp32
-  at::Tensor& compute_shard() { return compute_; }           // (shard_numel) compute dtype
+  // (shard_numel) compute dtype: the master itself in fp32, a rounded copy for a resident bf16 unit,
+  // undefined for a gathered bf16 unit (each gather rounds the master into a transient buffer).
+  at::Tensor& compute_shard() { return compute_; }
   at::Tensor& gradient_shard() { return gradient_; }         // (shard_numel) fp32
   const at::Tensor& master_shard() const { return master_; }
   const at::Tensor& gradient_shard() const { return gradient_; }
@@ -126,6 +130,7 @@ class ShardedUnit {
   void fill_compute_parameters(const CollectiveStream& stream);
 
   at::Tensor master_, compute_, gradient_;
+  at::ScalarType compute_dtype_ = at::kFloat;
   bool resident_ = false;
   bool gradients_in_shard_ = false;  // resident with fp32 parameters: .grad views the gradient shard
   bool gradient_consumed_ = false;   // reduced since the last prepare_gradients()

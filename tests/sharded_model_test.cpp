@@ -223,32 +223,43 @@ TEST(ShardedModel, EventsComeInThePlansOrder) {
   EXPECT_EQ(events.at(1), "after_forward 0 eval");
 }
 
-TEST(ShardedModel, PureBf16GathersTheRoundedComputeShard) {
+TEST(ShardedModel, PureBf16GathersTheRoundedMaster) {
   Wrapped wrapped(ToyModel(7), {ShardingStrategy::full_shard, /*prefetch=*/true, at::kBFloat16, /*resident=*/false});
   ShardedUnit& unit = wrapped.sharded->unit(1);
   EXPECT_EQ(unit.master_shard().scalar_type(), at::kFloat);
-  EXPECT_EQ(unit.compute_shard().scalar_type(), at::kBFloat16);
-  EXPECT_TRUE(at::equal(unit.compute_shard(), unit.master_shard().to(at::kBFloat16)));
-  // Owned bytes: the fp32 master and the bf16 compute shard; nothing gathered between passes.
+  EXPECT_FALSE(unit.compute_shard().defined()) << "a gathered bf16 unit keeps no second copy of its shard";
+  // Owned bytes: the fp32 master only; nothing gathered between passes.
   const int64_t shard = unit.layout().shard_numel;
-  EXPECT_EQ(unit.owned_bytes().parameters, 4 * shard + 2 * shard);
+  EXPECT_EQ(unit.owned_bytes().parameters, 4 * shard);
   EXPECT_EQ(unit.owned_bytes().gradients, 4 * shard);
 
-  // An update of the master reaches the parameters only through publish_shards().
+  // An update of the master reaches the next gather, rounded to bf16.
   unit.master_shard().add_(0.5);
-  unit.gather();
-  const at::Tensor stale = wrapped.model.units[1][0].second.detach().clone();
-  unit.release();
-  wrapped.sharded->publish_shards();
-  EXPECT_TRUE(at::equal(unit.compute_shard(), unit.master_shard().to(at::kBFloat16)));
   unit.gather();
   const at::Tensor gathered = wrapped.model.units[1][0].second.detach();
   EXPECT_EQ(gathered.scalar_type(), at::kBFloat16);
-  EXPECT_FALSE(at::equal(gathered, stale));
   const ShardedParameter& weight = unit.layout().parameters[0];
-  EXPECT_TRUE(at::equal(gathered.reshape({-1}), unit.compute_shard().narrow(0, weight.shard_offset, weight.shard_numel())));
-  EXPECT_EQ(unit.owned_bytes().parameters, 6 * shard + 2 * (15 + 3)) << "plus the gathered bf16 parameters";
+  EXPECT_TRUE(at::equal(gathered.reshape({-1}),
+                        unit.master_shard().narrow(0, weight.shard_offset, weight.shard_numel()).to(at::kBFloat16)));
+  EXPECT_EQ(unit.owned_bytes().parameters, 4 * shard + 2 * (15 + 3)) << "plus the gathered bf16 parameters";
   unit.release();
+  EXPECT_EQ(unit.owned_bytes().parameters, 4 * shard);
+}
+
+TEST(ShardedModel, ResidentPureBf16ParametersViewTheirComputeShard) {
+  Wrapped wrapped(ToyModel(7), {ShardingStrategy::full_shard, /*prefetch=*/true, at::kBFloat16, /*resident=*/true});
+  ShardedUnit& unit = wrapped.sharded->unit(1);
+  ASSERT_TRUE(unit.resident());
+  EXPECT_EQ(unit.compute_shard().scalar_type(), at::kBFloat16);
+  const int64_t shard = unit.layout().shard_numel;
+  EXPECT_EQ(unit.owned_bytes().parameters, 4 * shard + 2 * shard) << "master and the bf16 weights, nothing gathered";
+  unit.master_shard().add_(0.5);
+  wrapped.sharded->publish_shards();
+  EXPECT_TRUE(at::equal(unit.compute_shard(), unit.master_shard().to(at::kBFloat16)));
+  const ShardedParameter& weight = unit.layout().parameters[0];
+  EXPECT_TRUE(at::equal(wrapped.model.units[1][0].second.detach().reshape({-1}),
+                        unit.compute_shard().narrow(0, weight.shard_offset, weight.shard_numel())))
+      << "the parameters see the published shard";
 }
 
 TEST(ShardedModel, Fp32ComputeShardIsTheMaster) {

@@ -197,12 +197,12 @@ class StepSimulation {
 
   RankEstimate run() {
     const int64_t n = m_.tokens;
-    // Persistent: master and gradient shards (fp32), the bf16 compute shard of pure bf16 (what is
-    // all-gathered; fp32 gathers the master itself), optimizer state, rotary tables. A resident
-    // unit's parameters are views of its compute shard: nothing more.
+    // Persistent: master and gradient shards (fp32), optimizer state, rotary tables. A resident
+    // unit's parameters are views of its compute shard (pure bf16: a bf16 copy of the master; else
+    // the master itself): nothing more.
     for (const UnitGeometry& unit : units_) {
       timeline_.add(kParameters, 4 * unit.shard_numel);
-      if (m_.mode == Mode::pure) timeline_.add(kParameters, 2 * unit.shard_numel);
+      if (m_.mode == Mode::pure && resident_) timeline_.add(kParameters, 2 * unit.shard_numel);
       timeline_.add(kGradients, 4 * unit.shard_numel);
     }
     if (resident_) gathered_.assign(units_.size(), true);
@@ -235,13 +235,17 @@ class StepSimulation {
   bool is_embed(size_t u) const { return u == 0; }
   const std::string& name(size_t u) const { return units_[u].spec->name; }
 
-  // ShardedUnit::gather: the all-gather buffer (the compute dtype, world x S_u), then each
-  // parameter's storage in turn, filled from its rows of every rank's block by strided copies.
+  // ShardedUnit::gather: under pure bf16 the send buffer (the master rounded, S_u), the all-gather
+  // buffer (the compute dtype, world x S_u), the send buffer freed, then each parameter's storage
+  // in turn, filled from its rows of every rank's block by strided copies.
   void gather_one(size_t u) {
     if (gathered_[u]) return;
     const UnitGeometry& unit = units_[u];
     const int64_t element = m_.compute_bytes();
+    const int64_t send = m_.mode == Mode::pure ? 2 * unit.shard_numel : 0;
+    timeline_.add(kActivations, send);
     timeline_.add(kActivations, element * unit.gathered_numel);
+    timeline_.remove(kActivations, send);
     for (const ShardedParameter& parameter : unit.layout.parameters)
       timeline_.add(kParameters, element * parameter.rows * parameter.cols);
     timeline_.remove(kActivations, element * unit.gathered_numel);
