@@ -160,6 +160,13 @@ void ShardOptimizer::step_unit(size_t unit, double lr) {
     rule_of(parameters[i].rule).update(parameters[i], inputs[i], settings_, scalars, across_);
 }
 
+bool ShardOptimizer::unit_needs_collectives(size_t unit) const {
+  if (across_ == nullptr) return false;
+  for (const ParameterState& p : units_.at(unit).parameters)
+    if (p.rule == UpdateRule::subset_norm || p.rule == UpdateRule::galore) return true;
+  return false;
+}
+
 int64_t ShardOptimizer::state_bytes() const {
   int64_t bytes = 0;
   for (const UnitState& unit : units_)

@@ -73,6 +73,9 @@ class ShardOptimizer {
   void step(double lr);
 
   size_t unit_count() const { return units_.size(); }
+  // Whether step_unit(unit) may communicate: a rule with sums across ranks (subset-norm, GaLore)
+  // on units sharded across ranks. Element-wise rules never do.
+  bool unit_needs_collectives(size_t unit) const;
   int64_t steps_taken() const { return step_; }
   // Bytes of optimizer state this rank holds (moments, subset norms, projectors).
   int64_t state_bytes() const;

@@ -101,11 +101,19 @@ ShardedUnit::ShardedUnit(std::string name, std::vector<std::pair<std::string, at
 
 void ShardedUnit::publish_shard() {
   at::NoGradGuard no_grad;
-  if (compute_.defined() && !compute_.is_same(master_)) compute_.copy_(master_);  // resident: its parameters see it
+  const at::Tensor& source = master_.defined() ? master_ : compute_;
+  if (master_.defined() && compute_.defined() && !compute_.is_same(master_))
+    compute_.copy_(master_);  // resident: its parameters see it
   if (resident_ || strategy_ != ShardingStrategy::no_shard) return;
   for (size_t i = 0; i < parameters_.size(); ++i)  // copy_ rounds to the parameters' dtype
-    parameters_[i].second.variable_data().copy_(
-        layout_.full_from_gathered(layout_.parameters[i], master_));
+    parameters_[i].second.variable_data().copy_(layout_.full_from_gathered(layout_.parameters[i], source));
+}
+
+void ShardedUnit::offload_master() {
+  if (!master_.defined()) return;
+  at::NoGradGuard no_grad;
+  if (!compute_.defined()) compute_ = master_.to(compute_dtype_);
+  master_ = at::Tensor();  // fp32: compute_ still holds the storage (the device copy of the rows)
 }
 
 ShardedUnit::~ShardedUnit() {
@@ -144,8 +152,8 @@ void ShardedUnit::gather() {
 void ShardedUnit::gather_async(const CollectiveStream& gather_stream) {
   if (gathered_ || resident_) return;
 #ifdef TRAINER_HAVE_CUDA
-  if (gather_stream && master_.is_cuda()) {
-    const c10::DeviceIndex device = master_.device().index();
+  if (gather_stream && gradient_.is_cuda()) {
+    const c10::DeviceIndex device = gradient_.device().index();
     const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(device);
     const c10::cuda::CUDAStream side(*gather_stream);
     if (!events_) events_ = std::make_unique<GatherEvents>();
@@ -170,7 +178,7 @@ void ShardedUnit::gather_async(const CollectiveStream& gather_stream) {
 void ShardedUnit::wait_gathered() {
   if (!gather_in_flight_) return;
 #ifdef TRAINER_HAVE_CUDA
-  events_->gathered.block(c10::cuda::getCurrentCUDAStream(master_.device().index()));
+  events_->gathered.block(c10::cuda::getCurrentCUDAStream(gradient_.device().index()));
 #endif
   gather_in_flight_ = false;
 }

@@ -89,15 +89,24 @@ class ShardedUnit {
   // two buffers), and for no_shard the parameters (the sharded strategies refresh them at the next
   // gather()).
   void publish_shard();
+  // CPU offload (offload/optimizer_offload.h): the fp32 master moves to host memory, which the caller
+  // has copied it to. This unit keeps its rows in the compute dtype on the device instead (the
+  // compute shard: the old master itself in fp32 and mixed, a rounded copy in pure bf16), and
+  // whoever steps the host master writes the updated rows into compute_shard() before the next
+  // gather. master_shard() is undefined afterwards; publish_shard() has nothing to do but no_shard's
+  // parameters.
+  void offload_master();
+  bool master_offloaded() const { return !master_.defined(); }
   bool gathered() const { return gathered_; }
   bool resident() const { return resident_; }  // parameters are views of the shards (above)
 
   const FlatShardLayout& layout() const { return layout_; }
   const std::string& name() const { return name_; }
-  at::Tensor& master_shard() { return master_; }             // (shard_numel) fp32
+  at::Tensor& master_shard() { return master_; }             // (shard_numel) fp32; undefined once offloaded
   // (shard_numel) compute dtype: the master itself in fp32, a rounded copy for a resident bf16 unit,
   // undefined for a gathered bf16 unit (each gather rounds the master into a transient buffer).
   at::Tensor& compute_shard() { return compute_; }
+  const at::Tensor& compute_shard() const { return compute_; }
   at::Tensor& gradient_shard() { return gradient_; }         // (shard_numel) fp32
   const at::Tensor& master_shard() const { return master_; }
   const at::Tensor& gradient_shard() const { return gradient_; }

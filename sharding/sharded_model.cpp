@@ -8,6 +8,7 @@ namespace llm {
 
 const char* to_string(UnitEvent event) {
   switch (event) {
+    case UnitEvent::before_shard_read: return "before_shard_read";
     case UnitEvent::before_gather: return "before_gather";
     case UnitEvent::after_forward: return "after_forward";
     case UnitEvent::after_backward: return "after_backward";
@@ -59,6 +60,7 @@ Activations ShardedModel::forward(const at::Tensor& input, Pass pass) {
     const bool track = pass == Pass::train && at::GradMode::is_enabled();
     at::Tensor unit_input = (u == 0 || !track) ? x : x.detach().requires_grad_(true);
     at::Tensor output;
+    emit(UnitEvent::before_shard_read, u, pass);
     {
       StepTimer::Scope timed(timer_, StepPhase::forward);
       output = forwards_[u](unit_input);
@@ -119,10 +121,12 @@ void ShardedModel::apply(const UnitAction& action, Pass pass) {
   StepTimer::Scope timed(timer_, StepPhase::collectives);
   switch (action.op) {
     case UnitOp::gather:
+      emit(UnitEvent::before_shard_read, static_cast<size_t>(action.unit), pass);
       emit(UnitEvent::before_gather, static_cast<size_t>(action.unit), pass);
       unit.gather();
       break;
     case UnitOp::prefetch:
+      emit(UnitEvent::before_shard_read, static_cast<size_t>(action.unit), pass);
       emit(UnitEvent::before_gather, static_cast<size_t>(action.unit), pass);
       unit.gather_async(gather_stream_);
       break;

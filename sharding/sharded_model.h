@@ -19,6 +19,10 @@
 //
 // Per-unit events, for what acts per unit (the memory ledger today; offload, a fused optimizer step
 // and checkpoints next). Listeners run on the calling thread, in the order they were added:
+//   before_shard_read      the unit's rows are about to be read: before a gather or prefetch is
+//                          issued, and before every forward (a resident or no_shard unit reads its
+//                          parameters, views of or copies of its shard, with no gather); offload
+//                          waits here for the unit's host step
 //   before_gather          the unit's all-gather is about to be issued (gather or prefetch)
 //   after_forward          the unit's forward has run; its parameters are still gathered
 //   after_backward         the unit's backward has run; its gradients are not reduced yet
@@ -55,7 +59,7 @@ struct ShardingOptions {
 };
 
 enum class Pass { train, eval };
-enum class UnitEvent { before_gather, after_forward, after_backward, gradient_shard_ready };
+enum class UnitEvent { before_shard_read, before_gather, after_forward, after_backward, gradient_shard_ready };
 const char* to_string(UnitEvent event);
 
 // One unit's forward as its backward needs it: the input (a leaf that requires grad, for units

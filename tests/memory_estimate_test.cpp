@@ -60,6 +60,7 @@ TEST(RunConfigJson, ReadsBackWhatToJsonWrites) {
   run.sharding.strategy = ShardingStrategy::shard_grad_op;
   run.device = DeviceChoice::cpu;
   run.sharding.prefetch = false;
+  run.sharding.offload = Offload::optimizer;
   run.seed = 9;
   run.logging.memory_snapshot = true;
   const RunConfig back = run_config_from_json(run.to_json(), "test");
@@ -113,7 +114,7 @@ TEST_P(EstimateAgainstMeasured, PeakWithinTenPercentPersistentExact) {
     EXPECT_LE(std::abs(error), 0.10) << "rank " << r << ": estimated " << predicted_peak << " B ("
                                     << predicted.at("peak_phase") << "), measured " << measured_peak << " B ("
                                     << summary.at("peak_phase") << ")";
-    for (const char* category : {"parameters", "gradients", "optimizer_device", "other"})
+    for (const char* category : {"parameters", "gradients", "optimizer_device", "optimizer_host", "other"})
       EXPECT_EQ(predicted.at("max").at(category), summary.at("max").at(category)) << "rank " << r << ": " << category;
   }
 }
@@ -130,7 +131,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama_micro", 3, "--batch_size 2 --max_length 32 --optimizer galore_adamw --rank 8 --sharding no_shard"},
                       Case{"llama_tiny", 2, "--batch_size 2 --max_length 32 --total_batch_size 8 --dtype bfloat16"},
                       Case{"llama_tiny", 2, "--batch_size 2 --max_length 32 --dtype bfloat16 --precision pure --optimizer galore_adamw --rank 16 --proj_type left"},
-                      Case{"llama_tiny", 4, "--batch_size 2 --max_length 32 --no_prefetch"}),
+                      Case{"llama_tiny", 4, "--batch_size 2 --max_length 32 --no_prefetch"},
+                      Case{"llama_tiny", 1, "--batch_size 2 --max_length 32 --offload optimizer"},
+                      Case{"llama_tiny", 4, "--batch_size 2 --max_length 32 --offload optimizer"},
+                      Case{"llama_micro", 2, "--batch_size 2 --max_length 32 --dtype bfloat16 --precision pure --optimizer galore_adamw --rank 8 --offload optimizer"}),
     case_name);
 
 TEST(EstimateCommand, BadInputIsExitTwo) {

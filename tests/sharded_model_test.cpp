@@ -3,7 +3,7 @@
 //     for each strategy, and the optimizer pass;
 //   * ShardedModel against the same toy model run without it: outputs, and gradient shards equal to
 //     the plain gradients, for each strategy, with accumulation over micro-batches;
-//   * its per-unit events, in order (before_gather, after_forward, after_backward,
+//   * its per-unit events, in order (before_shard_read, before_gather, after_forward, after_backward,
 //     gradient_shard_ready), and gradient_shard_ready only on a reducing backward;
 //   * pure bf16: the compute shard is the master rounded to bf16, gathered as bf16 (half the bytes),
 //     refreshed by publish_shards(); the units report their own bytes;
@@ -197,12 +197,19 @@ TEST(ShardedModel, AtOneRankUnitsAreTheirShards) {
 TEST(ShardedModel, EventsComeInThePlansOrder) {
   Wrapped wrapped(ToyModel(5), {ShardingStrategy::full_shard, /*prefetch=*/false, at::kFloat, /*resident=*/false});
   std::vector<std::string> events;
+  std::vector<size_t> reads;  // before_shard_read, apart: it comes before every gather and every forward
   wrapped.sharded->add_listener([&](UnitEvent event, size_t unit, Pass pass) {
+    if (event == UnitEvent::before_shard_read) {
+      reads.push_back(unit);
+      return;
+    }
     events.push_back(std::string(to_string(event)) + " " + std::to_string(unit) + (pass == Pass::eval ? " eval" : ""));
   });
   const at::Tensor input = at::randn({2, 4});
   Activations boundaries = wrapped.sharded->forward(input, Pass::train);
+  EXPECT_EQ(reads, (std::vector<size_t>{0, 0, 1, 1, 2, 2})) << "before each gather and each forward";
   wrapped.sharded->backward(boundaries, loss_of(boundaries.back().output), /*reduce=*/false);
+  EXPECT_EQ(reads, (std::vector<size_t>{0, 0, 1, 1, 2, 2, 2, 1, 0})) << "and before each gather of the backward";
   EXPECT_EQ(events, (Events{"before_gather 0", "after_forward 0", "before_gather 1", "after_forward 1", "before_gather 2",
                             "after_forward 2", "before_gather 2", "after_backward 2", "before_gather 1",
                             "after_backward 1", "before_gather 0", "after_backward 0"}))

@@ -97,6 +97,10 @@ Command parse_command_line(int argc, const char* const* argv) {
   add(app.add_flag("--no_prefetch", no_prefetch,
                    "gather each unit only when it runs (default: the next unit's all-gather is "
                    "prefetched while one runs, on a CUDA side stream)"));
+  EnumFlag<Offload> offload({Offload::none, Offload::optimizer}, run.sharding.offload);
+  add(offload.add(app, "--offload",
+                  "optimizer: fp32 master shards and optimizer state in host memory (pinned where "
+                  "they cross to a GPU), stepped there per unit while the device goes on (docs/offload.md)"));
   EnumFlag<Scheduler> scheduler({Scheduler::cosine, Scheduler::linear, Scheduler::constant},
                                 run.optimizer.scheduler);
   add(scheduler.add(app, "--scheduler", "learning-rate schedule after warm-up"));
@@ -307,6 +311,7 @@ Command parse_command_line(int argc, const char* const* argv) {
   run.optimizer.scheduler = scheduler.value();
   run.sharding.strategy = sharding.value();
   run.sharding.prefetch = !no_prefetch;
+  run.sharding.offload = offload.value();
   run.precision.dtype = dtype.value();
   run.precision.mode = precision.value();
   run.device = device.value();

@@ -39,6 +39,14 @@ const char* to_string(DeviceChoice value) {
   return "?";
 }
 
+const char* to_string(Offload value) {
+  switch (value) {
+    case Offload::none: return "none";
+    case Offload::optimizer: return "optimizer";
+  }
+  return "?";
+}
+
 const char* to_string(Precision value) {
   switch (value) {
     case Precision::pure: return "pure";
@@ -88,6 +96,7 @@ json RunConfig::to_json() const {
       {"device", to_string(device)},
       {"sharding", llm::to_string(sharding.strategy)},
       {"prefetch", sharding.prefetch},
+      {"offload", to_string(sharding.offload)},
       {"log_every", logging.log_every},
       {"print_config", logging.print_config},
       {"memory_snapshot", logging.memory_snapshot},
@@ -155,6 +164,7 @@ RunConfig run_config_from_json(const json& object, const std::string& source) {
   read_enum("sharding", run.sharding.strategy, ShardingStrategy::full_shard, ShardingStrategy::shard_grad_op,
             ShardingStrategy::no_shard);
   read("prefetch", run.sharding.prefetch);
+  read_enum("offload", run.sharding.offload, Offload::none, Offload::optimizer);
   read("log_every", run.logging.log_every);
   read("print_config", run.logging.print_config);
   read("memory_snapshot", run.logging.memory_snapshot);

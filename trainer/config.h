@@ -19,7 +19,10 @@ namespace llm {
 enum class Scheduler { cosine, linear, constant };
 enum class DType { float32, bfloat16 };
 enum class DeviceChoice { auto_select, cpu, cuda };
-enum class Precision { pure, mixed };  // bf16 only: pure bf16 weights (GaLore) or autocast + fp32 master
+enum class Precision { pure, mixed };
+// --offload optimizer: fp32 masters and optimizer state in host memory, stepped there
+// (offload/optimizer_offload.h, docs/offload.md).
+enum class Offload { none, optimizer };  // bf16 only: pure bf16 weights (GaLore) or autocast + fp32 master
 
 // What each step reads: where the tokens come from, how many per rank and per step, and the
 // held-out evaluation.
@@ -66,6 +69,7 @@ struct ShardingConfig {
   // Gather the next unit while one runs (on a CUDA side stream; in line on CPU). --no_prefetch turns
   // it off: at most one unit gathered under full_shard instead of two. Nothing to do for no_shard.
   bool prefetch = true;
+  Offload offload = Offload::none;  // --offload
 };
 
 // The dtype the model computes in.
@@ -122,5 +126,6 @@ const char* to_string(Scheduler value);
 const char* to_string(DType value);
 const char* to_string(DeviceChoice value);
 const char* to_string(Precision value);
+const char* to_string(Offload value);
 
 }  // namespace llm

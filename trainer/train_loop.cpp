@@ -11,6 +11,7 @@
 #include "common/log.h"
 #include "common/memory_stats.h"
 #include "common/step_timer.h"
+#include "offload/optimizer_offload.h"
 #include "sharding/sharded_model.h"
 #include "trainer/autocast.h"
 #include "trainer/checkpoint.h"
@@ -65,9 +66,9 @@ double average_over_ranks(double value, Communicator& communicator) {
   return tensor.item<double>();
 }
 
-// Global L2 norm over every rank's gradient shard; scales the shards to max_norm when above it
-// (torch's clip_grad_norm_ rule). no_shard ranks each hold the whole gradient: no reduction then.
-double clip_gradients(ShardedModel& model, Communicator& communicator, double max_norm) {
+// Global L2 norm over every rank's gradient shard. no_shard ranks each hold the whole gradient: no
+// reduction then.
+double global_gradient_norm(ShardedModel& model, Communicator& communicator) {
   // Each flat shard's squared norm as a dot product with itself: one pass, no temporary.
   at::Tensor squares = at::zeros({1}, model.unit(0).gradient_shard().options());
   for (size_t u = 0; u < model.unit_count(); ++u) {
@@ -75,13 +76,17 @@ double clip_gradients(ShardedModel& model, Communicator& communicator, double ma
     squares += at::dot(gradient, gradient);
   }
   if (model.options().strategy != ShardingStrategy::no_shard) communicator.all_reduce(squares, ReduceOp::sum);
-  const double norm = std::sqrt(squares.item<double>());
+  return std::sqrt(squares.item<double>());
+}
+
+// What the gradients are multiplied by to clip them to max_norm (torch's clip_grad_norm_ rule); 1
+// when they are within it or clipping is off.
+double clip_coefficient(double norm, double max_norm) {
   if (max_norm > 0 && std::isfinite(norm)) {
     const double coefficient = max_norm / (norm + 1e-6);
-    if (coefficient < 1.0)
-      for (size_t u = 0; u < model.unit_count(); ++u) model.unit(u).gradient_shard().mul_(coefficient);
+    if (coefficient < 1.0) return coefficient;
   }
-  return norm;
+  return 1.0;
 }
 
 // Before anything is written: --memory_snapshot on a CPU rank is a UserError, and the run folder exists.
@@ -141,7 +146,11 @@ class Training {
   int64_t startup_peak_bytes_ = 0, largest_unit_bytes_ = 0;  // parameter storage while building
   UnitContext unit_context_;
   LlamaForCausalLM model_;
-  std::unique_ptr<ShardOptimizer> optimizer_;
+  // --offload optimizer: the optimizer over host masters, stepped by offload_; otherwise over the
+  // units' own shards. Declared after sharded_: destroyed (its worker stopped) before it.
+  std::unique_ptr<OptimizerOffload> offload_;
+  std::unique_ptr<ShardOptimizer> device_optimizer_;
+  ShardOptimizer& optimizer() const { return offload_ ? offload_->optimizer() : *device_optimizer_; }
   TrainState state_;
   int64_t start_step_ = 0;
   int64_t live_batch_bytes_ = 0;
@@ -176,13 +185,22 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
     });
   sharded_.set_timer(&timer_);
   sharded_.add_listener([this](UnitEvent event, size_t u, Pass pass) {
+    if (offload_ && event == UnitEvent::before_shard_read) offload_->wait_unit(u);
+    if (offload_ && event == UnitEvent::gradient_shard_ready) offload_->gradient_ready(u);
     if (event == UnitEvent::after_forward)
       ledger_.point(pass == Pass::train ? "forward" : "eval", sharded_.unit(u).name(), owned_now());
     else if (event == UnitEvent::after_backward)
       ledger_.point("backward", sharded_.unit(u).name(), owned_now());
   });
   const bool sharded_across_ranks = context.world_size > 1 && run.sharding.strategy != ShardingStrategy::no_shard;
-  optimizer_ = build_optimizer(run, sharded_, sharded_across_ranks ? &communicator_ : nullptr);
+  Communicator* across = sharded_across_ranks ? &communicator_ : nullptr;
+  if (run.sharding.offload == Offload::optimizer) {
+    std::vector<std::vector<UpdateRule>> rules;
+    for (size_t u = 0; u < sharded_.unit_count(); ++u) rules.push_back(update_rules_for(sharded_.unit(u).layout(), run));
+    offload_ = std::make_unique<OptimizerOffload>(sharded_, optimizer_settings(run), std::move(rules), across);
+  } else {
+    device_optimizer_ = build_optimizer(run, sharded_, across);
+  }
   state_.seed = run.seed;
   if (!run.checkpoint.continue_from.empty()) resume(resolve_checkpoint_folder(run.checkpoint.continue_from));
   start_step_ = state_.step;
@@ -242,7 +260,7 @@ StepResult Training::train_step(int64_t step) {
   }
   {
     StepTimer::Scope timed(&timer_, StepPhase::optimizer);
-    result.grad_norm = clip_gradients(sharded_, communicator_, run_.optimizer.grad_clipping);
+    result.grad_norm = global_gradient_norm(sharded_, communicator_);
     if (!std::isfinite(result.loss) || !std::isfinite(result.grad_norm)) {
       std::ostringstream message;
       message << "step " << step << ": the loss is " << result.loss << " and the gradient norm " << result.grad_norm
@@ -251,9 +269,17 @@ StepResult Training::train_step(int64_t step) {
       throw TrainingError(message.str());
     }
     result.lr = run_.optimizer.lr * lr_multiplier(run_.optimizer.scheduler, step, run_.optimizer.warmup_steps, run_.num_training_steps, run_.optimizer.min_lr_ratio);
-    optimizer_->begin_step();
-    for (const UnitAction& action : sharded_.plan().optimizer_pass()) optimizer_->step_unit(action.unit, result.lr);
-    sharded_.publish_shards();
+    const double scale = clip_coefficient(result.grad_norm, run_.optimizer.grad_clipping);
+    if (offload_) {
+      offload_->step(result.lr, scale);  // each unit's host step; the next forward waits per unit
+    } else {
+      if (scale != 1.0)
+        for (size_t u = 0; u < sharded_.unit_count(); ++u) sharded_.unit(u).gradient_shard().mul_(scale);
+      device_optimizer_->begin_step();
+      for (const UnitAction& action : sharded_.plan().optimizer_pass())
+        device_optimizer_->step_unit(action.unit, result.lr);
+      sharded_.publish_shards();
+    }
   }
   ledger_.point("optimizer", "", owned_now());
   state_.step = step;
@@ -277,7 +303,7 @@ TrainingOutcome Training::run() {
     if (step % run_.logging.log_every == 0 || last)
       metrics_.log_step({step, run_.num_training_steps, result.loss, result.lr, result.grad_norm,
                          static_cast<double>(tokens_per_step) / seconds, seconds, state_.tokens_seen,
-                         ledger_.step_line_peak_bytes(), optimizer_->last_projector_seconds(), result.phase_seconds});
+                         ledger_.step_line_peak_bytes(), optimizer().last_projector_seconds(), result.phase_seconds});
     if ((run_.data.eval_every > 0 && step % run_.data.eval_every == 0) || last) {
       int64_t eval_tokens = 0;
       outcome.final_eval_loss = evaluate(&eval_tokens);
@@ -297,6 +323,7 @@ TrainingOutcome Training::run() {
       stop_device_memory_history(device_);
     }
   }
+  if (offload_) offload_->wait_all();  // the masters hold the last step before anything reads them
   finish_memory_ledger(outcome.steps - start_step_);
   metrics_.write(gather_schedule_record());
   metrics_.write({{"event", "end"}, {"steps", outcome.steps}, {"final_loss", outcome.final_loss},
@@ -325,11 +352,14 @@ double Training::evaluate(int64_t* tokens) {
 // Checkpoints hold full tensors (world-size independent): every rank joins the gathers, rank 0 writes.
 void Training::save(int64_t step) {
   std::vector<std::pair<std::string, at::Tensor>> model_tensors;
+  if (offload_) offload_->wait_all();
   for (size_t u = 0; u < sharded_.unit_count(); ++u) {
     ShardedUnit& unit = sharded_.unit(u);
-    for (auto& named : unit.gather_full(unit.master_shard())) model_tensors.push_back(std::move(named));
+    // An offloaded master crosses to the device one unit at a time (the communicator's tensors).
+    const at::Tensor master = offload_ ? offload_->master(u).to(device_) : unit.master_shard();
+    for (auto& named : unit.gather_full(master)) model_tensors.push_back(std::move(named));
   }
-  const std::map<std::string, at::Tensor> optimizer_state = optimizer_->full_state_dict();
+  const std::map<std::string, at::Tensor> optimizer_state = optimizer().full_state_dict();
   if (context_.rank != 0) return;
   const std::string folder = (fs::path(run_.checkpoint.save_dir) / ("step_" + std::to_string(step))).string();
   nlohmann::json trainer_state = state_.to_json();
@@ -364,10 +394,17 @@ void Training::resume(const std::string& folder) {
                   parameter.name, "shape does not match the model");
       tensors.push_back(found->second.to(device_, at::kFloat));
     }
-    unit.load_full(tensors, unit.master_shard());
+    if (offload_) {
+      at::Tensor rows = at::empty({unit.layout().shard_numel}, at::TensorOptions().dtype(at::kFloat).device(device_));
+      unit.load_full(tensors, rows);
+      offload_->master(u).copy_(rows);
+      offload_->publish(u);
+    } else {
+      unit.load_full(tensors, unit.master_shard());
+    }
   }
-  sharded_.publish_shards();
-  optimizer_->load_full_state_dict(checkpoint.optimizer);
+  if (!offload_) sharded_.publish_shards();
+  optimizer().load_full_state_dict(checkpoint.optimizer);
   train_batches_.seek(saved.samples_consumed);
   state_.step = saved.step;
   state_.samples_consumed = saved.samples_consumed;
@@ -379,7 +416,7 @@ void Training::resume(const std::string& folder) {
 // rotary tables (trainer/memory/ledger.h).
 MemoryCategories Training::owned_now() const {
   OwnedBytes owned = sharded_.owned_bytes();
-  owned += optimizer_->owned_bytes();
+  owned += offload_ ? offload_->owned_bytes() : device_optimizer_->owned_bytes();
   const int64_t rotary = distinct_storage_bytes(
       {model_->rotary_cos_cache(), model_->rotary_sin_cache(), unit_context_.cos, unit_context_.sin});
   return owned_categories(owned, live_batch_bytes_ + rotary);
@@ -387,12 +424,12 @@ MemoryCategories Training::owned_now() const {
 
 void Training::record_start() {
   int64_t shard_bytes = 0;
-  for (size_t u = 0; u < sharded_.unit_count(); ++u) shard_bytes += sharded_.unit(u).master_shard().numel() * 4;
+  for (size_t u = 0; u < sharded_.unit_count(); ++u) shard_bytes += sharded_.unit(u).layout().shard_numel * 4;
   metrics_.write({{"event", "start"}, {"model", model_config_.to_json()}, {"run", run_.to_json()},
                   {"world_size", context_.world_size}, {"device", device_.str()},
                   {"communicator", communicator_.backend_name()}, {"sharding", to_string(run_.sharding.strategy)},
                   {"parameters", model_config_.num_parameters()}, {"shard_parameter_bytes", shard_bytes},
-                  {"optimizer", run_.optimizer.name}, {"optimizer_state_bytes", optimizer_->state_bytes()},
+                  {"optimizer", run_.optimizer.name}, {"optimizer_state_bytes", optimizer().state_bytes()},
                   {"startup_peak_parameter_bytes", startup_peak_bytes_},
                   {"largest_unit_parameter_bytes", largest_unit_bytes_},
                   {"corpus_unigram_entropy", corpus_.unigram_entropy},
@@ -401,7 +438,8 @@ void Training::record_start() {
             model_config_.name, model_config_.num_parameters() / 1e6, context_.world_size, device_.str(),
             communicator_.backend_name(), to_string(run_.sharding.strategy), run_.num_training_steps, run_.data.total_batch_size,
             run_.data.max_length);
-  log::info("optimizer {}: {} of state on this rank", run_.optimizer.name, human_bytes(optimizer_->state_bytes()));
+  log::info("optimizer {}: {} of state on this rank{}", run_.optimizer.name, human_bytes(optimizer().state_bytes()),
+            offload_ ? ", in host memory with the fp32 masters (--offload optimizer)" : "");
 }
 
 // Every rank's persistent training state, counted from the buffers that exist (after a step): one
@@ -411,12 +449,13 @@ void Training::record_sharded_bytes() {
   int64_t parameters = 0, gradients = 0, materialized = 0;
   for (size_t u = 0; u < sharded_.unit_count(); ++u) {
     const ShardedUnit& unit = sharded_.unit(u);
-    parameters += static_cast<int64_t>(unit.master_shard().nbytes());
+    // The device's persistent rows: the master, or once offloaded the compute-dtype copy.
+    parameters += static_cast<int64_t>(unit.master_offloaded() ? unit.compute_shard().nbytes() : unit.master_shard().nbytes());
     gradients += static_cast<int64_t>(unit.gradient_shard().nbytes());
     materialized += unit.compute_parameter_bytes();
   }
   at::Tensor table = at::zeros({world, 4}, at::TensorOptions().dtype(at::kLong).device(communicator_.device()));
-  table[rank] = at::tensor({parameters, gradients, optimizer_->state_bytes(), materialized}, at::kLong)
+  table[rank] = at::tensor({parameters, gradients, optimizer().state_bytes(), materialized}, at::kLong)
                     .to(communicator_.device());
   if (world > 1) communicator_.all_reduce(table, ReduceOp::sum);
   table = table.to(at::kCPU);

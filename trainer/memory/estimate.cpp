@@ -18,7 +18,7 @@ namespace llm {
 namespace {
 
 // Category indices of MemoryCategories::at().
-constexpr int kParameters = 0, kGradients = 1, kOptimizerDevice = 2, kActivations = 4, kOther = 5;
+constexpr int kParameters = 0, kGradients = 1, kOptimizerDevice = 2, kOptimizerHost = 3, kActivations = 4, kOther = 5;
 
 enum class Mode { fp32, mixed, pure };
 
@@ -27,13 +27,18 @@ enum class Mode { fp32, mixed, pure };
 // raises the window's peak only); `point` closes a window as MemoryLedger::point does.
 class Timeline {
  public:
+  // host_apart: the device is a GPU, so host memory (offloaded optimizer state) is counted in its
+  // category but not in the device's total, as MemoryLedger::point does.
+  explicit Timeline(bool host_apart = false) : host_apart_(host_apart) {}
   void add(int category, int64_t bytes) {
     live_.at(category) += bytes;
+    if (host_apart_ && category == kOptimizerHost) return;
     total_ += bytes;
     window_peak_ = std::max(window_peak_, total_);
   }
   void remove(int category, int64_t bytes) {
     live_.at(category) -= bytes;
+    if (host_apart_ && category == kOptimizerHost) return;
     total_ -= bytes;
   }
   void spike(int64_t bytes) { window_peak_ = std::max(window_peak_, total_ + bytes); }
@@ -46,6 +51,7 @@ class Timeline {
   const std::vector<PhaseEstimate>& phases() const { return phases_; }
 
  private:
+  bool host_apart_;
   MemoryCategories live_;
   int64_t total_ = 0;
   int64_t window_peak_ = 0;
@@ -166,8 +172,9 @@ struct UnitGeometry {
 // bytes it allocates and frees.
 class StepSimulation {
  public:
-  StepSimulation(const Model& model, const std::vector<UnitSpec>& units, int world, int rank)
-      : m_(model), world_(world), rank_(rank) {
+  StepSimulation(const Model& model, const std::vector<UnitSpec>& units, int world, int rank, bool cuda)
+      : m_(model), world_(world), rank_(rank), cuda_(cuda),
+        offload_(model.run.sharding.offload == Offload::optimizer), timeline_(cuda) {
     const bool no_shard = m_.run.sharding.strategy == ShardingStrategy::no_shard;
     layout_world_ = no_shard ? 1 : world_;
     // One rank or no_shard: each unit is its whole shard and stays resident (sharding/fsdp_unit.h).
@@ -199,14 +206,27 @@ class StepSimulation {
     const int64_t n = m_.tokens;
     // Persistent: master and gradient shards (fp32), optimizer state, rotary tables. A resident
     // unit's parameters are views of its compute shard (pure bf16: a bf16 copy of the master; else
-    // the master itself): nothing more.
+    // the master itself): nothing more. With --offload optimizer the device keeps each unit's rows
+    // in the compute dtype instead of the master, and host memory holds the masters, a landing
+    // buffer for each gradient shard, on CUDA a staging buffer in the compute dtype, and the state
+    // (offload/optimizer_offload.h).
+    int64_t shard_elements = 0;
     for (const UnitGeometry& unit : units_) {
-      timeline_.add(kParameters, 4 * unit.shard_numel);
-      if (m_.mode == Mode::pure && resident_) timeline_.add(kParameters, 2 * unit.shard_numel);
+      shard_elements += unit.shard_numel;
+      if (offload_) {
+        timeline_.add(kParameters, m_.compute_bytes() * unit.shard_numel);
+      } else {
+        timeline_.add(kParameters, 4 * unit.shard_numel);
+        if (m_.mode == Mode::pure && resident_) timeline_.add(kParameters, 2 * unit.shard_numel);
+      }
       timeline_.add(kGradients, 4 * unit.shard_numel);
     }
     if (resident_) gathered_.assign(units_.size(), true);
-    timeline_.add(kOptimizerDevice, optimizer_state());
+    if (offload_)
+      timeline_.add(kOptimizerHost, optimizer_state() + 8 * shard_elements +
+                                        (cuda_ ? m_.compute_bytes() * shard_elements : 0));
+    else
+      timeline_.add(kOptimizerDevice, optimizer_state());
     const int64_t head_dim = m_.config.head_dim();
     timeline_.add(kOther, 2 * m_.run.data.max_length * head_dim * 4);                  // cos, sin (fp32)
     if (m_.mode == Mode::pure) timeline_.add(kOther, 2 * m_.run.data.max_length * head_dim * 2);  // bf16 copies
@@ -217,8 +237,11 @@ class StepSimulation {
 
     // Clipping (a dot product per gradient shard: nothing allocated), then the optimizer, unit by
     // unit: each unit's temporaries are gone before the next unit's step.
-    for (const UnitAction& action : plan_.optimizer_pass())
-      timeline_.spike(optimizer_transient(static_cast<size_t>(action.unit)));
+    // With offload the steps run on the host: on a GPU they are not the device's; on a CPU rank they
+    // run on the worker thread, counted here as without offload.
+    if (!(offload_ && cuda_))
+      for (const UnitAction& action : plan_.optimizer_pass())
+        timeline_.spike(optimizer_transient(static_cast<size_t>(action.unit)));
     timeline_.point("optimizer");
 
     evaluation(n);
@@ -242,7 +265,7 @@ class StepSimulation {
     if (gathered_[u]) return;
     const UnitGeometry& unit = units_[u];
     const int64_t element = m_.compute_bytes();
-    const int64_t send = m_.mode == Mode::pure ? 2 * unit.shard_numel : 0;
+    const int64_t send = m_.mode == Mode::pure && !offload_ ? 2 * unit.shard_numel : 0;  // offload keeps a compute shard
     timeline_.add(kActivations, send);
     timeline_.add(kActivations, element * unit.gathered_numel);
     timeline_.remove(kActivations, send);
@@ -487,7 +510,12 @@ class StepSimulation {
         full_state += optimizer_state_bytes(settings, unit.whole.parameters[i], unit.rules[i], 1);
     const PhaseEstimate& after_optimizer = *std::find_if(
         timeline_.phases().begin(), timeline_.phases().end(), [](const PhaseEstimate& p) { return p.label == "optimizer"; });
-    return after_optimizer.at_point.total() + full_parameters + largest_gather + full_state;
+    // An offloaded master crosses to the device a unit at a time to be gathered (on CUDA).
+    int64_t offloaded_master = 0;
+    if (offload_ && cuda_)
+      for (const UnitGeometry& unit : units_) offloaded_master = std::max(offloaded_master, 4 * unit.shard_numel);
+    const int64_t at_point = after_optimizer.at_point.total() - (cuda_ ? after_optimizer.at_point.optimizer_host : 0);
+    return at_point + full_parameters + largest_gather + full_state + offloaded_master;
   }
 
   RankEstimate summarize() const {
@@ -509,6 +537,7 @@ class StepSimulation {
 
   const Model& m_;
   int world_, rank_;
+  bool cuda_, offload_;
   int layout_world_ = 1;
   bool resident_ = false;
   std::vector<UnitGeometry> units_;
@@ -533,7 +562,7 @@ MemoryEstimate estimate_memory(const ModelConfig& model, const RunConfig& run, c
   const std::vector<UnitSpec> units = describe_units(model);
   const Model shape(model, run);
   for (int rank = 0; rank < options.world_size; ++rank) {
-    StepSimulation simulation(shape, units, options.world_size, rank);
+    StepSimulation simulation(shape, units, options.world_size, rank, estimate.device == "cuda");
     estimate.ranks.push_back(simulation.run());
     estimate.gathered_units = static_cast<int>(simulation.peak_gathered_units());
   }

@@ -1,0 +1,216 @@
+#include "offload/optimizer_offload.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/empty.h>
+
+#include "common/errors.h"
+#include "sharding/sharded_model.h"
+
+#ifdef TRAINER_HAVE_CUDA
+#include <c10/cuda/CUDAEvent.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
+namespace llm {
+
+#ifdef TRAINER_HAVE_CUDA
+struct OptimizerOffload::CudaCopies {
+  c10::DeviceIndex device;
+  c10::cuda::CUDAStream to_host, to_device;
+  // Per unit: the gradient left the device (D2H) / the compute shard holds the update (H2D) / the
+  // compute stream is past its last read of the unit before the H2D copy overwrites it.
+  std::vector<c10::cuda::CUDAEvent> gradient_landed, update_landed;
+  c10::cuda::CUDAEvent backward_done;
+  explicit CudaCopies(c10::DeviceIndex index, size_t units)
+      : device(index),
+        to_host(c10::cuda::getStreamFromPool(false, index)),
+        to_device(c10::cuda::getStreamFromPool(false, index)),
+        gradient_landed(units),
+        update_landed(units) {}
+};
+#else
+struct OptimizerOffload::CudaCopies {};
+#endif
+
+OptimizerOffload::OptimizerOffload(ShardedModel& model, const OptimizerSettings& settings,
+                                   std::vector<std::vector<UpdateRule>> rules, Communicator* across)
+    : model_(model), intra_op_threads_(at::get_num_threads()) {
+  LLM_REQUIRE(rules.size() == model.unit_count(), "offload", "rules", "needs the update rules of every unit");
+  at::NoGradGuard no_grad;
+  const size_t units = model.unit_count();
+  on_cuda_ = units > 0 && model.unit(0).gradient_shard().is_cuda();
+  std::vector<UnitShard> shards;
+  for (size_t u = 0; u < units; ++u) {
+    ShardedUnit& unit = model.unit(u);
+    LLM_REQUIRE(!unit.master_offloaded(), "offload", unit.name(), "the master is offloaded already");
+    const int64_t numel = unit.layout().shard_numel;
+    const at::TensorOptions host = at::TensorOptions().dtype(at::kFloat).device(at::kCPU);
+    // Master and state in pageable host memory: they never cross the bus. The buffers the copies
+    // read or write are page-locked on CUDA, so the copies are DMA and asynchronous.
+    masters_.push_back(at::empty({numel}, host));
+    masters_.back().copy_(unit.master_shard());
+    gradients_.push_back(at::empty({numel}, host.pinned_memory(on_cuda_)));
+    if (on_cuda_) {
+      staging_.push_back(at::empty({numel}, host.dtype(model.options().compute_dtype).pinned_memory(true)));
+      pinned_bytes_ += static_cast<int64_t>(gradients_.back().nbytes() + staging_.back().nbytes());
+    }
+    unit.offload_master();
+    shards.push_back({unit.layout(), masters_.back(), gradients_.back(), std::move(rules[u])});
+  }
+  optimizer_ = std::make_unique<ShardOptimizer>(settings, std::move(shards), across);
+  done_.assign(units, true);
+#ifdef TRAINER_HAVE_CUDA
+  if (on_cuda_) copies_ = std::make_unique<CudaCopies>(model.unit(0).gradient_shard().device().index(), units);
+#endif
+  worker_ = std::thread([this] { worker_loop(); });
+}
+
+OptimizerOffload::~OptimizerOffload() {
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [this] { return queue_.empty() || failure_ != nullptr; });
+    stopping_ = true;
+  }
+  changed_.notify_all();
+  worker_.join();
+}
+
+void OptimizerOffload::gradient_ready(size_t unit) {
+  at::NoGradGuard no_grad;
+  const at::Tensor& shard = model_.unit(unit).gradient_shard();
+#ifdef TRAINER_HAVE_CUDA
+  if (on_cuda_) {
+    // The shard is final once the compute stream reaches here (the reduce-scatter wrote it).
+    c10::cuda::CUDAEvent reduced;
+    reduced.record(c10::cuda::getCurrentCUDAStream(copies_->device));
+    reduced.block(copies_->to_host);
+    c10::cuda::CUDAStreamGuard on_copy_stream(copies_->to_host);
+    gradients_.at(unit).copy_(shard, /*non_blocking=*/true);
+    copies_->gradient_landed.at(unit).record(copies_->to_host);
+    return;
+  }
+#endif
+  gradients_.at(unit).copy_(shard);
+}
+
+void OptimizerOffload::step(double lr, double gradient_scale) {
+  wait_all();  // the last step's updates are all on the device (and the worker is idle)
+#ifdef TRAINER_HAVE_CUDA
+  // The H2D copies below overwrite compute shards that this step's kernels read (a resident unit's
+  // parameters are views of its shard): they go after everything queued so far.
+  if (on_cuda_) copies_->backward_done.record(c10::cuda::getCurrentCUDAStream(copies_->device));
+#endif
+  optimizer_->begin_step();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    lr_ = lr;
+    gradient_scale_ = gradient_scale;
+  }
+  std::vector<size_t> collective;
+  for (const UnitAction& action : model_.plan().optimizer_pass()) {
+    const size_t u = static_cast<size_t>(action.unit);
+    std::lock_guard<std::mutex> lock(mutex_);
+    done_[u] = false;
+    if (optimizer_->unit_needs_collectives(u))
+      collective.push_back(u);
+    else
+      queue_.push_back(u);
+  }
+  changed_.notify_all();
+  // The collective units on this thread, in the plan's order on every rank (see the header).
+  for (size_t u : collective) {
+    step_on_host(u);
+    mark_done(u);
+  }
+}
+
+void OptimizerOffload::step_on_host(size_t unit) {
+  at::NoGradGuard no_grad;
+#ifdef TRAINER_HAVE_CUDA
+  if (on_cuda_) copies_->gradient_landed.at(unit).synchronize();
+#endif
+  if (gradient_scale_ != 1.0) gradients_.at(unit).mul_(gradient_scale_);
+  optimizer_->step_unit(unit, lr_);
+  publish(unit);
+}
+
+void OptimizerOffload::publish(size_t unit) {
+  at::NoGradGuard no_grad;
+  ShardedUnit& sharded = model_.unit(unit);
+#ifdef TRAINER_HAVE_CUDA
+  if (on_cuda_) {
+    // The staging buffer is free once its last H2D copy is done.
+    copies_->update_landed.at(unit).synchronize();
+    staging_.at(unit).copy_(masters_.at(unit));  // rounds to the compute dtype
+    copies_->backward_done.block(copies_->to_device);
+    c10::cuda::CUDAStreamGuard on_copy_stream(copies_->to_device);
+    sharded.compute_shard().copy_(staging_.at(unit), /*non_blocking=*/true);
+    sharded.publish_shard();  // no_shard's parameters from the compute shard
+    copies_->update_landed.at(unit).record(copies_->to_device);
+    return;
+  }
+#endif
+  sharded.compute_shard().copy_(masters_.at(unit));
+  sharded.publish_shard();
+}
+
+void OptimizerOffload::worker_loop() {
+  // The worker's ATen ops split work like the main thread's (the OpenMP thread count is per thread).
+  at::set_num_threads(intra_op_threads_);
+  for (;;) {
+    size_t unit = 0;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      changed_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, nothing left
+      unit = queue_.front();
+    }
+    try {
+      step_on_host(unit);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!failure_) failure_ = std::current_exception();
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.pop_front();
+      done_[unit] = true;
+    }
+    changed_.notify_all();
+  }
+}
+
+void OptimizerOffload::mark_done(size_t unit) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    done_[unit] = true;
+  }
+  changed_.notify_all();
+}
+
+void OptimizerOffload::wait_unit(size_t unit) {
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [&] { return done_.at(unit) || failure_ != nullptr; });
+    if (failure_) std::rethrow_exception(failure_);
+  }
+#ifdef TRAINER_HAVE_CUDA
+  if (on_cuda_) copies_->update_landed.at(unit).block(c10::cuda::getCurrentCUDAStream(copies_->device));
+#endif
+}
+
+void OptimizerOffload::wait_all() {
+  for (size_t u = 0; u < done_.size(); ++u) wait_unit(u);
+}
+
+OwnedBytes OptimizerOffload::owned_bytes() const {
+  OwnedBytes owned;
+  owned.optimizer_host = optimizer_->state_bytes();
+  for (const std::vector<at::Tensor>* buffers : {&masters_, &gradients_, &staging_})
+    for (const at::Tensor& buffer : *buffers) owned.optimizer_host += static_cast<int64_t>(buffer.nbytes());
+  return owned;
+}
+
+}  // namespace llm

@@ -1,0 +1,112 @@
+// CPU offload of the optimizer (--offload optimizer): every unit's fp32 master shard and optimizer
+// state live in host memory, and the optimizer steps there, unit by unit, on a worker thread, while
+// the device keeps only each unit's rows in the compute dtype (what is gathered) and its gradient
+// shard. ZeRO-Offload's division of labour, per unit of our own runtime (docs/offload.md draws the
+// timeline of one step).
+//
+// One owner for everything offload holds, per unit:
+//   master      (shard_numel) fp32, host: what the optimizer updates and checkpoints save
+//   gradient    (shard_numel) fp32, host (pinned on CUDA): where the device's gradient shard lands
+//   staging     (shard_numel) compute dtype, host (pinned on CUDA): the updated rows, rounded, on
+//               their way to the device (CUDA only; on a CPU rank the worker writes the unit's
+//               compute shard directly)
+//   optimizer state: the ShardOptimizer's flat buffers, built over the host masters and gradients
+// and, on CUDA, a device-to-host and a host-to-device copy stream and an event per unit and way.
+//
+// The order, for unit u of step t:
+//   gradient_ready(u)   (ShardedModel's gradient_shard_ready, during backward) the shard is copied
+//                       to u's host gradient buffer: on the D2H stream after an event on the compute
+//                       stream (CUDA), or in line (CPU)
+//   step(lr, scale)     (after the last backward, once the global norm is known: clipping is exact)
+//                       queues every unit in the optimizer pass's order (embed first); the worker, per
+//                       unit: waits for u's D2H copy, scales the gradient by the clip coefficient (what
+//                       clip_gradients does to the shard without offload), step_unit(u), rounds the
+//                       master into u's staging buffer and copies it into u's compute shard (H2D
+//                       stream, then an event), and marks u done
+//   wait_unit(u)        (ShardedModel's before_shard_read: before u's gather or forward in step t+1,
+//                       or in an evaluation) blocks until the worker marked u done, then orders the
+//                       compute stream after u's H2D copy (an event, no host wait)
+// So the next step's forward of the embedding starts as soon as the embedding's host step is done,
+// while the worker steps the later units.
+//
+// Units whose step is collective (subset-norm or GaLore sums across ranks: ShardOptimizer::
+// unit_needs_collectives) are stepped by the calling thread inside step(), in the same order on every
+// rank: MPI is initialised FUNNELED (sharding/world.h), so only that thread may communicate. Each
+// unit's state is its own, so which thread steps a unit changes no result: offload on equals offload
+// off bitwise (tests/offload_test.cpp).
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include "common/owned_bytes.h"
+#include "optim/optimizer_settings.h"
+#include "optim/shard_optimizer.h"
+#include "optim/update_rules.h"
+
+namespace llm {
+
+class Communicator;
+class ShardedModel;
+
+class OptimizerOffload {
+ public:
+  // Copies every unit's master to host memory, moves the unit's own master off the device
+  // (ShardedUnit::offload_master) and builds the optimizer over the host masters and gradients.
+  // rules: per unit, one update rule per parameter.
+  OptimizerOffload(ShardedModel& model, const OptimizerSettings& settings,
+                   std::vector<std::vector<UpdateRule>> rules, Communicator* across);
+  ~OptimizerOffload();  // waits for the worker, then stops it
+  OptimizerOffload(const OptimizerOffload&) = delete;
+  OptimizerOffload& operator=(const OptimizerOffload&) = delete;
+
+  void gradient_ready(size_t unit);
+  // One optimizer step with the gradients scaled by gradient_scale (1: no clipping).
+  void step(double lr, double gradient_scale);
+  void wait_unit(size_t unit);
+  void wait_all();
+
+  // The host master of a unit (wait_all() first where it matters).
+  at::Tensor& master(size_t unit) { return masters_.at(unit); }
+  // After a checkpoint's rows were loaded into master(unit): refresh the device's compute shard.
+  void publish(size_t unit);
+  ShardOptimizer& optimizer() { return *optimizer_; }
+  // Everything offload holds in host memory (masters, gradients, staging, state): optimizer_host.
+  OwnedBytes owned_bytes() const;
+  // Of those, the page-locked bytes (the gradient and staging buffers on CUDA; 0 on a CPU rank).
+  int64_t pinned_bytes() const { return pinned_bytes_; }
+
+ private:
+  struct CudaCopies;  // streams and events (optimizer_offload.cpp; CUDA builds only)
+
+  void step_on_host(size_t unit);  // scale, step, publish to the device; either thread
+  void worker_loop();
+  void mark_done(size_t unit);
+
+  ShardedModel& model_;
+  bool on_cuda_ = false;
+  std::vector<at::Tensor> masters_, gradients_, staging_;
+  std::unique_ptr<ShardOptimizer> optimizer_;
+  std::unique_ptr<CudaCopies> copies_;
+  int64_t pinned_bytes_ = 0;
+  int intra_op_threads_ = 1;
+
+  double lr_ = 0, gradient_scale_ = 1;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<size_t> queue_;
+  std::vector<bool> done_;
+  bool stopping_ = false;
+  std::exception_ptr failure_;  // the worker's, rethrown by the next wait
+  std::thread worker_;
+};
+
+}  // namespace llm

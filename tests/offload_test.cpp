@@ -1,0 +1,141 @@
+// --offload optimizer through the trainer binary on CPU (offload/optimizer_offload.h): the host step on
+// a worker thread, per unit, equals the step without offload bitwise (losses, gradient norms, final
+// parameters and optimizer state) for each optimizer at 1 and 4 ranks, with gradient accumulation
+// and with clipping that fires, in fp32 and in pure bf16; the device-side optimizer bytes are zero;
+// and a run saved with offload resumes exactly.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/test_util.h"
+#include "trainer/checkpoint.h"
+
+namespace llm {
+namespace {
+
+using testing::run_command;
+using testing::ScratchDir;
+
+struct OffloadCase {
+  std::string name;
+  int ranks;
+  std::string flags;
+};
+
+// llama_micro, 6 steps, accumulation 2, clipping at 0.05 (it fires at every step here), weight decay.
+std::string run_flags(const OffloadCase& c, const std::filesystem::path& dir, int steps = 6) {
+  constexpr int kGlobalBatch = 8;
+  return " --config " + (testing::source_dir() / "configs/llama_micro.json").string() +
+         " --device cpu --num_training_steps " + std::to_string(steps) +
+         " --warmup_steps 1 --max_length 32 --eval_every 3 --eval_batches 1 --weight_decay 0.1 --grad_clipping 0.05"
+         " --total_batch_size " + std::to_string(kGlobalBatch) + " --batch_size " +
+         std::to_string(kGlobalBatch / c.ranks / 2) + " " + c.flags + " --save_dir " + (dir / "ckpt").string() +
+         " --run_dir " + (dir / "run").string();
+}
+
+std::string launcher(int ranks) {
+  return ranks == 1 ? "OMP_NUM_THREADS=1 " + testing::trainer_binary().string()
+                    : testing::mpirun(ranks) + testing::trainer_binary().string();
+}
+
+void expect_identical(const Checkpoint& actual, const Checkpoint& expected, const std::string& what) {
+  ASSERT_EQ(actual.model.size(), expected.model.size()) << what;
+  for (const auto& [name, tensor] : expected.model)
+    EXPECT_TRUE(at::equal(actual.model.at(name), tensor)) << what << ": parameter " << name;
+  ASSERT_EQ(actual.optimizer.size(), expected.optimizer.size()) << what;
+  for (const auto& [key, tensor] : expected.optimizer)
+    EXPECT_TRUE(at::equal(actual.optimizer.at(key), tensor)) << what << ": optimizer " << key;
+}
+
+// Every point of every rank's ledger.
+std::vector<nlohmann::json> ledger_points(const std::filesystem::path& run_dir, int rank) {
+  std::ifstream in(run_dir / ("memory.rank" + std::to_string(rank) + ".jsonl"));
+  std::vector<nlohmann::json> points;
+  for (std::string line; std::getline(in, line);) {
+    nlohmann::json record = nlohmann::json::parse(line);
+    if (record.at("event") == "point") points.push_back(std::move(record));
+  }
+  return points;
+}
+
+class OffloadEquivalence : public ::testing::TestWithParam<OffloadCase> {};
+
+TEST_P(OffloadEquivalence, EqualsTheStepWithoutOffloadBitwise) {
+  const OffloadCase& c = GetParam();
+  ScratchDir plain_dir("offload_off_" + c.name), offload_dir("offload_on_" + c.name);
+  auto plain = run_command(launcher(c.ranks) + run_flags(c, plain_dir.path()));
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  auto offloaded = run_command(launcher(c.ranks) + run_flags(c, offload_dir.path()) + " --offload optimizer");
+  ASSERT_EQ(offloaded.exit_code, 0) << offloaded.output;
+
+  const auto plain_steps = testing::read_metrics_events(plain_dir / "run", "train");
+  const auto offload_steps = testing::read_metrics_events(offload_dir / "run", "train");
+  ASSERT_EQ(plain_steps.size(), 6u);
+  ASSERT_EQ(offload_steps.size(), plain_steps.size());
+  bool clipped = false;
+  for (size_t i = 0; i < plain_steps.size(); ++i) {
+    EXPECT_EQ(offload_steps[i].at("loss").get<double>(), plain_steps[i].at("loss").get<double>()) << "step " << i + 1;
+    EXPECT_EQ(offload_steps[i].at("grad_norm").get<double>(), plain_steps[i].at("grad_norm").get<double>())
+        << "step " << i + 1;
+    clipped = clipped || plain_steps[i].at("grad_norm").get<double>() > 0.05;
+  }
+  EXPECT_TRUE(clipped) << "the case is meant to clip";
+  const auto plain_eval = testing::read_metrics_events(plain_dir / "run", "eval");
+  const auto offload_eval = testing::read_metrics_events(offload_dir / "run", "eval");
+  ASSERT_EQ(offload_eval.size(), plain_eval.size());
+  for (size_t i = 0; i < plain_eval.size(); ++i)
+    EXPECT_EQ(offload_eval[i].at("eval_loss").get<double>(), plain_eval[i].at("eval_loss").get<double>());
+  expect_identical(load_checkpoint((offload_dir / "ckpt/step_6").string()),
+                   load_checkpoint((plain_dir / "ckpt/step_6").string()), c.name);
+
+  // The ledger: no optimizer state on the device with offload, all of it (and the masters) on the host.
+  for (int r = 0; r < c.ranks; ++r) {
+    const auto points = ledger_points(offload_dir / "run", r);
+    ASSERT_FALSE(points.empty());
+    const auto plain_points = ledger_points(plain_dir / "run", r);
+    for (const nlohmann::json& point : points) {
+      EXPECT_EQ(point.at("optimizer_device").get<int64_t>(), 0) << "rank " << r << " " << point.at("phase");
+      EXPECT_GT(point.at("optimizer_host").get<int64_t>(), plain_points.front().at("optimizer_device").get<int64_t>())
+          << "rank " << r << ": the state plus the masters and gradient landing buffers";
+    }
+  }
+}
+
+const OffloadCase kCases[] = {
+    {"adamw_1rank", 1, "--optimizer adamw --lr 1e-2"},
+    {"adamw_4ranks", 4, "--optimizer adamw --lr 1e-2"},
+    {"adamw_sn_1rank", 1, "--optimizer adamw_sn --lr 2e-2"},
+    {"adamw_sn_4ranks", 4, "--optimizer adamw_sn --lr 2e-2"},
+    {"galore_1rank", 1, "--optimizer galore_adamw --rank 8 --update_proj_gap 2 --lr 5e-3"},
+    {"galore_4ranks", 4, "--optimizer galore_adamw --rank 8 --update_proj_gap 2 --lr 5e-3"},
+    {"adamw_pure_bf16_4ranks", 4, "--optimizer adamw --lr 1e-2 --dtype bfloat16 --precision pure"},
+    {"adamw_mixed_bf16_shard_grad_op_4ranks", 4,
+     "--optimizer adamw --lr 1e-2 --dtype bfloat16 --precision mixed --sharding shard_grad_op"},
+    {"adamw_sn_no_shard_4ranks", 4, "--optimizer adamw_sn --lr 2e-2 --sharding no_shard"},
+};
+
+INSTANTIATE_TEST_SUITE_P(Cases, OffloadEquivalence, ::testing::ValuesIn(kCases),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(OffloadResume, ResumesExactlyFromAnOffloadedCheckpoint) {
+  const OffloadCase c{"resume", 2, "--optimizer adamw --lr 1e-2 --offload optimizer --save_every 3"};
+  ScratchDir whole("offload_whole"), split("offload_split");
+  auto full = run_command(launcher(2) + run_flags(c, whole.path()));
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  auto resumed = run_command(launcher(2) + run_flags(c, split.path()) + " --continue_from " +
+                             (whole / "ckpt/step_3").string());
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  const auto whole_steps = testing::read_metrics_events(whole / "run", "train");
+  const auto resumed_steps = testing::read_metrics_events(split / "run", "train");
+  ASSERT_EQ(resumed_steps.size(), 3u);
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_EQ(resumed_steps[i].at("loss").get<double>(), whole_steps[i + 3].at("loss").get<double>()) << "step " << i + 4;
+  expect_identical(load_checkpoint((split / "ckpt/step_6").string()), load_checkpoint((whole / "ckpt/step_6").string()),
+                   "resumed");
+}
+
+}  // namespace
+}  // namespace llm
