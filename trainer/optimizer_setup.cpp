@@ -48,11 +48,18 @@ std::vector<UpdateRule> update_rules_for(const FlatShardLayout& layout, const Ru
   return rules;
 }
 
+std::vector<std::vector<UpdateRule>> unit_update_rules(const ShardedModel& model, const RunConfig& run) {
+  std::vector<std::vector<UpdateRule>> rules;
+  for (size_t u = 0; u < model.unit_count(); ++u) rules.push_back(update_rules_for(model.unit(u).layout(), run));
+  return rules;
+}
+
 std::unique_ptr<ShardOptimizer> build_optimizer(const RunConfig& run, ShardedModel& model, Communicator* across) {
+  std::vector<std::vector<UpdateRule>> rules = unit_update_rules(model, run);
   std::vector<UnitShard> units;
   for (size_t u = 0; u < model.unit_count(); ++u) {
     ShardedUnit& unit = model.unit(u);
-    units.push_back({unit.layout(), unit.master_shard(), unit.gradient_shard(), update_rules_for(unit.layout(), run)});
+    units.push_back({unit.layout(), unit.master_shard(), unit.gradient_shard(), std::move(rules[u])});
   }
   return std::make_unique<ShardOptimizer>(optimizer_settings(run), std::move(units), across);
 }

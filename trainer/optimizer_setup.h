@@ -23,6 +23,8 @@ OptimizerSettings optimizer_settings(const RunConfig& run);
 UpdateRule update_rule_for(const std::string& name, size_t dims, const RunConfig& run);
 // The rule of each parameter of a layout, in order.
 std::vector<UpdateRule> update_rules_for(const FlatShardLayout& layout, const RunConfig& run);
+// Every unit's rules, in unit order: what the optimizer is built with, on the device or offloaded.
+std::vector<std::vector<UpdateRule>> unit_update_rules(const ShardedModel& model, const RunConfig& run);
 
 // The optimizer over every unit of the sharded model (the units' master and gradient shards, used in
 // place). across: the communicator when the units are sharded (more than one rank, not no_shard).

@@ -194,13 +194,10 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
   });
   const bool sharded_across_ranks = context.world_size > 1 && run.sharding.strategy != ShardingStrategy::no_shard;
   Communicator* across = sharded_across_ranks ? &communicator_ : nullptr;
-  if (run.sharding.offload == Offload::optimizer) {
-    std::vector<std::vector<UpdateRule>> rules;
-    for (size_t u = 0; u < sharded_.unit_count(); ++u) rules.push_back(update_rules_for(sharded_.unit(u).layout(), run));
-    offload_ = std::make_unique<OptimizerOffload>(sharded_, optimizer_settings(run), std::move(rules), across);
-  } else {
+  if (run.sharding.offload == Offload::optimizer)
+    offload_ = std::make_unique<OptimizerOffload>(sharded_, optimizer_settings(run), unit_update_rules(sharded_, run), across);
+  else
     device_optimizer_ = build_optimizer(run, sharded_, across);
-  }
   state_.seed = run.seed;
   if (!run.checkpoint.continue_from.empty()) resume(resolve_checkpoint_folder(run.checkpoint.continue_from));
   start_step_ = state_.step;
