@@ -1,35 +1,85 @@
-// The CPU AdamW step (the offload path's optimizer) against LibTorch's torch::optim::AdamW and
-// against the memory-bandwidth bound, in one process with one thread count.
+// The host optimizer steps (the CPU-offload path) against what a user would run instead, side by
+// side in one invocation, one thread count for every side.
 //
-// AdamW reads p, g, m, v and writes p, m, v in place: 28 bytes per element and a few flops, so a
-// good step runs at memory speed. The bound is measured here, not quoted: an OpenMP loop with
-// exactly AdamW's streams (four arrays read, three of them written back in place, the same static
-// schedule) and no arithmetic to speak of. Its best time is the ideal; "fraction" is ideal time
-// over our median time.
+// Section "adamw": one fp32 tensor of N elements (params, grads, state fp32; lr 1e-3, betas 0.9 /
+// 0.999, eps 1e-8, weight decay 0.1, the same gradient every step):
+//   ours         llm::adamw_update on CPU tensors: the fused one-pass step with the widest kernel
+//                this CPU runs (optim/adamw_host.h; AVX-512, AVX2 or scalar), bit-identical to the
+//                scalar functor
+//   scalar       ours with the scalar kernel forced: the element functor under `omp simd`, the loop
+//                the host step ran before the vector kernels (same threading as ours now: shows what
+//                the vector kernels and their prefetching gain)
+//   torch fused  torch.optim.AdamW(fused=True) in the project's Python (bench/adamw_peers.py)
+//   deepspeed    DeepSpeedCPUAdam(adamw_mode=True), fp32 params, op built for DS_ACCELERATOR=cpu
+//                (bench/install_peers.sh installs it; without it the column is empty)
+//   libtorch     torch::optim::AdamW, LibTorch's C++ optimizer (one ATen op per term)
+//   bound        the memory bound, measured: AdamW's streams with no arithmetic to speak of (four
+//                arrays read, three written back in place) three ways: STREAM's (each thread one
+//                contiguous block, ordinary stores), our kernel's (dynamic chunks, software
+//                prefetch), and with non-temporal stores; the best time of any over all reps
+// Each rep runs one step of every side in turn (ours, torch fused, deepspeed, libtorch, scalar,
+// the three bound passes), each after a 20 ms pause, so load from other processes falls on all
+// of them; a side's figure is its median over the reps (the bound's, its best). GB/s counts 28 bytes per element (read p,
+// g, m, v; write p, m, v). "vs best peer" is the faster of torch fused and deepspeed over ours.
+// Agreement: every side starts from the same values (made from the element index, so the Python
+// peers build them too) and takes the same steps; ours is compared with each at 4096 sampled
+// elements and with the scalar kernel at every element, bit for bit.
 //
-//   build/bench/adamw_bench [--threads 2] [--sizes 2^20,2^24,2^26] [--reps 5]
+// Section "rules": the HF-style rules of adamw_sn and galore_adamw on single llama-shaped matrices
+// (default llama_350m's attention, MLP-up and MLP-down shapes), ours (llm::ShardOptimizer, one
+// rank) against their Python references: tests/golden/reference_adamw_sn.py ("per_matrix", the
+// published AdamwSN) and galore_torch.GaLoreAdamW (rank 128, std projection, scale 1, gap 200 so
+// the timed steps refresh no projector: step 1, with the SVD, is the untimed warm-up). eps 1e-6,
+// weight decay 0.1.
+//
+//   build/bench/adamw_bench [--threads 2] [--sizes 2^22,2^24,2^26] [--reps 5] [--json]
+//                           [--sections adamw,rules] [--rule_shapes 1024x1024,2736x1024,1024x2736]
+//                           [--python PATH]
 #include <omp.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <CLI/CLI.hpp>
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <nlohmann/json.hpp>
 #include <torch/optim/adamw.h>
 
+#include "bench/bandwidth_probe.h"
+#include "bench/python_peer.h"
 #include "common/errors.h"
+#include "common/host_memory.h"
 #include "optim/adamw.h"
+#include "optim/adamw_host.h"
+#include "optim/shard_optimizer.h"
 
 namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
 
 constexpr double kBytesPerElement = 28.0;  // read p, g, m, v (16 B); write p, m, v (12 B)
 constexpr double kLearningRate = 1e-3;
 constexpr double kWeightDecay = 0.1;
+constexpr int64_t kSamples = 4096;
 
-using Clock = std::chrono::steady_clock;
+#ifndef TRAINER_PYTHON
+#define TRAINER_PYTHON ""
+#endif
+#ifndef TRAINER_SOURCE_DIR
+#define TRAINER_SOURCE_DIR "."
+#endif
 
 template <typename Body>
 double seconds_of(Body&& body) {
@@ -59,100 +109,410 @@ int64_t parse_size(const std::string& text) {
   }
 }
 
-// The bound: AdamW's memory streams without its arithmetic. Four arrays of n floats; the first
-// three are read and written in place, the fourth (the gradient) only read.
-struct BandwidthProbe {
-  std::vector<float> param, exp_avg, exp_avg_sq, grad;
+// "2736x1024".
+std::vector<int64_t> parse_shape(const std::string& text) {
+  const size_t x = text.find('x');
+  try {
+    if (x != std::string::npos) {
+      const std::vector<int64_t> shape = {std::stoll(text.substr(0, x)), std::stoll(text.substr(x + 1))};
+      if (shape[0] >= 1 && shape[1] >= 1) return shape;
+    }
+  } catch (const std::exception&) {
+  }
+  throw llm::UserError("--rule_shapes: '" + text + "' is not a matrix shape; write ROWSxCOLS, e.g. 2736x1024");
+}
 
-  explicit BandwidthProbe(int64_t n) : param(n), exp_avg(n), exp_avg_sq(n), grad(n) {
-    // First touch with the same static schedule as the measured loop, so pages land where the
-    // thread that streams them runs.
+// scale * (((i * multiplier + offset) mod 2^32) / 2^31 - 1): bench/adamw_peers.py's index_values,
+// exact in double, so both languages make the same fp32 values.
+at::Tensor index_values(int64_t n, uint64_t multiplier, uint64_t offset, double scale) {
+  at::Tensor values = at::empty({n});
+  float* out = values.data_ptr<float>();
 #pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      param[i] = 1.0f;
-      exp_avg[i] = 0.5f;
-      exp_avg_sq[i] = 0.25f;
-      grad[i] = 1e-3f;
-    }
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t hashed = (static_cast<uint64_t>(i) * multiplier + offset) % (uint64_t{1} << 32);
+    out[i] = static_cast<float>((static_cast<double>(hashed) / 2147483648.0 - 1.0) * scale);
   }
+  return values;
+}
 
-  void run_once(float scale) {
-    const int64_t n = static_cast<int64_t>(param.size());
-    float* p = param.data();
-    float* m = exp_avg.data();
-    float* v = exp_avg_sq.data();
-    const float* g = grad.data();
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      p[i] += scale * g[i];
-      m[i] += scale * g[i];
-      v[i] += scale * g[i];
-    }
-  }
+// kSamples indices spread over [0, n), first and last included.
+std::vector<int64_t> sample_indices(int64_t n) {
+  std::vector<int64_t> indices;
+  const int64_t count = std::min(n, kSamples);
+  for (int64_t k = 0; k < count; ++k) indices.push_back(count == 1 ? 0 : k * (n - 1) / (count - 1));
+  return indices;
+}
+
+double max_abs_difference(const at::Tensor& flat, const std::vector<int64_t>& indices,
+                          const std::vector<double>& values) {
+  const float* data = flat.const_data_ptr<float>();
+  double largest = 0;
+  for (size_t k = 0; k < indices.size(); ++k)
+    largest = std::max(largest, std::fabs(static_cast<double>(data[indices[k]]) - values.at(k)));
+  return largest;
+}
+
+std::vector<double> samples_of(const at::Tensor& flat, const std::vector<int64_t>& indices) {
+  const float* data = flat.const_data_ptr<float>();
+  std::vector<double> values;
+  for (int64_t index : indices) values.push_back(data[index]);
+  return values;
+}
+
+// One timed side: step() runs one step and returns its seconds.
+struct Side {
+  std::string name;
+  std::function<double()> step;
+  std::vector<double> seconds = {};
 };
 
-struct Row {
-  int64_t numel;
-  double ours_seconds, libtorch_seconds, bound_seconds, max_abs_difference;
+// Warm-up once each, then `reps` rounds of one step per side in order. Each step starts after a
+// pause: an OpenMP team spins for a while after its parallel region ends (libgomp's
+// GOMP_SPINCOUNT), and the next side, in the other process, would otherwise share the cores with
+// the previous side's spinning threads.
+void interleave(std::vector<Side>& sides, int reps) {
+  const auto pause = [] { std::this_thread::sleep_for(std::chrono::milliseconds(20)); };
+  for (Side& side : sides) {
+    pause();
+    side.step();
+  }
+  for (int rep = 0; rep < reps; ++rep)
+    for (Side& side : sides) {
+      pause();
+      side.seconds.push_back(side.step());
+    }
+}
+
+const Side* find(const std::vector<Side>& sides, const std::string& name) {
+  for (const Side& side : sides)
+    if (side.name == name) return &side;
+  return nullptr;
+}
+
+json ms_or_null(const Side* side) {
+  if (side == nullptr || side->seconds.empty()) return nullptr;
+  return 1e3 * median(side->seconds);
+}
+
+// The Python peers, when they run: torch fused and (when installed) deepspeed.
+struct Peers {
+  std::unique_ptr<bench::PythonPeer> process;
+  bool torch = false, deepspeed = false;
 };
 
-Row measure(int64_t numel, int reps) {
-  torch::manual_seed(0);
-  const at::Tensor initial = torch::randn({numel});
-  const at::Tensor grad = torch::randn({numel});
-
-  // Ours: the fused step on p, g, m, v.
-  at::Tensor our_param = initial.clone();
-  at::Tensor exp_avg = torch::zeros({numel});
-  at::Tensor exp_avg_sq = torch::zeros({numel});
+json measure_adamw(int64_t n, int reps, int threads, Peers& peers) {
   const llm::AdamWOptions options{.weight_decay = kWeightDecay};
-  int64_t our_step = 0;
-  const auto our_step_once = [&] {
-    llm::adamw_update(our_param, grad, exp_avg, exp_avg_sq, kLearningRate, options, kWeightDecay,
-                      ++our_step);
-  };
-  our_step_once();  // warm-up: page faults, thread pool start
-  std::vector<double> ours;
-  for (int rep = 0; rep < reps; ++rep) ours.push_back(seconds_of(our_step_once));
+  const auto make_param = [&] { return index_values(n, 2654435761u, 12345, 1.0); };
+  const at::Tensor grad = index_values(n, 2246822519u, 777, 0.0625);
 
-  // LibTorch's AdamW on its own copy of the same tensors, for the same number of steps.
-  at::Tensor reference_param = initial.clone().requires_grad_(true);
-  reference_param.mutable_grad() = grad.clone();
-  torch::optim::AdamW reference(
-      {reference_param},
-      torch::optim::AdamWOptions(kLearningRate).betas({0.9, 0.999}).eps(1e-8).weight_decay(
-          kWeightDecay));
-  reference.step();  // warm-up; allocates its state
-  std::vector<double> libtorch;
-  for (int rep = 0; rep < reps; ++rep) libtorch.push_back(seconds_of([&] { reference.step(); }));
-  const double difference =
-      (our_param - reference_param.detach()).abs().max().item<double>();
-  reference_param.mutable_grad() = at::Tensor();
+  at::Tensor param = make_param(), exp_avg = at::zeros({n}), exp_avg_sq = at::zeros({n});
+  at::Tensor scalar_param = make_param(), scalar_m = at::zeros({n}), scalar_v = at::zeros({n});
+  int64_t our_step = 0, scalar_step = 0;
 
-  // The bound, on arrays of the same size (so the same cache regime).
-  BandwidthProbe probe(numel);
-  probe.run_once(1e-7f);
-  std::vector<double> bound;
-  for (int rep = 0; rep < reps; ++rep) {
-    bound.push_back(seconds_of([&] { probe.run_once(1e-7f); }));
+  at::Tensor libtorch_param = make_param().requires_grad_(true);
+  libtorch_param.mutable_grad() = grad.clone();
+  torch::optim::AdamW libtorch({libtorch_param}, torch::optim::AdamWOptions(kLearningRate)
+                                                     .betas({0.9, 0.999})
+                                                     .eps(1e-8)
+                                                     .weight_decay(kWeightDecay));
+  llm::bench::BandwidthProbe probe(n);
+  if (peers.torch)
+    peers.process->ask({{"cmd", "setup"}, {"kind", "adamw"}, {"n", n}, {"lr", kLearningRate},
+                        {"weight_decay", kWeightDecay}});
+
+  std::vector<Side> sides;
+  sides.push_back({"ours", [&] {
+                     return seconds_of([&] {
+                       llm::adamw_update(param, grad, exp_avg, exp_avg_sq, kLearningRate, options,
+                                         kWeightDecay, ++our_step);
+                     });
+                   }});
+  for (const char* peer : {"torch_fused", "deepspeed"}) {
+    if (std::string(peer) == "torch_fused" ? !peers.torch : !peers.deepspeed) continue;
+    sides.push_back({peer, [&peers, peer] {
+                       return peers.process->ask({{"cmd", "step"}, {"side", peer}})["seconds"]
+                           .get<double>();
+                     }});
   }
-  return {numel, median(ours), median(libtorch), *std::min_element(bound.begin(), bound.end()),
-          difference};
+  sides.push_back({"libtorch", [&] { return seconds_of([&] { libtorch.step(); }); }});
+  sides.push_back({"scalar", [&] {
+                     return seconds_of([&] {
+                       const llm::AdamWScalars scalars =
+                           llm::adamw_scalars(kLearningRate, options, kWeightDecay, ++scalar_step);
+                       const llm::AdamWHostArrays arrays{
+                           scalar_param.data_ptr<float>(), grad.const_data_ptr<float>(), false,
+                           scalar_m.data_ptr<float>(), scalar_v.data_ptr<float>(), nullptr};
+                       llm::adamw_host_update(arrays, n, scalars, threads, llm::HostIsa::scalar);
+                     });
+                   }});
+  sides.push_back({"bound", [&] { return seconds_of([&] { probe.pass(); }); }});
+  sides.push_back({"bound_prefetch", [&] { return seconds_of([&] { probe.pass_chunked_prefetch(); }); }});
+  sides.push_back({"bound_nt", [&] { return seconds_of([&] { probe.pass_non_temporal(); }); }});
+  interleave(sides, reps);
+
+  // Agreement after the same 1 + reps steps on every side.
+  const std::vector<int64_t> indices = sample_indices(n);
+  json diff;
+  diff["libtorch"] = max_abs_difference(param, indices, samples_of(libtorch_param.detach(), indices));
+  for (const char* peer : {"torch_fused", "deepspeed"}) {
+    if (find(sides, peer) == nullptr) {
+      diff[peer] = nullptr;
+      continue;
+    }
+    const json answer = peers.process->ask({{"cmd", "samples"}, {"side", peer}, {"indices", indices}});
+    diff[peer] = max_abs_difference(param, indices, answer["values"].get<std::vector<double>>());
+  }
+  const bool scalar_identical =
+      std::memcmp(param.const_data_ptr(), scalar_param.const_data_ptr(), n * sizeof(float)) == 0 &&
+      std::memcmp(exp_avg.const_data_ptr(), scalar_m.const_data_ptr(), n * sizeof(float)) == 0 &&
+      std::memcmp(exp_avg_sq.const_data_ptr(), scalar_v.const_data_ptr(), n * sizeof(float)) == 0;
+
+  const double bytes = kBytesPerElement * static_cast<double>(n);
+  const auto gbs = [&](const json& ms) -> json {
+    if (ms.is_null()) return nullptr;
+    return bytes / (ms.get<double>() * 1e-3) / 1e9;
+  };
+  const auto best_seconds = [&](const char* name) {
+    const std::vector<double>& seconds = find(sides, name)->seconds;
+    return *std::min_element(seconds.begin(), seconds.end());
+  };
+  const double best_regular = best_seconds("bound"), best_prefetch = best_seconds("bound_prefetch"),
+               best_nt = best_seconds("bound_nt");
+
+  json row;
+  row["section"] = "adamw";
+  row["n"] = n;
+  row["threads"] = threads;
+  row["reps"] = reps;
+  row["kernel"] = llm::to_string(llm::best_host_isa());
+  row["ours_ms"] = ms_or_null(find(sides, "ours"));
+  row["scalar_ms"] = ms_or_null(find(sides, "scalar"));
+  row["torch_fused_ms"] = ms_or_null(find(sides, "torch_fused"));
+  row["deepspeed_ms"] = ms_or_null(find(sides, "deepspeed"));
+  row["libtorch_ms"] = ms_or_null(find(sides, "libtorch"));
+  row["bound_gbs"] = bytes / std::min({best_regular, best_prefetch, best_nt}) / 1e9;
+  row["bound_regular_gbs"] = bytes / best_regular / 1e9;
+  row["bound_prefetch_gbs"] = bytes / best_prefetch / 1e9;
+  row["bound_non_temporal_gbs"] = bytes / best_nt / 1e9;
+  for (const char* side : {"ours", "scalar", "torch_fused", "deepspeed", "libtorch"})
+    row[std::string(side) + "_gbs"] = gbs(row[std::string(side) + "_ms"]);
+  row["ours_fraction_of_bound"] = row["ours_gbs"].get<double>() / row["bound_gbs"].get<double>();
+  json best_peer_ms = nullptr;
+  for (const char* peer : {"torch_fused_ms", "deepspeed_ms"})
+    if (!row[peer].is_null() && (best_peer_ms.is_null() || row[peer].get<double>() < best_peer_ms.get<double>()))
+      best_peer_ms = row[peer];
+  row["ratio_vs_best_peer"] =
+      best_peer_ms.is_null() ? json(nullptr) : json(best_peer_ms.get<double>() / row["ours_ms"].get<double>());
+  row["max_abs_diff"] = diff;
+  row["scalar_bit_identical"] = scalar_identical;
+  return row;
+}
+
+json measure_rules(const std::vector<int64_t>& shape, int reps, int threads, Peers& peers) {
+  const int64_t numel = shape[0] * shape[1];
+  llm::OptimizerSettings sn;
+  sn.kind = "adamw_sn";
+  sn.eps = 1e-6;
+  sn.weight_decay = kWeightDecay;
+  llm::OptimizerSettings galore = sn;
+  galore.kind = "galore_adamw";
+  galore.galore_rank = 128;
+  galore.update_proj_gap = 200;
+  galore.galore_scale = 1.0;
+
+  struct Ours {
+    at::Tensor master, gradient;
+    std::unique_ptr<llm::ShardOptimizer> optimizer;
+  };
+  const auto make = [&](const llm::OptimizerSettings& settings, llm::UpdateRule rule) {
+    Ours ours;
+    ours.master = index_values(numel, 2654435761u, 12345, 0.03125);
+    ours.gradient = index_values(numel, 2246822519u, 777, 0.0625);
+    std::vector<llm::UnitShard> units;
+    units.push_back(llm::single_parameter_unit("w", shape, ours.master, ours.gradient, rule, true));
+    ours.optimizer = std::make_unique<llm::ShardOptimizer>(settings, std::move(units), nullptr);
+    return ours;
+  };
+  Ours ours_sn = make(sn, llm::UpdateRule::subset_norm);
+  Ours ours_galore = make(galore, llm::UpdateRule::galore);
+  if (peers.torch)
+    peers.process->ask({{"cmd", "setup"}, {"kind", "rules"}, {"shapes", json::array({json(shape)})}, {"lr", kLearningRate},
+                        {"weight_decay", kWeightDecay},
+                        {"galore", {{"rank", galore.galore_rank}, {"gap", galore.update_proj_gap},
+                                    {"scale", galore.galore_scale}}}});
+
+  std::vector<Side> sides;
+  sides.push_back({"ours_adamw_sn", [&] { return seconds_of([&] { ours_sn.optimizer->step(kLearningRate); }); }});
+  sides.push_back({"ours_galore", [&] { return seconds_of([&] { ours_galore.optimizer->step(kLearningRate); }); }});
+  if (peers.torch)
+    for (const char* peer : {"adamw_sn", "galore"})
+      sides.push_back({peer, [&peers, peer] {
+                         return peers.process->ask({{"cmd", "step"}, {"side", peer}})["seconds"].get<double>();
+                       }});
+  interleave(sides, reps);
+
+  json row;
+  row["section"] = "rules";
+  row["shape"] = shape;
+  row["threads"] = threads;
+  row["reps"] = reps;
+  const std::vector<int64_t> indices = sample_indices(numel);
+  for (const auto& [rule, ours] : {std::pair<std::string, Ours*>{"adamw_sn", &ours_sn}, {"galore", &ours_galore}}) {
+    const json ours_ms = ms_or_null(find(sides, "ours_" + rule));
+    const json reference_ms = ms_or_null(find(sides, rule));
+    row[rule + "_ours_ms"] = ours_ms;
+    row[rule + "_reference_ms"] = reference_ms;
+    row[rule + "_ratio"] = reference_ms.is_null() ? json(nullptr)
+                                                  : json(reference_ms.get<double>() / ours_ms.get<double>());
+    row[rule + "_max_abs_diff"] = nullptr;
+    if (peers.torch) {
+      const json answer = peers.process->ask({{"cmd", "samples"}, {"side", rule}, {"indices", indices}});
+      row[rule + "_max_abs_diff"] =
+          max_abs_difference(ours->master, indices, answer["values"].get<std::vector<double>>());
+    }
+  }
+  return row;
+}
+
+std::string cell(const json& value, const char* format) {
+  if (value.is_null()) return "-";
+  char text[64];
+  std::snprintf(text, sizeof(text), format, value.get<double>());
+  return text;
+}
+
+void print_adamw_header(int threads, int reps, const Peers& peers) {
+  std::printf(
+      "AdamW step on the host: fp32 params, grads and state; %d threads; median of %d interleaved "
+      "reps after 1 warm-up; 28 bytes/element\n"
+      "  ours       llm::adamw_update, %s kernel (bit-identical to the scalar functor)\n"
+      "  scalar     ours with the scalar kernel forced (the element loop of before, today's threading)\n"
+      "  fused      torch.optim.AdamW(fused=True), torch %s, Python subprocess\n"
+      "  deepspeed  DeepSpeedCPUAdam(adamw_mode=True), fp32 params, deepspeed %s, same subprocess\n"
+      "  libtorch   torch::optim::AdamW (C++, one ATen op per term)\n"
+      "  bound      best pass of AdamW's streams (4 arrays read, 3 written in place) over all reps: "
+      "per-thread blocks, chunks + prefetch, or non-temporal stores\n"
+      "  ratio      the faster of fused and deepspeed over ours (> 1: ours is faster)\n",
+      threads, reps, llm::to_string(llm::best_host_isa()),
+      peers.torch ? peers.process->greeting()["torch"].get<std::string>().c_str() : "(not run)",
+      peers.deepspeed ? peers.process->greeting()["deepspeed"].get<std::string>().c_str() : "(not installed)");
+  std::printf("%10s %8s %8s %8s %8s %9s | %6s %6s %6s %6s %6s | %6s %6s | %6s %6s | %-28s\n", "N", "ours",
+              "scalar", "fused", "ds", "libtorch", "ours", "fused", "ds", "lt", "bound", "ours/", "ratio",
+              "vs", "vs", "max |ours - x| at 4096 points");
+  std::printf("%10s %8s %8s %8s %8s %9s | %6s %6s %6s %6s %6s | %6s %6s | %6s %6s | %-28s\n", "", "ms", "ms",
+              "ms", "ms", "ms", "GB/s", "GB/s", "GB/s", "GB/s", "GB/s", "bound", "", "fused", "ds",
+              "fused / ds / libtorch / =scalar");
+}
+
+void print_adamw_row(const json& row) {
+  const auto ms = [&](const char* key) { return cell(row[key], "%.2f"); };
+  const auto gbs = [&](const char* key) { return cell(row[key], "%.1f"); };
+  const json& diff = row["max_abs_diff"];
+  const auto vs = [&](const char* key) -> json {
+    if (row[key].is_null()) return nullptr;
+    return row[key].get<double>() / row["ours_ms"].get<double>();
+  };
+  std::printf("%10lld %8s %8s %8s %8s %9s | %6s %6s %6s %6s %6s | %6s %6s | %6s %6s | %s / %s / %s / %s\n",
+              static_cast<long long>(row["n"].get<int64_t>()), ms("ours_ms").c_str(), ms("scalar_ms").c_str(),
+              ms("torch_fused_ms").c_str(), ms("deepspeed_ms").c_str(), ms("libtorch_ms").c_str(),
+              gbs("ours_gbs").c_str(), gbs("torch_fused_gbs").c_str(), gbs("deepspeed_gbs").c_str(),
+              gbs("libtorch_gbs").c_str(), gbs("bound_gbs").c_str(),
+              cell(row["ours_fraction_of_bound"], "%.2f").c_str(), cell(row["ratio_vs_best_peer"], "%.2fx").c_str(),
+              cell(vs("torch_fused_ms"), "%.2fx").c_str(), cell(vs("deepspeed_ms"), "%.2fx").c_str(),
+              cell(diff["torch_fused"], "%.1e").c_str(), cell(diff["deepspeed"], "%.1e").c_str(),
+              cell(diff["libtorch"], "%.1e").c_str(), row["scalar_bit_identical"].get<bool>() ? "yes" : "NO");
+  std::fflush(stdout);
+}
+
+void print_rules_header(int threads, int reps) {
+  std::printf(
+      "\nHF-style rules on one matrix, %d threads, median of %d interleaved reps after 1 warm-up (step 1, "
+      "GaLore's SVD)\n"
+      "  adamw_sn  ours: ShardOptimizer, rule subset_norm; reference: tests/golden/reference_adamw_sn.py "
+      "per_matrix\n"
+      "  galore    ours: ShardOptimizer, rule galore; reference: galore_torch.GaLoreAdamW (rank 128, std, "
+      "gap 200)\n",
+      threads, reps);
+  std::printf("%12s | %9s %9s %7s %9s | %9s %9s %7s %9s\n", "shape", "sn ours", "sn ref", "ratio", "max|diff|",
+              "gl ours", "gl ref", "ratio", "max|diff|");
+}
+
+void print_rules_row(const json& row) {
+  const std::string shape =
+      std::to_string(row["shape"][0].get<int64_t>()) + "x" + std::to_string(row["shape"][1].get<int64_t>());
+  std::printf("%12s | %9s %9s %7s %9s | %9s %9s %7s %9s\n", shape.c_str(),
+              cell(row["adamw_sn_ours_ms"], "%.2f").c_str(), cell(row["adamw_sn_reference_ms"], "%.2f").c_str(),
+              cell(row["adamw_sn_ratio"], "%.2fx").c_str(), cell(row["adamw_sn_max_abs_diff"], "%.1e").c_str(),
+              cell(row["galore_ours_ms"], "%.2f").c_str(), cell(row["galore_reference_ms"], "%.2f").c_str(),
+              cell(row["galore_ratio"], "%.2fx").c_str(), cell(row["galore_max_abs_diff"], "%.1e").c_str());
+  std::fflush(stdout);
+}
+
+// The project's Python: --python, else $TRAINER_PYTHON, else the one this build was configured with.
+std::string python_path(const std::string& flag) {
+  if (!flag.empty()) return flag;
+  if (const char* environment = std::getenv("TRAINER_PYTHON"); environment && *environment) return environment;
+  return TRAINER_PYTHON;
+}
+
+Peers start_peers(const std::string& python, int threads, bool quiet) {
+  Peers peers;
+  if (python.empty() || access(python.c_str(), X_OK) != 0) {
+    std::fprintf(stderr, "note: no Python at '%s' (set --python or TRAINER_PYTHON): Python peers not run\n",
+                 python.c_str());
+    return peers;
+  }
+  const std::string bin = python.substr(0, python.find_last_of('/'));
+  const char* path = std::getenv("PATH");
+  peers.process = std::make_unique<bench::PythonPeer>(
+      python,
+      std::vector<std::string>{std::string(TRAINER_SOURCE_DIR) + "/bench/adamw_peers.py", "--serve", "--threads",
+                               std::to_string(threads)},
+      std::vector<std::pair<std::string, std::string>>{
+          {"OMP_NUM_THREADS", std::to_string(threads)},
+          {"MKL_NUM_THREADS", std::to_string(threads)},
+          {"DS_ACCELERATOR", "cpu"},
+          {"PATH", bin + ":" + (path ? path : "/usr/bin:/bin")}});
+  if (!peers.process->started()) {
+    std::fprintf(stderr, "note: Python peers not run: %s\n", peers.process->why().c_str());
+    return peers;
+  }
+  const json& hello = peers.process->greeting();
+  peers.torch = true;
+  peers.deepspeed = !hello["deepspeed"].is_null();
+  if (hello["threads"].get<int>() != threads)
+    std::fprintf(stderr, "warning: the Python peers run %d threads, not %d\n", hello["threads"].get<int>(), threads);
+  if (!peers.deepspeed && !quiet)
+    std::fprintf(stderr,
+                 "note: DeepSpeed is not usable in %s (%s): its column stays empty. Install it with\n"
+                 "  bash bench/install_peers.sh   (pip install deepspeed, then builds its CPU Adam op with "
+                 "DS_ACCELERATOR=cpu)\n",
+                 python.c_str(), hello["deepspeed_error"].is_null() ? "?" : hello["deepspeed_error"].get<std::string>().c_str());
+  return peers;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"CPU AdamW step: ours vs torch::optim::AdamW vs the memory-bandwidth bound"};
-  int threads = omp_get_max_threads();
-  std::vector<std::string> size_texts = {"2^20", "2^24", "2^26"};
+  CLI::App app{"Host optimizer steps: ours vs torch fused AdamW, DeepSpeedCPUAdam, LibTorch, the memory bound "
+               "and the AdamwSN / GaLore references"};
+  int threads = 2;
+  std::vector<std::string> size_texts = {"2^22", "2^24", "2^26"};
+  std::vector<std::string> shape_texts = {"1024x1024", "2736x1024", "1024x2736"};
+  std::vector<std::string> sections = {"adamw", "rules"};
   int reps = 5;
-  app.add_option("--threads", threads, "OpenMP threads for ours, LibTorch and the bound")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--sizes", size_texts, "element counts, e.g. 2^20,2^24 or 1048576")
-      ->delimiter(',');
-  app.add_option("--reps", reps, "timed repetitions per measurement (after one warm-up)")
-      ->check(CLI::PositiveNumber);
+  bool as_json = false;
+  std::string python;
+  app.add_option("--threads", threads, "threads for every side (OpenMP, torch.set_num_threads)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--sizes", size_texts, "AdamW element counts, e.g. 2^22,2^24 or 1048576")->delimiter(',');
+  app.add_option("--reps", reps, "timed repetitions per side (after one warm-up)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--sections", sections, "adamw, rules or both")->delimiter(',')
+      ->check(CLI::IsMember({"adamw", "rules"}));
+  app.add_option("--rule_shapes", shape_texts, "matrices for the rules section, ROWSxCOLS")->delimiter(',');
+  app.add_option("--python", python, "the Python with torch (default: $TRAINER_PYTHON, else the build's)");
+  app.add_flag("--json", as_json, "one JSON object per row instead of the tables");
   CLI11_PARSE(app, argc, argv);
 
   try {
@@ -161,28 +521,43 @@ int main(int argc, char** argv) {
       sizes.push_back(parse_size(text));
       if (sizes.back() < 1) throw llm::UserError("--sizes: '" + text + "' must be >= 1");
     }
-    // LibTorch's pip wheel ships the same libgomp.so.1 we link, so this is one thread pool.
+    std::vector<std::vector<int64_t>> shapes;
+    for (const std::string& text : shape_texts) shapes.push_back(parse_shape(text));
+    // As the trainer runs: freed host memory stays in the process (the HF-style rules make
+    // temporaries every step; without this each would be a fresh, page-faulting mapping).
+    llm::keep_freed_host_memory();
+    // LibTorch's wheel ships the libgomp we link, so this is one thread pool for ours and LibTorch.
     omp_set_num_threads(threads);
     at::set_num_threads(threads);
+    Peers peers = start_peers(python_path(python), threads, as_json);
 
-    std::printf("AdamW step on the host, fp32, %d threads, median of %d reps after 1 warm-up; "
-                "%.0f bytes/element; bound = best in-place 4-read/3-write stream\n",
-                threads, reps, kBytesPerElement);
-    std::printf("%12s %10s %12s %8s %10s %10s %9s %14s\n", "N", "ours ms", "libtorch ms",
-                "speedup", "ours GB/s", "bound GB/s", "fraction", "max|ours-lt|");
-    for (int64_t numel : sizes) {
-      const Row row = measure(numel, reps);
-      const double bytes = kBytesPerElement * static_cast<double>(row.numel);
-      std::printf("%12lld %10.3f %12.3f %7.2fx %10.2f %10.2f %9.2f %14.3g\n",
-                  static_cast<long long>(row.numel), 1e3 * row.ours_seconds,
-                  1e3 * row.libtorch_seconds, row.libtorch_seconds / row.ours_seconds,
-                  bytes / row.ours_seconds / 1e9, bytes / row.bound_seconds / 1e9,
-                  row.bound_seconds / row.ours_seconds, row.max_abs_difference);
-      std::fflush(stdout);
+    const auto wants = [&](const char* section) {
+      return std::find(sections.begin(), sections.end(), section) != sections.end();
+    };
+    if (wants("adamw")) {
+      if (!as_json) print_adamw_header(threads, reps, peers);
+      for (int64_t n : sizes) {
+        const json row = measure_adamw(n, reps, threads, peers);
+        if (as_json) std::printf("%s\n", row.dump().c_str());
+        else print_adamw_row(row);
+        std::fflush(stdout);
+      }
+    }
+    if (wants("rules")) {
+      if (!as_json) print_rules_header(threads, reps);
+      for (const auto& shape : shapes) {
+        const json row = measure_rules(shape, reps, threads, peers);
+        if (as_json) std::printf("%s\n", row.dump().c_str());
+        else print_rules_row(row);
+        std::fflush(stdout);
+      }
     }
   } catch (const llm::UserError& error) {
     std::fprintf(stderr, "error: %s\n", error.what());
     return 2;
+  } catch (const std::runtime_error& error) {
+    std::fprintf(stderr, "error: %s\n", error.what());
+    return 1;
   }
   return 0;
 }

@@ -54,6 +54,7 @@ OptimizerOffload::OptimizerOffload(ShardedModel& model, const OptimizerSettings&
     gradients_.push_back(at::empty({numel}, host.pinned_memory(on_cuda_)));
     if (on_cuda_) {
       staging_.push_back(at::empty({numel}, host.dtype(model.options().compute_dtype).pinned_memory(true)));
+      staging_.back().copy_(masters_.back());  // the padding rows, which no step writes
       pinned_bytes_ += static_cast<int64_t>(gradients_.back().nbytes() + staging_.back().nbytes());
     }
     unit.offload_master();
@@ -132,18 +133,32 @@ void OptimizerOffload::step_on_host(size_t unit) {
   if (on_cuda_) copies_->gradient_landed.at(unit).synchronize();
 #endif
   if (gradient_scale_ != 1.0) gradients_.at(unit).mul_(gradient_scale_);
-  optimizer_->step_unit(unit, lr_);
-  publish(unit);
+  // The step writes the updated rows, rounded, straight into what goes to the device (AdamW's host
+  // kernel in the same pass): the staging buffer on CUDA, the unit's compute shard on a CPU rank.
+  optimizer_->step_unit(unit, lr_, rounded_destination(unit));
+  send_to_device(unit);
+}
+
+at::Tensor& OptimizerOffload::rounded_destination(size_t unit) {
+#ifdef TRAINER_HAVE_CUDA
+  if (on_cuda_) {
+    copies_->update_landed.at(unit).synchronize();  // the staging buffer's last H2D copy is done
+    return staging_.at(unit);
+  }
+#endif
+  return model_.unit(unit).compute_shard();
 }
 
 void OptimizerOffload::publish(size_t unit) {
   at::NoGradGuard no_grad;
+  rounded_destination(unit).copy_(masters_.at(unit));  // rounds to the compute dtype
+  send_to_device(unit);
+}
+
+void OptimizerOffload::send_to_device(size_t unit) {
   ShardedUnit& sharded = model_.unit(unit);
 #ifdef TRAINER_HAVE_CUDA
   if (on_cuda_) {
-    // The staging buffer is free once its last H2D copy is done.
-    copies_->update_landed.at(unit).synchronize();
-    staging_.at(unit).copy_(masters_.at(unit));  // rounds to the compute dtype
     copies_->backward_done.block(copies_->to_device);
     c10::cuda::CUDAStreamGuard on_copy_stream(copies_->to_device);
     sharded.compute_shard().copy_(staging_.at(unit), /*non_blocking=*/true);
@@ -152,7 +167,6 @@ void OptimizerOffload::publish(size_t unit) {
     return;
   }
 #endif
-  sharded.compute_shard().copy_(masters_.at(unit));
   sharded.publish_shard();
 }
 

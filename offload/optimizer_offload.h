@@ -20,9 +20,10 @@
 //   step(lr, scale)     (after the last backward, once the global norm is known: clipping is exact)
 //                       queues every unit in the optimizer pass's order (embed first); the worker, per
 //                       unit: waits for u's D2H copy, scales the gradient by the clip coefficient (what
-//                       clip_gradients does to the shard without offload), step_unit(u), rounds the
-//                       master into u's staging buffer and copies it into u's compute shard (H2D
-//                       stream, then an event), and marks u done
+//                       clip_gradients does to the shard without offload), step_unit(u) writing the
+//                       updated rows rounded into u's staging buffer (AdamW's host kernel in the
+//                       same pass), copies that into u's compute shard (H2D stream, then an event),
+//                       and marks u done
 //   wait_unit(u)        (ShardedModel's before_shard_read: before u's gather or forward in step t+1,
 //                       or in an evaluation) blocks until the worker marked u done, then orders the
 //                       compute stream after u's H2D copy (an event, no host wait)
@@ -88,6 +89,10 @@ class OptimizerOffload {
   struct CudaCopies;  // streams and events (optimizer_offload.cpp; CUDA builds only)
 
   void step_on_host(size_t unit);  // scale, step, publish to the device; either thread
+  // Where unit's updated rows go in the compute dtype (the staging buffer, once free, on CUDA; the
+  // compute shard on a CPU rank), and from there to the device.
+  at::Tensor& rounded_destination(size_t unit);
+  void send_to_device(size_t unit);
   void worker_loop();
   void mark_done(size_t unit);
 

@@ -5,9 +5,11 @@
 #include <sstream>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include "common/errors.h"
 #include "optim/adamw_functor.h"
+#include "optim/adamw_host.h"
 #include "optim/shard_state.h"
 
 #ifdef TRAINER_HAVE_CUDA
@@ -21,10 +23,6 @@ namespace llm {
 namespace {
 
 constexpr const char* kSource = "AdamW";
-
-// Below this many elements a parallel region costs more than it saves (a fork-join is a few
-// microseconds; one thread updates ~32k elements in about that time).
-constexpr int64_t kMinElementsForThreads = 1 << 15;
 
 std::string describe(const at::Tensor& tensor) {
   if (!tensor.defined()) return "an undefined tensor";
@@ -86,36 +84,6 @@ void check_adamw_options(const AdamWOptions& options) {
 
 namespace {
 
-// The CPU step: one pass over the four arrays, split across OpenMP threads in contiguous
-// blocks (static schedule, so each thread streams its own range) and vectorised within each.
-// The loop vectorises only when the compiler may drop errno from sqrt (-fno-math-errno; without it
-// GCC guards every sqrt with a call to sqrtf for negative inputs and keeps the loop scalar).
-template <typename GradElement, bool kLerpFromStart>
-void update_on_host_loop(float* param, const GradElement* grad, float* exp_avg,
-                         float* exp_avg_sq, int64_t numel, const AdamWScalars& scalars) {
-  const AdamWElementUpdate<GradElement, kLerpFromStart> update{param, grad, exp_avg, exp_avg_sq,
-                                                               scalars};
-  // Two loops rather than an if() clause on one: with if(), GCC 12 reloads the functor's pointers
-  // inside the loop and gives up vectorising it.
-  if (numel < kMinElementsForThreads) {
-#pragma omp simd
-    for (int64_t i = 0; i < numel; ++i) update(i);
-    return;
-  }
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < numel; ++i) update(i);
-}
-
-template <typename GradElement>
-void update_on_host(float* param, const GradElement* grad, float* exp_avg, float* exp_avg_sq,
-                    int64_t numel, const AdamWScalars& scalars) {
-  if (scalars.exp_avg_lerp_from_start) {
-    update_on_host_loop<GradElement, true>(param, grad, exp_avg, exp_avg_sq, numel, scalars);
-  } else {
-    update_on_host_loop<GradElement, false>(param, grad, exp_avg, exp_avg_sq, numel, scalars);
-  }
-}
-
 void update_on_cuda(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
                     at::Tensor& exp_avg_sq, const AdamWScalars& scalars) {
 #ifdef TRAINER_HAVE_CUDA
@@ -138,21 +106,66 @@ void update_on_cuda(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_a
 void adamw_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
                   at::Tensor& exp_avg_sq, double lr, const AdamWOptions& options,
                   double weight_decay, int64_t step) {
+  at::Tensor none;
+  adamw_update(param, grad, exp_avg, exp_avg_sq, lr, options, weight_decay, step, none);
+}
+
+void adamw_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
+                  at::Tensor& exp_avg_sq, double lr, const AdamWOptions& options,
+                  double weight_decay, int64_t step, at::Tensor& compute_out) {
   check_update_arguments(param, grad, exp_avg, exp_avg_sq, lr, weight_decay, step);
-  const AdamWScalars scalars = make_adamw_scalars(lr, options.beta1, options.beta2, options.eps,
-                                                  weight_decay, step);
+  if (compute_out.defined()) {
+    LLM_REQUIRE(compute_out.is_contiguous() && compute_out.numel() == param.numel() &&
+                    compute_out.device() == param.device(),
+                "adamw_update", "compute_out",
+                "must be contiguous with param's elements on its device, got " + describe(compute_out) +
+                    " for param " + describe(param));
+  }
+  const AdamWScalars scalars = adamw_scalars(lr, options, weight_decay, step);
+  const bool fused_copy = compute_out.defined() && !param.device().is_cuda() &&
+                          compute_out.scalar_type() == at::kBFloat16;
   if (param.device().is_cuda()) {
     update_on_cuda(param, grad, exp_avg, exp_avg_sq, scalars);
-    return;
-  }
-  const int64_t numel = param.numel();
-  if (grad.scalar_type() == at::kBFloat16) {
-    update_on_host(param.data_ptr<float>(), grad.const_data_ptr<at::BFloat16>(),
-                   exp_avg.data_ptr<float>(), exp_avg_sq.data_ptr<float>(), numel, scalars);
   } else {
-    update_on_host(param.data_ptr<float>(), grad.const_data_ptr<float>(),
-                   exp_avg.data_ptr<float>(), exp_avg_sq.data_ptr<float>(), numel, scalars);
+    at::BFloat16* out = fused_copy ? compute_out.data_ptr<at::BFloat16>() : nullptr;
+    const int64_t numel = param.numel();
+    const int threads = at::get_num_threads();
+    if (grad.scalar_type() == at::kBFloat16) {
+      adamw_update_host(param.data_ptr<float>(), grad.const_data_ptr<at::BFloat16>(),
+                        exp_avg.data_ptr<float>(), exp_avg_sq.data_ptr<float>(), numel, scalars,
+                        out, threads);
+    } else {
+      adamw_update_host(param.data_ptr<float>(), grad.const_data_ptr<float>(),
+                        exp_avg.data_ptr<float>(), exp_avg_sq.data_ptr<float>(), numel, scalars,
+                        out, threads);
+    }
   }
+  if (compute_out.defined() && !fused_copy) compute_out.copy_(param);
+}
+
+AdamWScalars adamw_scalars(double lr, const AdamWOptions& options, double weight_decay,
+                           int64_t step) {
+  return make_adamw_scalars(lr, options.beta1, options.beta2, options.eps, weight_decay, step);
+}
+
+// c10::BFloat16 is a uint16_t's worth of bits with the same layout the host kernels take.
+static_assert(sizeof(at::BFloat16) == sizeof(uint16_t) && alignof(at::BFloat16) == alignof(uint16_t),
+              "at::BFloat16 must be its 16 bits");
+
+void adamw_update_host(float* master, const float* grad, float* exp_avg, float* exp_avg_sq,
+                       int64_t numel, const AdamWScalars& scalars, at::BFloat16* compute_out,
+                       int threads) {
+  const AdamWHostArrays arrays{master, grad, /*grad_is_bf16=*/false, exp_avg, exp_avg_sq,
+                               reinterpret_cast<uint16_t*>(compute_out)};
+  adamw_host_update(arrays, numel, scalars, threads);
+}
+
+void adamw_update_host(float* master, const at::BFloat16* grad, float* exp_avg,
+                       float* exp_avg_sq, int64_t numel, const AdamWScalars& scalars,
+                       at::BFloat16* compute_out, int threads) {
+  const AdamWHostArrays arrays{master, grad, /*grad_is_bf16=*/true, exp_avg, exp_avg_sq,
+                               reinterpret_cast<uint16_t*>(compute_out)};
+  adamw_host_update(arrays, numel, scalars, threads);
 }
 
 AdamW::AdamW(std::vector<OptimizedTensor> tensors, AdamWOptions options)

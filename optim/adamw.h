@@ -1,7 +1,8 @@
-// AdamW with torch.optim.AdamW semantics on contiguous fp32 tensors (whole parameters today, a
-// rank's flat shard once sharding lands): one fused pass reads p, g, m, v once and writes p, m, v
-// once. The update is written once as an element-wise functor (optim/adamw_functor.h) and compiled
-// twice: for the host with OpenMP + SIMD, and for CUDA with Thrust (optim/adamw_cuda.cu).
+// AdamW with torch.optim.AdamW semantics on contiguous fp32 tensors (whole parameters or a rank's
+// flat shard): one fused pass reads p, g, m, v once and writes p, m, v once. The update is written
+// once as an element-wise functor (optim/adamw_functor.h) and compiled for CUDA with Thrust
+// (optim/adamw_cuda.cu) and for the host, where vector kernels chosen per CPU (AVX-512, AVX2,
+// optim/adamw_host.h) give the functor's bits.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +11,8 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+
+#include "optim/adamw_functor.h"
 
 namespace llm {
 
@@ -28,6 +31,31 @@ void check_adamw_options(const AdamWOptions& options);
 void adamw_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
                   at::Tensor& exp_avg_sq, double lr, const AdamWOptions& options,
                   double weight_decay, int64_t step);
+
+// adamw_update, then the updated param rounded into compute_out (contiguous, param's numel, on its
+// device; bf16 or fp32). On the host with a bf16 compute_out the one pass writes it (CPU offload's
+// copy for the device, no second read of the master); elsewhere it is copied after the update.
+void adamw_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
+                  at::Tensor& exp_avg_sq, double lr, const AdamWOptions& options,
+                  double weight_decay, int64_t step, at::Tensor& compute_out);
+
+// The scalars of one update (lr >= 0, weight_decay >= 0, step >= 1: the caller checked them).
+AdamWScalars adamw_scalars(double lr, const AdamWOptions& options, double weight_decay,
+                           int64_t step);
+
+// The host step on raw arrays, as CPU offload calls it: one pass over numel elements that reads
+// grad (fp32 or bf16), master, exp_avg and exp_avg_sq (fp32) and writes master and the moments in
+// place and, when compute_out is not null, the updated master rounded to bf16 (nearest even, as
+// master.to(at::kBFloat16) gives) into compute_out[0, numel). Up to `threads` OpenMP threads
+// (default_host_step_threads() in optim/host_threads.h picks a count per rank); the fastest kernel
+// this CPU runs, each bit-identical to the scalar functor. The arrays must not overlap; nothing is
+// checked (the caller owns them). adamw_update's CPU case is this, on at::get_num_threads() threads.
+void adamw_update_host(float* master, const float* grad, float* exp_avg, float* exp_avg_sq,
+                       int64_t numel, const AdamWScalars& scalars, at::BFloat16* compute_out,
+                       int threads);
+void adamw_update_host(float* master, const at::BFloat16* grad, float* exp_avg,
+                       float* exp_avg_sq, int64_t numel, const AdamWScalars& scalars,
+                       at::BFloat16* compute_out, int threads);
 
 struct OptimizedTensor {
   std::string name;

@@ -1,6 +1,7 @@
 // The AdamW update of one element, written once and compiled twice: by the host compiler for the
-// OpenMP + SIMD loop in optim/adamw.cpp (the CPU-offload step) and by nvcc for the Thrust kernel in
-// optim/adamw_cuda.cu. It follows torch.optim.AdamW's single-tensor path (non-foreach, non-amsgrad)
+// scalar host kernel in optim/adamw_host.cpp (the reference the AVX2 / AVX-512 kernels of
+// optim/adamw_host_simd.h repeat operation for operation, and their tails) and by nvcc for the
+// Thrust kernel in optim/adamw_cuda.cu. It follows torch.optim.AdamW's single-tensor path (non-foreach, non-amsgrad)
 // operation by operation, in fp32 and in the same order, so that the two agree to rounding:
 //
 //   p = p * (1 - lr * wd)                    param.mul_(1 - lr * weight_decay)

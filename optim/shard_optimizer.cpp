@@ -116,6 +116,11 @@ void ShardOptimizer::step(double lr) {
 }
 
 void ShardOptimizer::step_unit(size_t unit, double lr) {
+  at::Tensor none;
+  step_unit(unit, lr, none);
+}
+
+void ShardOptimizer::step_unit(size_t unit, double lr, at::Tensor& compute_out) {
   LLM_REQUIRE(std::isfinite(lr) && lr >= 0, kSource, "lr", "must be finite and >= 0");
   LLM_REQUIRE(step_ >= 1, kSource, "step", "step_unit before the first begin_step()");
   std::vector<ParameterState>& parameters = units_.at(unit).parameters;
@@ -156,8 +161,17 @@ void ShardOptimizer::step_unit(size_t unit, double lr) {
     }
   }
 
-  for (size_t i = 0; i < parameters.size(); ++i)
-    rule_of(parameters[i].rule).update(parameters[i], inputs[i], settings_, scalars, across_);
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    ParameterState& p = parameters[i];
+    if (!compute_out.defined()) {
+      rule_of(p.rule).update(p, inputs[i], settings_, scalars, across_);
+      continue;
+    }
+    LLM_REQUIRE(compute_out.dim() == 1 && p.parameter.shard_offset + p.parameter.shard_numel() <= compute_out.numel(),
+                kSource, "compute_out", "must be a flat tensor of the unit's shard_numel elements");
+    at::Tensor rows = compute_out.narrow(0, p.parameter.shard_offset, p.parameter.shard_numel());
+    rule_of(p.rule).update_and_round(p, inputs[i], settings_, scalars, across_, rows);
+  }
 }
 
 bool ShardOptimizer::unit_needs_collectives(size_t unit) const {

@@ -21,6 +21,9 @@
 //   begin_step()          the next step: every unit's update until the next begin_step is step t
 //   step_unit(u, lr)      updates unit u's master shard from its gradient shard (collective where a
 //                         rule needs it: every rank calls it for the same units in the same order)
+//   step_unit(u, lr, out) the same, and the updated master rounded into `out` (shard_numel, the
+//                         compute dtype): CPU offload's copy for the device, written by AdamW's host
+//                         kernel in its one pass
 //   step(lr)              begin_step(), then step_unit for every unit in order
 //
 // Checkpoints hold full (unsharded) tensors, "NAME.exp_avg", "NAME.exp_avg_sq", "NAME.projector"
@@ -70,6 +73,8 @@ class ShardOptimizer {
 
   void begin_step();
   void step_unit(size_t unit, double lr);
+  // compute_out: (shard_numel) contiguous on the master's device; its padding rows are not written.
+  void step_unit(size_t unit, double lr, at::Tensor& compute_out);
   void step(double lr);
 
   size_t unit_count() const { return units_.size(); }

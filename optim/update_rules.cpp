@@ -58,6 +58,13 @@ class TorchAdamW final : public Rule {
     adamw_update(state.master, inputs.first, state.exp_avg, state.exp_avg_sq, scalars.lr, options,
                  state.parameter.decay ? settings.weight_decay : 0.0, scalars.t);
   }
+  // The host kernel writes the bf16 copy in its one pass (optim/adamw_host.h).
+  void update_and_round(ParameterState& state, const MomentInputs& inputs, const OptimizerSettings& settings,
+                        const StepScalars& scalars, Communicator*, at::Tensor& compute_out) const override {
+    const AdamWOptions options{settings.beta1, settings.beta2, settings.eps, settings.weight_decay};
+    adamw_update(state.master, inputs.first, state.exp_avg, state.exp_avg_sq, scalars.lr, options,
+                 state.parameter.decay ? settings.weight_decay : 0.0, scalars.t, compute_out);
+  }
 };
 
 // The HF-style AdamW of the references, which the three rules below share: moments on what

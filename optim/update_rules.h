@@ -108,6 +108,14 @@ class Rule {
   }
   virtual void update(ParameterState& state, const MomentInputs& inputs, const OptimizerSettings& settings,
                       const StepScalars& scalars, Communicator* across) const = 0;
+  // update(), then the updated master rounded into compute_out (a flat view like state.master in the
+  // compute dtype, on its device). A rule that can write both in one pass overrides it.
+  virtual void update_and_round(ParameterState& state, const MomentInputs& inputs,
+                                const OptimizerSettings& settings, const StepScalars& scalars,
+                                Communicator* across, at::Tensor& compute_out) const {
+    update(state, inputs, settings, scalars, across);
+    compute_out.copy_(state.master);
+  }
 };
 
 const Rule& rule_of(UpdateRule rule);

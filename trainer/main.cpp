@@ -5,13 +5,17 @@
 // run folders), 3 training diverged, 1 anything else. Under mpirun a failure on
 // any rank aborts the whole job with the message, so no rank is left waiting in a collective.
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
+
+#include <ATen/Parallel.h>
 
 #include <nlohmann/json.hpp>
 
 #include "common/errors.h"
 #include "common/host_memory.h"
 #include "common/log.h"
+#include "optim/host_threads.h"
 #include "sharding/communicator.h"
 #include "sharding/world.h"
 #include "trainer/cli.h"
@@ -71,6 +75,11 @@ int main(int argc, char** argv) {
   llm::install_host_memory_tracking();
   llm::World world = llm::start_world(&argc, &argv);
   llm::log::configure(world.rank, world.world_size);
+  // Each rank takes its share of the node's cores for LibTorch's threads and the offloaded host step
+  // (optim/host_threads.h), so ranks on one node do not each start a thread per core; an explicit
+  // OMP_NUM_THREADS wins.
+  if (std::getenv("OMP_NUM_THREADS") == nullptr)
+    at::set_num_threads(llm::default_host_step_threads(world.local_size));
   return llm::run_reporting_failures(
       world, [&] { return run_command(llm::parse_command_line(argc, argv), world); });
 }

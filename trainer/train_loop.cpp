@@ -1,5 +1,6 @@
 #include "trainer/train_loop.h"
 
+#include <ATen/Parallel.h>
 #include <torch/cuda.h>
 
 #include <chrono>
@@ -424,16 +425,17 @@ void Training::record_start() {
   for (size_t u = 0; u < sharded_.unit_count(); ++u) shard_bytes += sharded_.unit(u).layout().shard_numel * 4;
   metrics_.write({{"event", "start"}, {"model", model_config_.to_json()}, {"run", run_.to_json()},
                   {"world_size", context_.world_size}, {"device", device_.str()},
-                  {"communicator", communicator_.backend_name()}, {"sharding", to_string(run_.sharding.strategy)},
+                  {"host_threads", at::get_num_threads()}, {"communicator", communicator_.backend_name()}, {"sharding", to_string(run_.sharding.strategy)},
                   {"parameters", model_config_.num_parameters()}, {"shard_parameter_bytes", shard_bytes},
                   {"optimizer", run_.optimizer.name}, {"optimizer_state_bytes", optimizer().state_bytes()},
                   {"startup_peak_parameter_bytes", startup_peak_bytes_},
                   {"largest_unit_parameter_bytes", largest_unit_bytes_},
                   {"corpus_unigram_entropy", corpus_.unigram_entropy},
                   {"corpus_entropy_rate", corpus_.entropy_rate}, {"start_step", start_step_}});
-  log::info("model {}: {:.2f}M parameters on {} x {} ({}, {}), {} steps of {} sequences x {} tokens",
+  log::info("model {}: {:.2f}M parameters on {} x {} ({}, {}, {} host threads per rank), {} steps of {} sequences x {} tokens",
             model_config_.name, model_config_.num_parameters() / 1e6, context_.world_size, device_.str(),
-            communicator_.backend_name(), to_string(run_.sharding.strategy), run_.num_training_steps, run_.data.total_batch_size,
+            communicator_.backend_name(), to_string(run_.sharding.strategy), at::get_num_threads(),
+            run_.num_training_steps, run_.data.total_batch_size,
             run_.data.max_length);
   log::info("optimizer {}: {} of state on this rank{}", run_.optimizer.name, human_bytes(optimizer().state_bytes()),
             offload_ ? ", in host memory with the fp32 masters (--offload optimizer)" : "");
