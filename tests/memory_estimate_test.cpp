@@ -99,6 +99,7 @@ TEST_P(EstimateAgainstMeasured, PeakWithinTenPercentPersistentExact) {
   ASSERT_EQ(estimated.exit_code, 0) << estimated.output;
   const nlohmann::json estimate = nlohmann::json::parse(estimated.output.substr(estimated.output.find('{')));
   ASSERT_EQ(estimate.at("ranks").size(), static_cast<size_t>(c.ranks));
+  double measured_node = 0;  // the ranks share this machine: one node, its host memory their peaks
   for (int r = 0; r < c.ranks; ++r) {
     std::ifstream in(dir / ("memory.rank" + std::to_string(r) + ".jsonl"));
     nlohmann::json summary;
@@ -116,7 +117,11 @@ TEST_P(EstimateAgainstMeasured, PeakWithinTenPercentPersistentExact) {
                                     << summary.at("peak_phase") << ")";
     for (const char* category : {"parameters", "gradients", "optimizer_device", "optimizer_host", "other"})
       EXPECT_EQ(predicted.at("max").at(category), summary.at("max").at(category)) << "rank " << r << ": " << category;
+    measured_node += measured_peak;
   }
+  ASSERT_EQ(estimate.at("nodes").size(), 1u);
+  const double node_error = estimate.at("nodes")[0].at("host_bytes").get<double>() / measured_node - 1.0;
+  EXPECT_LE(std::abs(node_error), 0.10) << "node host: estimated " << estimate.at("nodes")[0].dump() << ", measured " << measured_node;
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -165,6 +170,61 @@ TEST(EstimateCommand, SevenBillionOnFourCardsSaysWhetherItFits) {
   EXPECT_NE(roomy.output.find("the training peak fits"), std::string::npos) << roomy.output;
   auto tight = run_command(base + " --memory_budget_gib " + std::to_string(peak_gib * 0.9));
   EXPECT_NE(tight.output.find("does NOT fit"), std::string::npos) << tight.output;
+}
+
+TEST(EstimateCommand, OffloadHostMemoryPerNode) {
+  // 8 ranks of llama_7b with the optimizer offloaded: every rank's host bytes are its optimizer_host
+  // (masters, landing and staging buffers, state), of which the landing (fp32) and staging (bf16)
+  // buffers are pinned; a node's figures are its ranks' summed, in nodes of --ranks_per_node.
+  const std::string base = testing::trainer_binary().string() + " estimate --config " +
+                           (testing::source_dir() / "configs/llama_7b.json").string() +
+                           " --optimizer adamw --dtype bfloat16 --precision pure --batch_size 1 --max_length 512"
+                           " --device cuda --world_size 8";
+  auto offloaded = run_command(base + " --offload optimizer --ranks_per_node 3 --json");
+  ASSERT_EQ(offloaded.exit_code, 0) << offloaded.output;
+  const nlohmann::json estimate = nlohmann::json::parse(offloaded.output.substr(offloaded.output.find('{')));
+  int64_t state_and_master_per_element = 0;
+  for (const nlohmann::json& rank : estimate.at("ranks")) {
+    EXPECT_EQ(rank.at("host_bytes"), rank.at("max").at("optimizer_host"));
+    EXPECT_EQ(rank.at("max").at("optimizer_device"), 0);
+    // pinned = 6 bytes per shard element; host = 4 (master) + 8 (moments) + 6 (pinned) = 18.
+    const int64_t pinned = rank.at("pinned_bytes"), host = rank.at("host_bytes");
+    EXPECT_GT(pinned, 0);
+    EXPECT_EQ(pinned % 6, 0);
+    EXPECT_EQ(host * 6, pinned * 18) << rank.dump();
+    state_and_master_per_element = host - pinned;
+  }
+  EXPECT_GT(state_and_master_per_element, 0);
+  ASSERT_EQ(estimate.at("nodes").size(), 3u);
+  const std::vector<int> expected_ranks = {3, 3, 2};
+  for (size_t n = 0; n < 3; ++n) {
+    const nlohmann::json& node = estimate.at("nodes")[n];
+    EXPECT_EQ(node.at("first_rank"), 3 * static_cast<int>(n));
+    EXPECT_EQ(node.at("ranks"), expected_ranks[n]);
+    int64_t host = 0, pinned = 0;
+    for (int r = node.at("first_rank"); r < node.at("first_rank").get<int>() + node.at("ranks").get<int>(); ++r) {
+      host += estimate.at("ranks")[r].at("host_bytes").get<int64_t>();
+      pinned += estimate.at("ranks")[r].at("pinned_bytes").get<int64_t>();
+    }
+    EXPECT_EQ(node.at("host_bytes"), host);
+    EXPECT_EQ(node.at("pinned_bytes"), pinned);
+  }
+  // The verdict against a node's RAM: a node of 4 ranks needs 4 x 18 bytes per shard element.
+  const double node_gib = 4.0 * static_cast<double>(estimate.at("ranks")[0].at("host_bytes")) / (1024.0 * 1024 * 1024);
+  auto roomy = run_command(base + " --offload optimizer --ranks_per_node 4 --node_memory_gib " + std::to_string(node_gib * 1.05));
+  EXPECT_NE(roomy.output.find("host memory, " ), std::string::npos) << roomy.output;
+  EXPECT_NE(roomy.output.find(", fits."), std::string::npos) << roomy.output;
+  auto tight = run_command(base + " --offload optimizer --ranks_per_node 4 --node_memory_gib " + std::to_string(node_gib * 0.95));
+  EXPECT_NE(tight.output.find("does NOT fit: use more nodes"), std::string::npos) << tight.output;
+  // Without offload nothing of the training is modelled in a GPU rank's host memory.
+  auto on_device = run_command(base + " --json");
+  ASSERT_EQ(on_device.exit_code, 0) << on_device.output;
+  const nlohmann::json device_only = nlohmann::json::parse(on_device.output.substr(on_device.output.find('{')));
+  EXPECT_EQ(device_only.at("nodes")[0].at("host_bytes"), 0);
+  EXPECT_EQ(device_only.at("nodes")[0].at("ranks"), 8);
+  auto negative = run_command(base + " --ranks_per_node -1");
+  EXPECT_EQ(negative.exit_code, 2) << negative.output;
+  EXPECT_NE(negative.output.find("--ranks_per_node"), std::string::npos) << negative.output;
 }
 
 }  // namespace

@@ -168,8 +168,17 @@ TEST(LedgerReport, EndOfRunTableIsGatheredToRankZero) {
   std::ifstream report_file(dir / "memory_report.md");
   ASSERT_TRUE(report_file.good());
   const std::string report((std::istreambuf_iterator<char>(report_file)), std::istreambuf_iterator<char>());
+  // Both ranks run on this machine: one node, whose host figures are the ranks' summed.
+  ASSERT_EQ(memory[0].at("nodes").size(), 1u) << memory[0].dump();
+  const nlohmann::json& node = memory[0].at("nodes")[0];
+  EXPECT_EQ(node.at("ranks"), nlohmann::json::array({0, 1}));
+  for (const char* figure : {"rss_peak_bytes", "host_peak_bytes", "pinned_peak_bytes"}) {
+    const int64_t summed = memory[0].at("ranks")[0].at(figure).get<int64_t>() + memory[0].at("ranks")[1].at(figure).get<int64_t>();
+    EXPECT_EQ(node.at(figure).get<int64_t>(), summed) << figure;
+  }
+  EXPECT_GT(node.at("rss_peak_bytes").get<int64_t>(), 0);
   for (const char* expected : {"## Peak per rank, by category", "## Across ranks", "| peak (tracked) |", "max / mean",
-                               "| 0 |", "| 1 |"})
+                               "| 0 |", "| 1 |", "## Host memory per node", "| 0 | 0, 1 |"})
     EXPECT_NE(report.find(expected), std::string::npos) << expected << "\n" << report;
 }
 

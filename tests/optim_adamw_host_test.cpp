@@ -110,6 +110,14 @@ void expect_same_bits(const at::Tensor& actual, const at::Tensor& expected, cons
                 << (af != ef).sum().item<int64_t>() << " elements differ";
 }
 
+// Every array of an update after the steps: master, both moments, the bf16 copy.
+void expect_same_state(const State& actual, const State& expected_state, const at::Tensor& expected_compute) {
+  expect_same_bits(actual.param, expected_state.param, "param");
+  expect_same_bits(actual.exp_avg, expected_state.exp_avg, "exp_avg");
+  expect_same_bits(actual.exp_avg_sq, expected_state.exp_avg_sq, "exp_avg_sq");
+  expect_same_bits(actual.compute, expected_compute, "bf16 compute copy");
+}
+
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
   for (bool bf16 : {false, true})
@@ -139,10 +147,7 @@ TEST_P(EveryKernel, EqualsTheScalarFunctorBitwise) {
           llm::adamw_host_range(isa, actual.arrays(/*write_compute=*/step == kSteps), scalars, 0,
                                 numel);
         }
-        expect_same_bits(actual.param, expected.param, "param");
-        expect_same_bits(actual.exp_avg, expected.exp_avg, "exp_avg");
-        expect_same_bits(actual.exp_avg_sq, expected.exp_avg_sq, "exp_avg_sq");
-        expect_same_bits(actual.compute, expected.param.to(at::kBFloat16), "bf16 compute copy");
+        expect_same_state(actual, expected, expected.param.to(at::kBFloat16));
       }
 }
 
@@ -158,10 +163,7 @@ TEST_P(EveryKernel, PartialRangesEqualOneRange) {
   llm::adamw_host_range(isa, whole.arrays(true), scalars, 0, 1023);
   for (const auto& [begin, end] : {std::pair<int64_t, int64_t>{0, 3}, {3, 20}, {20, 517}, {517, 1023}})
     llm::adamw_host_range(isa, pieces.arrays(true), scalars, begin, end);
-  expect_same_bits(pieces.param, whole.param, "param");
-  expect_same_bits(pieces.exp_avg, whole.exp_avg, "exp_avg");
-  expect_same_bits(pieces.exp_avg_sq, whole.exp_avg_sq, "exp_avg_sq");
-  expect_same_bits(pieces.compute, whole.compute, "bf16 compute copy");
+  expect_same_state(pieces, whole, whole.compute);
 }
 
 INSTANTIATE_TEST_SUITE_P(AdamWHost, EveryKernel,
@@ -182,24 +184,17 @@ TEST(AdamWHost, ThreadedUpdateEqualsTheScalarFunctorBitwise) {
         for (int step = 1; step <= kSteps; ++step) {
           const llm::AdamWScalars scalars = scalars_of(c, step);
           reference_step(expected, scalars);
-          auto* compute = actual.compute.data_ptr<at::BFloat16>();
+          const auto update = [&](const auto* grad) {
+            llm::adamw_update_host(actual.param.data_ptr<float>(), grad, actual.exp_avg.data_ptr<float>(),
+                                   actual.exp_avg_sq.data_ptr<float>(), numel, scalars,
+                                   actual.compute.data_ptr<at::BFloat16>(), threads);
+          };
           if (c.bf16_grad)
-            llm::adamw_update_host(actual.param.data_ptr<float>(),
-                                   actual.grad.const_data_ptr<at::BFloat16>(),
-                                   actual.exp_avg.data_ptr<float>(),
-                                   actual.exp_avg_sq.data_ptr<float>(), numel, scalars, compute,
-                                   threads);
+            update(actual.grad.const_data_ptr<at::BFloat16>());
           else
-            llm::adamw_update_host(actual.param.data_ptr<float>(),
-                                   actual.grad.const_data_ptr<float>(),
-                                   actual.exp_avg.data_ptr<float>(),
-                                   actual.exp_avg_sq.data_ptr<float>(), numel, scalars, compute,
-                                   threads);
+            update(actual.grad.const_data_ptr<float>());
         }
-        expect_same_bits(actual.param, expected.param, "param");
-        expect_same_bits(actual.exp_avg, expected.exp_avg, "exp_avg");
-        expect_same_bits(actual.exp_avg_sq, expected.exp_avg_sq, "exp_avg_sq");
-        expect_same_bits(actual.compute, expected.param.to(at::kBFloat16), "bf16 compute copy");
+        expect_same_state(actual, expected, expected.param.to(at::kBFloat16));
       }
 }
 

@@ -251,6 +251,12 @@ Command parse_command_line(int argc, const char* const* argv) {
   estimate_app->add_option("--memory_budget_gib", command.estimate.memory_budget_gib,
                            "memory per rank, GiB (e.g. 24): say whether each rank's peak fits")
       ->check(CLI::NonNegativeNumber);
+  estimate_app->add_option("--ranks_per_node", command.estimate.ranks_per_node,
+                           "ranks sharing one node's host memory (consecutive ranks); 0: all on one node")
+      ->check(CLI::NonNegativeNumber);
+  estimate_app->add_option("--node_memory_gib", command.estimate.node_memory_gib,
+                           "a node's RAM, GiB, for the host verdict; 0: this machine's")
+      ->check(CLI::NonNegativeNumber);
   estimate_app->add_flag("--json", command.estimate.json, "print the estimate (every phase of every rank) as JSON");
 
   try {

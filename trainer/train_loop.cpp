@@ -468,7 +468,7 @@ void Training::record_sharded_bytes() {
 }
 
 // The end of the run's ledger (collective): rank 0 writes RUN_DIR/memory_report.md, and every rank's
-// summary goes into metrics.jsonl as one "memory" record.
+// summary and every node's host figures go into metrics.jsonl as one "memory" record.
 void Training::finish_memory_ledger(int64_t steps_run) {
   std::ostringstream description;
   description << "Run `" << run_.logging.run_dir << "`: " << model_config_.name << ", " << run_.optimizer.name << ", "
@@ -476,10 +476,11 @@ void Training::finish_memory_ledger(int64_t steps_run) {
               << (run_.precision.dtype == DType::bfloat16 ? std::string(" (") + to_string(run_.precision.mode) + ")" : "") << ", "
               << to_string(run_.sharding.strategy) << ", " << context_.world_size << " rank(s) on " << device_.str()
               << ", batch " << run_.data.batch_size << " x " << run_.data.max_length << " tokens, " << steps_run << " step(s).";
-  nlohmann::json ranks = nlohmann::json::array();
-  for (const RankMemorySummary& rank : ledger_.finish(communicator_, "Memory report", description.str()))
-    ranks.push_back(rank.to_json());
-  metrics_.write({{"event", "memory"}, {"ranks", ranks}});
+  const std::vector<RankMemorySummary> summaries = ledger_.finish(communicator_, "Memory report", description.str());
+  nlohmann::json ranks = nlohmann::json::array(), nodes = nlohmann::json::array();
+  for (const RankMemorySummary& rank : summaries) ranks.push_back(rank.to_json());
+  for (const NodeMemorySummary& node : by_node(summaries)) nodes.push_back(node.to_json());
+  metrics_.write({{"event", "memory"}, {"ranks", ranks}, {"nodes", nodes}});
 }
 
 // The end-of-run record of the gather order: tests read the peak from it.

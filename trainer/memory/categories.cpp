@@ -68,7 +68,8 @@ nlohmann::json RankMemorySummary::to_json() const {
           {"reserved_peak_bytes", reserved_peak_bytes},
           {"pinned_peak_bytes", pinned_peak_bytes},
           {"alloc_retries", alloc_retries},
-          {"ooms", ooms}};
+          {"ooms", ooms},
+          {"node", node}};
 }
 
 RankMemorySummary RankMemorySummary::from_json(const nlohmann::json& object) {
@@ -86,7 +87,28 @@ RankMemorySummary RankMemorySummary::from_json(const nlohmann::json& object) {
   summary.pinned_peak_bytes = object.value("pinned_peak_bytes", int64_t{0});
   summary.alloc_retries = object.value("alloc_retries", int64_t{0});
   summary.ooms = object.value("ooms", int64_t{0});
+  summary.node = object.value("node", 0);
   return summary;
+}
+
+nlohmann::json NodeMemorySummary::to_json() const {
+  return {{"node", node}, {"ranks", ranks}, {"host_peak_bytes", host_peak_bytes},
+          {"rss_peak_bytes", rss_peak_bytes}, {"pinned_peak_bytes", pinned_peak_bytes}};
+}
+
+std::vector<NodeMemorySummary> by_node(const std::vector<RankMemorySummary>& ranks) {
+  std::vector<NodeMemorySummary> nodes;
+  for (const RankMemorySummary& rank : ranks) {
+    if (rank.node < 0) continue;
+    if (static_cast<size_t>(rank.node) >= nodes.size()) nodes.resize(static_cast<size_t>(rank.node) + 1);
+    NodeMemorySummary& node = nodes[static_cast<size_t>(rank.node)];
+    node.node = rank.node;
+    node.ranks.push_back(rank.rank);
+    node.host_peak_bytes += rank.host_peak_bytes;
+    node.rss_peak_bytes += rank.rss_peak_bytes;
+    node.pinned_peak_bytes += rank.pinned_peak_bytes;
+  }
+  return nodes;
 }
 
 double median(std::vector<double> values) {

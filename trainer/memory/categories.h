@@ -62,10 +62,24 @@ struct RankMemorySummary {
   int64_t pinned_peak_bytes = 0;    // CUDA's pinned host allocator (0 on CPU)
   int64_t alloc_retries = 0;
   int64_t ooms = 0;
+  int node = 0;                  // the rank's node, numbered by its lowest rank's order (0 = rank 0's)
 
   nlohmann::json to_json() const;
   static RankMemorySummary from_json(const nlohmann::json& object);
 };
+
+// The ranks of one node (sharing its RAM) and their host figures summed: the ranks' peaks, which
+// need not fall at the same moment, so an upper bound of the node's peak (the ranks step in
+// lockstep, so their peaks meet within a step).
+struct NodeMemorySummary {
+  int node = 0;
+  std::vector<int> ranks;
+  int64_t host_peak_bytes = 0;    // LibTorch's CPU allocations
+  int64_t rss_peak_bytes = 0;     // resident sets: what the node's RAM holds
+  int64_t pinned_peak_bytes = 0;  // page-locked (CUDA's pinned host allocator)
+  nlohmann::json to_json() const;
+};
+std::vector<NodeMemorySummary> by_node(const std::vector<RankMemorySummary>& ranks);
 
 // mean, min, median, max of one figure across ranks; imbalance = max / mean (1 when mean is 0).
 struct AcrossRanks {

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "common/errors.h"
@@ -222,10 +224,11 @@ class StepSimulation {
       timeline_.add(kGradients, 4 * unit.shard_numel);
     }
     if (resident_) gathered_.assign(units_.size(), true);
-    if (offload_)
-      timeline_.add(kOptimizerHost, optimizer_state() + 8 * shard_elements +
-                                        (cuda_ ? m_.compute_bytes() * shard_elements : 0));
-    else
+    if (offload_) {
+      offload_host_bytes_ = optimizer_state() + 8 * shard_elements + (cuda_ ? m_.compute_bytes() * shard_elements : 0);
+      offload_pinned_bytes_ = cuda_ ? (4 + m_.compute_bytes()) * shard_elements : 0;  // landing + staging
+      timeline_.add(kOptimizerHost, offload_host_bytes_);
+    } else
       timeline_.add(kOptimizerDevice, optimizer_state());
     const int64_t head_dim = m_.config.head_dim();
     timeline_.add(kOther, 2 * m_.run.data.max_length * head_dim * 4);                  // cos, sin (fp32)
@@ -247,6 +250,8 @@ class StepSimulation {
     evaluation(n);
     RankEstimate estimate = summarize();
     estimate.checkpoint_peak_bytes = checkpoint_peak();
+    estimate.host_bytes = cuda_ ? offload_host_bytes_ : estimate.peak_bytes;
+    estimate.pinned_bytes = offload_pinned_bytes_;
     return estimate;
   }
 
@@ -540,6 +545,7 @@ class StepSimulation {
   bool cuda_, offload_;
   int layout_world_ = 1;
   bool resident_ = false;
+  int64_t offload_host_bytes_ = 0, offload_pinned_bytes_ = 0;
   std::vector<UnitGeometry> units_;
   std::vector<bool> gathered_;
   StepPlan plan_;
@@ -566,6 +572,20 @@ MemoryEstimate estimate_memory(const ModelConfig& model, const RunConfig& run, c
     estimate.ranks.push_back(simulation.run());
     estimate.gathered_units = static_cast<int>(simulation.peak_gathered_units());
   }
+  LLM_REQUIRE(options.ranks_per_node >= 0, "command line", "--ranks_per_node",
+              "expected 0 (every rank on one node) or a positive number of ranks per node");
+  const int per_node = options.ranks_per_node > 0 ? std::min(options.ranks_per_node, options.world_size)
+                                                  : options.world_size;
+  for (int first = 0; first < options.world_size; first += per_node) {
+    NodeEstimate node;
+    node.first_rank = first;
+    node.ranks = std::min(per_node, options.world_size - first);
+    for (int r = first; r < first + node.ranks; ++r) {
+      node.host_bytes += estimate.ranks[r].host_bytes;
+      node.pinned_bytes += estimate.ranks[r].pinned_bytes;
+    }
+    estimate.nodes.push_back(node);
+  }
   return estimate;
 }
 
@@ -581,10 +601,66 @@ nlohmann::json estimate_to_json(const MemoryEstimate& estimate) {
                      {"max", rank.max.to_json()},
                      {"at_peak", rank.at_peak.to_json()},
                      {"checkpoint_peak_bytes", rank.checkpoint_peak_bytes},
+                     {"host_bytes", rank.host_bytes},
+                     {"pinned_bytes", rank.pinned_bytes},
                      {"phases", phases}});
   }
-  return {{"device", estimate.device}, {"gathered_units", estimate.gathered_units}, {"ranks", ranks}};
+  nlohmann::json nodes = nlohmann::json::array();
+  for (const NodeEstimate& node : estimate.nodes)
+    nodes.push_back({{"first_rank", node.first_rank}, {"ranks", node.ranks}, {"host_bytes", node.host_bytes},
+                     {"pinned_bytes", node.pinned_bytes}});
+  return {{"device", estimate.device}, {"gathered_units", estimate.gathered_units}, {"ranks", ranks}, {"nodes", nodes}};
 }
+
+namespace {
+
+// This machine's RAM (MemTotal), or 0 where /proc/meminfo is not readable.
+int64_t this_machine_memory_bytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  for (std::string key; meminfo >> key;) {
+    int64_t kib = 0;
+    if (key == "MemTotal:" && meminfo >> kib) return kib * 1024;
+    meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  return 0;
+}
+
+// Each node's host memory against its RAM: what --offload optimizer adds to host memory is the
+// reason a run may fit the GPUs and not the node (four ranks on one node share its RAM).
+std::string node_memory_section(const MemoryEstimate& estimate, const EstimateOptions& options) {
+  const bool cuda = estimate.device == "cuda";
+  int64_t largest = 0;
+  for (const NodeEstimate& node : estimate.nodes) largest = std::max(largest, node.host_bytes);
+  const int64_t ram = options.node_memory_gib > 0 ? static_cast<int64_t>(options.node_memory_gib * 1073741824.0)
+                                                  : this_machine_memory_bytes();
+  const ByteUnit unit = byte_unit_for(std::max(largest, ram));
+  std::ostringstream out;
+  out << "\nHost memory per node (" << estimate.nodes.front().ranks << " rank(s) per node, consecutive ranks; "
+      << (cuda ? "what --offload optimizer keeps in host memory: masters, gradient landing buffers, staging "
+                 "buffers (pinned) and optimizer state; the processes themselves come on top"
+               : "every rank's peak, all of it host memory")
+      << "). Sizes in " << unit.name << ".\n\n"
+      << "| node | ranks | host | of which pinned |\n|---:|---|---:|---:|\n";
+  for (size_t i = 0; i < estimate.nodes.size(); ++i) {
+    const NodeEstimate& node = estimate.nodes[i];
+    out << "| " << i << " | " << node.first_rank << "-" << node.first_rank + node.ranks - 1 << " | "
+        << format_in(node.host_bytes, unit) << " | " << format_in(node.pinned_bytes, unit) << " |\n";
+  }
+  if (ram <= 0) {
+    out << "\nThis machine's RAM is unknown (no /proc/meminfo): pass --node_memory_gib for the verdict.\n";
+    return out.str();
+  }
+  char line[320];
+  std::snprintf(line, sizeof(line), "\nNode RAM %.1f GiB (%s): the largest node's host memory, %.2f GiB, %s.\n",
+                static_cast<double>(ram) / 1073741824.0,
+                options.node_memory_gib > 0 ? "--node_memory_gib" : "this machine's; --node_memory_gib for another",
+                static_cast<double>(largest) / 1073741824.0,
+                largest <= ram ? "fits" : "does NOT fit: use more nodes (fewer --ranks_per_node), shard over more ranks, or a lighter optimizer");
+  out << line;
+  return out.str();
+}
+
+}  // namespace
 
 std::string run_estimate_command(const ModelConfig& model, const RunConfig& run, const EstimateOptions& options) {
   const MemoryEstimate estimate = estimate_memory(model, run, options);
@@ -643,6 +719,7 @@ std::string run_estimate_command(const ModelConfig& model, const RunConfig& run,
       out << "(CUDA: allocated bytes; the caching allocator reserves more, and the CUDA context, cuBLAS "
              "workspaces and NCCL buffers come on top.)\n";
   }
+  out << node_memory_section(estimate, options);
   return out.str();
 }
 

@@ -36,6 +36,11 @@ struct EstimateOptions {
   std::string device;
   double memory_budget_gib = 0;  // > 0: `trainer estimate` says whether each rank's peak fits
   bool json = false;             // `trainer estimate --json`: the whole estimate as JSON
+  // Ranks sharing one node's host memory, consecutive world ranks (mpirun's default placement by
+  // slot). 0: every rank on one node.
+  int ranks_per_node = 0;
+  // A node's RAM, GiB, for the host verdict. 0: this machine's (MemTotal of /proc/meminfo).
+  double node_memory_gib = 0;
 };
 
 // One phase's window: the largest total inside it, and the categories at its closing point.
@@ -52,13 +57,28 @@ struct RankEstimate {
   MemoryCategories max;         // each category's largest value at any point
   MemoryCategories at_peak;     // the categories at the point closing the peak's window
   int64_t checkpoint_peak_bytes = 0;  // writing a checkpoint: every rank holds full tensors then
+  // Host memory the rank's training holds at its peak: on a CPU rank its whole peak; on CUDA what
+  // --offload optimizer keeps in host memory (the process itself, LibTorch and the CUDA context's
+  // host side, is not modelled), of which pinned_bytes are page-locked.
+  int64_t host_bytes = 0;
+  int64_t pinned_bytes = 0;
   std::vector<PhaseEstimate> phases;
+};
+
+// The ranks of one node (consecutive world ranks) and the host memory they hold together: the sum of
+// their host peaks (the ranks step in lockstep, so their peaks meet).
+struct NodeEstimate {
+  int first_rank = 0;
+  int ranks = 1;
+  int64_t host_bytes = 0;
+  int64_t pinned_bytes = 0;
 };
 
 struct MemoryEstimate {
   std::string device;           // "cpu" or "cuda"
   int gathered_units = 1;       // the gather schedule's peak of units gathered at once
   std::vector<RankEstimate> ranks;
+  std::vector<NodeEstimate> nodes;  // EstimateOptions::ranks_per_node ranks each, the last maybe fewer
 };
 
 // run must be validated for options.world_size (validate_run_config), so gradient_accumulation
@@ -68,7 +88,8 @@ MemoryEstimate estimate_memory(const ModelConfig& model, const RunConfig& run, c
 nlohmann::json estimate_to_json(const MemoryEstimate& estimate);
 
 // What `trainer estimate` prints: the settings, a per-rank table by category, the phase of the
-// peak, the checkpoint peak, and with a budget whether every rank fits.
+// peak, the checkpoint peak, with a budget whether every rank fits, and each node's host memory
+// against its RAM.
 std::string run_estimate_command(const ModelConfig& model, const RunConfig& run, const EstimateOptions& options);
 
 }  // namespace llm

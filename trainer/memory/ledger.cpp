@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <sstream>
 
 #include "common/errors.h"
@@ -190,12 +191,14 @@ std::vector<RankMemorySummary> MemoryLedger::finish(Communicator& communicator, 
   // One row per rank: every figure as an int64, the peak's phase as its index in phase_labels_
   // (every rank meets the same labels in the same order). Rows are zero except this rank's; an
   // all-reduce (sum) fills the table everywhere, as record_sharded_bytes does.
-  constexpr int kFigures = 2 * MemoryCategories::kCount + 10;
+  // The node travels as a hash of the host's name (ranks with the same name share its RAM).
+  constexpr int kFigures = 2 * MemoryCategories::kCount + 11;
+  const int64_t host_key = static_cast<int64_t>(std::hash<std::string>{}(process_identity().host) >> 1);
   auto row_of = [&](const RankMemorySummary& s) {
     std::vector<int64_t> row = {s.peak_bytes, s.transient_at_peak, s.peak_step,
                                 static_cast<int64_t>(phase_index(s.peak_phase)), s.host_peak_bytes,
                                 s.rss_peak_bytes, s.reserved_peak_bytes, s.pinned_peak_bytes,
-                                s.alloc_retries, s.ooms};
+                                s.alloc_retries, s.ooms, host_key};
     for (int i = 0; i < MemoryCategories::kCount; ++i) row.push_back(s.max.at(i));
     for (int i = 0; i < MemoryCategories::kCount; ++i) row.push_back(s.at_peak.at(i));
     return row;
@@ -209,6 +212,7 @@ std::vector<RankMemorySummary> MemoryLedger::finish(Communicator& communicator, 
     table = on_device.to(at::kCPU);
   }
   std::vector<RankMemorySummary> ranks;
+  std::vector<int64_t> host_keys;  // in order of each node's lowest rank
   for (int r = 0; r < world_size_; ++r) {
     const int64_t* v = table[r].data_ptr<int64_t>();
     RankMemorySummary s;
@@ -223,8 +227,11 @@ std::vector<RankMemorySummary> MemoryLedger::finish(Communicator& communicator, 
     s.pinned_peak_bytes = v[7];
     s.alloc_retries = v[8];
     s.ooms = v[9];
-    for (int i = 0; i < MemoryCategories::kCount; ++i) s.max.at(i) = v[10 + i];
-    for (int i = 0; i < MemoryCategories::kCount; ++i) s.at_peak.at(i) = v[10 + MemoryCategories::kCount + i];
+    const auto known = std::find(host_keys.begin(), host_keys.end(), v[10]);
+    s.node = static_cast<int>(known - host_keys.begin());
+    if (known == host_keys.end()) host_keys.push_back(v[10]);
+    for (int i = 0; i < MemoryCategories::kCount; ++i) s.max.at(i) = v[11 + i];
+    for (int i = 0; i < MemoryCategories::kCount; ++i) s.at_peak.at(i) = v[11 + MemoryCategories::kCount + i];
     ranks.push_back(s);
   }
 
@@ -242,6 +249,17 @@ std::vector<RankMemorySummary> MemoryLedger::finish(Communicator& communicator, 
            << per_rank_markdown(ranks, cuda) << "\n## Across ranks\n\n"
            << "Imbalance is max / mean; above " << kImbalanceThreshold << " it is flagged.\n\n"
            << across_ranks_markdown(ranks, cuda);
+    // Host memory per node: ranks on one node share its RAM (with --offload optimizer, its masters
+    // and optimizer state).
+    report << "\n## Host memory per node\n\n"
+           << "Each figure summed over the node's ranks (their peaks, an upper bound of the node's).\n\n"
+           << "| node | ranks | resident (RSS) | LibTorch host | pinned |\n|---:|---|---:|---:|---:|\n";
+    for (const NodeMemorySummary& node : by_node(ranks)) {
+      std::string listed;
+      for (int r : node.ranks) listed += (listed.empty() ? "" : ", ") + std::to_string(r);
+      report << "| " << node.node << " | " << listed << " | " << human_bytes(node.rss_peak_bytes) << " | "
+             << human_bytes(node.host_peak_bytes) << " | " << human_bytes(node.pinned_peak_bytes) << " |\n";
+    }
     std::vector<int64_t> peaks;
     for (const RankMemorySummary& s : ranks) peaks.push_back(s.peak_bytes);
     const AcrossRanks stats = across_ranks(peaks);
