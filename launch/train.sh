@@ -18,7 +18,7 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
 else
   CONFIG=${CONFIG:-configs/llama_9m.json}
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-  defaults=(--batch_size 4 --max_length 128 --num_training_steps 100 --warmup_steps 10 --lr 3e-3
+  defaults=(--batch_size 4 --max_length 128 --num_training_steps 100 --lr 3e-3
             --eval_every 25)
 fi
 exec mpirun --oversubscribe -np "$RANKS" build/trainer --config "$CONFIG" --run_dir runs/default \

@@ -8,6 +8,7 @@
 #include <ostream>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -328,6 +329,8 @@ TEST_F(ConfigFileError, HugeIntegerDoesNotWrap) {
 // ------------------------------------------------------------------------------------------------
 // Run config validation
 
+Command parse(std::vector<std::string> args);  // `trainer ARGS...` (defined with the command-line tests)
+
 class ConfigRunValidation : public ::testing::Test {
  protected:
   ModelConfig model_ = load_model_config(config_path("llama_tiny"));  // max positions 256
@@ -478,6 +481,55 @@ TEST_F(ConfigRunValidation, ContinueFromMustBeAnExistingFolder) {
   EXPECT_NO_THROW(validate_run_config(run, model_, 1));
 }
 
+TEST_F(ConfigRunValidation, WarmupLeftOutIsATenthOfTheRunAtMostTwenty) {
+  // The documented rule (README's flag table): min(20, num_training_steps / 10), rounded down.
+  const std::vector<std::pair<int64_t, int64_t>> steps_and_warmup = {
+      {1, 0}, {5, 0}, {9, 0}, {10, 1}, {19, 1}, {20, 2}, {100, 10}, {199, 19}, {200, 20}, {100000, 20}};
+  for (const auto& [steps, warmup] : steps_and_warmup) {
+    SCOPED_TRACE("num_training_steps " + std::to_string(steps));
+    EXPECT_EQ(default_warmup_steps(steps), warmup);
+    RunConfig run = valid();
+    run.num_training_steps = steps;
+    ASSERT_NO_THROW(validate_run_config(run, model_, 1));
+    ASSERT_TRUE(run.optimizer.warmup_steps.has_value()) << "validation resolves the warmup";
+    EXPECT_EQ(*run.optimizer.warmup_steps, warmup);
+  }
+  RunConfig defaults = valid();
+  validate_run_config(defaults, model_, 1);
+  EXPECT_EQ(defaults.optimizer.warmup_steps, std::optional<int64_t>(20)) << "the all-defaults run is unchanged";
+}
+
+TEST_F(ConfigRunValidation, ShortRunFromTheCommandLineGetsTheDefaultWarmup) {
+  // `trainer --config ... --num_training_steps 5`: rejected while the default warmup was a fixed 20.
+  Command command = parse({"--config", config_path("llama_tiny"), "--num_training_steps", "5"});
+  EXPECT_FALSE(command.run.optimizer.warmup_steps.has_value()) << "not given, so not yet decided";
+  ASSERT_NO_THROW(validate_run_config(command.run, model_, 1));
+  EXPECT_EQ(command.run.optimizer.warmup_steps, std::optional<int64_t>(0));
+  // --print_config shows the resolved value, not the rule.
+  EXPECT_EQ(resolved_config_json(model_, command.run).at("run").at("warmup_steps"), 0);
+  command = parse({"--config", config_path("llama_tiny"), "--num_training_steps", "50"});
+  validate_run_config(command.run, model_, 1);
+  EXPECT_EQ(resolved_config_json(model_, command.run).at("run").at("warmup_steps"), 5);
+}
+
+TEST_F(ConfigRunValidation, ExplicitWarmupLongerThanTheRunIsStillAnError) {
+  // Given explicitly, the warmup is the user's choice and is not shortened: 20 (the old default's
+  // number) against a 5-step run is refused, naming both flags and the default to fall back on.
+  Command command = parse(
+      {"--config", config_path("llama_tiny"), "--num_training_steps", "5", "--warmup_steps", "20"});
+  expect_mentions(user_error_of([&] { validate_run_config(command.run, model_, 1); }),
+                  {"command line", "--warmup_steps: ", "--num_training_steps = 5", "got 20",
+                   "no --warmup_steps for the default"});
+  // Equal to the run is still accepted (the lr reaches its peak on the last step).
+  command = parse(
+      {"--config", config_path("llama_tiny"), "--num_training_steps", "5", "--warmup_steps", "5"});
+  EXPECT_NO_THROW(validate_run_config(command.run, model_, 1));
+  EXPECT_EQ(command.run.optimizer.warmup_steps, std::optional<int64_t>(5));
+  // Run settings read back from a metrics.jsonl keep their recorded warmup.
+  const RunConfig back = run_config_from_json(command.run.to_json(), "test");
+  EXPECT_EQ(back.optimizer.warmup_steps, std::optional<int64_t>(5));
+}
+
 TEST_F(ConfigRunValidation, DataFileThatExistsIsAccepted) {
   ScratchDir scratch("data_file");
   const std::string file = (scratch / "tokens.bin").string();
@@ -596,6 +648,66 @@ TEST(CliTrain, EnumSpellings) {
   EXPECT_EQ(parse({"--config", "c", "--precision", "mixed"}).run.precision.mode, Precision::mixed);
   EXPECT_EQ(parse({"--config", "c", "--device", "auto"}).run.device, DeviceChoice::auto_select);
   EXPECT_EQ(parse({"--config", "c", "--device", "cuda"}).run.device, DeviceChoice::cuda);
+}
+
+TEST(CliTrain, RepeatedFlagTakesTheLastValue) {
+  // launch/train.sh passes its own --batch_size, --max_length, ... before the user's flags, as the
+  // README's `RANKS=2 CONFIG=configs/llama_60m.json bash launch/train.sh --batch_size 16` does.
+  const Command command = parse({"--config", "configs/llama_60m.json", "--run_dir", "runs/default",
+                                 "--batch_size", "4", "--max_length", "128", "--num_training_steps", "100",
+                                 "--warmup_steps", "10", "--lr", "3e-3", "--eval_every", "25",
+                                 "--batch_size", "16", "--scheduler", "linear", "--scheduler", "constant",
+                                 "--lr=1e-4", "--device", "cpu", "--device", "cpu", "--run_dir", "runs/mine"});
+  EXPECT_EQ(command.kind, Command::Kind::train);
+  EXPECT_EQ(command.run.data.batch_size, 16);
+  EXPECT_EQ(command.run.optimizer.scheduler, Scheduler::constant);
+  EXPECT_DOUBLE_EQ(command.run.optimizer.lr, 1e-4);
+  EXPECT_EQ(command.run.logging.run_dir, "runs/mine");
+  EXPECT_EQ(command.run.data.max_length, 128) << "flags given once are untouched";
+  // One warning per flag repeated with different values, naming it; none for --device cpu twice.
+  ASSERT_EQ(command.warnings.size(), 4u) << ::testing::PrintToString(command.warnings);
+  std::string all;
+  for (const std::string& warning : command.warnings) all += warning + "\n";
+  expect_mentions(all, {"--batch_size given 2 times (4, 16); using the last, 16", "--scheduler", "--lr",
+                        "--run_dir given 2 times (runs/default, runs/mine)"});
+  EXPECT_EQ(all.find("--device"), std::string::npos) << all;
+  EXPECT_TRUE(parse({"--config", "c", "--lr", "1e-3"}).warnings.empty());
+
+  // Flags, optimizer flags and the subcommands' own flags follow the same rule.
+  EXPECT_TRUE(parse({"--config", "c", "--no_prefetch", "--no_prefetch"}).run.sharding.prefetch == false);
+  const RunConfig galore = parse({"--config", "c", "--optimizer", "adamw", "--optimizer", "galore_adamw",
+                                  "--rank", "8", "--rank", "64"}).run;
+  EXPECT_EQ(galore.optimizer.name, "galore_adamw");
+  EXPECT_EQ(galore.optimizer.galore_rank, 64);
+  EXPECT_EQ(parse({"--config", "c", "--optimizer", "adamw_sn", "--subset_size", "4", "--subset_size",
+                   "heuristics"}).run.optimizer.subset_size, 0);
+  const Command estimate = parse({"estimate", "--config", "c", "--world_size", "2", "--world_size", "4",
+                                  "--batch_size", "2", "--batch_size", "3"});
+  EXPECT_EQ(estimate.kind, Command::Kind::estimate);
+  EXPECT_EQ(estimate.estimate.world_size, 4);
+  EXPECT_EQ(estimate.run.data.batch_size, 3);
+  EXPECT_EQ(estimate.warnings.size(), 2u) << ::testing::PrintToString(estimate.warnings);
+  EXPECT_EQ(parse({"prepare", "--input", "a.txt", "--output", "x.bin", "--output", "t.bin", "--vocab_size",
+                   "100"}).prepare.output, "t.bin");
+  // A value outside a flag's choices is an error even when a later one is good (CLI11 checks every
+  // value against IsMember). Only the last value is converted to a number, so an earlier "fast" is
+  // not an error, but the warning shows it.
+  expect_mentions(parse_error({"--config", "c", "--scheduler", "cosine_restarts", "--scheduler", "cosine"}),
+                  {"--scheduler", "cosine_restarts"});
+  const Command overridden = parse({"--config", "c", "--lr", "fast", "--lr", "1e-3"});
+  EXPECT_DOUBLE_EQ(overridden.run.optimizer.lr, 1e-3);
+  ASSERT_EQ(overridden.warnings.size(), 1u);
+  expect_mentions(overridden.warnings[0], {"--lr given 2 times (fast, 1e-3); using the last, 1e-3"});
+}
+
+TEST(CliTrain, ListValuedOptionsKeepEveryValue) {
+  const Command prepare = parse({"prepare", "--input", "a.txt", "--input", "b.txt", "--input", "c.txt",
+                                 "--output", "t.bin", "--vocab_size", "100"});
+  EXPECT_EQ(prepare.prepare.inputs, (std::vector<std::string>{"a.txt", "b.txt", "c.txt"}));
+  EXPECT_TRUE(prepare.warnings.empty());
+  const Command report = parse({"report", "runs/a", "runs/b", "--out", "r"});
+  EXPECT_EQ(report.report.run_dirs, (std::vector<std::string>{"runs/a", "runs/b"}));
+  EXPECT_TRUE(report.warnings.empty());
 }
 
 TEST(CliTrain, RangesAreLeftToValidation) {

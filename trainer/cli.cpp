@@ -1,5 +1,6 @@
 #include "trainer/cli.h"
 
+#include <algorithm>
 #include <map>
 #include <vector>
 
@@ -51,6 +52,24 @@ const CLI::Validator kNotNegative(
     },
     "", "not negative");
 
+// Flags given more than once with different values: the last one is used (TakeLast), and the user
+// is told, since a repeated flag is as often a leftover as an override.
+void collect_repeated_flags(const CLI::App& app, std::vector<std::string>& warnings) {
+  for (const CLI::Option* option : app.get_options()) {
+    if (option->get_items_expected_max() > 1) continue;  // a list: every value counts
+    const std::vector<std::string>& given = option->results();
+    if (given.size() < 2 || std::all_of(given.begin(), given.end(),
+                                        [&](const std::string& value) { return value == given.front(); }))
+      continue;
+    std::string values;
+    for (const std::string& value : given) values += (values.empty() ? "" : ", ") + value;
+    warnings.push_back(std::string(kCommandLine) + ": " + option->get_name() + " given " +
+                       std::to_string(given.size()) + " times (" + values + "); using the last, " +
+                       given.back());
+  }
+  for (const CLI::App* subcommand : app.get_subcommands()) collect_repeated_flags(*subcommand, warnings);
+}
+
 }  // namespace
 
 Command parse_command_line(int argc, const char* const* argv) {
@@ -63,6 +82,10 @@ Command parse_command_line(int argc, const char* const* argv) {
                "Make a token file: trainer prepare --help.",
                "trainer"};
   app.get_formatter()->column_width(34);
+  // A repeated flag takes its last value (argparse's rule), for this app and, inherited, for every
+  // subcommand. A vector option (prepare's --input) still keeps all its values: TakeLast trims to
+  // the number of values an option expects, which for a vector is unbounded.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 
   // Training flags, named as GaLore's torchrun_main.py where it has one.
   std::vector<CLI::Option*> training_flags;
@@ -86,8 +109,11 @@ Command parse_command_line(int argc, const char* const* argv) {
   add(app.add_option("--max_length", run.data.max_length, "tokens per sequence")->capture_default_str());
   add(app.add_option("--num_training_steps", run.num_training_steps, "optimizer steps to run")
           ->capture_default_str());
-  add(app.add_option("--warmup_steps", run.optimizer.warmup_steps, "linear warm-up steps of the schedule")
-          ->capture_default_str());
+  int64_t warmup_steps = 0;  // run.optimizer.warmup_steps stays unset unless the flag is given
+  CLI::Option* warmup_flag = add(
+      app.add_option("--warmup_steps", warmup_steps,
+                     "linear warm-up steps of the schedule; default min(20, num_training_steps / 10)")
+          ->default_str("min(20, num_training_steps / 10)"));
   EnumFlag<ShardingStrategy> sharding(
       {ShardingStrategy::full_shard, ShardingStrategy::shard_grad_op, ShardingStrategy::no_shard},
       run.sharding.strategy);
@@ -278,6 +304,8 @@ Command parse_command_line(int argc, const char* const* argv) {
               std::string(error.what()) + " (run `" + help + "` for the flags and their values)");
   }
 
+  collect_repeated_flags(app, command.warnings);
+
   if (prepare_app->parsed()) {
     for (const CLI::Option* flag : training_flags)
       if (flag->count() > 0)
@@ -314,6 +342,7 @@ Command parse_command_line(int argc, const char* const* argv) {
     if (flag->count() > 0 && run.optimizer.name != owner)
       fail_user(kCommandLine, flag->get_name(),
                 "applies to --optimizer " + owner + " only (got --optimizer " + run.optimizer.name + ")");
+  if (warmup_flag->count() > 0) run.optimizer.warmup_steps = warmup_steps;
   run.optimizer.scheduler = scheduler.value();
   run.sharding.strategy = sharding.value();
   run.sharding.prefetch = !no_prefetch;

@@ -9,6 +9,11 @@
 //
 // --help is not an error: parse_command_line returns Kind::help with the help text, and main prints
 // it and exits 0. Every syntax error is a UserError naming the flag.
+//
+// A flag given twice takes the last value, as argparse and torchrun users expect, so a launcher's
+// defaults can be overridden by appending flags (launch/train.sh passes its own --batch_size first);
+// a flag repeated with different values is reported in Command::warnings. List-valued options
+// (`prepare --input`, `report RUN_DIR...`) keep every value.
 #pragma once
 
 #include <string>
@@ -34,6 +39,8 @@ struct Command {
   ReportOptions report;    // Kind::report
   EstimateOptions estimate;  // Kind::estimate
   std::string help_text;   // Kind::help: what `--help` prints (for `prepare --help`, its own flags)
+  // "command line: --batch_size given 2 times (8, 16); using the last, 16": main logs them on rank 0.
+  std::vector<std::string> warnings;
 };
 
 // Throws UserError ("command line: ..." naming the flag) on unknown flags, values that are not

@@ -1,5 +1,6 @@
 #include "trainer/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <sstream>
@@ -64,7 +65,7 @@ json RunConfig::to_json() const {
       {"gradient_accumulation", data.gradient_accumulation},
       {"max_length", data.max_length},
       {"num_training_steps", num_training_steps},
-      {"warmup_steps", optimizer.warmup_steps},
+      {"warmup_steps", optimizer.warmup_steps ? json(*optimizer.warmup_steps) : json(nullptr)},  // null: not yet resolved
       {"scheduler", to_string(optimizer.scheduler)},
       {"min_lr_ratio", optimizer.min_lr_ratio},
       {"weight_decay", optimizer.weight_decay},
@@ -131,7 +132,9 @@ RunConfig run_config_from_json(const json& object, const std::string& source) {
   read("gradient_accumulation", run.data.gradient_accumulation);
   read("max_length", run.data.max_length);
   read("num_training_steps", run.num_training_steps);
-  read("warmup_steps", run.optimizer.warmup_steps);
+  int64_t warmup_steps = -1;
+  read("warmup_steps", warmup_steps);
+  if (object.contains("warmup_steps") && !object.at("warmup_steps").is_null()) run.optimizer.warmup_steps = warmup_steps;
   read_enum("scheduler", run.optimizer.scheduler, Scheduler::cosine, Scheduler::linear, Scheduler::constant);
   read("min_lr_ratio", run.optimizer.min_lr_ratio);
   read("weight_decay", run.optimizer.weight_decay);
@@ -188,6 +191,10 @@ void require_flag(bool ok, const char* flag, const std::string& expected, int64_
 
 }  // namespace
 
+int64_t default_warmup_steps(int64_t num_training_steps) {
+  return std::clamp<int64_t>(num_training_steps / 10, 0, 20);
+}
+
 void validate_run_config(RunConfig& run, const ModelConfig& model, int world_size) {
   namespace fs = std::filesystem;
   if (world_size < 1)
@@ -208,11 +215,13 @@ void validate_run_config(RunConfig& run, const ModelConfig& model, int world_siz
                   std::to_string(run.data.max_length) + ")");
   require_flag(run.num_training_steps >= 1, "--num_training_steps", "an integer >= 1",
                run.num_training_steps);
-  require_flag(run.optimizer.warmup_steps >= 0 && run.optimizer.warmup_steps <= run.num_training_steps,
+  if (!run.optimizer.warmup_steps) run.optimizer.warmup_steps = default_warmup_steps(run.num_training_steps);
+  require_flag(*run.optimizer.warmup_steps >= 0 && *run.optimizer.warmup_steps <= run.num_training_steps,
                "--warmup_steps",
-               "an integer in [0, --num_training_steps = " +
-                   std::to_string(run.num_training_steps) + "]",
-               run.optimizer.warmup_steps);
+               "an integer in [0, --num_training_steps = " + std::to_string(run.num_training_steps) +
+                   "], or no --warmup_steps for the default min(20, num_training_steps / 10) = " +
+                   std::to_string(default_warmup_steps(run.num_training_steps)),
+               *run.optimizer.warmup_steps);
   require_flag(run.optimizer.min_lr_ratio >= 0 && run.optimizer.min_lr_ratio <= 1, "--min_lr_ratio",
                "a number in [0, 1]", run.optimizer.min_lr_ratio);
   require_flag(std::isfinite(run.optimizer.weight_decay) && run.optimizer.weight_decay >= 0, "--weight_decay",

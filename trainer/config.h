@@ -41,7 +41,9 @@ struct DataConfig {
 struct OptimizerConfig {
   std::string name = "adamw";        // --optimizer: adamw | adamw_sn | galore_adamw
   double lr = 1e-3;
-  int64_t warmup_steps = 20;
+  // Unset (no --warmup_steps): default_warmup_steps(num_training_steps), filled in by
+  // validate_run_config; a validated RunConfig always holds a value.
+  std::optional<int64_t> warmup_steps;
   Scheduler scheduler = Scheduler::cosine;
   double min_lr_ratio = 0.1;
   double weight_decay = 0.0;
@@ -119,8 +121,15 @@ RunConfig run_config_from_json(const nlohmann::json& object, const std::string& 
 // derives gradient_accumulation (and total_batch_size when it was 0). Throws UserError naming the
 // flag: "command line: --FLAG: what is expected (got X)".
 // --adam_eps left unset becomes the optimizer's reference default: 1e-8 for adamw (torch), 1e-6 for
-// adamw_sn and galore_adamw (their HF-style references).
+// adamw_sn and galore_adamw (their HF-style references). --warmup_steps left unset becomes
+// default_warmup_steps(num_training_steps); given, it must lie in [0, num_training_steps].
 void validate_run_config(RunConfig& run, const ModelConfig& model, int world_size);
+
+// The warmup when --warmup_steps is not given: 20 steps, but never more than a tenth of the run
+// (rounded down), so a short run works with the default flags: 200 steps or more warm up for 20,
+// 100 steps for 10, fewer than 10 steps not at all. A warmup the user gives is kept as given (an
+// error when it exceeds the run), since silently shortening it would change the schedule they chose.
+int64_t default_warmup_steps(int64_t num_training_steps);
 
 const char* to_string(Scheduler value);
 const char* to_string(DType value);

@@ -29,6 +29,8 @@ namespace {
 
 int run_command(const llm::Command& command, const llm::World& world) {
   using Kind = llm::Command::Kind;
+  if (world.rank == 0)
+    for (const std::string& warning : command.warnings) llm::log::warn(warning);
   if (command.kind == Kind::help) {
     if (world.rank == 0) std::cout << command.help_text;
     return 0;

@@ -266,7 +266,7 @@ StepResult Training::train_step(int64_t step) {
               << "), set --grad_clipping (now " << run_.optimizer.grad_clipping << "), raise --warmup_steps, or use --dtype float32";
       throw TrainingError(message.str());
     }
-    result.lr = run_.optimizer.lr * lr_multiplier(run_.optimizer.scheduler, step, run_.optimizer.warmup_steps, run_.num_training_steps, run_.optimizer.min_lr_ratio);
+    result.lr = run_.optimizer.lr * lr_multiplier(run_.optimizer.scheduler, step, run_.optimizer.warmup_steps.value(), run_.num_training_steps, run_.optimizer.min_lr_ratio);
     const double scale = clip_coefficient(result.grad_norm, run_.optimizer.grad_clipping);
     if (offload_) {
       offload_->step(result.lr, scale);  // each unit's host step; the next forward waits per unit
