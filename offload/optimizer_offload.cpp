@@ -40,7 +40,8 @@ OptimizerOffload::OptimizerOffload(ShardedModel& model, const OptimizerSettings&
   LLM_REQUIRE(rules.size() == model.unit_count(), "offload", "rules", "needs the update rules of every unit");
   at::NoGradGuard no_grad;
   const size_t units = model.unit_count();
-  on_cuda_ = units > 0 && model.unit(0).gradient_shard().is_cuda();
+  const c10::Device device = units > 0 ? model.unit(0).gradient_shard().device() : c10::Device(c10::kCPU);
+  on_cuda_ = device.is_cuda();
   std::vector<UnitShard> shards;
   for (size_t u = 0; u < units; ++u) {
     ShardedUnit& unit = model.unit(u);
@@ -58,12 +59,13 @@ OptimizerOffload::OptimizerOffload(ShardedModel& model, const OptimizerSettings&
       pinned_bytes_ += static_cast<int64_t>(gradients_.back().nbytes() + staging_.back().nbytes());
     }
     unit.offload_master();
+    unit.make_gradient_transient();  // each step's shard is handed to gradient_ready(), then freed
     shards.push_back({unit.layout(), masters_.back(), gradients_.back(), std::move(rules[u])});
   }
   optimizer_ = std::make_unique<ShardOptimizer>(settings, std::move(shards), across);
   done_.assign(units, true);
 #ifdef TRAINER_HAVE_CUDA
-  if (on_cuda_) copies_ = std::make_unique<CudaCopies>(model.unit(0).gradient_shard().device().index(), units);
+  if (on_cuda_) copies_ = std::make_unique<CudaCopies>(device.index(), units);
 #endif
   worker_ = std::thread([this] { worker_loop(); });
 }
@@ -80,7 +82,8 @@ OptimizerOffload::~OptimizerOffload() {
 
 void OptimizerOffload::gradient_ready(size_t unit) {
   at::NoGradGuard no_grad;
-  const at::Tensor& shard = model_.unit(unit).gradient_shard();
+  // The unit gives its shard up: when this reference goes, the device memory is free again.
+  at::Tensor shard = model_.unit(unit).take_gradient_shard();
 #ifdef TRAINER_HAVE_CUDA
   if (on_cuda_) {
     // The shard is final once the compute stream reaches here (the reduce-scatter wrote it).
@@ -90,6 +93,11 @@ void OptimizerOffload::gradient_ready(size_t unit) {
     c10::cuda::CUDAStreamGuard on_copy_stream(copies_->to_host);
     gradients_.at(unit).copy_(shard, /*non_blocking=*/true);
     copies_->gradient_landed.at(unit).record(copies_->to_host);
+    // The block was allocated on the compute stream and is read by the copy stream: the caching
+    // allocator must not hand it out again before the copy is done. recordStream defers its reuse
+    // to that point (an event it queries at later allocations), as FSDP does for its reduce-scatter
+    // outputs handed across streams.
+    shard.record_stream(copies_->to_host.unwrap());
     return;
   }
 #endif

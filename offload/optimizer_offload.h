@@ -1,8 +1,10 @@
 // CPU offload of the optimizer (--offload optimizer): every unit's fp32 master shard and optimizer
 // state live in host memory, and the optimizer steps there, unit by unit, on a worker thread, while
-// the device keeps only each unit's rows in the compute dtype (what is gathered) and its gradient
-// shard. ZeRO-Offload's division of labour, per unit of our own runtime (docs/offload.md draws the
-// timeline of one step).
+// the device keeps only each unit's rows in the compute dtype (what is gathered) and, for a moment
+// each step, its gradient shard: the shard exists from the unit's reduce-scatter until its copy to
+// host memory is done, then it is freed (ShardedUnit::make_gradient_transient), so between steps the
+// device holds no gradient at all. ZeRO-Offload's division of labour, per unit of our own runtime
+// (docs/offload.md draws the timeline of one step).
 //
 // One owner for everything offload holds, per unit:
 //   master      (shard_numel) fp32, host: what the optimizer updates and checkpoints save
@@ -14,9 +16,11 @@
 // and, on CUDA, a device-to-host and a host-to-device copy stream and an event per unit and way.
 //
 // The order, for unit u of step t:
-//   gradient_ready(u)   (ShardedModel's gradient_shard_ready, during backward) the shard is copied
-//                       to u's host gradient buffer: on the D2H stream after an event on the compute
-//                       stream (CUDA), or in line (CPU)
+//   gradient_ready(u)   (ShardedModel's gradient_shard_ready, during backward) the unit hands its
+//                       shard over (take_gradient_shard; its squared norm was taken as it was
+//                       reduced) and it is copied to u's host gradient buffer: on the D2H stream
+//                       after an event on the compute stream, the shard's block kept from reuse until
+//                       the copy is done (recordStream) (CUDA), or in line (CPU); then the shard is freed
 //   step(lr, scale)     (after the last backward, once the global norm is known: clipping is exact)
 //                       queues every unit in the optimizer pass's order (embed first); the worker, per
 //                       unit: waits for u's D2H copy, scales the gradient by the clip coefficient (what

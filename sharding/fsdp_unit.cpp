@@ -1,5 +1,7 @@
 #include "sharding/fsdp_unit.h"
 
+#include <stdexcept>
+
 #include <c10/core/StorageImpl.h>
 #ifdef TRAINER_HAVE_CUDA
 #include <c10/cuda/CUDAEvent.h>
@@ -66,6 +68,7 @@ ShardedUnit::ShardedUnit(std::string name, std::vector<std::pair<std::string, at
     for (size_t i = 0; i < parameters_.size(); ++i)
       slice(master_, layout_.parameters[i]).copy_(layout_.take_rows(layout_.parameters[i], parameters_[i].second));
     gradient_ = at::zeros_like(master_);
+    gradient_options_ = gradient_.options();
   }
   compute_dtype_ = compute_dtype;
   resident_ = resident_when_whole && layout_.world_size == 1;
@@ -192,20 +195,57 @@ void ShardedUnit::release() {
   gathered_ = false;
 }
 
+void ShardedUnit::make_gradient_transient() {
+  if (gradient_transient_) return;
+  gradient_transient_ = true;
+  gradient_ = at::Tensor();
+  if (gradients_in_shard_)
+    for (auto& [parameter_name, parameter] : parameters_) parameter.mutable_grad() = at::Tensor();
+}
+
+at::Tensor ShardedUnit::take_gradient_shard() {
+  if (!gradient_transient_ || !gradient_.defined() || !gradient_consumed_)
+    throw std::logic_error("ShardedUnit " + name_ + ": take_gradient_shard needs a transient gradient, reduced");
+  if (gradients_in_shard_)
+    for (auto& [parameter_name, parameter] : parameters_) parameter.mutable_grad() = at::Tensor();
+  return std::exchange(gradient_, at::Tensor());
+}
+
 void ShardedUnit::prepare_gradients() {
-  if (!gradients_in_shard_ || !gradient_consumed_) return;
+  if (!gradients_in_shard_) return;
   at::NoGradGuard no_grad;
+  if (gradient_transient_ && !gradient_.defined()) {
+    // The step's first backward of this unit: its parameters' gradients become views of a new
+    // shard, into which autograd accumulates every micro-batch.
+    gradient_ = at::zeros({layout_.shard_numel}, gradient_options_);
+    for (size_t i = 0; i < parameters_.size(); ++i) {
+      const ShardedParameter& row = layout_.parameters[i];
+      parameters_[i].second.mutable_grad() = slice(gradient_, row).view(row.full_shape);
+    }
+    gradient_consumed_ = false;
+    return;
+  }
+  if (!gradient_consumed_) return;
   gradient_.zero_();
   gradient_consumed_ = false;
 }
 
 void ShardedUnit::reduce_gradients() {
+  reduce_into_shard();
+  // Each unit's share of the global norm, while the shard is here (clipping: train_loop.cpp).
+  at::NoGradGuard no_grad;
+  gradient_squares_ = at::dot(gradient_, gradient_);
+}
+
+void ShardedUnit::reduce_into_shard() {
   at::NoGradGuard no_grad;
   gradient_consumed_ = true;
   if (resident_) {
     // The whole unit on this rank: the gradients go straight into the shard (already there for
     // fp32), then an average over no_shard's ranks in place.
     if (!gradients_in_shard_) {
+      // A transient shard is new each step; its padding rows, which no parameter writes, are zero.
+      if (gradient_transient_) gradient_ = at::zeros({layout_.shard_numel}, gradient_options_);
       for (size_t i = 0; i < parameters_.size(); ++i) {
         const at::Tensor& grad = parameters_[i].second.grad();
         at::Tensor target = slice(gradient_, layout_.parameters[i]);
@@ -219,15 +259,17 @@ void ShardedUnit::reduce_gradients() {
     if (communicator_.world_size() > 1) communicator_.all_reduce(gradient_, ReduceOp::average);
     return;
   }
-  at::Tensor flat = at::empty({layout_.world_size * layout_.shard_numel}, gradient_.options());
+  at::Tensor flat = at::empty({layout_.world_size * layout_.shard_numel}, gradient_options_);
   for (size_t i = 0; i < parameters_.size(); ++i) {
     const at::Tensor& grad = parameters_[i].second.grad();
     if (grad.defined())
       layout_.scatter_into(layout_.parameters[i], grad, flat);  // bf16 converts in the copy
     else
-      layout_.scatter_into(layout_.parameters[i], at::zeros(layout_.parameters[i].full_shape, gradient_.options()), flat);
+      layout_.scatter_into(layout_.parameters[i], at::zeros(layout_.parameters[i].full_shape, gradient_options_), flat);
     parameters_[i].second.mutable_grad() = at::Tensor();
   }
+  // Every row of the shard is written below, so a transient one needs no zeroing.
+  if (gradient_transient_) gradient_ = at::empty({layout_.shard_numel}, gradient_options_);
   if (strategy_ == ShardingStrategy::no_shard) {
     communicator_.all_reduce(flat, ReduceOp::average);
     gradient_.copy_(flat);
@@ -273,7 +315,7 @@ int64_t ShardedUnit::compute_parameter_bytes() const {
 OwnedBytes ShardedUnit::owned_bytes() const {
   OwnedBytes owned;
   owned.parameters = distinct_storage_bytes({master_, compute_}) + compute_parameter_bytes();
-  owned.gradients = static_cast<int64_t>(gradient_.nbytes()) + full_gradient_bytes();
+  owned.gradients = (gradient_.defined() ? static_cast<int64_t>(gradient_.nbytes()) : 0) + full_gradient_bytes();
   return owned;
 }
 

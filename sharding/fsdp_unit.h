@@ -97,6 +97,19 @@ class ShardedUnit {
   // parameters.
   void offload_master();
   bool master_offloaded() const { return !master_.defined(); }
+  // CPU offload: the gradient shard stops being a persistent buffer. It exists from this step's
+  // reduce_gradients() (a resident fp32 unit: from the first prepare_gradients() of the step, since
+  // its parameters' gradients are views of it) until take_gradient_shard() hands it over, and the
+  // caller frees it once it has copied it to host memory. Between steps the device holds no gradient.
+  void make_gradient_transient();
+  bool gradient_transient() const { return gradient_transient_; }
+  // The reduced shard, given up by this unit (a transient gradient only): its parameters' gradients
+  // that view it are dropped too, so the caller's reference is the last one.
+  at::Tensor take_gradient_shard();
+  // This step's squared L2 norm of the reduced gradient shard, a one-element fp32 tensor on the
+  // device, taken as reduce_gradients() ends (so it exists after the shard itself is handed over);
+  // the global gradient norm sums it over units.
+  const at::Tensor& gradient_squares() const { return gradient_squares_; }
   bool gathered() const { return gathered_; }
   bool resident() const { return resident_; }  // parameters are views of the shards (above)
 
@@ -107,7 +120,8 @@ class ShardedUnit {
   // undefined for a gathered bf16 unit (each gather rounds the master into a transient buffer).
   at::Tensor& compute_shard() { return compute_; }
   const at::Tensor& compute_shard() const { return compute_; }
-  at::Tensor& gradient_shard() { return gradient_; }         // (shard_numel) fp32
+  // (shard_numel) fp32; undefined between steps once the gradient is transient.
+  at::Tensor& gradient_shard() { return gradient_; }
   const at::Tensor& master_shard() const { return master_; }
   const at::Tensor& gradient_shard() const { return gradient_; }
   // Views of one parameter's rows inside a flat buffer laid out like the shard.
@@ -137,12 +151,17 @@ class ShardedUnit {
   // All-gathers the shard into freshly allocated compute storage on the current stream (the
   // collective on `stream`: the same stream, passed for NCCL).
   void fill_compute_parameters(const CollectiveStream& stream);
+  // reduce_gradients() without the norm: the full gradients into the shard.
+  void reduce_into_shard();
 
   at::Tensor master_, compute_, gradient_;
+  at::Tensor gradient_squares_;        // (1) fp32, see gradient_squares()
+  at::TensorOptions gradient_options_;  // fp32 on the unit's device
   at::ScalarType compute_dtype_ = at::kFloat;
   bool resident_ = false;
   bool gradients_in_shard_ = false;  // resident with fp32 parameters: .grad views the gradient shard
   bool gradient_consumed_ = false;   // reduced since the last prepare_gradients()
+  bool gradient_transient_ = false;  // make_gradient_transient()
   bool gathered_ = true;
   bool gather_in_flight_ = false;  // gathered on the gather stream, not yet waited for
   struct GatherEvents;             // CUDA events (fsdp_unit.cpp; CUDA builds only)

@@ -1,7 +1,8 @@
 // --offload optimizer through the trainer binary on CPU (offload/optimizer_offload.h): the host step on
 // a worker thread, per unit, equals the step without offload bitwise (losses, gradient norms, final
 // parameters and optimizer state) for each optimizer at 1 and 4 ranks, with gradient accumulation
-// and with clipping that fires, in fp32 and in pure bf16; the device-side optimizer bytes are zero;
+// and with clipping that fires, in fp32 and in pure bf16; the device-side optimizer bytes are zero
+// and no gradient shard outlives its step on the device;
 // and a run saved with offload resumes exactly.
 #include <gtest/gtest.h>
 
@@ -100,7 +101,15 @@ TEST_P(OffloadEquivalence, EqualsTheStepWithoutOffloadBitwise) {
       EXPECT_EQ(point.at("optimizer_device").get<int64_t>(), 0) << "rank " << r << " " << point.at("phase");
       EXPECT_GT(point.at("optimizer_host").get<int64_t>(), plain_points.front().at("optimizer_device").get<int64_t>())
           << "rank " << r << ": the state plus the masters and gradient landing buffers";
+      // Between steps the device holds no gradient: every unit's shard went to the host and was freed.
+      if (point.at("phase") == "optimizer") EXPECT_EQ(point.at("gradients").get<int64_t>(), 0) << "rank " << r;
     }
+  }
+  const auto plain_state = testing::read_metrics_events(plain_dir / "run", "sharded_state").at(0).at("ranks");
+  const auto offload_state = testing::read_metrics_events(offload_dir / "run", "sharded_state").at(0).at("ranks");
+  for (int r = 0; r < c.ranks; ++r) {
+    EXPECT_GT(plain_state[r].at("gradient_shard_bytes").get<int64_t>(), 0) << "rank " << r;
+    EXPECT_EQ(offload_state[r].at("gradient_shard_bytes").get<int64_t>(), 0) << "rank " << r << ": transient";
   }
 }
 

@@ -68,14 +68,13 @@ double average_over_ranks(double value, Communicator& communicator) {
 }
 
 // Global L2 norm over every rank's gradient shard. no_shard ranks each hold the whole gradient: no
-// reduction then.
+// reduction then. Each unit's squared norm (a dot product of its flat shard with itself: one pass, no
+// temporary) was taken as the shard was reduced (ShardedUnit::gradient_squares), so with offload the
+// shard may be gone to host memory already; the sum runs in unit order, as one pass over the shards
+// at the end of the step would.
 double global_gradient_norm(ShardedModel& model, Communicator& communicator) {
-  // Each flat shard's squared norm as a dot product with itself: one pass, no temporary.
-  at::Tensor squares = at::zeros({1}, model.unit(0).gradient_shard().options());
-  for (size_t u = 0; u < model.unit_count(); ++u) {
-    const at::Tensor& gradient = model.unit(u).gradient_shard();
-    squares += at::dot(gradient, gradient);
-  }
+  at::Tensor squares = at::zeros({1}, model.unit(0).gradient_squares().options());
+  for (size_t u = 0; u < model.unit_count(); ++u) squares += model.unit(u).gradient_squares();
   if (model.options().strategy != ShardingStrategy::no_shard) communicator.all_reduce(squares, ReduceOp::sum);
   return std::sqrt(squares.item<double>());
 }
@@ -450,7 +449,8 @@ void Training::record_sharded_bytes() {
     const ShardedUnit& unit = sharded_.unit(u);
     // The device's persistent rows: the master, or once offloaded the compute-dtype copy.
     parameters += static_cast<int64_t>(unit.master_offloaded() ? unit.compute_shard().nbytes() : unit.master_shard().nbytes());
-    gradients += static_cast<int64_t>(unit.gradient_shard().nbytes());
+    // 0 with offload: the shard is transient, gone to host memory after each backward.
+    gradients += unit.gradient_shard().defined() ? static_cast<int64_t>(unit.gradient_shard().nbytes()) : 0;
     materialized += unit.compute_parameter_bytes();
   }
   at::Tensor table = at::zeros({world, 4}, at::TensorOptions().dtype(at::kLong).device(communicator_.device()));

@@ -209,9 +209,10 @@ class StepSimulation {
     // Persistent: master and gradient shards (fp32), optimizer state, rotary tables. A resident
     // unit's parameters are views of its compute shard (pure bf16: a bf16 copy of the master; else
     // the master itself): nothing more. With --offload optimizer the device keeps each unit's rows
-    // in the compute dtype instead of the master, and host memory holds the masters, a landing
-    // buffer for each gradient shard, on CUDA a staging buffer in the compute dtype, and the state
-    // (offload/optimizer_offload.h).
+    // in the compute dtype instead of the master and no gradient shard (each exists from its
+    // reduction until its copy to the host: reduce_gradients below), and host memory holds the
+    // masters, a landing buffer for each gradient shard, on CUDA a staging buffer in the compute
+    // dtype, and the state (offload/optimizer_offload.h).
     int64_t shard_elements = 0;
     for (const UnitGeometry& unit : units_) {
       shard_elements += unit.shard_numel;
@@ -221,7 +222,7 @@ class StepSimulation {
         timeline_.add(kParameters, 4 * unit.shard_numel);
         if (m_.mode == Mode::pure && resident_) timeline_.add(kParameters, 2 * unit.shard_numel);
       }
-      timeline_.add(kGradients, 4 * unit.shard_numel);
+      if (!offload_) timeline_.add(kGradients, 4 * unit.shard_numel);
     }
     if (resident_) gathered_.assign(units_.size(), true);
     if (offload_) {
@@ -345,7 +346,10 @@ class StepSimulation {
       // Parameter gradients: the first micro-batch creates them, later ones add into them (the
       // new gradient is a transient of the same size). Resident fp32 units add every micro-batch's
       // into the gradient shard.
+      // With offload a resident fp32 unit's shard is new each step: prepare_gradients() makes it
+      // before the first micro-batch's backward of the unit.
       auto parameter_gradients = [&] {
+        if (micro == 0 && gradients_in_shard() && offload_) timeline_.add(kGradients, 4 * units_[u].shard_numel);
         if (micro == 0 && !gradients_in_shard())
           timeline_.add(kGradients, full_grad_bytes(u));
         else
@@ -378,6 +382,8 @@ class StepSimulation {
       }
       timeline_.point("backward:" + name(u));
     }
+    // On a GPU the last transient gradient shard is freed once its copy to the host is done.
+    if (last) hand_over_gradient(0);
     // backward() returns: its grad_output (the first layer's input gradient) goes; the micro-batch
     // ends: the loss and with it the head's input and that input's gradient, and the batch.
     if (head_input > 0) timeline_.remove(kActivations, grad_x);
@@ -389,16 +395,33 @@ class StepSimulation {
   // copied (converted from bf16 on the way), then freed. A resident unit converts its bf16
   // gradients straight into its shard (its fp32 ones are there already) and all-reduces the shard
   // in place.
+  //
+  // With offload the shard itself is transient (ShardedUnit::make_gradient_transient): made here
+  // (before the flat buffer goes), handed to the host copy, then freed. On a CPU rank the copy is in
+  // line, so it is gone at once; on a GPU the copy runs on its own stream and the block is reused
+  // only when it is done, which is counted as one unit later: the shard stays until the next
+  // unit's shard is made (recordStream in OptimizerOffload::gradient_ready).
   void reduce_gradients(size_t u) {
     const UnitGeometry& unit = units_[u];
+    const int64_t shard = 4 * unit.shard_numel;
     if (resident_) {
+      if (offload_ && !gradients_in_shard()) timeline_.add(kGradients, shard);
       if (!gradients_in_shard()) timeline_.remove(kGradients, full_grad_bytes(u));
-      return;
+    } else {
+      timeline_.add(kActivations, 4 * unit.gathered_numel);
+      for (const ShardedParameter& parameter : unit.layout.parameters)
+        timeline_.remove(kGradients, m_.compute_bytes() * parameter.rows * parameter.cols);
+      if (offload_) timeline_.add(kGradients, shard);
+      timeline_.remove(kActivations, 4 * unit.gathered_numel);
     }
-    timeline_.add(kActivations, 4 * unit.gathered_numel);
-    for (const ShardedParameter& parameter : unit.layout.parameters)
-      timeline_.remove(kGradients, m_.compute_bytes() * parameter.rows * parameter.cols);
-    timeline_.remove(kActivations, 4 * unit.gathered_numel);
+    if (offload_) hand_over_gradient(shard);
+  }
+  // The transient shard of `bytes` goes to the host; the one before it is freed (GPU), or this one
+  // at once (CPU).
+  void hand_over_gradient(int64_t bytes) {
+    if (!offload_) return;
+    timeline_.remove(kGradients, cuda_ ? copying_gradient_ : bytes);
+    copying_gradient_ = cuda_ ? bytes : 0;
   }
 
   void evaluation(int64_t n) {
@@ -546,6 +569,7 @@ class StepSimulation {
   int layout_world_ = 1;
   bool resident_ = false;
   int64_t offload_host_bytes_ = 0, offload_pinned_bytes_ = 0;
+  int64_t copying_gradient_ = 0;  // with offload on a GPU: the shard whose copy to the host is in flight
   std::vector<UnitGeometry> units_;
   std::vector<bool> gathered_;
   StepPlan plan_;
