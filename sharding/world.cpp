@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
+#include <string>
 
 #include "common/errors.h"
 #include "common/log.h"
@@ -65,6 +66,47 @@ World start_world(int* argc, char*** argv) {
               "they make no MPI calls");
   started_world() = world;
   return world;
+}
+
+namespace {
+
+// An environment variable read as a count: its value if it is a whole number, else 0.
+long count_from_environment(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr) return 0;
+  char* end = nullptr;
+  const long count = std::strtol(value, &end, 10);
+  return end == value || *end != '\0' ? 0 : count;
+}
+
+std::string environment_setting(const char* name) {
+  const char* value = std::getenv(name);
+  return std::string(name) + "=" + (value != nullptr ? value : "(unset)");
+}
+
+}  // namespace
+
+void refuse_launch_without_mpi(const World& world) {
+  if (world.world_size > 1) return;
+  auto how = [](long n) {
+    const std::string count = std::to_string(n);
+    return "The trainer's ranks are MPI ranks: launch with `mpirun -np " + count +
+           " build/trainer ...`, or under Slurm `srun --mpi=pmix -n " + count +
+           " build/trainer ...`; one process needs no launcher.";
+  };
+  if (const long peers = count_from_environment("WORLD_SIZE"); peers > 1)
+    throw UserError("launcher: this process was started with " + environment_setting("WORLD_SIZE") + " " +
+                    environment_setting("RANK") + " " + environment_setting("LOCAL_RANK") +
+                    " (torchrun or a launcher like it) but not by MPI, so it is alone in its world: each of the " +
+                    std::to_string(peers) +
+                    " processes would train a model of its own on the same device and into the same run "
+                    "folder. " + how(peers));
+  // srun without an MPI plugin starts the tasks, but MPI does not join them (Open MPI needs PMIx).
+  if (const long tasks = count_from_environment("SLURM_STEP_NUM_TASKS"); tasks > 1)
+    throw UserError("launcher: srun started " + std::to_string(tasks) + " tasks (" +
+                    environment_setting("SLURM_PROCID") +
+                    ") but MPI did not join them, so each is alone in its world: run `srun --mpi=pmix -n " +
+                    std::to_string(tasks) + " build/trainer ...` (`srun --mpi=list` shows the plugins).");
 }
 
 const World& current_world() {

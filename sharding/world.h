@@ -32,6 +32,13 @@ struct World {
 // MPI_COMM_WORLD, finds the local rank and fills llm::process_identity() (rank, world size, host).
 World start_world(int* argc, char*** argv);
 
+// torchrun (or torch.distributed.launch, or any launcher that sets WORLD_SIZE, RANK and LOCAL_RANK
+// for processes it starts itself) does not make an MPI world: each of its processes would be an Open
+// MPI singleton, a world of one training alone on the same device and into the same run folder.
+// Throws UserError saying how to launch instead when this process is alone in its MPI world while
+// WORLD_SIZE says it has peers; nothing when WORLD_SIZE is unset or 1, or when MPI started the world.
+void refuse_launch_without_mpi(const World& world);
+
 // The World that start_world() returned. Throws SystemError before start_world().
 const World& current_world();
 

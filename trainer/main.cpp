@@ -35,6 +35,7 @@ int run_command(const llm::Command& command, const llm::World& world) {
     if (world.rank == 0) std::cout << command.help_text;
     return 0;
   }
+  llm::refuse_launch_without_mpi(world);  // torchrun or srun without PMIx: N worlds of one
   if (command.kind == Kind::prepare) {
     if (world.rank == 0) llm::prepare_token_file(command.prepare);
     return 0;
