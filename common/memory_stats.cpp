@@ -4,12 +4,15 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <string>
 
 #include "common/errors.h"
 
 #ifdef TRAINER_HAVE_CUDA
 #include <ATen/core/CachingHostAllocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime_api.h>
 #include <torch/csrc/cuda/memory_snapshot.h>
 #endif
 
@@ -45,6 +48,33 @@ int64_t current_resident_bytes() {
   int64_t total_pages = 0, resident_pages = 0;
   if (!(statm >> total_pages >> resident_pages)) return 0;
   return resident_pages * static_cast<int64_t>(::sysconf(_SC_PAGESIZE));
+}
+
+int64_t device_free_bytes(c10::Device device) {
+#ifdef TRAINER_HAVE_CUDA
+  if (device.is_cuda()) {
+    c10::cuda::CUDAGuard on_device(device);
+    size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
+      (void)cudaGetLastError();  // not sticky: clear it, and say nothing is known
+      return 0;
+    }
+    return static_cast<int64_t>(free);
+  }
+#endif
+  (void)device;
+  return 0;
+}
+
+int64_t host_available_bytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  while (meminfo >> key >> kib) {
+    if (key == "MemAvailable:") return kib * 1024;
+    meminfo.ignore(1 << 20, '\n');
+  }
+  return 0;
 }
 
 DeviceMemoryStats device_memory_stats(c10::Device device) {

@@ -1,5 +1,7 @@
 #include "sharding/sharded_model.h"
 
+#include <optional>
+
 #include <stdexcept>
 
 #include <ATen/core/grad_mode.h>
@@ -36,11 +38,20 @@ size_t ShardedModel::add_unit(std::string name, std::vector<std::pair<std::strin
   const bool resident = units_.back()->resident();
   plan_ = StepPlan(static_cast<int64_t>(units_.size()), resident ? ShardingStrategy::no_shard : options_.strategy,
                    options_.prefetch);
+  plan_.set_recomputed(recomputed_);
   count_gathered_units();  // no_shard units stay gathered from the start
   return units_.size() - 1;
 }
 
 void ShardedModel::set_forward(size_t unit, UnitForward forward) { forwards_.at(unit) = std::move(forward); }
+
+void ShardedModel::set_recomputed_units(std::vector<bool> units) {
+  if (started_) throw std::logic_error("ShardedModel: set_recomputed_units after the first forward");
+  if (!units.empty() && units.size() >= units_.size() && units_.size() > 0 && units[units_.size() - 1])
+    throw std::logic_error("ShardedModel: the last unit's output is the loss's input; it cannot be recomputed");
+  recomputed_ = std::move(units);
+  plan_.set_recomputed(recomputed_);
+}
 
 void ShardedModel::emit(UnitEvent event, size_t unit, Pass pass) const {
   for (const Listener& listener : listeners_) listener(event, unit, pass);
@@ -63,6 +74,9 @@ Activations ShardedModel::forward(const at::Tensor& input, Pass pass) {
     emit(UnitEvent::before_shard_read, u, pass);
     {
       StepTimer::Scope timed(timer_, StepPhase::forward);
+      // A recomputed unit keeps no graph now; its backward runs the forward again (recompute).
+      std::optional<at::NoGradGuard> without_graph;
+      if (track && plan_.recomputed(static_cast<int64_t>(u))) without_graph.emplace();
       output = forwards_[u](unit_input);
     }
     emit(UnitEvent::after_forward, u, pass);
@@ -92,6 +106,18 @@ void ShardedModel::backward(Activations& boundaries, const at::Tensor& loss, boo
         if (u > 0) grad_output = boundaries[u].input.grad();
         boundaries[u] = {};
         emit(UnitEvent::after_backward, u, Pass::train);
+        break;
+      }
+      case UnitOp::recompute: {
+        // The unit's forward again from its saved input (a leaf: the gradient for the unit before
+        // arrives in its .grad as before), with the graph, in the forward's autocast state.
+        StepTimer::Scope timed(timer_, StepPhase::forward);
+        UnitBoundary& boundary = boundaries[u];
+        auto run = [&] { boundary.output = forwards_[u](boundary.input); };
+        if (recompute_scope_)
+          recompute_scope_(run);
+        else
+          run();
         break;
       }
       case UnitOp::reduce_gradients: {

@@ -83,6 +83,14 @@ class ShardedModel {
   size_t add_unit(std::string name, std::vector<std::pair<std::string, at::Tensor>> parameters,
                   UnitForward forward = nullptr);
   void set_forward(size_t unit, UnitForward forward);
+  // Activation checkpointing: one flag per unit (fewer than units: the rest are not), set before the
+  // first forward. A flagged unit's training forward keeps no graph and its backward recomputes it
+  // (StepPlan's recompute); the last unit (whose output the loss reads) cannot be flagged.
+  void set_recomputed_units(std::vector<bool> units);
+  // Runs a recompute; what the caller's forward ran under (bf16 autocast) goes here, since backward
+  // runs outside it. None: the recompute runs as is.
+  using RecomputeScope = std::function<void(const std::function<void()>& recompute)>;
+  void set_recompute_scope(RecomputeScope scope) { recompute_scope_ = std::move(scope); }
 
   Activations forward(const at::Tensor& input, Pass pass);
   // loss: a scalar computed from forward()'s last output. Consumes the boundaries.
@@ -116,6 +124,8 @@ class ShardedModel {
   StepPlan plan_;
   CollectiveStream gather_stream_;  // CUDA side stream for prefetches; none on CPU
   std::vector<Listener> listeners_;
+  std::vector<bool> recomputed_;
+  RecomputeScope recompute_scope_;
   StepTimer* timer_ = nullptr;
   int64_t peak_gathered_units_ = 0;
   bool started_ = false;  // a pass has run: no more units

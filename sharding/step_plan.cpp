@@ -9,6 +9,7 @@ const char* to_string(UnitOp op) {
     case UnitOp::wait: return "wait";
     case UnitOp::release: return "release";
     case UnitOp::forward: return "forward";
+    case UnitOp::recompute: return "recompute";
     case UnitOp::backward: return "backward";
     case UnitOp::reduce_gradients: return "reduce_gradients";
     case UnitOp::optimizer_step: return "optimizer_step";
@@ -52,6 +53,7 @@ std::vector<UnitAction> StepPlan::backward_pass(bool reduce) {
   std::vector<UnitAction> actions;
   for (int64_t u = unit_count(); u-- > 0;) {
     append(actions, gathers_.before_backward(u));  // gather u, prefetch u - 1
+    if (recomputed(u)) actions.push_back({UnitOp::recompute, u});
     actions.push_back({UnitOp::backward, u});
     if (reduce) actions.push_back({UnitOp::reduce_gradients, u});
     append(actions, gathers_.after_backward(u));   // release u

@@ -6,8 +6,14 @@
 // two then says what the action does: run it, or count it.
 //
 //   forward pass,  u = 0 .. n-1:  [gather u | wait u] [prefetch u+1] forward u [release u: full_shard]
-//   backward pass, u = n-1 .. 0:  [gather u | wait u] [prefetch u-1] backward u
+//   backward pass, u = n-1 .. 0:  [gather u | wait u] [prefetch u-1] [recompute u: checkpointed]
+//                                 backward u
 //                                 [reduce_gradients u: the last micro-batch of a step] [release u]
+//
+// Activation checkpointing: a recomputed unit's training forward keeps no autograd graph (nothing
+// but its input, the boundary the previous unit's output already is, and its output); its backward
+// first runs its forward again from that input, with the graph, after the gather the backward needs
+// anyway (full_shard gathers again; shard_grad_op and resident units still hold the parameters).
 //   optimizer pass, u = 0 .. n-1: optimizer_step u
 //
 // The gather actions come from the GatherSchedule (sharding/gather_schedule.h), which tracks which
@@ -16,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "sharding/gather_schedule.h"
@@ -29,6 +36,7 @@ enum class UnitOp {
   wait,              // order the compute stream after the unit's prefetch
   release,           // free the unit's gathered parameters
   forward,           // run the unit's forward
+  recompute,         // activation checkpointing: run the unit's forward again, with its graph
   backward,          // run the unit's part of the backward
   reduce_gradients,  // full gradients -> the unit's gradient shard (its "gradient shard ready")
   optimizer_step,    // update the unit's master shard from its gradient shard
@@ -59,6 +67,13 @@ class StepPlan {
   // After a forward that no backward follows (evaluation): free whatever is gathered.
   std::vector<UnitAction> release_all();
 
+  // Activation checkpointing: which units' backward recomputes their forward (one flag per unit;
+  // fewer flags than units: the rest are not recomputed).
+  void set_recomputed(std::vector<bool> units) { recomputed_ = std::move(units); }
+  bool recomputed(int64_t unit) const {
+    return unit >= 0 && static_cast<size_t>(unit) < recomputed_.size() && recomputed_[static_cast<size_t>(unit)];
+  }
+
   int64_t unit_count() const { return gathers_.unit_count(); }
   const GatherSchedule& gathers() const { return gathers_; }
 
@@ -66,6 +81,7 @@ class StepPlan {
   void append(std::vector<UnitAction>& actions, const std::vector<GatherAction>& gathers);
 
   GatherSchedule gathers_;
+  std::vector<bool> recomputed_;
 };
 
 }  // namespace llm

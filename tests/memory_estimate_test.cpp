@@ -139,7 +139,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama_tiny", 4, "--batch_size 2 --max_length 32 --no_prefetch"},
                       Case{"llama_tiny", 1, "--batch_size 2 --max_length 32 --offload optimizer"},
                       Case{"llama_tiny", 4, "--batch_size 2 --max_length 32 --offload optimizer"},
-                      Case{"llama_micro", 2, "--batch_size 2 --max_length 32 --dtype bfloat16 --precision pure --optimizer galore_adamw --rank 8 --offload optimizer"}),
+                      Case{"llama_micro", 2, "--batch_size 2 --max_length 32 --dtype bfloat16 --precision pure --optimizer galore_adamw --rank 8 --offload optimizer"},
+                      Case{"llama_9m", 1, "--batch_size 2 --max_length 64 --activation_checkpointing"},
+                      Case{"llama_9m", 4, "--batch_size 2 --max_length 64 --activation_checkpointing"},
+                      Case{"llama_tiny", 2, "--batch_size 2 --max_length 32 --total_batch_size 8 --dtype bfloat16 --activation_checkpointing"},
+                      Case{"llama_tiny", 2, "--batch_size 2 --max_length 32 --dtype bfloat16 --precision pure --activation_checkpointing_every 2 --sharding shard_grad_op"}),
     case_name);
 
 TEST(EstimateCommand, BadInputIsExitTwo) {

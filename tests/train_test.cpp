@@ -3,6 +3,7 @@
 // and the command line's exit codes. These read metrics.jsonl, never stdout columns.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <map>
 
@@ -147,6 +148,45 @@ TEST(Train, DivergenceStopsWithAClearMessage) {
   EXPECT_EQ(result.exit_code, 3) << result.output;
   EXPECT_NE(result.output.find("training stopped: step"), std::string::npos) << result.output;
   EXPECT_NE(result.output.find("Lower --lr"), std::string::npos) << result.output;
+}
+
+// Divergence without a NaN (trainer/divergence.h): a huge lr and no clipping drive llama_micro either
+// to a collapsed model (uniform loss, a gradient norm of exactly 0) or to a loss far above uniform.
+// Both ran all their steps, exited 0 and checkpointed the dead model before the rule existed.
+TEST(Train, CollapsedModelStopsWithExitThree) {
+  ScratchDir dir("collapsed");
+  auto result = run_command(trainer_command(
+      "--num_training_steps 40 --lr 1000 --grad_clipping 0 --batch_size 4 --max_length 32 --eval_every 0 "
+      "--save_every 10 --run_dir " + (dir / "run").string() + " --save_dir " + (dir / "ckpt").string()));
+  EXPECT_EQ(result.exit_code, 3) << result.output;
+  for (const char* part : {"training has diverged", "gradient norm has been exactly 0 for the last 10 steps",
+                           "Lower --lr (now 1000)", "--grad_clipping (now 0, e.g. 1.0)", "--divergence_patience 0"})
+    EXPECT_NE(result.output.find(part), std::string::npos) << part << " in:\n" << result.output;
+  const auto steps = testing::read_metrics_events(dir / "run", "train");
+  ASSERT_FALSE(steps.empty());
+  EXPECT_LT(steps.size(), 40u) << "stopped before the last step";
+  for (size_t i = steps.size() - 9; i < steps.size(); ++i) EXPECT_EQ(steps[i].at("grad_norm").get<double>(), 0.0);
+  EXPECT_FALSE(std::filesystem::exists(dir / "ckpt" / "step_40")) << "no checkpoint of the end of a dead run";
+  // With the check off the same run goes to its end, as before.
+  ScratchDir off("collapsed_off");
+  auto unchecked = run_command(trainer_command(
+      "--num_training_steps 40 --lr 1000 --grad_clipping 0 --batch_size 4 --max_length 32 --eval_every 0 "
+      "--divergence_patience 0 --run_dir " + off.path().string()));
+  EXPECT_EQ(unchecked.exit_code, 0) << unchecked.output;
+}
+
+TEST(Train, RunawayLossStopsWithExitThree) {
+  ScratchDir dir("runaway");
+  auto result = run_command(trainer_command(
+      "--num_training_steps 40 --lr 100 --grad_clipping 0 --batch_size 4 --max_length 32 --eval_every 0 "
+      "--divergence_patience 5 --run_dir " + dir.path().string()));
+  EXPECT_EQ(result.exit_code, 3) << result.output;
+  EXPECT_NE(result.output.find("at or above ln(128) + 1"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("last 5 steps after warmup"), std::string::npos) << result.output;
+  const auto steps = testing::read_metrics_events(dir.path(), "train");
+  // Warmup is 4 steps (a tenth of 40): steps 5 to 9 are the five over the ceiling, and step 10 stops
+  // before its update.
+  EXPECT_LE(steps.size(), 10u);
 }
 
 TEST(Train, PrintConfigHelpAndBadInputExitCodes) {

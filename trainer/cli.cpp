@@ -109,6 +109,21 @@ Command parse_command_line(int argc, const char* const* argv) {
   add(app.add_option("--max_length", run.data.max_length, "tokens per sequence")->capture_default_str());
   add(app.add_option("--num_training_steps", run.num_training_steps, "optimizer steps to run")
           ->capture_default_str());
+  add(app.add_option("--divergence_patience", run.divergence_patience,
+                     "stop (exit 3) after this many steps with a zero gradient norm, or with the loss at or above "
+                     "ln(vocab) + 1 after warmup; 0: never")
+          ->capture_default_str());
+  add(app.add_flag("--skip_memory_check", run.skip_memory_check,
+                   "start even when the start-up memory check (this run's estimate against the GPU's free memory "
+                   "and the node's available RAM) says it does not fit"));
+  bool activation_checkpointing = false;
+  int64_t checkpoint_every = 0;
+  CLI::Option* checkpointing_flag = add(app.add_flag(
+      "--activation_checkpointing", activation_checkpointing,
+      "recompute every transformer block's forward in backward, keeping only the block's input"));
+  CLI::Option* checkpoint_every_flag = add(app.add_option(
+      "--activation_checkpointing_every", checkpoint_every,
+      "recompute every K-th block only (blocks 0, K, 2K, ...): less memory saved, less recompute"));
   int64_t warmup_steps = 0;  // run.optimizer.warmup_steps stays unset unless the flag is given
   CLI::Option* warmup_flag = add(
       app.add_option("--warmup_steps", warmup_steps,
@@ -343,6 +358,14 @@ Command parse_command_line(int argc, const char* const* argv) {
       fail_user(kCommandLine, flag->get_name(),
                 "applies to --optimizer " + owner + " only (got --optimizer " + run.optimizer.name + ")");
   if (warmup_flag->count() > 0) run.optimizer.warmup_steps = warmup_steps;
+  if (checkpoint_every_flag->count() > 0) {
+    if (checkpoint_every < 1)
+      fail_user(kCommandLine, "--activation_checkpointing_every",
+                "expected a number of blocks >= 1 (got " + std::to_string(checkpoint_every) +
+                    "); leave it out for no activation checkpointing");
+    run.activation_checkpointing_every = checkpoint_every;
+  } else if (checkpointing_flag->count() > 0 && activation_checkpointing)
+    run.activation_checkpointing_every = 1;
   run.optimizer.scheduler = scheduler.value();
   run.sharding.strategy = sharding.value();
   run.sharding.prefetch = !no_prefetch;

@@ -65,6 +65,9 @@ json RunConfig::to_json() const {
       {"gradient_accumulation", data.gradient_accumulation},
       {"max_length", data.max_length},
       {"num_training_steps", num_training_steps},
+      {"divergence_patience", divergence_patience},
+      {"skip_memory_check", skip_memory_check},
+      {"activation_checkpointing_every", activation_checkpointing_every},
       {"warmup_steps", optimizer.warmup_steps ? json(*optimizer.warmup_steps) : json(nullptr)},  // null: not yet resolved
       {"scheduler", to_string(optimizer.scheduler)},
       {"min_lr_ratio", optimizer.min_lr_ratio},
@@ -132,6 +135,9 @@ RunConfig run_config_from_json(const json& object, const std::string& source) {
   read("gradient_accumulation", run.data.gradient_accumulation);
   read("max_length", run.data.max_length);
   read("num_training_steps", run.num_training_steps);
+  read("divergence_patience", run.divergence_patience);
+  read("skip_memory_check", run.skip_memory_check);
+  read("activation_checkpointing_every", run.activation_checkpointing_every);
   int64_t warmup_steps = -1;
   read("warmup_steps", warmup_steps);
   if (object.contains("warmup_steps") && !object.at("warmup_steps").is_null()) run.optimizer.warmup_steps = warmup_steps;
@@ -215,6 +221,13 @@ void validate_run_config(RunConfig& run, const ModelConfig& model, int world_siz
                   std::to_string(run.data.max_length) + ")");
   require_flag(run.num_training_steps >= 1, "--num_training_steps", "an integer >= 1",
                run.num_training_steps);
+  require_flag(run.activation_checkpointing_every >= 0 && run.activation_checkpointing_every <= model.num_hidden_layers,
+               "--activation_checkpointing_every",
+               "a number of blocks in [1, num_hidden_layers = " + std::to_string(model.num_hidden_layers) +
+                   "] (1: every block, as --activation_checkpointing)",
+               run.activation_checkpointing_every);
+  require_flag(run.divergence_patience >= 0, "--divergence_patience",
+               "a number of steps >= 0 (0 turns the divergence check off)", run.divergence_patience);
   if (!run.optimizer.warmup_steps) run.optimizer.warmup_steps = default_warmup_steps(run.num_training_steps);
   require_flag(*run.optimizer.warmup_steps >= 0 && *run.optimizer.warmup_steps <= run.num_training_steps,
                "--warmup_steps",

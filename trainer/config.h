@@ -100,6 +100,11 @@ struct LoggingConfig {
 struct RunConfig {
   std::string config_path;           // --config
   int64_t num_training_steps = 200;  // optimizer steps
+  int64_t divergence_patience = 10;  // steps of a dead or runaway run before it stops (trainer/divergence.h); 0: never
+  bool skip_memory_check = false;    // --skip_memory_check: start even when the estimate says it does not fit
+  // Activation checkpointing: every K-th transformer block (blocks 0, K, 2K, ...) recomputes its
+  // forward in backward; 0: none. --activation_checkpointing is K = 1.
+  int64_t activation_checkpointing_every = 0;
   uint64_t seed = 0;                 // weight init and data order
   DeviceChoice device = DeviceChoice::auto_select;
   DataConfig data;

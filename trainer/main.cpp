@@ -23,6 +23,7 @@
 #include "trainer/data/prepare.h"
 #include "trainer/memory/estimate.h"
 #include "trainer/memory/report.h"
+#include "trainer/memory/startup_check.h"
 #include "trainer/train_loop.h"
 
 namespace {
@@ -60,6 +61,9 @@ int run_command(const llm::Command& command, const llm::World& world) {
   context.rank = world.rank;
   context.world_size = world.world_size;
   context.device = llm::select_device(run.device, world.local_rank);
+  // Before anything large exists: a run that cannot fit stops here with the numbers (exit 2).
+  if (!run.skip_memory_check)
+    llm::check_memory_before_training(model, run, world.rank, world.world_size, world.local_size, context.device);
   llm::process_identity().device = context.device.str();
   std::unique_ptr<llm::Communicator> communicator = llm::make_communicator(world, context.device);
   context.communicator = communicator.get();

@@ -18,6 +18,7 @@
 #include "trainer/checkpoint.h"
 #include "trainer/data/batches.h"
 #include "trainer/data/synthetic.h"
+#include "trainer/divergence.h"
 #include "trainer/memory/ledger.h"
 #include "trainer/metrics.h"
 #include "trainer/model/llama.h"
@@ -154,6 +155,7 @@ class Training {
   TrainState state_;
   int64_t start_step_ = 0;
   int64_t live_batch_bytes_ = 0;
+  DivergenceWatch divergence_;
 };
 
 Training::Training(const ModelConfig& model_config, const RunConfig& run, const RuntimeContext& context)
@@ -178,12 +180,25 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
                {run.sharding.strategy, run.sharding.prefetch,
                 run.precision.dtype == DType::bfloat16 && run.precision.mode == Precision::pure ? at::kBFloat16 : at::kFloat}),
       model_(seeded(model_config, run.seed),
-             [this](const UnitSpec& unit, NamedTensors parameters) { shard_when_built(unit, std::move(parameters)); }) {
+             [this](const UnitSpec& unit, NamedTensors parameters) { shard_when_built(unit, std::move(parameters)); }),
+      divergence_(run.divergence_patience, run.optimizer.warmup_steps.value(), model_config.vocab_size) {
   for (size_t u = 0; u < sharded_.unit_count(); ++u)
     sharded_.set_forward(u, [this, u](const at::Tensor& input) {
       return model_->forward_unit(u, input, unit_context_);
     });
   sharded_.set_timer(&timer_);
+  if (run.activation_checkpointing_every > 0) {
+    // Blocks 0, K, 2K, ... (units 1 .. n-2; the embedding and the head are not recomputed); the
+    // recompute runs under the forward's autocast (bf16 mixed).
+    std::vector<bool> recomputed(sharded_.unit_count(), false);
+    for (size_t u = 1; u + 1 < sharded_.unit_count(); ++u)
+      recomputed[u] = static_cast<int64_t>(u - 1) % run.activation_checkpointing_every == 0;
+    sharded_.set_recomputed_units(std::move(recomputed));
+    sharded_.set_recompute_scope([this](const std::function<void()>& recompute) {
+      AutocastRegion region(device_.type(), at::kBFloat16, autocast_);
+      recompute();
+    });
+  }
   sharded_.add_listener([this](UnitEvent event, size_t u, Pass pass) {
     if (offload_ && event == UnitEvent::before_shard_read) offload_->wait_unit(u);
     if (offload_ && event == UnitEvent::gradient_shard_ready) offload_->gradient_ready(u);
@@ -263,6 +278,16 @@ StepResult Training::train_step(int64_t step) {
       message << "step " << step << ": the loss is " << result.loss << " and the gradient norm " << result.grad_norm
               << "; training stopped before the weights were corrupted. Lower --lr (now " << run_.optimizer.lr
               << "), set --grad_clipping (now " << run_.optimizer.grad_clipping << "), raise --warmup_steps, or use --dtype float32";
+      throw TrainingError(message.str());
+    }
+    if (const std::optional<std::string> reason = divergence_.observe(step, result.loss, result.grad_norm)) {
+      // Before this step's update and before any checkpoint of it.
+      std::ostringstream message;
+      message << "step " << step << ": training has diverged: " << *reason
+              << ". Stopped before this step's update. Lower --lr (now " << run_.optimizer.lr << "), set --grad_clipping (now "
+              << run_.optimizer.grad_clipping << (run_.optimizer.grad_clipping > 0 ? "" : ", e.g. 1.0")
+              << ") or raise --warmup_steps (now " << run_.optimizer.warmup_steps.value()
+              << "); --divergence_patience 0 turns this check off";
       throw TrainingError(message.str());
     }
     result.lr = run_.optimizer.lr * lr_multiplier(run_.optimizer.scheduler, step, run_.optimizer.warmup_steps.value(), run_.num_training_steps, run_.optimizer.min_lr_ratio);

@@ -200,6 +200,13 @@ class StepSimulation {
     gathered_.assign(units_.size(), false);
     plan_ = StepPlan(static_cast<int64_t>(units_.size()),
                      resident_ ? ShardingStrategy::no_shard : m_.run.sharding.strategy, m_.run.sharding.prefetch);
+    // Activation checkpointing: blocks 0, K, 2K, ... (units 1 .. n-2), as the train loop picks them.
+    if (m_.run.activation_checkpointing_every > 0) {
+      std::vector<bool> recomputed(units_.size(), false);
+      for (size_t u = 1; u + 1 < units_.size(); ++u)
+        recomputed[u] = static_cast<int64_t>(u - 1) % m_.run.activation_checkpointing_every == 0;
+      plan_.set_recomputed(std::move(recomputed));
+    }
   }
 
   int64_t peak_gathered_units() const { return plan_.gathers().peak_gathered_units(); }
@@ -318,6 +325,16 @@ class StepSimulation {
         continue;
       }
       const size_t u = static_cast<size_t>(action.unit);
+      if (plan_.recomputed(static_cast<int64_t>(u))) {
+        // Without a graph: the output stays, the rest of the forward is a transient as in
+        // evaluation. Under bf16 autocast the weights' casts are still cached (autocast caches the
+        // casts of leaves that require grad, grad mode or not) until the forward's region ends.
+        timeline_.add(kActivations, unit_output_bytes(u, n) + m_.autocast_weight_bytes(*units_[u].spec));
+        autocast_cached_ += m_.autocast_weight_bytes(*units_[u].spec);
+        timeline_.spike(n * m_.layer_eval_tail_per_token());
+        timeline_.point("forward:" + name(u));
+        continue;
+      }
       timeline_.add(kActivations, unit_saved_bytes(u, n) + unit_output_bytes(u, n));
       if (is_head(u))
         timeline_.spike(n * m_.head_forward_tail_per_token());
@@ -325,6 +342,9 @@ class StepSimulation {
         timeline_.spike(n * m_.layer_forward_tail_per_token());
       timeline_.point("forward:" + name(u));
     }
+    // The forward's autocast region ends: the casts cached for recomputed units go.
+    timeline_.remove(kActivations, autocast_cached_);
+    autocast_cached_ = 0;
     // The loss (trainer/model/cross_entropy.h): its gradient with respect to the logits, written in
     // the forward in the logits' dtype and kept for backward; the row blocks it works in are a few
     // hundred KiB (not counted).
@@ -337,6 +357,13 @@ class StepSimulation {
       const size_t u = static_cast<size_t>(action.unit);
       if (action.op == UnitOp::reduce_gradients) {
         reduce_gradients(u);
+        continue;
+      }
+      if (action.op == UnitOp::recompute) {
+        // The forward again, with its graph: what it saves (the weights' casts included), its
+        // forward tail, and a new output in place of the old one (the same size).
+        timeline_.add(kActivations, unit_saved_bytes(u, n));
+        timeline_.spike(unit_output_bytes(u, n) + n * m_.layer_forward_tail_per_token());
         continue;
       }
       if (action.op != UnitOp::backward) {
@@ -569,6 +596,7 @@ class StepSimulation {
   int layout_world_ = 1;
   bool resident_ = false;
   int64_t offload_host_bytes_ = 0, offload_pinned_bytes_ = 0;
+  int64_t autocast_cached_ = 0;   // bf16 casts of recomputed units' weights, cached to the forward's end
   int64_t copying_gradient_ = 0;  // with offload on a GPU: the shard whose copy to the host is in flight
   std::vector<UnitGeometry> units_;
   std::vector<bool> gathered_;

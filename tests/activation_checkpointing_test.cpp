@@ -1,0 +1,127 @@
+// Activation checkpointing (--activation_checkpointing, sharding/step_plan.h's recompute) through the
+// trainer binary on CPU: with it the run equals the run without it bitwise (losses, gradient norms,
+// evaluation losses, final parameters and optimizer state) for each sharding strategy and precision,
+// with gradient accumulation, at 1 to 4 ranks, every block or every second one, with offload and
+// with GaLore; and the ledger's activations at their largest fall.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <fstream>
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/test_util.h"
+#include "trainer/checkpoint.h"
+
+namespace llm {
+namespace {
+
+using testing::run_command;
+using testing::ScratchDir;
+
+struct CheckpointingCase {
+  std::string name;
+  int ranks;
+  std::string flags;  // the run's own; --activation_checkpointing(_every) is added to one side
+  std::string checkpointing = "--activation_checkpointing";
+};
+
+// llama_tiny (4 blocks), 4 steps of accumulation 2, clipping that fires, weight decay.
+std::string run_flags(const CheckpointingCase& c, const std::filesystem::path& dir) {
+  constexpr int kGlobalBatch = 8;
+  return " --config " + (testing::source_dir() / "configs/llama_tiny.json").string() +
+         " --device cpu --num_training_steps 4 --warmup_steps 1 --max_length 32 --eval_every 2 --eval_batches 1"
+         " --weight_decay 0.1 --grad_clipping 0.05 --lr 1e-2 --total_batch_size " + std::to_string(kGlobalBatch) +
+         " --batch_size " + std::to_string(kGlobalBatch / c.ranks / 2) + " " + c.flags + " --save_dir " +
+         (dir / "ckpt").string() + " --run_dir " + (dir / "run").string();
+}
+
+std::string launcher(int ranks) {
+  return ranks == 1 ? "OMP_NUM_THREADS=1 " + testing::trainer_binary().string()
+                    : testing::mpirun(ranks) + testing::trainer_binary().string();
+}
+
+// The largest activation bytes any point of rank `rank`'s ledger recorded in training.
+int64_t max_training_activations(const std::filesystem::path& run_dir, int rank) {
+  std::ifstream in(run_dir / ("memory.rank" + std::to_string(rank) + ".jsonl"));
+  int64_t largest = 0;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json record = nlohmann::json::parse(line);
+    if (record.at("event") != "point") continue;
+    const std::string phase = record.at("phase");
+    if (phase == "forward" || phase == "backward") largest = std::max(largest, record.at("activations").get<int64_t>());
+  }
+  return largest;
+}
+
+class ActivationCheckpointing : public ::testing::TestWithParam<CheckpointingCase> {};
+
+TEST_P(ActivationCheckpointing, EqualsTheRunWithoutItBitwise) {
+  const CheckpointingCase& c = GetParam();
+  ScratchDir plain_dir("ac_off_" + c.name), recomputed_dir("ac_on_" + c.name);
+  auto plain = run_command(launcher(c.ranks) + run_flags(c, plain_dir.path()));
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  auto recomputed = run_command(launcher(c.ranks) + run_flags(c, recomputed_dir.path()) + " " + c.checkpointing);
+  ASSERT_EQ(recomputed.exit_code, 0) << recomputed.output;
+
+  const auto plain_steps = testing::read_metrics_events(plain_dir / "run", "train");
+  const auto steps = testing::read_metrics_events(recomputed_dir / "run", "train");
+  ASSERT_EQ(plain_steps.size(), 4u);
+  ASSERT_EQ(steps.size(), plain_steps.size());
+  for (size_t i = 0; i < steps.size(); ++i) {
+    EXPECT_EQ(steps[i].at("loss").get<double>(), plain_steps[i].at("loss").get<double>()) << "step " << i + 1;
+    EXPECT_EQ(steps[i].at("grad_norm").get<double>(), plain_steps[i].at("grad_norm").get<double>()) << "step " << i + 1;
+  }
+  const auto plain_eval = testing::read_metrics_events(plain_dir / "run", "eval");
+  const auto eval = testing::read_metrics_events(recomputed_dir / "run", "eval");
+  ASSERT_EQ(eval.size(), plain_eval.size());
+  for (size_t i = 0; i < eval.size(); ++i)
+    EXPECT_EQ(eval[i].at("eval_loss").get<double>(), plain_eval[i].at("eval_loss").get<double>());
+  const Checkpoint expected = load_checkpoint((plain_dir / "ckpt/step_4").string());
+  const Checkpoint actual = load_checkpoint((recomputed_dir / "ckpt/step_4").string());
+  ASSERT_EQ(actual.model.size(), expected.model.size());
+  for (const auto& [name, tensor] : expected.model)
+    EXPECT_TRUE(at::equal(actual.model.at(name), tensor)) << "parameter " << name;
+  ASSERT_EQ(actual.optimizer.size(), expected.optimizer.size());
+  for (const auto& [key, tensor] : expected.optimizer)
+    EXPECT_TRUE(at::equal(actual.optimizer.at(key), tensor)) << "optimizer " << key;
+
+  // What it is for: the activations held at the ledger's points fall on every rank.
+  for (int r = 0; r < c.ranks; ++r)
+    EXPECT_LT(max_training_activations(recomputed_dir / "run", r), max_training_activations(plain_dir / "run", r))
+        << "rank " << r;
+}
+
+const CheckpointingCase kCases[] = {
+    {"fp32_1rank", 1, ""},
+    {"fp32_full_shard_4ranks", 4, ""},
+    {"fp32_shard_grad_op_2ranks", 2, "--sharding shard_grad_op"},
+    {"fp32_no_shard_2ranks", 2, "--sharding no_shard"},
+    {"bf16_mixed_2ranks", 2, "--dtype bfloat16 --precision mixed"},
+    {"bf16_pure_4ranks", 4, "--dtype bfloat16 --precision pure"},
+    {"every_second_block_2ranks", 2, "", "--activation_checkpointing_every 2"},
+    {"offload_2ranks", 2, "--offload optimizer"},
+    {"galore_1rank", 1, "--optimizer galore_adamw --rank 8 --update_proj_gap 2"},
+};
+
+INSTANTIATE_TEST_SUITE_P(Cases, ActivationCheckpointing, ::testing::ValuesIn(kCases),
+                         [](const auto& info) { return info.param.name; });
+
+TEST(ActivationCheckpointingFlags, BadValuesNameTheFlag) {
+  const std::string base = testing::trainer_binary().string() + " --config " +
+                           (testing::source_dir() / "configs/llama_tiny.json").string() + " --device cpu --print_config";
+  auto zero = run_command(base + " --activation_checkpointing_every 0");
+  EXPECT_EQ(zero.exit_code, 2) << zero.output;
+  EXPECT_NE(zero.output.find("--activation_checkpointing_every: expected a number of blocks >= 1 (got 0)"),
+            std::string::npos) << zero.output;
+  auto too_many = run_command(base + " --activation_checkpointing_every 99");
+  EXPECT_EQ(too_many.exit_code, 2) << too_many.output;
+  EXPECT_NE(too_many.output.find("num_hidden_layers = 2"), std::string::npos) << too_many.output;
+  auto on = run_command(base + " --activation_checkpointing");
+  ASSERT_EQ(on.exit_code, 0) << on.output;
+  EXPECT_NE(on.output.find("\"activation_checkpointing_every\": 1"), std::string::npos) << on.output;
+}
+
+}  // namespace
+}  // namespace llm

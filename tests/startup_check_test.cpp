@@ -1,0 +1,108 @@
+// The memory check before training (trainer/memory/startup_check.h): the verdict for given figures,
+// and end to end, a config whose vocabulary cannot fit stops with exit 2 and the numbers before it
+// allocates anything, where it used to abort in the allocator.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/test_util.h"
+#include "trainer/memory/startup_check.h"
+
+namespace llm {
+namespace {
+
+using testing::run_command;
+using testing::ScratchDir;
+
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+void expect_mentions(const std::string& text, std::initializer_list<const char*> parts) {
+  for (const char* part : parts) EXPECT_NE(text.find(part), std::string::npos) << "no '" << part << "' in: " << text;
+}
+
+// Two ranks on one node, 10 GiB each at the peak.
+MemoryEstimate two_ranks(const std::string& device, int64_t host_per_rank) {
+  MemoryEstimate estimate;
+  estimate.device = device;
+  for (int r = 0; r < 2; ++r) {
+    RankEstimate rank;
+    rank.rank = r;
+    rank.peak_bytes = 10 * kGiB;
+    rank.peak_phase = "backward:head";
+    rank.at_peak.parameters = 4 * kGiB;
+    rank.at_peak.activations = 6 * kGiB;
+    rank.host_bytes = host_per_rank;
+    estimate.ranks.push_back(rank);
+  }
+  estimate.nodes.push_back({0, 2, 2 * host_per_rank, 0});
+  return estimate;
+}
+
+TEST(MemoryCheck, CpuNodeAgainstAvailableRam) {
+  RunConfig run;
+  run.data.batch_size = 8;
+  const MemoryEstimate estimate = two_ranks("cpu", 10 * kGiB);
+  const auto refused = memory_check_failure(estimate, 1, 2, {0, 15 * kGiB}, run);
+  ASSERT_TRUE(refused);
+  expect_mentions(*refused, {"memory check", "the 2 ranks on this node need about 20.00 GiB of host memory",
+                             "rank 1: 10.00 GiB", "at backward:head: parameters 4.00 GiB", "activations 6.00 GiB",
+                             "15.00 GiB available (MemAvailable)", "--batch_size (now 8)", "more ranks",
+                             "--dtype bfloat16 --precision pure", "trainer estimate", "--skip_memory_check"});
+  EXPECT_EQ(refused->find("--offload optimizer"), std::string::npos) << "offload is a GPU remedy";
+  EXPECT_FALSE(memory_check_failure(estimate, 1, 2, {0, 20 * kGiB}, run)) << "equal fits: no margin";
+  EXPECT_FALSE(memory_check_failure(estimate, 0, 2, {0, 0}, run)) << "unknown RAM is not checked";
+}
+
+TEST(MemoryCheck, GpuPeakAgainstFreeDeviceMemoryThenNodeHost) {
+  RunConfig run;
+  run.precision.dtype = DType::bfloat16;
+  const MemoryEstimate estimate = two_ranks("cuda", 3 * kGiB);
+  const auto device = memory_check_failure(estimate, 1, 2, {8 * kGiB, 100 * kGiB}, run);
+  ASSERT_TRUE(device);
+  expect_mentions(*device, {"rank 1 needs about 10.00 GiB of device memory", "its GPU has 8.00 GiB free",
+                            "--offload optimizer"});
+  EXPECT_FALSE(memory_check_failure(estimate, 1, 2, {12 * kGiB, 100 * kGiB}, run));
+  const auto host = memory_check_failure(estimate, 0, 2, {12 * kGiB, 5 * kGiB}, run);
+  ASSERT_TRUE(host);
+  expect_mentions(*host, {"need about 6.00 GiB of host memory for the offloaded optimizer", "5.00 GiB available"});
+}
+
+TEST(MemoryCheck, HugeVocabularyStopsBeforeAllocating) {
+  ScratchDir dir("memory_check");
+  nlohmann::json config;
+  std::ifstream(testing::source_dir() / "configs/llama_micro.json") >> config;
+  config["vocab_size"] = 1000000000;  // 10^9: the embedding alone is hundreds of GiB
+  std::ofstream(dir / "huge_vocab.json") << config.dump(2);
+  const std::string base = "OMP_NUM_THREADS=1 " + testing::trainer_binary().string() + " --config " +
+                           (dir / "huge_vocab.json").string() +
+                           " --device cpu --num_training_steps 2 --batch_size 2 --max_length 16 --run_dir " +
+                           (dir / "run").string();
+  const auto started = std::chrono::steady_clock::now();
+  const auto refused = run_command(base);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  expect_mentions(refused.output, {"memory check: this rank needs about", "GiB available (MemAvailable)",
+                                   "--skip_memory_check"});
+  EXPECT_EQ(refused.output.find("alloc"), std::string::npos) << "no allocator message:\n" << refused.output;
+  EXPECT_LT(seconds, 30.0) << "refused before building the model";
+}
+
+TEST(MemoryCheck, AFittingRunSaysSoAndTheFlagSkipsIt) {
+  ScratchDir checked("memory_check_ok"), skipped("memory_check_skip");
+  const std::string base = "OMP_NUM_THREADS=1 " + testing::trainer_binary().string() + " --config " +
+                           (testing::source_dir() / "configs/llama_micro.json").string() +
+                           " --device cpu --num_training_steps 1 --batch_size 2 --max_length 16 --eval_batches 1";
+  const auto ran = run_command(base + " --run_dir " + checked.path().string());
+  ASSERT_EQ(ran.exit_code, 0) << ran.output;
+  expect_mentions(ran.output, {"memory check: about", "per rank at the peak", "available"});
+  const auto unchecked = run_command(base + " --skip_memory_check --run_dir " + skipped.path().string());
+  ASSERT_EQ(unchecked.exit_code, 0) << unchecked.output;
+  EXPECT_EQ(unchecked.output.find("memory check"), std::string::npos) << unchecked.output;
+}
+
+}  // namespace
+}  // namespace llm
