@@ -105,6 +105,12 @@ ShardOptimizer::ShardOptimizer(const OptimizerSettings& settings, std::vector<Un
 
 ShardOptimizer::~ShardOptimizer() = default;
 
+void ShardOptimizer::set_unit_gradient(size_t unit, const at::Tensor& gradient) {
+  for (ParameterState& p : units_.at(unit).parameters)
+    p.gradient = gradient.defined() ? gradient.narrow(0, p.parameter.shard_offset, p.parameter.shard_numel())
+                                    : at::Tensor();
+}
+
 void ShardOptimizer::begin_step() {
   ++step_;
   projector_seconds_ = 0;

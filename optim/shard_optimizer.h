@@ -76,6 +76,11 @@ class ShardOptimizer {
   // compute_out: (shard_numel) contiguous on the master's device; its padding rows are not written.
   void step_unit(size_t unit, double lr, at::Tensor& compute_out);
   void step(double lr);
+  // Points a unit's parameters at another gradient shard (shard_numel fp32, laid out as the one the
+  // optimizer was built over), or at none (an undefined tensor: nothing keeps a freed shard alive).
+  // For gradient shards that live only from their reduction to their step (the step fused into
+  // backward).
+  void set_unit_gradient(size_t unit, const at::Tensor& gradient);
 
   size_t unit_count() const { return units_.size(); }
   // Whether step_unit(unit) may communicate: a rule with sums across ranks (subset-norm, GaLore)

@@ -116,6 +116,9 @@ Command parse_command_line(int argc, const char* const* argv) {
   add(app.add_flag("--skip_memory_check", run.skip_memory_check,
                    "start even when the start-up memory check (this run's estimate against the GPU's free memory "
                    "and the node's available RAM) says it does not fit"));
+  add(app.add_flag("--fuse_optimizer_with_backward", run.fuse_optimizer_with_backward,
+                   "step each unit's optimizer as soon as its gradient shard is reduced, in backward, and free "
+                   "the shard (needs --grad_clipping 0)"));
   bool activation_checkpointing = false;
   int64_t checkpoint_every = 0;
   CLI::Option* checkpointing_flag = add(app.add_flag(

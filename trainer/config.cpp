@@ -68,6 +68,7 @@ json RunConfig::to_json() const {
       {"divergence_patience", divergence_patience},
       {"skip_memory_check", skip_memory_check},
       {"activation_checkpointing_every", activation_checkpointing_every},
+      {"fuse_optimizer_with_backward", fuse_optimizer_with_backward},
       {"warmup_steps", optimizer.warmup_steps ? json(*optimizer.warmup_steps) : json(nullptr)},  // null: not yet resolved
       {"scheduler", to_string(optimizer.scheduler)},
       {"min_lr_ratio", optimizer.min_lr_ratio},
@@ -138,6 +139,7 @@ RunConfig run_config_from_json(const json& object, const std::string& source) {
   read("divergence_patience", run.divergence_patience);
   read("skip_memory_check", run.skip_memory_check);
   read("activation_checkpointing_every", run.activation_checkpointing_every);
+  read("fuse_optimizer_with_backward", run.fuse_optimizer_with_backward);
   int64_t warmup_steps = -1;
   read("warmup_steps", warmup_steps);
   if (object.contains("warmup_steps") && !object.at("warmup_steps").is_null()) run.optimizer.warmup_steps = warmup_steps;
@@ -226,6 +228,16 @@ void validate_run_config(RunConfig& run, const ModelConfig& model, int world_siz
                "a number of blocks in [1, num_hidden_layers = " + std::to_string(model.num_hidden_layers) +
                    "] (1: every block, as --activation_checkpointing)",
                run.activation_checkpointing_every);
+  if (run.fuse_optimizer_with_backward && run.optimizer.grad_clipping > 0)
+    fail_user(kCommandLine, "--fuse_optimizer_with_backward",
+              "needs --grad_clipping 0 (got " + format_number(run.optimizer.grad_clipping) +
+                  "): global-norm clipping scales every gradient by a factor known only once every unit's "
+                  "gradient is reduced, and the fused step updates each unit as soon as its own is. Pass "
+                  "--grad_clipping 0, or leave out --fuse_optimizer_with_backward to keep clipping");
+  if (run.fuse_optimizer_with_backward && run.sharding.offload == Offload::optimizer)
+    fail_user(kCommandLine, "--fuse_optimizer_with_backward",
+              "does not combine with --offload optimizer yet: the offloaded step already runs per unit on "
+              "the host as each unit's gradient lands; use one of the two");
   require_flag(run.divergence_patience >= 0, "--divergence_patience",
                "a number of steps >= 0 (0 turns the divergence check off)", run.divergence_patience);
   if (!run.optimizer.warmup_steps) run.optimizer.warmup_steps = default_warmup_steps(run.num_training_steps);

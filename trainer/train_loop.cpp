@@ -156,6 +156,10 @@ class Training {
   int64_t start_step_ = 0;
   int64_t live_batch_bytes_ = 0;
   DivergenceWatch divergence_;
+  // --fuse_optimizer_with_backward: each unit steps at its gradient_shard_ready, at this step's lr.
+  void fused_step(size_t unit, int64_t step);
+  int64_t fused_for_step_ = 0;
+  double fused_lr_ = 0;
 };
 
 Training::Training(const ModelConfig& model_config, const RunConfig& run, const RuntimeContext& context)
@@ -202,6 +206,7 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
   sharded_.add_listener([this](UnitEvent event, size_t u, Pass pass) {
     if (offload_ && event == UnitEvent::before_shard_read) offload_->wait_unit(u);
     if (offload_ && event == UnitEvent::gradient_shard_ready) offload_->gradient_ready(u);
+    if (run_.fuse_optimizer_with_backward && event == UnitEvent::gradient_shard_ready) fused_step(u, fused_for_step_);
     if (event == UnitEvent::after_forward)
       ledger_.point(pass == Pass::train ? "forward" : "eval", sharded_.unit(u).name(), owned_now());
     else if (event == UnitEvent::after_backward)
@@ -213,6 +218,12 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
     offload_ = std::make_unique<OptimizerOffload>(sharded_, optimizer_settings(run), unit_update_rules(sharded_, run), across);
   else
     device_optimizer_ = build_optimizer(run, sharded_, across);
+  if (run.fuse_optimizer_with_backward)
+    for (size_t u = 0; u < sharded_.unit_count(); ++u) {
+      // A unit's gradient shard lives from its reduction to its step (fused_step), as with offload.
+      sharded_.unit(u).make_gradient_transient();
+      device_optimizer_->set_unit_gradient(u, at::Tensor());
+    }
   state_.seed = run.seed;
   if (!run.checkpoint.continue_from.empty()) resume(resolve_checkpoint_folder(run.checkpoint.continue_from));
   start_step_ = state_.step;
@@ -241,9 +252,41 @@ void Training::shard_when_built(const UnitSpec& unit, NamedTensors parameters) {
 // One optimizer step: each micro-batch's forward and backward (the last one reduces every unit's
 // gradients into its shard as its backward ends), the loss averaged over ranks, global-norm clipping,
 // the optimizer unit by unit, and the compute shards refreshed from the masters.
+// With --fuse_optimizer_with_backward a unit's step runs as soon as its gradient shard is reduced
+// (gradient_shard_ready, in the last micro-batch's backward), at the step's lr, and its shard is freed
+// right after; clipping is off (validated), so nothing waits for the global norm. A non-finite
+// gradient stops the run before its unit steps (one host read of the unit's squared norm: a device
+// sync per unit on a GPU); units stepped earlier in this backward (later layers) keep their update,
+// and nothing of the step is saved.
+void Training::fused_step(size_t unit, int64_t step) {
+  ShardedUnit& sharded = sharded_.unit(unit);
+  const double squares = sharded.gradient_squares().item<double>();
+  if (!std::isfinite(squares)) {
+    std::ostringstream message;
+    message << "step " << step << ": the gradient of " << sharded.name() << " is not finite (its squared norm is "
+            << squares << "); training stopped before that unit's update (the units after it, stepped earlier in "
+            << "this backward by --fuse_optimizer_with_backward, were updated; nothing of this step is saved). Lower "
+            << "--lr (now " << run_.optimizer.lr << "), raise --warmup_steps, or use --dtype float32";
+    throw TrainingError(message.str());
+  }
+  StepTimer::Scope timed(&timer_, StepPhase::optimizer);
+  device_optimizer_->set_unit_gradient(unit, sharded.gradient_shard());
+  device_optimizer_->step_unit(unit, fused_lr_);
+  device_optimizer_->set_unit_gradient(unit, at::Tensor());
+  sharded.publish_shard();
+  sharded.take_gradient_shard();  // the last reference: the shard is freed here
+}
+
 StepResult Training::train_step(int64_t step) {
   timer_.begin_step();
   ledger_.begin_step(step);
+  const bool fused = run_.fuse_optimizer_with_backward;
+  if (fused) {
+    fused_for_step_ = step;
+    fused_lr_ = run_.optimizer.lr * lr_multiplier(run_.optimizer.scheduler, step, run_.optimizer.warmup_steps.value(),
+                                                  run_.num_training_steps, run_.optimizer.min_lr_ratio);
+    device_optimizer_->begin_step();
+  }
   double loss_sum = 0;
   for (int64_t micro = 0; micro < run_.data.gradient_accumulation; ++micro) {
     Batch batch = to_device(train_batches_.next(), device_);
@@ -261,6 +304,13 @@ StepResult Training::train_step(int64_t step) {
       loss_sum += loss.item<double>();
     }
     const bool last = micro + 1 == run_.data.gradient_accumulation;
+    if (fused && last && !std::isfinite(loss_sum)) {
+      std::ostringstream message;
+      message << "step " << step << ": the loss is " << loss_sum / static_cast<double>(run_.data.gradient_accumulation)
+              << " on this rank; training stopped before the fused backward updated anything. Lower --lr (now "
+              << run_.optimizer.lr << "), raise --warmup_steps, or use --dtype float32";
+      throw TrainingError(message.str());
+    }
     sharded_.backward(boundaries, loss / static_cast<double>(run_.data.gradient_accumulation), /*reduce=*/last);
   }
   live_batch_bytes_ = 0;
@@ -288,11 +338,14 @@ StepResult Training::train_step(int64_t step) {
               << run_.optimizer.grad_clipping << (run_.optimizer.grad_clipping > 0 ? "" : ", e.g. 1.0")
               << ") or raise --warmup_steps (now " << run_.optimizer.warmup_steps.value()
               << "); --divergence_patience 0 turns this check off";
+      if (fused) message << ". (With --fuse_optimizer_with_backward this step's update was made in backward; it is not saved.)";
       throw TrainingError(message.str());
     }
     result.lr = run_.optimizer.lr * lr_multiplier(run_.optimizer.scheduler, step, run_.optimizer.warmup_steps.value(), run_.num_training_steps, run_.optimizer.min_lr_ratio);
     const double scale = clip_coefficient(result.grad_norm, run_.optimizer.grad_clipping);
-    if (offload_) {
+    if (fused) {
+      // Every unit stepped in backward (fused_step), at this lr; scale is 1 (no clipping).
+    } else if (offload_) {
       offload_->step(result.lr, scale);  // each unit's host step; the next forward waits per unit
     } else {
       if (scale != 1.0)

@@ -176,7 +176,9 @@ class StepSimulation {
  public:
   StepSimulation(const Model& model, const std::vector<UnitSpec>& units, int world, int rank, bool cuda)
       : m_(model), world_(world), rank_(rank), cuda_(cuda),
-        offload_(model.run.sharding.offload == Offload::optimizer), timeline_(cuda) {
+        offload_(model.run.sharding.offload == Offload::optimizer),
+        fused_(model.run.fuse_optimizer_with_backward),
+        transient_gradient_(offload_ || fused_), timeline_(cuda) {
     const bool no_shard = m_.run.sharding.strategy == ShardingStrategy::no_shard;
     layout_world_ = no_shard ? 1 : world_;
     // One rank or no_shard: each unit is its whole shard and stays resident (sharding/fsdp_unit.h).
@@ -229,7 +231,7 @@ class StepSimulation {
         timeline_.add(kParameters, 4 * unit.shard_numel);
         if (m_.mode == Mode::pure && resident_) timeline_.add(kParameters, 2 * unit.shard_numel);
       }
-      if (!offload_) timeline_.add(kGradients, 4 * unit.shard_numel);
+      if (!transient_gradient_) timeline_.add(kGradients, 4 * unit.shard_numel);
     }
     if (resident_) gathered_.assign(units_.size(), true);
     if (offload_) {
@@ -250,7 +252,7 @@ class StepSimulation {
     // unit: each unit's temporaries are gone before the next unit's step.
     // With offload the steps run on the host: on a GPU they are not the device's; on a CPU rank they
     // run on the worker thread, counted here as without offload.
-    if (!(offload_ && cuda_))
+    if (!(offload_ && cuda_) && !fused_)  // fused: each unit stepped in backward (reduce_gradients)
       for (const UnitAction& action : plan_.optimizer_pass())
         timeline_.spike(optimizer_transient(static_cast<size_t>(action.unit)));
     timeline_.point("optimizer");
@@ -376,7 +378,7 @@ class StepSimulation {
       // With offload a resident fp32 unit's shard is new each step: prepare_gradients() makes it
       // before the first micro-batch's backward of the unit.
       auto parameter_gradients = [&] {
-        if (micro == 0 && gradients_in_shard() && offload_) timeline_.add(kGradients, 4 * units_[u].shard_numel);
+        if (micro == 0 && gradients_in_shard() && transient_gradient_) timeline_.add(kGradients, 4 * units_[u].shard_numel);
         if (micro == 0 && !gradients_in_shard())
           timeline_.add(kGradients, full_grad_bytes(u));
         else
@@ -432,14 +434,20 @@ class StepSimulation {
     const UnitGeometry& unit = units_[u];
     const int64_t shard = 4 * unit.shard_numel;
     if (resident_) {
-      if (offload_ && !gradients_in_shard()) timeline_.add(kGradients, shard);
+      if (transient_gradient_ && !gradients_in_shard()) timeline_.add(kGradients, shard);
       if (!gradients_in_shard()) timeline_.remove(kGradients, full_grad_bytes(u));
     } else {
       timeline_.add(kActivations, 4 * unit.gathered_numel);
       for (const ShardedParameter& parameter : unit.layout.parameters)
         timeline_.remove(kGradients, m_.compute_bytes() * parameter.rows * parameter.cols);
-      if (offload_) timeline_.add(kGradients, shard);
+      if (transient_gradient_) timeline_.add(kGradients, shard);
       timeline_.remove(kActivations, 4 * unit.gathered_numel);
+    }
+    // --fuse_optimizer_with_backward: the unit's step runs here, its temporaries on top of the shard,
+    // and the shard is freed right after (on a GPU too: the step runs on the stream that reuses it).
+    if (fused_) {
+      timeline_.spike(optimizer_transient(u));
+      timeline_.remove(kGradients, shard);
     }
     if (offload_) hand_over_gradient(shard);
   }
@@ -592,7 +600,7 @@ class StepSimulation {
 
   const Model& m_;
   int world_, rank_;
-  bool cuda_, offload_;
+  bool cuda_, offload_, fused_, transient_gradient_;
   int layout_world_ = 1;
   bool resident_ = false;
   int64_t offload_host_bytes_ = 0, offload_pinned_bytes_ = 0;
