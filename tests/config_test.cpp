@@ -3,6 +3,8 @@
 // the mistake is (the file or "command line") and which key or flag, since that is what a user needs.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <cmath>
 #include <fstream>
 #include <ostream>
@@ -236,6 +238,36 @@ TEST_F(ConfigFileError, TopLevelNotAnObject) {
   expect_mentions(error_loading(json::array({1, 2})), {path_, "expected a JSON object"});
 }
 
+TEST_F(ConfigFileError, DuplicatedKeyIsNamedWithItsLines) {
+  // nlohmann keeps the last of two equal keys without a word: a hand-edited config could silently
+  // train the second hidden_size.
+  std::string text = tiny_json().dump(4);
+  text.insert(text.find('{') + 1, "\n    \"vocab_size\": 1024,");
+  expect_mentions(error_loading_text(text),
+                  {path_, "vocab_size: given twice (lines 2 and ", "delete the one you did not mean"});
+  json object = tiny_json();
+  object["rope_scaling"] = json::object();
+  std::string nested = object.dump();
+  nested.replace(nested.find("\"rope_scaling\":{}"), 17, "\"rope_scaling\":{\"type\":\"a\",\"type\":\"b\"}");
+  expect_mentions(error_loading_text(nested), {path_, "rope_scaling.type: given twice"});
+  // The same key in two different objects is no duplicate (and the error is the real one).
+  object["rope_scaling"] = json{{"hidden_size", 1}};
+  const std::string message = error_loading(object);
+  expect_mentions(message, {path_, "rope_scaling", "null"});
+  EXPECT_EQ(message.find("twice"), std::string::npos) << message;
+}
+
+TEST_F(ConfigFileError, NotARegularFile) {
+  expect_mentions(user_error_of([&] { load_model_config("/dev/null"); }),
+                  {"/dev/null", "not a regular file (a device)", "--config"});
+  // A FIFO would block start-up forever waiting for a writer.
+  const std::string fifo = (scratch_ / "config.fifo").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  expect_mentions(user_error_of([&] { load_model_config(fifo); }), {fifo, "not a regular file (a FIFO)"});
+  expect_mentions(error_loading_text(""), {path_, "is empty", "--config"});
+  expect_mentions(error_loading_text(" \n\t\n"), {path_, "is empty"});
+}
+
 TEST_F(ConfigFileError, UnknownKey) {
   expect_mentions(error_with("num_layers", 2), {path_, "num_layers", "unknown key"});
 }
@@ -462,10 +494,73 @@ TEST_F(ConfigRunValidation, EpsDefaultsToEachOptimizersReference) {
                                   {"galore_adamw", 1e-6}}) {
     RunConfig run = valid();
     run.optimizer.name = name;
+    run.optimizer.galore_rank = 16;  // below llama_tiny's 64 x 64 matrices
     run.optimizer.adam_eps = -1;
     validate_run_config(run, model_, 1);
     EXPECT_DOUBLE_EQ(run.optimizer.adam_eps, eps) << name;
   }
+}
+
+TEST_F(ConfigRunValidation, GaloreRankThatProjectsNothingIsRefused) {
+  // llama_tiny's GaLore matrices: q/k/v/o 64 x 64, gate/up 176 x 64, down 64 x 176: every one is
+  // kept at min(rank, rows, cols), so from rank 64 on nothing is projected and GaLore's state
+  // (moments plus projector) is larger than AdamW's.
+  for (int64_t rank : {int64_t{64}, int64_t{128}, int64_t{100000}}) {
+    SCOPED_TRACE("rank " + std::to_string(rank));
+    expect_mentions(error_with([&](RunConfig& r) {
+                      r.optimizer.name = "galore_adamw";
+                      r.optimizer.galore_rank = rank;
+                    }),
+                    {"command line", "--rank: ", "expected an integer in [1, 63] for llama_tiny",
+                     "(got " + std::to_string(rank) + ")", "64 x 64", "more memory than AdamW's",
+                     "pass --rank 63 or less", "16 here"});
+  }
+  RunConfig run = valid();
+  run.optimizer.name = "galore_adamw";
+  run.optimizer.galore_rank = 63;
+  EXPECT_NO_THROW(validate_run_config(run, model_, 1));
+  run.optimizer.name = "adamw";  // --rank means nothing to AdamW (the command line refuses it)
+  run.optimizer.galore_rank = 128;
+  EXPECT_NO_THROW(validate_run_config(run, model_, 1));
+}
+
+TEST(GaloreRankCommand, DefaultRankOnASmallModelIsExitTwo) {
+  // The default --rank 128 is above every matrix of llama_micro (32 x 32, 88 x 32, 32 x 88).
+  const std::string base = testing::trainer_binary().string() + " estimate --config " + config_path("llama_micro") +
+                           " --max_length 16 --optimizer galore_adamw";
+  const auto refused = testing::run_command(base);
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  expect_mentions(refused.output, {"--rank: expected an integer in [1, 31] for llama_micro (got 128)"});
+  const auto accepted = testing::run_command(base + " --rank 8");
+  EXPECT_EQ(accepted.exit_code, 0) << accepted.output;
+}
+
+TEST(RunDir, FileOrUnwritablePathIsNamed) {
+  ScratchDir scratch("run_dir");
+  const std::string file = (scratch / "file").string();
+  std::ofstream(file) << "x";
+  expect_mentions(user_error_of([&] { create_run_dir(file); }),
+                  {"command line", "--run_dir: ", "\"" + file + "\" is an existing file, not a folder"});
+  expect_mentions(user_error_of([&] { create_run_dir(file + "/run/1"); }),
+                  {"--run_dir: ", "goes through \"" + file + "\", which is a file"});
+  expect_mentions(user_error_of([&] { create_run_dir("/dev/null"); }), {"--run_dir: ", "existing file"});
+  if (std::filesystem::is_directory("/proc"))  // no folder can be made there, not even by root
+    expect_mentions(user_error_of([&] { create_run_dir("/proc/trainer_run"); }),
+                    {"--run_dir: ", "cannot create \"/proc/trainer_run\""});
+  const std::string nested = (scratch / "a" / "b" / "run").string();
+  EXPECT_NO_THROW(create_run_dir(nested));
+  EXPECT_TRUE(std::filesystem::is_directory(nested));
+  EXPECT_NO_THROW(create_run_dir(nested));  // an existing folder is fine (every rank calls it)
+}
+
+TEST(RunDir, FileIsExitTwoBeforeTraining) {
+  ScratchDir scratch("run_dir_command");
+  const std::string file = (scratch / "file").string();
+  std::ofstream(file) << "x";
+  const auto result = testing::run_command(testing::trainer_binary().string() + " --config " +
+                                           config_path("llama_micro") + " --max_length 16 --run_dir " + file);
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  expect_mentions(result.output, {"--run_dir: ", "is an existing file"});
 }
 
 TEST_F(ConfigRunValidation, ContinueFromMustBeAnExistingFolder) {
@@ -794,8 +889,10 @@ TEST(CliPrepare, ExactlyOneOfTokenizerAndVocabSize) {
 TEST(CliPrepare, RequiredAndBadFlagsAreNamed) {
   expect_mentions(parse_error({"prepare", "--output", "o", "--vocab_size", "100"}), {"--input"});
   expect_mentions(parse_error({"prepare", "--input", "a", "--vocab_size", "100"}), {"--output"});
-  expect_mentions(parse_error({"prepare", "--input", "a", "--output", "o", "--vocab_size", "0"}),
-                  {"--vocab_size", ">= 1", "got 0"});
+  for (const char* outside : {"0", "3", "2147483648"})
+    expect_mentions(parse_error({"prepare", "--input", "a", "--output", "o", "--vocab_size", outside}),
+                    {"--vocab_size", "an integer in [4, 2147483647]", "reserves 3 pieces",
+                     std::string("got ") + outside});
   expect_mentions(parse_error({"prepare", "--input", "a", "--output", "o", "--vocab_size", "many"}),
                   {"--vocab_size"});
   expect_mentions(parse_error({"prepare", "--input", "a", "--output", "o", "--vocab_size", "100",
@@ -804,6 +901,65 @@ TEST(CliPrepare, RequiredAndBadFlagsAreNamed) {
   expect_mentions(parse_error({"prepare", "--input", "a", "--output", "o", "--vocab_size", "100",
                                "--lr", "1"}),
                   {"--lr"});
+}
+
+TEST(CliPrepare, OverwriteIsOffUnlessGiven) {
+  const std::vector<std::string> args = {"prepare", "--input", "a.txt", "--output", "t.bin", "--vocab_size", "100"};
+  EXPECT_FALSE(parse(args).prepare.overwrite);
+  std::vector<std::string> with_flag = args;
+  with_flag.push_back("--overwrite");
+  EXPECT_TRUE(parse(with_flag).prepare.overwrite);
+  expect_mentions(parse_error({"--config", "c", "--overwrite"}), {"--overwrite"});  // prepare's only
+}
+
+TEST(CliEstimate, AbsurdValuesAreRefusedInWords) {
+  // Each names the flag and the accepted range in words; none is CLI11's "not in range 0.000000 to
+  // 1.797e308" (a 300-digit number) and none is accepted silently (nan was, and 1e300 GiB of node
+  // memory read as "this machine's RAM is unknown").
+  struct Case {
+    std::vector<std::string> flags;
+    std::vector<std::string> fragments;
+  };
+  const std::vector<Case> cases = {
+      {{"--world_size", "0"}, {"--world_size: expected an integer from 1 to 65536", "(got 0)"}},
+      {{"--world_size", "-1"}, {"--world_size: expected an integer from 1 to 65536", "(got -1)"}},
+      {{"--world_size", "1000000"}, {"--world_size", "simulates and lists each one", "(got 1000000)"}},
+      {{"--world_size", "100000000000"}, {"--world_size", "(got 100000000000)"}},
+      {{"--memory_budget_gib", "-1"}, {"--memory_budget_gib: expected a number of GiB above 0", "(got -1)"}},
+      {{"--memory_budget_gib", "0"}, {"--memory_budget_gib", "leave it out for no verdict", "(got 0)"}},
+      {{"--memory_budget_gib", "nan"}, {"--memory_budget_gib", "(got nan)"}},
+      {{"--memory_budget_gib", "inf"}, {"--memory_budget_gib", "(got inf)"}},
+      {{"--memory_budget_gib", "1e30"}, {"--memory_budget_gib", "at most 1048576 (1 PiB)", "(got 1e+30)"}},
+      {{"--ranks_per_node", "0"}, {"--ranks_per_node: expected an integer from 1 to 65536",
+                                   "leave it out for every rank on one node", "(got 0)"}},
+      {{"--ranks_per_node", "-2"}, {"--ranks_per_node", "(got -2)"}},
+      {{"--ranks_per_node", "70000"}, {"--ranks_per_node", "(got 70000)"}},
+      {{"--node_memory_gib", "-5"}, {"--node_memory_gib: expected a number of GiB above 0", "(got -5)"}},
+      {{"--node_memory_gib", "0"}, {"--node_memory_gib", "leave it out for this machine's", "(got 0)"}},
+      {{"--node_memory_gib", "nan"}, {"--node_memory_gib", "(got nan)"}},
+      {{"--node_memory_gib", "1e300"}, {"--node_memory_gib", "(got 1e+300)"}},
+  };
+  for (const Case& absurd : cases) {
+    std::vector<std::string> args = {"estimate", "--config", "c"};
+    args.insert(args.end(), absurd.flags.begin(), absurd.flags.end());
+    SCOPED_TRACE(absurd.flags[0] + " " + absurd.flags[1]);
+    const std::string message = parse_error(args);
+    expect_mentions(message, absurd.fragments);
+    EXPECT_EQ(message.find("not in range"), std::string::npos) << message;
+  }
+  // The boundaries are accepted, and a flag left out keeps its default.
+  const Command edges = parse({"estimate", "--config", "c", "--world_size", "65536", "--ranks_per_node", "1",
+                               "--memory_budget_gib", "0.5", "--node_memory_gib", "1048576"});
+  EXPECT_EQ(edges.kind, Command::Kind::estimate);
+  EXPECT_EQ(edges.estimate.world_size, 65536);
+  EXPECT_EQ(edges.estimate.ranks_per_node, 1);
+  EXPECT_DOUBLE_EQ(edges.estimate.memory_budget_gib, 0.5);
+  EXPECT_DOUBLE_EQ(edges.estimate.node_memory_gib, 1048576);
+  const Command defaults = parse({"estimate", "--config", "c"});
+  EXPECT_EQ(defaults.estimate.world_size, 1);
+  EXPECT_EQ(defaults.estimate.ranks_per_node, 0);
+  EXPECT_EQ(defaults.estimate.memory_budget_gib, 0);
+  EXPECT_EQ(defaults.estimate.node_memory_gib, 0);
 }
 
 TEST(CliPrepare, TrainingFlagsAreRejected) {

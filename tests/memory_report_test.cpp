@@ -6,8 +6,10 @@
 #include <expat.h>
 
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
+#include <regex>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -201,6 +203,100 @@ TEST(MemoryReportErrors, BadRunFoldersAreExitTwo) {
   EXPECT_EQ(nothing.exit_code, 2) << nothing.output;
   auto training_flag = run_command(report + (fixtures() / "adamw_fp32_w1").string() + " --lr 1");
   EXPECT_EQ(training_flag.exit_code, 2) << training_flag.output;
+}
+
+// A copy of the one-rank fixture run with one of its files changed by `damage`, reported.
+testing::CommandResult report_damaged(const ScratchDir& dir, const std::string& name, const std::string& file,
+                                      const std::function<std::string(const std::string&)>& damage) {
+  const std::filesystem::path run = dir / name;
+  std::filesystem::create_directories(run);
+  for (const char* copied : {"metrics.jsonl", "memory.rank0.jsonl"}) {
+    std::ifstream in(fixtures() / "adamw_fp32_w1" / copied);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::ofstream(run / copied) << (copied == file ? damage(text) : text);
+  }
+  return run_command(testing::trainer_binary().string() + " report " + run.string() + " --out " +
+                     (dir / (name + "_out")).string());
+}
+
+// The first `lines` lines of text, each with its newline.
+std::string first_lines(const std::string& text, int lines) {
+  size_t end = 0;
+  for (int i = 0; i < lines; ++i) {
+    end = text.find('\n', end);
+    if (end == std::string::npos) return text;
+    ++end;
+  }
+  return text.substr(0, end);
+}
+
+TEST(MemoryReportErrors, DamagedFilesNameTheFileAndLine) {
+  // Each case: exit 2 with a message naming the file and, where one line is at fault, the line;
+  // before, these were a segfault (world_size 0), exit 1 with nlohmann's text, or a report with
+  // a measured peak of 0 and an estimate error of +77235100 %.
+  struct Case {
+    const char* name;
+    const char* file;
+    std::function<std::string(const std::string&)> damage;
+    std::vector<std::string> fragments;
+  };
+  auto replace = [](const std::string& pattern, const std::string& with) {
+    return [=](const std::string& text) { return std::regex_replace(text, std::regex(pattern), with); };
+  };
+  const std::vector<Case> cases = {
+      {"metrics_empty", "metrics.jsonl", [](const std::string&) { return std::string(); },
+       {"metrics.jsonl: start: the file is empty"}},
+      {"metrics_cut", "metrics.jsonl", [](const std::string& text) { return text.substr(0, 300); },
+       {"metrics.jsonl: line 1: is not a JSON object", "truncated"}},
+      {"metrics_number", "metrics.jsonl", [](const std::string& text) { return "42\n" + text; },
+       {"metrics.jsonl: line 1: expected a JSON object (got a number)"}},
+      {"world_zero", "metrics.jsonl", replace("\"world_size\":1", "\"world_size\":0"),
+       {"metrics.jsonl: line 1: world_size: expected the run's number of ranks", "(got 0)"}},
+      {"world_negative", "metrics.jsonl", replace("\"world_size\":1", "\"world_size\":-3"),
+       {"metrics.jsonl: line 1: world_size", "(got -3)"}},
+      {"world_text", "metrics.jsonl", replace("\"world_size\":1", "\"world_size\":\"one\""),
+       {"metrics.jsonl: line 1: a field has the wrong type"}},
+      {"loss_text", "metrics.jsonl", replace("\"loss\":[0-9.]+", "\"loss\":\"x\""),
+       {"metrics.jsonl: line 3: a field has the wrong type"}},
+      {"model_broken", "metrics.jsonl", replace("\"hidden_size\":32", "\"hidden_size\":-32"),
+       {"metrics.jsonl: line 1: model: the run's model config is not valid", "hidden_size"}},
+      {"ledger_empty", "memory.rank0.jsonl", [](const std::string&) { return std::string(); },
+       {"memory.rank0.jsonl: is empty", "rank 0"}},
+      {"ledger_start_only", "memory.rank0.jsonl", [](const std::string& text) { return first_lines(text, 1); },
+       {"memory.rank0.jsonl: has no step record in its 1 line(s)"}},
+      {"ledger_cut", "memory.rank0.jsonl",
+       [](const std::string& text) { const std::string head = first_lines(text, 4); return head + head.substr(0, 40); },
+       {"memory.rank0.jsonl: line 5: is not a JSON object"}},
+      {"ledger_number", "memory.rank0.jsonl", [](const std::string& text) { return first_lines(text, 1) + "7\n"; },
+       {"memory.rank0.jsonl: line 2: expected a JSON object (got a number)"}},
+      {"ledger_peak_text", "memory.rank0.jsonl", replace("\"peak_bytes\":[0-9]+", "\"peak_bytes\":\"big\""),
+       {"memory.rank0.jsonl: line 12: a field has the wrong type"}},
+      {"ledger_negative", "memory.rank0.jsonl", replace("\"parameters\":[0-9]+", "\"parameters\":-5"),
+       {"memory.rank0.jsonl: line 3: parameters: expected a byte count >= 0 (got -5)"}},
+      {"ledger_zero_peak", "memory.rank0.jsonl", replace("\"peak_bytes\":[0-9]+", "\"peak_bytes\":0"),
+       {"memory.rank0.jsonl: line 28: peak_bytes: expected a positive byte count (got 0)"}},
+  };
+  ScratchDir dir("report_damaged");
+  for (const Case& damaged : cases) {
+    SCOPED_TRACE(damaged.name);
+    const auto result = report_damaged(dir, damaged.name, damaged.file, damaged.damage);
+    EXPECT_EQ(result.exit_code, 2) << result.output;
+    for (const std::string& fragment : damaged.fragments)
+      EXPECT_NE(result.output.find(fragment), std::string::npos) << "lacks \"" << fragment << "\": " << result.output;
+    EXPECT_FALSE(std::filesystem::exists(dir / (std::string(damaged.name) + "_out") / "memory_report.md"));
+  }
+}
+
+TEST(MemoryReportErrors, DivergedLossIsReportedNotRefused) {
+  // The trainer writes a non-finite loss as null: the report shows it as nan.
+  ScratchDir dir("report_null_loss");
+  const auto result = report_damaged(dir, "null_loss", "metrics.jsonl", [](const std::string& text) {
+    return std::regex_replace(text, std::regex("\"(final_)?loss\":[0-9.]+"), "\"$1loss\":null");
+  });
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  std::ifstream in(dir / "null_loss_out" / "memory_report.md");
+  const std::string markdown((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(markdown.find("final loss nan"), std::string::npos) << markdown.substr(0, 2000);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "trainer/cli.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <vector>
 
@@ -13,6 +14,10 @@ namespace llm {
 namespace {
 
 constexpr const char* kCommandLine = "command line";
+// `trainer estimate`: at most this many ranks (each is simulated and printed: a million take half a
+// minute and 80 MB of output) and at most this many GiB of memory (1 PiB).
+constexpr int64_t kMaxEstimateRanks = 65536;
+constexpr double kMaxEstimateGib = 1048576;
 
 // The text spelling of each enum is the one to_string() gives, so help, flags and JSON agree.
 template <typename Enum>
@@ -271,6 +276,9 @@ Command parse_command_line(int argc, const char* const* argv) {
                           "SentencePiece model type when training one")
       ->check(CLI::IsMember({"bpe", "unigram"}))
       ->capture_default_str();
+  prepare_app->add_flag("--overwrite", prepare.overwrite,
+                        "replace an existing --output (and OUTPUT.model); without it they are kept "
+                        "and prepare stops");
 
   CLI::App* report_app = app.add_subcommand(
       "report", "Aggregate the memory ledgers of run folders: Markdown tables and SVG plots side by side.");
@@ -289,18 +297,19 @@ Command parse_command_line(int argc, const char* const* argv) {
       "--device's: cpu, or cuda (also for auto)");
   estimate_app->get_formatter()->column_width(34);
   estimate_app->fallthrough();  // the training flags (--config, --optimizer, ...) are the parent's
-  estimate_app->add_option("--world_size", command.estimate.world_size, "ranks to estimate for")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  estimate_app->add_option("--memory_budget_gib", command.estimate.memory_budget_gib,
-                           "memory per rank, GiB (e.g. 24): say whether each rank's peak fits")
-      ->check(CLI::NonNegativeNumber);
-  estimate_app->add_option("--ranks_per_node", command.estimate.ranks_per_node,
-                           "ranks sharing one node's host memory (consecutive ranks); 0: all on one node")
-      ->check(CLI::NonNegativeNumber);
-  estimate_app->add_option("--node_memory_gib", command.estimate.node_memory_gib,
-                           "a node's RAM, GiB, for the host verdict; 0: this machine's")
-      ->check(CLI::NonNegativeNumber);
+  // Read wide and range-checked after parsing, so a bad value gets a sentence naming the accepted
+  // range rather than CLI11's "not in range 0.000000 to 1.797e308", and 10^11 ranks is "got
+  // 100000000000" rather than "Could not convert" (a value that is not a number still is that).
+  int64_t world_size = command.estimate.world_size, ranks_per_node = 0;
+  double memory_budget_gib = 0, node_memory_gib = 0;
+  estimate_app->add_option("--world_size", world_size, "ranks to estimate for")->capture_default_str();
+  CLI::Option* memory_budget_flag = estimate_app->add_option(
+      "--memory_budget_gib", memory_budget_gib, "memory per rank, GiB (e.g. 24): say whether each rank's peak fits");
+  CLI::Option* ranks_per_node_flag = estimate_app->add_option(
+      "--ranks_per_node", ranks_per_node,
+      "ranks sharing one node's host memory (consecutive ranks); default: all on one node");
+  CLI::Option* node_memory_flag = estimate_app->add_option(
+      "--node_memory_gib", node_memory_gib, "a node's RAM, GiB, for the host verdict; default: this machine's");
   estimate_app->add_flag("--json", command.estimate.json, "print the estimate (every phase of every rank) as JSON");
 
   try {
@@ -329,10 +338,13 @@ Command parse_command_line(int argc, const char* const* argv) {
       if (flag->count() > 0)
         fail_user(kCommandLine, flag->get_name(),
                   "is a training flag; `trainer prepare` takes --input, --output, --tokenizer or "
-                  "--vocab_size, and --model_type");
-    if (vocab_size->count() > 0 && prepare.vocab_size < 1)
+                  "--vocab_size, --model_type and --overwrite");
+    if (vocab_size->count() > 0 &&
+        (prepare.vocab_size < kMinVocabSize || prepare.vocab_size > kMaxVocabSize))
       fail_user(kCommandLine, "--vocab_size",
-                "expected an integer >= 1 (got " + std::to_string(prepare.vocab_size) + ")");
+                "expected an integer in [" + std::to_string(kMinVocabSize) + ", " +
+                    std::to_string(kMaxVocabSize) + "]: SentencePiece reserves 3 pieces (<unk>, "
+                    "<s>, </s>) and counts in int32 (got " + std::to_string(prepare.vocab_size) + ")");
     if ((tokenizer->count() > 0) == (vocab_size->count() > 0))
       fail_user(kCommandLine, "--tokenizer / --vocab_size",
                 "`trainer prepare` needs exactly one of the two: --tokenizer MODEL to encode with "
@@ -350,6 +362,37 @@ Command parse_command_line(int argc, const char* const* argv) {
                   "settings come from its metrics.jsonl)");
     command.kind = Command::Kind::report;
     return command;
+  }
+
+  if (estimate_app->parsed()) {
+    auto require = [](bool ok, const char* flag, const std::string& expected, const std::string& got) {
+      if (!ok) fail_user(kCommandLine, flag, "expected " + expected + " (got " + got + ")");
+    };
+    require(world_size >= 1 && world_size <= kMaxEstimateRanks, "--world_size",
+            "an integer from 1 to " + std::to_string(kMaxEstimateRanks) + ": the ranks to estimate for "
+            "(the estimate simulates and lists each one)", std::to_string(world_size));
+    command.estimate.world_size = static_cast<int>(world_size);
+    if (ranks_per_node_flag->count() > 0) {
+      require(ranks_per_node >= 1 && ranks_per_node <= kMaxEstimateRanks, "--ranks_per_node",
+              "an integer from 1 to " + std::to_string(kMaxEstimateRanks) + ": the ranks on one node "
+              "(leave it out for every rank on one node)", std::to_string(ranks_per_node));
+      command.estimate.ranks_per_node = static_cast<int>(ranks_per_node);
+    }
+    // GiB flags: a finite, positive size up to 1 PiB (far beyond it the byte count overflows).
+    const std::string gib_range = "a number of GiB above 0 and at most " +
+                                  std::to_string(static_cast<int64_t>(kMaxEstimateGib)) + " (1 PiB)";
+    if (memory_budget_flag->count() > 0) {
+      require(std::isfinite(memory_budget_gib) && memory_budget_gib > 0 && memory_budget_gib <= kMaxEstimateGib,
+              "--memory_budget_gib", gib_range + ": one rank's device memory (leave it out for no verdict)",
+              format_number(memory_budget_gib));
+      command.estimate.memory_budget_gib = memory_budget_gib;
+    }
+    if (node_memory_flag->count() > 0) {
+      require(std::isfinite(node_memory_gib) && node_memory_gib > 0 && node_memory_gib <= kMaxEstimateGib,
+              "--node_memory_gib", gib_range + ": one node's RAM (leave it out for this machine's)",
+              format_number(node_memory_gib));
+      command.estimate.node_memory_gib = node_memory_gib;
+    }
   }
 
   if (run.config_path.empty())

@@ -44,8 +44,10 @@ struct Command {
 };
 
 // Throws UserError ("command line: ..." naming the flag) on unknown flags, values that are not
-// numbers, choices outside their list, a missing --config for training, and for `prepare` a missing
-// --input / --output or not exactly one of --tokenizer / --vocab_size.
+// numbers, choices outside their list, a missing --config for training, for `prepare` a missing
+// --input / --output, not exactly one of --tokenizer / --vocab_size or a --vocab_size outside
+// [4, 2^31-1], and for `estimate` a --world_size, --ranks_per_node, --memory_budget_gib or
+// --node_memory_gib outside its range (said in words).
 Command parse_command_line(int argc, const char* const* argv);
 
 // What --print_config shows: {"model": {"name", "num_parameters", "config": HF keys}, "run": flags}.

@@ -1,7 +1,11 @@
 #include "trainer/config.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <sstream>
 #include <type_traits>
@@ -9,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/errors.h"
+#include "trainer/optimizer_setup.h"
 
 namespace llm {
 
@@ -304,6 +309,22 @@ void validate_run_config(RunConfig& run, const ModelConfig& model, int world_siz
   require_flag(run.optimizer.proj_type == "std" || run.optimizer.proj_type == "reverse_std" || run.optimizer.proj_type == "left" ||
                    run.optimizer.proj_type == "right",
                "--proj_type", "one of std, reverse_std, left, right", "\"" + run.optimizer.proj_type + "\"");
+  if (run.optimizer.name == "galore_adamw") {
+    // At or above the widest projected matrix's smaller dimension nothing is projected any more: every
+    // matrix is kept whole, and GaLore's moments plus projector outgrow AdamW's moments.
+    const GaloreWidestMatrix widest = galore_widest_matrix(model, run);
+    if (!widest.name.empty() && run.optimizer.galore_rank >= widest.full_rank())
+      fail_user(kCommandLine, "--rank",
+                "expected an integer in [1, " + std::to_string(widest.full_rank() - 1) + "] for " + model.name +
+                    " (got " + std::to_string(run.optimizer.galore_rank) + "): GaLore keeps a matrix at rank "
+                    "min(--rank, rows, cols), and at " + std::to_string(widest.full_rank()) +
+                    " or more every projected matrix is kept at full rank (the widest, " + widest.name + ", is " +
+                    std::to_string(widest.rows) + " x " + std::to_string(widest.cols) +
+                    "), where its moments and projector take more memory than AdamW's; pass --rank " +
+                    std::to_string(widest.full_rank() - 1) + " or less (GaLore's runs use a quarter of "
+                    "hidden_size, " + std::to_string(std::max<int64_t>(1, model.hidden_size / 4)) +
+                    " here), or --optimizer adamw");
+  }
 
   if (!run.checkpoint.continue_from.empty() && !fs::is_directory(run.checkpoint.continue_from))
     fail_user(kCommandLine, "--continue_from",
@@ -313,6 +334,30 @@ void validate_run_config(RunConfig& run, const ModelConfig& model, int world_siz
     fail_user(kCommandLine, "--data",
               "expected \"synthetic\" or an existing token file made by `trainer prepare` (got \"" +
                   run.data.source + "\", which is not a file)");
+}
+
+void create_run_dir(const std::string& run_dir) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  const std::string what_to_pass = "pass a folder for the run's outputs (created when missing)";
+  // The longest part of the path that exists must be a folder: a file there is the usual mistake.
+  fs::path existing = run_dir;
+  while (!existing.empty() && !fs::exists(existing, error)) existing = existing.parent_path();
+  if (!existing.empty() && !fs::is_directory(existing, error))
+    fail_user(kCommandLine, "--run_dir",
+              existing == fs::path(run_dir)
+                  ? "\"" + run_dir + "\" is an existing file, not a folder; " + what_to_pass
+                  : "\"" + run_dir + "\" goes through \"" + existing.string() + "\", which is a file, not a "
+                    "folder; " + what_to_pass);
+  fs::create_directories(run_dir, error);
+  if (error)
+    fail_user(kCommandLine, "--run_dir",
+              "cannot create \"" + run_dir + "\" (" + error.message() + "); " + what_to_pass +
+                  " somewhere you can write");
+  if (::access(run_dir.c_str(), W_OK | X_OK) != 0)
+    fail_user(kCommandLine, "--run_dir",
+              "cannot write into \"" + run_dir + "\" (" + std::strerror(errno) + "); " + what_to_pass +
+                  " somewhere you can write");
 }
 
 }  // namespace llm

@@ -131,7 +131,13 @@ RunConfig run_config_from_json(const nlohmann::json& object, const std::string& 
 // --adam_eps left unset becomes the optimizer's reference default: 1e-8 for adamw (torch), 1e-6 for
 // adamw_sn and galore_adamw (their HF-style references). --warmup_steps left unset becomes
 // default_warmup_steps(num_training_steps); given, it must lie in [0, num_training_steps].
+// With galore_adamw, --rank must be below the widest projected matrix's smaller dimension.
 void validate_run_config(RunConfig& run, const ModelConfig& model, int world_size);
+
+// Creates --run_dir for a training run (every rank may call it; it is a folder already when it
+// exists). A UserError naming --run_dir when the path is an existing file, passes through a file,
+// or cannot be created or written, so the run stops before it starts rather than at its first log.
+void create_run_dir(const std::string& run_dir);
 
 // The warmup when --warmup_steps is not given: 20 steps, but never more than a tenth of the run
 // (rounded down), so a short run works with the default flags: 200 steps or more warm up for 20,

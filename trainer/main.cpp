@@ -57,6 +57,7 @@ int run_command(const llm::Command& command, const llm::World& world) {
     if (world.rank == 0) std::cout << llm::resolved_config_json(model, run).dump(2) << std::endl;
     return 0;
   }
+  llm::create_run_dir(run.logging.run_dir);
   llm::RuntimeContext context;
   context.rank = world.rank;
   context.world_size = world.world_size;

@@ -1,6 +1,7 @@
 #include "trainer/optimizer_setup.h"
 
 #include "sharding/sharded_model.h"
+#include "trainer/model/units.h"
 
 namespace llm {
 namespace {
@@ -46,6 +47,17 @@ std::vector<UpdateRule> update_rules_for(const FlatShardLayout& layout, const Ru
   for (const ShardedParameter& parameter : layout.parameters)
     rules.push_back(update_rule_for(parameter.name, parameter.full_shape.size(), run));
   return rules;
+}
+
+GaloreWidestMatrix galore_widest_matrix(const ModelConfig& model, const RunConfig& run) {
+  GaloreWidestMatrix widest;
+  for (const UnitSpec& unit : describe_units(model))
+    for (const ParameterSpec& parameter : unit.parameters) {
+      if (update_rule_for(parameter.name, parameter.shape.size(), run) != UpdateRule::galore) continue;
+      const int64_t rows = parameter.shape[0], cols = parameter.shape[1];
+      if (std::min(rows, cols) > widest.full_rank()) widest = {parameter.name, rows, cols};
+    }
+  return widest;
 }
 
 std::vector<std::vector<UpdateRule>> unit_update_rules(const ShardedModel& model, const RunConfig& run) {

@@ -45,8 +45,8 @@ class LinePieceReader {
       : path_(path), max_piece_bytes_(max_piece_bytes), buffer_(1 << 20) {
     file_ = std::fopen(path.c_str(), "rb");
     if (file_ == nullptr)
-      fail_user(path, "input", "cannot open (" + std::string(std::strerror(errno)) +
-                                   "); check the path");
+      fail_user(path, "--input", "cannot open (" + std::string(std::strerror(errno)) +
+                                     "); check the path");
   }
   ~LinePieceReader() {
     if (file_ != nullptr) std::fclose(file_);
@@ -95,7 +95,7 @@ class LinePieceReader {
     filled_ = std::fread(buffer_.data(), 1, buffer_.size(), file_);
     position_ = 0;
     if (filled_ == 0 && std::ferror(file_))
-      fail_user(path_, "input", "read error (" + std::string(std::strerror(errno)) + ")");
+      fail_user(path_, "--input", "read error (" + std::string(std::strerror(errno)) + ")");
     return filled_ > 0;
   }
   static void strip_carriage_return(std::string& piece) {
@@ -165,33 +165,196 @@ class TrainingSentences final : public sentencepiece::SentenceIterator {
   sentencepiece::util::Status status_;
 };
 
+// The inputs for a message: "a.txt", "a.txt, b.txt", or "a.txt, b.txt and 3 more".
+std::string describe_inputs(const std::vector<std::string>& inputs) {
+  std::string text;
+  for (size_t i = 0; i < inputs.size() && i < 2; ++i) text += (i == 0 ? "" : ", ") + inputs[i];
+  if (inputs.size() > 2) text += " and " + std::to_string(inputs.size() - 2) + " more";
+  return text;
+}
+
+// Why these first bytes of a file are not UTF-8 text, or "" when they are. A character cut by the
+// end of the probe is not held against the file.
+std::string why_not_text(const std::string& bytes, bool whole_file) {
+  const size_t size = bytes.size();
+  size_t i = 0;
+  while (i < size) {
+    const auto lead = static_cast<unsigned char>(bytes[i]);
+    if (lead == 0)
+      return "a NUL byte at byte " + std::to_string(i) + " (a binary file, or UTF-16 text?)";
+    if (lead < 0x80) {
+      ++i;
+      continue;
+    }
+    // Lead bytes of 2-, 3- and 4-byte characters; C0, C1 and F5..FF never start one.
+    const size_t length = lead >= 0xC2 && lead <= 0xDF ? 2 : lead >= 0xE0 && lead <= 0xEF ? 3
+                        : lead >= 0xF0 && lead <= 0xF4 ? 4 : 0;
+    bool valid = length > 0;
+    if (valid && i + length > size && !whole_file) break;  // cut by the probe
+    valid = valid && i + length <= size;
+    for (size_t k = 1; valid && k < length; ++k)
+      valid = (static_cast<unsigned char>(bytes[i + k]) & 0xC0) == 0x80;
+    if (valid) {  // no overlong forms, surrogates or code points above U+10FFFF
+      const auto second = static_cast<unsigned char>(bytes[i + 1]);
+      valid = !(lead == 0xE0 && second < 0xA0) && !(lead == 0xED && second > 0x9F) &&
+              !(lead == 0xF0 && second < 0x90) && !(lead == 0xF4 && second > 0x8F);
+    }
+    if (!valid) {
+      char hex[8];
+      std::snprintf(hex, sizeof(hex), "0x%02X", lead);
+      return "invalid UTF-8 at byte " + std::to_string(i) + " (" + hex +
+             "; Latin-1 or another encoding? convert it with iconv -t UTF-8)";
+    }
+    i += length;
+  }
+  return "";
+}
+
+void check_input(const std::string& input) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  const auto status = fs::status(input, error);
+  LLM_REQUIRE(fs::exists(status), input, "--input",
+              "does not exist; check the path of the text file");
+  LLM_REQUIRE(fs::is_regular_file(status), input, "--input",
+              std::string(fs::is_directory(status) ? "is a folder" : "is not a regular file") +
+                  "; pass text files (one document per line)");
+  LLM_REQUIRE(fs::file_size(input, error) > 0 && !error, input, "--input",
+              "is empty; remove it from the inputs or fill it with text");
+  std::ifstream in(input, std::ios::binary);
+  LLM_REQUIRE(in.good(), input, "--input", "cannot be opened for reading; check its permissions");
+  std::string head(kTextProbeBytes, '\0');
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  head.resize(static_cast<size_t>(in.gcount()));
+  const std::string why = why_not_text(head, in.eof());
+  LLM_REQUIRE(why.empty(), input, "--input",
+              "is not UTF-8 text: " + why + " in its first " + std::to_string(head.size()) +
+                  " bytes; pass text files (one document per line)");
+}
+
+// True when both paths name one existing file (however spelt).
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code error;
+  return std::filesystem::equivalent(a, b, error) && !error;
+}
+
+// The token file and, when training, OUTPUT.model: never one of the inputs or the tokenizer, and
+// an existing one only with --overwrite.
+void check_outputs(const PrepareOptions& options) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> outputs = {options.output};
+  if (options.tokenizer.empty()) outputs.push_back(options.output + ".model");
+  const fs::path folder = fs::path(options.output).parent_path();
+  std::error_code error;
+  LLM_REQUIRE(folder.empty() || fs::is_directory(folder, error), options.output, "--output",
+              "its folder " + folder.string() + (fs::exists(folder, error) ? " is not a folder"
+                                                                           : " does not exist") +
+                  "; create the folder first or choose another --output");
+  for (const std::string& output : outputs) {
+    const auto status = fs::status(output, error);
+    if (!fs::exists(status)) continue;
+    const std::string what = output == options.output ? "" : " (the tokenizer trained for --output)";
+    LLM_REQUIRE(!fs::is_directory(status), output, "--output",
+                "is a folder" + what + "; pass the path of the token file to write, e.g. data/train.tok");
+    for (const std::string& input : options.inputs)
+      LLM_REQUIRE(!same_file(output, input), output, "--output",
+                  "is also an --input" + what + ": writing it would destroy the text it is made "
+                  "from; choose another --output");
+    LLM_REQUIRE(options.tokenizer.empty() || !same_file(output, options.tokenizer), output, "--output",
+                "is the --tokenizer: writing it would destroy the model it is encoded with; "
+                "choose another --output");
+    LLM_REQUIRE(options.overwrite, output, "--output",
+                "exists" + what + "; pass --overwrite to replace it, or choose another --output");
+  }
+}
+
 void check_inputs(const PrepareOptions& options) {
-  LLM_REQUIRE(!options.inputs.empty(), "prepare", "inputs",
+  LLM_REQUIRE(!options.inputs.empty(), "prepare", "--input",
               "no input text files were given; pass one or more text files");
   LLM_REQUIRE(!options.output.empty(), "prepare", "--output",
               "no output path was given; pass the token file to write, e.g. data/train.bin");
-  for (const std::string& input : options.inputs) {
-    std::error_code error;
-    const auto status = std::filesystem::status(input, error);
-    LLM_REQUIRE(std::filesystem::exists(status), input, "input",
-                "does not exist; check the path of the text file");
-    LLM_REQUIRE(std::filesystem::is_regular_file(status), input, "input",
-                "is not a regular file; pass text files (one document per line)");
-    LLM_REQUIRE(std::filesystem::file_size(input, error) > 0 && !error, input, "input",
-                "is empty; remove it from the inputs or fill it with text");
-  }
+  for (const std::string& input : options.inputs) check_input(input);
   const bool has_tokenizer = !options.tokenizer.empty();
   LLM_REQUIRE(has_tokenizer || options.vocab_size > 0, "prepare", "--tokenizer/--vocab_size",
               "neither was given; pass --tokenizer MODEL to encode with an existing SentencePiece "
               "model, or --vocab_size N to train one on the inputs");
   LLM_REQUIRE(!(has_tokenizer && options.vocab_size > 0), "prepare", "--tokenizer/--vocab_size",
               "both were given; --vocab_size trains a new tokenizer, so drop one of them");
-  if (!has_tokenizer) {
+  if (has_tokenizer) {
+    std::error_code error;
+    const auto status = std::filesystem::status(options.tokenizer, error);
+    LLM_REQUIRE(std::filesystem::is_regular_file(status), options.tokenizer, "--tokenizer",
+                std::string(std::filesystem::is_directory(status) ? "is a folder"
+                            : std::filesystem::exists(status)     ? "is not a regular file"
+                                                                  : "does not exist") +
+                    "; pass a SentencePiece .model file (e.g. LLaMA's tokenizer.model) or "
+                    "--vocab_size N to train one");
+  } else {
+    LLM_REQUIRE(options.vocab_size >= kMinVocabSize && options.vocab_size <= kMaxVocabSize,
+                "prepare", "--vocab_size",
+                "expected an integer in [" + std::to_string(kMinVocabSize) + ", " +
+                    std::to_string(kMaxVocabSize) + "]: SentencePiece reserves 3 pieces "
+                    "(<unk>, <s>, </s>) and counts in int32 (got " +
+                    std::to_string(options.vocab_size) + ")");
     const std::string& type = options.model_type;
     LLM_REQUIRE(type == "bpe" || type == "unigram" || type == "char" || type == "word", "prepare",
                 "--model_type", "\"" + type + "\" is not a SentencePiece model type; use bpe, "
                 "unigram, char or word");
   }
+  check_outputs(options);
+}
+
+// SentencePiece's status text without its source location and failed condition:
+// "./src/trainer_interface.cc(660) [a == b] Vocabulary size too high (40)." -> the sentence, and ""
+// when there is nothing but the condition (its internals say nothing a user can act on).
+std::string sentencepiece_text(const sentencepiece::util::Status& status) {
+  std::string text = status.message();
+  const std::string location = text.substr(0, text.find(' '));  // "./src/x.cc(660)" when there is one
+  if (location.find(".cc(") != std::string::npos && location.back() == ')') {
+    const size_t open = text.find(" [");
+    const size_t close = open == std::string::npos ? std::string::npos : text.find("] ", open);
+    text = close == std::string::npos ? "" : text.substr(close + 2);
+  }
+  while (!text.empty() && (text.back() == ' ' || text.back() == '.')) text.pop_back();
+  return text;
+}
+
+// The number after `marker` in text, or -1.
+int64_t number_after(const std::string& text, const std::string& marker) {
+  const size_t at = text.find(marker);
+  if (at == std::string::npos) return -1;
+  try {
+    return std::stoll(text.substr(at + marker.size()));
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+// SentencePiece's training failures as ours: which flag, which files, what to change.
+[[noreturn]] void fail_tokenizer_training(const PrepareOptions& options,
+                                          const sentencepiece::util::Status& status) {
+  const std::string inputs = describe_inputs(options.inputs);
+  const std::string text = sentencepiece_text(status);
+  const std::string asked = std::to_string(options.vocab_size);
+  if (const int64_t most = number_after(text, "set it to a value <= "); most >= 0)
+    fail_user(inputs, "--vocab_size",
+              asked + " pieces is more than a " + options.model_type + " tokenizer can learn from "
+              "this text: SentencePiece finds at most " + std::to_string(most) +
+              "; pass --vocab_size " + std::to_string(most) + " or less, or give more text");
+  if (const size_t at = text.find("required_chars"); at != std::string::npos) {
+    const int64_t needed = number_after(text, " vs ");
+    fail_user(inputs, "--vocab_size",
+              asked + " pieces is fewer than this text needs: its distinct characters and 3 "
+              "special pieces make " + (needed > 0 ? std::to_string(needed) : std::string("more")) +
+              "; pass a larger --vocab_size (and more for merges)");
+  }
+  if (std::string(status.message()).find("sentences_.empty()") != std::string::npos)  // no sentence, a check
+    fail_user(inputs, "--input",
+              "holds no text to train a tokenizer on (only blank lines); fill the files with text");
+  fail_user(inputs, "--vocab_size",
+            "SentencePiece could not train a " + options.model_type + " tokenizer of " + asked +
+            " pieces on this text" + (text.empty() ? "" : " (" + text + ")") +
+            "; check --vocab_size and --model_type, or give more text");
 }
 
 // Trains a tokenizer on the inputs and writes it to OUTPUT.model (through a .tmp and a rename).
@@ -214,10 +377,7 @@ std::string train_tokenizer(const PrepareOptions& options) {
   std::string serialized_model;
   const auto status =
       sentencepiece::SentencePieceTrainer::Train(arguments, &sentences, &serialized_model);
-  if (!status.ok())
-    fail_user("prepare", "tokenizer training",
-              std::string(status.message()) + "; with little text lower --vocab_size (every "
-              "piece must be seen in the text), or give more text");
+  if (!status.ok()) fail_tokenizer_training(options, status);
 
   const std::string temporary_path = model_path + ".tmp";
   {
@@ -265,11 +425,15 @@ int64_t encode_file(const sentencepiece::SentencePieceProcessor& processor,
 #pragma omp parallel for schedule(dynamic, 64)
     for (int64_t i = 0; i < count; ++i) {
       const auto encoded = processor.Encode(pieces[i], &piece_ids[i]);
-      if (!encoded.ok()) piece_errors[i] = encoded.message();
+      if (!encoded.ok()) {
+        const std::string text = sentencepiece_text(encoded);
+        piece_errors[i] = text.empty() ? "its encoder failed" : text;
+      }
     }
     for (int64_t i = 0; i < count; ++i) {
       if (!piece_errors[i].empty())
-        fail_user(input, "encode", piece_errors[i] + "; is the file UTF-8 text?");
+        fail_user(input, "--input", "SentencePiece cannot encode it (" + piece_errors[i] +
+                                        "); is the file UTF-8 text?");
       pending.insert(pending.end(), piece_ids[i].begin(), piece_ids[i].end());
       document_has_tokens = document_has_tokens || !piece_ids[i].empty();
       if (piece_ends_line[i] && document_has_tokens) {
@@ -292,21 +456,20 @@ PrepareResult prepare_token_file(const PrepareOptions& options) {
       options.tokenizer.empty() ? train_tokenizer(options) : options.tokenizer;
 
   const std::string& tokenizer_path = result.tokenizer_path;
-  LLM_REQUIRE(std::filesystem::is_regular_file(tokenizer_path), tokenizer_path, "--tokenizer",
-              "does not exist; pass a SentencePiece .model file (e.g. LLaMA's tokenizer.model) or "
-              "--vocab_size N to train one");
   sentencepiece::SentencePieceProcessor processor;
   const auto loaded = processor.Load(tokenizer_path);
   if (!loaded.ok())
     fail_user(tokenizer_path, "--tokenizer",
-              "is not a SentencePiece model (" + std::string(loaded.message()) + "); pass a "
+              "is not a SentencePiece model" +
+                  (sentencepiece_text(loaded).empty() ? "" : " (" + sentencepiece_text(loaded) + ")") +
+                  "; pass a "
               "SentencePiece .model file (a HF tokenizer.json is not one), or --vocab_size N to "
               "train one");
   result.vocab_size = processor.GetPieceSize();
   TokenFileWriter writer(options.output, result.vocab_size);
   for (const std::string& input : options.inputs) {
     const int64_t tokens_of_input = encode_file(processor, input, writer);
-    LLM_REQUIRE(tokens_of_input > 0, input, "input",
+    LLM_REQUIRE(tokens_of_input > 0, input, "--input",
                 "holds no text (only blank lines); remove it from the inputs or fill it with text");
     log::info("prepare: " + input + ": " + std::to_string(tokens_of_input) + " tokens");
   }

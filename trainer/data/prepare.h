@@ -4,6 +4,12 @@
 // the text; with --vocab_size N a new model is trained on the text first and saved beside the output
 // (OUTPUT.model). Documents are separated by the tokenizer's EOS id (or by nothing when it has none).
 // A held-out split needs no separate file: the sampler takes the tail of the token file.
+//
+// Nothing is overwritten by surprise: an existing --output (or OUTPUT.model) is replaced only with
+// --overwrite, and an output that is one of the inputs or the --tokenizer is refused always (it
+// would be destroyed while it is still being read). Inputs must be text: the first bytes of each are
+// checked for NUL bytes and invalid UTF-8 before anything is trained or written. SentencePiece's own
+// failures come back as our errors, naming the flag and the files and saying what to change.
 #pragma once
 
 #include <cstdint>
@@ -18,7 +24,14 @@ struct PrepareOptions {
   std::string tokenizer;            // existing .model, or empty to train one
   int64_t vocab_size = 0;           // when training a tokenizer
   std::string model_type = "bpe";   // sentencepiece model type when training
+  bool overwrite = false;           // replace an existing output (and OUTPUT.model)
 };
+
+// --vocab_size when training: SentencePiece reserves 3 pieces (<unk>, <s>, </s>) and counts in int32.
+constexpr int64_t kMinVocabSize = 4;
+constexpr int64_t kMaxVocabSize = 2147483647;
+// Bytes at the start of each input checked to be UTF-8 text.
+constexpr size_t kTextProbeBytes = 64 * 1024;
 
 struct PrepareResult {
   int64_t num_tokens = 0;

@@ -6,7 +6,10 @@
 //   OUT/memory/*.svg       per run, each rank's memory over the peak step stacked by category;
 //                          for all runs, the peak per rank per run
 // Hand-written SVG (trainer/memory/svg.h), no dependencies. A missing folder, a folder without
-// metrics.jsonl or without memory ledgers is a UserError naming it (exit 2).
+// metrics.jsonl or without memory ledgers is a UserError naming it (exit 2); so is a damaged file,
+// named with its line: empty or truncated, a line that is not a JSON object, a field of the wrong
+// type, a world size below 1, a negative byte count, a ledger without a step or with a peak of 0 (a
+// report of such a run would hold nonsense percentages).
 #pragma once
 
 #include <string>

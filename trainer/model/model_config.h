@@ -49,8 +49,9 @@ struct ModelConfig {
   nlohmann::json to_json() const;
 };
 
-// Throws UserError: missing or unreadable file, malformed JSON (with nlohmann's line and column),
-// unknown keys, missing required keys, wrong types, non-positive sizes, hidden size not divisible by
+// Throws UserError: missing or unreadable file, not a regular file (a folder, /dev/null, a FIFO), an
+// empty file, malformed JSON (with nlohmann's line and column), a key given twice in one object
+// (which JSON readers would silently resolve to one of them), unknown keys, missing required keys, wrong types, non-positive sizes, hidden size not divisible by
 // heads, heads not divisible by kv heads, odd head_dim (RoPE), unsupported hidden_act / rope_scaling.
 // Every message reads "SOURCE: KEY: what is expected (got X)".
 ModelConfig load_model_config(const std::string& path);
