@@ -8,11 +8,10 @@
 #include <algorithm>
 #include <fstream>
 
-#include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include "tests/run_comparison.h"
 #include "tests/test_util.h"
-#include "trainer/checkpoint.h"
 
 namespace llm {
 namespace {
@@ -37,11 +36,6 @@ std::string run_flags(const CheckpointingCase& c, const std::filesystem::path& d
          (dir / "ckpt").string() + " --run_dir " + (dir / "run").string();
 }
 
-std::string launcher(int ranks) {
-  return ranks == 1 ? "OMP_NUM_THREADS=1 " + testing::trainer_binary().string()
-                    : testing::mpirun(ranks) + testing::trainer_binary().string();
-}
-
 // The largest activation bytes any point of rank `rank`'s ledger recorded in training.
 int64_t max_training_activations(const std::filesystem::path& run_dir, int rank) {
   std::ifstream in(run_dir / ("memory.rank" + std::to_string(rank) + ".jsonl"));
@@ -60,32 +54,12 @@ class ActivationCheckpointing : public ::testing::TestWithParam<CheckpointingCas
 TEST_P(ActivationCheckpointing, EqualsTheRunWithoutItBitwise) {
   const CheckpointingCase& c = GetParam();
   ScratchDir plain_dir("ac_off_" + c.name), recomputed_dir("ac_on_" + c.name);
-  auto plain = run_command(launcher(c.ranks) + run_flags(c, plain_dir.path()));
+  auto plain = run_command(testing::trainer_launcher(c.ranks) + run_flags(c, plain_dir.path()));
   ASSERT_EQ(plain.exit_code, 0) << plain.output;
-  auto recomputed = run_command(launcher(c.ranks) + run_flags(c, recomputed_dir.path()) + " " + c.checkpointing);
+  auto recomputed = run_command(testing::trainer_launcher(c.ranks) + run_flags(c, recomputed_dir.path()) + " " +
+                                c.checkpointing);
   ASSERT_EQ(recomputed.exit_code, 0) << recomputed.output;
-
-  const auto plain_steps = testing::read_metrics_events(plain_dir / "run", "train");
-  const auto steps = testing::read_metrics_events(recomputed_dir / "run", "train");
-  ASSERT_EQ(plain_steps.size(), 4u);
-  ASSERT_EQ(steps.size(), plain_steps.size());
-  for (size_t i = 0; i < steps.size(); ++i) {
-    EXPECT_EQ(steps[i].at("loss").get<double>(), plain_steps[i].at("loss").get<double>()) << "step " << i + 1;
-    EXPECT_EQ(steps[i].at("grad_norm").get<double>(), plain_steps[i].at("grad_norm").get<double>()) << "step " << i + 1;
-  }
-  const auto plain_eval = testing::read_metrics_events(plain_dir / "run", "eval");
-  const auto eval = testing::read_metrics_events(recomputed_dir / "run", "eval");
-  ASSERT_EQ(eval.size(), plain_eval.size());
-  for (size_t i = 0; i < eval.size(); ++i)
-    EXPECT_EQ(eval[i].at("eval_loss").get<double>(), plain_eval[i].at("eval_loss").get<double>());
-  const Checkpoint expected = load_checkpoint((plain_dir / "ckpt/step_4").string());
-  const Checkpoint actual = load_checkpoint((recomputed_dir / "ckpt/step_4").string());
-  ASSERT_EQ(actual.model.size(), expected.model.size());
-  for (const auto& [name, tensor] : expected.model)
-    EXPECT_TRUE(at::equal(actual.model.at(name), tensor)) << "parameter " << name;
-  ASSERT_EQ(actual.optimizer.size(), expected.optimizer.size());
-  for (const auto& [key, tensor] : expected.optimizer)
-    EXPECT_TRUE(at::equal(actual.optimizer.at(key), tensor)) << "optimizer " << key;
+  testing::expect_same_run(plain_dir.path(), recomputed_dir.path(), 4);
 
   // What it is for: the activations held at the ledger's points fall on every rank.
   for (int r = 0; r < c.ranks; ++r)

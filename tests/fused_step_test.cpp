@@ -5,14 +5,8 @@
 // combination with clipping (and with offload) is refused at start-up with the reason.
 #include <gtest/gtest.h>
 
-#include <algorithm>
-#include <fstream>
-
-#include <ATen/ATen.h>
-#include <nlohmann/json.hpp>
-
+#include "tests/run_comparison.h"
 #include "tests/test_util.h"
-#include "trainer/checkpoint.h"
 
 namespace llm {
 namespace {
@@ -40,58 +34,22 @@ std::string run_flags(const FusedCase& c, const std::filesystem::path& dir) {
          (dir / "ckpt").string() + " --run_dir " + (dir / "run").string();
 }
 
-std::string launcher(int ranks) {
-  return ranks == 1 ? "OMP_NUM_THREADS=1 " + testing::trainer_binary().string()
-                    : testing::mpirun(ranks) + testing::trainer_binary().string();
-}
-
-// The end summary's largest value of a category on rank `rank`.
-int64_t summary_max(const std::filesystem::path& run_dir, int rank, const char* category) {
-  std::ifstream in(run_dir / ("memory.rank" + std::to_string(rank) + ".jsonl"));
-  for (std::string line; std::getline(in, line);) {
-    const nlohmann::json record = nlohmann::json::parse(line);
-    if (record.at("event") == "end") return record.at("summary").at("max").at(category).get<int64_t>();
-  }
-  return -1;
-}
-
 class FusedStep : public ::testing::TestWithParam<FusedCase> {};
 
 TEST_P(FusedStep, EqualsTheUnfusedStepBitwiseWithoutClipping) {
   const FusedCase& c = GetParam();
   ScratchDir plain_dir("fused_off_" + c.name), fused_dir("fused_on_" + c.name);
-  auto plain = run_command(launcher(c.ranks) + run_flags(c, plain_dir.path()));
+  auto plain = run_command(testing::trainer_launcher(c.ranks) + run_flags(c, plain_dir.path()));
   ASSERT_EQ(plain.exit_code, 0) << plain.output;
-  auto fused = run_command(launcher(c.ranks) + run_flags(c, fused_dir.path()) + " --fuse_optimizer_with_backward");
+  auto fused = run_command(testing::trainer_launcher(c.ranks) + run_flags(c, fused_dir.path()) +
+                           " --fuse_optimizer_with_backward");
   ASSERT_EQ(fused.exit_code, 0) << fused.output;
-
-  const auto plain_steps = testing::read_metrics_events(plain_dir / "run", "train");
-  const auto steps = testing::read_metrics_events(fused_dir / "run", "train");
-  ASSERT_EQ(plain_steps.size(), 4u);
-  ASSERT_EQ(steps.size(), plain_steps.size());
-  for (size_t i = 0; i < steps.size(); ++i) {
-    EXPECT_EQ(steps[i].at("loss").get<double>(), plain_steps[i].at("loss").get<double>()) << "step " << i + 1;
-    EXPECT_EQ(steps[i].at("grad_norm").get<double>(), plain_steps[i].at("grad_norm").get<double>()) << "step " << i + 1;
-    EXPECT_EQ(steps[i].at("lr").get<double>(), plain_steps[i].at("lr").get<double>()) << "step " << i + 1;
-  }
-  const auto plain_eval = testing::read_metrics_events(plain_dir / "run", "eval");
-  const auto eval = testing::read_metrics_events(fused_dir / "run", "eval");
-  ASSERT_EQ(eval.size(), plain_eval.size());
-  for (size_t i = 0; i < eval.size(); ++i)
-    EXPECT_EQ(eval[i].at("eval_loss").get<double>(), plain_eval[i].at("eval_loss").get<double>());
-  const Checkpoint expected = load_checkpoint((plain_dir / "ckpt/step_4").string());
-  const Checkpoint actual = load_checkpoint((fused_dir / "ckpt/step_4").string());
-  ASSERT_EQ(actual.model.size(), expected.model.size());
-  for (const auto& [name, tensor] : expected.model)
-    EXPECT_TRUE(at::equal(actual.model.at(name), tensor)) << "parameter " << name;
-  ASSERT_EQ(actual.optimizer.size(), expected.optimizer.size());
-  for (const auto& [key, tensor] : expected.optimizer)
-    EXPECT_TRUE(at::equal(actual.optimizer.at(key), tensor)) << "optimizer " << key;
+  testing::expect_same_run(plain_dir.path(), fused_dir.path(), 4);
 
   // The gradient shards of all units never coexist: the category's largest value falls.
   for (int r = 0; r < c.ranks; ++r) {
-    const int64_t fused_max = summary_max(fused_dir / "run", r, "gradients");
-    const int64_t plain_max = summary_max(plain_dir / "run", r, "gradients");
+    const int64_t fused_max = testing::ledger_summary_max(fused_dir / "run", r, "gradients");
+    const int64_t plain_max = testing::ledger_summary_max(plain_dir / "run", r, "gradients");
     if (c.gradient_peak_falls)
       EXPECT_LT(fused_max, plain_max) << "rank " << r;
     else

@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include "tests/run_comparison.h"
 #include "tests/test_util.h"
 #include "trainer/checkpoint.h"
 
@@ -35,11 +36,6 @@ std::string run_flags(const OffloadCase& c, const std::filesystem::path& dir, in
          " --total_batch_size " + std::to_string(kGlobalBatch) + " --batch_size " +
          std::to_string(kGlobalBatch / c.ranks / 2) + " " + c.flags + " --save_dir " + (dir / "ckpt").string() +
          " --run_dir " + (dir / "run").string();
-}
-
-std::string launcher(int ranks) {
-  return ranks == 1 ? "OMP_NUM_THREADS=1 " + testing::trainer_binary().string()
-                    : testing::mpirun(ranks) + testing::trainer_binary().string();
 }
 
 void expect_identical(const Checkpoint& actual, const Checkpoint& expected, const std::string& what) {
@@ -67,30 +63,16 @@ class OffloadEquivalence : public ::testing::TestWithParam<OffloadCase> {};
 TEST_P(OffloadEquivalence, EqualsTheStepWithoutOffloadBitwise) {
   const OffloadCase& c = GetParam();
   ScratchDir plain_dir("offload_off_" + c.name), offload_dir("offload_on_" + c.name);
-  auto plain = run_command(launcher(c.ranks) + run_flags(c, plain_dir.path()));
+  auto plain = run_command(testing::trainer_launcher(c.ranks) + run_flags(c, plain_dir.path()));
   ASSERT_EQ(plain.exit_code, 0) << plain.output;
-  auto offloaded = run_command(launcher(c.ranks) + run_flags(c, offload_dir.path()) + " --offload optimizer");
+  auto offloaded = run_command(testing::trainer_launcher(c.ranks) + run_flags(c, offload_dir.path()) +
+                               " --offload optimizer");
   ASSERT_EQ(offloaded.exit_code, 0) << offloaded.output;
-
-  const auto plain_steps = testing::read_metrics_events(plain_dir / "run", "train");
-  const auto offload_steps = testing::read_metrics_events(offload_dir / "run", "train");
-  ASSERT_EQ(plain_steps.size(), 6u);
-  ASSERT_EQ(offload_steps.size(), plain_steps.size());
+  testing::expect_same_run(plain_dir.path(), offload_dir.path(), 6);
   bool clipped = false;
-  for (size_t i = 0; i < plain_steps.size(); ++i) {
-    EXPECT_EQ(offload_steps[i].at("loss").get<double>(), plain_steps[i].at("loss").get<double>()) << "step " << i + 1;
-    EXPECT_EQ(offload_steps[i].at("grad_norm").get<double>(), plain_steps[i].at("grad_norm").get<double>())
-        << "step " << i + 1;
-    clipped = clipped || plain_steps[i].at("grad_norm").get<double>() > 0.05;
-  }
+  for (const nlohmann::json& step : testing::read_metrics_events(plain_dir / "run", "train"))
+    clipped = clipped || step.at("grad_norm").get<double>() > 0.05;
   EXPECT_TRUE(clipped) << "the case is meant to clip";
-  const auto plain_eval = testing::read_metrics_events(plain_dir / "run", "eval");
-  const auto offload_eval = testing::read_metrics_events(offload_dir / "run", "eval");
-  ASSERT_EQ(offload_eval.size(), plain_eval.size());
-  for (size_t i = 0; i < plain_eval.size(); ++i)
-    EXPECT_EQ(offload_eval[i].at("eval_loss").get<double>(), plain_eval[i].at("eval_loss").get<double>());
-  expect_identical(load_checkpoint((offload_dir / "ckpt/step_6").string()),
-                   load_checkpoint((plain_dir / "ckpt/step_6").string()), c.name);
 
   // The ledger: no optimizer state on the device with offload, all of it (and the masters) on the host.
   for (int r = 0; r < c.ranks; ++r) {
@@ -132,9 +114,9 @@ INSTANTIATE_TEST_SUITE_P(Cases, OffloadEquivalence, ::testing::ValuesIn(kCases),
 TEST(OffloadResume, ResumesExactlyFromAnOffloadedCheckpoint) {
   const OffloadCase c{"resume", 2, "--optimizer adamw --lr 1e-2 --offload optimizer --save_every 3"};
   ScratchDir whole("offload_whole"), split("offload_split");
-  auto full = run_command(launcher(2) + run_flags(c, whole.path()));
+  auto full = run_command(testing::trainer_launcher(2) + run_flags(c, whole.path()));
   ASSERT_EQ(full.exit_code, 0) << full.output;
-  auto resumed = run_command(launcher(2) + run_flags(c, split.path()) + " --continue_from " +
+  auto resumed = run_command(testing::trainer_launcher(2) + run_flags(c, split.path()) + " --continue_from " +
                              (whole / "ckpt/step_3").string());
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   const auto whole_steps = testing::read_metrics_events(whole / "run", "train");

@@ -1,0 +1,22 @@
+// Two trainer runs that must be one and the same run, bit for bit: what the equivalence tests of
+// offload, activation checkpointing and the fused optimizer step check.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+namespace llm::testing {
+
+// The trainer binary for `ranks` ranks: alone with one thread, or under mpirun.
+std::string trainer_launcher(int ranks);
+
+// Each folder holds a run's run/ (--run_dir) and ckpt/ (--save_dir). Every train step's loss,
+// gradient norm and lr, every eval loss, and the parameters and optimizer state of ckpt/step_<steps>
+// are the same bits in both; `steps` train steps each.
+void expect_same_run(const std::filesystem::path& expected, const std::filesystem::path& actual, size_t steps);
+
+// The end summary's largest value of a ledger category ("gradients", "activations", ...) on `rank`.
+int64_t ledger_summary_max(const std::filesystem::path& run_dir, int rank, const std::string& category);
+
+}  // namespace llm::testing
