@@ -162,6 +162,22 @@ TEST(EstimateCommand, BadInputIsExitTwo) {
   EXPECT_NE(unknown.output.find("--no_such_flag"), std::string::npos) << unknown.output;
 }
 
+TEST(EstimateCommand, AnAbsurdBatchIsRefusedNotWrapped) {
+  // 10^12 sequences of 256 tokens: the byte counts would pass int64 and print a wrapped figure.
+  auto absurd = run_command(testing::trainer_binary().string() + " estimate --config " +
+                            (testing::source_dir() / "configs/llama_60m.json").string() +
+                            " --batch_size 1000000000000 --max_length 256 --world_size 1");
+  EXPECT_EQ(absurd.exit_code, 2) << absurd.output;
+  EXPECT_NE(absurd.output.find("--batch_size: --batch_size 1000000000000 x --max_length 256"), std::string::npos)
+      << absurd.output;
+  EXPECT_NE(absurd.output.find("exbibyte"), std::string::npos) << absurd.output;
+  // A large but countable batch is still estimated.
+  auto large = run_command(testing::trainer_binary().string() + " estimate --config " +
+                           (testing::source_dir() / "configs/llama_60m.json").string() +
+                           " --batch_size 100000 --max_length 256 --world_size 1 --json");
+  EXPECT_EQ(large.exit_code, 0) << large.output;
+}
+
 TEST(EstimateCommand, SevenBillionOnFourCardsSaysWhetherItFits) {
   // The question the verb exists for. A budget above the estimate fits, one below does not.
   const std::string base = testing::trainer_binary().string() + " estimate --config " +

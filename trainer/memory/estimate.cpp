@@ -625,6 +625,23 @@ MemoryEstimate estimate_memory(const ModelConfig& model, const RunConfig& run, c
   estimate.device = resolved_device(run, options);
   LLM_REQUIRE(estimate.device == "cpu" || estimate.device == "cuda", "command line", "--device",
               "the estimate is for cpu or cuda (got \"" + estimate.device + "\")");
+  // The simulation counts bytes in int64: a run whose activations and weights pass an exbibyte (no
+  // machine has one) would wrap. A generous upper bound in long double decides first: every
+  // layer's fp32 saved bytes and three logits-sized tensors per token, 20 bytes per parameter.
+  const long double tokens = static_cast<long double>(run.data.batch_size) * static_cast<long double>(run.data.max_length);
+  const long double per_token =
+      4.0L * (3.0L * model.vocab_size +
+              static_cast<long double>(model.num_hidden_layers) *
+                  (8.0L * model.hidden_size + 2.0L * model.num_key_value_heads * model.head_dim() +
+                   4.0L * model.intermediate_size + model.num_attention_heads + 2.0L));
+  const long double bound = tokens * per_token + 20.0L * static_cast<long double>(model.num_parameters());
+  if (bound > 0x1p60L)
+    fail_user("command line", "--batch_size",
+              "--batch_size " + std::to_string(run.data.batch_size) + " x --max_length " +
+                  std::to_string(run.data.max_length) + " tokens per micro-batch of " + model.name +
+                  " needs more than an exbibyte (2^60 bytes) per rank, which the estimate does not count to and "
+                  "no machine has: lower --batch_size or --max_length (gradient accumulation, "
+                  "--total_batch_size, keeps the global batch)");
   const std::vector<UnitSpec> units = describe_units(model);
   const Model shape(model, run);
   for (int rank = 0; rank < options.world_size; ++rank) {
