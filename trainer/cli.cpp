@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <sstream>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -105,6 +106,47 @@ Command parse_command_line(int argc, const char* const* argv) {
   };
   add(app.add_option("--config", run.config_path,
                      "model config: HF LlamaConfig JSON (required), e.g. configs/llama_60m.json"));
+  // GaLore's and AdamW-SN's torchrun_main spellings (README "Command lines from GaLore and
+  // AdamW-SN"): kept apart from ours so parse_command_line knows such a command line was given.
+  std::string model_config;
+  double beta1 = 0;
+  int64_t max_train_tokens = 0;
+  bool single_gpu = false, use_subset_norm_heuristics = false;
+  std::vector<CLI::Option*> reference_flags = {
+      add(app.add_option("--model_config", model_config, "GaLore's name for --config")),
+      add(app.add_option("--beta1", beta1, "AdamW-SN's name for --adam_beta1")),
+      add(app.add_option("--gradient_accumulation", run.data.gradient_accumulation_given,
+                         "micro-batches per optimizer step: --total_batch_size = batch_size * ranks * N")),
+      add(app.add_option_function<std::string>(
+          "--max_train_tokens",
+          [&max_train_tokens](const std::string& text) {
+            // GaLore's spelling: an integer with an optional M (10^6) or B (10^9) suffix.
+            const int64_t scale = text.empty() ? 1 : text.back() == 'M' ? 1'000'000 : text.back() == 'B' ? 1'000'000'000 : 1;
+            const std::string digits = scale == 1 ? text : text.substr(0, text.size() - 1);
+            const bool ok = !digits.empty() && digits.size() <= 12 &&
+                            std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+            if (!ok || std::stoll(digits) == 0)
+              fail_user(kCommandLine, "--max_train_tokens",
+                        "expected a number of tokens >= 1, digits with an optional M or B suffix, as 100M or "
+                        "1B (got \"" + text + "\")");
+            max_train_tokens = std::stoll(digits) * scale;
+          },
+          "tokens to train on (100M, 1B): sets --num_training_steps = ceil(tokens / (total_batch_size * "
+          "max_length))")),
+      add(app.add_flag("--single_gpu", single_gpu, "GaLore's flag: accepted, nothing to do (a world of one)")),
+      add(app.add_flag("--use_subset_norm_heuristics", use_subset_norm_heuristics,
+                       "AdamW-SN's name for --subset_size heuristics")),
+      add(app.add_option("--name", run.logging.name, "run name, recorded in metrics.jsonl (GaLore's wandb name)")),
+      add(app.add_option_function<std::string>(
+          "--tags",
+          [&run](const std::string& text) {
+            run.logging.tags.clear();
+            std::stringstream list(text);
+            for (std::string tag; std::getline(list, tag, ',');) run.logging.tags.push_back(tag);
+          },
+          "comma-separated tags, recorded in metrics.jsonl (GaLore's wandb tags)")),
+  };
+  optimizer_flags.emplace_back(app.get_option("--use_subset_norm_heuristics"), "adamw_sn");
   add(app.add_option("--lr", run.optimizer.lr, "peak learning rate")->capture_default_str());
   add(app.add_option("--batch_size", run.data.batch_size, "micro-batch per rank, in sequences")
           ->capture_default_str());
@@ -172,6 +214,8 @@ Command parse_command_line(int argc, const char* const* argv) {
                     "with bfloat16: pure bf16 weights (as GaLore) or mixed (fp32 master weights)"));
   add(app.add_option("--optimizer", run.optimizer.name,
                      "adamw (torch.optim.AdamW), adamw_sn (subset-norm) or galore_adamw (GaLore)")
+          ->check(CLI::Validator(
+              [](std::string& name) { return unknown_optimizer_reason(name); }, "", "known optimizer"))
           ->capture_default_str());
   for_optimizer("adamw_sn",
       app.add_option_function<std::string>(
@@ -393,6 +437,73 @@ Command parse_command_line(int argc, const char* const* argv) {
               format_number(node_memory_gib));
       command.estimate.node_memory_gib = node_memory_gib;
     }
+  }
+
+  // GaLore's and AdamW-SN's spellings mean ours; where their defaults differ from ours, the command
+  // line keeps our meaning and the user is told (README "Command lines from GaLore and AdamW-SN").
+  auto both_given = [&](const char* theirs, const char* ours) {
+    fail_user(kCommandLine, std::string(theirs) + " / " + ours,
+              std::string("the same setting given twice under two names, with different values; give one"));
+  };
+  if (app.count("--model_config") > 0) {
+    if (app.count("--config") > 0 && run.config_path != model_config) both_given("--model_config", "--config");
+    run.config_path = model_config;
+  }
+  if (app.count("--beta1") > 0) {
+    if (app.count("--adam_beta1") > 0 && run.optimizer.adam_beta1 != beta1) both_given("--beta1", "--adam_beta1");
+    run.optimizer.adam_beta1 = beta1;
+  }
+  if (use_subset_norm_heuristics) {
+    if (app.count("--subset_size") > 0 && run.optimizer.subset_size != 0)
+      both_given("--use_subset_norm_heuristics", "--subset_size");
+    run.optimizer.subset_size = 0;
+  }
+  if (app.count("--gradient_accumulation") > 0 && run.data.gradient_accumulation_given < 1)
+    fail_user(kCommandLine, "--gradient_accumulation",
+              "expected an integer >= 1: micro-batches per optimizer step (got " +
+                  std::to_string(run.data.gradient_accumulation_given) + ")");
+  run.max_train_tokens = max_train_tokens;
+  const bool reference_command_line = std::any_of(reference_flags.begin(), reference_flags.end(),
+                                                  [](const CLI::Option* flag) { return flag->count() > 0; });
+  auto warn = [&](const std::string& text) { command.warnings.push_back(std::string(kCommandLine) + ": " + text); };
+  const char* theirs = "GaLore's and AdamW-SN's torchrun_main";
+  if (single_gpu)
+    warn("--single_gpu: accepted and ignored; the world here is the ranks mpirun starts, and one rank (no "
+         "mpirun) is a single-GPU run with no flag");
+  if (max_train_tokens > 0)
+    warn("--max_train_tokens " + std::to_string(max_train_tokens) + ": --num_training_steps becomes ceil(tokens / "
+         "(total_batch_size * max_length))" + (app.count("--num_training_steps") > 0 ? ", replacing the one given" : "") +
+         "; GaLore's divides by total_batch_size only (sequences, not tokens), which gives max_length times "
+         "more steps: pass --num_training_steps for its count");
+  if (dtype.value() == DType::bfloat16 && app.count("--precision") == 0)
+    warn("--dtype bfloat16 without --precision: mixed here (fp32 weights, bf16 autocast); GaLore's and "
+         "AdamW-SN's --dtype bfloat16 is pure bf16 (the model cast to bf16): add --precision pure for bf16 "
+         "weights (updated through fp32 master copies here)");
+  if (app.count("--grad_clipping") == 0 && (reference_command_line || run.optimizer.name == "galore_adamw"))
+    warn("--grad_clipping not given: the gradient norm is clipped to " + format_number(run.optimizer.grad_clipping) +
+         " here; " + theirs + " default to 0 (no clipping): pass --grad_clipping 0 for theirs");
+  if (reference_command_line) {
+    // Defaults that differ from the references', for flags their command lines leave out.
+    struct Default { const char* flag; std::string here, there; };
+    const Default defaults[] = {
+        {"--dtype", to_string(dtype.value()), "bfloat16 (pure) where the GPU supports it"},
+        {"--max_length", std::to_string(run.data.max_length), "256"},
+        {"--lr", format_number(run.optimizer.lr), "1e-4"},
+        {"--num_training_steps", std::to_string(run.num_training_steps), "10000"},
+        {"--warmup_steps", "min(20, num_training_steps / 10)", "1000"},
+        {"--eval_every", std::to_string(run.data.eval_every), "5000"},
+    };
+    for (const Default& entry : defaults)
+      if (app.count(entry.flag) == 0 && !(max_train_tokens > 0 && std::string(entry.flag) == "--num_training_steps"))
+        warn(std::string(entry.flag) + " not given: " + entry.here + " here; " + theirs + " default to " +
+             entry.there + ": pass " + entry.flag + " for theirs");
+    if (run.optimizer.name == "adamw_sn" && app.count("--subset_size") == 0 && !use_subset_norm_heuristics)
+      warn("--optimizer adamw_sn without --subset_size or --use_subset_norm_heuristics: heuristics here (one "
+           "subset per row or column); AdamW-SN's torchrun_main defaults to --subset_size -2: pass "
+           "--subset_size -2 for theirs");
+    if (app.count("--beta1") > 0 && run.optimizer.name == "galore_adamw")
+      warn("--beta1 is Adam's beta1 here (AdamW-SN's meaning); GaLore's torchrun_main passes it to Adafactor "
+           "and SGD only, its galore_adamw keeps 0.9");
   }
 
   if (run.config_path.empty())

@@ -14,6 +14,12 @@
 // defaults can be overridden by appending flags (launch/train.sh passes its own --batch_size first);
 // a flag repeated with different values is reported in Command::warnings. List-valued options
 // (`prepare --input`, `report RUN_DIR...`) keep every value.
+//
+// GaLore's and AdamW-SN's torchrun_main spellings (--model_config, --beta1, --gradient_accumulation,
+// --max_train_tokens, --use_subset_norm_heuristics, --single_gpu, --name, --tags) are accepted; where
+// their defaults or meanings differ from ours (pure bf16, no clipping, max_length 256, ...), ours win
+// and Command::warnings says which flag gives theirs. Their optimizers we lack are a UserError naming
+// the nearest flags (unknown_optimizer_reason).
 #pragma once
 
 #include <string>

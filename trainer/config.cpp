@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -70,6 +71,7 @@ json RunConfig::to_json() const {
       {"gradient_accumulation", data.gradient_accumulation},
       {"max_length", data.max_length},
       {"num_training_steps", num_training_steps},
+      {"max_train_tokens", max_train_tokens},
       {"divergence_patience", divergence_patience},
       {"skip_memory_check", skip_memory_check},
       {"activation_checkpointing_every", activation_checkpointing_every},
@@ -110,6 +112,8 @@ json RunConfig::to_json() const {
       {"log_every", logging.log_every},
       {"print_config", logging.print_config},
       {"memory_snapshot", logging.memory_snapshot},
+      {"name", logging.name},
+      {"tags", logging.tags},
   };
 }
 
@@ -141,6 +145,7 @@ RunConfig run_config_from_json(const json& object, const std::string& source) {
   read("gradient_accumulation", run.data.gradient_accumulation);
   read("max_length", run.data.max_length);
   read("num_training_steps", run.num_training_steps);
+  read("max_train_tokens", run.max_train_tokens);
   read("divergence_patience", run.divergence_patience);
   read("skip_memory_check", run.skip_memory_check);
   read("activation_checkpointing_every", run.activation_checkpointing_every);
@@ -184,6 +189,8 @@ RunConfig run_config_from_json(const json& object, const std::string& source) {
   read("log_every", run.logging.log_every);
   read("print_config", run.logging.print_config);
   read("memory_snapshot", run.logging.memory_snapshot);
+  read("name", run.logging.name);
+  read("tags", run.logging.tags);
   return run;
 }
 
@@ -226,6 +233,44 @@ void validate_run_config(RunConfig& run, const ModelConfig& model, int world_siz
                   std::to_string(model.max_position_embeddings) + " from " +
                   (run.config_path.empty() ? model.name : run.config_path) + " (got " +
                   std::to_string(run.data.max_length) + ")");
+  // Batching, as GaLore's torchrun_main: total = batch_size * world_size * gradient_accumulation.
+  const int64_t sequences_per_micro_step = run.data.batch_size * world_size;
+  require_flag(run.data.total_batch_size >= 0, "--total_batch_size",
+               "0 (= batch_size * world_size) or a positive multiple of batch_size * world_size",
+               run.data.total_batch_size);
+  if (run.data.gradient_accumulation_given != 0) {
+    // GaLore's --gradient_accumulation: the total follows from it, or must agree with a given one.
+    require_flag(run.data.gradient_accumulation_given >= 1, "--gradient_accumulation",
+                 "an integer >= 1 (micro-batches per optimizer step)", run.data.gradient_accumulation_given);
+    const int64_t implied_total = sequences_per_micro_step * run.data.gradient_accumulation_given;
+    if (run.data.total_batch_size != 0 && run.data.total_batch_size != implied_total)
+      fail_user(kCommandLine, "--gradient_accumulation / --total_batch_size",
+                "disagree: --batch_size * world size * --gradient_accumulation = " +
+                    std::to_string(run.data.batch_size) + " * " + std::to_string(world_size) + " * " +
+                    std::to_string(run.data.gradient_accumulation_given) + " = " + std::to_string(implied_total) +
+                    " sequences per step, but --total_batch_size is " + std::to_string(run.data.total_batch_size) +
+                    "; give one of the two");
+    run.data.total_batch_size = implied_total;
+  }
+  if (run.data.total_batch_size == 0) run.data.total_batch_size = sequences_per_micro_step;
+  if (run.data.total_batch_size % sequences_per_micro_step != 0)
+    fail_user(kCommandLine, "--total_batch_size",
+              "expected a multiple of --batch_size * world size = " +
+                  std::to_string(run.data.batch_size) + " * " + std::to_string(world_size) + " = " +
+                  std::to_string(sequences_per_micro_step) + ", i.e. one of " +
+                  std::to_string(sequences_per_micro_step) + ", " +
+                  std::to_string(2 * sequences_per_micro_step) + ", " +
+                  std::to_string(3 * sequences_per_micro_step) +
+                  ", ... (or change --batch_size) (got " + std::to_string(run.data.total_batch_size) +
+                  ")");
+  run.data.gradient_accumulation = run.data.total_batch_size / sequences_per_micro_step;
+  if (run.max_train_tokens != 0) {
+    // GaLore's --max_train_tokens, in tokens: steps of total_batch_size * max_length tokens, rounded up.
+    require_flag(run.max_train_tokens >= 1, "--max_train_tokens", "a number of tokens >= 1 (e.g. 100M, 1B)",
+                 run.max_train_tokens);
+    const int64_t tokens_per_step = run.data.total_batch_size * run.data.max_length;
+    run.num_training_steps = (run.max_train_tokens + tokens_per_step - 1) / tokens_per_step;
+  }
   require_flag(run.num_training_steps >= 1, "--num_training_steps", "an integer >= 1",
                run.num_training_steps);
   require_flag(run.activation_checkpointing_every >= 0 && run.activation_checkpointing_every <= model.num_hidden_layers,
@@ -272,26 +317,8 @@ void validate_run_config(RunConfig& run, const ModelConfig& model, int world_siz
   require_flag(run.logging.log_every >= 1, "--log_every", "an integer >= 1", run.logging.log_every);
   require_flag(!run.logging.run_dir.empty(), "--run_dir", "a folder path", std::string("\"\""));
 
-  // Batching, as GaLore's torchrun_main: total = batch_size * world_size * gradient_accumulation.
-  const int64_t sequences_per_micro_step = run.data.batch_size * world_size;
-  require_flag(run.data.total_batch_size >= 0, "--total_batch_size",
-               "0 (= batch_size * world_size) or a positive multiple of batch_size * world_size",
-               run.data.total_batch_size);
-  if (run.data.total_batch_size == 0) run.data.total_batch_size = sequences_per_micro_step;
-  if (run.data.total_batch_size % sequences_per_micro_step != 0)
-    fail_user(kCommandLine, "--total_batch_size",
-              "expected a multiple of --batch_size * world size = " +
-                  std::to_string(run.data.batch_size) + " * " + std::to_string(world_size) + " = " +
-                  std::to_string(sequences_per_micro_step) + ", i.e. one of " +
-                  std::to_string(sequences_per_micro_step) + ", " +
-                  std::to_string(2 * sequences_per_micro_step) + ", " +
-                  std::to_string(3 * sequences_per_micro_step) +
-                  ", ... (or change --batch_size) (got " + std::to_string(run.data.total_batch_size) +
-                  ")");
-  run.data.gradient_accumulation = run.data.total_batch_size / sequences_per_micro_step;
-
-  require_flag(run.optimizer.name == "adamw" || run.optimizer.name == "adamw_sn" || run.optimizer.name == "galore_adamw",
-               "--optimizer", "one of adamw, adamw_sn, galore_adamw", "\"" + run.optimizer.name + "\"");
+  if (const std::string reason = unknown_optimizer_reason(run.optimizer.name); !reason.empty())
+    fail_user(kCommandLine, "--optimizer", reason);
   if (run.optimizer.adam_eps < 0) run.optimizer.adam_eps = run.optimizer.name == "adamw" ? 1e-8 : 1e-6;
   require_flag(std::isfinite(run.optimizer.adam_eps) && run.optimizer.adam_eps > 0, "--adam_eps",
                "a finite number > 0", run.optimizer.adam_eps);
@@ -334,6 +361,40 @@ void validate_run_config(RunConfig& run, const ModelConfig& model, int world_siz
     fail_user(kCommandLine, "--data",
               "expected \"synthetic\" or an existing token file made by `trainer prepare` (got \"" +
                   run.data.source + "\", which is not a file)");
+}
+
+std::string unknown_optimizer_reason(const std::string& name) {
+  if (name == "adamw" || name == "adamw_sn" || name == "galore_adamw") return "";
+  // GaLore's and AdamW-SN's torchrun_main choices (case-insensitive there), with the nearest here.
+  std::string lower = name;
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+  std::string nearest;
+  if (lower == "adamw" || lower == "adamw_sn" || lower == "galore_adamw")
+    nearest = "spell it in lower case, --optimizer " + lower;
+  else if (lower == "galore_adamw8bit_per_layer")
+    nearest = "GaLore's 8-bit GaLore-AdamW stepped per layer in backward is not built here (no 8-bit "
+              "states); the nearest is --optimizer galore_adamw (32-bit states) with "
+              "--fuse_optimizer_with_backward (each unit steps in backward, which needs --grad_clipping 0)";
+  else if (lower == "galore_adamw8bit")
+    nearest = "GaLore's 8-bit GaLore-AdamW is not built here (no 8-bit states); the nearest is "
+              "--optimizer galore_adamw (32-bit states)";
+  else if (lower == "adam")
+    nearest = "GaLore's adam (torch.optim.Adam, L2 weight decay) is not built here; --optimizer adamw is "
+              "the same update when --weight_decay is 0";
+  else if (lower == "adam8bit")
+    nearest = "GaLore's adam8bit (bitsandbytes' 8-bit Adam) is not built here; the nearest is --optimizer adamw";
+  else if (lower == "rmsprop_sn")
+    nearest = "AdamW-SN's RMSProp with subset-norm (no bias correction) is not built here; the nearest is "
+              "--optimizer adamw_sn --adam_beta1 0 (RMSProp-SN, with Adam's bias correction of the "
+              "second moment)";
+  else if (lower == "adamw_snsm" || lower == "adagrad_snsm" || lower == "adagrad_sn")
+    nearest = "AdamW-SN's " + lower + " (subspace momentum and/or AdaGrad accumulation) is not built here; "
+              "the nearest is --optimizer adamw_sn";
+  else if (lower == "sgd" || lower == "adagrad" || lower == "rmsprop" || lower == "adafactor" ||
+           lower == "galore_adafactor")
+    nearest = lower + " (a choice of GaLore's or AdamW-SN's torchrun_main) is not built here";
+  return "expected one of adamw, adamw_sn, galore_adamw (got \"" + name + "\")" +
+         (nearest.empty() ? std::string() : ": " + nearest);
 }
 
 void create_run_dir(const std::string& run_dir) {

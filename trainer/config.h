@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -31,6 +32,9 @@ struct DataConfig {
   int64_t batch_size = 8;            // per-rank micro-batch, sequences
   int64_t total_batch_size = 0;      // sequences per optimizer step; 0 = batch_size * world
   int64_t gradient_accumulation = 1; // derived: total / (batch_size * world)
+  // --gradient_accumulation (GaLore's flag): total = batch_size * world * N, checked against a given
+  // --total_batch_size; 0: not given, derived from the total.
+  int64_t gradient_accumulation_given = 0;
   int64_t max_length = 128;          // tokens per sequence
   double eval_fraction = 0.05;       // share of windows held out for evaluation
   int64_t eval_every = 50;           // 0 = only at the end
@@ -93,6 +97,9 @@ struct LoggingConfig {
   // CUDA only: record the caching allocator's history and write RUN_DIR/memory_snapshot.rank<R>.pickle
   // (pytorch.org/memory_viz) after the first steps; a UserError on a CPU rank.
   bool memory_snapshot = false;
+  // GaLore's wandb run name and tags (--name, --tags a,b): recorded in the run's settings only.
+  std::string name;
+  std::vector<std::string> tags;
 };
 
 // The run's settings, grouped by concern; each flag fills one field (README's flag table). JSON
@@ -100,6 +107,9 @@ struct LoggingConfig {
 struct RunConfig {
   std::string config_path;           // --config
   int64_t num_training_steps = 200;  // optimizer steps
+  // --max_train_tokens (GaLore's flag): when > 0, num_training_steps = ceil(tokens / (total_batch_size
+  // * max_length)), resolved by validate_run_config.
+  int64_t max_train_tokens = 0;
   int64_t divergence_patience = 10;  // steps of a dead or runaway run before it stops (trainer/divergence.h); 0: never
   bool skip_memory_check = false;    // --skip_memory_check: start even when the estimate says it does not fit
   // Activation checkpointing: every K-th transformer block (blocks 0, K, 2K, ...) recomputes its
@@ -132,7 +142,14 @@ RunConfig run_config_from_json(const nlohmann::json& object, const std::string& 
 // adamw_sn and galore_adamw (their HF-style references). --warmup_steps left unset becomes
 // default_warmup_steps(num_training_steps); given, it must lie in [0, num_training_steps].
 // With galore_adamw, --rank must be below the widest projected matrix's smaller dimension.
+// --gradient_accumulation N sets total_batch_size = batch_size * world * N (an error naming both
+// flags when a given --total_batch_size differs); --max_train_tokens then sets num_training_steps.
 void validate_run_config(RunConfig& run, const ModelConfig& model, int world_size);
+
+// "" for an optimizer this trainer has (adamw, adamw_sn, galore_adamw); for another, what it is and
+// the nearest flags here (GaLore's and AdamW-SN's other optimizers by name, e.g.
+// galore_adamw8bit_per_layer, rmsprop_sn, adamw_snsm).
+std::string unknown_optimizer_reason(const std::string& name);
 
 // Creates --run_dir for a training run (every rank may call it; it is a folder already when it
 // exists). A UserError naming --run_dir when the path is an existing file, passes through a file,
