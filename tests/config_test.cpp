@@ -44,6 +44,7 @@ std::string user_error_of(const std::function<void()>& action) {
   try {
     action();
   } catch (const UserError& error) {
+    testing::record_error_case("", 2, std::string("error: ") + error.what());  // in process: the test names it
     return error.what();
   } catch (const std::exception& error) {
     ADD_FAILURE() << "expected UserError, got another exception: " << error.what();
@@ -645,7 +646,11 @@ Command parse(std::vector<std::string> args) {
 }
 
 std::string parse_error(const std::vector<std::string>& args) {
-  return user_error_of([&] { parse(args); });
+  const std::string message = user_error_of([&] { parse(args); });
+  std::string command = "trainer";
+  for (const std::string& arg : args) command += " " + arg;
+  testing::record_error_case(command, 2, "error: " + message);  // a UserError is exit status 2
+  return message;
 }
 
 TEST(CliTrain, DefaultsAreRunConfigDefaults) {

@@ -48,8 +48,15 @@ struct CommandResult {
   std::string output;  // stdout and stderr together
 };
 
-// Runs a shell command, capturing its output.
+// Runs a shell command, capturing its output. A command that ends with exit status 2 (bad input) or
+// 3 (diverged) is also recorded as an error case (record_error_case).
 CommandResult run_command(const std::string& command);
+
+// With TRAINER_ERROR_CASES=FILE in the environment, appends one JSON line to FILE: the running test,
+// the input (a command line, with this build's paths shortened), the exit status and the message
+// (the output's "error:" line, else its last line). launch/errors_table.sh runs the tests so and
+// writes docs/errors.md from the lines. Without the variable: nothing.
+void record_error_case(const std::string& input, int exit_code, const std::string& output);
 
 // The records of RUN_DIR/metrics.jsonl whose "event" is `event`, in file order.
 std::vector<nlohmann::json> read_metrics_events(const std::filesystem::path& run_dir,
