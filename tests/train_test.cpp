@@ -138,6 +138,36 @@ TEST(Train, BrokenCheckpointIsAClearError) {
                                             (dir / "run").string()));
   EXPECT_EQ(result.exit_code, 2) << result.output;
   EXPECT_NE(result.output.find("model.pt"), std::string::npos) << result.output;
+  EXPECT_EQ(result.output.find("frame #"), std::string::npos) << "no C++ stack trace:\n" << result.output;
+}
+
+TEST(Train, SaveDirThatIsAFileIsRefusedBeforeTraining) {
+  ScratchDir dir("save_dir_file");
+  std::ofstream(dir / "afile") << "x";
+  for (const std::string& save_dir : {(dir / "afile").string(), (dir / "afile/below").string()}) {
+    auto result = run_command(trainer_command("--num_training_steps 2 --batch_size 2 --max_length 16 --save_dir " +
+                                              save_dir + " --run_dir " + (dir / "run").string()));
+    EXPECT_EQ(result.exit_code, 2) << result.output;
+    EXPECT_NE(result.output.find("--save_dir: expected a folder for the checkpoints"), std::string::npos)
+        << result.output;
+    EXPECT_TRUE(testing::read_metrics_events(dir / "run", "train").empty()) << "refused before the first step";
+  }
+}
+
+TEST(Train, DamagedOptimizerStateNamesTheFile) {
+  ScratchDir dir("bad_optimizer");
+  auto saved = run_command(trainer_command("--num_training_steps 2 --warmup_steps 1 --batch_size 2 --max_length 16 "
+                                           "--eval_every 0 --save_every 2 --save_dir " + (dir / "ckpt").string() +
+                                           " --run_dir " + (dir / "run").string()));
+  ASSERT_EQ(saved.exit_code, 0) << saved.output;
+  std::ofstream(dir / "ckpt/step_2/optimizer.pt", std::ios::trunc) << "garbage";
+  auto result = run_command(trainer_command("--num_training_steps 4 --warmup_steps 1 --batch_size 2 --max_length 16 "
+                                            "--eval_every 0 --continue_from " + (dir / "ckpt/step_2").string() +
+                                            " --run_dir " + (dir / "run2").string()));
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find("step_2/optimizer.pt: not a readable tensor file"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("resume from an earlier step_N folder"), std::string::npos) << result.output;
+  EXPECT_EQ(result.output.find("frame #"), std::string::npos) << "no C++ stack trace:\n" << result.output;
 }
 
 TEST(Train, DivergenceStopsWithAClearMessage) {

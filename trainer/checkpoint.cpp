@@ -28,6 +28,11 @@ std::map<std::string, at::Tensor> read_tensor_file(const fs::path& path) {
   c10::IValue value;
   try {
     value = torch::jit::pickle_load(bytes);
+  } catch (const c10::Error& error) {
+    // LibTorch's message without its C++ stack trace, which says nothing to a user.
+    fail_user(path.string(), "",
+              std::string("not a readable tensor file (") + error.what_without_backtrace() +
+                  "); the checkpoint is damaged or incomplete: resume from an earlier step_N folder");
   } catch (const std::exception& error) {
     fail_user(path.string(), "", std::string("not a readable tensor file (") + error.what() + ")");
   }

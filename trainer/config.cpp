@@ -353,6 +353,16 @@ void validate_run_config(RunConfig& run, const ModelConfig& model, int world_siz
                     " here), or --optimizer adamw");
   }
 
+  if (!run.checkpoint.save_dir.empty()) {
+    // Checkpoints are folders under it: a file on the way would fail only at the first save.
+    std::error_code error;
+    fs::path existing = run.checkpoint.save_dir;
+    while (!existing.empty() && !fs::exists(existing, error)) existing = existing.parent_path();
+    if (!existing.empty() && !fs::is_directory(existing, error))
+      fail_user(kCommandLine, "--save_dir",
+                "expected a folder for the checkpoints (created when missing), but \"" + existing.string() +
+                    "\" is a file (got \"" + run.checkpoint.save_dir + "\")");
+  }
   if (!run.checkpoint.continue_from.empty() && !fs::is_directory(run.checkpoint.continue_from))
     fail_user(kCommandLine, "--continue_from",
               "expected an existing checkpoint folder (got \"" + run.checkpoint.continue_from + "\", which " +
