@@ -66,16 +66,24 @@ int64_t device_free_bytes(c10::Device device) {
   return 0;
 }
 
-int64_t host_available_bytes() {
+namespace {
+
+// One "Key:   N kB" line of /proc/meminfo, in bytes; 0 where unreadable.
+int64_t meminfo_bytes(const std::string& wanted) {
   std::ifstream meminfo("/proc/meminfo");
   std::string key;
   int64_t kib = 0;
   while (meminfo >> key >> kib) {
-    if (key == "MemAvailable:") return kib * 1024;
+    if (key == wanted) return kib * 1024;
     meminfo.ignore(1 << 20, '\n');
   }
   return 0;
 }
+
+}  // namespace
+
+int64_t host_available_bytes() { return meminfo_bytes("MemAvailable:"); }
+int64_t host_total_bytes() { return meminfo_bytes("MemTotal:"); }
 
 DeviceMemoryStats device_memory_stats(c10::Device device) {
   DeviceMemoryStats result;

@@ -23,9 +23,10 @@ int64_t peak_memory_bytes(c10::Device device);
 // What a run may still allocate: on CUDA the device's free bytes (cudaMemGetInfo, before this
 // process allocated anything: the other processes' and the context's use taken off); 0 on CPU.
 int64_t device_free_bytes(c10::Device device);
-// This machine's MemAvailable (/proc/meminfo: free memory plus what the kernel can reclaim), 0
-// where unreadable.
+// This machine's MemAvailable (/proc/meminfo: free memory plus what the kernel can reclaim) and
+// MemTotal (its RAM), 0 where unreadable.
 int64_t host_available_bytes();
+int64_t host_total_bytes();
 
 // The CUDA caching allocator's aggregate statistics (all pools). Zero on CPU.
 struct DeviceMemoryStats {

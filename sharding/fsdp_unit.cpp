@@ -88,11 +88,10 @@ ShardedUnit::ShardedUnit(std::string name, std::vector<std::pair<std::string, at
     at::NoGradGuard no_grad;
     gradients_in_shard_ = compute_dtype == at::kFloat;
     for (size_t i = 0; i < parameters_.size(); ++i) {
-      at::Tensor& parameter = parameters_[i].second;
       const ShardedParameter& row = layout_.parameters[i];
-      parameter.set_data(slice(compute_, row).view(row.full_shape));
-      if (gradients_in_shard_) parameter.mutable_grad() = slice(gradient_, row).view(row.full_shape);
+      parameters_[i].second.set_data(slice(compute_, row).view(row.full_shape));
     }
+    if (gradients_in_shard_) point_gradients_at_shard();
     return;
   }
   if (compute_dtype != at::kFloat) {
@@ -199,16 +198,25 @@ void ShardedUnit::make_gradient_transient() {
   if (gradient_transient_) return;
   gradient_transient_ = true;
   gradient_ = at::Tensor();
-  if (gradients_in_shard_)
-    for (auto& [parameter_name, parameter] : parameters_) parameter.mutable_grad() = at::Tensor();
+  if (gradients_in_shard_) drop_parameter_gradients();
 }
 
 at::Tensor ShardedUnit::take_gradient_shard() {
   if (!gradient_transient_ || !gradient_.defined() || !gradient_consumed_)
     throw std::logic_error("ShardedUnit " + name_ + ": take_gradient_shard needs a transient gradient, reduced");
-  if (gradients_in_shard_)
-    for (auto& [parameter_name, parameter] : parameters_) parameter.mutable_grad() = at::Tensor();
+  if (gradients_in_shard_) drop_parameter_gradients();
   return std::exchange(gradient_, at::Tensor());
+}
+
+void ShardedUnit::point_gradients_at_shard() {
+  for (size_t i = 0; i < parameters_.size(); ++i) {
+    const ShardedParameter& row = layout_.parameters[i];
+    parameters_[i].second.mutable_grad() = slice(gradient_, row).view(row.full_shape);
+  }
+}
+
+void ShardedUnit::drop_parameter_gradients() {
+  for (auto& [parameter_name, parameter] : parameters_) parameter.mutable_grad() = at::Tensor();
 }
 
 void ShardedUnit::prepare_gradients() {
@@ -218,10 +226,7 @@ void ShardedUnit::prepare_gradients() {
     // The step's first backward of this unit: its parameters' gradients become views of a new
     // shard, into which autograd accumulates every micro-batch.
     gradient_ = at::zeros({layout_.shard_numel}, gradient_options_);
-    for (size_t i = 0; i < parameters_.size(); ++i) {
-      const ShardedParameter& row = layout_.parameters[i];
-      parameters_[i].second.mutable_grad() = slice(gradient_, row).view(row.full_shape);
-    }
+    point_gradients_at_shard();
     gradient_consumed_ = false;
     return;
   }

@@ -153,6 +153,9 @@ class ShardedUnit {
   void fill_compute_parameters(const CollectiveStream& stream);
   // reduce_gradients() without the norm: the full gradients into the shard.
   void reduce_into_shard();
+  // A resident fp32 unit: its parameters' .grad become views of the gradient shard, or nothing.
+  void point_gradients_at_shard();
+  void drop_parameter_gradients();
 
   at::Tensor master_, compute_, gradient_;
   at::Tensor gradient_squares_;        // (1) fp32, see gradient_squares()

@@ -47,7 +47,7 @@ void ShardedModel::set_forward(size_t unit, UnitForward forward) { forwards_.at(
 
 void ShardedModel::set_recomputed_units(std::vector<bool> units) {
   if (started_) throw std::logic_error("ShardedModel: set_recomputed_units after the first forward");
-  if (!units.empty() && units.size() >= units_.size() && units_.size() > 0 && units[units_.size() - 1])
+  if (!units_.empty() && units.size() >= units_.size() && units[units_.size() - 1])
     throw std::logic_error("ShardedModel: the last unit's output is the loss's input; it cannot be recomputed");
   recomputed_ = std::move(units);
   plan_.set_recomputed(recomputed_);

@@ -160,6 +160,10 @@ class Training {
   void fused_step(size_t unit, int64_t step);
   int64_t fused_for_step_ = 0;
   double fused_lr_ = 0;
+  double lr_at(int64_t step) const;  // the schedule's lr of update `step`
+  // What to change when a run stops for a NaN or divergence: the flags and their values now (not
+  // --grad_clipping with the fused step, which refuses it).
+  std::string what_to_change() const;
 };
 
 Training::Training(const ModelConfig& model_config, const RunConfig& run, const RuntimeContext& context)
@@ -192,12 +196,8 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
     });
   sharded_.set_timer(&timer_);
   if (run.activation_checkpointing_every > 0) {
-    // Blocks 0, K, 2K, ... (units 1 .. n-2; the embedding and the head are not recomputed); the
-    // recompute runs under the forward's autocast (bf16 mixed).
-    std::vector<bool> recomputed(sharded_.unit_count(), false);
-    for (size_t u = 1; u + 1 < sharded_.unit_count(); ++u)
-      recomputed[u] = static_cast<int64_t>(u - 1) % run.activation_checkpointing_every == 0;
-    sharded_.set_recomputed_units(std::move(recomputed));
+    // The recompute runs under the forward's autocast (bf16 mixed).
+    sharded_.set_recomputed_units(recomputed_units(describe_units(model_config), run.activation_checkpointing_every));
     sharded_.set_recompute_scope([this](const std::function<void()>& recompute) {
       AutocastRegion region(device_.type(), at::kBFloat16, autocast_);
       recompute();
@@ -258,6 +258,21 @@ void Training::shard_when_built(const UnitSpec& unit, NamedTensors parameters) {
 // gradient stops the run before its unit steps (one host read of the unit's squared norm: a device
 // sync per unit on a GPU); units stepped earlier in this backward (later layers) keep their update,
 // and nothing of the step is saved.
+double Training::lr_at(int64_t step) const {
+  return run_.optimizer.lr * lr_multiplier(run_.optimizer.scheduler, step, run_.optimizer.warmup_steps.value(),
+                                           run_.num_training_steps, run_.optimizer.min_lr_ratio);
+}
+
+std::string Training::what_to_change() const {
+  std::ostringstream out;
+  out << "Lower --lr (now " << run_.optimizer.lr << "), ";
+  if (!run_.fuse_optimizer_with_backward)
+    out << "set --grad_clipping (now " << run_.optimizer.grad_clipping << (run_.optimizer.grad_clipping > 0 ? "" : ", e.g. 1.0")
+        << "), ";
+  out << "raise --warmup_steps (now " << run_.optimizer.warmup_steps.value() << "), or use --dtype float32";
+  return out.str();
+}
+
 void Training::fused_step(size_t unit, int64_t step) {
   ShardedUnit& sharded = sharded_.unit(unit);
   const double squares = sharded.gradient_squares().item<double>();
@@ -265,8 +280,8 @@ void Training::fused_step(size_t unit, int64_t step) {
     std::ostringstream message;
     message << "step " << step << ": the gradient of " << sharded.name() << " is not finite (its squared norm is "
             << squares << "); training stopped before that unit's update (the units after it, stepped earlier in "
-            << "this backward by --fuse_optimizer_with_backward, were updated; nothing of this step is saved). Lower "
-            << "--lr (now " << run_.optimizer.lr << "), raise --warmup_steps, or use --dtype float32";
+            << "this backward by --fuse_optimizer_with_backward, were updated; nothing of this step is saved). "
+            << what_to_change();
     throw TrainingError(message.str());
   }
   StepTimer::Scope timed(&timer_, StepPhase::optimizer);
@@ -283,8 +298,7 @@ StepResult Training::train_step(int64_t step) {
   const bool fused = run_.fuse_optimizer_with_backward;
   if (fused) {
     fused_for_step_ = step;
-    fused_lr_ = run_.optimizer.lr * lr_multiplier(run_.optimizer.scheduler, step, run_.optimizer.warmup_steps.value(),
-                                                  run_.num_training_steps, run_.optimizer.min_lr_ratio);
+    fused_lr_ = lr_at(step);
     device_optimizer_->begin_step();
   }
   double loss_sum = 0;
@@ -307,8 +321,7 @@ StepResult Training::train_step(int64_t step) {
     if (fused && last && !std::isfinite(loss_sum)) {
       std::ostringstream message;
       message << "step " << step << ": the loss is " << loss_sum / static_cast<double>(run_.data.gradient_accumulation)
-              << " on this rank; training stopped before the fused backward updated anything. Lower --lr (now "
-              << run_.optimizer.lr << "), raise --warmup_steps, or use --dtype float32";
+              << " on this rank; training stopped before the fused backward updated anything. " << what_to_change();
       throw TrainingError(message.str());
     }
     sharded_.backward(boundaries, loss / static_cast<double>(run_.data.gradient_accumulation), /*reduce=*/last);
@@ -326,22 +339,19 @@ StepResult Training::train_step(int64_t step) {
     if (!std::isfinite(result.loss) || !std::isfinite(result.grad_norm)) {
       std::ostringstream message;
       message << "step " << step << ": the loss is " << result.loss << " and the gradient norm " << result.grad_norm
-              << "; training stopped before the weights were corrupted. Lower --lr (now " << run_.optimizer.lr
-              << "), set --grad_clipping (now " << run_.optimizer.grad_clipping << "), raise --warmup_steps, or use --dtype float32";
+              << "; training stopped before the weights were corrupted. " << what_to_change();
       throw TrainingError(message.str());
     }
     if (const std::optional<std::string> reason = divergence_.observe(step, result.loss, result.grad_norm)) {
-      // Before this step's update and before any checkpoint of it.
+      // Before this step's update (the fused step made it in backward) and any checkpoint of it.
       std::ostringstream message;
-      message << "step " << step << ": training has diverged: " << *reason
-              << ". Stopped before this step's update. Lower --lr (now " << run_.optimizer.lr << "), set --grad_clipping (now "
-              << run_.optimizer.grad_clipping << (run_.optimizer.grad_clipping > 0 ? "" : ", e.g. 1.0")
-              << ") or raise --warmup_steps (now " << run_.optimizer.warmup_steps.value()
-              << "); --divergence_patience 0 turns this check off";
-      if (fused) message << ". (With --fuse_optimizer_with_backward this step's update was made in backward; it is not saved.)";
+      message << "step " << step << ": training has diverged: " << *reason << ". "
+              << (fused ? "This step's update, made in backward by --fuse_optimizer_with_backward, is not saved. "
+                        : "Stopped before this step's update. ")
+              << what_to_change() << "; --divergence_patience 0 turns this check off";
       throw TrainingError(message.str());
     }
-    result.lr = run_.optimizer.lr * lr_multiplier(run_.optimizer.scheduler, step, run_.optimizer.warmup_steps.value(), run_.num_training_steps, run_.optimizer.min_lr_ratio);
+    result.lr = lr_at(step);
     const double scale = clip_coefficient(result.grad_norm, run_.optimizer.grad_clipping);
     if (fused) {
       // Every unit stepped in backward (fused_step), at this lr; scale is 1 (no clipping).

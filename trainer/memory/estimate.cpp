@@ -3,11 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
-#include <limits>
 #include <sstream>
 
 #include "common/errors.h"
+#include "common/memory_stats.h"
 #include "optim/galore.h"
 #include "optim/shard_optimizer.h"
 #include "optim/subset_norm.h"
@@ -202,13 +201,7 @@ class StepSimulation {
     gathered_.assign(units_.size(), false);
     plan_ = StepPlan(static_cast<int64_t>(units_.size()),
                      resident_ ? ShardingStrategy::no_shard : m_.run.sharding.strategy, m_.run.sharding.prefetch);
-    // Activation checkpointing: blocks 0, K, 2K, ... (units 1 .. n-2), as the train loop picks them.
-    if (m_.run.activation_checkpointing_every > 0) {
-      std::vector<bool> recomputed(units_.size(), false);
-      for (size_t u = 1; u + 1 < units_.size(); ++u)
-        recomputed[u] = static_cast<int64_t>(u - 1) % m_.run.activation_checkpointing_every == 0;
-      plan_.set_recomputed(std::move(recomputed));
-    }
+    plan_.set_recomputed(recomputed_units(units, m_.run.activation_checkpointing_every));  // as the trainer
   }
 
   int64_t peak_gathered_units() const { return plan_.gathers().peak_gathered_units(); }
@@ -691,17 +684,6 @@ nlohmann::json estimate_to_json(const MemoryEstimate& estimate) {
 
 namespace {
 
-// This machine's RAM (MemTotal), or 0 where /proc/meminfo is not readable.
-int64_t this_machine_memory_bytes() {
-  std::ifstream meminfo("/proc/meminfo");
-  for (std::string key; meminfo >> key;) {
-    int64_t kib = 0;
-    if (key == "MemTotal:" && meminfo >> kib) return kib * 1024;
-    meminfo.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
-  }
-  return 0;
-}
-
 // Each node's host memory against its RAM: what --offload optimizer adds to host memory is the
 // reason a run may fit the GPUs and not the node (four ranks on one node share its RAM).
 std::string node_memory_section(const MemoryEstimate& estimate, const EstimateOptions& options) {
@@ -709,7 +691,7 @@ std::string node_memory_section(const MemoryEstimate& estimate, const EstimateOp
   int64_t largest = 0;
   for (const NodeEstimate& node : estimate.nodes) largest = std::max(largest, node.host_bytes);
   const int64_t ram = options.node_memory_gib > 0 ? static_cast<int64_t>(options.node_memory_gib * 1073741824.0)
-                                                  : this_machine_memory_bytes();
+                                                  : host_total_bytes();
   const ByteUnit unit = byte_unit_for(std::max(largest, ram));
   std::ostringstream out;
   out << "\nHost memory per node (" << estimate.nodes.front().ranks << " rank(s) per node, consecutive ranks; "

@@ -52,4 +52,12 @@ std::vector<UnitSpec> describe_units(const ModelConfig& config) {
   return units;
 }
 
+std::vector<bool> recomputed_units(const std::vector<UnitSpec>& units, int64_t every) {
+  std::vector<bool> recomputed(units.size(), false);
+  if (every <= 0) return recomputed;
+  for (size_t u = 0; u < units.size(); ++u)
+    recomputed[u] = units[u].kind == UnitKind::decoder_layer && units[u].layer % every == 0;
+  return recomputed;
+}
+
 }  // namespace llm

@@ -52,6 +52,12 @@ struct UnitSpec {
 // The units of LlamaForCausalLM for this config, in forward order.
 std::vector<UnitSpec> describe_units(const ModelConfig& config);
 
+// Activation checkpointing (--activation_checkpointing_every K): one flag per unit, whether its
+// backward recomputes its forward: decoder layers 0, K, 2K, ...; the embedding and the head never
+// (the head's output is the loss's input). every = 0: none. The trainer and the memory estimate
+// both ask this, so they recompute the same units.
+std::vector<bool> recomputed_units(const std::vector<UnitSpec>& units, int64_t every);
+
 // Per-batch values the layers share (the rotary tables), set by the embedding unit's forward.
 struct UnitContext {
   at::Tensor cos, sin;  // (T, head_dim) in the hidden states' dtype
