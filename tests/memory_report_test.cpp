@@ -11,6 +11,7 @@
 #include <memory>
 #include <regex>
 #include <sstream>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -297,6 +298,157 @@ TEST(MemoryReportErrors, DivergedLossIsReportedNotRefused) {
   std::ifstream in(dir / "null_loss_out" / "memory_report.md");
   const std::string markdown((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_NE(markdown.find("final loss nan"), std::string::npos) << markdown.substr(0, 2000);
+}
+
+// The techniques report (`trainer report --techniques`) over real runs of llama_micro made here:
+// three techniques at one rank and a baseline at two, and a context sweep of two lengths.
+class TechniquesReport : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    runs_ = std::make_unique<ScratchDir>("techniques");
+    const std::string common = " --config " + (testing::source_dir() / "configs/llama_micro.json").string() +
+                               " --device cpu --num_training_steps 3 --warmup_steps 0 --grad_clipping 0 "
+                               "--eval_every 0 --eval_batches 1 --batch_size 2 --run_dir ";
+    const std::vector<std::tuple<std::string, int, std::string>> runs = {
+        {"w1_baseline", 1, "--max_length 64"},
+        {"w1_checkpointing", 1, "--max_length 64 --activation_checkpointing"},
+        {"w1_bf16_pure_fused", 1, "--max_length 64 --dtype bfloat16 --precision pure --fuse_optimizer_with_backward"},
+        {"w2_baseline", 2, "--max_length 64"},
+        {"sweep_32", 1, "--max_length 32 --num_training_steps 1"},
+        {"sweep_64", 1, "--max_length 64 --num_training_steps 1"},
+    };
+    for (const auto& [name, ranks, flags] : runs) {
+      const auto result = run_command(testing::mpirun(ranks) + testing::trainer_binary().string() + common +
+                                      (*runs_ / name).string() + " " + flags);
+      ASSERT_EQ(result.exit_code, 0) << name << ": " << result.output;
+    }
+  }
+  static void TearDownTestSuite() { runs_.reset(); }
+  static std::string dir(const std::string& name) { return (*runs_ / name).string(); }
+  static testing::CommandResult report(const std::string& arguments, const std::string& out) {
+    return run_command(testing::trainer_binary().string() + " report " + arguments + " --out " + out);
+  }
+  static std::string read(const std::filesystem::path& path) {
+    std::ifstream in(path);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+  // The cells of the table row that starts with `first_cell` after `from`.
+  static std::vector<std::string> row(const std::string& markdown, const std::string& first_cell, size_t from = 0) {
+    const size_t start = markdown.find("\n| " + first_cell + " |", from);
+    if (start == std::string::npos) return {};
+    const std::string line = markdown.substr(start + 1, markdown.find('\n', start + 1) - start - 1);
+    std::vector<std::string> cells;
+    std::istringstream in(line.substr(1));
+    for (std::string cell; std::getline(in, cell, '|');) {
+      cell.erase(0, cell.find_first_not_of(' '));
+      cell.erase(cell.find_last_not_of(' ') + 1);
+      cells.push_back(cell);
+    }
+    return cells;
+  }
+  static inline std::unique_ptr<ScratchDir> runs_;
+};
+
+TEST_F(TechniquesReport, SharesAreOfTheBaselineOfTheSameWorldSize) {
+  ScratchDir out("techniques_out");
+  const auto result = report("--techniques " + dir("w1_baseline") + " " + dir("w1_checkpointing") + " " +
+                                 dir("w1_bf16_pure_fused") + " " + dir("w2_baseline") + " --context_sweep " +
+                                 dir("sweep_64") + " " + dir("sweep_32"),
+                             out.path().string());
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const std::string markdown = read(out / "techniques.md");
+  const size_t one_rank = markdown.find("### 1 rank"), two_ranks = markdown.find("### 2 ranks");
+  ASSERT_NE(one_rank, std::string::npos) << markdown;
+  ASSERT_NE(two_ranks, std::string::npos) << markdown;
+  // Cells: run, techniques, peak, share, tokens/s, share, final loss, estimate, error.
+  const auto baseline = row(markdown, "w1_baseline", one_rank);
+  const auto checkpointing = row(markdown, "w1_checkpointing", one_rank);
+  const auto savers = row(markdown, "w1_bf16_pure_fused", one_rank);
+  const auto other_world = row(markdown, "w2_baseline", two_ranks);
+  ASSERT_EQ(baseline.size(), 9u) << markdown;
+  ASSERT_EQ(checkpointing.size(), 9u) << markdown;
+  ASSERT_EQ(savers.size(), 9u) << markdown;
+  ASSERT_EQ(other_world.size(), 9u) << markdown;
+  EXPECT_EQ(baseline[1], "fp32, AdamW");
+  EXPECT_EQ(checkpointing[1], "checkpointing");
+  EXPECT_EQ(savers[1], "bf16 pure + fused step");
+  EXPECT_EQ(baseline[3], "100.0 %");
+  EXPECT_EQ(baseline[5], "100.0 %");
+  EXPECT_EQ(other_world[3], "100.0 %");  // its own baseline, not the one-rank run
+  // Each share is the run's peak over the baseline's, as the table prints them; the savers save.
+  for (const auto* cells : {&checkpointing, &savers}) {
+    const double share = std::stod((*cells)[3]) / 100, expected = std::stod((*cells)[2]) / std::stod(baseline[2]);
+    EXPECT_NEAR(share, expected, 0.006) << (*cells)[0];  // the peaks are printed to 0.01 MiB
+    EXPECT_LT(share, 1.0) << (*cells)[0];
+    const double speed = std::stod((*cells)[5]) / 100, speed_expected = std::stod((*cells)[4]) / std::stod(baseline[4]);
+    EXPECT_NEAR(speed, speed_expected, 0.01) << (*cells)[0];
+  }
+  // The fp32 estimate is within 10 % of the measured peak.
+  EXPECT_LT(std::abs(std::stod(baseline[8])), 10.0) << baseline[8];
+  EXPECT_NE(markdown.find("| - | compilation (torch.compile) | not run |"), std::string::npos);
+  EXPECT_NE(markdown.find("techniques/peak_share.svg"), std::string::npos);
+
+  // The sweep, sorted by length: the forward-only peak below the training step's at each length, and
+  // both growing with the length.
+  const size_t sweep = markdown.find("## Context length");
+  ASSERT_NE(sweep, std::string::npos) << markdown;
+  const auto short_run = row(markdown, "32", sweep), long_run = row(markdown, "64", sweep);
+  ASSERT_EQ(short_run.size(), 9u) << markdown;
+  ASSERT_EQ(long_run.size(), 9u) << markdown;
+  EXPECT_LT(markdown.find("\n| 32 |", sweep), markdown.find("\n| 64 |", sweep));
+  for (const auto* cells : {&short_run, &long_run}) {
+    EXPECT_EQ((*cells)[1], "fp32");
+    EXPECT_LT(std::stod((*cells)[2]), std::stod((*cells)[5])) << (*cells)[0];
+    EXPECT_LT(std::abs(std::stod((*cells)[4])), 10.0) << "forward-only estimate error " << (*cells)[4];
+    EXPECT_LT(std::abs(std::stod((*cells)[7])), 10.0) << "training-step estimate error " << (*cells)[7];
+  }
+  EXPECT_LT(std::stod(short_run[5]), std::stod(long_run[5]));
+
+  // The plots: a row per technique run with both bars, and four series (measured and estimated,
+  // forward only and training step) of two points each.
+  const auto shares = parse_xml(out / "techniques" / "peak_share.svg");
+  ASSERT_NE(shares, nullptr);
+  EXPECT_EQ(shares->all("g", "section").size(), 2u);
+  const auto rows = shares->all("g", "row");
+  EXPECT_EQ(rows.size(), 4u);
+  for (const Element* bars : rows) {
+    EXPECT_EQ(bars->all("rect", "peak-share").size(), 1u);
+    EXPECT_EQ(bars->all("rect", "speed-share").size(), 1u);
+  }
+  const auto lines = parse_xml(out / "techniques" / "context_length.svg");
+  ASSERT_NE(lines, nullptr);
+  const auto series = lines->all("g", "series");
+  ASSERT_EQ(series.size(), 4u);
+  for (const Element* line : series) {
+    EXPECT_EQ(line->all("rect", "marker").size(), 2u);
+    EXPECT_EQ(line->all("line", "segment").size(), 1u);
+  }
+}
+
+TEST_F(TechniquesReport, RunsOfAnotherWorkloadAreRefused) {
+  ScratchDir out("techniques_refused");
+  // A context sweep without --techniques.
+  const auto no_techniques = report(dir("w1_baseline") + " --context_sweep " + dir("sweep_32"), out.path().string());
+  EXPECT_EQ(no_techniques.exit_code, 2) << no_techniques.output;
+  EXPECT_NE(no_techniques.output.find("--context_sweep: belongs to the techniques report"), std::string::npos)
+      << no_techniques.output;
+  // A technique run of another context length: its share would compare other work.
+  const auto other_length = report("--techniques " + dir("w1_baseline") + " " + dir("sweep_32"), out.path().string());
+  EXPECT_EQ(other_length.exit_code, 2) << other_length.output;
+  EXPECT_NE(other_length.output.find("runs sequences of 32 but"), std::string::npos) << other_length.output;
+  // Two sweep runs of the same dtype and length.
+  const auto twice = report("--techniques " + dir("w1_baseline") + " --context_sweep " + dir("sweep_32") + " " +
+                                dir("sweep_32"),
+                            out.path().string());
+  EXPECT_EQ(twice.exit_code, 2) << twice.output;
+  EXPECT_NE(twice.output.find("pass one run per dtype and context length"), std::string::npos) << twice.output;
+  // A sweep run at another world size.
+  const auto other_world = report("--techniques " + dir("w1_baseline") + " --context_sweep " + dir("sweep_32") + " " +
+                                      dir("w2_baseline"),
+                                  out.path().string());
+  EXPECT_EQ(other_world.exit_code, 2) << other_world.output;
+  EXPECT_NE(other_world.output.find("runs on ranks: 2 but"), std::string::npos) << other_world.output;
+  EXPECT_FALSE(std::filesystem::exists(out / "techniques.md"));
 }
 
 }  // namespace

@@ -331,8 +331,16 @@ Command parse_command_line(int argc, const char* const* argv) {
                          "run folders (--run_dir of a training run): metrics.jsonl and memory.rank<R>.jsonl")
       ->required();
   report_app->add_option("--out", command.report.out,
-                         "folder for memory_report.md and memory/*.svg")
+                         "folder for memory_report.md and memory/*.svg (with --techniques: techniques.md "
+                         "and techniques/*.svg)")
       ->capture_default_str();
+  report_app->add_flag("--techniques", command.report.techniques,
+                       "the techniques table instead: the run folders are runs of one workload with different "
+                       "memory techniques, the first of each world size the baseline of the shares");
+  CLI::Option* context_sweep_flag =
+      report_app->add_option("--context_sweep", command.report.context_sweep,
+                             "with --techniques: runs of one workload at different context lengths (and dtypes): "
+                             "the forward-only and training-step peaks over the context length");
 
   CLI::App* estimate_app = app.add_subcommand(
       "estimate",
@@ -404,6 +412,9 @@ Command parse_command_line(int argc, const char* const* argv) {
         fail_user(kCommandLine, flag->get_name(),
                   "is a training flag; `trainer report` takes run folders and --out (each run's "
                   "settings come from its metrics.jsonl)");
+    if (context_sweep_flag->count() > 0 && !command.report.techniques)
+      fail_user(kCommandLine, "--context_sweep",
+                "belongs to the techniques report: add --techniques (the run folders are then the technique runs)");
     command.kind = Command::Kind::report;
     return command;
   }

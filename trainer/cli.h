@@ -36,6 +36,11 @@ namespace llm {
 struct ReportOptions {
   std::vector<std::string> run_dirs;  // run folders (each with metrics.jsonl and memory.rank<R>.jsonl)
   std::string out = "memory_report";  // writes OUT/memory_report.md and OUT/memory/*.svg
+  // --techniques: run_dirs are technique runs (the first of each world size its baseline) and the
+  // report is OUT/techniques.md and OUT/techniques/*.svg (trainer/memory/techniques.h), with the
+  // --context_sweep runs' section when there are any.
+  bool techniques = false;
+  std::vector<std::string> context_sweep;
 };
 
 struct Command {

@@ -23,6 +23,7 @@
 #include "trainer/data/prepare.h"
 #include "trainer/memory/estimate.h"
 #include "trainer/memory/report.h"
+#include "trainer/memory/techniques.h"
 #include "trainer/memory/startup_check.h"
 #include "trainer/train_loop.h"
 
@@ -42,7 +43,10 @@ int run_command(const llm::Command& command, const llm::World& world) {
     return 0;
   }
   if (command.kind == Kind::report) {
-    if (world.rank == 0) llm::write_memory_report(command.report.run_dirs, command.report.out);
+    if (world.rank == 0 && command.report.techniques)
+      llm::write_techniques_report(command.report.run_dirs, command.report.context_sweep, command.report.out);
+    else if (world.rank == 0)
+      llm::write_memory_report(command.report.run_dirs, command.report.out);
     return 0;
   }
   llm::RunConfig run = command.run;

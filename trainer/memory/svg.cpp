@@ -233,4 +233,119 @@ std::string peak_per_rank_svg(const std::string& title, const std::vector<RunPea
   return svg.str();
 }
 
+std::string share_bars_svg(const std::string& title, const std::vector<ShareSection>& sections) {
+  double top = 1.0;  // 100 %
+  size_t rows = 0, longest = 0;
+  for (const ShareSection& section : sections) {
+    rows += section.rows.size();
+    for (const ShareRow& row : section.rows) {
+      top = std::max({top, row.peak_share, row.speed_share});
+      longest = std::max(longest, row.label.size());
+    }
+  }
+  top = std::ceil(top * 1.05 * 4) / 4;  // a multiple of 25 %
+  const double left = std::max(120.0, 6.2 * static_cast<double>(longest) + 16), plot_width = 420;
+  const double row_height = 26, section_head = 24, legend_height = 22;
+  const double plot_top = kTitle + legend_height + 18;
+  const double height = plot_top + row_height * static_cast<double>(rows) + section_head * static_cast<double>(sections.size()) + 30;
+  const double width = left + plot_width + 110;
+  SvgDocument svg(width, height);
+  svg.text(8, 18, title, 14, "start", 0, "title");
+  const double legend_y = kTitle + 12;
+  svg.rect(left, legend_y - 9, 10, 10, "#4e79a7", "legend peak-share");
+  svg.text(left + 14, legend_y, "peak memory per rank, share of the baseline's", 11);
+  svg.rect(left + 280, legend_y - 9, 10, 10, "#f28e2b", "legend speed-share");
+  svg.text(left + 294, legend_y, "tokens/s, share of the baseline's", 11);
+  const double bottom = height - 30;
+  for (double value = 0; value <= top + 1e-9; value += 0.25) {
+    const double x = left + plot_width * value / top;
+    svg.line(x, plot_top - 4, x, bottom, value == 1.0 ? "#999999" : "#e4e4e4", 1, value == 1.0 ? "grid baseline" : "grid");
+    char label[16];
+    std::snprintf(label, sizeof(label), "%.0f %%", 100 * value);
+    svg.text(x, bottom + 14, label, 10, "middle");
+  }
+  double y = plot_top;
+  for (const ShareSection& section : sections) {
+    svg.open_group("class=\"section\"");
+    svg.text(8, y + 14, section.title, 12, "start", 0, "section-title");
+    y += section_head;
+    for (const ShareRow& row : section.rows) {
+      svg.open_group("class=\"row\"");
+      svg.text(left - 8, y + 14, row.label, 11, "end", 0, "row-label");
+      const double peak_width = plot_width * row.peak_share / top;
+      const double speed_width = plot_width * row.speed_share / top;
+      char share[64];
+      std::snprintf(share, sizeof(share), "%.1f %%", 100 * row.peak_share);
+      svg.rect(left, y + 3, peak_width, 11, "#4e79a7", "bar peak-share",
+               row.label + ": peak " + human_bytes(row.peak_bytes) + ", " + share + " of the baseline's");
+      svg.text(left + peak_width + 4, y + 12, std::string(share) + " (" + human_bytes(row.peak_bytes) + ")", 9);
+      std::snprintf(share, sizeof(share), "%.1f %%", 100 * row.speed_share);
+      svg.rect(left, y + 15, speed_width, 7, "#f28e2b", "bar speed-share",
+               row.label + ": tokens/s " + share + " of the baseline's");
+      svg.close_group();
+      y += row_height;
+    }
+    svg.close_group();
+  }
+  svg.line(left, plot_top - 4, left, bottom, "#333333", 1, "axis");
+  return svg.str();
+}
+
+std::string line_plot_svg(const std::string& title, const std::string& x_label, const std::vector<PlotSeries>& series) {
+  double x_min = 0, x_max = 0, top = 1;
+  bool any = false;
+  for (const PlotSeries& line : series)
+    for (const auto& [x, bytes] : line.points) {
+      x_min = any ? std::min(x_min, x) : x;
+      x_max = any ? std::max(x_max, x) : x;
+      top = std::max(top, static_cast<double>(bytes));
+      any = true;
+    }
+  if (!any) x_min = x_max = 1;
+  top *= 1.08;
+  const ByteUnit unit = byte_unit_for(static_cast<int64_t>(top));
+  const double log_min = std::log2(std::max(x_min, 1e-9)), log_max = std::max(std::log2(std::max(x_max, 1e-9)), log_min + 1);
+  const double plot_width = 460, plot_height = 280, legend_width = 250;
+  const double width = kLeft + plot_width + legend_width, height = kTitle + 20 + plot_height + 50;
+  SvgDocument svg(width, height);
+  svg.text(kLeft, 18, title, 14, "start", 0, "title");
+  const double y0 = kTitle + 20 + plot_height;
+  y_axis(svg, kLeft, kLeft + plot_width, y0, plot_height, top, unit);
+  auto x_at = [&](double x) { return kLeft + 10 + (plot_width - 20) * (std::log2(x) - log_min) / (log_max - log_min); };
+  auto y_at = [&](int64_t bytes) { return y0 - plot_height * static_cast<double>(bytes) / top; };
+  std::vector<double> ticks;
+  for (const PlotSeries& line : series)
+    for (const auto& point : line.points) ticks.push_back(point.first);
+  std::sort(ticks.begin(), ticks.end());
+  ticks.erase(std::unique(ticks.begin(), ticks.end()), ticks.end());
+  for (double x : ticks) {
+    char label[32];
+    std::snprintf(label, sizeof(label), "%g", x);
+    svg.line(x_at(x), y0, x_at(x), y0 + 4, "#333333", 1, "tick");
+    svg.text(x_at(x), y0 + 16, label, 10, "middle");
+  }
+  svg.text(kLeft + plot_width / 2, y0 + 36, x_label, 11, "middle", 0, "axis-label");
+  svg.line(kLeft, y0, kLeft + plot_width, y0, "#333333", 1, "axis");
+  double legend_y = kTitle + 30;
+  for (const PlotSeries& line : series) {
+    svg.open_group("class=\"series\"");
+    const std::string dash = line.dashed ? "5 3" : "";
+    for (size_t i = 1; i < line.points.size(); ++i)
+      svg.line(x_at(line.points[i - 1].first), y_at(line.points[i - 1].second), x_at(line.points[i].first),
+               y_at(line.points[i].second), line.color, 2, "segment", dash);
+    for (const auto& [x, bytes] : line.points) {
+      char tip[64];
+      std::snprintf(tip, sizeof(tip), "%g: ", x);
+      const double size = line.dashed ? 4 : 7;  // estimated points smaller, so both show where they meet
+      svg.rect(x_at(x) - size / 2, y_at(bytes) - size / 2, size, size, line.color, "marker",
+               line.label + " at " + tip + human_bytes(bytes));
+    }
+    svg.line(kLeft + plot_width + 16, legend_y - 4, kLeft + plot_width + 40, legend_y - 4, line.color, 2, "legend", dash);
+    svg.text(kLeft + plot_width + 46, legend_y, line.label, 11);
+    svg.close_group();
+    legend_y += 18;
+  }
+  return svg.str();
+}
+
 }  // namespace llm

@@ -6,6 +6,13 @@
 //                          allocator's peak of the point's window (<line class="window-peak">)
 //   peak_per_rank_svg      grouped bars: one group per run, one bar per rank (<rect class="bar peak">),
 //                          and the estimate as a dashed line over its group (<line class="estimate">)
+//   share_bars_svg         the techniques report: per section (<g class="section">) a row per run
+//                          (<g class="row">) with its peak as a share of the baseline's
+//                          (<rect class="bar peak-share">) and its tokens/s as one (<rect class="bar
+//                          speed-share">)
+//   line_plot_svg          the context-length sweep: bytes over a log2 x axis, a polyline of
+//                          segments per series (<g class="series">, <line class="segment">), a
+//                          marker per point (<rect class="marker">)
 #pragma once
 
 #include <cstdint>
@@ -59,5 +66,25 @@ struct RunPeaks {
   int64_t estimate_bytes = 0;  // 0: none
 };
 std::string peak_per_rank_svg(const std::string& title, const std::vector<RunPeaks>& runs);
+
+struct ShareRow {
+  std::string label;
+  double peak_share = 0;   // of the section's baseline, 1 = 100 %
+  double speed_share = 0;  // tokens/s, of the baseline's
+  int64_t peak_bytes = 0;
+};
+struct ShareSection {
+  std::string title;  // "1 rank"
+  std::vector<ShareRow> rows;
+};
+std::string share_bars_svg(const std::string& title, const std::vector<ShareSection>& sections);
+
+struct PlotSeries {
+  std::string label;
+  std::string color;
+  bool dashed = false;
+  std::vector<std::pair<double, int64_t>> points;  // (x, bytes), x > 0, in increasing x
+};
+std::string line_plot_svg(const std::string& title, const std::string& x_label, const std::vector<PlotSeries>& series);
 
 }  // namespace llm
