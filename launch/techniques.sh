@@ -7,7 +7,10 @@
 #   bash launch/techniques.sh                                  # llama_20m, 1 and 4 ranks, OUT = docs
 #   bash launch/techniques.sh configs/llama_9m.json 2          # another model, 1 and 2 ranks
 #   OUT=/tmp/techniques STEPS=4 bash launch/techniques.sh
+#   REUSE=1 bash launch/techniques.sh                          # keep finished runs of the same command
 #
+# The global batch is BATCH (default 4) sequences of LENGTH (default 256, at most the config's maximum)
+# tokens at every world size: BATCH / ranks per rank where the ranks divide it, else BATCH per rank.
 # Technique runs (each at 1 and RANKS ranks, the first the baseline of the shares): fp32 AdamW;
 # bf16 mixed; bf16 pure; activation checkpointing; the fused optimizer step; the optimizer offloaded;
 # AdamW-SN; GaLore; checkpointing + fused; bf16 pure + checkpointing + fused; and all savers together,
@@ -23,7 +26,7 @@
 # the runs take --device cuda and world sizes above the GPU count are left out with a message. Runs
 # go to ${RUNS_DIR:-runs/techniques}/w<ranks>/<name> and ${RUNS_DIR}/context/<dtype>_<length>; their
 # synthetic corpora are deleted after each run. About 25 minutes on two cores with the defaults:
-# bf16 on a CPU without AVX-512 is slow (docs/techniques.md says why).
+# bf16 on a CPU without AVX-512 is slow (bench/cpu_bf16_gemm.py measures why).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x "${BUILD_DIR:-build}/trainer" ] || bash launch/setup.sh
@@ -79,9 +82,16 @@ techniques=(
 
 started=$(date +%s)
 # run NAME DIR RANKS FLAGS...: one training run; its log beside its folder; stops the script on failure.
+# With REUSE=1 a run whose folder holds a finished run with the same command line is kept.
 run() {
   local name=$1 dir=$2 ranks=$3
   shift 3
+  local command="mpirun -np $ranks $TRAINER ${common[*]} --run_dir $dir $*"
+  if [ "${REUSE:-0}" = 1 ] && [ -f "$dir/command" ] && [ "$(cat "$dir/command")" = "$command" ] &&
+     grep -q '"event":"end"' "$dir/metrics.jsonl" 2>/dev/null; then
+    printf '[techniques] %-50s kept (REUSE=1)\n' "$name"
+    return
+  fi
   rm -rf "$dir"
   mkdir -p "$(dirname "$dir")"
   printf '[techniques] %-50s ' "$name"
@@ -91,6 +101,7 @@ run() {
     exit 1
   fi
   rm -f "$dir"/synthetic.rank*.tok
+  echo "$command" >"$dir/command"
   echo "done ($(($(date +%s) - started)) s so far)"
 }
 
@@ -102,11 +113,14 @@ for ranks in "${worlds[@]}"; do
     echo "[techniques] $ranks ranks left out: $gpus GPU(s) here, and NCCL ranks cannot share one"
     continue
   fi
+  # The same global batch at every world size where the ranks divide it (strong scaling).
+  micro=$BATCH
+  [ $((BATCH % ranks)) = 0 ] && micro=$((BATCH / ranks))
   for entry in "${techniques[@]}"; do
     name=${entry%%|*}
     read -r -a flags <<<"${entry#*|}"
     dir=$RUNS/w$ranks/$name
-    run "w$ranks/$name" "$dir" "$ranks" --num_training_steps "$STEPS" --batch_size "$BATCH" --max_length "$LENGTH" \
+    run "w$ranks/$name" "$dir" "$ranks" --num_training_steps "$STEPS" --batch_size "$micro" --max_length "$LENGTH" \
         "${flags[@]}"
     technique_dirs+=("$dir")
   done

@@ -313,10 +313,14 @@ class TechniquesReport : public ::testing::Test {
         {"w1_baseline", 1, "--max_length 64"},
         {"w1_checkpointing", 1, "--max_length 64 --activation_checkpointing"},
         {"w1_bf16_pure_fused", 1, "--max_length 64 --dtype bfloat16 --precision pure --fuse_optimizer_with_backward"},
-        {"w2_baseline", 2, "--max_length 64"},
+        {"w2_baseline", 2, "--max_length 64 --batch_size 1"},  // the same global batch
         {"sweep_32", 1, "--max_length 32 --num_training_steps 1"},
         {"sweep_64", 1, "--max_length 64 --num_training_steps 1"},
     };
+    const auto tiny = run_command(testing::trainer_binary().string() + common + (*runs_ / "tiny").string() +
+                                  " --max_length 64 --num_training_steps 2 --config " +
+                                  (testing::source_dir() / "configs/llama_tiny.json").string());
+    ASSERT_EQ(tiny.exit_code, 0) << tiny.output;
     for (const auto& [name, ranks, flags] : runs) {
       const auto result = run_command(testing::mpirun(ranks) + testing::trainer_binary().string() + common +
                                       (*runs_ / name).string() + " " + flags);
@@ -432,6 +436,10 @@ TEST_F(TechniquesReport, RunsOfAnotherWorkloadAreRefused) {
   EXPECT_EQ(no_techniques.exit_code, 2) << no_techniques.output;
   EXPECT_NE(no_techniques.output.find("--context_sweep: belongs to the techniques report"), std::string::npos)
       << no_techniques.output;
+  // A run of another model.
+  const auto other_model = report("--techniques " + dir("w1_baseline") + " " + dir("tiny"), out.path().string());
+  EXPECT_EQ(other_model.exit_code, 2) << other_model.output;
+  EXPECT_NE(other_model.output.find("runs the model llama_tiny but"), std::string::npos) << other_model.output;
   // A technique run of another context length: its share would compare other work.
   const auto other_length = report("--techniques " + dir("w1_baseline") + " " + dir("sweep_32"), out.path().string());
   EXPECT_EQ(other_length.exit_code, 2) << other_length.output;
@@ -442,12 +450,13 @@ TEST_F(TechniquesReport, RunsOfAnotherWorkloadAreRefused) {
                             out.path().string());
   EXPECT_EQ(twice.exit_code, 2) << twice.output;
   EXPECT_NE(twice.output.find("pass one run per dtype and context length"), std::string::npos) << twice.output;
-  // A sweep run at another world size.
+  // A sweep run at another world size (and batch).
   const auto other_world = report("--techniques " + dir("w1_baseline") + " --context_sweep " + dir("sweep_32") + " " +
                                       dir("w2_baseline"),
                                   out.path().string());
   EXPECT_EQ(other_world.exit_code, 2) << other_world.output;
-  EXPECT_NE(other_world.output.find("runs on ranks: 2 but"), std::string::npos) << other_world.output;
+  EXPECT_NE(other_world.output.find("w2_baseline: --context_sweep: runs a micro-batch of 1 but"), std::string::npos)
+      << other_world.output;
   EXPECT_FALSE(std::filesystem::exists(out / "techniques.md"));
 }
 

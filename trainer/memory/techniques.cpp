@@ -58,14 +58,16 @@ PhasePeaks estimated_phase_peaks(const RunRecord& run) {
   return peaks;
 }
 
-// The same workload: a share of another model's or batch's peak would mean nothing.
+// The same workload: a share of another model's or batch's peak would mean nothing. Technique runs
+// are compared with their world size's baseline; sweep runs with each other.
 void require_same_workload(const RunRecord& first, const RunRecord& run, const std::string& option, bool same_world) {
   auto require = [&](bool same, const std::string& what, const std::string& theirs, const std::string& ours) {
     if (!same)
       fail_user(run.dir, option,
                 "runs " + what + " " + ours + " but " + first.dir + " runs " + theirs + ": every run of " + option +
-                    " must train the same " + (same_world ? "model, batch and world size" : "model and batch") +
-                    " for the shares to mean anything");
+                    " must train the same " +
+                    (same_world ? "model, batch and world size" : "model and batch as its world size's baseline") +
+                    " for the comparison to mean anything");
   };
   require(run.model.name == first.model.name, "the model", first.model.name, run.model.name);
   require(run.device == first.device, "on", first.device, run.device);
@@ -95,7 +97,8 @@ std::string techniques_tables(const std::vector<RunRecord>& runs, std::vector<Sh
     ShareSection section;
     section.title = std::to_string(world) + (world == 1 ? " rank" : " ranks");
     out << "### " << section.title << "\n\nBaseline: " << baseline.label << " (" << techniques_of(baseline.run)
-        << ").\n\n| run | techniques | peak per rank (" << unit.name
+        << "), a micro-batch of " << baseline.run.data.batch_size << " x " << baseline.run.data.max_length
+        << " tokens per rank.\n\n| run | techniques | peak per rank (" << unit.name
         << ") | share of baseline | tokens/s | share of baseline | final loss | estimate (" << unit.name
         << ") | estimate error |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n";
     const RunRecord* best = nullptr;
@@ -181,12 +184,27 @@ std::string context_sweep(const std::vector<RunRecord>& runs, std::vector<PlotSe
   return out.str();
 }
 
-std::string settings_line(const RunRecord& run) {
+// The workload of a set of runs; `with_length` false for the sweep, whose runs differ in it.
+std::string settings_line(const RunRecord& run, bool with_length) {
   std::ostringstream out;
-  out << run.model.name << " on " << run.device << ", a micro-batch of " << run.run.data.batch_size << " x "
-      << run.run.data.max_length << " tokens per rank, " << to_string(run.run.sharding.strategy) << ", "
-      << run.steps << " step(s)";
+  out << run.model.name << " on " << run.device << ", a micro-batch of " << run.run.data.batch_size;
+  if (with_length)
+    out << " x " << run.run.data.max_length << " tokens";
+  else
+    out << " sequences";
+  out << " per rank, " << to_string(run.run.sharding.strategy) << ", " << run.steps << " step(s)";
   return out.str();
+}
+
+// What a CPU run's figures measure that a GPU run's would not.
+std::string cpu_caveats(const std::vector<RunRecord>& runs) {
+  const bool cpu = std::any_of(runs.begin(), runs.end(), [](const RunRecord& run) { return run.device == "cpu"; });
+  if (!cpu) return "";
+  return "On a CPU run the device is the host: `--offload optimizer` moves the fp32 masters and optimizer state "
+         "into the same memory, beside the compute copy of the parameters the device keeps, so it cannot lower the "
+         "peak there (on a GPU it takes them off the device). bf16 tokens/s on a CPU measure LibTorch's CPU bf16 kernels, which on a CPU without "
+         "AVX-512 BF16 are far slower than fp32 ones: `bench/cpu_bf16_gemm.py` times the LM head's GEMMs on the "
+         "machine.\n\n";
 }
 
 }  // namespace
@@ -201,7 +219,20 @@ void write_techniques_report(const std::vector<std::string>& technique_dirs, con
       runs.push_back(read_run(dir));
       RunRecord& run = runs.back();
       if (const int count = ++seen[{run.world, run.label}]; count > 1) run.label += "-" + std::to_string(count);
-      if (runs.size() > 1) require_same_workload(runs.front(), run, option, same_world);
+      // Technique runs: the same workload as their world size's baseline (the first run of that
+      // world size); sweep runs: as the first sweep run.
+      const RunRecord* first = &runs.front();
+      if (!same_world)
+        for (const RunRecord& earlier : runs)
+          if (earlier.world == run.world) {
+            first = &earlier;
+            break;
+          }
+      if (first != &run) require_same_workload(*first, run, option, same_world);
+      LLM_REQUIRE(run.model.name == runs.front().model.name && run.device == runs.front().device, run.dir, option,
+                  "runs " + run.model.name + " on " + run.device + " but " + runs.front().dir + " runs " +
+                      runs.front().model.name + " on " + runs.front().device + ": every run of " + option +
+                      " must train the same model on the same device");
     }
     return runs;
   };
@@ -217,20 +248,21 @@ void write_techniques_report(const std::vector<std::string>& technique_dirs, con
   md << "# Memory techniques, alone and combined\n\n"
      << "Made by `launch/techniques.sh`, which trains each run below and then calls `trainer report --techniques`. "
         "Technique runs: "
-     << settings_line(techniques.front())
-     << ". Peak: the tracked allocator's peak per rank over the run's steps (CPU: LibTorch's CPU allocator; CUDA: "
+     << settings_line(techniques.front(), true)
+     << " (at other world sizes, each section's baseline says its micro-batch). Peak: the tracked allocator's peak per rank over the run's steps (CPU: LibTorch's CPU allocator; CUDA: "
         "the caching allocator's allocated bytes), the largest rank's; share: of the first run of the same world "
         "size, the baseline. Tokens/s: the median over the steps after the first, all ranks together. Estimate: "
         "`trainer estimate` for the run's own settings. `docs/memory.md` says how each category is counted.\n\n"
      << "Compilation (`torch.compile`) has no LibTorch counterpart: TorchInductor and Dynamo are Python, and "
         "the C++ API runs eager kernels only, so it is listed and not run.\n\n"
+     << cpu_caveats(techniques)
      << "## Techniques\n\n"
      << techniques_tables(techniques, sections) << "![peak and tokens/s, shares of the baseline](techniques/peak_share.svg)\n";
   write_file((plots / "peak_share.svg").string(),
              share_bars_svg("Memory techniques: peak per rank and tokens/s, shares of the baseline", sections));
   if (!sweep.empty()) {
     std::vector<PlotSeries> series;
-    md << "\n## Context length\n\n" << settings_line(sweep.front()) << ", " << sweep.front().world
+    md << "\n## Context length\n\n" << settings_line(sweep.front(), false) << ", " << sweep.front().world
        << (sweep.front().world == 1 ? " rank" : " ranks")
        << "; each context length is its own run. Forward only: the largest window of the run's evaluation forward "
           "(no autograd graph; the training state, weights, persistent gradient shards and optimizer state, stays resident). Training "

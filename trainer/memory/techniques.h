@@ -9,10 +9,11 @@
 //                                         step, measured and estimated
 //   OUT/techniques/peak_share.svg         the shares as bars, a section per world size
 //   OUT/techniques/context_length.svg     the sweep's peaks over the context length
-// The first technique run of each world size is that world size's baseline. Technique runs must
-// share the model, device and per-rank batch (a share of another workload means nothing); sweep runs
-// the model, device, world size and batch size, with one run per (dtype, context length). Anything
-// else is a UserError naming the run (exit 2).
+// The first technique run of each world size is that world size's baseline. All runs must train
+// the same model on the same device; technique runs the micro-batch and context length of their
+// baseline (a share of another workload means nothing); sweep runs the world size and batch size of
+// each other, with one run per (dtype, context length). Anything else is a UserError naming the run
+// (exit 2).
 #pragma once
 
 #include <string>
