@@ -2,23 +2,43 @@
 
 #include <torch/csrc/jit/serialization/pickle.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <random>
 
 #include "common/errors.h"
+#include "common/log.h"
+#include "trainer/train_state.h"
 
 namespace llm {
 namespace fs = std::filesystem;
 namespace {
 
+constexpr const char* kCommandLine = "command line";
+
+// A failed write (disk full, quota, a folder made read-only meanwhile) is a UserError naming the
+// file: the stream is checked after close, when buffered bytes have reached the file system.
+void write_checked(const fs::path& path, const char* data, size_t size) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (out.good()) out.write(data, static_cast<std::streamsize>(size));
+  out.close();
+  if (out.fail())
+    fail_user(path.string(), "--save_dir",
+              std::string("could not be written (") + std::strerror(errno) +
+                  "): disk full, over quota or not writable? The checkpoint was not saved; the newest "
+                  "complete one is still the previous step_<N> folder");
+}
+
 void write_tensor_file(const fs::path& path, const std::map<std::string, at::Tensor>& tensors) {
   c10::Dict<std::string, at::Tensor> dict;
   for (const auto& [name, tensor] : tensors) dict.insert(name, tensor.detach().to(at::kCPU).contiguous());
   std::vector<char> bytes = torch::jit::pickle_save(c10::IValue(dict));
-  std::ofstream out(path, std::ios::binary);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  if (!out.good()) throw SystemError("cannot write " + path.string() + ": disk full or no permission?");
+  write_checked(path, bytes.data(), bytes.size());
 }
 
 std::map<std::string, at::Tensor> read_tensor_file(const fs::path& path) {
@@ -54,47 +74,193 @@ void save_checkpoint(const std::string& folder,
                      const nlohmann::json& trainer_state) {
   const fs::path final_path(folder);
   const fs::path staging = final_path.string() + ".tmp";
-  fs::remove_all(staging);
-  fs::create_directories(staging);
-  std::map<std::string, at::Tensor> model;
-  for (const auto& [name, tensor] : model_tensors) model.emplace(name, tensor.to(at::kFloat));
-  write_tensor_file(staging / "model.pt", model);
-  write_tensor_file(staging / "optimizer.pt", optimizer_state);
-  std::ofstream(staging / "trainer_state.json") << trainer_state.dump(2) << '\n';
-  fs::remove_all(final_path);
-  fs::rename(staging, final_path);
+  std::error_code ignored;
+  fs::remove_all(staging, ignored);
+  try {
+    std::error_code error;
+    fs::create_directories(staging, error);
+    if (error)
+      fail_user(staging.string(), "--save_dir", "cannot create the checkpoint folder (" + error.message() + ")");
+    std::map<std::string, at::Tensor> model;
+    for (const auto& [name, tensor] : model_tensors) model.emplace(name, tensor.to(at::kFloat));
+    write_tensor_file(staging / "model.pt", model);
+    write_tensor_file(staging / "optimizer.pt", optimizer_state);
+    // Last: a folder with a complete trainer_state.json has its tensor files.
+    const std::string state = trainer_state.dump(2) + "\n";
+    write_checked(staging / "trainer_state.json", state.data(), state.size());
+    fs::remove_all(final_path, error);
+    if (!error) fs::rename(staging, final_path, error);
+    if (error)
+      fail_user(final_path.string(), "--save_dir", "cannot put the checkpoint in place (" + error.message() + ")");
+  } catch (...) {
+    fs::remove_all(staging, ignored);
+    throw;
+  }
 }
 
-std::string resolve_checkpoint_folder(const std::string& path) {
+std::string new_run_id() {
+  std::random_device source;
+  const uint64_t value = (static_cast<uint64_t>(source()) << 32) ^ source();
+  char text[17];
+  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(value));
+  return text;
+}
+
+namespace {
+
+// The checkpoint's trainer_state.json; a UserError naming the file when it is missing or not JSON.
+nlohmann::json read_trainer_state(const fs::path& folder) {
+  const fs::path path = folder / "trainer_state.json";
+  std::ifstream in(path);
+  LLM_REQUIRE(in.good(), path.string(), "", "missing checkpoint file");
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& error) {
+    fail_user(path.string(), "", std::string("not valid JSON: ") + error.what());
+  }
+}
+
+// The step_<N> folders of a save_dir, N digits only, highest N first.
+std::vector<std::pair<int64_t, fs::path>> step_folders(const fs::path& save_dir) {
+  std::vector<std::pair<int64_t, fs::path>> folders;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(save_dir, error)) {
+    const std::string name = entry.path().filename().string();
+    const std::string digits = name.rfind("step_", 0) == 0 ? name.substr(5) : "";
+    const bool all_digits = std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (digits.empty() || digits.size() > 18 || !all_digits) continue;
+    if (!entry.is_directory(error)) continue;
+    folders.emplace_back(std::stoll(digits), entry.path());
+  }
+  std::sort(folders.begin(), folders.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  return folders;
+}
+
+std::string run_id_of(const nlohmann::json& trainer_state) {
+  return trainer_state.is_object() && trainer_state.contains("run_id") && trainer_state.at("run_id").is_string()
+             ? trainer_state.at("run_id").get<std::string>()
+             : "";
+}
+
+bool same_folder(const std::string& a, const std::string& b) {
+  std::error_code error;
+  return fs::equivalent(a, b, error);
+}
+
+}  // namespace
+
+std::string checkpoint_problem(const std::string& folder) {
+  const fs::path root(folder);
+  nlohmann::json state;
+  try {
+    state = read_trainer_state(root);
+    TrainState::from_json(state, "trainer_state.json");
+  } catch (const UserError& error) {
+    return error.what();
+  }
+  if (!state.contains("model") || !state.at("model").is_object()) return "trainer_state.json: model: missing";
+  for (const char* file : {"model.pt", "optimizer.pt"}) {
+    std::error_code error;
+    if (!fs::is_regular_file(root / file, error) || fs::file_size(root / file, error) == 0)
+      return std::string(file) + ": missing or empty";
+  }
+  return "";
+}
+
+std::string resolve_checkpoint_folder(const std::string& path, std::vector<std::string>* skipped) {
   LLM_REQUIRE(fs::is_directory(path), "--continue_from", path, "no such folder");
   if (fs::exists(fs::path(path) / "trainer_state.json")) return path;
-  long long best_step = -1;
-  fs::path best;
-  for (const auto& entry : fs::directory_iterator(path)) {
-    const std::string name = entry.path().filename().string();
-    if (!entry.is_directory() || name.rfind("step_", 0) != 0 || name.ends_with(".tmp")) continue;
-    if (!fs::exists(entry.path() / "trainer_state.json")) continue;
-    try {
-      long long step = std::stoll(name.substr(5));
-      if (step > best_step) best_step = step, best = entry.path();
-    } catch (const std::exception&) {
-    }
+  const auto folders = step_folders(path);
+  for (const auto& [step, folder] : folders) {
+    const std::string problem = checkpoint_problem(folder.string());
+    if (problem.empty()) return folder.string();
+    const std::string note = folder.string() + ": " + problem;
+    if (skipped != nullptr)
+      skipped->push_back(note);
+    else
+      log::warn("--continue_from: skipping {} (not an intact checkpoint)", note);
   }
-  LLM_REQUIRE(best_step >= 0, "--continue_from", path,
-              "neither a checkpoint (no trainer_state.json) nor a folder of step_<N> checkpoints");
-  return best.string();
+  fail_user("--continue_from", path,
+            folders.empty() ? "neither a checkpoint (no trainer_state.json) nor a folder of step_<N> checkpoints"
+                            : "none of its " + std::to_string(folders.size()) +
+                                  " step_<N> folder(s) is an intact checkpoint (the newest: " +
+                                  checkpoint_problem(folders.front().second.string()) + ")");
+}
+
+void require_same_model(const std::string& folder, const nlohmann::json& trainer_state, const ModelConfig& model) {
+  const nlohmann::json saved = trainer_state.value("model", nlohmann::json());
+  const nlohmann::json ours = model.to_json();
+  if (saved == ours) return;
+  std::string differences;
+  if (saved.is_object())
+    for (const auto& [key, value] : ours.items())
+      if (saved.value(key, nlohmann::json()) != value)
+        differences += (differences.empty() ? "" : ", ") + key + " " + saved.value(key, nlohmann::json()).dump() +
+                       " there, " + value.dump() + " here";
+  fail_user(folder, "trainer_state.json: model",
+            "the checkpoint was made for another model config" +
+                (differences.empty() ? std::string() : " (" + differences + ")") + " than --config " + model.name +
+                ": resume it with its own config, or give this run another --save_dir / --continue_from");
+}
+
+CheckpointStart check_checkpoints_at_start(const RunConfig& run, const ModelConfig& model, bool log_warnings) {
+  CheckpointStart start;
+  if (!run.checkpoint.continue_from.empty()) {
+    std::vector<std::string> skipped;
+    start.resume_folder = resolve_checkpoint_folder(run.checkpoint.continue_from, &skipped);
+    if (log_warnings)
+      for (const std::string& note : skipped)
+        log::warn("--continue_from: skipping {} (not an intact checkpoint)", note);
+    // The loader checks the rest (every field, every tensor) and names the file.
+    const nlohmann::json state = read_trainer_state(start.resume_folder);
+    if (state.is_object() && state.contains("model")) require_same_model(start.resume_folder, state, model);
+    if (state.is_object() && state.contains("step") && state.at("step").is_number_integer())
+      start.resume_step = state.at("step").get<int64_t>();
+    start.run_id = run_id_of(state);
+    if (start.resume_step > run.num_training_steps)
+      fail_user(kCommandLine, "--num_training_steps",
+                "the checkpoint " + start.resume_folder + " is at step " + std::to_string(start.resume_step) +
+                    ", beyond the " + std::to_string(run.num_training_steps) +
+                    " steps asked for: pass --num_training_steps above " + std::to_string(start.resume_step) +
+                    " to train on");
+  }
+  const std::string& save_dir = run.checkpoint.save_dir;
+  if (save_dir.empty()) return start;
+  // The folder that will be written: save_dir, or the nearest existing folder above it, where it
+  // will be created (validate_run_config refused a file on the way).
+  std::error_code error;
+  fs::path existing = save_dir;
+  while (!existing.empty() && !fs::exists(existing, error)) existing = existing.parent_path();
+  if (existing.empty()) existing = ".";
+  if (const std::string problem = folder_write_problem(existing.string()); !problem.empty())
+    fail_user(kCommandLine, "--save_dir",
+              existing == fs::path(save_dir)
+                  ? "cannot write into \"" + save_dir + "\" (" + problem + "); pass a folder you can write"
+                  : "cannot create \"" + save_dir + "\": cannot write into \"" + existing.string() + "\" (" + problem +
+                        "); pass a folder you can write");
+  if (existing != fs::path(save_dir)) return start;
+  if (!run.checkpoint.continue_from.empty() && same_folder(run.checkpoint.continue_from, save_dir)) return start;
+  for (const auto& [step, folder] : step_folders(save_dir)) {
+    // A folder that is not an intact checkpoint belongs to no run; a save of its step replaces it.
+    if (!checkpoint_problem(folder.string()).empty()) continue;
+    const std::string id = run_id_of(read_trainer_state(folder));
+    if (!run.checkpoint.continue_from.empty() && id == start.run_id) continue;
+    const std::string whose = id.empty() ? "a run from before run ids" : "run " + id;
+    const std::string ours = run.checkpoint.continue_from.empty() ? ""
+                             : start.run_id.empty()               ? "; this run resumes a checkpoint without a run id"
+                                                                  : "; this run resumes run " + start.run_id;
+    fail_user(kCommandLine, "--save_dir",
+              "\"" + save_dir + "\" holds checkpoints of another run (" + folder.filename().string() + ", " + whose +
+                  ours + "): this run's checkpoints would mix with them and a resume would pick whichever is "
+                  "newest. Resume that run with --continue_from " + save_dir + ", or pass another --save_dir");
+  }
+  return start;
 }
 
 Checkpoint load_checkpoint(const std::string& folder) {
   Checkpoint checkpoint;
   const fs::path root(folder);
-  std::ifstream state_file(root / "trainer_state.json");
-  LLM_REQUIRE(state_file.good(), (root / "trainer_state.json").string(), "", "missing checkpoint file");
-  try {
-    checkpoint.trainer_state = nlohmann::json::parse(state_file);
-  } catch (const nlohmann::json::exception& error) {
-    fail_user((root / "trainer_state.json").string(), "", std::string("not valid JSON: ") + error.what());
-  }
+  checkpoint.trainer_state = read_trainer_state(root);
   checkpoint.model = read_tensor_file(root / "model.pt");
   checkpoint.optimizer = read_tensor_file(root / "optimizer.pt");
   return checkpoint;

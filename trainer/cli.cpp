@@ -291,6 +291,9 @@ Command parse_command_line(int argc, const char* const* argv) {
           ->capture_default_str());
   add(app.add_option("--continue_from", run.checkpoint.continue_from, "checkpoint folder to resume from")
           ->capture_default_str());
+  add(app.add_option("--init_from", run.checkpoint.init_from,
+                     "start a new run from a transformers save_pretrained folder's weights (safetensors), e.g. "
+                     "one `trainer export` wrote"));
   add(app.add_option("--run_dir", run.logging.run_dir, "folder for logs and metrics (JSONL)")
           ->capture_default_str());
   EnumFlag<DeviceChoice> device(
@@ -364,6 +367,28 @@ Command parse_command_line(int argc, const char* const* argv) {
       "--node_memory_gib", node_memory_gib, "a node's RAM, GiB, for the host verdict; default: this machine's");
   estimate_app->add_flag("--json", command.estimate.json, "print the estimate (every phase of every rank) as JSON");
 
+  CLI::App* export_app = app.add_subcommand(
+      "export", "Write a checkpoint as a transformers folder (config.json, model.safetensors, the tokenizer) that "
+                "LlamaForCausalLM.from_pretrained loads: trainer export --from CHECKPOINT --to DIR.");
+  export_app->get_formatter()->column_width(34);
+  ExportOptions& exported = command.export_options;
+  export_app->add_option("--from", exported.from, "a checkpoint folder, or a --save_dir (its newest intact step_<N>)")
+      ->required();
+  export_app->add_option("--to", exported.to, "the folder to write: new or empty (see --overwrite)")->required();
+  export_app->add_option("--dtype", exported.dtype, "dtype of the exported tensors")
+      ->check(CLI::IsMember({"float32", "bfloat16"}))
+      ->capture_default_str();
+  std::string max_shard_size = "5GB";
+  export_app->add_option("--max_shard_size", max_shard_size,
+                         "largest safetensors file, as transformers: 5GB, 500MB, 2GiB or bytes; above it the "
+                         "tensors go into model-0000K-of-0000N.safetensors and an index")
+      ->capture_default_str();
+  export_app->add_option("--tokenizer", exported.tokenizer,
+                         "the SentencePiece model to export as tokenizer.model (default: the one `trainer prepare` "
+                         "trained beside the run's token file, when there is one)");
+  export_app->add_flag("--overwrite", exported.overwrite,
+                       "write into a non-empty --to, replacing an earlier export's files (others are left alone)");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -378,6 +403,7 @@ Command parse_command_line(int argc, const char* const* argv) {
     const char* help = prepare_app->parsed()    ? "trainer prepare --help"
                        : report_app->parsed()   ? "trainer report --help"
                        : estimate_app->parsed() ? "trainer estimate --help"
+                       : export_app->parsed()   ? "trainer export --help"
                                                 : "trainer --help";
     fail_user(kCommandLine, "",
               std::string(error.what()) + " (run `" + help + "` for the flags and their values)");
@@ -416,6 +442,20 @@ Command parse_command_line(int argc, const char* const* argv) {
       fail_user(kCommandLine, "--context_sweep",
                 "belongs to the techniques report: add --techniques (the run folders are then the technique runs)");
     command.kind = Command::Kind::report;
+    return command;
+  }
+
+  if (export_app->parsed()) {
+    for (const CLI::Option* flag : training_flags)
+      if (flag->count() > 0)
+        fail_user(kCommandLine, flag->get_name(),
+                  "is a training flag; `trainer export` takes --from, --to, --dtype, --max_shard_size, --tokenizer "
+                  "and --overwrite (the model comes from the checkpoint)");
+    exported.max_shard_size = parse_byte_size(max_shard_size);
+    if (exported.max_shard_size == 0)
+      fail_user(kCommandLine, "--max_shard_size",
+                "expected a size above 0: 5GB, 500MB, 2GiB or a number of bytes (got \"" + max_shard_size + "\")");
+    command.kind = Command::Kind::export_model;
     return command;
   }
 

@@ -1,6 +1,7 @@
 // The command line: `trainer --config FILE [flags]` trains, `trainer prepare ...` makes a token file,
 // `trainer report RUN_DIR...` aggregates the memory ledgers of run folders, and `trainer estimate
-// --config FILE [training flags] --world_size N` predicts each rank's peak memory without running.
+// --config FILE [training flags] --world_size N` predicts each rank's peak memory without running;
+// `trainer export --from CHECKPOINT --to DIR` writes a checkpoint as a transformers folder.
 //
 // Parsing only turns argv into a RunConfig / PrepareOptions with CLI11 (flag names follow GaLore's
 // torchrun_main.py where one exists); it checks syntax (known flags, numbers, choices) but not ranges
@@ -29,6 +30,7 @@
 
 #include "trainer/config.h"
 #include "trainer/data/prepare.h"
+#include "trainer/interchange/export.h"
 #include "trainer/memory/estimate.h"
 
 namespace llm {
@@ -44,11 +46,12 @@ struct ReportOptions {
 };
 
 struct Command {
-  enum class Kind { train, prepare, report, estimate, help } kind = Kind::train;
+  enum class Kind { train, prepare, report, estimate, export_model, help } kind = Kind::train;
   RunConfig run;           // Kind::train and Kind::estimate
   PrepareOptions prepare;  // Kind::prepare
   ReportOptions report;    // Kind::report
   EstimateOptions estimate;  // Kind::estimate
+  ExportOptions export_options;  // Kind::export_model (`trainer export`)
   std::string help_text;   // Kind::help: what `--help` prints (for `prepare --help`, its own flags)
   // "command line: --batch_size given 2 times (8, 16); using the last, 16": main logs them on rank 0.
   std::vector<std::string> warnings;

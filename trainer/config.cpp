@@ -1,5 +1,6 @@
 #include "trainer/config.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -104,6 +105,7 @@ json RunConfig::to_json() const {
       {"save_every", checkpoint.save_every},
       {"save_dir", checkpoint.save_dir},
       {"continue_from", checkpoint.continue_from},
+      {"init_from", checkpoint.init_from},
       {"run_dir", logging.run_dir},
       {"device", to_string(device)},
       {"sharding", llm::to_string(sharding.strategy)},
@@ -180,6 +182,7 @@ RunConfig run_config_from_json(const json& object, const std::string& source) {
   read("save_every", run.checkpoint.save_every);
   read("save_dir", run.checkpoint.save_dir);
   read("continue_from", run.checkpoint.continue_from);
+  read("init_from", run.checkpoint.init_from);
   read("run_dir", run.logging.run_dir);
   read_enum("device", run.device, DeviceChoice::auto_select, DeviceChoice::cpu, DeviceChoice::cuda);
   read_enum("sharding", run.sharding.strategy, ShardingStrategy::full_shard, ShardingStrategy::shard_grad_op,
@@ -367,6 +370,15 @@ void validate_run_config(RunConfig& run, const ModelConfig& model, int world_siz
     fail_user(kCommandLine, "--continue_from",
               "expected an existing checkpoint folder (got \"" + run.checkpoint.continue_from + "\", which " +
                   (fs::exists(run.checkpoint.continue_from) ? "is not a folder" : "does not exist") + ")");
+  if (!run.checkpoint.init_from.empty() && !run.checkpoint.continue_from.empty())
+    fail_user(kCommandLine, "--init_from / --continue_from",
+              "give one: --continue_from resumes a run of this trainer (its weights, optimizer state, step and data "
+              "position), --init_from starts a new run from a transformers folder's weights (step 0, fresh "
+              "optimizer state); after an --init_from run has saved, resume it with --continue_from alone");
+  if (!run.checkpoint.init_from.empty() && !fs::is_directory(run.checkpoint.init_from))
+    fail_user(kCommandLine, "--init_from",
+              "expected a transformers save_pretrained folder (got \"" + run.checkpoint.init_from + "\", which " +
+                  (fs::exists(run.checkpoint.init_from) ? "is not a folder" : "does not exist") + ")");
   if (run.data.source != "synthetic" && !fs::is_regular_file(run.data.source))
     fail_user(kCommandLine, "--data",
               "expected \"synthetic\" or an existing token file made by `trainer prepare` (got \"" +
@@ -425,10 +437,25 @@ void create_run_dir(const std::string& run_dir) {
     fail_user(kCommandLine, "--run_dir",
               "cannot create \"" + run_dir + "\" (" + error.message() + "); " + what_to_pass +
                   " somewhere you can write");
-  if (::access(run_dir.c_str(), W_OK | X_OK) != 0)
+  if (const std::string problem = folder_write_problem(run_dir); !problem.empty())
     fail_user(kCommandLine, "--run_dir",
-              "cannot write into \"" + run_dir + "\" (" + std::strerror(errno) + "); " + what_to_pass +
+              "cannot write into \"" + run_dir + "\" (" + problem + "); " + what_to_pass +
                   " somewhere you can write");
+}
+
+std::string folder_write_problem(const std::string& folder) {
+  // Each rank its own name (host and pid): ranks probe the same folder at the same time.
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  const std::string probe = (std::filesystem::path(folder) /
+                             (".trainer_write_probe." + std::string(host) + "." + std::to_string(::getpid()))).string();
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+  if (fd < 0) return std::strerror(errno);
+  const bool written = ::write(fd, "x", 1) == 1;
+  const std::string problem = written ? "" : std::strerror(errno);
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return problem;
 }
 
 }  // namespace llm

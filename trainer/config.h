@@ -88,6 +88,9 @@ struct CheckpointConfig {
   int64_t save_every = 0;            // 0 = only at the end when save_dir is set
   std::string save_dir;
   std::string continue_from;
+  // --init_from: a transformers save_pretrained folder whose weights replace the seeded init of a
+  // fresh run (trainer/interchange/pretrained.h); never with continue_from.
+  std::string init_from;
 };
 
 struct LoggingConfig {
@@ -153,8 +156,13 @@ std::string unknown_optimizer_reason(const std::string& name);
 
 // Creates --run_dir for a training run (every rank may call it; it is a folder already when it
 // exists). A UserError naming --run_dir when the path is an existing file, passes through a file,
-// or cannot be created or written, so the run stops before it starts rather than at its first log.
+// or cannot be created or written (a probe file is created in it and removed), so the run stops
+// before it starts rather than at its first log.
 void create_run_dir(const std::string& run_dir);
+
+// Why a file cannot be created in FOLDER ("" when it can): creates and removes a probe file, so a
+// read-only folder or file system is found even where access() says yes (root, NFS, read-only mounts).
+std::string folder_write_problem(const std::string& folder);
 
 // The warmup when --warmup_steps is not given: 20 steps, but never more than a tenth of the run
 // (rounded down), so a short run works with the default flags: 200 steps or more warm up for 20,

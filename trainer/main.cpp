@@ -1,9 +1,12 @@
 // `trainer`: the one binary. `trainer --config FILE [flags]` trains (one process, or one rank per GPU
 // under mpirun); `trainer prepare ...` turns text into a token file; `trainer report RUN_DIR...`
 // aggregates run folders' memory ledgers; `trainer estimate --config FILE [flags] --world_size N`
-// predicts peak memory per rank. Exit codes: 0 done, 2 bad input (config, flags, data, checkpoint,
-// run folders), 3 training diverged, 1 anything else. Under mpirun a failure on
-// any rank aborts the whole job with the message, so no rank is left waiting in a collective.
+// predicts peak memory per rank; `trainer export --from CHECKPOINT --to DIR` writes a checkpoint as a
+// transformers folder. Exit codes: 0 done (or preempted by SIGTERM, SIGINT or SIGUSR1 with the step
+// saved), 2 bad input (config, flags, data, checkpoint, run folders), 3 training diverged,
+// 128 + the signal's number when preempted without --save_dir (143 for SIGTERM: the steps are lost),
+// 1 anything else. Under mpirun a failure on any rank aborts the whole job with the message, so no
+// rank is left waiting in a collective.
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -18,13 +21,17 @@
 #include "optim/host_threads.h"
 #include "sharding/communicator.h"
 #include "sharding/world.h"
+#include "trainer/checkpoint.h"
 #include "trainer/cli.h"
 #include "trainer/config.h"
 #include "trainer/data/prepare.h"
+#include "trainer/interchange/export.h"
+#include "trainer/interchange/pretrained.h"
 #include "trainer/memory/estimate.h"
 #include "trainer/memory/report.h"
 #include "trainer/memory/techniques.h"
 #include "trainer/memory/startup_check.h"
+#include "trainer/preemption.h"
 #include "trainer/train_loop.h"
 
 namespace {
@@ -40,6 +47,10 @@ int run_command(const llm::Command& command, const llm::World& world) {
   llm::refuse_launch_without_mpi(world);  // torchrun or srun without PMIx: N worlds of one
   if (command.kind == Kind::prepare) {
     if (world.rank == 0) llm::prepare_token_file(command.prepare);
+    return 0;
+  }
+  if (command.kind == Kind::export_model) {
+    if (world.rank == 0) llm::export_checkpoint(command.export_options);
     return 0;
   }
   if (command.kind == Kind::report) {
@@ -62,7 +73,22 @@ int run_command(const llm::Command& command, const llm::World& world) {
     return 0;
   }
   llm::create_run_dir(run.logging.run_dir);
+  // Before the model is built: --continue_from resolves to an intact checkpoint of this model, and
+  // --save_dir can be written and holds no other run's checkpoints.
+  const llm::CheckpointStart checkpoints = llm::check_checkpoints_at_start(run, model, world.rank == 0);
+  if (!checkpoints.resume_folder.empty() && checkpoints.resume_step == run.num_training_steps) {
+    // Exit 0: a requeued job that always passes --continue_from has nothing left to do, which is success.
+    if (world.rank == 0)
+      llm::log::info("{}: already finished at step {}; nothing to do (raise --num_training_steps to train on)",
+                     checkpoints.resume_folder, checkpoints.resume_step);
+    return 0;
+  }
   llm::RuntimeContext context;
+  context.resume_folder = checkpoints.resume_folder;
+  // --init_from: the folder's config.json and tensors are checked here, before anything is built.
+  const std::unique_ptr<llm::PretrainedFolder> init_from =
+      llm::open_init_from(run.checkpoint.init_from, model, world.rank == 0);
+  context.init_from = init_from.get();
   context.rank = world.rank;
   context.world_size = world.world_size;
   context.device = llm::select_device(run.device, world.local_rank);
@@ -72,7 +98,21 @@ int run_command(const llm::Command& command, const llm::World& world) {
   llm::process_identity().device = context.device.str();
   std::unique_ptr<llm::Communicator> communicator = llm::make_communicator(world, context.device);
   context.communicator = communicator.get();
+  llm::install_preemption_handlers();  // from here a signal stops the run at a step boundary
   const llm::TrainingOutcome outcome = llm::train(model, run, context);
+  if (outcome.preempted_by != 0) {
+    const char* signal = llm::signal_name(outcome.preempted_by);
+    if (outcome.preemption_checkpoint.empty()) {
+      if (world.rank == 0)
+        llm::log::error("preempted by {} at step {}: nothing was saved (no --save_dir), so the steps are lost; "
+                        "exit status {}", signal, outcome.steps, 128 + outcome.preempted_by);
+      return 128 + outcome.preempted_by;
+    }
+    if (world.rank == 0)
+      llm::log::info("preempted by {} at step {}: saved {}; resume with the same flags and --continue_from {}",
+                     signal, outcome.steps, outcome.preemption_checkpoint, run.checkpoint.save_dir);
+    return 0;
+  }
   llm::log::info("done: {} steps, final loss {:.4f}, final eval loss {:.4f}", outcome.steps,
                  outcome.final_loss, outcome.final_eval_loss);
   return 0;

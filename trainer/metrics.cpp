@@ -10,12 +10,12 @@
 
 namespace llm {
 
-MetricsLog::MetricsLog(const std::string& jsonl_path, bool is_writer, bool single_process)
+MetricsLog::MetricsLog(const std::string& jsonl_path, bool is_writer, bool single_process, bool append)
     : is_writer_(is_writer),
       interactive_(is_writer && single_process && ::isatty(STDOUT_FILENO) == 1) {
   if (!is_writer_) return;
   std::filesystem::create_directories(std::filesystem::path(jsonl_path).parent_path());
-  jsonl_.open(jsonl_path, std::ios::out | std::ios::trunc);
+  jsonl_.open(jsonl_path, std::ios::out | (append ? std::ios::app : std::ios::trunc));
   LLM_REQUIRE(jsonl_.good(), jsonl_path, "", "cannot write the metrics file; check --run_dir");
 }
 

@@ -12,6 +12,10 @@
 //   {"event":"gather_schedule", "strategy", "prefetch", "side_stream", "units",
 //    "peak_gathered_units", "schedule_peak_gathered_units", "inline_gathers", "prefetches"}
 //   {"event":"end", "steps", "final_loss", "final_eval_loss", "elapsed_s", ...}
+//   {"event":"preempted", "step", "signal", "checkpoint"}  instead of "end" when a signal stopped the
+//    run (trainer/preemption.h); "checkpoint" is null without --save_dir
+// A resumed run (--continue_from) appends to the file: a new "start" record (with "start_step" and
+// "run_id") follows the history before it, and may repeat steps after its checkpoint's.
 #pragma once
 
 #include <chrono>
@@ -44,7 +48,9 @@ class MetricsLog {
   // Only the writer (rank 0) prints and writes; other ranks' calls do nothing. The progress bar is
   // drawn only for a single process on a terminal: under mpirun stdout is a pseudo-terminal even
   // when mpirun's own output goes to a file, so a bar there would litter logs.
-  MetricsLog(const std::string& jsonl_path, bool is_writer, bool single_process);
+  // append: a resumed run adds to the file (its history before the checkpoint stays); otherwise the
+  // file starts empty.
+  MetricsLog(const std::string& jsonl_path, bool is_writer, bool single_process, bool append = false);
   void write(const nlohmann::json& record);
   void log_step(const StepRecord& record);
   void log_eval(int64_t step, double eval_loss, int64_t eval_tokens);

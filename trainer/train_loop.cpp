@@ -19,10 +19,12 @@
 #include "trainer/data/batches.h"
 #include "trainer/data/synthetic.h"
 #include "trainer/divergence.h"
+#include "trainer/interchange/pretrained.h"
 #include "trainer/memory/ledger.h"
 #include "trainer/metrics.h"
 #include "trainer/model/llama.h"
 #include "trainer/optimizer_setup.h"
+#include "trainer/preemption.h"
 #include "trainer/schedule.h"
 #include "trainer/train_state.h"
 
@@ -97,6 +99,21 @@ bool prepare_run(const RunConfig& run, c10::Device device) {
   return true;
 }
 
+// The run id every rank records: the resumed checkpoint's, else the one rank 0 draws (broadcast as
+// its characters).
+std::string agree_on_run_id(const std::string& resumed, Communicator& communicator) {
+  if (!resumed.empty()) return resumed;
+  const std::string drawn = new_run_id();
+  if (communicator.world_size() == 1) return drawn;
+  at::Tensor characters = at::tensor(std::vector<int64_t>(drawn.begin(), drawn.end()), at::kLong);
+  characters = characters.to(communicator.device());
+  communicator.broadcast(characters, 0);
+  characters = characters.to(at::kCPU);
+  std::string agreed;
+  for (int64_t i = 0; i < characters.numel(); ++i) agreed += static_cast<char>(characters[i].item<int64_t>());
+  return agreed;
+}
+
 // Every rank builds the same initial weights from the seed.
 const ModelConfig& seeded(const ModelConfig& config, uint64_t seed) {
   at::manual_seed(seed);
@@ -122,7 +139,7 @@ class Training {
  private:
   StepResult train_step(int64_t step);
   double evaluate(int64_t* tokens);
-  void save(int64_t step);
+  std::string save(int64_t step);  // the step's checkpoint folder
   void resume(const std::string& folder);
   void shard_when_built(const UnitSpec& unit, NamedTensors parameters);
   MemoryCategories owned_now() const;
@@ -153,6 +170,8 @@ class Training {
   std::unique_ptr<ShardOptimizer> device_optimizer_;
   ShardOptimizer& optimizer() const { return offload_ ? offload_->optimizer() : *device_optimizer_; }
   TrainState state_;
+  std::string run_id_;              // drawn at a fresh start, kept on resume (trainer_state.json)
+  std::string resumed_from_;        // the checkpoint folder resumed from; "" for a fresh run
   int64_t start_step_ = 0;
   int64_t live_batch_bytes_ = 0;
   DivergenceWatch divergence_;
@@ -174,10 +193,13 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
       communicator_(*context.communicator),
       autocast_(run.precision.dtype == DType::bfloat16 && run.precision.mode == Precision::mixed),
       prepared_(prepare_run(run, device_)),
-      metrics_((fs::path(run.logging.run_dir) / "metrics.jsonl").string(), context.rank == 0, context.world_size == 1),
+      // A resumed run appends to the run's history (a fresh one starts it).
+      metrics_((fs::path(run.logging.run_dir) / "metrics.jsonl").string(), context.rank == 0, context.world_size == 1,
+               !run.checkpoint.continue_from.empty()),
       ledger_(run.logging.run_dir, context.rank, context.world_size, device_,
               {{"model", model_config.name}, {"optimizer", run.optimizer.name}, {"dtype", to_string(run.precision.dtype)},
-               {"precision", to_string(run.precision.mode)}, {"sharding", to_string(run.sharding.strategy)}}),
+               {"precision", to_string(run.precision.mode)}, {"sharding", to_string(run.sharding.strategy)}},
+              !run.checkpoint.continue_from.empty()),
       corpus_(open_corpus(run, model_config, context)),
       train_batches_(corpus_.tokens, Split::train, run.data.max_length, run.data.eval_fraction, run.seed, context.rank,
                      context.world_size, run.data.batch_size),
@@ -225,7 +247,9 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
       device_optimizer_->set_unit_gradient(u, at::Tensor());
     }
   state_.seed = run.seed;
-  if (!run.checkpoint.continue_from.empty()) resume(resolve_checkpoint_folder(run.checkpoint.continue_from));
+  if (!run.checkpoint.continue_from.empty())
+    resume(context.resume_folder.empty() ? resolve_checkpoint_folder(run.checkpoint.continue_from) : context.resume_folder);
+  run_id_ = agree_on_run_id(run_id_, communicator_);
   start_step_ = state_.step;
   record_start();
 }
@@ -242,6 +266,7 @@ void Training::shard_when_built(const UnitSpec& unit, NamedTensors parameters) {
     }
   }
   init_unit_weights(unit, parameters, model_config_.initializer_range, run_.seed);
+  if (context_.init_from != nullptr) context_.init_from->load_unit(unit, parameters);  // replaces the seeded init
   int64_t held = unit_bytes;
   for (size_t u = 0; u < sharded_.unit_count(); ++u) held += sharded_.unit(u).compute_parameter_bytes();
   startup_peak_bytes_ = std::max(startup_peak_bytes_, held);
@@ -375,7 +400,7 @@ StepResult Training::train_step(int64_t step) {
 }
 
 TrainingOutcome Training::run() {
-  TrainingOutcome outcome{start_step_, 0, 0, corpus_.unigram_entropy, corpus_.entropy_rate};
+  TrainingOutcome outcome{start_step_, 0, 0, corpus_.unigram_entropy, corpus_.entropy_rate, 0, {}};
   const int64_t tokens_per_step = run_.data.total_batch_size * run_.data.max_length;
   for (int64_t step = start_step_ + 1; step <= run_.num_training_steps; ++step) {
     const auto started = std::chrono::steady_clock::now();
@@ -395,9 +420,14 @@ TrainingOutcome Training::run() {
       ledger_.point("eval", "", owned_now());
       metrics_.log_eval(step, outcome.final_eval_loss, eval_tokens);
     }
-    if (!run_.checkpoint.save_dir.empty() && ((run_.checkpoint.save_every > 0 && step % run_.checkpoint.save_every == 0) || last)) {
-      save(step);
+    // Preemption (trainer/preemption.h): the ranks agree on a signal any of them received, and all
+    // stop after this step, saving it when there is a --save_dir. At the last step the run ends anyway.
+    if (!last) outcome.preempted_by = preemption_agreed(communicator_);
+    const bool periodic_save = run_.checkpoint.save_every > 0 && step % run_.checkpoint.save_every == 0;
+    if (!run_.checkpoint.save_dir.empty() && (periodic_save || last || outcome.preempted_by != 0)) {
+      const std::string folder = save(step);
       ledger_.point("checkpoint", "", owned_now());
+      if (outcome.preempted_by != 0) outcome.preemption_checkpoint = folder;
     }
     ledger_.end_step();
     // Once: after the second step (or the last, if fewer). Recording stops there, so a later
@@ -407,12 +437,18 @@ TrainingOutcome Training::run() {
           device_, (fs::path(run_.logging.run_dir) / ("memory_snapshot.rank" + std::to_string(context_.rank) + ".pickle")).string());
       stop_device_memory_history(device_);
     }
+    if (outcome.preempted_by != 0) break;
   }
   if (offload_) offload_->wait_all();  // the masters hold the last step before anything reads them
   finish_memory_ledger(outcome.steps - start_step_);
   metrics_.write(gather_schedule_record());
-  metrics_.write({{"event", "end"}, {"steps", outcome.steps}, {"final_loss", outcome.final_loss},
-                  {"final_eval_loss", outcome.final_eval_loss}, {"peak_memory_bytes", ledger_.step_line_peak_bytes()}});
+  if (outcome.preempted_by != 0)
+    metrics_.write({{"event", "preempted"}, {"step", outcome.steps}, {"signal", signal_name(outcome.preempted_by)},
+                    {"checkpoint", outcome.preemption_checkpoint.empty() ? nlohmann::json()
+                                                                          : nlohmann::json(outcome.preemption_checkpoint)}});
+  else
+    metrics_.write({{"event", "end"}, {"steps", outcome.steps}, {"final_loss", outcome.final_loss},
+                    {"final_eval_loss", outcome.final_eval_loss}, {"peak_memory_bytes", ledger_.step_line_peak_bytes()}});
   return outcome;
 }
 
@@ -435,7 +471,7 @@ double Training::evaluate(int64_t* tokens) {
 }
 
 // Checkpoints hold full tensors (world-size independent): every rank joins the gathers, rank 0 writes.
-void Training::save(int64_t step) {
+std::string Training::save(int64_t step) {
   std::vector<std::pair<std::string, at::Tensor>> model_tensors;
   if (offload_) offload_->wait_all();
   for (size_t u = 0; u < sharded_.unit_count(); ++u) {
@@ -445,22 +481,25 @@ void Training::save(int64_t step) {
     for (auto& named : unit.gather_full(master)) model_tensors.push_back(std::move(named));
   }
   const std::map<std::string, at::Tensor> optimizer_state = optimizer().full_state_dict();
-  if (context_.rank != 0) return;
   const std::string folder = (fs::path(run_.checkpoint.save_dir) / ("step_" + std::to_string(step))).string();
+  if (context_.rank != 0) return folder;
   nlohmann::json trainer_state = state_.to_json();
+  trainer_state["run_id"] = run_id_;
   trainer_state["world_size"] = context_.world_size;
   trainer_state["optimizer"] = run_.optimizer.name;
   trainer_state["model"] = model_config_.to_json();
+  // `trainer export` looks for the tokenizer `trainer prepare` trained beside the token file.
+  trainer_state["data"] = run_.data.source == "synthetic" ? run_.data.source : fs::absolute(run_.data.source).string();
   save_checkpoint(folder, model_tensors, optimizer_state, trainer_state);
   log::info("saved checkpoint {}", folder);
+  return folder;
 }
 
 // A checkpoint's full model tensors (any world size) into this rank's shards, its optimizer state
 // into the optimizer (ShardOptimizer::load_full_state_dict), and the run's position.
 void Training::resume(const std::string& folder) {
   Checkpoint checkpoint = load_checkpoint(folder);
-  LLM_REQUIRE(checkpoint.trainer_state.value("model", nlohmann::json()) == model_config_.to_json(), folder,
-              "trainer_state.json: model", "the checkpoint was made for another model config");
+  require_same_model(folder, checkpoint.trainer_state, model_config_);
   const TrainState saved = TrainState::from_json(checkpoint.trainer_state, folder + "/trainer_state.json");
   const std::string saved_optimizer = checkpoint.trainer_state.value("optimizer", std::string("adamw"));
   LLM_REQUIRE(saved_optimizer == run_.optimizer.name, folder + "/trainer_state.json", "optimizer",
@@ -494,6 +533,10 @@ void Training::resume(const std::string& folder) {
   state_.step = saved.step;
   state_.samples_consumed = saved.samples_consumed;
   state_.tokens_seen = saved.tokens_seen;
+  // Checkpoints from before run ids have none: the resumed run draws one.
+  if (checkpoint.trainer_state.contains("run_id") && checkpoint.trainer_state.at("run_id").is_string())
+    run_id_ = checkpoint.trainer_state.at("run_id").get<std::string>();
+  resumed_from_ = folder;
   log::info("resumed from {} at step {}", folder, saved.step);
 }
 
@@ -518,7 +561,8 @@ void Training::record_start() {
                   {"startup_peak_parameter_bytes", startup_peak_bytes_},
                   {"largest_unit_parameter_bytes", largest_unit_bytes_},
                   {"corpus_unigram_entropy", corpus_.unigram_entropy},
-                  {"corpus_entropy_rate", corpus_.entropy_rate}, {"start_step", start_step_}});
+                  {"corpus_entropy_rate", corpus_.entropy_rate}, {"start_step", start_step_}, {"run_id", run_id_},
+                  {"resumed_from", resumed_from_.empty() ? nlohmann::json() : nlohmann::json(resumed_from_)}});
   log::info("model {}: {:.2f}M parameters on {} x {} ({}, {}, {} host threads per rank), {} steps of {} sequences x {} tokens",
             model_config_.name, model_config_.num_parameters() / 1e6, context_.world_size, device_.str(),
             communicator_.backend_name(), to_string(run_.sharding.strategy), at::get_num_threads(),

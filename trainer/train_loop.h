@@ -15,12 +15,19 @@
 namespace llm {
 
 class Communicator;
+class PretrainedFolder;
 
 struct RuntimeContext {
   int rank = 0;
   int world_size = 1;
   c10::Device device = c10::Device(c10::kCPU);
   Communicator* communicator = nullptr;  // over all ranks, for this device
+  // The checkpoint --continue_from resolved to at start-up (check_checkpoints_at_start,
+  // trainer/checkpoint.h); "" for a fresh run, or to resolve it in train().
+  std::string resume_folder;
+  // --init_from opened and checked at start-up (trainer/interchange/pretrained.h): each unit's weights
+  // are read from it as the unit is built, before it is sharded. nullptr: the seeded init.
+  const PretrainedFolder* init_from = nullptr;
 };
 
 struct TrainingOutcome {
@@ -29,13 +36,18 @@ struct TrainingOutcome {
   double final_eval_loss = 0;
   double corpus_unigram_entropy = 0;  // synthetic data only, else 0
   double corpus_entropy_rate = 0;     // synthetic data only, else 0
+  // Preempted (trainer/preemption.h): the signal the ranks agreed on after step `steps`, and the
+  // checkpoint holding that step ("" without --save_dir). 0: the run went to its end.
+  int preempted_by = 0;
+  std::string preemption_checkpoint;
 };
 
 // Picks the device from --device: cuda:<local_rank> when asked for (or auto and one is present).
 c10::Device select_device(DeviceChoice choice, int local_rank);
 
-// Runs the whole training job. Throws UserError for bad data or checkpoints and TrainingError when
-// the loss stops being finite.
+// Runs the whole training job, or until a preemption signal (the outcome says which, and at which
+// step). Throws UserError for bad data or checkpoints and TrainingError when the loss stops being
+// finite.
 TrainingOutcome train(const ModelConfig& model_config, const RunConfig& run,
                       const RuntimeContext& context);
 

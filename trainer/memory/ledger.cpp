@@ -25,11 +25,11 @@ MemoryCategories owned_categories(const OwnedBytes& owned, int64_t other_bytes) 
 }
 
 MemoryLedger::MemoryLedger(const std::string& run_dir, int rank, int world_size, c10::Device device,
-                           const nlohmann::json& run_info)
+                           const nlohmann::json& run_info, bool append)
     : run_dir_(run_dir), rank_(rank), world_size_(world_size), device_(device) {
   fs::create_directories(run_dir_);
   const std::string path = (fs::path(run_dir_) / ("memory.rank" + std::to_string(rank_) + ".jsonl")).string();
-  out_.open(path, std::ios::out | std::ios::trunc);
+  out_.open(path, std::ios::out | (append ? std::ios::app : std::ios::trunc));
   LLM_REQUIRE(out_.good(), path, "", "cannot write the memory ledger; check --run_dir");
   run_summary_.rank = step_summary_.rank = rank_;
   nlohmann::json start = {{"event", "start"},

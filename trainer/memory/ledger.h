@@ -46,10 +46,11 @@ MemoryCategories owned_categories(const OwnedBytes& owned, int64_t other_bytes);
 
 class MemoryLedger {
  public:
-  // Opens RUN_DIR/memory.rank<R>.jsonl and writes its start record (run_info is copied into it).
+  // Opens RUN_DIR/memory.rank<R>.jsonl and writes its start record (run_info is copied into it);
+  // `append` (a resumed run) keeps the records already there, so the file holds one segment per start.
   // Construct it before the model is built: the window up to the first step is the start-up peak.
   MemoryLedger(const std::string& run_dir, int rank, int world_size, c10::Device device,
-               const nlohmann::json& run_info);
+               const nlohmann::json& run_info, bool append = false);
 
   void begin_step(int64_t step);
   void set_micro_batch(int64_t micro) { micro_ = micro; }

@@ -143,8 +143,12 @@ RankMemorySummary read_rank_summary(int rank, const JsonlFile& ledger) {
       check_byte_counts(ledger, line, fields, "");
       const std::string event = fields.value("event", "");
       if (event == "end" && fields.contains("summary")) {
-        ended = RankMemorySummary::from_json(fields.at("summary"));
-        end = &line;
+        // A resumed run's ledger holds a segment per start: the segment with the largest peak.
+        RankMemorySummary segment = RankMemorySummary::from_json(fields.at("summary"));
+        if (end == nullptr || segment.peak_bytes > ended.peak_bytes) {
+          ended = std::move(segment);
+          end = &line;
+        }
       } else if (event == "step") {
         const int64_t peak_before = from_steps.peak_bytes;
         add_step(from_steps, fields, peak_record == nullptr);
@@ -246,8 +250,12 @@ RunRecord read_run(const std::string& dir) {
   for (int rank = 0; rank < record.world; ++rank) {
     RankTimeline timeline;
     timeline.rank = rank;
+    // A resumed run repeats the steps after its checkpoint in a later segment (a later start record):
+    // the timeline is the last segment's that has the step.
+    std::vector<std::vector<TimelineBar>> segments(1);
     for (const JsonlRecord& line : ledgers[rank].records)
       read_record(ledgers[rank], line, [&](const json& fields) {
+        if (fields.value("event", "") == "start" && !segments.back().empty()) segments.emplace_back();
         if (fields.value("event", "") != "point") return;
         const std::string phase = fields.value("phase", "");
         const int64_t window_peak = fields.value("window_peak_bytes", int64_t{0});
@@ -262,8 +270,10 @@ RunRecord read_run(const std::string& dir) {
         if (fields.value("micro", int64_t{0}) > 0) bar.label += " (micro " + std::to_string(fields.value("micro", int64_t{0})) + ")";
         bar.categories = MemoryCategories::from_json(fields);
         bar.window_peak_bytes = fields.value("window_peak_bytes", int64_t{0});
-        timeline.bars.push_back(bar);
+        segments.back().push_back(bar);
       });
+    for (auto segment = segments.rbegin(); segment != segments.rend() && timeline.bars.empty(); ++segment)
+      timeline.bars = *segment;
     record.timeline.push_back(timeline);
   }
 

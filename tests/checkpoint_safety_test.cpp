@@ -1,0 +1,363 @@
+// Checkpoints and run folders that lose nothing (issue 13), through the trainer binary on CPU:
+// --save_dir and --run_dir are checked writable at start-up, before the model is built, and the check
+// leaves nothing behind; a resumed run appends to its run folder's history, and a finished one says
+// so; "newest" in --continue_from SAVE_DIR skips misnamed and broken step folders with a warning; a
+// save_dir of another run or another model config is refused; a save that cannot be written is an
+// error that leaves the previous checkpoint the newest.
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/test_util.h"
+
+namespace llm {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::run_command;
+using testing::ScratchDir;
+
+// llama_micro, a few cheap steps.
+std::string trainer_arguments(const std::string& flags) {
+  return " --config " + (testing::source_dir() / "configs/llama_micro.json").string() +
+         " --device cpu --warmup_steps 1 --batch_size 2 --max_length 16 --eval_every 0 " + flags;
+}
+
+std::string trainer_command(const std::string& flags) {
+  return "OMP_NUM_THREADS=1 " + testing::trainer_binary().string() + trainer_arguments(flags);
+}
+
+bool mentions(const std::string& output, const std::string& part) { return output.find(part) != std::string::npos; }
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+std::vector<std::string> entries(const fs::path& folder) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(folder)) names.push_back(entry.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+nlohmann::json trainer_state(const fs::path& checkpoint) {
+  return nlohmann::json::parse(read_file(checkpoint / "trainer_state.json"));
+}
+
+// A folder made read-only with chmod 0555; writable anyway when the tests run as root (CAP_DAC_OVERRIDE),
+// which writable() says.
+struct ReadOnlyFolder {
+  explicit ReadOnlyFolder(const fs::path& path) : path(path) {
+    fs::create_directories(path);
+    ::chmod(path.c_str(), 0555);
+  }
+  ~ReadOnlyFolder() { ::chmod(path.c_str(), 0755); }
+  bool writable() const {
+    const fs::path probe = path / "probe";
+    const bool created = std::ofstream(probe).good();
+    fs::remove(probe);
+    return created;
+  }
+  fs::path path;
+};
+
+// --- start-up checks of the folders -----------------------------------------------------------
+
+constexpr const char* kRootSkip =
+    "running as root: chmod 0555 does not stop root's writes (run under `setpriv --bounding-set="
+    "-dac_override,-dac_read_search --inh-caps=-dac_override,-dac_read_search` to test it)";
+
+TEST(StartupChecks, ReadOnlySaveDirIsRefusedBeforeTheModelIsBuilt) {
+  ScratchDir dir("ro_save_dir");
+  ReadOnlyFolder read_only(dir / "ckpt");
+  if (read_only.writable()) GTEST_SKIP() << kRootSkip;
+  // The folder itself, and a folder to be created inside it.
+  for (const fs::path& save_dir : {dir / "ckpt", dir / "ckpt/below"}) {
+    auto result = run_command(trainer_command("--num_training_steps 2 --save_dir " + save_dir.string() + " --run_dir " +
+                                              (dir / "run").string()));
+    EXPECT_EQ(result.exit_code, 2) << result.output;
+    EXPECT_TRUE(mentions(result.output, "--save_dir")) << result.output;
+    EXPECT_TRUE(mentions(result.output, "cannot write into \"" + (dir / "ckpt").string() + "\"")) << result.output;
+    EXPECT_FALSE(fs::exists(dir / "run/metrics.jsonl")) << "refused before the model was built";
+  }
+  EXPECT_TRUE(entries(dir / "ckpt").empty()) << "nothing left in the folder";
+}
+
+TEST(StartupChecks, ReadOnlyRunDirIsRefusedBeforeTheModelIsBuilt) {
+  ScratchDir dir("ro_run_dir");
+  ReadOnlyFolder read_only(dir / "run");
+  if (read_only.writable()) GTEST_SKIP() << kRootSkip;
+  auto result = run_command(trainer_command("--num_training_steps 2 --run_dir " + (dir / "run").string()));
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_TRUE(mentions(result.output, "--run_dir: cannot write into \"" + (dir / "run").string() + "\"")) << result.output;
+  EXPECT_TRUE(entries(dir / "run").empty()) << "nothing left in the folder";
+}
+
+// A file system that refuses new files even to root (sysfs): the probe finds it where access() would not.
+TEST(StartupChecks, SaveDirOnAFileSystemThatRefusesWritesIsRefused) {
+  if (!fs::is_directory("/sys") || std::ofstream("/sys/trainer_write_probe").good())
+    GTEST_SKIP() << "no /sys refusing new files here";
+  ScratchDir dir("sys_save_dir");
+  auto result = run_command(trainer_command("--num_training_steps 2 --save_dir /sys/trainer_test_checkpoints --run_dir " +
+                                            (dir / "run").string()));
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_TRUE(mentions(result.output, "--save_dir: cannot create \"/sys/trainer_test_checkpoints\": cannot write into \"/sys\""))
+      << result.output;
+  EXPECT_FALSE(fs::exists(dir / "run/metrics.jsonl")) << "refused before the model was built";
+}
+
+TEST(StartupChecks, FoldersUnderAFileAreRefusedBeforeTheModelIsBuilt) {
+  ScratchDir dir("under_file");
+  std::ofstream(dir / "afile") << "x";
+  auto save = run_command(trainer_command("--num_training_steps 2 --save_dir " + (dir / "afile/ckpt").string() +
+                                          " --run_dir " + (dir / "run").string()));
+  EXPECT_EQ(save.exit_code, 2) << save.output;
+  EXPECT_TRUE(mentions(save.output, "--save_dir: ")) << save.output;
+  EXPECT_FALSE(fs::exists(dir / "run/metrics.jsonl")) << "refused before the model was built";
+  auto run = run_command(trainer_command("--num_training_steps 2 --run_dir " + (dir / "afile/run").string()));
+  EXPECT_EQ(run.exit_code, 2) << run.output;
+  EXPECT_TRUE(mentions(run.output, "--run_dir: ")) << run.output;
+  EXPECT_EQ(read_file(dir / "afile"), "x");
+}
+
+TEST(StartupChecks, TheWriteProbeLeavesNothingBehind) {
+  ScratchDir dir("probe_clean");
+  fs::create_directories(dir / "ckpt");
+  auto result = run_command(trainer_command("--num_training_steps 2 --save_dir " + (dir / "ckpt").string() +
+                                            " --run_dir " + (dir / "run").string()));
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_EQ(entries(dir / "ckpt"), std::vector<std::string>{"step_2"});
+  for (const std::string& name : entries(dir / "run")) EXPECT_EQ(name.find("probe"), std::string::npos) << name;
+}
+
+// --- the run's history --------------------------------------------------------------------------
+
+TEST(RunHistory, ResumingIntoTheSameRunDirAppendsAndAFreshRunStartsOver) {
+  ScratchDir dir("history");
+  const std::string flags = "--num_training_steps 6 --save_every 3 --save_dir " + (dir / "ckpt").string() +
+                            " --run_dir " + (dir / "run").string();
+  ASSERT_EQ(run_command(trainer_command(flags)).exit_code, 0);
+  const auto first_steps = testing::read_metrics_events(dir / "run", "train");
+  ASSERT_EQ(first_steps.size(), 6u);
+  // As after a crash at step 6 with the last checkpoint at step 3: resume from it into the same run_dir.
+  auto resumed = run_command(trainer_command(flags + " --continue_from " + (dir / "ckpt/step_3").string()));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  const auto starts = testing::read_metrics_events(dir / "run", "start");
+  ASSERT_EQ(starts.size(), 2u) << "the first part of the history is kept";
+  EXPECT_EQ(starts[1].at("start_step"), 3);
+  EXPECT_EQ(starts[1].at("run_id"), starts[0].at("run_id")) << "a resumed run keeps its run id";
+  EXPECT_EQ(starts[1].at("resumed_from"), (dir / "ckpt/step_3").string());
+  const auto steps = testing::read_metrics_events(dir / "run", "train");
+  ASSERT_EQ(steps.size(), 9u);
+  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(steps[i], first_steps[i]) << "step " << i + 1 << " unchanged";
+  for (size_t i = 6; i < 9; ++i) {
+    EXPECT_EQ(steps[i].at("step"), first_steps[i - 3].at("step"));
+    EXPECT_EQ(steps[i].at("loss").get<double>(), first_steps[i - 3].at("loss").get<double>()) << "bitwise on CPU";
+  }
+  EXPECT_EQ(testing::read_metrics_events(dir / "run", "end").size(), 2u);
+  EXPECT_EQ(trainer_state(dir / "ckpt/step_6").at("run_id"), starts[0].at("run_id"));
+
+  // `trainer report` reads the appended folder: the last start record's settings and the last final loss.
+  auto report = run_command(testing::trainer_binary().string() + " report " + (dir / "run").string() + " --out " +
+                            (dir / "report").string());
+  ASSERT_EQ(report.exit_code, 0) << report.output;
+  const std::string markdown = read_file(dir / "report/memory_report.md");
+  EXPECT_TRUE(mentions(markdown, "6 step(s)")) << markdown;
+
+  // A fresh run (no --continue_from) starts the history over.
+  ASSERT_EQ(run_command(trainer_command("--num_training_steps 2 --run_dir " + (dir / "run").string())).exit_code, 0);
+  EXPECT_EQ(testing::read_metrics_events(dir / "run", "start").size(), 1u);
+  EXPECT_EQ(testing::read_metrics_events(dir / "run", "train").size(), 2u);
+}
+
+// The memory ledgers keep both segments, and `trainer report` reads the folder: the timeline of the
+// peak step is one segment's (not the points of both runs of a repeated step).
+TEST(RunHistory, ResumingAppendsToTheMemoryLedgers) {
+  ScratchDir dir("history_ledger");
+  const std::string flags = "--num_training_steps 4 --save_every 2 --save_dir " + (dir / "ckpt").string() +
+                            " --run_dir " + (dir / "run").string();
+  ASSERT_EQ(run_command(trainer_command(flags)).exit_code, 0);
+  ASSERT_EQ(run_command(trainer_command(flags + " --continue_from " + (dir / "ckpt/step_2").string())).exit_code, 0);
+  std::ifstream ledger(dir / "run/memory.rank0.jsonl");
+  int starts = 0;
+  for (std::string line; std::getline(ledger, line);)
+    starts += nlohmann::json::parse(line).at("event") == "start" ? 1 : 0;
+  EXPECT_EQ(starts, 2) << "both parts of the run in rank 0's ledger";
+  const auto report = run_command(testing::trainer_binary().string() + " report " + (dir / "run").string() +
+                                  " --out " + (dir / "report").string());
+  ASSERT_EQ(report.exit_code, 0) << report.output;
+  // Each training point of the peak step once: one segment's, not both runs of a repeated step.
+  const std::string timeline = read_file(dir / "report/memory/run_timeline.svg");
+  size_t first_block = 0;
+  for (size_t at = timeline.find(">forward:layer.0<"); at != std::string::npos; at = timeline.find(">forward:layer.0<", at + 1))
+    ++first_block;
+  EXPECT_EQ(first_block, 1u) << timeline.substr(0, 3000);
+}
+
+// Exit 0: a requeued job that always passes --continue_from has nothing left to do, which is success.
+TEST(RunHistory, ResumingAFinishedRunSaysSoAndChangesNothing) {
+  ScratchDir dir("finished");
+  const std::string flags = "--save_every 2 --save_dir " + (dir / "ckpt").string() + " --run_dir " + (dir / "run").string();
+  ASSERT_EQ(run_command(trainer_command("--num_training_steps 4 " + flags)).exit_code, 0);
+  const std::string history = read_file(dir / "run/metrics.jsonl");
+  auto again = run_command(trainer_command("--num_training_steps 4 " + flags + " --continue_from " + (dir / "ckpt").string()));
+  EXPECT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_TRUE(mentions(again.output, "already finished at step 4; nothing to do")) << again.output;
+  EXPECT_EQ(read_file(dir / "run/metrics.jsonl"), history);
+  // Fewer steps than the checkpoint has: a mistake, named.
+  auto fewer = run_command(trainer_command("--num_training_steps 3 " + flags + " --continue_from " + (dir / "ckpt").string()));
+  EXPECT_EQ(fewer.exit_code, 2) << fewer.output;
+  EXPECT_TRUE(mentions(fewer.output, "--num_training_steps: the checkpoint " + (dir / "ckpt/step_4").string() +
+                                         " is at step 4, beyond the 3 steps asked for"))
+      << fewer.output;
+  EXPECT_EQ(read_file(dir / "run/metrics.jsonl"), history);
+}
+
+// --- which checkpoint is the newest, and whose ----------------------------------------------------
+
+TEST(NewestCheckpoint, MisnamedAndBrokenFoldersAreSkipped) {
+  ScratchDir dir("newest");
+  const fs::path ckpt = dir / "ckpt";
+  ASSERT_EQ(run_command(trainer_command("--num_training_steps 4 --save_every 2 --save_dir " + ckpt.string() +
+                                        " --run_dir " + (dir / "a").string()))
+                .exit_code,
+            0);
+  // Intact copies under names that are not step_<N>: never picked.
+  for (const char* name : {"step_20.broken", "step_20.tmp", "step_x", "step_", "step_-7", "step_30x"})
+    fs::copy(ckpt / "step_4", ckpt / name, fs::copy_options::recursive);
+  // Newer than step_4 and broken: truncated state, a state without samples_consumed, a missing tensor file.
+  fs::copy(ckpt / "step_4", ckpt / "step_10", fs::copy_options::recursive);
+  std::ofstream(ckpt / "step_10/trainer_state.json", std::ios::trunc) << "{\"step\": 10, ";
+  fs::copy(ckpt / "step_4", ckpt / "step_8", fs::copy_options::recursive);
+  nlohmann::json state = trainer_state(ckpt / "step_4");
+  state["step"] = 8;
+  state.erase("samples_consumed");
+  std::ofstream(ckpt / "step_8/trainer_state.json", std::ios::trunc) << state.dump();
+  fs::copy(ckpt / "step_4", ckpt / "step_6", fs::copy_options::recursive);
+  fs::remove(ckpt / "step_6/optimizer.pt");
+
+  auto resumed = run_command(trainer_command("--num_training_steps 6 --continue_from " + ckpt.string() + " --run_dir " +
+                                             (dir / "b").string()));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_TRUE(mentions(resumed.output, "resumed from " + (ckpt / "step_4").string() + " at step 4")) << resumed.output;
+  for (const char* broken : {"step_10: ", "step_8: trainer_state.json: samples_consumed", "step_6: optimizer.pt: missing"})
+    EXPECT_TRUE(mentions(resumed.output, "--continue_from: skipping " + (ckpt / broken).string())) << broken << "\n"
+                                                                                                 << resumed.output;
+  EXPECT_FALSE(mentions(resumed.output, "step_20")) << resumed.output;
+  const auto steps = testing::read_metrics_events(dir / "b", "train");
+  ASSERT_EQ(steps.size(), 2u);
+  EXPECT_EQ(steps.front().at("step"), 5);
+
+  // Nothing intact at all: a clear error naming the newest folder's problem.
+  ScratchDir empty("newest_none");
+  fs::copy(ckpt / "step_10", empty / "step_10", fs::copy_options::recursive);
+  auto none = run_command(trainer_command("--num_training_steps 6 --continue_from " + empty.path().string() +
+                                          " --run_dir " + (dir / "c").string()));
+  EXPECT_EQ(none.exit_code, 2) << none.output;
+  EXPECT_TRUE(mentions(none.output, "none of its 1 step_<N> folder(s) is an intact checkpoint")) << none.output;
+}
+
+TEST(NewestCheckpoint, AnotherRunsSaveDirIsRefusedUnlessNamed) {
+  ScratchDir dir("foreign");
+  const fs::path ckpt = dir / "ckpt";
+  ASSERT_EQ(run_command(trainer_command("--num_training_steps 4 --save_every 2 --save_dir " + ckpt.string() +
+                                        " --run_dir " + (dir / "a").string()))
+                .exit_code,
+            0);
+  const std::string run_id = trainer_state(ckpt / "step_4").at("run_id");
+  EXPECT_EQ(run_id.size(), 16u);
+  // A fresh run into it: refused at start-up, naming the other run.
+  auto fresh = run_command(trainer_command("--num_training_steps 6 --save_dir " + ckpt.string() + " --run_dir " +
+                                           (dir / "b").string()));
+  EXPECT_EQ(fresh.exit_code, 2) << fresh.output;
+  EXPECT_TRUE(mentions(fresh.output, "--save_dir: \"" + ckpt.string() + "\" holds checkpoints of another run (step_4, run " +
+                                         run_id + ")"))
+      << fresh.output;
+  EXPECT_FALSE(fs::exists(dir / "b/metrics.jsonl")) << "refused before the model was built";
+  EXPECT_EQ(entries(ckpt), (std::vector<std::string>{"step_2", "step_4"}));
+  // Resuming another run's checkpoint into it: refused too.
+  ScratchDir other("foreign_other");
+  ASSERT_EQ(run_command(trainer_command("--num_training_steps 2 --save_dir " + (other / "ckpt").string() + " --run_dir " +
+                                        (other / "run").string()))
+                .exit_code,
+            0);
+  auto mixed = run_command(trainer_command("--num_training_steps 6 --save_dir " + ckpt.string() + " --continue_from " +
+                                           (other / "ckpt/step_2").string() + " --run_dir " + (dir / "c").string()));
+  EXPECT_EQ(mixed.exit_code, 2) << mixed.output;
+  EXPECT_TRUE(mentions(mixed.output, "holds checkpoints of another run")) << mixed.output;
+  // --continue_from naming the save_dir: its run goes on, under its run id.
+  auto named = run_command(trainer_command("--num_training_steps 6 --save_dir " + ckpt.string() + " --continue_from " +
+                                           ckpt.string() + " --run_dir " + (dir / "d").string()));
+  ASSERT_EQ(named.exit_code, 0) << named.output;
+  EXPECT_EQ(trainer_state(ckpt / "step_6").at("run_id"), run_id);
+  // Resuming one of its own step folders into it is that run too.
+  auto own = run_command(trainer_command("--num_training_steps 8 --save_dir " + ckpt.string() + " --continue_from " +
+                                         (ckpt / "step_6").string() + " --run_dir " + (dir / "e").string()));
+  ASSERT_EQ(own.exit_code, 0) << own.output;
+  EXPECT_EQ(trainer_state(ckpt / "step_8").at("run_id"), run_id);
+}
+
+TEST(NewestCheckpoint, AnotherModelConfigIsRefusedNamingTheDifference) {
+  ScratchDir dir("other_model");
+  ASSERT_EQ(run_command(trainer_command("--num_training_steps 2 --save_dir " + (dir / "ckpt").string() + " --run_dir " +
+                                        (dir / "a").string()))
+                .exit_code,
+            0);
+  nlohmann::json config = nlohmann::json::parse(read_file(testing::source_dir() / "configs/llama_micro.json"));
+  config["intermediate_size"] = 96;
+  std::ofstream(dir / "wider.json") << config.dump(2);
+  auto result = run_command("OMP_NUM_THREADS=1 " + testing::trainer_binary().string() + " --config " +
+                            (dir / "wider.json").string() +
+                            " --device cpu --num_training_steps 4 --batch_size 2 --max_length 16 --continue_from " +
+                            (dir / "ckpt").string() + " --run_dir " + (dir / "b").string());
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_TRUE(mentions(result.output, (dir / "ckpt/step_2").string() + ": trainer_state.json: model: the checkpoint was "
+                                                                        "made for another model config (intermediate_size "
+                                                                        "88 there, 96 here)"))
+      << result.output;
+  EXPECT_FALSE(fs::exists(dir / "b/metrics.jsonl")) << "refused before the model was built";
+}
+
+// A save that cannot be written (here: a file size limit, as a full disk): exit 2 naming the file, no
+// step folder and no .tmp left, and the previous checkpoint is still the newest and resumes.
+TEST(NewestCheckpoint, AFailedSaveLeavesThePreviousCheckpointTheNewest) {
+  ScratchDir dir("failed_save");
+  const fs::path ckpt = dir / "ckpt";
+  ASSERT_EQ(run_command(trainer_command("--num_training_steps 2 --save_dir " + ckpt.string() + " --run_dir " +
+                                        (dir / "a").string()))
+                .exit_code,
+            0);
+  // The token file the first run generated, so the resumed run writes no corpus. A limit of 200
+  // blocks (100 KiB in dash's 512-byte blocks, 200 KiB in bash's) fits the logs and not the
+  // checkpoint's optimizer.pt (about 280 KiB); SIGXFSZ ignored, so the write fails with EFBIG. Under
+  // mpirun, whose daemon (not limited) makes the shared-memory files a singleton's MPI_Init would.
+  const std::string data = " --data " + (dir / "a/synthetic.rank0.tok").string();
+  const std::string flags = " --num_training_steps 4 --save_every 2 --save_dir " + ckpt.string() + data;
+  auto failed = run_command(testing::mpirun(1) + "sh -c \"trap '' XFSZ; ulimit -f 200; exec " +
+                            testing::trainer_binary().string() +
+                            trainer_arguments(flags + " --continue_from " + ckpt.string() + " --run_dir " +
+                                              (dir / "b").string()) +
+                            "\"");
+  EXPECT_EQ(failed.exit_code, 2) << failed.output;
+  EXPECT_TRUE(mentions(failed.output, (ckpt / "step_4.tmp").string())) << failed.output;
+  EXPECT_TRUE(mentions(failed.output, "could not be written")) << failed.output;
+  EXPECT_TRUE(mentions(failed.output, "the newest complete one is still the previous step_<N> folder")) << failed.output;
+  EXPECT_FALSE(mentions(failed.output, "saved checkpoint")) << failed.output;
+  EXPECT_EQ(entries(ckpt), std::vector<std::string>{"step_2"});
+  auto resumed = run_command(trainer_command(flags + " --continue_from " + ckpt.string() + " --run_dir " +
+                                             (dir / "c").string()));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_TRUE(mentions(resumed.output, "resumed from " + (ckpt / "step_2").string())) << resumed.output;
+  EXPECT_TRUE(fs::exists(ckpt / "step_4/trainer_state.json"));
+}
+
+}  // namespace
+}  // namespace llm

@@ -1,0 +1,150 @@
+#include "trainer/interchange/pretrained.h"
+
+#include <ATen/ATen.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "common/errors.h"
+#include "common/log.h"
+#include "trainer/interchange/hf_config.h"
+#include "trainer/model/units.h"
+
+namespace llm {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr const char* kFlag = "--init_from";
+constexpr const char* kResave =
+    "load it in Python and save it again with model.save_pretrained(DIR, safe_serialization=True)";
+
+nlohmann::json read_json(const fs::path& path, const std::string& what) {
+  std::ifstream in(path);
+  LLM_REQUIRE(in.good(), path.string(), "", "missing: " + what);
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& error) {
+    fail_user(path.string(), "", std::string("not valid JSON: ") + error.what());
+  }
+}
+
+std::string shape_text(at::IntArrayRef shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+// Rotary tables some transformers versions saved with the weights: recomputed here, not weights.
+bool is_rotary_buffer(const std::string& name) {
+  const std::string suffix = "rotary_emb.inv_freq";
+  return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+PretrainedFolder::PretrainedFolder(const std::string& folder, const ModelConfig& model, bool log_notes)
+    : folder_(folder) {
+  const fs::path root(folder);
+  std::error_code error;
+  LLM_REQUIRE(fs::is_directory(root, error), kFlag, folder,
+              fs::exists(root, error) ? "is not a folder: pass a transformers save_pretrained folder"
+                                      : "no such folder: pass a transformers save_pretrained folder");
+  LLM_REQUIRE(fs::exists(root / "config.json", error), kFlag, folder,
+              "not a transformers save_pretrained folder: it has no config.json");
+  const fs::path config_path = root / "config.json";
+  const nlohmann::json config = read_json(config_path, "config.json");
+  check_hf_config(config, model, config_path.string());
+  if (log_notes) {
+    const int64_t ours = model.pad_token_id < 0 ? model.vocab_size + model.pad_token_id : model.pad_token_id;
+    if (config.contains("pad_token_id") && config.at("pad_token_id").is_number_integer() &&
+        config.at("pad_token_id").get<int64_t>() != ours)
+      log::warn("--init_from: {} has pad_token_id {}; --config {} makes row {} the padding row (no gradient "
+                "reaches it)", config_path.string(), config.at("pad_token_id").dump(), model.name, ours);
+  }
+
+  // The tensors' files: an index naming shards, or one model.safetensors.
+  const fs::path index_path = root / "model.safetensors.index.json";
+  const fs::path single_path = root / "model.safetensors";
+  std::map<std::string, std::shared_ptr<SafetensorsFile>> files;  // by file name
+  std::set<std::string> unindexed;  // names in the shards' headers but not in the index
+  if (fs::exists(index_path, error)) {
+    const nlohmann::json index = read_json(index_path, "the index of the shards");
+    LLM_REQUIRE(index.is_object() && index.contains("weight_map") && index.at("weight_map").is_object(),
+                index_path.string(), "weight_map", "missing: expected {tensor name: shard file name}");
+    for (const auto& [name, file] : index.at("weight_map").items()) {
+      LLM_REQUIRE(file.is_string(), index_path.string(), "weight_map." + name, "expected a shard file name");
+      const std::string file_name = file.get<std::string>();
+      LLM_REQUIRE(fs::path(file_name).filename() == fs::path(file_name), index_path.string(), "weight_map." + name,
+                  "\"" + file_name + "\" is not a file name in the folder");
+      auto opened = files.find(file_name);
+      if (opened == files.end()) {
+        LLM_REQUIRE(fs::exists(root / file_name, error), (root / file_name).string(), "",
+                    "missing: the index names it for " + name + " (and maybe others); the folder is incomplete");
+        opened = files.emplace(file_name, std::make_shared<SafetensorsFile>((root / file_name).string())).first;
+      }
+      LLM_REQUIRE(opened->second->contains(name), opened->second->path(), name,
+                  "missing from this shard, though " + index_path.filename().string() + " names it here");
+      file_of_[name] = opened->second;
+    }
+    for (const auto& [file_name, file] : files)
+      for (const auto& [name, entry] : file->entries())
+        if (!file_of_.count(name)) unindexed.insert(name);
+  } else if (fs::exists(single_path, error)) {
+    auto file = std::make_shared<SafetensorsFile>(single_path.string());
+    for (const auto& [name, entry] : file->entries()) file_of_[name] = file;
+  } else {
+    for (const char* pickle : {"pytorch_model.bin.index.json", "pytorch_model.bin"})
+      if (fs::exists(root / pickle, error))
+        fail_user((root / pickle).string(), "",
+                  "is a torch pickle file, which --init_from does not read (it reads safetensors, tensor by tensor): " +
+                      std::string(kResave));
+    fail_user(kFlag, folder,
+              "holds no model.safetensors and no model.safetensors.index.json: not a transformers "
+              "save_pretrained folder (or saved without its weights)");
+  }
+
+  // Exactly the model's tensors, by HF name and shape.
+  std::set<std::string> expected;
+  for (const UnitSpec& unit : describe_units(model))
+    for (const ParameterSpec& parameter : unit.parameters) {
+      expected.insert(parameter.name);
+      auto found = file_of_.find(parameter.name);
+      LLM_REQUIRE(found != file_of_.end(), kFlag, folder,
+                  "has no tensor " + parameter.name + ", which --config " + model.name +
+                      " has: the folder holds another model (or an incomplete save)");
+      const SafetensorsEntry& entry = found->second->entries().at(parameter.name);
+      LLM_REQUIRE(entry.shape == parameter.shape, found->second->path(), parameter.name,
+                  "shape " + shape_text(entry.shape) + " there, " + shape_text(parameter.shape) + " in --config " +
+                      model.name);
+      LLM_REQUIRE(at::isFloatingType(entry.dtype), found->second->path(), parameter.name,
+                  std::string("holds ") + c10::toString(entry.dtype) + " values, not floating point weights");
+    }
+  for (const auto& [name, file] : file_of_)
+    if (!expected.count(name) && !is_rotary_buffer(name))
+      fail_user(file->path(), name,
+                "a tensor --config " + model.name + " has no parameter for (the folder holds another model, e.g. "
+                "tied or biased, or extra heads): pass the matching --config");
+  for (const std::string& name : unindexed)
+    if (!is_rotary_buffer(name))
+      fail_user(index_path.string(), name, "a shard holds this tensor but the index does not name it");
+}
+
+void PretrainedFolder::load_unit(const UnitSpec& unit, const NamedTensors& parameters) const {
+  at::NoGradGuard no_grad;
+  for (const auto& [name, parameter] : parameters) {
+    auto found = file_of_.find(name);
+    LLM_REQUIRE(found != file_of_.end(), kFlag, folder_, "has no tensor " + name + " (unit " + unit.name + ")");
+    // One tensor at a time: its bytes, then in the parameter's dtype on its device.
+    parameter.copy_(found->second->read(name));
+  }
+}
+
+std::unique_ptr<PretrainedFolder> open_init_from(const std::string& folder, const ModelConfig& model, bool log_notes) {
+  if (folder.empty()) return nullptr;
+  return std::make_unique<PretrainedFolder>(folder, model, log_notes);
+}
+
+}  // namespace llm

@@ -1,0 +1,31 @@
+// Preemption: SIGTERM, SIGINT or SIGUSR1 (a cluster's notice; mpirun forwards each to every rank)
+// ends a training run at a step boundary, with a checkpoint of the step just finished when
+// --save_dir is set, instead of ending the process mid-step with nothing saved.
+//
+// The handler only records the signal in an atomic (nothing else is async-signal-safe). Any rank may
+// be the one signalled, so at each step boundary the ranks agree: one all-reduce of which signals each
+// has seen (preemption_agreed), and all stop after the same step. The first signal is the one named;
+// a later SIGTERM or SIGUSR1 (a scheduler repeating its notice while the checkpoint is written)
+// changes nothing and does not kill the process, which is why the handlers stay installed to the end.
+// A second SIGINT (Ctrl-C pressed again at a terminal) ends the process at once, exit status 130.
+#pragma once
+
+namespace llm {
+
+class Communicator;
+
+// Installs the handlers for SIGTERM, SIGINT and SIGUSR1 (once; later calls do nothing).
+void install_preemption_handlers();
+
+// The first preemption signal this process received, 0 for none.
+int preemption_signal_received();
+
+// Collective over `communicator` (one all-reduce of three counters): the preemption signal any rank
+// has received, 0 when none has; the same on every rank. When ranks received different ones, SIGINT
+// is named before SIGUSR1 before SIGTERM.
+int preemption_agreed(Communicator& communicator);
+
+// "SIGTERM", "SIGINT", "SIGUSR1", else "a signal".
+const char* signal_name(int signal);
+
+}  // namespace llm
