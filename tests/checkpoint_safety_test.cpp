@@ -3,7 +3,8 @@
 // leaves nothing behind; a resumed run appends to its run folder's history, and a finished one says
 // so; "newest" in --continue_from SAVE_DIR skips misnamed and broken step folders with a warning; a
 // save_dir of another run or another model config is refused; a save that cannot be written is an
-// error that leaves the previous checkpoint the newest.
+// error that leaves the previous checkpoint the newest; --keep_last removes only this run's oldest
+// step folders; a save fsyncs every file and folder it writes.
 #include <gtest/gtest.h>
 
 #include <sys/stat.h>
@@ -357,6 +358,104 @@ TEST(NewestCheckpoint, AFailedSaveLeavesThePreviousCheckpointTheNewest) {
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_TRUE(mentions(resumed.output, "resumed from " + (ckpt / "step_2").string())) << resumed.output;
   EXPECT_TRUE(fs::exists(ckpt / "step_4/trainer_state.json"));
+}
+
+// --- --keep_last and durability ------------------------------------------------------------------
+
+TEST(KeepLast, KeepsTheNewestStepFoldersOfTheRun) {
+  ScratchDir dir("keep_last");
+  const fs::path ckpt = dir / "ckpt";
+  auto result = run_command(trainer_command("--num_training_steps 5 --save_every 1 --keep_last 2 --save_dir " +
+                                            ckpt.string() + " --run_dir " + (dir / "run").string()));
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_EQ(entries(ckpt), (std::vector<std::string>{"step_4", "step_5"}));
+  for (const char* removed : {"step_1", "step_2", "step_3"})
+    EXPECT_TRUE(mentions(result.output, "removed checkpoint " + (ckpt / removed).string() + " (--keep_last 2)"))
+        << removed << "\n"
+        << result.output;
+  // What is kept resumes.
+  auto resumed = run_command(trainer_command("--num_training_steps 6 --save_every 1 --keep_last 2 --save_dir " +
+                                             ckpt.string() + " --continue_from " + ckpt.string() + " --run_dir " +
+                                             (dir / "run2").string()));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_TRUE(mentions(resumed.output, "resumed from " + (ckpt / "step_5").string())) << resumed.output;
+  EXPECT_EQ(entries(ckpt), (std::vector<std::string>{"step_5", "step_6"}));
+}
+
+// A save_dir may hold another run's checkpoints only when --continue_from names it (the start-up
+// check refuses it otherwise), and then the run resumed is the newest intact one's: the other run's
+// folders are the lower steps. --keep_last counts and removes this run's intact step_<N> folders only.
+TEST(KeepLast, NeverRemovesAnotherRunsOrMisnamedFolders) {
+  ScratchDir dir("keep_last_foreign");
+  const fs::path ckpt = dir / "ckpt";
+  ASSERT_EQ(run_command(trainer_command("--num_training_steps 3 --save_every 3 --save_dir " + ckpt.string() +
+                                        " --run_dir " + (dir / "a").string()))
+                .exit_code,
+            0);
+  ASSERT_EQ(run_command(trainer_command("--num_training_steps 2 --save_every 1 --save_dir " + (dir / "other").string() +
+                                        " --run_dir " + (dir / "b").string()))
+                .exit_code,
+            0);
+  const std::string run_id = trainer_state(ckpt / "step_3").at("run_id");
+  const std::string other_id = trainer_state(dir / "other/step_2").at("run_id");
+  ASSERT_NE(run_id, other_id);
+  for (const char* name : {"step_1", "step_2"}) fs::copy(dir / "other" / name, ckpt / name, fs::copy_options::recursive);
+  // This run's own checkpoint under names that are not step_<N>: never removed.
+  for (const char* name : {"step_3.bak", "step_03x"}) fs::copy(ckpt / "step_3", ckpt / name, fs::copy_options::recursive);
+
+  auto resumed = run_command(trainer_command("--num_training_steps 6 --save_every 1 --keep_last 2 --save_dir " +
+                                             ckpt.string() + " --continue_from " + ckpt.string() + " --run_dir " +
+                                             (dir / "c").string()));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_TRUE(mentions(resumed.output, "resumed from " + (ckpt / "step_3").string())) << resumed.output;
+  EXPECT_EQ(entries(ckpt), (std::vector<std::string>{"step_03x", "step_1", "step_2", "step_3.bak", "step_5", "step_6"}));
+  for (const char* name : {"step_1", "step_2"}) EXPECT_EQ(trainer_state(ckpt / name).at("run_id"), other_id) << name;
+  for (const char* name : {"step_5", "step_6"}) EXPECT_EQ(trainer_state(ckpt / name).at("run_id"), run_id) << name;
+}
+
+TEST(KeepLast, ANegativeCountIsRefused) {
+  ScratchDir dir("keep_last_negative");
+  auto result = run_command(trainer_command("--num_training_steps 2 --keep_last -1 --save_dir " +
+                                            (dir / "ckpt").string() + " --run_dir " + (dir / "run").string()));
+  EXPECT_EQ(result.exit_code, 2) << result.output;  // run_command records it (record_error_case)
+  EXPECT_TRUE(mentions(result.output, "--keep_last: expected an integer >= 0 (0 = keep all) (got -1)")) << result.output;
+  EXPECT_FALSE(fs::exists(dir / "run/metrics.jsonl")) << "refused before the model was built";
+  EXPECT_FALSE(fs::exists(dir / "ckpt"));
+}
+
+// A save fsyncs each file, the staging folder before the rename, and after it the save_dir and the
+// folders above it that the save created (here ckpt and new; dir existed), so a power loss after
+// "saved" loses neither the step folder nor its files' bytes. Seen as the calls themselves: strace
+// names each fsync's file (-y).
+TEST(Durability, ASaveFsyncsEveryFileAndTheFolders) {
+  if (run_command("command -v strace >/dev/null 2>&1").exit_code != 0) GTEST_SKIP() << "strace is not installed";
+  ScratchDir dir("fsync");
+  const fs::path ckpt = dir / "new/ckpt";
+  const fs::path trace = dir / "trace.txt";
+  auto result = run_command("OMP_NUM_THREADS=1 strace -f -y -e trace=fsync,fdatasync -o " + trace.string() + " " +
+                            testing::trainer_binary().string() +
+                            trainer_arguments("--num_training_steps 1 --save_dir " + ckpt.string() + " --run_dir " +
+                                              (dir / "run").string()));
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  if (!mentions(read_file(trace), "fsync(")) GTEST_SKIP() << "strace traced nothing here (ptrace not allowed?)";
+  // The successful fsync calls into the scratch folder, in order, by the path strace shows for the
+  // descriptor (the real path: the temp folder may be reached through a link).
+  const fs::path root = fs::canonical(dir.path());
+  std::vector<std::string> synced;
+  std::ifstream in(trace);
+  for (std::string line; std::getline(in, line);) {
+    const size_t call = line.find("fsync(");
+    const size_t open = line.find('<', call), close = line.find(">)", open);
+    if (call == std::string::npos || open == std::string::npos || close == std::string::npos) continue;
+    const std::string path = line.substr(open + 1, close - open - 1);
+    if (line.find("= 0", close) != std::string::npos && path.rfind(root.string(), 0) == 0) synced.push_back(path);
+  }
+  const fs::path staging = root / "new/ckpt/step_1.tmp";
+  const std::vector<std::string> expected = {(staging / "model.pt").string(), (staging / "optimizer.pt").string(),
+                                             (staging / "trainer_state.json").string(), staging.string(),
+                                             (root / "new/ckpt").string(), (root / "new").string(), root.string()};
+  EXPECT_EQ(synced, expected) << read_file(trace);
+  EXPECT_EQ(entries(ckpt / "step_1"), (std::vector<std::string>{"model.pt", "optimizer.pt", "trainer_state.json"}));
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/test_util.h"
+#include "trainer/watchdog.h"
 
 namespace llm {
 namespace {
@@ -196,6 +197,82 @@ TEST(PreemptionUnderMpirun, SigusrToMpirunReachesEveryRank) {
   EXPECT_EQ(records[0].at("signal"), "SIGUSR1");
   const int64_t step = records[0].at("step");
   EXPECT_TRUE(fs::exists(save_dir / ("step_" + std::to_string(step)) / "trainer_state.json"));
+}
+
+// --- stalls (--collective_timeout, trainer/watchdog.h) -----------------------------------------
+
+// A rank stopped with SIGSTOP (as a debugger or a frozen host would) no longer answers collectives: the
+// other rank ends the job within the timeout, naming it, instead of waiting forever.
+TEST(StallWatchdog, AStoppedRankIsNamedAndTheJobEnds) {
+  ScratchDir dir("stall");
+  const fs::path run_dir = dir / "run";
+  pid_t stopped = -1;
+  const auto started = std::chrono::steady_clock::now();
+  auto result = run_and_signal(
+      command(2, "--num_training_steps 100000 --collective_timeout 5 --run_dir " + run_dir.string()), run_dir,
+      [&] { return stopped = find_process(testing::trainer_binary().string(), run_dir, 1); }, SIGSTOP);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  if (stopped > 0) {  // mpirun ends it when the job ends; make sure, whatever the outcome
+    ::kill(stopped, SIGCONT);
+    ::kill(stopped, SIGKILL);
+  }
+  EXPECT_NE(result.exit_code, 0) << result.output;
+  EXPECT_NE(result.output.find("stalled: no progress on this rank for"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("--collective_timeout 5"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("Not responding: rank 1 (its heartbeat is"), std::string::npos) << result.output;
+  EXPECT_LT(seconds, 90) << "the job ended long after the timeout";
+}
+
+// The diagnosis from the heartbeat files: a stale one names its rank; a rank at an earlier step is the
+// one the others wait for; otherwise every rank is listed at the same point.
+TEST(StallWatchdog, DiagnosisReadsTheHeartbeats) {
+  ScratchDir dir("stall_diagnosis");
+  const double now = static_cast<double>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                             std::chrono::system_clock::now().time_since_epoch())
+                                             .count()) / 1000.0;
+  auto beat = [&](int rank, int64_t step, const char* phase, double age) {
+    std::ofstream(dir / ("heartbeat.rank" + std::to_string(rank) + ".json"))
+        << nlohmann::json{{"rank", rank}, {"step", step}, {"phase", phase}, {"unit", 2}, {"idle_s", 40.0},
+                          {"written_unix_s", now - age}}
+               .dump();
+  };
+  beat(0, 7, "backward", 0);
+  beat(1, 7, "backward", 30);
+  beat(2, 7, "backward", 0);
+  std::string diagnosis = StallWatchdog::diagnose(dir.path().string(), 0, 3, 20, 4);
+  EXPECT_NE(diagnosis.find("Not responding: rank 1 (its heartbeat is 30 s old, last at step 7 backward (unit 2))"),
+            std::string::npos) << diagnosis;
+  EXPECT_EQ(diagnosis.find("rank 2 ("), std::string::npos) << diagnosis;
+
+  beat(1, 6, "forward", 0);
+  diagnosis = StallWatchdog::diagnose(dir.path().string(), 0, 3, 20, 4);
+  EXPECT_NE(diagnosis.find("Behind the others, which wait for it: rank 1 (at step 6 forward (unit 2)"),
+            std::string::npos) << diagnosis;
+
+  beat(1, 7, "backward", 0);
+  diagnosis = StallWatchdog::diagnose(dir.path().string(), 0, 3, 20, 4);
+  EXPECT_NE(diagnosis.find("Every rank is alive and at the same point"), std::string::npos) << diagnosis;
+
+  fs::remove(dir / "heartbeat.rank2.json");
+  diagnosis = StallWatchdog::diagnose(dir.path().string(), 0, 3, 20, 4);
+  EXPECT_NE(diagnosis.find("rank 2 (no heartbeat file in"), std::string::npos) << diagnosis;
+}
+
+// A run that ends normally leaves no heartbeat file; a bad --collective_timeout is exit 2.
+TEST(StallWatchdog, HeartbeatsGoWithTheRunAndBadTimeoutsAreRefused) {
+  ScratchDir dir("stall_clean");
+  const fs::path run_dir = dir / "run";
+  auto done = run_command(command(2, "--num_training_steps 3 --collective_timeout 30 --run_dir " + run_dir.string()));
+  ASSERT_EQ(done.exit_code, 0) << done.output;
+  for (const auto& entry : fs::directory_iterator(run_dir))
+    EXPECT_EQ(entry.path().filename().string().rfind("heartbeat", 0), std::string::npos) << entry.path();
+  for (const char* bad : {"-1", "nan", "1e9"}) {
+    auto refused = run_command(command(1, std::string("--collective_timeout ") + bad + " --run_dir " +
+                                              (dir / "refused").string()));
+    EXPECT_EQ(refused.exit_code, 2) << refused.output;
+    EXPECT_NE(refused.output.find("--collective_timeout: expected a number of seconds >= 0"), std::string::npos)
+        << refused.output;
+  }
 }
 
 }  // namespace

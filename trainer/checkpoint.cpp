@@ -2,6 +2,9 @@
 
 #include <torch/csrc/jit/serialization/pickle.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -21,18 +24,67 @@ namespace {
 
 constexpr const char* kCommandLine = "command line";
 
-// A failed write (disk full, quota, a folder made read-only meanwhile) is a UserError naming the
-// file: the stream is checked after close, when buffered bytes have reached the file system.
-void write_checked(const fs::path& path, const char* data, size_t size) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (out.good()) out.write(data, static_cast<std::streamsize>(size));
-  out.close();
-  if (out.fail())
-    fail_user(path.string(), "--save_dir",
-              std::string("could not be written (") + std::strerror(errno) +
-                  "): disk full, over quota or not writable? The checkpoint was not saved; the newest "
-                  "complete one is still the previous step_<N> folder");
+// A save that cannot reach the disk is a UserError naming the file or folder; the previous
+// checkpoint stays the newest.
+// `call` names the system call when it is not the obvious one ("fsync: ").
+[[noreturn]] void fail_save(const fs::path& path, const std::string& what_failed, const std::string& call,
+                            int error_number) {
+  fail_user(path.string(), "--save_dir",
+            what_failed + " (" + call + std::strerror(error_number) +
+                "): disk full, over quota or not writable? The checkpoint was not saved; the newest complete one is "
+                "still the previous step_<N> folder");
 }
+
+// A failed write (disk full, quota, a folder made read-only meanwhile) is a UserError naming the
+// file. The bytes are fsynced before the close is checked, so that once the save says "saved" a power
+// loss cannot leave the file empty or short; a failed fsync is a failed write.
+void write_checked(const fs::path& path, const char* data, size_t size) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    const int error_number = errno;  // before any argument's construction can change it
+    fail_save(path, "could not be written", "", error_number);
+  }
+  while (size > 0) {
+    const ssize_t written = ::write(fd, data, size);
+    if (written < 0 && errno == EINTR) continue;
+    if (written <= 0) {
+      const int error_number = written < 0 ? errno : EIO;
+      ::close(fd);
+      fail_save(path, "could not be written", "", error_number);
+    }
+    data += written;
+    size -= static_cast<size_t>(written);
+  }
+  if (::fsync(fd) != 0) {
+    const int error_number = errno;
+    ::close(fd);
+    fail_save(path, "could not be written", "fsync: ", error_number);
+  }
+  if (::close(fd) != 0) {
+    const int error_number = errno;
+    fail_save(path, "could not be written", "", error_number);
+  }
+}
+
+// Makes a folder's entries durable: the files created in it, a folder renamed into it. Some file
+// systems cannot sync a folder at all and say EINVAL (PostgreSQL's fsync_fname tolerates it the same
+// way); any other failure is a failed save.
+void fsync_folder(const fs::path& folder) {
+  const int fd = ::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    const int error_number = errno;
+    fail_save(folder, "could not be synced to disk", "open: ", error_number);
+  }
+  if (::fsync(fd) != 0 && errno != EINVAL) {
+    const int error_number = errno;
+    ::close(fd);
+    fail_save(folder, "could not be synced to disk", "fsync: ", error_number);
+  }
+  ::close(fd);
+}
+
+// The folder holding `path`; "." for a bare name.
+fs::path parent_folder(const fs::path& path) { return path.has_parent_path() ? path.parent_path() : fs::path("."); }
 
 void write_tensor_file(const fs::path& path, const std::map<std::string, at::Tensor>& tensors) {
   c10::Dict<std::string, at::Tensor> dict;
@@ -74,8 +126,14 @@ void save_checkpoint(const std::string& folder,
                      const nlohmann::json& trainer_state) {
   const fs::path final_path(folder);
   const fs::path staging = final_path.string() + ".tmp";
+  const fs::path save_dir = parent_folder(final_path);
+  // The folders this save creates (save_dir and the ones above it that are missing): each one's
+  // entry in its parent is synced too, up to the first folder that already existed.
   std::error_code ignored;
+  fs::path existing = save_dir;
+  while (!fs::exists(existing, ignored) && parent_folder(existing) != existing) existing = parent_folder(existing);
   fs::remove_all(staging, ignored);
+  bool renamed = false;
   try {
     std::error_code error;
     fs::create_directories(staging, error);
@@ -88,12 +146,22 @@ void save_checkpoint(const std::string& folder,
     // Last: a folder with a complete trainer_state.json has its tensor files.
     const std::string state = trainer_state.dump(2) + "\n";
     write_checked(staging / "trainer_state.json", state.data(), state.size());
+    // The files' entries before the rename, the rename itself after it: a power loss then leaves
+    // either the previous state or the complete step folder.
+    fsync_folder(staging);
     fs::remove_all(final_path, error);
     if (!error) fs::rename(staging, final_path, error);
     if (error)
       fail_user(final_path.string(), "--save_dir", "cannot put the checkpoint in place (" + error.message() + ")");
+    renamed = true;
+    for (fs::path folder_above = save_dir;; folder_above = parent_folder(folder_above)) {
+      fsync_folder(folder_above);
+      if (folder_above == existing || parent_folder(folder_above) == folder_above) break;
+    }
   } catch (...) {
     fs::remove_all(staging, ignored);
+    // Not known to be on disk: not a checkpoint the message may call complete.
+    if (renamed) fs::remove_all(final_path, ignored);
     throw;
   }
 }
@@ -185,6 +253,39 @@ std::string resolve_checkpoint_folder(const std::string& path, std::vector<std::
                             : "none of its " + std::to_string(folders.size()) +
                                   " step_<N> folder(s) is an intact checkpoint (the newest: " +
                                   checkpoint_problem(folders.front().second.string()) + ")");
+}
+
+std::vector<std::string> remove_old_checkpoints(const std::string& saved, const std::string& run_id,
+                                                int64_t keep_last) {
+  std::vector<std::string> removed;
+  if (keep_last <= 0 || run_id.empty()) return removed;
+  int64_t kept = 1;  // `saved`
+  for (const auto& [step, folder] : step_folders(parent_folder(saved))) {  // highest N first
+    std::error_code error;
+    // A link may point into another folder: never followed, never removed.
+    if (same_folder(folder.string(), saved) || fs::is_symlink(folder, error)) continue;
+    if (!checkpoint_problem(folder.string()).empty()) continue;  // belongs to no run
+    try {
+      if (run_id_of(read_trainer_state(folder)) != run_id) continue;
+    } catch (const UserError&) {
+      continue;  // changed since checkpoint_problem read it
+    }
+    if (kept < keep_last) {
+      ++kept;
+      continue;
+    }
+    // trainer_state.json first, as it was written last: a removal cut short leaves a folder that is
+    // no checkpoint (skipped with a warning), never one that looks intact and is not.
+    fs::remove(folder / "trainer_state.json", error);
+    if (!error) fs::remove_all(folder, error);
+    if (error) {
+      log::warn("--keep_last: could not remove the old checkpoint {} ({}); remove it by hand", folder.string(),
+                error.message());
+      continue;
+    }
+    removed.push_back(folder.string());
+  }
+  return removed;
 }
 
 void require_same_model(const std::string& folder, const nlohmann::json& trainer_state, const ModelConfig& model) {

@@ -7,7 +7,9 @@
 //   trainer_state.json  step, samples consumed, tokens seen, the model config, the run's seed and
 //                       run id (written last)
 // Every write is checked; a failed save removes FOLDER.tmp and is a UserError naming the file, so
-// the previous checkpoint stays the newest.
+// the previous checkpoint stays the newest. Every file, FOLDER.tmp before the rename and the save_dir
+// after it are fsynced, so a power loss after "saved" cannot lose the folder or empty its files.
+// --keep_last N then removes this run's oldest step folders beyond N (rank 0, after the save).
 //
 // --continue_from accepts a checkpoint folder or a --save_dir. In a save_dir, "newest" is the highest
 // N among folders named exactly step_<N> (digits only: step_20.tmp, step_20.broken, step_x are not
@@ -37,12 +39,22 @@ struct Checkpoint {
   nlohmann::json trainer_state;
 };
 
-// Writes FOLDER.tmp, checks every file after closing it, then renames it to FOLDER. A failure is a
-// UserError naming the file and --save_dir; FOLDER.tmp is removed and FOLDER left as it was.
+// Writes FOLDER.tmp, fsyncs and checks every file, fsyncs FOLDER.tmp, renames it to FOLDER and fsyncs
+// the save_dir (and any folder above it this save created). A failure (a failed fsync included) is a
+// UserError naming the file and --save_dir; FOLDER.tmp is removed and the new FOLDER never remains.
 void save_checkpoint(const std::string& folder,
                      const std::vector<std::pair<std::string, at::Tensor>>& model_tensors,
                      const std::map<std::string, at::Tensor>& optimizer_state,
                      const nlohmann::json& trainer_state);
+
+// --keep_last: once `saved` (a step_<N> folder of a save_dir) is complete, removes the oldest intact
+// step_<N> folders of run `run_id` in that save_dir so that at most `keep_last` remain, `saved` among
+// them (it is never removed, even beside a higher N left by an earlier part of the run); the others
+// kept are the highest N. Another run's folders, folders that are not intact checkpoints, links and
+// any other name are never touched. 0 keeps all. A folder that cannot be removed is a warning, not an
+// error. Returns the folders removed.
+std::vector<std::string> remove_old_checkpoints(const std::string& saved, const std::string& run_id,
+                                                int64_t keep_last);
 
 // A fresh run's id: 16 hex digits from the system's random source.
 std::string new_run_id();

@@ -160,6 +160,10 @@ Command parse_command_line(int argc, const char* const* argv) {
                      "stop (exit 3) after this many steps with a zero gradient norm, or with the loss at or above "
                      "ln(vocab) + 1 after warmup; 0: never")
           ->capture_default_str());
+  add(app.add_option("--collective_timeout", run.collective_timeout,
+                     "with several ranks: seconds a rank may make no progress (a collective that never completes, a stopped or hung "
+                     "peer) before it ends the job (exit 4) naming the rank that holds it up; 0: never")
+          ->capture_default_str());
   add(app.add_flag("--skip_memory_check", run.skip_memory_check,
                    "start even when the start-up memory check (this run's estimate against the GPU's free memory "
                    "and the node's available RAM) says it does not fit"));
@@ -288,6 +292,9 @@ Command parse_command_line(int argc, const char* const* argv) {
                      "checkpoint every N steps; 0 = only at the end (with --save_dir)")
           ->capture_default_str());
   add(app.add_option("--save_dir", run.checkpoint.save_dir, "checkpoint folder; empty = no checkpoints")
+          ->capture_default_str());
+  add(app.add_option("--keep_last", run.checkpoint.keep_last,
+                     "after each save, keep this run's newest N step_<N> folders and remove older ones; 0 = all")
           ->capture_default_str());
   add(app.add_option("--continue_from", run.checkpoint.continue_from, "checkpoint folder to resume from")
           ->capture_default_str());

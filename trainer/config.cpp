@@ -74,6 +74,7 @@ json RunConfig::to_json() const {
       {"num_training_steps", num_training_steps},
       {"max_train_tokens", max_train_tokens},
       {"divergence_patience", divergence_patience},
+      {"collective_timeout", collective_timeout},
       {"skip_memory_check", skip_memory_check},
       {"activation_checkpointing_every", activation_checkpointing_every},
       {"fuse_optimizer_with_backward", fuse_optimizer_with_backward},
@@ -104,6 +105,7 @@ json RunConfig::to_json() const {
       {"eval_batches", data.eval_batches},
       {"save_every", checkpoint.save_every},
       {"save_dir", checkpoint.save_dir},
+      {"keep_last", checkpoint.keep_last},
       {"continue_from", checkpoint.continue_from},
       {"init_from", checkpoint.init_from},
       {"run_dir", logging.run_dir},
@@ -149,6 +151,7 @@ RunConfig run_config_from_json(const json& object, const std::string& source) {
   read("num_training_steps", run.num_training_steps);
   read("max_train_tokens", run.max_train_tokens);
   read("divergence_patience", run.divergence_patience);
+  read("collective_timeout", run.collective_timeout);
   read("skip_memory_check", run.skip_memory_check);
   read("activation_checkpointing_every", run.activation_checkpointing_every);
   read("fuse_optimizer_with_backward", run.fuse_optimizer_with_backward);
@@ -181,6 +184,7 @@ RunConfig run_config_from_json(const json& object, const std::string& source) {
   read("eval_batches", run.data.eval_batches);
   read("save_every", run.checkpoint.save_every);
   read("save_dir", run.checkpoint.save_dir);
+  read("keep_last", run.checkpoint.keep_last);
   read("continue_from", run.checkpoint.continue_from);
   read("init_from", run.checkpoint.init_from);
   read("run_dir", run.logging.run_dir);
@@ -291,6 +295,9 @@ void validate_run_config(RunConfig& run, const ModelConfig& model, int world_siz
     fail_user(kCommandLine, "--fuse_optimizer_with_backward",
               "does not combine with --offload optimizer yet: the offloaded step already runs per unit on "
               "the host as each unit's gradient lands; use one of the two");
+  require_flag(std::isfinite(run.collective_timeout) && run.collective_timeout >= 0 && run.collective_timeout <= 1e7,
+               "--collective_timeout",
+               "a number of seconds >= 0 and at most 1e7 (0 turns the stall watchdog off)", run.collective_timeout);
   require_flag(run.divergence_patience >= 0, "--divergence_patience",
                "a number of steps >= 0 (0 turns the divergence check off)", run.divergence_patience);
   if (!run.optimizer.warmup_steps) run.optimizer.warmup_steps = default_warmup_steps(run.num_training_steps);
@@ -317,6 +324,8 @@ void validate_run_config(RunConfig& run, const ModelConfig& model, int world_siz
   require_flag(run.data.eval_batches >= 1, "--eval_batches", "an integer >= 1", run.data.eval_batches);
   require_flag(run.checkpoint.save_every >= 0, "--save_every", "an integer >= 0 (0 = only at the end)",
                run.checkpoint.save_every);
+  require_flag(run.checkpoint.keep_last >= 0, "--keep_last", "an integer >= 0 (0 = keep all)",
+               run.checkpoint.keep_last);
   require_flag(run.logging.log_every >= 1, "--log_every", "an integer >= 1", run.logging.log_every);
   require_flag(!run.logging.run_dir.empty(), "--run_dir", "a folder path", std::string("\"\""));
 

@@ -87,6 +87,7 @@ struct PrecisionConfig {
 struct CheckpointConfig {
   int64_t save_every = 0;            // 0 = only at the end when save_dir is set
   std::string save_dir;
+  int64_t keep_last = 0;  // --keep_last: this run's step_<N> folders kept after each save; 0 = all
   std::string continue_from;
   // --init_from: a transformers save_pretrained folder whose weights replace the seeded init of a
   // fresh run (trainer/interchange/pretrained.h); never with continue_from.
@@ -113,6 +114,9 @@ struct RunConfig {
   // --max_train_tokens (GaLore's flag): when > 0, num_training_steps = ceil(tokens / (total_batch_size
   // * max_length)), resolved by validate_run_config.
   int64_t max_train_tokens = 0;
+  // Seconds a rank may make no progress (a collective that never completes, a stopped peer) before it
+  // ends the job naming the rank that holds it up (trainer/watchdog.h); 0: never.
+  double collective_timeout = 600;
   int64_t divergence_patience = 10;  // steps of a dead or runaway run before it stops (trainer/divergence.h); 0: never
   bool skip_memory_check = false;    // --skip_memory_check: start even when the estimate says it does not fit
   // Activation checkpointing: every K-th transformer block (blocks 0, K, 2K, ...) recomputes its

@@ -27,6 +27,7 @@
 #include "trainer/preemption.h"
 #include "trainer/schedule.h"
 #include "trainer/train_state.h"
+#include "trainer/watchdog.h"
 
 namespace llm {
 namespace fs = std::filesystem;
@@ -170,6 +171,9 @@ class Training {
   std::unique_ptr<ShardOptimizer> device_optimizer_;
   ShardOptimizer& optimizer() const { return offload_ ? offload_->optimizer() : *device_optimizer_; }
   TrainState state_;
+  // --collective_timeout: made at the first step, so start-up (building, resuming) is not watched.
+  std::unique_ptr<StallWatchdog> watchdog_;
+  int64_t current_step_ = 0;
   std::string run_id_;              // drawn at a fresh start, kept on resume (trainer_state.json)
   std::string resumed_from_;        // the checkpoint folder resumed from; "" for a fresh run
   int64_t start_step_ = 0;
@@ -226,6 +230,12 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
     });
   }
   sharded_.add_listener([this](UnitEvent event, size_t u, Pass pass) {
+    if (watchdog_)
+      watchdog_->progress(current_step_,
+                          event == UnitEvent::after_backward || event == UnitEvent::gradient_shard_ready ? "backward"
+                          : pass == Pass::train                                                          ? "forward"
+                                                                                                          : "eval",
+                          static_cast<int>(u));
     if (offload_ && event == UnitEvent::before_shard_read) offload_->wait_unit(u);
     if (offload_ && event == UnitEvent::gradient_shard_ready) offload_->gradient_ready(u);
     if (run_.fuse_optimizer_with_backward && event == UnitEvent::gradient_shard_ready) fused_step(u, fused_for_step_);
@@ -402,7 +412,12 @@ StepResult Training::train_step(int64_t step) {
 TrainingOutcome Training::run() {
   TrainingOutcome outcome{start_step_, 0, 0, corpus_.unigram_entropy, corpus_.entropy_rate, 0, {}};
   const int64_t tokens_per_step = run_.data.total_batch_size * run_.data.max_length;
+  // One process has no collective to wait in: a long step there is only slow, not a stall.
+  watchdog_ = std::make_unique<StallWatchdog>(run_.logging.run_dir, context_.rank, context_.world_size,
+                                              context_.world_size > 1 ? run_.collective_timeout : 0.0);
   for (int64_t step = start_step_ + 1; step <= run_.num_training_steps; ++step) {
+    current_step_ = step;
+    watchdog_->progress(step, "step start");
     const auto started = std::chrono::steady_clock::now();
     const StepResult result = train_step(step);
     if (step == start_step_ + 1) record_sharded_bytes();
@@ -422,10 +437,13 @@ TrainingOutcome Training::run() {
     }
     // Preemption (trainer/preemption.h): the ranks agree on a signal any of them received, and all
     // stop after this step, saving it when there is a --save_dir. At the last step the run ends anyway.
+    watchdog_->progress(step, "step end");
     if (!last) outcome.preempted_by = preemption_agreed(communicator_);
     const bool periodic_save = run_.checkpoint.save_every > 0 && step % run_.checkpoint.save_every == 0;
     if (!run_.checkpoint.save_dir.empty() && (periodic_save || last || outcome.preempted_by != 0)) {
+      watchdog_->progress(step, "checkpoint");
       const std::string folder = save(step);
+      watchdog_->progress(step, "checkpoint");
       ledger_.point("checkpoint", "", owned_now());
       if (outcome.preempted_by != 0) outcome.preemption_checkpoint = folder;
     }
@@ -440,6 +458,7 @@ TrainingOutcome Training::run() {
     if (outcome.preempted_by != 0) break;
   }
   if (offload_) offload_->wait_all();  // the masters hold the last step before anything reads them
+  watchdog_->progress(outcome.steps, "finish");
   finish_memory_ledger(outcome.steps - start_step_);
   metrics_.write(gather_schedule_record());
   if (outcome.preempted_by != 0)
@@ -449,6 +468,7 @@ TrainingOutcome Training::run() {
   else
     metrics_.write({{"event", "end"}, {"steps", outcome.steps}, {"final_loss", outcome.final_loss},
                     {"final_eval_loss", outcome.final_eval_loss}, {"peak_memory_bytes", ledger_.step_line_peak_bytes()}});
+  watchdog_.reset();  // training ended: its heartbeat file goes
   return outcome;
 }
 
@@ -492,6 +512,8 @@ std::string Training::save(int64_t step) {
   trainer_state["data"] = run_.data.source == "synthetic" ? run_.data.source : fs::absolute(run_.data.source).string();
   save_checkpoint(folder, model_tensors, optimizer_state, trainer_state);
   log::info("saved checkpoint {}", folder);
+  for (const std::string& removed : remove_old_checkpoints(folder, run_id_, run_.checkpoint.keep_last))
+    log::info("removed checkpoint {} (--keep_last {})", removed, run_.checkpoint.keep_last);
   return folder;
 }
 

@@ -1,0 +1,178 @@
+#include "trainer/watchdog.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/log.h"
+
+namespace llm {
+namespace {
+namespace fs = std::filesystem;
+
+constexpr double kIntervalSeconds = 1.0;
+
+fs::path heartbeat_path(const std::string& run_dir, int rank) {
+  return fs::path(run_dir) / ("heartbeat.rank" + std::to_string(rank) + ".json");
+}
+
+double wall_seconds() {
+  timespec now{};
+  clock_gettime(CLOCK_REALTIME, &now);
+  return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
+}
+
+std::string seconds_text(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.0f s", seconds);
+  return text;
+}
+
+struct Heartbeat {
+  bool found = false;
+  int64_t step = 0;
+  std::string phase;
+  int unit = -1;
+  double idle_seconds = 0;  // since the rank's last progress, when written
+  double written = 0;       // wall clock
+};
+
+Heartbeat read_heartbeat(const std::string& run_dir, int rank) {
+  Heartbeat beat;
+  std::ifstream in(heartbeat_path(run_dir, rank));
+  if (!in.good()) return beat;
+  try {
+    const nlohmann::json fields = nlohmann::json::parse(in);
+    beat.step = fields.at("step").get<int64_t>();
+    beat.phase = fields.at("phase").get<std::string>();
+    beat.unit = fields.at("unit").get<int>();
+    beat.idle_seconds = fields.at("idle_s").get<double>();
+    beat.written = fields.at("written_unix_s").get<double>();
+    beat.found = true;
+  } catch (const std::exception&) {
+    // A file being replaced, or not ours: no heartbeat.
+  }
+  return beat;
+}
+
+std::string where(const Heartbeat& beat) {
+  std::string text = "step " + std::to_string(beat.step) + " " + beat.phase;
+  if (beat.unit >= 0) text += " (unit " + std::to_string(beat.unit) + ")";
+  return text;
+}
+
+}  // namespace
+
+StallWatchdog::StallWatchdog(std::string run_dir, int rank, int world_size, double timeout_seconds)
+    : run_dir_(std::move(run_dir)), rank_(rank), world_size_(world_size), timeout_seconds_(timeout_seconds) {
+  last_progress_ns_.store(now_ns());
+  if (timeout_seconds_ <= 0) return;
+  write_heartbeat(0);  // at once: a rank stopped within the first interval still has a file to go stale
+  thread_ = std::thread([this] { watch(); });
+}
+
+StallWatchdog::~StallWatchdog() {
+  if (thread_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+  std::error_code ignored;
+  fs::remove(heartbeat_path(run_dir_, rank_), ignored);
+}
+
+void StallWatchdog::write_heartbeat(double idle_seconds) {
+  const nlohmann::json fields = {{"rank", rank_},
+                                 {"step", step_.load(std::memory_order_relaxed)},
+                                 {"phase", phase_.load(std::memory_order_relaxed)},
+                                 {"unit", unit_.load(std::memory_order_relaxed)},
+                                 {"idle_s", idle_seconds},
+                                 {"written_unix_s", wall_seconds()}};
+  const fs::path path = heartbeat_path(run_dir_, rank_);
+  const fs::path staging = path.string() + ".tmp";
+  {
+    std::ofstream out(staging, std::ios::trunc);
+    out << fields.dump() << '\n';
+    if (!out.good()) return;  // a full disk must not end the run: the heartbeat is only a diagnosis
+  }
+  std::error_code ignored;
+  fs::rename(staging, path, ignored);
+}
+
+void StallWatchdog::watch() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stopping_) {
+    wake_.wait_for(lock, std::chrono::duration<double>(kIntervalSeconds), [this] { return stopping_; });
+    if (stopping_) break;
+    const double idle = 1e-9 * static_cast<double>(now_ns() - last_progress_ns_.load(std::memory_order_acquire));
+    write_heartbeat(idle);
+    if (idle < timeout_seconds_) continue;
+    // Give the others one interval to write theirs, then diagnose and end this rank.
+    wake_.wait_for(lock, std::chrono::duration<double>(kIntervalSeconds), [this] { return stopping_; });
+    if (stopping_) break;
+    // A live rank rewrites its heartbeat every interval; one older than this is not live. Longer
+    // with longer timeouts, so that a loaded host's late writes are not taken for a stopped rank.
+    const double stale_seconds = std::max(2.5 * kIntervalSeconds, std::min(30.0, timeout_seconds_ / 4));
+    const std::string diagnosis = diagnose(run_dir_, rank_, world_size_, timeout_seconds_, stale_seconds);
+    log::error("stalled: no progress on this rank for {} at {} (--collective_timeout {}). {} Ending the job "
+               "(exit status {}); nothing is saved: resume from the newest checkpoint.",
+               seconds_text(idle), where(read_heartbeat(run_dir_, rank_)), timeout_seconds_, diagnosis,
+               kStallExitStatus);
+    std::fflush(nullptr);
+    ::_exit(kStallExitStatus);
+  }
+}
+
+std::string StallWatchdog::diagnose(const std::string& run_dir, int rank, int world_size, double timeout_seconds,
+                                    double stale_seconds) {
+  (void)timeout_seconds;
+  const double now = wall_seconds();
+  std::vector<Heartbeat> beats;
+  for (int r = 0; r < world_size; ++r) beats.push_back(read_heartbeat(run_dir, r));
+  std::ostringstream stale, behind, everyone;
+  int stale_count = 0, behind_count = 0;
+  int64_t latest_step = 0;
+  for (const Heartbeat& beat : beats)
+    if (beat.found) latest_step = std::max(latest_step, beat.step);
+  for (int r = 0; r < world_size; ++r) {
+    const Heartbeat& beat = beats[r];
+    if (r == rank) {
+      everyone << (r ? "; " : "") << "rank " << r << " (this one): " << where(beat);
+      continue;
+    }
+    if (!beat.found) {
+      stale << (stale_count++ ? ", " : "") << "rank " << r << " (no heartbeat file in " << run_dir
+            << ": stopped before training, or on another node without a shared --run_dir)";
+    } else if (now - beat.written > stale_seconds) {
+      stale << (stale_count++ ? ", " : "") << "rank " << r << " (its heartbeat is " << seconds_text(now - beat.written)
+            << " old, last at " << where(beat) << ")";
+    } else if (beat.step < latest_step) {
+      behind << (behind_count++ ? ", " : "") << "rank " << r << " (at " << where(beat) << ", idle "
+             << seconds_text(beat.idle_seconds) << ")";
+    }
+    everyone << (r ? "; " : "") << "rank " << r << ": "
+             << (beat.found ? where(beat) + ", idle " + seconds_text(beat.idle_seconds) : std::string("no heartbeat"));
+  }
+  if (stale_count > 0)
+    return "Not responding: " + stale.str() +
+           ". Its process is stopped or hung as a whole (SIGSTOP, a debugger, swapping), or its node is gone; the "
+           "other ranks wait for it in a collective.";
+  if (behind_count > 0)
+    return "Behind the others, which wait for it: " + behind.str() + ".";
+  return "Every rank is alive and at the same point (" + everyone.str() +
+         "): a collective that does not complete (network, NCCL or MPI), or a rank stuck inside a computation.";
+}
+
+}  // namespace llm

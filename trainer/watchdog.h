@@ -1,0 +1,76 @@
+// The stall watchdog (--collective_timeout SECONDS): a rank that makes no progress for that long ends
+// the job with a message naming the rank that holds it up, instead of every rank waiting forever in
+// a collective for a peer that was stopped, hung, or lost its host.
+//
+// Progress is what the training loop reports (progress()): every unit's forward and backward, the
+// optimizer, evaluation, a save; a few atomics, no lock, no I/O. A thread per rank wakes every second
+// and writes RUN_DIR/heartbeat.rank<R>.json (rank, step, phase, unit, seconds since the last progress,
+// wall-clock time), by rename, so a reader never sees half a file. When its own rank has made no
+// progress for the timeout, it reads every rank's heartbeat and names the culprit:
+//   - a rank whose heartbeat is stale (older than max(2.5 s, min(30 s, timeout / 4)); a live rank
+//     rewrites it every second, and writes the first as training starts): its process is stopped (SIGSTOP,
+//     a debugger), hung as a whole, or on a node that is gone or does not share RUN_DIR;
+//   - else a rank at an earlier step or phase than the others: the one the others wait for;
+//   - else every rank waits at the same point: a communication hang (network, NCCL, MPI).
+// Then it logs the diagnosis and ends its process with exit status 4 (mpirun then ends the others).
+// Nothing is saved: the state of a rank waiting in a collective may be mid-update.
+//
+// Heartbeat files are removed when training ends normally. 0 turns the watchdog off; the trainer
+// passes 0 for a single process, which has no collective to wait in.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace llm {
+
+// The exit status of a rank that ended the job for a stall.
+constexpr int kStallExitStatus = 4;
+
+class StallWatchdog {
+ public:
+  // Starts the thread unless timeout_seconds is 0.
+  StallWatchdog(std::string run_dir, int rank, int world_size, double timeout_seconds);
+  ~StallWatchdog();  // stops the thread and removes this rank's heartbeat file
+  StallWatchdog(const StallWatchdog&) = delete;
+  StallWatchdog& operator=(const StallWatchdog&) = delete;
+
+  // `phase` must be a string literal (kept by pointer); unit -1 for none.
+  void progress(int64_t step, const char* phase, int unit = -1) {
+    step_.store(step, std::memory_order_relaxed);
+    phase_.store(phase, std::memory_order_relaxed);
+    unit_.store(unit, std::memory_order_relaxed);
+    last_progress_ns_.store(now_ns(), std::memory_order_release);
+  }
+
+  // What the stalled rank concludes from the heartbeats in run_dir (exposed for tests).
+  static std::string diagnose(const std::string& run_dir, int rank, int world_size, double timeout_seconds,
+                              double stale_seconds);
+
+ private:
+  static int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+  void watch();
+  void write_heartbeat(double idle_seconds);
+
+  std::string run_dir_;
+  int rank_, world_size_;
+  double timeout_seconds_;
+  std::atomic<int64_t> step_{0};
+  std::atomic<const char*> phase_{"start"};
+  std::atomic<int> unit_{-1};
+  std::atomic<int64_t> last_progress_ns_{0};
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace llm
