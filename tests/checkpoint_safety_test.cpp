@@ -73,17 +73,32 @@ struct ReadOnlyFolder {
 // --- start-up checks of the folders -----------------------------------------------------------
 
 constexpr const char* kRootSkip =
-    "running as root: chmod 0555 does not stop root's writes (run under `setpriv --bounding-set="
-    "-dac_override,-dac_read_search --inh-caps=-dac_override,-dac_read_search` to test it)";
+    "running as root, and setpriv cannot drop the capabilities that let root write into a 0555 folder here";
+
+// The trainer command for a test of a read-only folder: as it is for a user; as root (CI), under
+// setpriv without the capabilities that let root ignore chmod 0555, so the refusal is tested for real.
+// "" when neither makes the folder read-only to the trainer.
+std::string read_only_trainer_command(const ReadOnlyFolder& folder, const std::string& flags) {
+  if (!folder.writable()) return trainer_command(flags);
+  const std::string setpriv =
+      "setpriv --bounding-set=-dac_override,-dac_read_search --inh-caps=-dac_override,-dac_read_search ";
+  const fs::path probe = folder.path / "probe";
+  const auto touched = run_command(setpriv + "sh -c 'touch " + probe.string() + "' 2>&1");
+  std::error_code ignored;
+  const bool refused = touched.exit_code != 0 && !fs::exists(probe, ignored);
+  fs::remove(probe, ignored);
+  if (!refused) return "";
+  return "OMP_NUM_THREADS=1 " + setpriv + testing::trainer_binary().string() + trainer_arguments(flags);
+}
 
 TEST(StartupChecks, ReadOnlySaveDirIsRefusedBeforeTheModelIsBuilt) {
   ScratchDir dir("ro_save_dir");
   ReadOnlyFolder read_only(dir / "ckpt");
-  if (read_only.writable()) GTEST_SKIP() << kRootSkip;
+  if (read_only_trainer_command(read_only, "").empty()) GTEST_SKIP() << kRootSkip;
   // The folder itself, and a folder to be created inside it.
   for (const fs::path& save_dir : {dir / "ckpt", dir / "ckpt/below"}) {
-    auto result = run_command(trainer_command("--num_training_steps 2 --save_dir " + save_dir.string() + " --run_dir " +
-                                              (dir / "run").string()));
+    auto result = run_command(read_only_trainer_command(
+        read_only, "--num_training_steps 2 --save_dir " + save_dir.string() + " --run_dir " + (dir / "run").string()));
     EXPECT_EQ(result.exit_code, 2) << result.output;
     EXPECT_TRUE(mentions(result.output, "--save_dir")) << result.output;
     EXPECT_TRUE(mentions(result.output, "cannot write into \"" + (dir / "ckpt").string() + "\"")) << result.output;
@@ -95,8 +110,9 @@ TEST(StartupChecks, ReadOnlySaveDirIsRefusedBeforeTheModelIsBuilt) {
 TEST(StartupChecks, ReadOnlyRunDirIsRefusedBeforeTheModelIsBuilt) {
   ScratchDir dir("ro_run_dir");
   ReadOnlyFolder read_only(dir / "run");
-  if (read_only.writable()) GTEST_SKIP() << kRootSkip;
-  auto result = run_command(trainer_command("--num_training_steps 2 --run_dir " + (dir / "run").string()));
+  if (read_only_trainer_command(read_only, "").empty()) GTEST_SKIP() << kRootSkip;
+  auto result =
+      run_command(read_only_trainer_command(read_only, "--num_training_steps 2 --run_dir " + (dir / "run").string()));
   EXPECT_EQ(result.exit_code, 2) << result.output;
   EXPECT_TRUE(mentions(result.output, "--run_dir: cannot write into \"" + (dir / "run").string() + "\"")) << result.output;
   EXPECT_TRUE(entries(dir / "run").empty()) << "nothing left in the folder";
