@@ -166,6 +166,17 @@ TEST(ConfigParse, AcceptsEveryOptionalHfKey) {
   EXPECT_EQ(config.num_key_value_heads, 1);
 }
 
+// What today's transformers writes (and `trainer export` does): dtype for torch_dtype, RoPE's theta
+// inside rope_parameters.
+TEST(ConfigParse, AcceptsTransformers5Keys) {
+  json object = tiny_json();
+  object.update(json{{"dtype", "float32"},
+                     {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 500000.0}}}});
+  EXPECT_DOUBLE_EQ(parse_model_config(object, "x.json").rope_theta, 500000.0);
+  object["rope_theta"] = 500000.0;  // both spellings, agreeing
+  EXPECT_DOUBLE_EQ(parse_model_config(object, "x.json").rope_theta, 500000.0);
+}
+
 TEST(ConfigParse, ContextLengthDefaultsToHfValueWithoutEitherKey) {
   json object = tiny_json();
   object.erase("max_position_embeddings");
@@ -340,6 +351,16 @@ TEST_F(ConfigFileError, UnsupportedModelVariants) {
   expect_mentions(error_with("head_dim", 32), {path_, "head_dim", "= 16", "got integer 32"});
   expect_mentions(error_with("pretraining_tp", 2), {path_, "pretraining_tp", "got integer 2"});
   expect_mentions(error_with("torch_dtype", "int8"), {path_, "torch_dtype", "int8"});
+  expect_mentions(error_with("dtype", "int8"), {path_, "dtype", "int8"});
+  expect_mentions(error_with("rope_parameters", json{{"rope_type", "yarn"}, {"factor", 4.0}, {"rope_theta", 1e4}}),
+                  {path_, "rope_parameters", "we do not run RoPE scaling yarn"});
+  expect_mentions(error_with("rope_parameters", json{{"rope_type", "default"}, {"rope_theta", -1}}),
+                  {path_, "rope_parameters", "a rope_theta above 0"});
+  expect_mentions(error_with("rope_parameters", json{{"rope_type", "default"}, {"factor", 2.0}}),
+                  {path_, "rope_parameters", "key \"factor\": not a key of default RoPE"});
+  json both = tiny_json();
+  both.update(json{{"rope_theta", 10000.0}, {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 500000.0}}}});
+  expect_mentions(error_loading(both), {path_, "rope_parameters", "differs from the top-level rope_theta"});
 }
 
 TEST_F(ConfigFileError, TokenIdOutsideVocabulary) {

@@ -32,7 +32,9 @@ constexpr std::string_view kKnownModelKeys[] = {
     // Optional HF LlamaConfig keys.
     "max_position_embeddings", "rope_theta", "num_key_value_heads", "tie_word_embeddings",
     "torch_dtype", "attention_bias", "mlp_bias", "attention_dropout", "rope_scaling", "head_dim",
-    "pretraining_tp"};
+    "pretraining_tp",
+    // Keys of today's transformers (5.x: what `trainer export` writes).
+    "dtype", "rope_parameters"};
 
 // Sizes go into tensor shapes and into products like vocab * hidden; int32 range keeps both sane.
 constexpr int64_t kMaxSize = std::numeric_limits<int32_t>::max();
@@ -216,13 +218,13 @@ ModelConfig parse_model_config(const json& object, const std::string& source) {
   reader.require_string("hidden_act", "silu", "the LLaMA MLP is SwiGLU");
   reader.require_string_type("transformers_version");
   reader.boolean("use_cache", true);  // inference-only switch: checked for type, then ignored
-  if (const json* dtype = reader.optional("torch_dtype")) {
-    if (!dtype->is_string() || (dtype->get<std::string>() != "float32" &&
-                                dtype->get<std::string>() != "float16" &&
-                                dtype->get<std::string>() != "bfloat16"))
-      reader.fail_expected("torch_dtype", "\"float32\", \"float16\" or \"bfloat16\" (ignored: --dtype decides)",
-                           *dtype);
-  }
+  for (const char* key : {"torch_dtype", "dtype"})  // transformers 4 and 5 spell it so
+    if (const json* dtype = reader.optional(key)) {
+      if (!dtype->is_string() || (dtype->get<std::string>() != "float32" &&
+                                  dtype->get<std::string>() != "float16" &&
+                                  dtype->get<std::string>() != "bfloat16"))
+        reader.fail_expected(key, "\"float32\", \"float16\" or \"bfloat16\" (ignored: --dtype decides)", *dtype);
+    }
 
   config.bos_token_id = reader.token_id("bos_token_id", config.bos_token_id, config.vocab_size);
   config.eos_token_id = reader.token_id("eos_token_id", config.eos_token_id, config.vocab_size);
@@ -230,6 +232,31 @@ ModelConfig parse_model_config(const json& object, const std::string& source) {
   config.initializer_range = reader.positive_number("initializer_range", config.initializer_range);
   config.rms_norm_eps = reader.positive_number("rms_norm_eps", config.rms_norm_eps);
   config.rope_theta = reader.positive_number("rope_theta", config.rope_theta);
+  // transformers 5: {"rope_type": "default", "rope_theta": ...}; any other rope_type rescales the
+  // positions, which this trainer does not run.
+  if (const json* rope = reader.optional("rope_parameters"); rope != nullptr && !rope->is_null()) {
+    if (!rope->is_object())
+      reader.fail_expected("rope_parameters", "an object such as {\"rope_type\": \"default\", \"rope_theta\": 10000.0}",
+                           *rope);
+    const std::string type = rope->contains("rope_type") && rope->at("rope_type").is_string()
+                                 ? rope->at("rope_type").get<std::string>()
+                                 : "default";
+    if (type != "default")
+      reader.fail("rope_parameters", "rope_type \"" + type + "\": we do not run RoPE scaling " + type +
+                                         " (only \"default\", plain RoPE)");
+    if (rope->contains("rope_theta")) {
+      const json& theta = rope->at("rope_theta");
+      if (!theta.is_number() || !(theta.get<double>() > 0))
+        reader.fail_expected("rope_parameters", "a rope_theta above 0", theta);
+      if (reader.present("rope_theta") && theta.get<double>() != config.rope_theta)
+        reader.fail("rope_parameters", "rope_theta " + theta.dump() + " differs from the top-level rope_theta " +
+                                           std::to_string(config.rope_theta) + ": keep one of the two");
+      config.rope_theta = theta.get<double>();
+    }
+    for (const auto& [key, value] : rope->items())
+      if (key != "rope_type" && key != "rope_theta")
+        reader.fail("rope_parameters", "key \"" + key + "\": not a key of default RoPE (rope_type, rope_theta)");
+  }
   config.tie_word_embeddings = reader.boolean("tie_word_embeddings", config.tie_word_embeddings);
 
   const std::optional<int64_t> max_position = reader.optional_size("max_position_embeddings");
