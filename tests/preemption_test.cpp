@@ -239,22 +239,22 @@ TEST(StallWatchdog, DiagnosisReadsTheHeartbeats) {
   beat(0, 7, "backward", 0);
   beat(1, 7, "backward", 30);
   beat(2, 7, "backward", 0);
-  std::string diagnosis = StallWatchdog::diagnose(dir.path().string(), 0, 3, 20, 4);
+  std::string diagnosis = StallWatchdog::diagnose(dir.path().string(), 0, 3, 4);
   EXPECT_NE(diagnosis.find("Not responding: rank 1 (its heartbeat is 30 s old, last at step 7 backward (unit 2))"),
             std::string::npos) << diagnosis;
   EXPECT_EQ(diagnosis.find("rank 2 ("), std::string::npos) << diagnosis;
 
   beat(1, 6, "forward", 0);
-  diagnosis = StallWatchdog::diagnose(dir.path().string(), 0, 3, 20, 4);
+  diagnosis = StallWatchdog::diagnose(dir.path().string(), 0, 3, 4);
   EXPECT_NE(diagnosis.find("Behind the others, which wait for it: rank 1 (at step 6 forward (unit 2)"),
             std::string::npos) << diagnosis;
 
   beat(1, 7, "backward", 0);
-  diagnosis = StallWatchdog::diagnose(dir.path().string(), 0, 3, 20, 4);
+  diagnosis = StallWatchdog::diagnose(dir.path().string(), 0, 3, 4);
   EXPECT_NE(diagnosis.find("Every rank is alive and at the same point"), std::string::npos) << diagnosis;
 
   fs::remove(dir / "heartbeat.rank2.json");
-  diagnosis = StallWatchdog::diagnose(dir.path().string(), 0, 3, 20, 4);
+  diagnosis = StallWatchdog::diagnose(dir.path().string(), 0, 3, 4);
   EXPECT_NE(diagnosis.find("rank 2 (no heartbeat file in"), std::string::npos) << diagnosis;
 }
 

@@ -217,22 +217,38 @@ bool same_folder(const std::string& a, const std::string& b) {
 
 }  // namespace
 
-std::string checkpoint_problem(const std::string& folder) {
-  const fs::path root(folder);
+namespace {
+
+// An intact checkpoint's trainer_state.json; null with the reason in `problem` for any other folder.
+nlohmann::json intact_trainer_state(const fs::path& root, std::string* problem) {
   nlohmann::json state;
   try {
     state = read_trainer_state(root);
     TrainState::from_json(state, "trainer_state.json");
   } catch (const UserError& error) {
-    return error.what();
+    *problem = error.what();
+    return nullptr;
   }
-  if (!state.contains("model") || !state.at("model").is_object()) return "trainer_state.json: model: missing";
+  if (!state.contains("model") || !state.at("model").is_object()) {
+    *problem = "trainer_state.json: model: missing";
+    return nullptr;
+  }
   for (const char* file : {"model.pt", "optimizer.pt"}) {
     std::error_code error;
-    if (!fs::is_regular_file(root / file, error) || fs::file_size(root / file, error) == 0)
-      return std::string(file) + ": missing or empty";
+    if (!fs::is_regular_file(root / file, error) || fs::file_size(root / file, error) == 0) {
+      *problem = std::string(file) + ": missing or empty";
+      return nullptr;
+    }
   }
-  return "";
+  return state;
+}
+
+}  // namespace
+
+std::string checkpoint_problem(const std::string& folder) {
+  std::string problem;
+  intact_trainer_state(folder, &problem);
+  return problem;
 }
 
 std::string resolve_checkpoint_folder(const std::string& path, std::vector<std::string>* skipped) {
@@ -264,12 +280,9 @@ std::vector<std::string> remove_old_checkpoints(const std::string& saved, const 
     std::error_code error;
     // A link may point into another folder: never followed, never removed.
     if (same_folder(folder.string(), saved) || fs::is_symlink(folder, error)) continue;
-    if (!checkpoint_problem(folder.string()).empty()) continue;  // belongs to no run
-    try {
-      if (run_id_of(read_trainer_state(folder)) != run_id) continue;
-    } catch (const UserError&) {
-      continue;  // changed since checkpoint_problem read it
-    }
+    std::string problem;
+    const nlohmann::json state = intact_trainer_state(folder, &problem);
+    if (state.is_null() || run_id_of(state) != run_id) continue;  // not intact: belongs to no run
     if (kept < keep_last) {
       ++kept;
       continue;
@@ -343,8 +356,10 @@ CheckpointStart check_checkpoints_at_start(const RunConfig& run, const ModelConf
   if (!run.checkpoint.continue_from.empty() && same_folder(run.checkpoint.continue_from, save_dir)) return start;
   for (const auto& [step, folder] : step_folders(save_dir)) {
     // A folder that is not an intact checkpoint belongs to no run; a save of its step replaces it.
-    if (!checkpoint_problem(folder.string()).empty()) continue;
-    const std::string id = run_id_of(read_trainer_state(folder));
+    std::string problem;
+    const nlohmann::json state = intact_trainer_state(folder, &problem);
+    if (state.is_null()) continue;
+    const std::string id = run_id_of(state);
     if (!run.checkpoint.continue_from.empty() && id == start.run_id) continue;
     const std::string whose = id.empty() ? "a run from before run ids" : "run " + id;
     const std::string ours = run.checkpoint.continue_from.empty() ? ""

@@ -161,8 +161,9 @@ Command parse_command_line(int argc, const char* const* argv) {
                      "ln(vocab) + 1 after warmup; 0: never")
           ->capture_default_str());
   add(app.add_option("--collective_timeout", run.collective_timeout,
-                     "with several ranks: seconds a rank may make no progress (a collective that never completes, a stopped or hung "
-                     "peer) before it ends the job (exit 4) naming the rank that holds it up; 0: never")
+                     "with several ranks: seconds a rank may make no progress (a collective that never "
+                     "completes, a stopped or hung peer) before it ends the job (exit 4) naming the rank that "
+                     "holds it up; 0: never")
           ->capture_default_str());
   add(app.add_flag("--skip_memory_check", run.skip_memory_check,
                    "start even when the start-up memory check (this run's estimate against the GPU's free memory "

@@ -5,8 +5,9 @@
 // transformers folder. Exit codes: 0 done (or preempted by SIGTERM, SIGINT or SIGUSR1 with the step
 // saved), 2 bad input (config, flags, data, checkpoint, run folders), 3 training diverged,
 // 4 a stall (no progress for --collective_timeout seconds: trainer/watchdog.h), 128 + the signal's
-// number when preempted without --save_dir (143 for SIGTERM: the steps are lost), 1 anything else. Under mpirun a failure on any rank aborts the whole job with the message, so no
-// rank is left waiting in a collective.
+// number when preempted without --save_dir (143 for SIGTERM: the steps are lost), 1 anything else.
+// Under mpirun a failure on any rank aborts the whole job with the message, so no rank is left
+// waiting in a collective.
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>

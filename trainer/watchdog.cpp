@@ -125,19 +125,20 @@ void StallWatchdog::watch() {
     // A live rank rewrites its heartbeat every interval; one older than this is not live. Longer
     // with longer timeouts, so that a loaded host's late writes are not taken for a stopped rank.
     const double stale_seconds = std::max(2.5 * kIntervalSeconds, std::min(30.0, timeout_seconds_ / 4));
-    const std::string diagnosis = diagnose(run_dir_, rank_, world_size_, timeout_seconds_, stale_seconds);
+    const std::string diagnosis = diagnose(run_dir_, rank_, world_size_, stale_seconds);
+    Heartbeat here;
+    here.step = step_.load(std::memory_order_relaxed);
+    here.phase = phase_.load(std::memory_order_relaxed);
+    here.unit = unit_.load(std::memory_order_relaxed);
     log::error("stalled: no progress on this rank for {} at {} (--collective_timeout {}). {} Ending the job "
                "(exit status {}); nothing is saved: resume from the newest checkpoint.",
-               seconds_text(idle), where(read_heartbeat(run_dir_, rank_)), timeout_seconds_, diagnosis,
-               kStallExitStatus);
+               seconds_text(idle), where(here), timeout_seconds_, diagnosis, kStallExitStatus);
     std::fflush(nullptr);
     ::_exit(kStallExitStatus);
   }
 }
 
-std::string StallWatchdog::diagnose(const std::string& run_dir, int rank, int world_size, double timeout_seconds,
-                                    double stale_seconds) {
-  (void)timeout_seconds;
+std::string StallWatchdog::diagnose(const std::string& run_dir, int rank, int world_size, double stale_seconds) {
   const double now = wall_seconds();
   std::vector<Heartbeat> beats;
   for (int r = 0; r < world_size; ++r) beats.push_back(read_heartbeat(run_dir, r));

@@ -49,8 +49,7 @@ class StallWatchdog {
   }
 
   // What the stalled rank concludes from the heartbeats in run_dir (exposed for tests).
-  static std::string diagnose(const std::string& run_dir, int rank, int world_size, double timeout_seconds,
-                              double stale_seconds);
+  static std::string diagnose(const std::string& run_dir, int rank, int world_size, double stale_seconds);
 
  private:
   static int64_t now_ns() {

@@ -13,11 +13,6 @@ namespace {
 
 using nlohmann::json;
 
-// Our pad_token_id -1 is the last row (GaLore's nn.Embedding padding_idx -1, trainer/model/units.cpp).
-int64_t padding_row(const ModelConfig& model) {
-  return model.pad_token_id < 0 ? model.vocab_size + model.pad_token_id : model.pad_token_id;
-}
-
 // Reads the folder's keys with LlamaConfig's defaults for those it leaves out, and refuses by name.
 class FolderConfig {
  public:
@@ -99,6 +94,10 @@ class FolderConfig {
 }  // namespace
 
 const char* exported_transformers_version() { return TRAINER_TRANSFORMERS_VERSION; }
+
+int64_t padding_row(const ModelConfig& model) {
+  return model.pad_token_id < 0 ? model.vocab_size + model.pad_token_id : model.pad_token_id;
+}
 
 json hf_config_json(const ModelConfig& model, const std::string& dtype_name) {
   json config = {

@@ -31,6 +31,10 @@ namespace llm {
 // read by CMake from TRAINER_PYTHON at configure time; 5.23.0, the one checked, without a Python).
 const char* exported_transformers_version();
 
+// The embedding row our pad_token_id names: -1 (GaLore's configs, nn.Embedding's padding_idx -1) is
+// the last row. What config.json calls pad_token_id.
+int64_t padding_row(const ModelConfig& model);
+
 // config.json for `model`, its tensors stored as `dtype_name` ("float32" or "bfloat16").
 nlohmann::json hf_config_json(const ModelConfig& model, const std::string& dtype_name);
 // generation_config.json, as save_pretrained writes it for a generative model.

@@ -11,6 +11,7 @@
 #include "common/errors.h"
 #include "common/log.h"
 #include "trainer/interchange/hf_config.h"
+#include "trainer/interchange/safetensors.h"
 #include "trainer/model/units.h"
 
 namespace llm {
@@ -29,12 +30,6 @@ nlohmann::json read_json(const fs::path& path, const std::string& what) {
   } catch (const nlohmann::json::exception& error) {
     fail_user(path.string(), "", std::string("not valid JSON: ") + error.what());
   }
-}
-
-std::string shape_text(at::IntArrayRef shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
 }
 
 // Rotary tables some transformers versions saved with the weights: recomputed here, not weights.
@@ -58,7 +53,7 @@ PretrainedFolder::PretrainedFolder(const std::string& folder, const ModelConfig&
   const nlohmann::json config = read_json(config_path, "config.json");
   check_hf_config(config, model, config_path.string());
   if (log_notes) {
-    const int64_t ours = model.pad_token_id < 0 ? model.vocab_size + model.pad_token_id : model.pad_token_id;
+    const int64_t ours = padding_row(model);
     if (config.contains("pad_token_id") && config.at("pad_token_id").is_number_integer() &&
         config.at("pad_token_id").get<int64_t>() != ours)
       log::warn("--init_from: {} has pad_token_id {}; --config {} makes row {} the padding row (no gradient "

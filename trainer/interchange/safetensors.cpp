@@ -41,13 +41,13 @@ uint64_t element_count(const std::vector<int64_t>& shape) {
   return count;
 }
 
-std::string shape_text(const std::vector<int64_t>& shape) {
+}  // namespace
+
+std::string shape_text(at::IntArrayRef shape) {
   std::string text = "[";
   for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
   return text + "]";
 }
-
-}  // namespace
 
 std::string safetensors_dtype_name(at::ScalarType dtype) {
   for (const DTypeName& entry : kDTypes)

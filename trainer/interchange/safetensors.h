@@ -31,6 +31,9 @@ std::string safetensors_dtype_name(at::ScalarType dtype);
 // The scalar type of a safetensors dtype name; false when this reader does not know it.
 bool safetensors_scalar_type(const std::string& name, at::ScalarType* dtype);
 
+// "[2, 3]": a shape as the messages about tensors write it.
+std::string shape_text(at::IntArrayRef shape);
+
 struct SafetensorsEntry {
   std::string name;
   at::ScalarType dtype = at::kFloat;

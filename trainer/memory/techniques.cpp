@@ -58,28 +58,33 @@ PhasePeaks estimated_phase_peaks(const RunRecord& run) {
   return peaks;
 }
 
-// The same workload: a share of another model's or batch's peak would mean nothing. Technique runs
-// are compared with their world size's baseline; sweep runs with each other.
-void require_same_workload(const RunRecord& first, const RunRecord& run, const std::string& option, bool same_world) {
-  auto require = [&](bool same, const std::string& what, const std::string& theirs, const std::string& ours) {
+// The same workload: a share of another model's or batch's peak would mean nothing. Every run trains
+// the model on the device of the first run; technique runs the batch of their world size's baseline,
+// sweep runs the batch and world size of the first sweep run (`baseline` is that run then).
+void require_same_workload(const RunRecord& first, const RunRecord& baseline, const RunRecord& run,
+                           const std::string& option, bool sweep) {
+  auto require = [&](bool same, const RunRecord& other, const std::string& what, const std::string& theirs,
+                     const std::string& ours) {
     if (!same)
       fail_user(run.dir, option,
-                "runs " + what + " " + ours + " but " + first.dir + " runs " + theirs + ": every run of " + option +
+                "runs " + what + " " + ours + " but " + other.dir + " runs " + theirs + ": every run of " + option +
                     " must train the same " +
-                    (same_world ? "model, batch and world size" : "model and batch as its world size's baseline") +
+                    (sweep ? "model, batch and world size" : "model and batch as its world size's baseline") +
                     " for the comparison to mean anything");
   };
-  require(run.model.name == first.model.name, "the model", first.model.name, run.model.name);
-  require(run.device == first.device, "on", first.device, run.device);
-  require(run.run.data.batch_size == first.run.data.batch_size, "a micro-batch of",
-          std::to_string(first.run.data.batch_size), std::to_string(run.run.data.batch_size));
-  if (same_world) {
-    require(run.world == first.world, "on ranks:", std::to_string(first.world), std::to_string(run.world));
+  require(run.model.name == first.model.name, first, "the model", first.model.name, run.model.name);
+  require(run.device == first.device, first, "on", first.device, run.device);
+  require(run.run.data.batch_size == baseline.run.data.batch_size, baseline, "a micro-batch of",
+          std::to_string(baseline.run.data.batch_size), std::to_string(run.run.data.batch_size));
+  if (sweep) {
+    require(run.world == baseline.world, baseline, "on ranks:", std::to_string(baseline.world),
+            std::to_string(run.world));
   } else {
-    require(run.run.data.max_length == first.run.data.max_length, "sequences of",
-            std::to_string(first.run.data.max_length), std::to_string(run.run.data.max_length));
-    require(run.run.data.gradient_accumulation == first.run.data.gradient_accumulation, "gradient accumulation",
-            std::to_string(first.run.data.gradient_accumulation), std::to_string(run.run.data.gradient_accumulation));
+    require(run.run.data.max_length == baseline.run.data.max_length, baseline, "sequences of",
+            std::to_string(baseline.run.data.max_length), std::to_string(run.run.data.max_length));
+    require(run.run.data.gradient_accumulation == baseline.run.data.gradient_accumulation, baseline,
+            "gradient accumulation", std::to_string(baseline.run.data.gradient_accumulation),
+            std::to_string(run.run.data.gradient_accumulation));
   }
 }
 
@@ -212,32 +217,24 @@ std::string cpu_caveats(const std::vector<RunRecord>& runs) {
 void write_techniques_report(const std::vector<std::string>& technique_dirs, const std::vector<std::string>& sweep_dirs,
                              const std::string& out_dir) {
   LLM_REQUIRE(!technique_dirs.empty(), "command line", "--techniques", "pass at least one run folder");
-  auto read_all = [](const std::vector<std::string>& dirs, const std::string& option, bool same_world) {
+  auto read_all = [](const std::vector<std::string>& dirs, const std::string& option, bool sweep) {
     std::vector<RunRecord> runs;
     std::map<std::pair<int, std::string>, int> seen;  // labels are unique within a world size's table
     for (const std::string& dir : dirs) {
       runs.push_back(read_run(dir));
       RunRecord& run = runs.back();
       if (const int count = ++seen[{run.world, run.label}]; count > 1) run.label += "-" + std::to_string(count);
-      // Technique runs: the same workload as their world size's baseline (the first run of that
-      // world size); sweep runs: as the first sweep run.
-      const RunRecord* first = &runs.front();
-      if (!same_world)
-        for (const RunRecord& earlier : runs)
-          if (earlier.world == run.world) {
-            first = &earlier;
-            break;
-          }
-      if (first != &run) require_same_workload(*first, run, option, same_world);
-      LLM_REQUIRE(run.model.name == runs.front().model.name && run.device == runs.front().device, run.dir, option,
-                  "runs " + run.model.name + " on " + run.device + " but " + runs.front().dir + " runs " +
-                      runs.front().model.name + " on " + runs.front().device + ": every run of " + option +
-                      " must train the same model on the same device");
+      // A technique run's baseline: the first run of its world size; a sweep run's: the first sweep run.
+      const RunRecord* baseline = &runs.front();
+      if (!sweep)
+        baseline = &*std::find_if(runs.begin(), runs.end(),
+                                  [&](const RunRecord& earlier) { return earlier.world == run.world; });
+      require_same_workload(runs.front(), *baseline, run, option, sweep);
     }
     return runs;
   };
-  const std::vector<RunRecord> techniques = read_all(technique_dirs, "--techniques", false);
-  const std::vector<RunRecord> sweep = read_all(sweep_dirs, "--context_sweep", true);
+  const std::vector<RunRecord> techniques = read_all(technique_dirs, "--techniques", /*sweep=*/false);
+  const std::vector<RunRecord> sweep = read_all(sweep_dirs, "--context_sweep", /*sweep=*/true);
   const fs::path out(out_dir), plots = out / "techniques";
   std::error_code error;
   fs::create_directories(plots, error);
