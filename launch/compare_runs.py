@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Compares two recordings of launch/record_runs.sh, run by run: the training losses, gradient norms and
-evaluation losses of metrics.jsonl, and every tensor of the final checkpoint (model.pt: parameters;
-optimizer.pt: moments, subset-norm state, GaLore projectors, step).
+evaluation losses of metrics.jsonl, and every tensor of the final checkpoint, its ranks' parts put
+together (parameters; moments, subset-norm state, GaLore projectors; the optimizer's step). A checkpoint
+of the earlier full-tensor format (model.pt, optimizer.pt) is read too, so recordings from before the
+sharded format compare with ones after it.
 
     python launch/compare_runs.py BEFORE AFTER [--markdown FILE]
 
@@ -30,14 +32,35 @@ def read_metrics(run_dir):
     return train, evals
 
 
+def read_sharded(folder):
+    """{"model:NAME" | "optimizer:KEY": full tensor} of a sharded checkpoint (trainer/checkpoint.h)."""
+    from safetensors.torch import load_file
+
+    manifest = json.loads((folder / "manifest.json").read_text())
+    flat, shapes = {}, {}
+    for rank in range(manifest["world_size"]):
+        index = json.loads((folder / f"rank{rank}.json").read_text())["tensors"]
+        parts = load_file(folder / f"rank{rank}.safetensors")
+        for key, entry in index.items():
+            shapes[key] = entry["shape"]
+            flat.setdefault(key, torch.empty(math.prod(entry["shape"])))
+            flat[key][entry["begin"]:entry["begin"] + entry["count"]] = parts[key]
+    state = (".exp_avg", ".exp_avg_sq", ".projector")
+    tensors = {("optimizer:" if key.endswith(state) else "model:") + key: flat[key].view(shapes[key]) for key in flat}
+    tensors["optimizer:step"] = torch.tensor(manifest["optimizer_step"])
+    return tensors
+
+
 def read_checkpoint(run_dir):
     steps = sorted((run_dir / "ckpt").glob("step_*"), key=lambda p: int(p.name[5:]))
     if not steps:
         raise SystemExit(f"{run_dir}: no checkpoint")
+    if (steps[-1] / "manifest.json").exists():
+        return read_sharded(steps[-1])
     tensors = {}
     for file in ("model.pt", "optimizer.pt"):
         for name, tensor in torch.load(steps[-1] / file, weights_only=False).items():
-            tensors[f"{file}:{name}"] = tensor
+            tensors[f"{file[:-3]}:{name}"] = tensor
     return tensors
 
 

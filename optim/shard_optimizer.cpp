@@ -209,11 +209,52 @@ std::map<std::string, at::Tensor> ShardOptimizer::full_state_dict() {
   return state;
 }
 
-void ShardOptimizer::load_full_state_dict(const std::map<std::string, at::Tensor>& state) {
+std::map<std::string, FullStateShape> ShardOptimizer::full_state_shapes() const {
   std::map<std::string, FullStateShape> expected;
   for (const UnitState& unit : units_)
     for (const ParameterState& p : unit.parameters)
       for (const auto& [suffix, shape] : rule_of(p.rule).full_shapes(p)) expected[p.parameter.name + suffix] = shape;
+  return expected;
+}
+
+namespace {
+
+// The parameter's buffer of one kind of state, flat.
+at::Tensor state_tensor(const ParameterState& p, const std::string& suffix) {
+  const at::Tensor& tensor = suffix == ".exp_avg" ? p.exp_avg : suffix == ".exp_avg_sq" ? p.exp_avg_sq : p.projector;
+  return tensor.view({-1});
+}
+
+}  // namespace
+
+std::vector<StatePiece> ShardOptimizer::state_pieces() const {
+  std::vector<StatePiece> pieces;
+  for (const UnitState& unit : units_)
+    for (const ParameterState& p : unit.parameters) {
+      const Rule& rule = rule_of(p.rule);
+      const std::map<std::string, FullStateShape> shapes = rule.full_shapes(p);
+      for (const auto& [suffix, span] : rule.spans(p)) {
+        if (span.owned_count == 0) continue;
+        pieces.push_back({p.parameter.name + suffix, shapes.at(suffix).shape, span.owned_begin,
+                          state_tensor(p, suffix).narrow(0, span.owned_local, span.owned_count)});
+      }
+    }
+  return pieces;
+}
+
+void ShardOptimizer::load_state_pieces(const ReadPiece& read, int64_t step) {
+  for (UnitState& unit : units_)
+    for (ParameterState& p : unit.parameters)
+      for (const auto& [suffix, span] : rule_of(p.rule).spans(p)) {
+        at::Tensor local = state_tensor(p, suffix);
+        local.zero_();
+        if (span.needed_count > 0) read(p.parameter.name + suffix, span.needed_begin, local.narrow(0, 0, span.needed_count));
+      }
+  step_ = step;
+}
+
+void ShardOptimizer::load_full_state_dict(const std::map<std::string, at::Tensor>& state) {
+  const std::map<std::string, FullStateShape> expected = full_state_shapes();
   const int64_t step = check_full_state(state, expected, settings_.kind);
 
   // Every rank's part is cut before anything is written, so a failure leaves the state as it was.

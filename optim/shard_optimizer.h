@@ -26,11 +26,14 @@
 //                         kernel in its one pass
 //   step(lr)              begin_step(), then step_unit for every unit in order
 //
-// Checkpoints hold full (unsharded) tensors, "NAME.exp_avg", "NAME.exp_avg_sq", "NAME.projector"
-// and "step", so a run resumes at any world size.
+// Full (unsharded) state tensors are "NAME.exp_avg", "NAME.exp_avg_sq", "NAME.projector" and "step"
+// (full_state_dict, collective); a sharded checkpoint stores each rank's part of them (state_pieces)
+// and reads back the parts a rank of any world size needs (load_state_pieces), so a run resumes at
+// any world size without any rank holding the full state.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -98,6 +101,17 @@ class ShardOptimizer {
   // shape, lists every problem in one UserError, and changes nothing unless the whole dict fits.
   std::map<std::string, at::Tensor> full_state_dict();
   void load_full_state_dict(const std::map<std::string, at::Tensor>& state);
+  // The keys and shapes of the full state (without "step").
+  std::map<std::string, FullStateShape> full_state_shapes() const;
+
+  // Sharded checkpoints: the parts of the full tensors this rank owns (StateSpan), as views of its
+  // buffers, without communication; and back, at any world size: `read(key, begin, destination)`
+  // fills `destination` with the full tensor's elements [begin, begin + destination.numel()), for
+  // every part this rank needs, and the rest of each buffer is zeroed. The caller checks the keys
+  // and shapes (full_state_shapes) before anything is read.
+  std::vector<StatePiece> state_pieces() const;
+  using ReadPiece = std::function<void(const std::string& key, int64_t begin, const at::Tensor& destination)>;
+  void load_state_pieces(const ReadPiece& read, int64_t step);
 
  // A unit's state: its three flat buffers (what offload moves as three blocks) and each
   // parameter's views into them.

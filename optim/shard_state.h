@@ -41,6 +41,16 @@ struct FullStateShape {
   std::string what = "the parameter";
 };
 
+// One rank's part of a full tensor, as a sharded checkpoint stores it: `values` (flat, a view of the
+// rank's buffer) are the elements [begin, begin + values.numel()) of the full tensor `key`, of shape
+// full_shape, flattened.
+struct StatePiece {
+  std::string key;
+  std::vector<int64_t> full_shape;
+  int64_t begin = 0;
+  at::Tensor values;
+};
+
 // The one validator of optimizer state dicts (the sharded optimizer's checkpoints and AdamW's
 // state_dict): checks a full state dict against the keys and shapes expected (plus "step", one
 // integer >= 0), float32 values and no unknown keys; throws one UserError listing every problem.

@@ -28,6 +28,33 @@ at::Tensor take_like_parameter(const ParameterState& state, const at::Tensor& fu
       .reshape({-1});
 }
 
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t count = 1;
+  for (int64_t size : shape) count *= size;
+  return count;
+}
+
+// A state tensor sharded like the parameter, in whole rows: this rank owns and needs its rows.
+StateSpan rows_span(const ShardedParameter& p, const std::vector<int64_t>& full_shape) {
+  const int64_t per_row = numel_of(full_shape) / p.rows;
+  const int64_t begin = p.first_row * per_row, count = p.rows_held * per_row;
+  return {begin, count, 0, begin, count};
+}
+
+// A state tensor every rank holds whole: written once, by the rank holding the parameter's first
+// row (rank 0 of the parameter's shard group; a no_shard rank holds every row), read by all.
+StateSpan replicated_span(const ShardedParameter& p, const std::vector<int64_t>& full_shape) {
+  const int64_t count = numel_of(full_shape);
+  return {0, p.first_row == 0 ? count : 0, 0, 0, count};
+}
+
+// A flat state tensor cut in chunks of `chunk` elements, rank r holding [r * chunk, (r + 1) * chunk).
+StateSpan chunk_span(int64_t total, int64_t chunk, int rank) {
+  const int64_t begin = std::min<int64_t>(total, rank * chunk);
+  const int64_t count = std::min<int64_t>(total, begin + chunk) - begin;
+  return {begin, count, 0, begin, count};
+}
+
 std::vector<int64_t> flat_like_parameter(const ParameterState& state) {
   return {state.parameter.shard_numel()};
 }
@@ -51,6 +78,10 @@ class TorchAdamW final : public Rule {
                                          const std::map<std::string, at::Tensor>& full) const override {
     return {{".exp_avg", take_like_parameter(state, full.at(".exp_avg"))},
             {".exp_avg_sq", take_like_parameter(state, full.at(".exp_avg_sq"))}};
+  }
+  std::map<std::string, StateSpan> spans(const ParameterState& state) const override {
+    const StateSpan rows = rows_span(state.parameter, state.parameter.full_shape);
+    return {{".exp_avg", rows}, {".exp_avg_sq", rows}};
   }
   void update(ParameterState& state, const MomentInputs& inputs, const OptimizerSettings& settings,
               const StepScalars& scalars, Communicator*) const override {
@@ -124,6 +155,12 @@ class HfAdam final : public HfStyleRule {
     local[".exp_avg_sq"] = take_like_parameter(state, full.at(".exp_avg_sq"));
     return local;
   }
+  std::map<std::string, StateSpan> spans(const ParameterState& state) const override {
+    const StateSpan rows = rows_span(state.parameter, state.parameter.full_shape);
+    std::map<std::string, StateSpan> spans = {{".exp_avg_sq", rows}};
+    if (state.exp_avg.defined()) spans[".exp_avg"] = rows;
+    return spans;
+  }
 
  protected:
   void apply(ParameterState& state, const at::Tensor& numerator, const at::Tensor& denominator,
@@ -158,6 +195,29 @@ class SubsetNorm final : public HfStyleRule {
     local[".exp_avg_sq"] =
         take_subset_state(state.subsets, state.parameter, full.at(".exp_avg_sq").to(state.master.device()));
     return local;
+  }
+  std::map<std::string, StateSpan> spans(const ParameterState& state) const override {
+    const ShardedParameter& p = state.parameter;
+    const SubsetGeometry& g = state.subsets;
+    std::map<std::string, StateSpan> spans;
+    if (state.exp_avg.defined()) spans[".exp_avg"] = rows_span(p, p.full_shape);
+    switch (g.kind) {
+      case SubsetKind::row:
+        spans[".exp_avg_sq"] = rows_span(p, g.full_state_shape);
+        break;
+      case SubsetKind::column:
+        spans[".exp_avg_sq"] = replicated_span(p, g.full_state_shape);
+        break;
+      case SubsetKind::block: {
+        // A block is owned by the rank holding its first element; a rank needs every block it touches.
+        const int64_t first_owned = (g.local_begin + g.subset_size - 1) / g.subset_size;
+        const int64_t end = g.first_block + g.blocks_held;
+        const int64_t owned = std::max<int64_t>(0, end - first_owned);
+        spans[".exp_avg_sq"] = {first_owned, owned, first_owned - g.first_block, g.first_block, g.blocks_held};
+        break;
+      }
+    }
+    return spans;
   }
   MomentInputs inputs(ParameterState& state, Communicator* across) const override {
     return {state.gradient, subset_square_sums(state.subsets, state.parameter, state.gradient),
@@ -206,6 +266,18 @@ class GaLore final : public HfStyleRule {
     local[".exp_avg_sq"] = take_galore_moment(state.galore, state.parameter, on_device(".exp_avg_sq"));
     local[".projector"] = take_galore_projector(state.galore, state.parameter, on_device(".projector"));
     return local;
+  }
+  std::map<std::string, StateSpan> spans(const ParameterState& state) const override {
+    const ShardedParameter& p = state.parameter;
+    const GaLoreGeometry& g = state.galore;
+    // Right projection: moments in the parameter's rows, the projector the same on every rank. Left:
+    // moments in flat chunks of the low-rank gradient, the projector in the parameter's rows.
+    const StateSpan moment = g.right ? rows_span(p, g.full_state_shape) : chunk_span(g.lowrank_numel, g.chunk, g.shard_rank);
+    std::map<std::string, StateSpan> spans = {
+        {".exp_avg_sq", moment},
+        {".projector", g.right ? replicated_span(p, g.full_projector_shape) : rows_span(p, g.full_projector_shape)}};
+    if (state.exp_avg.defined()) spans[".exp_avg"] = moment;
+    return spans;
   }
 
   // GaLore's schedule: a new projector at steps 1, T + 1, 2T + 1, ... from that step's gradient

@@ -45,6 +45,19 @@ struct StateShapes {
 
 
 
+// Where this rank's part of one checkpointed state tensor lies in the full tensor, flattened: the
+// elements it writes (owned: every element of the full tensor is owned by exactly one rank, so the
+// ranks' parts tile it) and the elements it reads back on load (needed: they fill the first
+// needed_count elements of its local tensor; the rest of the local tensor is padding, zero). They
+// differ where a rank keeps a copy of what another rank owns: a replicated projector or column
+// subset state (owned by the rank holding the parameter's first row, needed by all), a subset
+// crossing a shard boundary (owned by the rank holding its first element, needed by both).
+struct StateSpan {
+  int64_t owned_begin = 0, owned_count = 0;
+  int64_t owned_local = 0;  // where the owned elements start in the local tensor (flattened)
+  int64_t needed_begin = 0, needed_count = 0;
+};
+
 // Where a parameter stands among the parameters of its rule (GaLore spreads its SVD owners and
 // staggers its refreshes by it) and in the world.
 struct RulePosition {
@@ -99,6 +112,10 @@ class Rule {
   // This rank's part of full tensors (already checked against full_shapes), by suffix.
   virtual std::map<std::string, at::Tensor> take(const ParameterState& state,
                                                  const std::map<std::string, at::Tensor>& full) const = 0;
+
+  // Where this rank's part of each full tensor lies, by suffix (the keys of full_shapes): what a
+  // sharded checkpoint writes and reads back, at any world size, without assembling the full tensor.
+  virtual std::map<std::string, StateSpan> spans(const ParameterState& state) const = 0;
 
   // The step's phases. refresh and inputs may be collective.
   virtual void refresh(ParameterState& state, const OptimizerSettings& settings, int64_t t,

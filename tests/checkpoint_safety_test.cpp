@@ -12,7 +12,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
@@ -49,8 +51,8 @@ std::vector<std::string> entries(const fs::path& folder) {
   return names;
 }
 
-nlohmann::json trainer_state(const fs::path& checkpoint) {
-  return nlohmann::json::parse(read_file(checkpoint / "trainer_state.json"));
+nlohmann::json manifest(const fs::path& checkpoint) {
+  return nlohmann::json::parse(read_file(checkpoint / "manifest.json"));
 }
 
 // A folder made read-only with chmod 0555; writable anyway when the tests run as root (CAP_DAC_OVERRIDE),
@@ -180,7 +182,7 @@ TEST(RunHistory, ResumingIntoTheSameRunDirAppendsAndAFreshRunStartsOver) {
     EXPECT_EQ(steps[i].at("loss").get<double>(), first_steps[i - 3].at("loss").get<double>()) << "bitwise on CPU";
   }
   EXPECT_EQ(testing::read_metrics_events(dir / "run", "end").size(), 2u);
-  EXPECT_EQ(trainer_state(dir / "ckpt/step_6").at("run_id"), starts[0].at("run_id"));
+  EXPECT_EQ(manifest(dir / "ckpt/step_6").at("run_id"), starts[0].at("run_id"));
 
   // `trainer report` reads the appended folder: the last start record's settings and the last final loss.
   auto report = run_command(testing::trainer_binary().string() + " report " + (dir / "run").string() + " --out " +
@@ -250,22 +252,29 @@ TEST(NewestCheckpoint, MisnamedAndBrokenFoldersAreSkipped) {
   // Intact copies under names that are not step_<N>: never picked.
   for (const char* name : {"step_20.broken", "step_20.tmp", "step_x", "step_", "step_-7", "step_30x"})
     fs::copy(ckpt / "step_4", ckpt / name, fs::copy_options::recursive);
-  // Newer than step_4 and broken: truncated state, a state without samples_consumed, a missing tensor file.
+  // Newer than step_4 and broken: a truncated manifest, a manifest without samples_consumed, a missing
+  // shard, a shard of another size than its manifest lists, no manifest (a save killed before it).
   fs::copy(ckpt / "step_4", ckpt / "step_10", fs::copy_options::recursive);
-  std::ofstream(ckpt / "step_10/trainer_state.json", std::ios::trunc) << "{\"step\": 10, ";
+  std::ofstream(ckpt / "step_10/manifest.json", std::ios::trunc) << "{\"step\": 10, ";
   fs::copy(ckpt / "step_4", ckpt / "step_8", fs::copy_options::recursive);
-  nlohmann::json state = trainer_state(ckpt / "step_4");
+  nlohmann::json state = manifest(ckpt / "step_4");
   state["step"] = 8;
   state.erase("samples_consumed");
-  std::ofstream(ckpt / "step_8/trainer_state.json", std::ios::trunc) << state.dump();
+  std::ofstream(ckpt / "step_8/manifest.json", std::ios::trunc) << state.dump();
   fs::copy(ckpt / "step_4", ckpt / "step_6", fs::copy_options::recursive);
-  fs::remove(ckpt / "step_6/optimizer.pt");
+  fs::remove(ckpt / "step_6/rank0.safetensors");
+  fs::copy(ckpt / "step_4", ckpt / "step_5", fs::copy_options::recursive);
+  std::ofstream(ckpt / "step_5/rank0.safetensors", std::ios::app) << "x";
+  fs::copy(ckpt / "step_4", ckpt / "step_9", fs::copy_options::recursive);
+  fs::remove(ckpt / "step_9/manifest.json");
 
   auto resumed = run_command(trainer_command("--num_training_steps 6 --continue_from " + ckpt.string() + " --run_dir " +
                                              (dir / "b").string()));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_TRUE(mentions(resumed.output, "resumed from " + (ckpt / "step_4").string() + " at step 4")) << resumed.output;
-  for (const char* broken : {"step_10: ", "step_8: trainer_state.json: samples_consumed", "step_6: optimizer.pt: missing"})
+  for (const char* broken : {"step_10: ", "step_9: ", "step_8: manifest.json: samples_consumed",
+                             "step_6: rank0.safetensors: missing (listed in manifest.json)",
+                             "step_5: rank0.safetensors: "})
     EXPECT_TRUE(mentions(resumed.output, "--continue_from: skipping " + (ckpt / broken).string())) << broken << "\n"
                                                                                                  << resumed.output;
   EXPECT_FALSE(mentions(resumed.output, "step_20")) << resumed.output;
@@ -289,7 +298,7 @@ TEST(NewestCheckpoint, AnotherRunsSaveDirIsRefusedUnlessNamed) {
                                         " --run_dir " + (dir / "a").string()))
                 .exit_code,
             0);
-  const std::string run_id = trainer_state(ckpt / "step_4").at("run_id");
+  const std::string run_id = manifest(ckpt / "step_4").at("run_id");
   EXPECT_EQ(run_id.size(), 16u);
   // A fresh run into it: refused at start-up, naming the other run.
   auto fresh = run_command(trainer_command("--num_training_steps 6 --save_dir " + ckpt.string() + " --run_dir " +
@@ -314,12 +323,12 @@ TEST(NewestCheckpoint, AnotherRunsSaveDirIsRefusedUnlessNamed) {
   auto named = run_command(trainer_command("--num_training_steps 6 --save_dir " + ckpt.string() + " --continue_from " +
                                            ckpt.string() + " --run_dir " + (dir / "d").string()));
   ASSERT_EQ(named.exit_code, 0) << named.output;
-  EXPECT_EQ(trainer_state(ckpt / "step_6").at("run_id"), run_id);
+  EXPECT_EQ(manifest(ckpt / "step_6").at("run_id"), run_id);
   // Resuming one of its own step folders into it is that run too.
   auto own = run_command(trainer_command("--num_training_steps 8 --save_dir " + ckpt.string() + " --continue_from " +
                                          (ckpt / "step_6").string() + " --run_dir " + (dir / "e").string()));
   ASSERT_EQ(own.exit_code, 0) << own.output;
-  EXPECT_EQ(trainer_state(ckpt / "step_8").at("run_id"), run_id);
+  EXPECT_EQ(manifest(ckpt / "step_8").at("run_id"), run_id);
 }
 
 TEST(NewestCheckpoint, AnotherModelConfigIsRefusedNamingTheDifference) {
@@ -336,7 +345,7 @@ TEST(NewestCheckpoint, AnotherModelConfigIsRefusedNamingTheDifference) {
                             " --device cpu --num_training_steps 4 --batch_size 2 --max_length 16 --continue_from " +
                             (dir / "ckpt").string() + " --run_dir " + (dir / "b").string());
   EXPECT_EQ(result.exit_code, 2) << result.output;
-  EXPECT_TRUE(mentions(result.output, (dir / "ckpt/step_2").string() + ": trainer_state.json: model: the checkpoint was "
+  EXPECT_TRUE(mentions(result.output, (dir / "ckpt/step_2").string() + ": manifest.json: model: the checkpoint was "
                                                                         "made for another model config (intermediate_size "
                                                                         "88 there, 96 here)"))
       << result.output;
@@ -354,7 +363,7 @@ TEST(NewestCheckpoint, AFailedSaveLeavesThePreviousCheckpointTheNewest) {
             0);
   // The token file the first run generated, so the resumed run writes no corpus. A limit of 200
   // blocks (100 KiB in dash's 512-byte blocks, 200 KiB in bash's) fits the logs and not the
-  // checkpoint's optimizer.pt (about 280 KiB); SIGXFSZ ignored, so the write fails with EFBIG. Under
+  // checkpoint's rank0.safetensors (about 420 KiB); SIGXFSZ ignored, so the write fails with EFBIG. Under
   // mpirun, whose daemon (not limited) makes the shared-memory files a singleton's MPI_Init would.
   const std::string data = " --data " + (dir / "a/synthetic.rank0.tok").string();
   const std::string flags = " --num_training_steps 4 --save_every 2 --save_dir " + ckpt.string() + data;
@@ -373,7 +382,86 @@ TEST(NewestCheckpoint, AFailedSaveLeavesThePreviousCheckpointTheNewest) {
                                              (dir / "c").string()));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_TRUE(mentions(resumed.output, "resumed from " + (ckpt / "step_2").string())) << resumed.output;
-  EXPECT_TRUE(fs::exists(ckpt / "step_4/trainer_state.json"));
+  EXPECT_TRUE(fs::exists(ckpt / "step_4/manifest.json"));
+}
+
+// One rank cannot write its part (a file size limit on rank 1 only): the job ends with exit 2 and
+// rank 1's message naming its file (the other ranks wait for it), and no step folder and no .tmp is
+// left.
+TEST(NewestCheckpoint, AFailedSaveOnOneRankStopsEveryRank) {
+  ScratchDir dir("failed_save_rank");
+  const fs::path ckpt = dir / "ckpt";
+  // A token file made beforehand, so that no rank writes a corpus under the limit.
+  ASSERT_EQ(run_command(trainer_command("--num_training_steps 1 --run_dir " + (dir / "a").string())).exit_code, 0);
+  const std::string flags = " --num_training_steps 4 --save_every 2 --save_dir " + ckpt.string() + " --run_dir " +
+                            (dir / "run").string() + " --data " + (dir / "a/synthetic.rank0.tok").string();
+  // 200 blocks of dash's 512 bytes: rank 1's logs fit, its rank1.safetensors (about 145 KiB) does not.
+  auto failed = run_command(testing::mpirun(2) + "sh -c \"trap '' XFSZ; [ \\$OMPI_COMM_WORLD_RANK = 1 ] && ulimit -f 200; exec " +
+                            testing::trainer_binary().string() + trainer_arguments(flags) + "\"");
+  EXPECT_EQ(failed.exit_code, 2) << failed.output;
+  EXPECT_TRUE(mentions(failed.output, (ckpt / "step_2.tmp/rank1.safetensors.tmp").string() + ": could not be written"))
+      << failed.output;
+  EXPECT_FALSE(mentions(failed.output, "saved checkpoint")) << failed.output;
+  EXPECT_TRUE(entries(ckpt).empty()) << "no step folder, no .tmp";
+}
+
+// A checkpoint damaged after it was written: each case is exit 2 naming the file (and the tensor
+// where one is damaged), before any step, and nothing in the checkpoint is changed.
+TEST(DamagedCheckpoint, EachDamageIsAClearErrorNamingTheFile) {
+  ScratchDir dir("damaged");
+  ASSERT_EQ(run_command(testing::mpirun(2) + testing::trainer_binary().string() +
+                        trainer_arguments("--num_training_steps 2 --save_dir " + (dir / "ckpt").string() +
+                                          " --run_dir " + (dir / "a").string()))
+                .exit_code,
+            0);
+  const fs::path intact = dir / "ckpt/step_2";
+  struct Damage {
+    std::string name;
+    std::function<void(const fs::path&)> apply;
+    std::vector<std::string> expected;
+  };
+  const auto flip_last_byte = [](const fs::path& file) {
+    std::fstream io(file, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekg(-1, std::ios::end);
+    const char byte = static_cast<char>(io.get() ^ 0x01);
+    io.seekp(-1, std::ios::end);
+    io.put(byte);
+  };
+  const std::vector<Damage> damages = {
+      {"a byte of a part", [&](const fs::path& c) { flip_last_byte(c / "rank1.safetensors"); },
+       {"rank1.safetensors: ", ": its bytes have CRC-32C ", "the file is damaged"}},
+      {"a byte of an index", [&](const fs::path& c) { flip_last_byte(c / "rank0.json"); },
+       {"rank0.json: its CRC-32C is ", "manifest.json lists"}},
+      {"a missing part", [](const fs::path& c) { fs::remove(c / "rank1.safetensors"); },
+       {"not a complete checkpoint: rank1.safetensors: missing (listed in manifest.json)"}},
+      {"a truncated part", [](const fs::path& c) { fs::resize_file(c / "rank0.safetensors", 100); },
+       {"not a complete checkpoint: rank0.safetensors: 100 bytes, but manifest.json lists"}},
+      {"a missing manifest", [](const fs::path& c) { fs::remove(c / "manifest.json"); },
+       {"--continue_from: ", "neither a checkpoint (no manifest.json) nor a folder of step_<N> checkpoints"}},
+      {"a manifest that is not JSON", [](const fs::path& c) { std::ofstream(c / "manifest.json", std::ios::trunc) << "{"; },
+       {"manifest.json: not valid JSON"}},
+  };
+  for (const Damage& damage : damages) {
+    SCOPED_TRACE(damage.name);
+    const fs::path checkpoint = dir / ("damaged_" + std::to_string(&damage - damages.data())) / "step_2";
+    fs::create_directories(checkpoint.parent_path());
+    fs::copy(intact, checkpoint);
+    damage.apply(checkpoint);
+    std::map<std::string, std::string> before;
+    for (const std::string& name : entries(checkpoint)) before[name] = read_file(checkpoint / name);
+    const fs::path run_dir = checkpoint.parent_path() / "run";
+    auto result = run_command(testing::mpirun(2) + testing::trainer_binary().string() +
+                              trainer_arguments("--num_training_steps 4 --continue_from " + checkpoint.string() +
+                                                " --save_dir " + checkpoint.parent_path().string() + " --run_dir " +
+                                                run_dir.string()));
+    EXPECT_EQ(result.exit_code, 2) << result.output;
+    for (const std::string& part : damage.expected) EXPECT_TRUE(mentions(result.output, part)) << part << "\n" << result.output;
+    EXPECT_FALSE(mentions(result.output, "frame #")) << "no C++ stack trace:\n" << result.output;
+    EXPECT_TRUE(testing::read_metrics_events(run_dir, "train").empty()) << "stopped before any step";
+    std::map<std::string, std::string> after;
+    for (const std::string& name : entries(checkpoint)) after[name] = read_file(checkpoint / name);
+    EXPECT_EQ(after, before) << "the checkpoint is left as it was";
+  }
 }
 
 // --- --keep_last and durability ------------------------------------------------------------------
@@ -412,8 +500,8 @@ TEST(KeepLast, NeverRemovesAnotherRunsOrMisnamedFolders) {
                                         " --run_dir " + (dir / "b").string()))
                 .exit_code,
             0);
-  const std::string run_id = trainer_state(ckpt / "step_3").at("run_id");
-  const std::string other_id = trainer_state(dir / "other/step_2").at("run_id");
+  const std::string run_id = manifest(ckpt / "step_3").at("run_id");
+  const std::string other_id = manifest(dir / "other/step_2").at("run_id");
   ASSERT_NE(run_id, other_id);
   for (const char* name : {"step_1", "step_2"}) fs::copy(dir / "other" / name, ckpt / name, fs::copy_options::recursive);
   // This run's own checkpoint under names that are not step_<N>: never removed.
@@ -425,8 +513,8 @@ TEST(KeepLast, NeverRemovesAnotherRunsOrMisnamedFolders) {
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_TRUE(mentions(resumed.output, "resumed from " + (ckpt / "step_3").string())) << resumed.output;
   EXPECT_EQ(entries(ckpt), (std::vector<std::string>{"step_03x", "step_1", "step_2", "step_3.bak", "step_5", "step_6"}));
-  for (const char* name : {"step_1", "step_2"}) EXPECT_EQ(trainer_state(ckpt / name).at("run_id"), other_id) << name;
-  for (const char* name : {"step_5", "step_6"}) EXPECT_EQ(trainer_state(ckpt / name).at("run_id"), run_id) << name;
+  for (const char* name : {"step_1", "step_2"}) EXPECT_EQ(manifest(ckpt / name).at("run_id"), other_id) << name;
+  for (const char* name : {"step_5", "step_6"}) EXPECT_EQ(manifest(ckpt / name).at("run_id"), run_id) << name;
 }
 
 TEST(KeepLast, ANegativeCountIsRefused) {
@@ -467,11 +555,11 @@ TEST(Durability, ASaveFsyncsEveryFileAndTheFolders) {
     if (line.find("= 0", close) != std::string::npos && path.rfind(root.string(), 0) == 0) synced.push_back(path);
   }
   const fs::path staging = root / "new/ckpt/step_1.tmp";
-  const std::vector<std::string> expected = {(staging / "model.pt").string(), (staging / "optimizer.pt").string(),
-                                             (staging / "trainer_state.json").string(), staging.string(),
+  const std::vector<std::string> expected = {(staging / "rank0.safetensors.tmp").string(), (staging / "rank0.json").string(),
+                                             (staging / "manifest.json").string(), staging.string(),
                                              (root / "new/ckpt").string(), (root / "new").string(), root.string()};
   EXPECT_EQ(synced, expected) << read_file(trace);
-  EXPECT_EQ(entries(ckpt / "step_1"), (std::vector<std::string>{"model.pt", "optimizer.pt", "trainer_state.json"}));
+  EXPECT_EQ(entries(ckpt / "step_1"), (std::vector<std::string>{"manifest.json", "rank0.json", "rank0.safetensors"}));
 }
 
 }  // namespace

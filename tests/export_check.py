@@ -2,7 +2,7 @@
 
 For each folder: LlamaForCausalLM.from_pretrained(DIR) with no argument but the folder, its loading
 report (missing, unexpected, mismatched keys), its dtype, every parameter against the checkpoint's
-model.pt (read with the README's recipe, the safe form of torch.load), and the loss on one window of
+(read with the README's recipe, from its ranks' safetensors parts), and the loss on one window of
 tokens (inputs window[:-1], labels window[1:], mean cross entropy in fp32): the test compares it with
 the loss the trainer computed on the same window with the same weights. Prints one JSON object per
 folder, one per line; the C++ test holds the tolerances.
@@ -21,14 +21,14 @@ from transformers import LlamaForCausalLM
 
 
 def read_checkpoint(readme, folder):
-    """Runs the README's Python block that reads a checkpoint (the one that loads model.pt), with its
-    example folder replaced by `folder`; returns the `model` it reads."""
+    """Runs the README's Python block that reads a checkpoint (the one that reads manifest.json), with
+    its example folder replaced by `folder`; returns the `model` it reads."""
     text = open(readme).read()
-    blocks = [block for block in re.findall(r"```python\n(.*?)```", text, re.S) if "model.pt" in block]
-    assert len(blocks) == 1, f"expected one ```python block reading model.pt in {readme}, found {len(blocks)}"
-    example = re.search(r'"([^"]*)model\.pt"', blocks[0]).group(1)
+    blocks = [block for block in re.findall(r"```python\n(.*?)```", text, re.S) if "manifest.json" in block]
+    assert len(blocks) == 1, f"expected one ```python block reading manifest.json in {readme}, found {len(blocks)}"
+    example = re.search(r'read_checkpoint\("([^"]*)"\)', blocks[0]).group(1)
     scope = {}
-    exec(blocks[0].replace(example, folder.rstrip("/") + "/"), scope)
+    exec(blocks[0].replace(f'"{example}"', repr(folder.rstrip("/"))), scope)
     return scope["model"]
 
 

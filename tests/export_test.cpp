@@ -349,10 +349,10 @@ const Refusal kRefusals[] = {
     {"export_damaged_checkpoint",
      [](const Trained& t, const fs::path& dir) {
        fs::copy(t.checkpoints / "step_4", dir / "step_4");
-       fs::resize_file(dir / "step_4/model.pt", fs::file_size(dir / "step_4/model.pt") / 2);
+       fs::resize_file(dir / "step_4/rank0.safetensors", fs::file_size(dir / "step_4/rank0.safetensors") / 2);
        return export_command("--from " + (dir / "step_4").string() + " --to " + (dir / "out").string());
      },
-     {"model.pt", "damaged or incomplete"}},
+     {"not a complete checkpoint: rank0.safetensors: ", "bytes, but manifest.json lists"}},
     {"export_to_a_file",
      [](const Trained& t, const fs::path& dir) {
        std::ofstream(dir / "file") << "x";

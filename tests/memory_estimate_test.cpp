@@ -195,6 +195,25 @@ TEST(EstimateCommand, SevenBillionOnFourCardsSaysWhetherItFits) {
   EXPECT_NE(tight.output.find("does NOT fit"), std::string::npos) << tight.output;
 }
 
+// Issue 13's figure: llama_7b on 8 GPUs once needed 88.6 GiB per rank to save (every rank gathered
+// the full model and state) against a 41.4 GiB step. Sharded saves gather nothing: the save's peak is
+// at most the training peak on every rank, with the optimizer on the device or offloaded.
+TEST(EstimateCommand, ASaveNeedsNoMoreThanTheTrainingStep) {
+  for (const char* flags : {"", " --offload optimizer"}) {
+    SCOPED_TRACE(flags);
+    auto json = run_command(testing::trainer_binary().string() + " estimate --config " +
+                            (testing::source_dir() / "configs/llama_7b.json").string() +
+                            " --device cuda --world_size 8 --save_dir /tmp/never_written --json" + flags);
+    ASSERT_EQ(json.exit_code, 0) << json.output;
+    const nlohmann::json estimate = nlohmann::json::parse(json.output.substr(json.output.find('{')));
+    ASSERT_EQ(estimate.at("ranks").size(), 8u);
+    for (const nlohmann::json& rank : estimate.at("ranks")) {
+      EXPECT_GT(rank.at("checkpoint_peak_bytes").get<int64_t>(), 0);
+      EXPECT_LE(rank.at("checkpoint_peak_bytes").get<int64_t>(), rank.at("peak_bytes").get<int64_t>()) << rank.dump();
+    }
+  }
+}
+
 TEST(EstimateCommand, OffloadHostMemoryPerNode) {
   // 8 ranks of llama_7b with the optimizer offloaded: every rank's host bytes are its optimizer_host
   // (masters, landing and staging buffers, state), of which the landing (fp32) and staging (bf16)

@@ -38,7 +38,7 @@ std::string run_flags(const OffloadCase& c, const std::filesystem::path& dir, in
          " --run_dir " + (dir / "run").string();
 }
 
-void expect_identical(const Checkpoint& actual, const Checkpoint& expected, const std::string& what) {
+void expect_identical(const testing::Checkpoint& actual, const testing::Checkpoint& expected, const std::string& what) {
   ASSERT_EQ(actual.model.size(), expected.model.size()) << what;
   for (const auto& [name, tensor] : expected.model)
     EXPECT_TRUE(at::equal(actual.model.at(name), tensor)) << what << ": parameter " << name;
@@ -124,7 +124,7 @@ TEST(OffloadResume, ResumesExactlyFromAnOffloadedCheckpoint) {
   ASSERT_EQ(resumed_steps.size(), 3u);
   for (size_t i = 0; i < 3; ++i)
     EXPECT_EQ(resumed_steps[i].at("loss").get<double>(), whole_steps[i + 3].at("loss").get<double>()) << "step " << i + 4;
-  expect_identical(load_checkpoint((split / "ckpt/step_6").string()), load_checkpoint((whole / "ckpt/step_6").string()),
+  expect_identical(testing::load_checkpoint((split / "ckpt/step_6").string()), testing::load_checkpoint((whole / "ckpt/step_6").string()),
                    "resumed");
 }
 

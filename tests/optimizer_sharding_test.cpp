@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include "optim/shard_optimizer.h"
+#include "tests/run_comparison.h"
 #include "tests/test_util.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
@@ -53,7 +54,7 @@ std::string launcher(int ranks) {
                     : testing::mpirun(ranks) + testing::trainer_binary().string();
 }
 
-void expect_same_parameters(const Checkpoint& actual, const Checkpoint& expected, const std::string& what) {
+void expect_same_parameters(const testing::Checkpoint& actual, const testing::Checkpoint& expected, const std::string& what) {
   ASSERT_EQ(actual.model.size(), expected.model.size());
   for (const auto& [name, tensor] : expected.model) {
     const double scale = tensor.abs().max().item<double>() + 1e-12;
@@ -70,7 +71,7 @@ TEST_P(OptimizerEquivalence, NRanksEqualOneRank) {
   ASSERT_EQ(reference.exit_code, 0) << reference.output;
   const auto reference_steps = testing::read_metrics_events(reference_dir / "run", "train");
   ASSERT_EQ(reference_steps.size(), 10u);
-  const Checkpoint reference_final = load_checkpoint((reference_dir / "ckpt/step_10").string());
+  const testing::Checkpoint reference_final = testing::load_checkpoint((reference_dir / "ckpt/step_10").string());
   for (int ranks : {2, 3, 4}) {
     ScratchDir dir("opt_" + optimizer.name + std::to_string(ranks));
     auto result = run_command(launcher(ranks) + run_flags(optimizer, dir.path(), ranks));
@@ -82,7 +83,7 @@ TEST_P(OptimizerEquivalence, NRanksEqualOneRank) {
       EXPECT_LE(std::abs(actual - expected) / std::abs(expected), 1e-5)
           << ranks << " ranks, step " << i + 1 << ": " << actual << " vs " << expected;
     }
-    const Checkpoint final_state = load_checkpoint((dir / "ckpt/step_10").string());
+    const testing::Checkpoint final_state = testing::load_checkpoint((dir / "ckpt/step_10").string());
     expect_same_parameters(final_state, reference_final, std::to_string(ranks) + " ranks");
     // The optimizer state, written in full, is the same too (GaLore's moments and projectors, the
     // subset norms): what resuming at another world size relies on.
@@ -121,8 +122,8 @@ TEST(OptimizerResume, SameWorldSizeIsExactAndAnotherReshards) {
         else
           EXPECT_LE(std::abs(actual - expected) / std::abs(expected), 1e-5) << "resharded, step " << i + 7;
       }
-      expect_same_parameters(load_checkpoint((resumed_dir / "ckpt/step_12").string()),
-                             load_checkpoint((dir / "full/ckpt/step_12").string()),
+      expect_same_parameters(testing::load_checkpoint((resumed_dir / "ckpt/step_12").string()),
+                             testing::load_checkpoint((dir / "full/ckpt/step_12").string()),
                              "resumed on " + std::to_string(ranks) + " ranks");
     }
     // Resuming with another optimizer is refused, naming the one that wrote the checkpoint.

@@ -1,8 +1,8 @@
 // Preemption through the trainer binary on CPU (trainer/preemption.h): SIGTERM to one rank, at one
 // and two ranks, stops every rank after the same step, saves it and exits 0, and resuming from the
 // save_dir ends with the same loss as the uninterrupted run, bit for bit; a second signal changes
-// nothing; without --save_dir the exit status says the work is lost (128 + 15); SIGUSR1 to mpirun
-// reaches every rank.
+// nothing; without --save_dir the exit status says the work is lost (128 + 15); a grace period too
+// short for the step ends the job at its deadline; SIGUSR1 to mpirun reaches every rank.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -110,7 +110,9 @@ TEST_P(Preemption, SigtermToOneRankSavesTheStepAndResumingEqualsTheUninterrupted
   // The last rank gets the signal (at two ranks, not the one that writes): every rank must stop.
   // Twice: the second arrives while the first is handled, and changes nothing.
   const fs::path run_dir = dir / "run", save_dir = dir / "ckpt";
-  const std::string flags = "--save_dir " + save_dir.string() + " --run_dir " + run_dir.string();
+  // A grace period far longer than the step and its save: it changes nothing.
+  const std::string flags = "--save_dir " + save_dir.string() + " --run_dir " + run_dir.string() +
+                            " --preemption_grace_seconds 300";
   auto preempted = run_and_signal(
       command(ranks, flags), run_dir,
       [&] { return find_process(testing::trainer_binary().string(), run_dir, ranks - 1); }, SIGTERM, 2);
@@ -127,7 +129,7 @@ TEST_P(Preemption, SigtermToOneRankSavesTheStepAndResumingEqualsTheUninterrupted
                                   save_dir.string()),
             std::string::npos)
       << preempted.output;
-  EXPECT_EQ(nlohmann::json::parse(read_file(checkpoint / "trainer_state.json")).at("step"), step);
+  EXPECT_EQ(nlohmann::json::parse(read_file(checkpoint / "manifest.json")).at("step"), step);
   EXPECT_TRUE(testing::read_metrics_events(run_dir, "end").empty()) << "a preempted run has not ended";
   EXPECT_EQ(testing::read_metrics_events(run_dir, "train").size(), static_cast<size_t>(step));
 
@@ -165,6 +167,31 @@ TEST(PreemptionWithoutSaveDir, ExitStatusSaysTheStepsAreLost) {
 }
 
 // Ctrl-C twice at a terminal: the second SIGINT ends the process at once, before the step boundary.
+// A grace period shorter than the step in progress (llama_9m, about half a second a step here): the
+// process ends itself with 128 + 15 at the deadline, saying so, and leaves no checkpoint.
+TEST(PreemptionGracePeriod, EndsTheJobWhenTheStepAndSaveDoNotFitInIt) {
+  ScratchDir dir("preempt_grace");
+  const fs::path run_dir = dir / "run", save_dir = dir / "ckpt";
+  const std::string run = "OMP_NUM_THREADS=1 " + testing::trainer_binary().string() + " --config " +
+                          (testing::source_dir() / "configs/llama_9m.json").string() +
+                          " --device cpu --num_training_steps 40 --warmup_steps 2 --batch_size 4 --max_length 256"
+                          " --eval_every 0 --preemption_grace_seconds 0.05 --save_dir " +
+                          save_dir.string() + " --run_dir " + run_dir.string();
+  const auto started = std::chrono::steady_clock::now();
+  auto result = run_and_signal(run, run_dir, [&] { return find_process(testing::trainer_binary().string(), run_dir, -1); },
+                               SIGTERM);
+  EXPECT_EQ(result.exit_code, 128 + SIGTERM) << result.output;
+  EXPECT_NE(result.output.find("preempted by SIGTERM, and the step and its checkpoint did not finish within "
+                               "--preemption_grace_seconds 0.05: ending now (exit status 143)"),
+            std::string::npos)
+      << result.output;
+  EXPECT_TRUE(testing::read_metrics_events(run_dir, "preempted").empty()) << "it never reached the step boundary";
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(save_dir, error))
+    EXPECT_FALSE(fs::exists(entry.path() / "manifest.json")) << entry.path() << ": no checkpoint was completed";
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(60));
+}
+
 TEST(PreemptionSecondSigint, StopsAtOnce) {
   ScratchDir dir("preempt_sigint_twice");
   const fs::path run_dir = dir / "run", save_dir = dir / "ckpt";
@@ -196,7 +223,7 @@ TEST(PreemptionUnderMpirun, SigusrToMpirunReachesEveryRank) {
   ASSERT_EQ(records.size(), 1u) << result.output;
   EXPECT_EQ(records[0].at("signal"), "SIGUSR1");
   const int64_t step = records[0].at("step");
-  EXPECT_TRUE(fs::exists(save_dir / ("step_" + std::to_string(step)) / "trainer_state.json"));
+  EXPECT_TRUE(fs::exists(save_dir / ("step_" + std::to_string(step)) / "manifest.json"));
 }
 
 // --- stalls (--collective_timeout, trainer/watchdog.h) -----------------------------------------

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/run_comparison.h"
 #include "tests/test_util.h"
 #include "trainer/checkpoint.h"
 
@@ -23,7 +24,7 @@ constexpr int64_t kUnits = 4;  // llama_micro: embed, 2 layers, head
 struct TrainedRun {
   std::vector<nlohmann::json> steps;
   nlohmann::json schedule;
-  Checkpoint final_state;
+  testing::Checkpoint final_state;
 };
 
 TrainedRun train(const ScratchDir& dir, const std::string& strategy, bool prefetch) {
@@ -41,7 +42,7 @@ TrainedRun train(const ScratchDir& dir, const std::string& strategy, bool prefet
   EXPECT_EQ(schedules.size(), 1u) << result.output;
   if (!schedules.empty()) run.schedule = schedules.front();
   if (std::filesystem::exists(dir / "ckpt/step_6"))
-    run.final_state = load_checkpoint((dir / "ckpt/step_6").string());
+    run.final_state = testing::load_checkpoint((dir / "ckpt/step_6").string());
   return run;
 }
 

@@ -11,6 +11,18 @@
 
 namespace llm::testing {
 
+Checkpoint load_checkpoint(const std::string& folder) {
+  const CheckpointReader reader(folder);
+  Checkpoint checkpoint;
+  checkpoint.manifest = reader.manifest();
+  for (const std::string& key : reader.keys()) {
+    const bool state = key.ends_with(".exp_avg") || key.ends_with(".exp_avg_sq") || key.ends_with(".projector");
+    (state ? checkpoint.optimizer : checkpoint.model)[key] = reader.read_full(key);
+  }
+  checkpoint.optimizer["step"] = at::scalar_tensor(reader.manifest().at("optimizer_step").get<int64_t>(), at::kLong);
+  return checkpoint;
+}
+
 std::string trainer_launcher(int ranks) {
   return ranks == 1 ? "OMP_NUM_THREADS=1 " + trainer_binary().string() : mpirun(ranks) + trainer_binary().string();
 }

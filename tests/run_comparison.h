@@ -4,9 +4,21 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <string>
 
+#include <ATen/core/Tensor.h>
+#include <nlohmann/json.hpp>
+
 namespace llm::testing {
+
+// A checkpoint's full tensors, its ranks' parts put together (trainer/checkpoint.h's reader): the
+// parameters by HF name, the optimizer state ("NAME.exp_avg", ..., and "step"), and its manifest.
+struct Checkpoint {
+  std::map<std::string, at::Tensor> model, optimizer;
+  nlohmann::json manifest;
+};
+Checkpoint load_checkpoint(const std::string& folder);
 
 // The trainer binary for `ranks` ranks: alone with one thread, or under mpirun.
 std::string trainer_launcher(int ranks);

@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/run_comparison.h"
 #include "tests/test_util.h"
 #include "trainer/checkpoint.h"
 
@@ -44,7 +45,7 @@ TEST_P(ShardingEquivalence, NRanksEqualOneRankOnTheSameGlobalBatch) {
                                run_flags(reference_dir.path(), 1, strategy));
   ASSERT_EQ(reference.exit_code, 0) << reference.output;
   const auto reference_steps = testing::read_metrics_events(reference_dir / "run", "train");
-  const Checkpoint reference_final = load_checkpoint((reference_dir / "ckpt/step_10").string());
+  const testing::Checkpoint reference_final = testing::load_checkpoint((reference_dir / "ckpt/step_10").string());
   ASSERT_EQ(reference_steps.size(), 10u);
 
   for (int ranks : {2, 3, 4}) {
@@ -60,7 +61,7 @@ TEST_P(ShardingEquivalence, NRanksEqualOneRankOnTheSameGlobalBatch) {
       EXPECT_LE(std::abs(actual - expected) / std::abs(expected), 1e-5)
           << ranks << " ranks, step " << i + 1 << ": " << actual << " vs " << expected;
     }
-    const Checkpoint final_state = load_checkpoint((dir / "ckpt/step_10").string());
+    const testing::Checkpoint final_state = testing::load_checkpoint((dir / "ckpt/step_10").string());
     ASSERT_EQ(final_state.model.size(), reference_final.model.size());
     for (const auto& [name, expected] : reference_final.model) {
       const at::Tensor& actual = final_state.model.at(name);

@@ -1,11 +1,14 @@
 #include "trainer/checkpoint.h"
 
-#include <torch/csrc/jit/serialization/pickle.h>
+#include <ATen/ATen.h>
 
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
+#include <chrono>
+#include <exception>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -13,9 +16,13 @@
 #include <fstream>
 #include <iterator>
 #include <random>
+#include <thread>
 
+#include "common/crc32c.h"
 #include "common/errors.h"
 #include "common/log.h"
+#include "sharding/communicator.h"
+#include "trainer/interchange/safetensors.h"
 #include "trainer/train_state.h"
 
 namespace llm {
@@ -86,44 +93,62 @@ void fsync_folder(const fs::path& folder) {
 // The folder holding `path`; "." for a bare name.
 fs::path parent_folder(const fs::path& path) { return path.has_parent_path() ? path.parent_path() : fs::path("."); }
 
-void write_tensor_file(const fs::path& path, const std::map<std::string, at::Tensor>& tensors) {
-  c10::Dict<std::string, at::Tensor> dict;
-  for (const auto& [name, tensor] : tensors) dict.insert(name, tensor.detach().to(at::kCPU).contiguous());
-  std::vector<char> bytes = torch::jit::pickle_save(c10::IValue(dict));
-  write_checked(path, bytes.data(), bytes.size());
+constexpr const char* kFormat = "llm-trainer sharded checkpoint";
+constexpr const char* kNotSaved =
+    "the checkpoint was not saved and the newest complete one is still the previous step_<N> folder";
+constexpr int kFormatVersion = 1;
+
+std::string rank_file(int rank, const char* extension) { return "rank" + std::to_string(rank) + extension; }
+
+std::string crc_text(uint32_t crc) {
+  char text[9];
+  std::snprintf(text, sizeof(text), "%08x", crc);
+  return text;
 }
 
-std::map<std::string, at::Tensor> read_tensor_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  LLM_REQUIRE(in.good(), path.string(), "", "missing or unreadable checkpoint file");
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  c10::IValue value;
-  try {
-    value = torch::jit::pickle_load(bytes);
-  } catch (const c10::Error& error) {
-    // LibTorch's message without its C++ stack trace, which says nothing to a user.
-    fail_user(path.string(), "",
-              std::string("not a readable tensor file (") + error.what_without_backtrace() +
-                  "); the checkpoint is damaged or incomplete: resume from an earlier step_N folder");
-  } catch (const std::exception& error) {
-    fail_user(path.string(), "", std::string("not a readable tensor file (") + error.what() + ")");
+// Whether any rank failed: every rank passes whether it did, and all learn the same.
+bool any_rank_failed(bool failed, Communicator& communicator) {
+  at::Tensor flag = at::full({1}, failed ? 1 : 0, at::TensorOptions().dtype(at::kLong).device(communicator.device()));
+  communicator.all_reduce(flag, ReduceOp::sum);
+  return flag.item<int64_t>() != 0;
+}
+
+// After a collective said some rank failed: this rank's own error, or one saying which rank's
+// message to read.
+[[noreturn]] void fail_after_agreement(const std::exception_ptr& own, const fs::path& folder, const std::string& what) {
+  if (own) std::rethrow_exception(own);
+  // The failing rank prints its message and ends the job (MPI_Abort); a moment's wait lets that message,
+  // which names the file, come first instead of this one ending the job without it.
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  fail_user(folder.string(), "--save_dir", "another rank could not " + what + " (its message says why); " + kNotSaved);
+}
+
+// This rank's two files: the parts (one tensor at a time) and their index. Returns {safetensors bytes,
+// its CRC-32C, index bytes, its CRC-32C}.
+std::array<int64_t, 4> write_rank_files(const fs::path& staging, int rank, int world_size,
+                                        const std::vector<StatePiece>& pieces) {
+  std::vector<SafetensorsEntry> entries;
+  for (const StatePiece& piece : pieces) entries.push_back({piece.key, at::kFloat, {piece.values.numel()}});
+  SafetensorsWriter writer((staging / rank_file(rank, ".safetensors")).string(), entries);
+  nlohmann::json tensors = nlohmann::json::object();
+  for (const StatePiece& piece : pieces) {
+    const uint32_t crc = writer.write(piece.key, piece.values);
+    tensors[piece.key] = {{"shape", piece.full_shape}, {"begin", piece.begin}, {"count", piece.values.numel()},
+                          {"crc32c", crc_text(crc)}};
   }
-  LLM_REQUIRE(value.isGenericDict(), path.string(), "", "expected a dict of name -> tensor");
-  std::map<std::string, at::Tensor> tensors;
-  for (const auto& item : value.toGenericDict()) {
-    LLM_REQUIRE(item.key().isString() && item.value().isTensor(), path.string(), "",
-                "expected a dict of name -> tensor");
-    tensors.emplace(item.key().toStringRef(), item.value().toTensor());
-  }
-  return tensors;
+  const uint64_t bytes = writer.finish();
+  const std::string index =
+      nlohmann::json{{"format", kFormat}, {"rank", rank}, {"world_size", world_size}, {"tensors", tensors}}.dump(1) + "\n";
+  write_checked(staging / rank_file(rank, ".json"), index.data(), index.size());
+  return {static_cast<int64_t>(bytes), writer.crc32c(), static_cast<int64_t>(index.size()),
+          crc32c(index.data(), index.size())};
 }
 
 }  // namespace
 
-void save_checkpoint(const std::string& folder,
-                     const std::vector<std::pair<std::string, at::Tensor>>& model_tensors,
-                     const std::map<std::string, at::Tensor>& optimizer_state,
-                     const nlohmann::json& trainer_state) {
+void save_checkpoint(const std::string& folder, const std::vector<StatePiece>& pieces, nlohmann::json manifest,
+                     Communicator& communicator) {
+  const int rank = communicator.rank(), world_size = communicator.world_size();
   const fs::path final_path(folder);
   const fs::path staging = final_path.string() + ".tmp";
   const fs::path save_dir = parent_folder(final_path);
@@ -132,38 +157,77 @@ void save_checkpoint(const std::string& folder,
   std::error_code ignored;
   fs::path existing = save_dir;
   while (!fs::exists(existing, ignored) && parent_folder(existing) != existing) existing = parent_folder(existing);
-  fs::remove_all(staging, ignored);
-  bool renamed = false;
-  try {
-    std::error_code error;
-    fs::create_directories(staging, error);
-    if (error)
-      fail_user(staging.string(), "--save_dir", "cannot create the checkpoint folder (" + error.message() + ")");
-    std::map<std::string, at::Tensor> model;
-    for (const auto& [name, tensor] : model_tensors) model.emplace(name, tensor.to(at::kFloat));
-    write_tensor_file(staging / "model.pt", model);
-    write_tensor_file(staging / "optimizer.pt", optimizer_state);
-    // Last: a folder with a complete trainer_state.json has its tensor files.
-    const std::string state = trainer_state.dump(2) + "\n";
-    write_checked(staging / "trainer_state.json", state.data(), state.size());
-    // The files' entries before the rename, the rename itself after it: a power loss then leaves
-    // either the previous state or the complete step folder.
-    fsync_folder(staging);
-    fs::remove_all(final_path, error);
-    if (!error) fs::rename(staging, final_path, error);
-    if (error)
-      fail_user(final_path.string(), "--save_dir", "cannot put the checkpoint in place (" + error.message() + ")");
-    renamed = true;
-    for (fs::path folder_above = save_dir;; folder_above = parent_folder(folder_above)) {
-      fsync_folder(folder_above);
-      if (folder_above == existing || parent_folder(folder_above) == folder_above) break;
+
+  // 1. Rank 0 makes an empty staging folder; the others write into it only once it exists.
+  std::exception_ptr failure;
+  if (rank == 0) try {
+      fs::remove_all(staging, ignored);
+      std::error_code error;
+      fs::create_directories(staging, error);
+      if (error)
+        fail_user(staging.string(), "--save_dir", "cannot create the checkpoint folder (" + error.message() + ")");
+    } catch (...) {
+      failure = std::current_exception();
     }
+  if (any_rank_failed(failure != nullptr, communicator)) fail_after_agreement(failure, staging, "create the folder");
+
+  // 2. Every rank its own files; their sizes and checksums go to rank 0 for the manifest.
+  std::array<int64_t, 4> written{};
+  try {
+    written = write_rank_files(staging, rank, world_size, pieces);
+  } catch (const UserError& error) {
+    failure = std::make_exception_ptr(UserError(std::string(error.what()) + "; " + kNotSaved));
   } catch (...) {
-    fs::remove_all(staging, ignored);
-    // Not known to be on disk: not a checkpoint the message may call complete.
-    if (renamed) fs::remove_all(final_path, ignored);
-    throw;
+    failure = std::current_exception();
   }
+  const at::TensorOptions longs = at::TensorOptions().dtype(at::kLong).device(communicator.device());
+  at::Tensor mine = at::tensor({failure ? int64_t{1} : int64_t{0}, written[0], written[1], written[2], written[3]},
+                               at::TensorOptions().dtype(at::kLong)).to(communicator.device());
+  at::Tensor everyone = at::empty({5 * world_size}, longs);
+  communicator.all_gather(mine, everyone);
+  const at::Tensor files = everyone.view({world_size, 5}).cpu();
+  if (files.select(1, 0).sum().item<int64_t>() != 0) {
+    if (rank == 0) fs::remove_all(staging, ignored);
+    communicator.barrier();  // the staging folder is gone before any rank ends the job
+    fail_after_agreement(failure, staging, "write its part");
+  }
+
+  // 3. Rank 0: the manifest last, then the folder in place.
+  bool renamed = false;
+  if (rank == 0) try {
+      nlohmann::json listed = nlohmann::json::object();
+      for (int r = 0; r < world_size; ++r) {
+        const auto row = files[r];
+        listed[rank_file(r, ".safetensors")] = {{"bytes", row[1].item<int64_t>()},
+                                                {"crc32c", crc_text(static_cast<uint32_t>(row[2].item<int64_t>()))}};
+        listed[rank_file(r, ".json")] = {{"bytes", row[3].item<int64_t>()},
+                                         {"crc32c", crc_text(static_cast<uint32_t>(row[4].item<int64_t>()))}};
+      }
+      manifest["format"] = kFormat;
+      manifest["format_version"] = kFormatVersion;
+      manifest["files"] = listed;
+      const std::string text = manifest.dump(2) + "\n";
+      write_checked(staging / "manifest.json", text.data(), text.size());
+      // The files' entries before the rename, the rename itself after it: a power loss then leaves
+      // either the previous state or the complete step folder.
+      fsync_folder(staging);
+      std::error_code error;
+      fs::remove_all(final_path, error);
+      if (!error) fs::rename(staging, final_path, error);
+      if (error)
+        fail_user(final_path.string(), "--save_dir", "cannot put the checkpoint in place (" + error.message() + ")");
+      renamed = true;
+      for (fs::path folder_above = save_dir;; folder_above = parent_folder(folder_above)) {
+        fsync_folder(folder_above);
+        if (folder_above == existing || parent_folder(folder_above) == folder_above) break;
+      }
+    } catch (...) {
+      failure = std::current_exception();
+      fs::remove_all(staging, ignored);
+      // Not known to be on disk: not a checkpoint the message may call complete.
+      if (renamed) fs::remove_all(final_path, ignored);
+    }
+  if (any_rank_failed(failure != nullptr, communicator)) fail_after_agreement(failure, final_path, "complete the save");
 }
 
 std::string new_run_id() {
@@ -176,15 +240,21 @@ std::string new_run_id() {
 
 namespace {
 
-// The checkpoint's trainer_state.json; a UserError naming the file when it is missing or not JSON.
-nlohmann::json read_trainer_state(const fs::path& folder) {
-  const fs::path path = folder / "trainer_state.json";
+// The checkpoint's manifest.json; a UserError naming the file when it is missing or not JSON. A folder
+// of the earlier format (trainer_state.json, model.pt, optimizer.pt: full tensors) is named as such.
+nlohmann::json read_manifest(const fs::path& folder) {
+  const fs::path path = folder / "manifest.json";
   std::ifstream in(path);
+  std::error_code error;
+  if (!in.good() && fs::exists(folder / "trainer_state.json", error))
+    fail_user(path.string(), "",
+              "missing: the folder holds a checkpoint of the earlier full-tensor format (trainer_state.json, model.pt, "
+              "optimizer.pt), which this trainer no longer reads; resume it with the trainer that wrote it");
   LLM_REQUIRE(in.good(), path.string(), "", "missing checkpoint file");
   try {
     return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& error) {
-    fail_user(path.string(), "", std::string("not valid JSON: ") + error.what());
+  } catch (const nlohmann::json::exception& parse_error) {
+    fail_user(path.string(), "", std::string("not valid JSON: ") + parse_error.what());
   }
 }
 
@@ -219,41 +289,50 @@ bool same_folder(const std::string& a, const std::string& b) {
 
 namespace {
 
-// An intact checkpoint's trainer_state.json; null with the reason in `problem` for any other folder.
-nlohmann::json intact_trainer_state(const fs::path& root, std::string* problem) {
-  nlohmann::json state;
+// An intact checkpoint's manifest; null with the reason in `problem` for any other folder.
+nlohmann::json intact_manifest(const fs::path& root, std::string* problem) {
+  nlohmann::json manifest;
   try {
-    state = read_trainer_state(root);
-    TrainState::from_json(state, "trainer_state.json");
+    manifest = read_manifest(root);
+    TrainState::from_json(manifest, "manifest.json");
   } catch (const UserError& error) {
     *problem = error.what();
     return nullptr;
   }
-  if (!state.contains("model") || !state.at("model").is_object()) {
-    *problem = "trainer_state.json: model: missing";
-    return nullptr;
-  }
-  for (const char* file : {"model.pt", "optimizer.pt"}) {
+  for (const char* key : {"model", "files"})
+    if (!manifest.contains(key) || !manifest.at(key).is_object() || manifest.at(key).empty()) {
+      *problem = std::string("manifest.json: ") + key + ": missing";
+      return nullptr;
+    }
+  for (const auto& [name, listed] : manifest.at("files").items()) {
     std::error_code error;
-    if (!fs::is_regular_file(root / file, error) || fs::file_size(root / file, error) == 0) {
-      *problem = std::string(file) + ": missing or empty";
+    const fs::path path = root / name;
+    const uint64_t size = fs::is_regular_file(path, error) ? fs::file_size(path, error) : 0;
+    if (!fs::is_regular_file(path, error)) {
+      *problem = name + ": missing (listed in manifest.json)";
+      return nullptr;
+    }
+    if (!listed.is_object() || !listed.contains("bytes") || !listed.at("bytes").is_number_unsigned() ||
+        listed.at("bytes").get<uint64_t>() != size) {
+      *problem = name + ": " + std::to_string(size) + " bytes, but manifest.json lists " +
+                 (listed.is_object() && listed.contains("bytes") ? listed.at("bytes").dump() : std::string("no size"));
       return nullptr;
     }
   }
-  return state;
+  return manifest;
 }
 
 }  // namespace
 
 std::string checkpoint_problem(const std::string& folder) {
   std::string problem;
-  intact_trainer_state(folder, &problem);
+  intact_manifest(folder, &problem);
   return problem;
 }
 
 std::string resolve_checkpoint_folder(const std::string& path, std::vector<std::string>* skipped) {
   LLM_REQUIRE(fs::is_directory(path), "--continue_from", path, "no such folder");
-  if (fs::exists(fs::path(path) / "trainer_state.json")) return path;
+  if (fs::exists(fs::path(path) / "manifest.json") || fs::exists(fs::path(path) / "trainer_state.json")) return path;
   const auto folders = step_folders(path);
   for (const auto& [step, folder] : folders) {
     const std::string problem = checkpoint_problem(folder.string());
@@ -265,7 +344,7 @@ std::string resolve_checkpoint_folder(const std::string& path, std::vector<std::
       log::warn("--continue_from: skipping {} (not an intact checkpoint)", note);
   }
   fail_user("--continue_from", path,
-            folders.empty() ? "neither a checkpoint (no trainer_state.json) nor a folder of step_<N> checkpoints"
+            folders.empty() ? "neither a checkpoint (no manifest.json) nor a folder of step_<N> checkpoints"
                             : "none of its " + std::to_string(folders.size()) +
                                   " step_<N> folder(s) is an intact checkpoint (the newest: " +
                                   checkpoint_problem(folders.front().second.string()) + ")");
@@ -281,15 +360,15 @@ std::vector<std::string> remove_old_checkpoints(const std::string& saved, const 
     // A link may point into another folder: never followed, never removed.
     if (same_folder(folder.string(), saved) || fs::is_symlink(folder, error)) continue;
     std::string problem;
-    const nlohmann::json state = intact_trainer_state(folder, &problem);
+    const nlohmann::json state = intact_manifest(folder, &problem);
     if (state.is_null() || run_id_of(state) != run_id) continue;  // not intact: belongs to no run
     if (kept < keep_last) {
       ++kept;
       continue;
     }
-    // trainer_state.json first, as it was written last: a removal cut short leaves a folder that is
-    // no checkpoint (skipped with a warning), never one that looks intact and is not.
-    fs::remove(folder / "trainer_state.json", error);
+    // manifest.json first, as it was written last: a removal cut short leaves a folder that is no
+    // checkpoint (skipped with a warning), never one that looks intact and is not.
+    fs::remove(folder / "manifest.json", error);
     if (!error) fs::remove_all(folder, error);
     if (error) {
       log::warn("--keep_last: could not remove the old checkpoint {} ({}); remove it by hand", folder.string(),
@@ -301,8 +380,8 @@ std::vector<std::string> remove_old_checkpoints(const std::string& saved, const 
   return removed;
 }
 
-void require_same_model(const std::string& folder, const nlohmann::json& trainer_state, const ModelConfig& model) {
-  const nlohmann::json saved = trainer_state.value("model", nlohmann::json());
+void require_same_model(const std::string& folder, const nlohmann::json& manifest, const ModelConfig& model) {
+  const nlohmann::json saved = manifest.value("model", nlohmann::json());
   const nlohmann::json ours = model.to_json();
   if (saved == ours) return;
   std::string differences;
@@ -311,7 +390,7 @@ void require_same_model(const std::string& folder, const nlohmann::json& trainer
       if (saved.value(key, nlohmann::json()) != value)
         differences += (differences.empty() ? "" : ", ") + key + " " + saved.value(key, nlohmann::json()).dump() +
                        " there, " + value.dump() + " here";
-  fail_user(folder, "trainer_state.json: model",
+  fail_user(folder, "manifest.json: model",
             "the checkpoint was made for another model config" +
                 (differences.empty() ? std::string() : " (" + differences + ")") + " than --config " + model.name +
                 ": resume it with its own config, or give this run another --save_dir / --continue_from");
@@ -326,7 +405,7 @@ CheckpointStart check_checkpoints_at_start(const RunConfig& run, const ModelConf
       for (const std::string& note : skipped)
         log::warn("--continue_from: skipping {} (not an intact checkpoint)", note);
     // The loader checks the rest (every field, every tensor) and names the file.
-    const nlohmann::json state = read_trainer_state(start.resume_folder);
+    const nlohmann::json state = read_manifest(start.resume_folder);
     if (state.is_object() && state.contains("model")) require_same_model(start.resume_folder, state, model);
     if (state.is_object() && state.contains("step") && state.at("step").is_number_integer())
       start.resume_step = state.at("step").get<int64_t>();
@@ -357,7 +436,7 @@ CheckpointStart check_checkpoints_at_start(const RunConfig& run, const ModelConf
   for (const auto& [step, folder] : step_folders(save_dir)) {
     // A folder that is not an intact checkpoint belongs to no run; a save of its step replaces it.
     std::string problem;
-    const nlohmann::json state = intact_trainer_state(folder, &problem);
+    const nlohmann::json state = intact_manifest(folder, &problem);
     if (state.is_null()) continue;
     const std::string id = run_id_of(state);
     if (!run.checkpoint.continue_from.empty() && id == start.run_id) continue;
@@ -373,13 +452,142 @@ CheckpointStart check_checkpoints_at_start(const RunConfig& run, const ModelConf
   return start;
 }
 
-Checkpoint load_checkpoint(const std::string& folder) {
-  Checkpoint checkpoint;
-  const fs::path root(folder);
-  checkpoint.trainer_state = read_trainer_state(root);
-  checkpoint.model = read_tensor_file(root / "model.pt");
-  checkpoint.optimizer = read_tensor_file(root / "optimizer.pt");
-  return checkpoint;
+CheckpointReader::CheckpointReader(std::string folder) : folder_(std::move(folder)) {
+  const fs::path root(folder_);
+  std::string problem;
+  manifest_ = intact_manifest(root, &problem);
+  if (manifest_.is_null()) fail_user(folder_, "", "not a complete checkpoint: " + problem);
+  LLM_REQUIRE(manifest_.value("format", std::string()) == kFormat &&
+                  manifest_.value("format_version", 0) == kFormatVersion && manifest_.contains("world_size") &&
+                  manifest_.at("world_size").is_number_unsigned(),
+              (root / "manifest.json").string(), "format",
+              std::string("expected \"") + kFormat + "\" version " + std::to_string(kFormatVersion) +
+                  " with a world_size: not written by this trainer, or by another version of it");
+  const int64_t world_size = manifest_.at("world_size").get<int64_t>();
+  const nlohmann::json& listed = manifest_.at("files");
+  for (int64_t r = 0; r < world_size; ++r) {
+    const std::string name = rank_file(static_cast<int>(r), ".json");
+    const fs::path path = root / name;
+    LLM_REQUIRE(listed.contains(name) && listed.contains(rank_file(static_cast<int>(r), ".safetensors")),
+                (root / "manifest.json").string(), "files",
+                "lists no " + name + " or " + rank_file(static_cast<int>(r), ".safetensors") + " for rank " +
+                    std::to_string(r) + " of its world size " + std::to_string(world_size));
+    std::ifstream in(path, std::ios::binary);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string expected_crc = listed.at(name).value("crc32c", std::string());
+    LLM_REQUIRE(crc_text(crc32c(text.data(), text.size())) == expected_crc, path.string(), "",
+                "its CRC-32C is " + crc_text(crc32c(text.data(), text.size())) + ", manifest.json lists " + expected_crc +
+                    ": the file is damaged; resume from an earlier step_<N> folder");
+    nlohmann::json index;
+    try {
+      index = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception& parse_error) {
+      fail_user(path.string(), "", std::string("not valid JSON: ") + parse_error.what());
+    }
+    LLM_REQUIRE(index.is_object() && index.value("rank", int64_t{-1}) == r && index.contains("tensors") &&
+                    index.at("tensors").is_object(),
+                path.string(), "", "expected the index of rank " + std::to_string(r) + " ({\"rank\", \"tensors\"})");
+    file_names_.push_back(rank_file(static_cast<int>(r), ".safetensors"));
+    for (const auto& [key, entry] : index.at("tensors").items()) {
+      const auto bad = [&](const std::string& what) { fail_user(path.string(), key, what); };
+      if (!entry.is_object() || !entry.contains("shape") || !entry.contains("begin") || !entry.contains("count") ||
+          !entry.contains("crc32c") || !entry.at("shape").is_array() || !entry.at("begin").is_number_unsigned() ||
+          !entry.at("count").is_number_unsigned() || !entry.at("crc32c").is_string())
+        bad("expected {\"shape\": [...], \"begin\", \"count\", \"crc32c\"}");
+      Tensor& tensor = tensors_[key];
+      const std::vector<int64_t> shape = entry.at("shape").get<std::vector<int64_t>>();
+      if (tensor.parts.empty()) tensor.full_shape = shape;
+      if (shape != tensor.full_shape)
+        bad("full shape " + shape_text(shape) + " here, " + shape_text(tensor.full_shape) + " in another rank's index");
+      tensor.parts.push_back({file_names_.size() - 1, entry.at("begin").get<int64_t>(), entry.at("count").get<int64_t>(),
+                              static_cast<uint32_t>(std::stoul(entry.at("crc32c").get<std::string>(), nullptr, 16))});
+    }
+  }
+  for (auto& [key, tensor] : tensors_)
+    std::sort(tensor.parts.begin(), tensor.parts.end(), [](const Part& a, const Part& b) { return a.begin < b.begin; });
+  files_.resize(file_names_.size());
+}
+
+CheckpointReader::~CheckpointReader() = default;
+
+const SafetensorsFile& CheckpointReader::file(size_t index) const {
+  if (!files_[index]) files_[index] = std::make_unique<SafetensorsFile>((fs::path(folder_) / file_names_[index]).string());
+  return *files_[index];
+}
+
+void CheckpointReader::check(const std::map<std::string, FullStateShape>& expected, const std::string& what) const {
+  std::vector<std::string> problems;
+  for (const auto& [key, full] : expected) {
+    const auto found = tensors_.find(key);
+    if (found == tensors_.end()) {
+      problems.push_back("'" + key + "' is missing");
+      continue;
+    }
+    if (found->second.full_shape != full.shape) {
+      problems.push_back("'" + key + "' has shape " + shape_text(found->second.full_shape) + " but " + full.what +
+                         " has shape " + shape_text(full.shape));
+      continue;
+    }
+    int64_t numel = 1, covered = 0;
+    for (int64_t size : full.shape) numel *= size;
+    for (const Part& part : found->second.parts) {
+      if (part.begin != covered) break;
+      covered += part.count;
+    }
+    if (covered != numel)
+      problems.push_back("the parts of '" + key + "' do not tile its " + std::to_string(numel) + " elements (" +
+                         std::to_string(covered) + " covered from the start)");
+  }
+  for (const auto& [key, tensor] : tensors_)
+    if (!expected.count(key)) problems.push_back("'" + key + "' is unexpected");
+  if (problems.empty()) return;
+  std::string message = "cannot load " + what + " from it: ";
+  for (size_t i = 0; i < problems.size() && i < 12; ++i) message += (i ? "; " : "") + problems[i];
+  if (problems.size() > 12) message += "; and " + std::to_string(problems.size() - 12) + " more";
+  fail_user(folder_, "",
+            message + ". Was the checkpoint written by the same --optimizer and its flags (--rank, --proj_type, "
+                      "--subset_size, --adam_beta1) for the same model?");
+}
+
+void CheckpointReader::read(const std::string& key, int64_t begin, const at::Tensor& destination) const {
+  const auto found = tensors_.find(key);
+  LLM_REQUIRE(found != tensors_.end(), folder_, key, "no such tensor in the checkpoint");
+  const at::Tensor flat = destination.view({-1});
+  const int64_t end = begin + flat.numel();
+  int64_t filled = 0;
+  for (const Part& part : found->second.parts) {
+    const int64_t from = std::max(begin, part.begin), to = std::min(end, part.begin + part.count);
+    if (from >= to) continue;
+    const SafetensorsFile& source = file(part.file);
+    LLM_REQUIRE(source.contains(key) && source.entries().at(key).dtype == at::kFloat &&
+                    source.entries().at(key).shape == std::vector<int64_t>{part.count},
+                source.path(), key,
+                "expected a float32 part of " + std::to_string(part.count) +
+                    " elements, as its index says; the file is damaged: resume from an earlier step_<N> folder");
+    const at::Tensor values = source.read(key);
+    const uint32_t crc = crc32c(values.data_ptr(), values.nbytes());
+    LLM_REQUIRE(crc == part.crc32c, source.path(), key,
+                "its bytes have CRC-32C " + crc_text(crc) + ", the index lists " + crc_text(part.crc32c) +
+                    ": the file is damaged; resume from an earlier step_<N> folder");
+    flat.narrow(0, from - begin, to - from).copy_(values.narrow(0, from - part.begin, to - from));
+    filled += to - from;
+  }
+  LLM_REQUIRE(filled == flat.numel(), folder_, key,
+              "elements [" + std::to_string(begin) + ", " + std::to_string(end) + ") are not all in the checkpoint");
+}
+
+std::vector<std::string> CheckpointReader::keys() const {
+  std::vector<std::string> keys;
+  for (const auto& [key, tensor] : tensors_) keys.push_back(key);
+  return keys;
+}
+
+at::Tensor CheckpointReader::read_full(const std::string& key) const {
+  const auto found = tensors_.find(key);
+  LLM_REQUIRE(found != tensors_.end(), folder_, key, "no such tensor in the checkpoint");
+  at::Tensor full = at::empty(found->second.full_shape, at::TensorOptions().dtype(at::kFloat));
+  read(key, 0, full);
+  return full;
 }
 
 }  // namespace llm

@@ -1,27 +1,39 @@
-// Checkpoint files of a run: enough to resume exactly (same losses as an uninterrupted run).
+// Checkpoint files of a run: sharded (each rank writes only what it holds), atomic, and readable at
+// any world size, with enough to resume exactly (same losses as an uninterrupted run).
 //
 // A checkpoint is a folder, written as FOLDER.tmp and renamed when complete, so a crash mid-save never
 // leaves a half checkpoint under the final name:
-//   model.pt            {HF parameter name: fp32 tensor}, torch.save format (Python: torch.load)
-//   optimizer.pt        the optimizer's state_dict, same format
-//   trainer_state.json  step, samples consumed, tokens seen, the model config, the run's seed and
-//                       run id (written last)
-// Every write is checked; a failed save removes FOLDER.tmp and is a UserError naming the file, so
-// the previous checkpoint stays the newest. Every file, FOLDER.tmp before the rename and the save_dir
-// after it are fsynced, so a power loss after "saved" cannot lose the folder or empty its files.
-// --keep_last N then removes this run's oldest step folders beyond N (rank 0, after the save).
+//   rank<R>.safetensors  rank R's parts of the full tensors, each flat fp32: every parameter's master
+//                        rows under its HF name, its part of each optimizer state tensor
+//                        ("NAME.exp_avg", "NAME.exp_avg_sq", "NAME.projector": ShardOptimizer)
+//   rank<R>.json         the index of rank R's file: per tensor, the full tensor's shape, where the
+//                        part begins in it (flattened), its element count and its CRC-32C
+//   manifest.json        written last, by rank 0: the run's position (step, samples consumed, tokens
+//                        seen, seed: the whole of its random state), run id, world size, optimizer and
+//                        its step, model config, data, and every file's size and CRC-32C
+// The parts of a full tensor tile it: every element is written by exactly one rank. No rank gathers
+// anything to save: each writes views of its own buffers, one tensor at a time (on a GPU, one
+// tensor's host copy at a time). Loading, each rank reads from the old ranks' files only the parts
+// of its own rows (at any world size), checking each part's CRC-32C as it is read.
+//
+// Every write is checked and fsynced; a failed save (on any rank) removes FOLDER.tmp and is a
+// UserError naming the file, so the previous checkpoint stays the newest. FOLDER.tmp is fsynced
+// before the rename and the save_dir after it, so a power loss after "saved" cannot lose the folder or
+// empty its files. --keep_last N then removes this run's oldest step folders beyond N (rank 0).
 //
 // --continue_from accepts a checkpoint folder or a --save_dir. In a save_dir, "newest" is the highest
 // N among folders named exactly step_<N> (digits only: step_20.tmp, step_20.broken, step_x are not
-// checkpoints) whose trainer_state.json parses and holds what the loader needs and whose tensor files
-// exist; a broken newer folder is skipped with a warning naming it.
+// checkpoints) whose manifest verifies (it parses, holds what the loader needs, and every file it
+// lists is there with its size); a broken newer folder is skipped with a warning naming it.
 //
 // Each run has a run id, drawn at a fresh start and kept on resume: a fresh run refuses a --save_dir
 // that holds another run's checkpoints (its own would mix with them, and a later resume would pick
 // whichever is newest), unless --continue_from names that save_dir.
 #pragma once
 
+#include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,23 +41,64 @@
 #include <ATen/core/Tensor.h>
 #include <nlohmann/json.hpp>
 
+#include "optim/shard_state.h"
 #include "trainer/config.h"
 
 namespace llm {
 
-struct Checkpoint {
-  std::map<std::string, at::Tensor> model;
-  std::map<std::string, at::Tensor> optimizer;
-  nlohmann::json trainer_state;
-};
+class Communicator;
+class SafetensorsFile;
 
-// Writes FOLDER.tmp, fsyncs and checks every file, fsyncs FOLDER.tmp, renames it to FOLDER and fsyncs
-// the save_dir (and any folder above it this save created). A failure (a failed fsync included) is a
-// UserError naming the file and --save_dir; FOLDER.tmp is removed and the new FOLDER never remains.
-void save_checkpoint(const std::string& folder,
-                     const std::vector<std::pair<std::string, at::Tensor>>& model_tensors,
-                     const std::map<std::string, at::Tensor>& optimizer_state,
-                     const nlohmann::json& trainer_state);
+// Writes FOLDER.tmp (rank 0 creates it; every rank writes its rank<R> files from `pieces`; rank 0
+// writes the manifest, `manifest` with "format" and "files" added), fsyncs, renames it to FOLDER and
+// fsyncs the save_dir (and any folder above it this save created). Collective: every rank learns
+// whether the save succeeded. A failure on any rank (a failed fsync included) is a UserError on every
+// rank (the failing rank's names the file and --save_dir); FOLDER.tmp is removed and the new FOLDER
+// never remains.
+void save_checkpoint(const std::string& folder, const std::vector<StatePiece>& pieces, nlohmann::json manifest,
+                     Communicator& communicator);
+
+// A checkpoint folder opened for reading: the manifest and every rank's index (each index's CRC-32C
+// checked against the manifest); each rank<R>.safetensors header is read when a part of it is first
+// needed. Throws UserError naming the file for a missing, damaged or foreign file.
+class CheckpointReader {
+ public:
+  explicit CheckpointReader(std::string folder);
+  ~CheckpointReader();
+
+  const std::string& folder() const { return folder_; }
+  const nlohmann::json& manifest() const { return manifest_; }
+
+  // Checks the checkpoint's tensors against `expected` (key -> full shape): each one there with that
+  // shape, its parts tiling it, and no other; one UserError listing every problem (`what`: "the model
+  // and the adamw state", for the message).
+  void check(const std::map<std::string, FullStateShape>& expected, const std::string& what) const;
+  // The full tensor's elements [begin, begin + destination.numel()) (flattened) into `destination`
+  // (any device), from every part that overlaps them; each part's CRC-32C is checked.
+  void read(const std::string& key, int64_t begin, const at::Tensor& destination) const;
+  // The full tensor (fp32, on the host).
+  at::Tensor read_full(const std::string& key) const;
+  bool contains(const std::string& key) const { return tensors_.count(key) > 0; }
+  std::vector<std::string> keys() const;
+
+ private:
+  struct Part {
+    size_t file = 0;  // index into files_
+    int64_t begin = 0, count = 0;
+    uint32_t crc32c = 0;
+  };
+  struct Tensor {
+    std::vector<int64_t> full_shape;
+    std::vector<Part> parts;  // sorted by begin
+  };
+  const SafetensorsFile& file(size_t index) const;
+
+  std::string folder_;
+  nlohmann::json manifest_;
+  std::vector<std::string> file_names_;  // rank<R>.safetensors, by rank
+  mutable std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, Tensor> tensors_;
+};
 
 // --keep_last: once `saved` (a step_<N> folder of a save_dir) is complete, removes the oldest intact
 // step_<N> folders of run `run_id` in that save_dir so that at most `keep_last` remain, `saved` among
@@ -59,12 +112,12 @@ std::vector<std::string> remove_old_checkpoints(const std::string& saved, const 
 // A fresh run's id: 16 hex digits from the system's random source.
 std::string new_run_id();
 
-// Why FOLDER cannot be resumed from, or "" when it can: trainer_state.json missing, not JSON, or
-// without step, samples_consumed, tokens_seen (integers) or model; model.pt or optimizer.pt missing
-// or empty.
+// Why FOLDER cannot be resumed from, or "" when it can: manifest.json missing (a folder of the
+// earlier full-tensor format says so), not JSON, or without step, samples_consumed, tokens_seen
+// (integers), model or files; a file it lists missing or of another size.
 std::string checkpoint_problem(const std::string& folder);
 
-// Resolves --continue_from: a folder holding trainer_state.json is the checkpoint itself; otherwise
+// Resolves --continue_from: a folder holding manifest.json is the checkpoint itself; otherwise
 // the newest intact step_<N> folder of it (see above). Each skipped folder is appended to `skipped`
 // ("FOLDER: reason"). Throws UserError when no intact checkpoint is there.
 std::string resolve_checkpoint_folder(const std::string& path, std::vector<std::string>* skipped = nullptr);
@@ -73,7 +126,7 @@ std::string resolve_checkpoint_folder(const std::string& path, std::vector<std::
 struct CheckpointStart {
   std::string resume_folder;  // --continue_from resolved to one checkpoint folder; "" for a fresh run
   int64_t resume_step = 0;    // its step
-  std::string run_id;         // its run id; "" for a fresh run or a checkpoint older than run ids
+  std::string run_id;         // its run id; "" for a fresh run
 };
 
 // The start-up checks of --continue_from and --save_dir, on every rank (warnings logged when
@@ -83,11 +136,8 @@ struct CheckpointStart {
 // --continue_from names it. Each failure is a UserError naming the flag and the folder.
 CheckpointStart check_checkpoints_at_start(const RunConfig& run, const ModelConfig& model, bool log_warnings);
 
-// UserError naming the checkpoint folder when its trainer_state.json's model config is not `model`'s,
-// with the keys that differ.
-void require_same_model(const std::string& folder, const nlohmann::json& trainer_state, const ModelConfig& model);
-
-// Throws UserError naming the folder and file for a missing or unreadable file.
-Checkpoint load_checkpoint(const std::string& folder);
+// UserError naming the checkpoint folder when its manifest's model config is not `model`'s, with the
+// keys that differ.
+void require_same_model(const std::string& folder, const nlohmann::json& manifest, const ModelConfig& model);
 
 }  // namespace llm

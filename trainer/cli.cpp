@@ -165,6 +165,11 @@ Command parse_command_line(int argc, const char* const* argv) {
                      "completes, a stopped or hung peer) before it ends the job (exit 4) naming the rank that "
                      "holds it up; 0: never")
           ->capture_default_str());
+  add(app.add_option("--preemption_grace_seconds", run.preemption_grace_seconds,
+                     "seconds the cluster allows between its preemption signal and the kill: a rank whose step "
+                     "and checkpoint have not finished by then ends itself (exit 128 + signal), saying so; 0: no "
+                     "limit")
+          ->capture_default_str());
   add(app.add_flag("--skip_memory_check", run.skip_memory_check,
                    "start even when the start-up memory check (this run's estimate against the GPU's free memory "
                    "and the node's available RAM) says it does not fit"));

@@ -75,6 +75,7 @@ json RunConfig::to_json() const {
       {"max_train_tokens", max_train_tokens},
       {"divergence_patience", divergence_patience},
       {"collective_timeout", collective_timeout},
+      {"preemption_grace_seconds", preemption_grace_seconds},
       {"skip_memory_check", skip_memory_check},
       {"activation_checkpointing_every", activation_checkpointing_every},
       {"fuse_optimizer_with_backward", fuse_optimizer_with_backward},
@@ -152,6 +153,7 @@ RunConfig run_config_from_json(const json& object, const std::string& source) {
   read("max_train_tokens", run.max_train_tokens);
   read("divergence_patience", run.divergence_patience);
   read("collective_timeout", run.collective_timeout);
+  read("preemption_grace_seconds", run.preemption_grace_seconds);
   read("skip_memory_check", run.skip_memory_check);
   read("activation_checkpointing_every", run.activation_checkpointing_every);
   read("fuse_optimizer_with_backward", run.fuse_optimizer_with_backward);
@@ -298,6 +300,10 @@ void validate_run_config(RunConfig& run, const ModelConfig& model, int world_siz
   require_flag(std::isfinite(run.collective_timeout) && run.collective_timeout >= 0 && run.collective_timeout <= 1e7,
                "--collective_timeout",
                "a number of seconds >= 0 and at most 1e7 (0 turns the stall watchdog off)", run.collective_timeout);
+  require_flag(std::isfinite(run.preemption_grace_seconds) && run.preemption_grace_seconds >= 0 &&
+                   run.preemption_grace_seconds <= 1e7,
+               "--preemption_grace_seconds", "a number of seconds >= 0 and at most 1e7 (0: no limit)",
+               run.preemption_grace_seconds);
   require_flag(run.divergence_patience >= 0, "--divergence_patience",
                "a number of steps >= 0 (0 turns the divergence check off)", run.divergence_patience);
   if (!run.optimizer.warmup_steps) run.optimizer.warmup_steps = default_warmup_steps(run.num_training_steps);

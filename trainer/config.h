@@ -117,6 +117,8 @@ struct RunConfig {
   // Seconds a rank may make no progress (a collective that never completes, a stopped peer) before it
   // ends the job naming the rank that holds it up (trainer/watchdog.h); 0: never.
   double collective_timeout = 600;
+  // Seconds from a preemption signal to the job's end (trainer/preemption.h); 0: no limit.
+  double preemption_grace_seconds = 0;
   int64_t divergence_patience = 10;  // steps of a dead or runaway run before it stops (trainer/divergence.h); 0: never
   bool skip_memory_check = false;    // --skip_memory_check: start even when the estimate says it does not fit
   // Activation checkpointing: every K-th transformer block (blocks 0, K, 2K, ...) recomputes its

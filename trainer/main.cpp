@@ -100,6 +100,7 @@ int run_command(const llm::Command& command, const llm::World& world) {
   std::unique_ptr<llm::Communicator> communicator = llm::make_communicator(world, context.device);
   context.communicator = communicator.get();
   llm::install_preemption_handlers();  // from here a signal stops the run at a step boundary
+  llm::start_preemption_deadline(run.preemption_grace_seconds);
   const llm::TrainingOutcome outcome = llm::train(model, run, context);
   if (outcome.preempted_by != 0) {
     const char* signal = llm::signal_name(outcome.preempted_by);

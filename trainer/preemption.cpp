@@ -1,26 +1,44 @@
 #include "trainer/preemption.h"
 
+#include <time.h>
 #include <unistd.h>
 
 #include <csignal>
+#include <cstdio>
+#include <cstdlib>
 
 #include <array>
 #include <atomic>
+#include <chrono>
+#include <mutex>
+#include <thread>
 
 #include <ATen/ATen.h>
 
 #include "sharding/communicator.h"
+#include "common/errors.h"
 
 namespace llm {
 namespace {
 
 constexpr std::array<int, 3> kPreemptionSignals = {SIGINT, SIGUSR1, SIGTERM};
 std::atomic<int> received_signal{0};
-static_assert(std::atomic<int>::is_always_lock_free, "the signal handler needs a lock-free atomic");
+std::atomic<int64_t> received_at_ns{0};  // CLOCK_MONOTONIC when the first signal came
+static_assert(std::atomic<int>::is_always_lock_free && std::atomic<int64_t>::is_always_lock_free,
+              "the signal handler needs lock-free atomics");
+
+int64_t monotonic_ns() {  // clock_gettime is async-signal-safe
+  timespec now{};
+  ::clock_gettime(CLOCK_MONOTONIC, &now);
+  return static_cast<int64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
+}
 
 extern "C" void record_preemption_signal(int signal) {
   int none = 0;
-  if (received_signal.compare_exchange_strong(none, signal)) return;  // the first one counts
+  if (received_signal.compare_exchange_strong(none, signal)) {  // the first one counts
+    received_at_ns.store(monotonic_ns());
+    return;
+  }
   // A second Ctrl-C at a terminal means "stop now": end at once (write and _exit are async-signal-safe).
   // A second SIGTERM or SIGUSR1 (a scheduler repeating its notice) changes nothing.
   if (signal == SIGINT) {
@@ -43,6 +61,31 @@ void install_preemption_handlers() {
     return true;
   }();
   (void)installed;
+}
+
+void start_preemption_deadline(double grace_seconds) {
+  if (!(grace_seconds > 0)) return;
+  static std::once_flag started;
+  std::call_once(started, [grace_seconds] {
+    std::thread([grace_seconds] {
+      const auto grace_ns = static_cast<int64_t>(grace_seconds * 1e9);
+      for (;;) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        const int signal = received_signal.load();
+        const int64_t at = received_at_ns.load();
+        if (signal == 0 || at == 0 || monotonic_ns() - at < grace_ns) continue;
+        std::fprintf(stderr,
+                     "[rank %d] error: preempted by %s, and the step and its checkpoint did not finish within "
+                     "--preemption_grace_seconds %g: ending now (exit status %d) before the job is killed. A "
+                     "checkpoint being written is not completed (its step_<N>.tmp folder is not a checkpoint); "
+                     "the newest complete step_<N> folder is the one to resume from\n",
+                     process_identity().rank, signal_name(signal), grace_seconds, 128 + signal);
+        std::fflush(stderr);
+        std::fflush(stdout);
+        std::_Exit(128 + signal);
+      }
+    }).detach();
+  });
 }
 
 int preemption_signal_received() { return received_signal.load(); }

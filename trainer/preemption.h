@@ -8,6 +8,12 @@
 // a later SIGTERM or SIGUSR1 (a scheduler repeating its notice while the checkpoint is written)
 // changes nothing and does not kill the process, which is why the handlers stay installed to the end.
 // A second SIGINT (Ctrl-C pressed again at a terminal) ends the process at once, exit status 130.
+//
+// --preemption_grace_seconds G (0: no limit): how long the cluster waits after its notice before it
+// kills the job. G seconds after the first signal, a process whose step and save have not finished
+// ends itself with exit status 128 + the signal and says so: a save it was writing never completes
+// (its step_<N>.tmp is not a checkpoint), so the previous checkpoint stays the newest, and the job is
+// gone before the kill rather than killed mid-write with no word.
 #pragma once
 
 namespace llm {
@@ -16,6 +22,9 @@ class Communicator;
 
 // Installs the handlers for SIGTERM, SIGINT and SIGUSR1 (once; later calls do nothing).
 void install_preemption_handlers();
+
+// Starts the thread that holds the grace period (once; 0 or less: none).
+void start_preemption_deadline(double grace_seconds);
 
 // The first preemption signal this process received, 0 for none.
 int preemption_signal_received();

@@ -174,7 +174,7 @@ class Training {
   // --collective_timeout: made at the first step, so start-up (building, resuming) is not watched.
   std::unique_ptr<StallWatchdog> watchdog_;
   int64_t current_step_ = 0;
-  std::string run_id_;              // drawn at a fresh start, kept on resume (trainer_state.json)
+  std::string run_id_;              // drawn at a fresh start, kept on resume (manifest.json)
   std::string resumed_from_;        // the checkpoint folder resumed from; "" for a fresh run
   int64_t start_step_ = 0;
   int64_t live_batch_bytes_ = 0;
@@ -490,76 +490,81 @@ double Training::evaluate(int64_t* tokens) {
   return average_over_ranks(sum / static_cast<double>(run_.data.eval_batches), communicator_);
 }
 
-// Checkpoints hold full tensors (world-size independent): every rank joins the gathers, rank 0 writes.
+// Sharded checkpoints (trainer/checkpoint.h): every rank writes its own master rows and optimizer
+// state, views of its buffers (the offloaded ones in host memory); nothing is gathered. Under
+// no_shard every rank holds the same whole state, and rank 0 alone writes it.
 std::string Training::save(int64_t step) {
-  std::vector<std::pair<std::string, at::Tensor>> model_tensors;
   if (offload_) offload_->wait_all();
-  for (size_t u = 0; u < sharded_.unit_count(); ++u) {
-    ShardedUnit& unit = sharded_.unit(u);
-    // An offloaded master crosses to the device one unit at a time (the communicator's tensors).
-    const at::Tensor master = offload_ ? offload_->master(u).to(device_) : unit.master_shard();
-    for (auto& named : unit.gather_full(master)) model_tensors.push_back(std::move(named));
+  std::vector<StatePiece> pieces;
+  if (context_.rank == 0 || run_.sharding.strategy != ShardingStrategy::no_shard) {
+    for (size_t u = 0; u < sharded_.unit_count(); ++u) {
+      const at::Tensor master = offload_ ? offload_->master(u) : sharded_.unit(u).master_shard();
+      for (const ShardedParameter& p : sharded_.unit(u).layout().parameters)
+        if (p.rows_held > 0)
+          pieces.push_back({p.name, p.full_shape, p.first_row * p.cols, master.narrow(0, p.shard_offset, p.rows_held * p.cols)});
+    }
+    for (StatePiece& piece : optimizer().state_pieces()) pieces.push_back(std::move(piece));
   }
-  const std::map<std::string, at::Tensor> optimizer_state = optimizer().full_state_dict();
-  const std::string folder = (fs::path(run_.checkpoint.save_dir) / ("step_" + std::to_string(step))).string();
-  if (context_.rank != 0) return folder;
-  nlohmann::json trainer_state = state_.to_json();
-  trainer_state["run_id"] = run_id_;
-  trainer_state["world_size"] = context_.world_size;
-  trainer_state["optimizer"] = run_.optimizer.name;
-  trainer_state["model"] = model_config_.to_json();
+  nlohmann::json manifest = state_.to_json();
+  manifest["run_id"] = run_id_;
+  manifest["world_size"] = context_.world_size;
+  manifest["optimizer"] = run_.optimizer.name;
+  manifest["optimizer_step"] = optimizer().steps_taken();
+  manifest["model"] = model_config_.to_json();
   // `trainer export` looks for the tokenizer `trainer prepare` trained beside the token file.
-  trainer_state["data"] = run_.data.source == "synthetic" ? run_.data.source : fs::absolute(run_.data.source).string();
-  save_checkpoint(folder, model_tensors, optimizer_state, trainer_state);
+  manifest["data"] = run_.data.source == "synthetic" ? run_.data.source : fs::absolute(run_.data.source).string();
+  const std::string folder = (fs::path(run_.checkpoint.save_dir) / ("step_" + std::to_string(step))).string();
+  save_checkpoint(folder, pieces, std::move(manifest), communicator_);
+  if (context_.rank != 0) return folder;
   log::info("saved checkpoint {}", folder);
   for (const std::string& removed : remove_old_checkpoints(folder, run_id_, run_.checkpoint.keep_last))
     log::info("removed checkpoint {} (--keep_last {})", removed, run_.checkpoint.keep_last);
   return folder;
 }
 
-// A checkpoint's full model tensors (any world size) into this rank's shards, its optimizer state
-// into the optimizer (ShardOptimizer::load_full_state_dict), and the run's position.
+// A checkpoint of any world size: each rank reads its own rows of every parameter and its part of
+// the optimizer state from the saved ranks' parts (CheckpointReader), and the run's position.
 void Training::resume(const std::string& folder) {
-  Checkpoint checkpoint = load_checkpoint(folder);
-  require_same_model(folder, checkpoint.trainer_state, model_config_);
-  const TrainState saved = TrainState::from_json(checkpoint.trainer_state, folder + "/trainer_state.json");
-  const std::string saved_optimizer = checkpoint.trainer_state.value("optimizer", std::string("adamw"));
-  LLM_REQUIRE(saved_optimizer == run_.optimizer.name, folder + "/trainer_state.json", "optimizer",
+  const CheckpointReader checkpoint(folder);
+  const nlohmann::json& manifest = checkpoint.manifest();
+  require_same_model(folder, manifest, model_config_);
+  const std::string manifest_path = folder + "/manifest.json";
+  const TrainState saved = TrainState::from_json(manifest, manifest_path);
+  const std::string saved_optimizer = manifest.value("optimizer", std::string());
+  LLM_REQUIRE(saved_optimizer == run_.optimizer.name, manifest_path, "optimizer",
               "the checkpoint was written by --optimizer " + saved_optimizer + "; resume with it (got --optimizer " +
                   run_.optimizer.name + ")");
-  if (checkpoint.trainer_state.contains("seed") && saved.seed != run_.seed)
+  LLM_REQUIRE(manifest.contains("optimizer_step") && manifest.at("optimizer_step").is_number_unsigned(), manifest_path,
+              "optimizer_step", "missing or not an integer >= 0");
+  if (manifest.contains("seed") && saved.seed != run_.seed)
     log::warn("resuming a run saved with --seed {} under --seed {}: the data order from here on is --seed {}'s",
               saved.seed, run_.seed, run_.seed);
+  std::map<std::string, FullStateShape> expected = optimizer().full_state_shapes();
+  for (size_t u = 0; u < sharded_.unit_count(); ++u)
+    for (const ShardedParameter& p : sharded_.unit(u).layout().parameters) expected[p.name] = {p.full_shape};
+  checkpoint.check(expected, "the model and its " + run_.optimizer.name + " state");
+
   for (size_t u = 0; u < sharded_.unit_count(); ++u) {
     ShardedUnit& unit = sharded_.unit(u);
-    std::vector<at::Tensor> tensors;
-    for (const auto& parameter : unit.layout().parameters) {
-      auto found = checkpoint.model.find(parameter.name);
-      LLM_REQUIRE(found != checkpoint.model.end(), folder + "/model.pt", parameter.name, "missing tensor");
-      LLM_REQUIRE(found->second.sizes() == at::IntArrayRef(parameter.full_shape), folder + "/model.pt",
-                  parameter.name, "shape does not match the model");
-      tensors.push_back(found->second.to(device_, at::kFloat));
+    const at::Tensor master = offload_ ? offload_->master(u) : unit.master_shard();
+    for (const ShardedParameter& p : unit.layout().parameters) {
+      master.narrow(0, p.shard_offset, p.shard_numel()).zero_();  // padding rows stay zero
+      if (p.rows_held > 0)
+        checkpoint.read(p.name, p.first_row * p.cols, master.narrow(0, p.shard_offset, p.rows_held * p.cols));
     }
-    if (offload_) {
-      at::Tensor rows = at::empty({unit.layout().shard_numel}, at::TensorOptions().dtype(at::kFloat).device(device_));
-      unit.load_full(tensors, rows);
-      offload_->master(u).copy_(rows);
-      offload_->publish(u);
-    } else {
-      unit.load_full(tensors, unit.master_shard());
-    }
+    if (offload_) offload_->publish(u);
   }
   if (!offload_) sharded_.publish_shards();
-  optimizer().load_full_state_dict(checkpoint.optimizer);
+  optimizer().load_state_pieces(
+      [&](const std::string& key, int64_t begin, const at::Tensor& destination) { checkpoint.read(key, begin, destination); },
+      manifest.at("optimizer_step").get<int64_t>());
   train_batches_.seek(saved.samples_consumed);
   state_.step = saved.step;
   state_.samples_consumed = saved.samples_consumed;
   state_.tokens_seen = saved.tokens_seen;
-  // Checkpoints from before run ids have none: the resumed run draws one.
-  if (checkpoint.trainer_state.contains("run_id") && checkpoint.trainer_state.at("run_id").is_string())
-    run_id_ = checkpoint.trainer_state.at("run_id").get<std::string>();
+  run_id_ = manifest.value("run_id", run_id_);
   resumed_from_ = folder;
-  log::info("resumed from {} at step {}", folder, saved.step);
+  log::info("resumed from {} at step {} (saved by {} rank(s))", folder, saved.step, manifest.value("world_size", 0));
 }
 
 // The ledger's owned buffers: what the units and the optimizer report, plus the batch and the

@@ -19,7 +19,7 @@ struct TrainState {
   int64_t tokens_seen = 0;       // samples_consumed x max_length
   uint64_t seed = 0;             // --seed: initialisation and data order
 
-  // {"step", "samples_consumed", "tokens_seen", "seed"}: the keys of trainer_state.json.
+  // {"step", "samples_consumed", "tokens_seen", "seed"}: what a checkpoint's manifest.json holds of them.
   nlohmann::json to_json() const;
   // Throws UserError naming `source` and the key when a field is missing or not an integer.
   static TrainState from_json(const nlohmann::json& object, const std::string& source);

@@ -107,12 +107,12 @@ std::string resolve_from(const std::string& from) {
 }
 
 // The SentencePiece model to export and where it came from, or "" with the reason in `why_not`.
-std::string tokenizer_to_export(const ExportOptions& options, const nlohmann::json& trainer_state,
+std::string tokenizer_to_export(const ExportOptions& options, const nlohmann::json& manifest,
                                 const std::string& checkpoint, std::string* why_not) {
   if (!options.tokenizer.empty()) return options.tokenizer;
-  const nlohmann::json data = trainer_state.value("data", nlohmann::json());
+  const nlohmann::json data = manifest.value("data", nlohmann::json());
   if (!data.is_string()) {
-    *why_not = checkpoint + "/trainer_state.json does not record the run's --data (a checkpoint from before "
+    *why_not = checkpoint + "/manifest.json does not record the run's --data (a checkpoint from before "
                "`trainer export`); pass --tokenizer MODEL to export the one its token file was made with";
     return "";
   }
@@ -178,38 +178,35 @@ uint64_t export_checkpoint(const ExportOptions& options) {
                 "\"" + options.tokenizer + "\" is not a file: pass a SentencePiece .model file");
   }
   check_destination(options);
-  const Checkpoint checkpoint = load_checkpoint(folder);
-  const std::string state_path = folder + "/trainer_state.json";
-  LLM_REQUIRE(checkpoint.trainer_state.is_object() && checkpoint.trainer_state.contains("model"), state_path,
-              "model", "missing: the checkpoint does not say which model it holds");
-  const ModelConfig model = parse_model_config(checkpoint.trainer_state.at("model"), state_path);
+  const CheckpointReader checkpoint(folder);
+  const std::string manifest_path = folder + "/manifest.json";
+  LLM_REQUIRE(checkpoint.manifest().contains("model"), manifest_path, "model",
+              "missing: the checkpoint does not say which model it holds");
+  const ModelConfig model = parse_model_config(checkpoint.manifest().at("model"), manifest_path);
   const at::ScalarType dtype = options.dtype == "bfloat16" ? at::kBFloat16 : at::kFloat;
 
-  // Every parameter in unit order, checked against the checkpoint before anything is written.
+  // Every parameter in unit order, checked against the checkpoint before anything is written; each is
+  // read (from every rank's part of it) only as it is written.
   struct Planned {
     SafetensorsEntry entry;
-    const at::Tensor* tensor;
+    int64_t numel = 0;
   };
   std::vector<Planned> planned;
   for (const UnitSpec& unit : describe_units(model))
     for (const ParameterSpec& parameter : unit.parameters) {
-      auto found = checkpoint.model.find(parameter.name);
-      LLM_REQUIRE(found != checkpoint.model.end(), folder + "/model.pt", parameter.name,
+      LLM_REQUIRE(checkpoint.contains(parameter.name), folder, parameter.name,
                   "missing tensor: the checkpoint is damaged or incomplete; export an earlier step_<N>");
-      LLM_REQUIRE(found->second.sizes() == at::IntArrayRef(parameter.shape), folder + "/model.pt", parameter.name,
-                  "shape does not match the model in trainer_state.json");
-      planned.push_back({{parameter.name, dtype, parameter.shape}, &found->second});
+      int64_t numel = 1;
+      for (int64_t size : parameter.shape) numel *= size;
+      planned.push_back({{parameter.name, dtype, parameter.shape}, numel});
     }
-  LLM_REQUIRE(planned.size() == checkpoint.model.size(), folder + "/model.pt", "",
-              "holds " + std::to_string(checkpoint.model.size()) + " tensors, the model in trainer_state.json " +
-                  std::to_string(planned.size()));
 
   // transformers' split: a tensor starts a new file when it would take the current one past the
   // limit; a tensor above the limit alone is a file of its own.
   std::vector<std::vector<size_t>> files(1);
   uint64_t file_bytes = 0, total_tensor_bytes = 0;
   for (size_t i = 0; i < planned.size(); ++i) {
-    const uint64_t bytes = static_cast<uint64_t>(planned[i].tensor->numel()) * c10::elementSize(dtype);
+    const uint64_t bytes = static_cast<uint64_t>(planned[i].numel) * c10::elementSize(dtype);
     if (!files.back().empty() && file_bytes + bytes > options.max_shard_size) {
       files.emplace_back();
       file_bytes = 0;
@@ -231,7 +228,8 @@ uint64_t export_checkpoint(const ExportOptions& options) {
     for (size_t i : files[f]) entries.push_back(planned[i].entry);
     SafetensorsWriter writer((to / file_name).string(), entries);
     for (size_t i : files[f]) {
-      writer.write(planned[i].entry.name, *planned[i].tensor);  // converted to --dtype here, one at a time
+      // Read, converted to --dtype and written one tensor at a time.
+      writer.write(planned[i].entry.name, checkpoint.read_full(planned[i].entry.name).view(planned[i].entry.shape));
       weight_map[planned[i].entry.name] = file_name;
     }
     const uint64_t bytes = writer.finish();
@@ -252,14 +250,14 @@ uint64_t export_checkpoint(const ExportOptions& options) {
     written += text.size();
   }
   std::string why_not;
-  const std::string tokenizer = tokenizer_to_export(options, checkpoint.trainer_state, folder, &why_not);
+  const std::string tokenizer = tokenizer_to_export(options, checkpoint.manifest(), folder, &why_not);
   if (tokenizer.empty()) {
     log::warn("export: no tokenizer exported: {}", why_not);
   } else {
     written += copy_tokenizer(tokenizer, model.vocab_size, to / "tokenizer.model");
     log::info("export: wrote {} (from {})", (to / "tokenizer.model").string(), tokenizer);
   }
-  const int64_t step = checkpoint.trainer_state.value("step", int64_t{-1});
+  const int64_t step = checkpoint.manifest().value("step", int64_t{-1});
   log::info("export: {} (step {}, {} parameters, {}) -> {}: {} in all", folder, step, model.num_parameters(),
             options.dtype, options.to, human_bytes(static_cast<int64_t>(written)));
   return written;

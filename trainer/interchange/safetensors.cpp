@@ -1,5 +1,8 @@
 #include "trainer/interchange/safetensors.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -11,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/crc32c.h"
 #include "common/errors.h"
 
 namespace llm {
@@ -89,6 +93,7 @@ SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<SafetensorsEn
   out_.write(reinterpret_cast<const char*>(&length), 8);
   out_.write(text.data(), static_cast<std::streamsize>(text.size()));
   if (!out_.good()) fail_write();
+  file_crc_ = llm::crc32c(text.data(), text.size(), llm::crc32c(&length, 8));
 }
 
 SafetensorsWriter::~SafetensorsWriter() {
@@ -104,7 +109,7 @@ void SafetensorsWriter::fail_write() const {
                 "): disk full, over quota or not writable? Nothing was put under the final name " + path_);
 }
 
-void SafetensorsWriter::write(const std::string& name, const at::Tensor& tensor) {
+uint32_t SafetensorsWriter::write(const std::string& name, const at::Tensor& tensor) {
   LLM_REQUIRE(next_ < entries_.size(), path_, name, "more tensors written than were declared (a bug)");
   const SafetensorsEntry& entry = entries_[next_];
   LLM_REQUIRE(entry.name == name, path_, name, "written out of order: expected " + entry.name + " (a bug)");
@@ -115,6 +120,9 @@ void SafetensorsWriter::write(const std::string& name, const at::Tensor& tensor)
   out_.write(static_cast<const char*>(bytes.data_ptr()), static_cast<std::streamsize>(entry.nbytes()));
   if (!out_.good()) fail_write();
   ++next_;
+  const uint32_t crc = llm::crc32c(bytes.data_ptr(), entry.nbytes());
+  file_crc_ = llm::crc32c(bytes.data_ptr(), entry.nbytes(), file_crc_);
+  return crc;
 }
 
 uint64_t SafetensorsWriter::finish() {
@@ -123,6 +131,15 @@ uint64_t SafetensorsWriter::finish() {
                   " tensors (a bug)");
   out_.close();
   if (out_.fail()) fail_write();
+  // On disk before the rename: a power loss then leaves no file under PATH that is short or empty.
+  const int fd = ::open(temporary_path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || ::fsync(fd) != 0) {
+    const int error_number = errno;
+    if (fd >= 0) ::close(fd);
+    errno = error_number;
+    fail_write();
+  }
+  ::close(fd);
   std::error_code error;
   fs::rename(temporary_path_, path_, error);
   LLM_REQUIRE(!error, path_, "", "cannot rename " + temporary_path_ + " to it (" + error.message() + ")");

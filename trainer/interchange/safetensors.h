@@ -43,8 +43,9 @@ struct SafetensorsEntry {
   uint64_t nbytes() const { return end - begin; }
 };
 
-// Writes PATH.tmp, then renames it to PATH when every declared tensor was written and the bytes reached
-// the file system; destroyed unfinished (an exception on the way), it removes PATH.tmp.
+// Writes PATH.tmp, then renames it to PATH when every declared tensor was written and the bytes are on
+// disk (fsynced); destroyed unfinished (an exception on the way), it removes PATH.tmp. It keeps the
+// CRC-32C (common/crc32c.h) of the whole file and of each tensor's bytes as they are written.
 class SafetensorsWriter {
  public:
   // `entries`: name, dtype and shape of every tensor, in file order (offsets are computed here).
@@ -55,10 +56,11 @@ class SafetensorsWriter {
   SafetensorsWriter& operator=(const SafetensorsWriter&) = delete;
 
   // The next declared tensor: its name and shape must match; it is converted to the declared dtype
-  // (one tensor at a time) and its bytes appended.
-  void write(const std::string& name, const at::Tensor& tensor);
-  // Checks that every declared tensor was written, closes and renames. Returns the file's size.
+  // (one tensor at a time) and its bytes appended. Returns the CRC-32C of those bytes.
+  uint32_t write(const std::string& name, const at::Tensor& tensor);
+  // Checks that every declared tensor was written, closes, fsyncs and renames. Returns the file's size.
   uint64_t finish();
+  uint32_t crc32c() const { return file_crc_; }  // of every byte written so far
 
   const std::string& path() const { return path_; }
 
@@ -68,6 +70,7 @@ class SafetensorsWriter {
   std::vector<SafetensorsEntry> entries_;
   size_t next_ = 0;
   uint64_t file_bytes_ = 0;
+  uint32_t file_crc_ = 0;
   std::ofstream out_;
   bool finished_ = false;
 };

@@ -550,28 +550,14 @@ class StepSimulation {
     return std::max({refresh, phase1, kept + phase2});
   }
 
-  // save(): every rank all-gathers each unit and keeps full fp32 copies of all parameters, then
-  // the full optimizer state; rank 0 pickles them (a byte buffer outside LibTorch's allocator, not
-  // counted here).
+  // save(): every rank writes views of its own buffers (trainer/checkpoint.h), one tensor at a time:
+  // on the CPU the view itself, on a GPU its host copy (outside the device's memory); nothing is
+  // gathered. So the save holds what the step left behind: the point after the optimizer (the
+  // host-resident offloaded state aside on CUDA, as the training peak counts the device alone).
   int64_t checkpoint_peak() const {
-    int64_t full_parameters = 0, largest_gather = 0;
-    for (const UnitGeometry& unit : units_) {
-      full_parameters += 4 * unit.numel;
-      largest_gather = std::max(largest_gather, 4 * unit.gathered_numel);
-    }
-    const OptimizerSettings settings = optimizer_settings(m_.run);
-    int64_t full_state = 0;
-    for (const UnitGeometry& unit : units_)
-      for (size_t i = 0; i < unit.whole.parameters.size(); ++i)
-        full_state += optimizer_state_bytes(settings, unit.whole.parameters[i], unit.rules[i], 1);
     const PhaseEstimate& after_optimizer = *std::find_if(
         timeline_.phases().begin(), timeline_.phases().end(), [](const PhaseEstimate& p) { return p.label == "optimizer"; });
-    // An offloaded master crosses to the device a unit at a time to be gathered (on CUDA).
-    int64_t offloaded_master = 0;
-    if (offload_ && cuda_)
-      for (const UnitGeometry& unit : units_) offloaded_master = std::max(offloaded_master, 4 * unit.shard_numel);
-    const int64_t at_point = after_optimizer.at_point.total() - (cuda_ ? after_optimizer.at_point.optimizer_host : 0);
-    return at_point + full_parameters + largest_gather + full_state + offloaded_master;
+    return after_optimizer.at_point.total() - (cuda_ ? after_optimizer.at_point.optimizer_host : 0);
   }
 
   RankEstimate summarize() const {
@@ -757,8 +743,8 @@ std::string run_estimate_command(const ModelConfig& model, const RunConfig& run,
     for (int i = 0; i < MemoryCategories::kCount; ++i) out << ' ' << format_in(rank.max.at(i), unit) << " |";
     out << ' ' << format_in(rank.checkpoint_peak_bytes, unit) << " |\n";
   }
-  out << "\nCheckpoint save: every rank holds full fp32 copies of all parameters and the full optimizer state "
-         "while a checkpoint is written (--save_dir).\n";
+  out << "\nCheckpoint save: every rank writes its own shards as they are (nothing is gathered), so a save "
+         "holds what the step left behind (--save_dir).\n";
   if (options.memory_budget_gib > 0) {
     const double budget = options.memory_budget_gib * 1073741824.0;
     const bool fits = static_cast<double>(largest) <= budget;

@@ -56,7 +56,7 @@ struct RankEstimate {
   std::string peak_phase;
   MemoryCategories max;         // each category's largest value at any point
   MemoryCategories at_peak;     // the categories at the point closing the peak's window
-  int64_t checkpoint_peak_bytes = 0;  // writing a checkpoint: every rank holds full tensors then
+  int64_t checkpoint_peak_bytes = 0;  // writing a checkpoint: what the step left behind (nothing gathered)
   // Host memory the rank's training holds at its peak: on a CPU rank its whole peak; on CUDA what
   // --offload optimizer keeps in host memory (the process itself, LibTorch and the CUDA context's
   // host side, is not modelled), of which pinned_bytes are page-locked.
