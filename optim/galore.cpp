@@ -160,28 +160,4 @@ at::Tensor project_back(const GaLoreGeometry& geometry, const ShardedParameter& 
   return (update * scale).reshape({-1});
 }
 
-at::Tensor assemble_galore_moment(const GaLoreGeometry& geometry, const ShardedParameter& parameter,
-                                  const at::Tensor& local, Communicator* across) {
-  if (geometry.right) return assemble_rows(local, parameter.rows, parameter.first_row, parameter.rows_held, across);
-  return assemble_chunks(local, geometry.lowrank_numel, geometry.chunk, across).view(geometry.full_state_shape);
-}
-
-at::Tensor take_galore_moment(const GaLoreGeometry& geometry, const ShardedParameter& parameter,
-                              const at::Tensor& full) {
-  if (geometry.right) return take_rows(full, parameter.rows_per_rank, parameter.first_row, parameter.rows_held);
-  return take_chunk(full, geometry.chunk, geometry.shard_rank);
-}
-
-at::Tensor assemble_galore_projector(const GaLoreGeometry& geometry, const ShardedParameter& parameter,
-                                     const at::Tensor& local, Communicator* across) {
-  if (geometry.right) return local.clone();  // the same on every rank
-  return assemble_rows(local, parameter.rows, parameter.first_row, parameter.rows_held, across);
-}
-
-at::Tensor take_galore_projector(const GaLoreGeometry& geometry, const ShardedParameter& parameter,
-                                 const at::Tensor& full) {
-  if (geometry.right) return full.clone();
-  return take_rows(full, parameter.rows_per_rank, parameter.first_row, parameter.rows_held);
-}
-
 }  // namespace llm

@@ -76,14 +76,4 @@ at::Tensor project_back(const GaLoreGeometry& geometry, const ShardedParameter& 
                         const at::Tensor& normalized, const at::Tensor& projector, double scale,
                         Communicator* across);
 
-// Checkpoint state (collective): moments and projector, local <-> full.
-at::Tensor assemble_galore_moment(const GaLoreGeometry& geometry, const ShardedParameter& parameter,
-                                  const at::Tensor& local, Communicator* across);
-at::Tensor take_galore_moment(const GaLoreGeometry& geometry, const ShardedParameter& parameter,
-                              const at::Tensor& full);
-at::Tensor assemble_galore_projector(const GaLoreGeometry& geometry, const ShardedParameter& parameter,
-                                     const at::Tensor& local, Communicator* across);
-at::Tensor take_galore_projector(const GaLoreGeometry& geometry, const ShardedParameter& parameter,
-                                 const at::Tensor& full);
-
 }  // namespace llm

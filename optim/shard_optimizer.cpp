@@ -200,15 +200,6 @@ OwnedBytes ShardOptimizer::owned_bytes() const {
   return owned;
 }
 
-std::map<std::string, at::Tensor> ShardOptimizer::full_state_dict() {
-  std::map<std::string, at::Tensor> state;
-  for (const UnitState& unit : units_)
-    for (const ParameterState& p : unit.parameters)
-      for (auto& [suffix, tensor] : rule_of(p.rule).assemble(p, across_)) state[p.parameter.name + suffix] = tensor;
-  state["step"] = at::scalar_tensor(step_, at::kLong);
-  return state;
-}
-
 std::map<std::string, FullStateShape> ShardOptimizer::full_state_shapes() const {
   std::map<std::string, FullStateShape> expected;
   for (const UnitState& unit : units_)
@@ -253,29 +244,35 @@ void ShardOptimizer::load_state_pieces(const ReadPiece& read, int64_t step) {
   step_ = step;
 }
 
-void ShardOptimizer::load_full_state_dict(const std::map<std::string, at::Tensor>& state) {
-  const std::map<std::string, FullStateShape> expected = full_state_shapes();
-  const int64_t step = check_full_state(state, expected, settings_.kind);
-
-  // Every rank's part is cut before anything is written, so a failure leaves the state as it was.
-  std::vector<std::vector<std::map<std::string, at::Tensor>>> loaded;
-  for (const UnitState& unit : units_) {
-    loaded.emplace_back();
+// Each full tensor is a zero tensor into which every rank writes the part it owns (Rule::spans: the
+// parts tile it), summed over ranks: one all-reduce per tensor, every rank in the same order.
+std::map<std::string, at::Tensor> ShardOptimizer::full_state_dict() {
+  std::map<std::string, at::Tensor> state;
+  for (const UnitState& unit : units_)
     for (const ParameterState& p : unit.parameters) {
-      std::map<std::string, at::Tensor> full;
-      for (const auto& [suffix, shape] : rule_of(p.rule).full_shapes(p)) full[suffix] = state.at(p.parameter.name + suffix);
-      loaded.back().push_back(rule_of(p.rule).take(p, full));
-    }
-  }
-  for (size_t u = 0; u < units_.size(); ++u)
-    for (size_t i = 0; i < units_[u].parameters.size(); ++i) {
-      ParameterState& p = units_[u].parameters[i];
-      for (auto& [suffix, local] : loaded[u][i]) {
-        at::Tensor& target = suffix == ".exp_avg" ? p.exp_avg : suffix == ".exp_avg_sq" ? p.exp_avg_sq : p.projector;
-        target.copy_(local.view(target.sizes()));
+      const Rule& rule = rule_of(p.rule);
+      const std::map<std::string, FullStateShape> shapes = rule.full_shapes(p);
+      for (const auto& [suffix, span] : rule.spans(p)) {
+        const at::Tensor local = state_tensor(p, suffix);
+        at::Tensor full = at::zeros(shapes.at(suffix).shape, local.options());
+        if (span.owned_count > 0)
+          full.view({-1}).narrow(0, span.owned_begin, span.owned_count).copy_(local.narrow(0, span.owned_local, span.owned_count));
+        sum_over_ranks(full, across_);
+        state[p.parameter.name + suffix] = full;
       }
     }
-  step_ = step;
+  state["step"] = at::scalar_tensor(step_, at::kLong);
+  return state;
+}
+
+void ShardOptimizer::load_full_state_dict(const std::map<std::string, at::Tensor>& state) {
+  // Every key, shape and dtype is checked before anything is written, so a bad dict changes nothing.
+  const int64_t step = check_full_state(state, full_state_shapes(), settings_.kind);
+  load_state_pieces(
+      [&](const std::string& key, int64_t begin, const at::Tensor& destination) {
+        destination.copy_(state.at(key).reshape({-1}).narrow(0, begin, destination.numel()));
+      },
+      step);
 }
 
 int64_t optimizer_state_bytes(const OptimizerSettings& settings, const ShardedParameter& parameter,

@@ -31,25 +31,6 @@ at::Tensor take_rows(const at::Tensor& full, int64_t rows_per_rank, int64_t firs
   return local;
 }
 
-at::Tensor assemble_chunks(const at::Tensor& local, int64_t total, int64_t chunk, Communicator* across) {
-  const int rank = across != nullptr ? across->rank() : 0;
-  at::Tensor full = at::zeros({total}, local.options());
-  const int64_t begin = std::min<int64_t>(total, rank * chunk);
-  const int64_t count = std::min<int64_t>(total, begin + chunk) - begin;
-  if (count > 0) full.narrow(0, begin, count).copy_(local.reshape({-1}).narrow(0, 0, count));
-  sum_over_ranks(full, across);
-  return full;
-}
-
-at::Tensor take_chunk(const at::Tensor& full_flat, int64_t chunk, int rank) {
-  const int64_t total = full_flat.numel();
-  at::Tensor local = at::zeros({chunk}, full_flat.options());
-  const int64_t begin = std::min<int64_t>(total, rank * chunk);
-  const int64_t count = std::min<int64_t>(total, begin + chunk) - begin;
-  if (count > 0) local.narrow(0, 0, count).copy_(full_flat.reshape({-1}).narrow(0, begin, count));
-  return local;
-}
-
 int64_t check_full_state(const std::map<std::string, at::Tensor>& state,
                          const std::map<std::string, FullStateShape>& expected, const std::string& optimizer) {
   std::vector<std::string> problems;

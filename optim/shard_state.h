@@ -1,11 +1,12 @@
 // Full (unsharded) optimizer-state tensors from the parts ranks hold, and back: what makes a
-// checkpoint independent of the world size it was written at.
+// checkpoint independent of the world size it was written at (which part a rank owns is its rule's
+// StateSpan, optim/update_rules.h).
 //
 // Assembly is one all-reduce (sum) of a zero tensor of the full shape into which every rank has
 // written the part it owns; each element is owned by exactly one rank (a part held by two ranks,
 // such as a subset that crosses a shard boundary, is written by the rank holding its first
 // element). It moves twice the bytes of an all-gather, but it is one primitive for every layout
-// (rows, flat chunks, blocks) and runs only when a checkpoint is written.
+// (rows, flat chunks, blocks); checkpoints do not assemble at all (each rank writes its parts).
 #pragma once
 
 #include <cstdint>
@@ -24,11 +25,6 @@ at::Tensor assemble_rows(const at::Tensor& local, int64_t rows, int64_t first_ro
                          Communicator* across);
 // full (rows, ...) -> this rank's (rows_per_rank, ...) rows, zero padded.
 at::Tensor take_rows(const at::Tensor& full, int64_t rows_per_rank, int64_t first_row, int64_t rows_held);
-
-// A flat tensor of `total` elements cut in chunks of `chunk` elements, rank r holding
-// [r * chunk, (r + 1) * chunk) (padding past total). local: (chunk). Returns (total).
-at::Tensor assemble_chunks(const at::Tensor& local, int64_t total, int64_t chunk, Communicator* across);
-at::Tensor take_chunk(const at::Tensor& full_flat, int64_t chunk, int rank);
 
 // full: the tensor with `owned` (a mask or range written by this rank) already in place, zeros
 // elsewhere; sums it over ranks in place (no-op without a communicator).

@@ -4,9 +4,6 @@
 
 #include <ATen/ATen.h>
 
-#include "optim/shard_state.h"
-#include "sharding/communicator.h"
-
 namespace llm {
 
 int64_t subset_size_for(int64_t numel, int64_t k) {
@@ -110,42 +107,6 @@ void apply_subset_update(const SubsetGeometry& geometry, const ShardedParameter&
                                .narrow(0, offset, geometry.local_count);
   param.narrow(0, 0, geometry.local_count)
       .add_(numerator.narrow(0, 0, geometry.local_count) / per_element, -step_size);
-}
-
-at::Tensor assemble_subset_state(const SubsetGeometry& geometry, const ShardedParameter& parameter,
-                                 const at::Tensor& local, Communicator* across) {
-  switch (geometry.kind) {
-    case SubsetKind::row:
-      return assemble_rows(local, parameter.rows, parameter.first_row, parameter.rows_held, across);
-    case SubsetKind::column:
-      return local.clone();  // the same on every rank
-    case SubsetKind::block: {
-      at::Tensor full = at::zeros({geometry.total_subsets}, local.options());
-      // A block is written by the rank holding its first element.
-      const int64_t s = geometry.subset_size;
-      const int64_t first_owned = (geometry.local_begin + s - 1) / s;
-      const int64_t last = geometry.first_block + geometry.blocks_held;
-      if (last > first_owned)
-        full.narrow(0, first_owned, last - first_owned)
-            .copy_(local.narrow(0, first_owned - geometry.first_block, last - first_owned));
-      sum_over_ranks(full, across);
-      return full.view(geometry.full_state_shape);
-    }
-  }
-  return {};
-}
-
-at::Tensor take_subset_state(const SubsetGeometry& geometry, const ShardedParameter& parameter,
-                             const at::Tensor& full) {
-  switch (geometry.kind) {
-    case SubsetKind::row:
-      return take_rows(full, parameter.rows_per_rank, parameter.first_row, parameter.rows_held);
-    case SubsetKind::column:
-      return full.clone();
-    case SubsetKind::block:
-      return full.reshape({-1}).narrow(0, geometry.first_block, geometry.blocks_held).clone();
-  }
-  return {};
 }
 
 }  // namespace llm

@@ -27,8 +27,6 @@
 
 namespace llm {
 
-class Communicator;
-
 enum class SubsetKind { row, column, block };
 
 struct SubsetGeometry {
@@ -60,11 +58,5 @@ at::Tensor subset_square_sums(const SubsetGeometry& geometry, const ShardedParam
 void apply_subset_update(const SubsetGeometry& geometry, const ShardedParameter& parameter,
                          at::Tensor& param, const at::Tensor& numerator, const at::Tensor& denominator,
                          double step_size);
-
-// Checkpoint state: local (local_state_shape) <-> full (full_state_shape). Collective.
-at::Tensor assemble_subset_state(const SubsetGeometry& geometry, const ShardedParameter& parameter,
-                                 const at::Tensor& local, Communicator* across);
-at::Tensor take_subset_state(const SubsetGeometry& geometry, const ShardedParameter& parameter,
-                             const at::Tensor& full);
 
 }  // namespace llm

@@ -3,40 +3,16 @@
 #include <chrono>
 
 #include <ATen/ATen.h>
+#include <c10/util/accumulate.h>
 
 #include "optim/adamw.h"
-#include "optim/shard_state.h"
 
 namespace llm {
 namespace {
 
-at::Tensor rows_of(const ParameterState& state, const at::Tensor& flat) {
-  return flat.view({state.parameter.rows_per_rank, state.parameter.cols});
-}
-
-// Local (rows_per_rank * cols) <-> full (the parameter's shape): the layout of adamw's and adam_hf's
-// moments and of subset-norm's first moment.
-at::Tensor assemble_like_parameter(const ParameterState& state, const at::Tensor& local, Communicator* across) {
-  const ShardedParameter& p = state.parameter;
-  return assemble_rows(rows_of(state, local), p.rows, p.first_row, p.rows_held, across).reshape(p.full_shape);
-}
-
-at::Tensor take_like_parameter(const ParameterState& state, const at::Tensor& full) {
-  const ShardedParameter& p = state.parameter;
-  return take_rows(full.to(state.master.device()).reshape({p.rows, p.cols}), p.rows_per_rank, p.first_row,
-                   p.rows_held)
-      .reshape({-1});
-}
-
-int64_t numel_of(const std::vector<int64_t>& shape) {
-  int64_t count = 1;
-  for (int64_t size : shape) count *= size;
-  return count;
-}
-
 // A state tensor sharded like the parameter, in whole rows: this rank owns and needs its rows.
 StateSpan rows_span(const ShardedParameter& p, const std::vector<int64_t>& full_shape) {
-  const int64_t per_row = numel_of(full_shape) / p.rows;
+  const int64_t per_row = c10::multiply_integers(full_shape) / p.rows;
   const int64_t begin = p.first_row * per_row, count = p.rows_held * per_row;
   return {begin, count, 0, begin, count};
 }
@@ -44,7 +20,7 @@ StateSpan rows_span(const ShardedParameter& p, const std::vector<int64_t>& full_
 // A state tensor every rank holds whole: written once, by the rank holding the parameter's first
 // row (rank 0 of the parameter's shard group; a no_shard rank holds every row), read by all.
 StateSpan replicated_span(const ShardedParameter& p, const std::vector<int64_t>& full_shape) {
-  const int64_t count = numel_of(full_shape);
+  const int64_t count = c10::multiply_integers(full_shape);
   return {0, p.first_row == 0 ? count : 0, 0, 0, count};
 }
 
@@ -67,17 +43,6 @@ class TorchAdamW final : public Rule {
   }
   std::map<std::string, FullStateShape> full_shapes(const ParameterState& state) const override {
     return {{".exp_avg", {state.parameter.full_shape}}, {".exp_avg_sq", {state.parameter.full_shape}}};
-  }
-  std::map<std::string, at::Tensor> assemble(const ParameterState& state, Communicator* across) const override {
-    std::map<std::string, at::Tensor> full;
-    full[".exp_avg"] = assemble_like_parameter(state, state.exp_avg, across);
-    full[".exp_avg_sq"] = assemble_like_parameter(state, state.exp_avg_sq, across);
-    return full;
-  }
-  std::map<std::string, at::Tensor> take(const ParameterState& state,
-                                         const std::map<std::string, at::Tensor>& full) const override {
-    return {{".exp_avg", take_like_parameter(state, full.at(".exp_avg"))},
-            {".exp_avg_sq", take_like_parameter(state, full.at(".exp_avg_sq"))}};
   }
   std::map<std::string, StateSpan> spans(const ParameterState& state) const override {
     const StateSpan rows = rows_span(state.parameter, state.parameter.full_shape);
@@ -142,19 +107,6 @@ class HfAdam final : public HfStyleRule {
     if (state.exp_avg.defined()) shapes[".exp_avg"] = {state.parameter.full_shape};
     return shapes;
   }
-  std::map<std::string, at::Tensor> assemble(const ParameterState& state, Communicator* across) const override {
-    std::map<std::string, at::Tensor> full;
-    if (state.exp_avg.defined()) full[".exp_avg"] = assemble_like_parameter(state, state.exp_avg, across);
-    full[".exp_avg_sq"] = assemble_like_parameter(state, state.exp_avg_sq, across);
-    return full;
-  }
-  std::map<std::string, at::Tensor> take(const ParameterState& state,
-                                         const std::map<std::string, at::Tensor>& full) const override {
-    std::map<std::string, at::Tensor> local;
-    if (state.exp_avg.defined()) local[".exp_avg"] = take_like_parameter(state, full.at(".exp_avg"));
-    local[".exp_avg_sq"] = take_like_parameter(state, full.at(".exp_avg_sq"));
-    return local;
-  }
   std::map<std::string, StateSpan> spans(const ParameterState& state) const override {
     const StateSpan rows = rows_span(state.parameter, state.parameter.full_shape);
     std::map<std::string, StateSpan> spans = {{".exp_avg_sq", rows}};
@@ -181,20 +133,6 @@ class SubsetNorm final : public HfStyleRule {
         {".exp_avg_sq", {state.subsets.full_state_shape, "the subset-norm state"}}};
     if (state.exp_avg.defined()) shapes[".exp_avg"] = {state.parameter.full_shape};
     return shapes;
-  }
-  std::map<std::string, at::Tensor> assemble(const ParameterState& state, Communicator* across) const override {
-    std::map<std::string, at::Tensor> full;
-    if (state.exp_avg.defined()) full[".exp_avg"] = assemble_like_parameter(state, state.exp_avg, across);
-    full[".exp_avg_sq"] = assemble_subset_state(state.subsets, state.parameter, state.exp_avg_sq, across);
-    return full;
-  }
-  std::map<std::string, at::Tensor> take(const ParameterState& state,
-                                         const std::map<std::string, at::Tensor>& full) const override {
-    std::map<std::string, at::Tensor> local;
-    if (state.exp_avg.defined()) local[".exp_avg"] = take_like_parameter(state, full.at(".exp_avg"));
-    local[".exp_avg_sq"] =
-        take_subset_state(state.subsets, state.parameter, full.at(".exp_avg_sq").to(state.master.device()));
-    return local;
   }
   std::map<std::string, StateSpan> spans(const ParameterState& state) const override {
     const ShardedParameter& p = state.parameter;
@@ -248,24 +186,6 @@ class GaLore final : public HfStyleRule {
         {".projector", {state.galore.full_projector_shape, "the projector"}}};
     if (state.exp_avg.defined()) shapes[".exp_avg"] = {state.galore.full_state_shape, "the low-rank moment"};
     return shapes;
-  }
-  std::map<std::string, at::Tensor> assemble(const ParameterState& state, Communicator* across) const override {
-    std::map<std::string, at::Tensor> full;
-    if (state.exp_avg.defined())
-      full[".exp_avg"] = assemble_galore_moment(state.galore, state.parameter, state.exp_avg, across);
-    full[".exp_avg_sq"] = assemble_galore_moment(state.galore, state.parameter, state.exp_avg_sq, across);
-    full[".projector"] = assemble_galore_projector(state.galore, state.parameter, state.projector, across);
-    return full;
-  }
-  std::map<std::string, at::Tensor> take(const ParameterState& state,
-                                         const std::map<std::string, at::Tensor>& full) const override {
-    auto on_device = [&](const char* suffix) { return full.at(suffix).to(state.master.device()); };
-    std::map<std::string, at::Tensor> local;
-    if (state.exp_avg.defined())
-      local[".exp_avg"] = take_galore_moment(state.galore, state.parameter, on_device(".exp_avg"));
-    local[".exp_avg_sq"] = take_galore_moment(state.galore, state.parameter, on_device(".exp_avg_sq"));
-    local[".projector"] = take_galore_projector(state.galore, state.parameter, on_device(".projector"));
-    return local;
   }
   std::map<std::string, StateSpan> spans(const ParameterState& state) const override {
     const ShardedParameter& p = state.parameter;

@@ -1,6 +1,6 @@
 // The update rules, one class each: what state a parameter keeps under the rule (its sizes on this
-// rank and its full, checkpointed shapes), how that state is assembled into full tensors and cut
-// back into a rank's part, and the update itself. The optimizer (optim/shard_optimizer.h), the
+// rank and its full, checkpointed shapes), which part of each full tensor a rank owns and needs
+// (spans: what checkpoints and full state dicts are built from), and the update itself. The optimizer (optim/shard_optimizer.h), the
 // checkpoints and the memory estimate all ask the rule; adding a rule is adding its class here and
 // one line in rule_of().
 //
@@ -107,14 +107,9 @@ class Rule {
                            const RulePosition& position) const = 0;
   // The checkpoint's keys for this parameter: suffix (".exp_avg", ...) -> full shape.
   virtual std::map<std::string, FullStateShape> full_shapes(const ParameterState& state) const = 0;
-  // Full tensors of the state, by suffix (collective over `across`).
-  virtual std::map<std::string, at::Tensor> assemble(const ParameterState& state, Communicator* across) const = 0;
-  // This rank's part of full tensors (already checked against full_shapes), by suffix.
-  virtual std::map<std::string, at::Tensor> take(const ParameterState& state,
-                                                 const std::map<std::string, at::Tensor>& full) const = 0;
-
   // Where this rank's part of each full tensor lies, by suffix (the keys of full_shapes): what a
-  // sharded checkpoint writes and reads back, at any world size, without assembling the full tensor.
+  // sharded checkpoint writes and reads back at any world size, and what ShardOptimizer assembles
+  // full tensors from.
   virtual std::map<std::string, StateSpan> spans(const ParameterState& state) const = 0;
 
   // The step's phases. refresh and inputs may be collective.
