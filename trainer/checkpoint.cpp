@@ -1,6 +1,7 @@
 #include "trainer/checkpoint.h"
 
 #include <ATen/ATen.h>
+#include <c10/util/accumulate.h>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -181,8 +182,8 @@ void save_checkpoint(const std::string& folder, const std::vector<StatePiece>& p
     failure = std::current_exception();
   }
   const at::TensorOptions longs = at::TensorOptions().dtype(at::kLong).device(communicator.device());
-  at::Tensor mine = at::tensor({failure ? int64_t{1} : int64_t{0}, written[0], written[1], written[2], written[3]},
-                               at::TensorOptions().dtype(at::kLong)).to(communicator.device());
+  const at::Tensor mine =
+      at::tensor({failure ? int64_t{1} : int64_t{0}, written[0], written[1], written[2], written[3]}, longs);
   at::Tensor everyone = at::empty({5 * world_size}, longs);
   communicator.all_gather(mine, everyone);
   const at::Tensor files = everyone.view({world_size, 5}).cpu();
@@ -307,11 +308,11 @@ nlohmann::json intact_manifest(const fs::path& root, std::string* problem) {
   for (const auto& [name, listed] : manifest.at("files").items()) {
     std::error_code error;
     const fs::path path = root / name;
-    const uint64_t size = fs::is_regular_file(path, error) ? fs::file_size(path, error) : 0;
     if (!fs::is_regular_file(path, error)) {
       *problem = name + ": missing (listed in manifest.json)";
       return nullptr;
     }
+    const uint64_t size = fs::file_size(path, error);
     if (!listed.is_object() || !listed.contains("bytes") || !listed.at("bytes").is_number_unsigned() ||
         listed.at("bytes").get<uint64_t>() != size) {
       *problem = name + ": " + std::to_string(size) + " bytes, but manifest.json lists " +
@@ -528,8 +529,8 @@ void CheckpointReader::check(const std::map<std::string, FullStateShape>& expect
                          " has shape " + shape_text(full.shape));
       continue;
     }
-    int64_t numel = 1, covered = 0;
-    for (int64_t size : full.shape) numel *= size;
+    const int64_t numel = c10::multiply_integers(full.shape);
+    int64_t covered = 0;
     for (const Part& part : found->second.parts) {
       if (part.begin != covered) break;
       covered += part.count;

@@ -423,13 +423,15 @@ Command parse_command_line(int argc, const char* const* argv) {
   }
 
   collect_repeated_flags(app, command.warnings);
+  // A verb other than training given a training flag: exit 2 naming the flag and what the verb takes.
+  const auto refuse_training_flags = [&](const std::string& takes) {
+    for (const CLI::Option* flag : training_flags)
+      if (flag->count() > 0) fail_user(kCommandLine, flag->get_name(), "is a training flag; " + takes);
+  };
 
   if (prepare_app->parsed()) {
-    for (const CLI::Option* flag : training_flags)
-      if (flag->count() > 0)
-        fail_user(kCommandLine, flag->get_name(),
-                  "is a training flag; `trainer prepare` takes --input, --output, --tokenizer or "
-                  "--vocab_size, --model_type and --overwrite");
+    refuse_training_flags(
+        "`trainer prepare` takes --input, --output, --tokenizer or --vocab_size, --model_type and --overwrite");
     if (vocab_size->count() > 0 &&
         (prepare.vocab_size < kMinVocabSize || prepare.vocab_size > kMaxVocabSize))
       fail_user(kCommandLine, "--vocab_size",
@@ -446,11 +448,8 @@ Command parse_command_line(int argc, const char* const* argv) {
   }
 
   if (report_app->parsed()) {
-    for (const CLI::Option* flag : training_flags)
-      if (flag->count() > 0)
-        fail_user(kCommandLine, flag->get_name(),
-                  "is a training flag; `trainer report` takes run folders and --out (each run's "
-                  "settings come from its metrics.jsonl)");
+    refuse_training_flags(
+        "`trainer report` takes run folders and --out (each run's settings come from its metrics.jsonl)");
     if (context_sweep_flag->count() > 0 && !command.report.techniques)
       fail_user(kCommandLine, "--context_sweep",
                 "belongs to the techniques report: add --techniques (the run folders are then the technique runs)");
@@ -459,11 +458,9 @@ Command parse_command_line(int argc, const char* const* argv) {
   }
 
   if (export_app->parsed()) {
-    for (const CLI::Option* flag : training_flags)
-      if (flag->count() > 0)
-        fail_user(kCommandLine, flag->get_name(),
-                  "is a training flag; `trainer export` takes --from, --to, --dtype, --max_shard_size, --tokenizer "
-                  "and --overwrite (the model comes from the checkpoint)");
+    refuse_training_flags(
+        "`trainer export` takes --from, --to, --dtype, --max_shard_size, --tokenizer and --overwrite (the model "
+        "comes from the checkpoint)");
     exported.max_shard_size = parse_byte_size(max_shard_size);
     if (exported.max_shard_size == 0)
       fail_user(kCommandLine, "--max_shard_size",

@@ -3,6 +3,7 @@
 #include <sentencepiece_processor.h>
 
 #include <ATen/ATen.h>
+#include <c10/util/accumulate.h>
 
 #include <algorithm>
 #include <cctype>
@@ -196,9 +197,7 @@ uint64_t export_checkpoint(const ExportOptions& options) {
     for (const ParameterSpec& parameter : unit.parameters) {
       LLM_REQUIRE(checkpoint.contains(parameter.name), folder, parameter.name,
                   "missing tensor: the checkpoint is damaged or incomplete; export an earlier step_<N>");
-      int64_t numel = 1;
-      for (int64_t size : parameter.shape) numel *= size;
-      planned.push_back({{parameter.name, dtype, parameter.shape}, numel});
+      planned.push_back({{parameter.name, dtype, parameter.shape}, c10::multiply_integers(parameter.shape)});
     }
 
   // transformers' split: a tensor starts a new file when it would take the current one past the
