@@ -56,9 +56,7 @@ ShardedUnit::ShardedUnit(std::string name, std::vector<std::pair<std::string, at
       communicator_(communicator),
       strategy_(strategy) {
   const bool sharded = strategy_ != ShardingStrategy::no_shard;
-  // no_shard: every rank holds the whole unit, laid out as rank 0 of a world of one.
-  layout_ = FlatShardLayout::build(name_, parameters_, sharded ? communicator_.rank() : 0,
-                                   sharded ? communicator_.world_size() : 1);
+  layout_ = layout_for(name_, parameters_, communicator_, strategy_);
   {
     // Without autograd: copying from parameters that require grad would make the shard a non-leaf
     // with a CopySlices history, and every in-place optimizer update would then extend that graph
@@ -99,6 +97,15 @@ ShardedUnit::ShardedUnit(std::string name, std::vector<std::pair<std::string, at
     for (auto& [parameter_name, parameter] : parameters_) parameter.set_data(parameter.to(compute_dtype));
   }
   if (sharded) release();
+}
+
+FlatShardLayout ShardedUnit::layout_for(const std::string& name,
+                                        const std::vector<std::pair<std::string, at::Tensor>>& parameters,
+                                        const Communicator& communicator, ShardingStrategy strategy) {
+  // no_shard: every rank holds the whole unit, laid out as rank 0 of a world of one.
+  const bool sharded = strategy != ShardingStrategy::no_shard;
+  return FlatShardLayout::build(name, parameters, sharded ? communicator.rank() : 0,
+                                sharded ? communicator.world_size() : 1);
 }
 
 void ShardedUnit::publish_shard() {

@@ -61,8 +61,8 @@ namespace llm {
 
 class ShardedUnit {
  public:
-  // parameters: the unit's module parameters (fp32), initialised identically on every rank. This
-  // rank's rows are copied into the fp32 master shard (and a resident bf16 unit's compute shard); then the parameters
+  // parameters: the unit's module parameters (fp32); only this rank's rows (layout_for) are read, so
+  // they must agree across ranks there and nowhere else. This rank's rows are copied into the fp32 master shard (and a resident bf16 unit's compute shard); then the parameters
   // become compute_dtype, and for the sharded strategies their storage is freed until gather().
   // resident_when_whole: a unit whose shard is the whole unit keeps its parameters as views of its
   // shards (above); false gathers and releases it like any other (tests of the gather path).
@@ -71,6 +71,12 @@ class ShardedUnit {
               bool resident_when_whole = false);
 
   ~ShardedUnit();
+
+  // The layout of this rank's shard of a unit with these parameters under `strategy` (no_shard: the
+  // whole unit, as rank 0 of a world of one): which rows of each parameter it holds.
+  static FlatShardLayout layout_for(const std::string& name,
+                                    const std::vector<std::pair<std::string, at::Tensor>>& parameters,
+                                    const Communicator& communicator, ShardingStrategy strategy);
 
   void gather();  // also waits for a prefetch in flight
   // Starts the gather on gather_stream (a CUDA stream of the communicator's device) and returns at

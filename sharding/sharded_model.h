@@ -82,6 +82,11 @@ class ShardedModel {
   // Shards a unit now (before the first forward). Returns its index.
   size_t add_unit(std::string name, std::vector<std::pair<std::string, at::Tensor>> parameters,
                   UnitForward forward = nullptr);
+  // The layout add_unit will give this rank's shard of such a unit (ShardedUnit::layout_for).
+  FlatShardLayout layout_for(const std::string& name,
+                             const std::vector<std::pair<std::string, at::Tensor>>& parameters) const {
+    return ShardedUnit::layout_for(name, parameters, communicator_, options_.strategy);
+  }
   void set_forward(size_t unit, UnitForward forward);
   // Activation checkpointing: one flag per unit (fewer than units: the rest are not), set before the
   // first forward. A flagged unit's training forward keeps no graph and its backward recomputes it

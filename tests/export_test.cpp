@@ -245,6 +245,19 @@ TEST(Export, TransformersLoadsItWithoutAFlagAndComputesTheTrainersLoss) {
 
 // --- --init_from ---------------------------------------------------------------------------------------
 
+// Each rank's "--init_from DIR: read this rank's rows, N bytes (...) of the folder's M bytes" line: (N, M).
+std::vector<std::pair<int64_t, int64_t>> init_from_reads(const std::string& output) {
+  std::vector<std::pair<int64_t, int64_t>> reads;
+  std::istringstream lines(output);
+  const std::string read = "read this rank's rows, ", of = "of the folder's ";
+  for (std::string line; std::getline(lines, line);) {
+    const size_t at = line.find(read), total = line.find(of);
+    if (at == std::string::npos || total == std::string::npos) continue;
+    reads.emplace_back(std::stoll(line.substr(at + read.size())), std::stoll(line.substr(total + of.size())));
+  }
+  return reads;
+}
+
 class InitFrom : public ::testing::TestWithParam<int> {};
 
 TEST_P(InitFrom, FirstLossEqualsTheResumedCheckpointsBitwise) {
@@ -265,6 +278,22 @@ TEST_P(InitFrom, FirstLossEqualsTheResumedCheckpointsBitwise) {
   const auto earlier = run_command(launcher + " --init_from " + t.earlier.string() +
                                    " --num_training_steps 1 --run_dir " + (dir / "init_earlier").string());
   ASSERT_EQ(earlier.exit_code, 0) << earlier.output;
+
+  // Each rank reads only its rows: the ranks' reads add up to the folder's weights (full_shard holds
+  // every row once), each under them at 2 ranks.
+  for (const auto* run : {&started, &sharded}) {
+    const std::vector<std::pair<int64_t, int64_t>> reads = init_from_reads(run->output);
+    ASSERT_EQ(reads.size(), static_cast<size_t>(ranks)) << run->output;
+    int64_t total = 0;
+    for (const auto& [read, weights] : reads) {
+      total += read;
+      EXPECT_EQ(weights, reads[0].second);
+      if (ranks > 1) {
+        EXPECT_LT(read, weights) << run->output;
+      }
+    }
+    EXPECT_EQ(total, reads[0].second) << run->output;
+  }
 
   const double expected = first_train_loss(dir / "resumed", 5);
   EXPECT_EQ(first_train_loss(dir / "init", 1), expected);

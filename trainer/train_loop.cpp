@@ -163,6 +163,7 @@ class Training {
   StepTimer timer_;
   ShardedModel sharded_;
   int64_t startup_peak_bytes_ = 0, largest_unit_bytes_ = 0;  // parameter storage while building
+  int64_t init_from_bytes_ = 0;  // --init_from: bytes of the folder this rank read (its rows)
   UnitContext unit_context_;
   LlamaForCausalLM model_;
   // --offload optimizer: the optimizer over host masters, stepped by offload_; otherwise over the
@@ -276,7 +277,8 @@ void Training::shard_when_built(const UnitSpec& unit, NamedTensors parameters) {
     }
   }
   init_unit_weights(unit, parameters, model_config_.initializer_range, run_.seed);
-  if (context_.init_from != nullptr) context_.init_from->load_unit(unit, parameters);  // replaces the seeded init
+  if (context_.init_from != nullptr)  // this rank's rows replace the seeded init (the rest is dropped at sharding)
+    init_from_bytes_ += context_.init_from->load_rows(unit, parameters, sharded_.layout_for(unit.name, parameters));
   int64_t held = unit_bytes;
   for (size_t u = 0; u < sharded_.unit_count(); ++u) held += sharded_.unit(u).compute_parameter_bytes();
   startup_peak_bytes_ = std::max(startup_peak_bytes_, held);
@@ -597,6 +599,10 @@ void Training::record_start() {
             run_.data.max_length);
   log::info("optimizer {}: {} of state on this rank{}", run_.optimizer.name, human_bytes(optimizer().state_bytes()),
             offload_ ? ", in host memory with the fp32 masters (--offload optimizer)" : "");
+  if (context_.init_from != nullptr)
+    log::info("--init_from {}: read this rank's rows, {} bytes ({}) of the folder's {} bytes of weights",
+              context_.init_from->folder(), init_from_bytes_, human_bytes(init_from_bytes_),
+              context_.init_from->weight_bytes());
 }
 
 // Every rank's persistent training state, counted from the buffers that exist (after a step): one

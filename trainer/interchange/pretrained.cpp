@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <stdexcept>
 
 #include <nlohmann/json.hpp>
 
@@ -116,6 +117,7 @@ PretrainedFolder::PretrainedFolder(const std::string& folder, const ModelConfig&
                       model.name);
       LLM_REQUIRE(at::isFloatingType(entry.dtype), found->second->path(), parameter.name,
                   std::string("holds ") + c10::toString(entry.dtype) + " values, not floating point weights");
+      weight_bytes_ += static_cast<int64_t>(entry.nbytes());
     }
   for (const auto& [name, file] : file_of_)
     if (!expected.count(name) && !is_rotary_buffer(name))
@@ -127,14 +129,25 @@ PretrainedFolder::PretrainedFolder(const std::string& folder, const ModelConfig&
       fail_user(index_path.string(), name, "a shard holds this tensor but the index does not name it");
 }
 
-void PretrainedFolder::load_unit(const UnitSpec& unit, const NamedTensors& parameters) const {
+int64_t PretrainedFolder::load_rows(const UnitSpec& unit, const NamedTensors& parameters,
+                                   const FlatShardLayout& layout) const {
   at::NoGradGuard no_grad;
-  for (const auto& [name, parameter] : parameters) {
+  if (layout.parameters.size() != parameters.size())
+    throw std::logic_error("load_rows: a layout of another unit than " + unit.name);
+  int64_t bytes = 0;
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    const auto& [name, parameter] = parameters[i];
+    const ShardedParameter& rows = layout.parameters[i];
+    if (rows.name != name) throw std::logic_error("load_rows: layout row " + rows.name + " for parameter " + name);
     auto found = file_of_.find(name);
     LLM_REQUIRE(found != file_of_.end(), kFlag, folder_, "has no tensor " + name + " (unit " + unit.name + ")");
-    // One tensor at a time: its bytes, then in the parameter's dtype on its device.
-    parameter.copy_(found->second->read(name));
+    if (rows.rows_held == 0) continue;  // padding only on this rank
+    // One byte range at a time: the rows, then in the parameter's dtype on its device.
+    const at::Tensor values = found->second->read_rows(name, rows.first_row, rows.rows_held);
+    parameter.narrow(0, rows.first_row, rows.rows_held).copy_(values);
+    bytes += static_cast<int64_t>(values.nbytes());
   }
+  return bytes;
 }
 
 std::unique_ptr<PretrainedFolder> open_init_from(const std::string& folder, const ModelConfig& model, bool log_notes) {

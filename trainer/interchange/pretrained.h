@@ -9,15 +9,19 @@
 // naming the file (reading torch's pickles of arbitrary Python objects is not done here; transformers
 // re-saves it as safetensors with save_pretrained(DIR, safe_serialization=True)).
 //
-// Only headers are read at open. load_unit then reads one unit's tensors, each from its own byte range
-// of its shard, and copies them into the unit's freshly built parameters (converted to their dtype),
-// before the trainer shards the unit: no rank ever holds more than one unsharded unit of the folder.
+// Only headers are read at open. load_rows then reads, for one unit, only the rows this rank's shard
+// holds (sharding/flat_layout.h: whole rows along dim 0, one byte range per tensor) and copies them into
+// those rows of the unit's freshly built parameters (converted to their dtype), before the trainer
+// shards the unit: a rank reads about 1/world_size of the folder (no_shard and one rank: all of it),
+// and never holds more than one unsharded unit. The rows it does not read keep the seeded init,
+// which the sharding drops.
 #pragma once
 
 #include <map>
 #include <memory>
 #include <string>
 
+#include "sharding/flat_layout.h"
 #include "trainer/interchange/safetensors.h"
 #include "trainer/model/llama.h"
 #include "trainer/model/model_config.h"
@@ -29,14 +33,18 @@ class PretrainedFolder {
   // Throws UserError (see above). `log_notes` logs, once, the warnings worth a line (rank 0).
   PretrainedFolder(const std::string& folder, const ModelConfig& model, bool log_notes);
 
-  // Copies the folder's tensors of `unit` into `parameters` (the unit's HF-named parameters, any
-  // device and dtype), one tensor read at a time.
-  void load_unit(const UnitSpec& unit, const NamedTensors& parameters) const;
+  // Copies the rows `layout` gives this rank of the folder's tensors of `unit` into the same rows of
+  // `parameters` (the unit's HF-named parameters, in the layout's order, any device and dtype), one
+  // byte range read at a time. Returns the bytes read.
+  int64_t load_rows(const UnitSpec& unit, const NamedTensors& parameters, const FlatShardLayout& layout) const;
+  // The bytes of the model's tensors in the folder (what reading every row would take).
+  int64_t weight_bytes() const { return weight_bytes_; }
 
   const std::string& folder() const { return folder_; }
 
  private:
   std::string folder_;
+  int64_t weight_bytes_ = 0;
   std::map<std::string, std::shared_ptr<SafetensorsFile>> file_of_;  // tensor name -> the file holding it
 };
 

@@ -229,16 +229,37 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
                   std::to_string(file_size) + (data_start_ + expected > file_size ? " (truncated)" : "") + damaged);
 }
 
-at::Tensor SafetensorsFile::read(const std::string& name) const {
+const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
   auto found = entries_.find(name);
   LLM_REQUIRE(found != entries_.end(), path_, name, "no such tensor in the file");
-  const SafetensorsEntry& entry = found->second;
-  at::Tensor tensor = at::empty(entry.shape, at::TensorOptions().dtype(entry.dtype));
+  return found->second;
+}
+
+void SafetensorsFile::read_into(const SafetensorsEntry& entry, uint64_t offset, const at::Tensor& destination) const {
   std::ifstream in(path_, std::ios::binary);
-  in.seekg(static_cast<std::streamoff>(data_start_ + entry.begin));
-  in.read(static_cast<char*>(tensor.data_ptr()), static_cast<std::streamsize>(entry.nbytes()));
-  LLM_REQUIRE(in.good() || entry.nbytes() == 0, path_, name,
+  in.seekg(static_cast<std::streamoff>(data_start_ + entry.begin + offset));
+  in.read(static_cast<char*>(destination.data_ptr()), static_cast<std::streamsize>(destination.nbytes()));
+  LLM_REQUIRE(in.good() || destination.nbytes() == 0, path_, entry.name,
               std::string("cannot read the tensor's bytes (") + std::strerror(errno) + ")");
+}
+
+at::Tensor SafetensorsFile::read(const std::string& name) const {
+  const SafetensorsEntry& found = entry(name);
+  at::Tensor tensor = at::empty(found.shape, at::TensorOptions().dtype(found.dtype));
+  read_into(found, 0, tensor);
+  return tensor;
+}
+
+at::Tensor SafetensorsFile::read_rows(const std::string& name, int64_t first_row, int64_t rows) const {
+  const SafetensorsEntry& found = entry(name);
+  LLM_REQUIRE(!found.shape.empty() && first_row >= 0 && rows >= 0 && first_row + rows <= found.shape[0], path_, name,
+              "rows [" + std::to_string(first_row) + ", " + std::to_string(first_row + rows) + ") asked of a tensor of shape " +
+                  shape_text(found.shape));
+  std::vector<int64_t> shape = found.shape;
+  shape[0] = rows;
+  at::Tensor tensor = at::empty(shape, at::TensorOptions().dtype(found.dtype));
+  // Row-major: the rows are one byte range, a row being the product of the other dims.
+  read_into(found, static_cast<uint64_t>(first_row) * (tensor.numel() == 0 ? 0 : tensor.nbytes() / rows), tensor);
   return tensor;
 }
 

@@ -88,8 +88,13 @@ class SafetensorsFile {
   bool contains(const std::string& name) const { return entries_.count(name) > 0; }
   // The tensor's bytes (only its range is read), as a CPU tensor of its own dtype and shape.
   at::Tensor read(const std::string& name) const;
+  // Rows [first_row, first_row + rows) along dim 0: only their byte range is read.
+  at::Tensor read_rows(const std::string& name, int64_t first_row, int64_t rows) const;
 
  private:
+  const SafetensorsEntry& entry(const std::string& name) const;  // UserError when absent
+  // destination.nbytes() bytes from `offset` into the entry's range.
+  void read_into(const SafetensorsEntry& entry, uint64_t offset, const at::Tensor& destination) const;
   std::string path_;
   uint64_t data_start_ = 0;  // 8 + header length
   std::map<std::string, SafetensorsEntry> entries_;
