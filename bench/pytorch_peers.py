@@ -157,11 +157,53 @@ def run_eager(args):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
+    saver = DcpSaver(args, model, optimizer, out) if args.save_dir else None
     for step in range(1, args.steps + 1):
         loss, grad_norm, times = timed_step(
             model, batches[step - 1], lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clipping),
             step_optimizer, lambda loss: loss.item())
         out.write({"event": "train", "step": step, "loss": loss, "grad_norm": grad_norm.item(), **times})
+        if saver:
+            saver.after_step(step, step == args.steps)
+
+
+class DcpSaver:
+    """Checkpoints as torchtitan writes them: torch.distributed.checkpoint's save of the model's and the
+    optimizer's state dicts into SAVE_DIR/step_<N> every --save_every steps and after the last one,
+    or with --async_save dcp.async_save (the state staged in host memory and written on a thread;
+    the previous one is waited for before the next save), the last save synchronous as the
+    trainer's is. Each save's "checkpoint" record has blocked_s: the seconds the loop waited on it,
+    its start and any wait for it counted together, as the trainer counts them."""
+
+    def __init__(self, args, model, optimizer, out):
+        self.args, self.model, self.optimizer, self.out = args, model, optimizer, out
+        self.pending = None  # (step, future, seconds spent starting it)
+        import warnings
+
+        # One process without torch.distributed: what DCP then does, said at every save.
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+
+    def after_step(self, step, last):
+        import torch.distributed.checkpoint as dcp
+
+        if self.pending and (last or (self.args.save_every and step % self.args.save_every == 0)):
+            started = time.perf_counter()
+            saved_step, future, start_seconds = self.pending
+            future.result()
+            self.pending = None
+            self.out.write({"event": "checkpoint", "step": saved_step, "completed_at_step": step, "background": True,
+                            "blocked_s": start_seconds + time.perf_counter() - started})
+        if not (last or (self.args.save_every and step % self.args.save_every == 0)):
+            return
+        started = time.perf_counter()
+        state = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+        path = f"{self.args.save_dir}/step_{step}"
+        if self.args.async_save and not last:
+            self.pending = (step, dcp.async_save(state, checkpoint_id=path), time.perf_counter() - started)
+            return
+        dcp.save(state, checkpoint_id=path)
+        self.out.write({"event": "checkpoint", "step": step, "completed_at_step": step, "background": False,
+                        "blocked_s": time.perf_counter() - started})
 
 
 # ------------------------------------------------------------------------------------------------
@@ -442,6 +484,9 @@ def parse_args():
         p.add_argument("--weight_decay", type=float, default=0.0)
         p.add_argument("--grad_clipping", type=float, default=1.0)
         p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--save_dir", default="", help="eager: checkpoint with torch.distributed.checkpoint (DcpSaver)")
+        p.add_argument("--save_every", type=int, default=0)
+        p.add_argument("--async_save", action="store_true")
     p = sub.add_parser("peak")
     p.add_argument("--threads", type=int, required=True)
     p = sub.add_parser("summarize")

@@ -21,5 +21,6 @@ else
   defaults=(--batch_size 4 --max_length 128 --num_training_steps 100 --lr 3e-3
             --eval_every 25)
 fi
-exec mpirun --oversubscribe -np "$RANKS" build/trainer --config "$CONFIG" --run_dir runs/default \
+# launch/mpirun.sh: a SIGTERM or Ctrl-C to this job reaches every rank, which saves (with --save_dir)
+exec bash launch/mpirun.sh --oversubscribe -np "$RANKS" build/trainer --config "$CONFIG" --run_dir runs/default \
      "${defaults[@]}" "$@"

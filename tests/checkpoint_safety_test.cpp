@@ -393,16 +393,22 @@ TEST(NewestCheckpoint, AFailedSaveOnOneRankStopsEveryRank) {
   const fs::path ckpt = dir / "ckpt";
   // A token file made beforehand, so that no rank writes a corpus under the limit.
   ASSERT_EQ(run_command(trainer_command("--num_training_steps 1 --run_dir " + (dir / "a").string())).exit_code, 0);
-  const std::string flags = " --num_training_steps 4 --save_every 2 --save_dir " + ckpt.string() + " --run_dir " +
-                            (dir / "run").string() + " --data " + (dir / "a/synthetic.rank0.tok").string();
   // 200 blocks of dash's 512 bytes: rank 1's logs fit, its rank1.safetensors (about 145 KiB) does not.
-  auto failed = run_command(testing::mpirun(2) + "sh -c \"trap '' XFSZ; [ \\$OMPI_COMM_WORLD_RANK = 1 ] && ulimit -f 200; exec " +
-                            testing::trainer_binary().string() + trainer_arguments(flags) + "\"");
-  EXPECT_EQ(failed.exit_code, 2) << failed.output;
-  EXPECT_TRUE(mentions(failed.output, (ckpt / "step_2.tmp/rank1.safetensors.tmp").string() + ": could not be written"))
-      << failed.output;
-  EXPECT_FALSE(mentions(failed.output, "saved checkpoint")) << failed.output;
-  EXPECT_TRUE(entries(ckpt).empty()) << "no step folder, no .tmp";
+  // The same with --async_save: the write fails on rank 1's background thread, and every rank stops
+  // at the boundary where the save completes.
+  for (const std::string async : {"", " --async_save"}) {
+    SCOPED_TRACE(async);
+    const std::string flags = " --num_training_steps 4 --save_every 2 --save_dir " + ckpt.string() + " --run_dir " +
+                              (dir / (async.empty() ? "run" : "run_async")).string() + " --data " +
+                              (dir / "a/synthetic.rank0.tok").string();
+    auto failed = run_command(testing::mpirun(2) + "sh -c \"trap '' XFSZ; [ \\$OMPI_COMM_WORLD_RANK = 1 ] && ulimit -f 200; exec " +
+                              testing::trainer_binary().string() + trainer_arguments(flags + async) + "\"");
+    EXPECT_EQ(failed.exit_code, 2) << failed.output;
+    EXPECT_TRUE(mentions(failed.output, (ckpt / "step_2.tmp/rank1.safetensors.tmp").string() + ": could not be written"))
+        << failed.output;
+    EXPECT_FALSE(mentions(failed.output, "saved checkpoint")) << failed.output;
+    EXPECT_TRUE(entries(ckpt).empty()) << "no step folder, no .tmp";
+  }
 }
 
 // A checkpoint damaged after it was written: each case is exit 2 naming the file (and the tensor

@@ -459,6 +459,7 @@ TEST_F(ConfigRunValidation, EveryRangeNamesItsFlag) {
       {"--eval_every", [](RunConfig& r) { r.data.eval_every = -1; }, "got -1"},
       {"--eval_batches", [](RunConfig& r) { r.data.eval_batches = 0; }, "got 0"},
       {"--save_every", [](RunConfig& r) { r.checkpoint.save_every = -5; }, "got -5"},
+      {"--async_save", [](RunConfig& r) { r.checkpoint.async_save = true; }, "no --save_dir"},
       {"--log_every", [](RunConfig& r) { r.logging.log_every = 0; }, "got 0"},
       {"--total_batch_size", [](RunConfig& r) { r.data.total_batch_size = -8; }, "got -8"},
       {"--optimizer", [](RunConfig& r) { r.optimizer.name = "sgd"; }, "\"sgd\""},

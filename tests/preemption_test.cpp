@@ -2,13 +2,15 @@
 // and two ranks, stops every rank after the same step, saves it and exits 0, and resuming from the
 // save_dir ends with the same loss as the uninterrupted run, bit for bit; a second signal changes
 // nothing; without --save_dir the exit status says the work is lost (128 + 15); a grace period too
-// short for the step ends the job at its deadline; SIGUSR1 to mpirun reaches every rank.
+// short for the step ends the job at its deadline; SIGUSR1 to mpirun reaches every rank, and so does
+// SIGTERM or SIGINT to launch/mpirun.sh.
 #include <gtest/gtest.h>
 
 #include <signal.h>
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -208,10 +210,9 @@ TEST(PreemptionSecondSigint, StopsAtOnce) {
   EXPECT_TRUE(testing::read_metrics_events(run_dir, "preempted").empty()) << "it did not wait for the step";
 }
 
-// Open MPI's mpirun forwards SIGUSR1 to every rank and lets the job end by itself; on SIGTERM or
-// SIGINT it forwards the signal too, but kills the ranks shortly after and exits 1 itself (not tested:
-// whether the save finishes first is a race), so a scheduler's notice is best sent to the ranks, or
-// as SIGUSR1 to mpirun.
+// Open MPI's mpirun forwards SIGUSR1 to every rank and lets the job end by itself; sent SIGTERM or
+// SIGINT itself, it aborts the job (the ranks are killed about a second later, before a save can
+// finish), which is why launch/mpirun.sh exists: it passes those signals on as SIGUSR1.
 TEST(PreemptionUnderMpirun, SigusrToMpirunReachesEveryRank) {
   ScratchDir dir("preempt_mpirun");
   const fs::path run_dir = dir / "run", save_dir = dir / "ckpt";
@@ -224,6 +225,34 @@ TEST(PreemptionUnderMpirun, SigusrToMpirunReachesEveryRank) {
   EXPECT_EQ(records[0].at("signal"), "SIGUSR1");
   const int64_t step = records[0].at("step");
   EXPECT_TRUE(fs::exists(save_dir / ("step_" + std::to_string(step)) / "manifest.json"));
+}
+
+// launch/mpirun.sh, sent SIGTERM (a scheduler) or SIGINT (Ctrl-C), passes it on to every rank as
+// SIGUSR1 through mpirun: the step is saved and the job exits 0.
+TEST(PreemptionUnderMpirun, SigtermOrSigintToTheLauncherScriptSavesAndExitsZero) {
+  for (const int signal : {SIGTERM, SIGINT}) {
+    SCOPED_TRACE(strsignal(signal));
+    ScratchDir dir("preempt_script" + std::to_string(signal));
+    const fs::path run_dir = dir / "run", save_dir = dir / "ckpt";
+    const std::string script = (testing::source_dir() / "launch/mpirun.sh").string();
+    std::string launched = command(2, "--save_dir " + save_dir.string() + " --run_dir " + run_dir.string());
+    // testing::mpirun's "<env> MPIEXEC --oversubscribe": the script in MPIEXEC's place.
+    const size_t at = launched.find(TRAINER_MPIEXEC);
+    ASSERT_NE(at, std::string::npos) << launched;
+    launched.replace(at, std::string(TRAINER_MPIEXEC).size(),
+                     "MPIEXEC=" + std::string(TRAINER_MPIEXEC) + " bash " + script);
+    auto result = run_and_signal(launched, run_dir, [&] { return find_process("bash", run_dir, -1); }, signal);
+    ASSERT_EQ(result.exit_code, 0) << result.output;
+    EXPECT_NE(result.output.find(std::string("launch/mpirun.sh: ") + (signal == SIGTERM ? "SIGTERM" : "SIGINT") +
+                                 " passed to every rank as SIGUSR1"),
+              std::string::npos)
+        << result.output;
+    const auto records = testing::read_metrics_events(run_dir, "preempted");
+    ASSERT_EQ(records.size(), 1u) << result.output;
+    EXPECT_EQ(records[0].at("signal"), "SIGUSR1");
+    const int64_t step = records[0].at("step");
+    EXPECT_TRUE(fs::exists(save_dir / ("step_" + std::to_string(step)) / "manifest.json"));
+  }
 }
 
 // --- stalls (--collective_timeout, trainer/watchdog.h) -----------------------------------------

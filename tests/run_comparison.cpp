@@ -43,8 +43,14 @@ void expect_same_run(const std::filesystem::path& expected, const std::filesyste
     EXPECT_EQ(actual_eval[i].at("eval_loss").get<double>(), expected_eval[i].at("eval_loss").get<double>())
         << "evaluation " << i + 1;
   const std::string step = "ckpt/step_" + std::to_string(steps);
-  const Checkpoint want = load_checkpoint((expected / step).string());
-  const Checkpoint got = load_checkpoint((actual / step).string());
+  expect_same_checkpoint(expected / step, actual / step);
+}
+
+void expect_same_checkpoint(const std::filesystem::path& expected, const std::filesystem::path& actual) {
+  const Checkpoint want = load_checkpoint(expected.string());
+  const Checkpoint got = load_checkpoint(actual.string());
+  for (const char* field : {"step", "samples_consumed", "tokens_seen", "optimizer_step"})
+    EXPECT_EQ(got.manifest.at(field), want.manifest.at(field)) << field << " in " << actual;
   ASSERT_EQ(got.model.size(), want.model.size());
   for (const auto& [name, tensor] : want.model) EXPECT_TRUE(at::equal(got.model.at(name), tensor)) << "parameter " << name;
   ASSERT_EQ(got.optimizer.size(), want.optimizer.size());

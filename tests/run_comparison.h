@@ -27,6 +27,8 @@ std::string trainer_launcher(int ranks);
 // gradient norm and lr, every eval loss, and the parameters and optimizer state of ckpt/step_<steps>
 // are the same bits in both; `steps` train steps each.
 void expect_same_run(const std::filesystem::path& expected, const std::filesystem::path& actual, size_t steps);
+// Two checkpoint folders: the same position and the same bits in every parameter and state tensor.
+void expect_same_checkpoint(const std::filesystem::path& expected, const std::filesystem::path& actual);
 
 // The end summary's largest value of a ledger category ("gradients", "activations", ...) on `rank`.
 int64_t ledger_summary_max(const std::filesystem::path& run_dir, int rank, const std::string& category);

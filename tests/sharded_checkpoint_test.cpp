@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 
 #include <fstream>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
@@ -140,6 +141,56 @@ TEST(ShardedSave, NoRankHoldsMoreThanItsShardsWhileSaving) {
     }
     EXPECT_EQ(checkpoints, kSteps / 2) << "rank " << rank;
   }
+}
+
+// --async_save writes the synchronous save's checkpoints, bit for bit: when the write ends before the
+// next step boundary, and when it is held back a second (LLM_DEBUG_SAVE_DELAY_SECONDS) so that the
+// steps after the save run while it is written (what is written is the host copy taken at the save).
+// Each save's "checkpoint" record says when it completed; the last step's save is synchronous.
+TEST(AsyncSave, WritesTheSynchronousCheckpointsWhileTrainingGoesOn) {
+  ScratchDir dir("async_save");
+  const std::string optimizer = "--optimizer adamw_sn --subset_size -2 --subset_norm_params all --lr 2e-2";
+  const std::string launcher = testing::trainer_launcher(2);
+  struct Variant {
+    const char* name;
+    std::string prefix, flags;
+  };
+  const Variant variants[] = {{"sync", "", ""}, {"async", "", " --async_save"},
+                              {"late", "LLM_DEBUG_SAVE_DELAY_SECONDS=1 ", " --async_save"}};
+  std::map<std::string, std::vector<nlohmann::json>> records;
+  for (const Variant& variant : variants) {
+    auto result = run_command(variant.prefix + launcher + run_flags(optimizer, dir / variant.name, 2) +
+                              " --save_every 2" + variant.flags);
+    ASSERT_EQ(result.exit_code, 0) << variant.name << "\n" << result.output;
+    records[variant.name] = testing::read_metrics_events(dir / variant.name / "run", "checkpoint");
+    ASSERT_EQ(records[variant.name].size(), 3u) << variant.name << "\n" << result.output;
+    EXPECT_FALSE(fs::exists(dir / variant.name / "ckpt/step_2.tmp"));
+    EXPECT_FALSE(fs::exists(dir / variant.name / "ckpt/step_4.tmp"));
+  }
+  for (const char* variant : {"async", "late"}) {
+    SCOPED_TRACE(variant);
+    testing::expect_same_run(dir / "sync", dir / variant, kSteps);
+    for (const char* step : {"ckpt/step_2", "ckpt/step_4"}) testing::expect_same_checkpoint(dir / "sync" / step, dir / variant / step);
+  }
+  for (int i = 0; i < 3; ++i) {
+    const int64_t step = 2 * (i + 1);
+    EXPECT_EQ(records["sync"][i].at("step"), step);
+    EXPECT_EQ(records["sync"][i].at("completed_at_step"), step);
+    EXPECT_EQ(records["sync"][i].at("background"), false);
+    EXPECT_EQ(records["async"][i].at("step"), step);
+    EXPECT_EQ(records["late"][i].at("step"), step);
+  }
+  // Without the delay a save completes at the first boundary after its files are written (the next
+  // one here, or the next save's); held back, at the next save's boundary, two steps later.
+  for (int i = 0; i < 2; ++i) {
+    const int64_t step = 2 * (i + 1);
+    EXPECT_EQ(records["async"][i].at("background"), true);
+    EXPECT_GE(records["async"][i].at("completed_at_step").get<int64_t>(), step + 1);
+    EXPECT_LE(records["async"][i].at("completed_at_step").get<int64_t>(), step + 2);
+    EXPECT_EQ(records["late"][i].at("completed_at_step"), step + 2);
+  }
+  EXPECT_EQ(records["late"][2].at("completed_at_step"), kSteps);  // the last step's save: synchronous
+  EXPECT_EQ(records["late"][2].at("background"), false);
 }
 
 }  // namespace

@@ -8,10 +8,12 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <exception>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -147,53 +149,75 @@ std::array<int64_t, 4> write_rank_files(const fs::path& staging, int rank, int w
 
 }  // namespace
 
-void save_checkpoint(const std::string& folder, const std::vector<StatePiece>& pieces, nlohmann::json manifest,
-                     Communicator& communicator) {
-  const int rank = communicator.rank(), world_size = communicator.world_size();
-  const fs::path final_path(folder);
-  const fs::path staging = final_path.string() + ".tmp";
-  const fs::path save_dir = parent_folder(final_path);
-  // The folders this save creates (save_dir and the ones above it that are missing): each one's
-  // entry in its parent is synced too, up to the first folder that already existed.
-  std::error_code ignored;
-  fs::path existing = save_dir;
-  while (!fs::exists(existing, ignored) && parent_folder(existing) != existing) existing = parent_folder(existing);
+namespace {
 
-  // 1. Rank 0 makes an empty staging folder; the others write into it only once it exists.
+// A save between its start and its end: where it writes, and where its fsyncs stop.
+struct SaveFolders {
+  fs::path final_path, staging, save_dir;
+  // The first folder at or above save_dir that existed before this save: each folder the save
+  // creates (save_dir and the ones above it that were missing) has its entry in its parent synced
+  // too, up to this one.
+  fs::path existing;
+};
+
+// This rank's files once written: {safetensors bytes, its CRC-32C, index bytes, its CRC-32C}, or why not.
+struct WrittenPart {
+  std::array<int64_t, 4> files{};
   std::exception_ptr failure;
-  if (rank == 0) try {
-      fs::remove_all(staging, ignored);
+};
+
+// 1. Rank 0 makes an empty staging folder; the others write into it only once it exists (collective).
+SaveFolders begin_save(const std::string& folder, Communicator& communicator) {
+  SaveFolders save{fs::path(folder), fs::path(folder + ".tmp"), parent_folder(fs::path(folder)), {}};
+  std::error_code ignored;
+  save.existing = save.save_dir;
+  while (!fs::exists(save.existing, ignored) && parent_folder(save.existing) != save.existing)
+    save.existing = parent_folder(save.existing);
+  std::exception_ptr failure;
+  if (communicator.rank() == 0) try {
+      fs::remove_all(save.staging, ignored);
       std::error_code error;
-      fs::create_directories(staging, error);
+      fs::create_directories(save.staging, error);
       if (error)
-        fail_user(staging.string(), "--save_dir", "cannot create the checkpoint folder (" + error.message() + ")");
+        fail_user(save.staging.string(), "--save_dir", "cannot create the checkpoint folder (" + error.message() + ")");
     } catch (...) {
       failure = std::current_exception();
     }
-  if (any_rank_failed(failure != nullptr, communicator)) fail_after_agreement(failure, staging, "create the folder");
+  if (any_rank_failed(failure != nullptr, communicator)) fail_after_agreement(failure, save.staging, "create the folder");
+  return save;
+}
 
-  // 2. Every rank its own files; their sizes and checksums go to rank 0 for the manifest.
-  std::array<int64_t, 4> written{};
+// 2. This rank's own files (no collective: an asynchronous save runs it on its own thread).
+WrittenPart write_part(const SaveFolders& save, int rank, int world_size, const std::vector<StatePiece>& pieces) {
+  WrittenPart part;
   try {
-    written = write_rank_files(staging, rank, world_size, pieces);
+    part.files = write_rank_files(save.staging, rank, world_size, pieces);
   } catch (const UserError& error) {
-    failure = std::make_exception_ptr(UserError(std::string(error.what()) + "; " + kNotSaved));
+    part.failure = std::make_exception_ptr(UserError(std::string(error.what()) + "; " + kNotSaved));
   } catch (...) {
-    failure = std::current_exception();
+    part.failure = std::current_exception();
   }
+  return part;
+}
+
+// 3. The files' sizes and checksums to rank 0, which writes the manifest last and puts the folder in
+// place (collective).
+void commit_save(const SaveFolders& save, const WrittenPart& part, nlohmann::json manifest, Communicator& communicator) {
+  const int rank = communicator.rank(), world_size = communicator.world_size();
+  std::exception_ptr failure = part.failure;
+  std::error_code ignored;
   const at::TensorOptions longs = at::TensorOptions().dtype(at::kLong).device(communicator.device());
-  const at::Tensor mine =
-      at::tensor({failure ? int64_t{1} : int64_t{0}, written[0], written[1], written[2], written[3]}, longs);
+  const at::Tensor mine = at::tensor(
+      {failure ? int64_t{1} : int64_t{0}, part.files[0], part.files[1], part.files[2], part.files[3]}, longs);
   at::Tensor everyone = at::empty({5 * world_size}, longs);
   communicator.all_gather(mine, everyone);
   const at::Tensor files = everyone.view({world_size, 5}).cpu();
   if (files.select(1, 0).sum().item<int64_t>() != 0) {
-    if (rank == 0) fs::remove_all(staging, ignored);
+    if (rank == 0) fs::remove_all(save.staging, ignored);
     communicator.barrier();  // the staging folder is gone before any rank ends the job
-    fail_after_agreement(failure, staging, "write its part");
+    fail_after_agreement(failure, save.staging, "write its part");
   }
 
-  // 3. Rank 0: the manifest last, then the folder in place.
   bool renamed = false;
   if (rank == 0) try {
       nlohmann::json listed = nlohmann::json::object();
@@ -208,27 +232,77 @@ void save_checkpoint(const std::string& folder, const std::vector<StatePiece>& p
       manifest["format_version"] = kFormatVersion;
       manifest["files"] = listed;
       const std::string text = manifest.dump(2) + "\n";
-      write_checked(staging / "manifest.json", text.data(), text.size());
+      write_checked(save.staging / "manifest.json", text.data(), text.size());
       // The files' entries before the rename, the rename itself after it: a power loss then leaves
       // either the previous state or the complete step folder.
-      fsync_folder(staging);
+      fsync_folder(save.staging);
       std::error_code error;
-      fs::remove_all(final_path, error);
-      if (!error) fs::rename(staging, final_path, error);
+      fs::remove_all(save.final_path, error);
+      if (!error) fs::rename(save.staging, save.final_path, error);
       if (error)
-        fail_user(final_path.string(), "--save_dir", "cannot put the checkpoint in place (" + error.message() + ")");
+        fail_user(save.final_path.string(), "--save_dir", "cannot put the checkpoint in place (" + error.message() + ")");
       renamed = true;
-      for (fs::path folder_above = save_dir;; folder_above = parent_folder(folder_above)) {
+      for (fs::path folder_above = save.save_dir;; folder_above = parent_folder(folder_above)) {
         fsync_folder(folder_above);
-        if (folder_above == existing || parent_folder(folder_above) == folder_above) break;
+        if (folder_above == save.existing || parent_folder(folder_above) == folder_above) break;
       }
     } catch (...) {
       failure = std::current_exception();
-      fs::remove_all(staging, ignored);
+      fs::remove_all(save.staging, ignored);
       // Not known to be on disk: not a checkpoint the message may call complete.
-      if (renamed) fs::remove_all(final_path, ignored);
+      if (renamed) fs::remove_all(save.final_path, ignored);
     }
-  if (any_rank_failed(failure != nullptr, communicator)) fail_after_agreement(failure, final_path, "complete the save");
+  if (any_rank_failed(failure != nullptr, communicator))
+    fail_after_agreement(failure, save.final_path, "complete the save");
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& folder, const std::vector<StatePiece>& pieces, nlohmann::json manifest,
+                     Communicator& communicator) {
+  const SaveFolders save = begin_save(folder, communicator);
+  const WrittenPart part = write_part(save, communicator.rank(), communicator.world_size(), pieces);
+  commit_save(save, part, std::move(manifest), communicator);
+}
+
+struct BackgroundSave::Writing {
+  SaveFolders folders;
+  std::vector<StatePiece> pieces;
+  nlohmann::json manifest;
+  WrittenPart part;
+  std::atomic<bool> written{false};
+  std::thread thread;
+};
+
+BackgroundSave::BackgroundSave(std::string folder, std::vector<StatePiece> pieces, nlohmann::json manifest,
+                               Communicator& communicator)
+    : folder_(std::move(folder)), communicator_(communicator), writing_(std::make_unique<Writing>()) {
+  writing_->folders = begin_save(folder_, communicator_);
+  writing_->pieces = std::move(pieces);
+  writing_->manifest = std::move(manifest);
+  Writing* writing = writing_.get();
+  const int rank = communicator_.rank(), world_size = communicator_.world_size();
+  // A debugging knob: each background write starts this much later (what the tests use to show that
+  // training goes on meanwhile and that the host copies are what gets written).
+  const char* delay_text = std::getenv("LLM_DEBUG_SAVE_DELAY_SECONDS");
+  const double delay = delay_text == nullptr ? 0.0 : std::strtod(delay_text, nullptr);
+  writing_->thread = std::thread([writing, rank, world_size, delay] {
+    if (delay > 0) std::this_thread::sleep_for(std::chrono::duration<double>(delay));
+    writing->part = write_part(writing->folders, rank, world_size, writing->pieces);
+    writing->pieces.clear();  // the host copies go as soon as they are on disk
+    writing->written.store(true, std::memory_order_release);
+  });
+}
+
+BackgroundSave::~BackgroundSave() {
+  if (writing_ && writing_->thread.joinable()) writing_->thread.join();
+}
+
+bool BackgroundSave::written() const { return writing_->written.load(std::memory_order_acquire); }
+
+void BackgroundSave::commit() {
+  if (writing_->thread.joinable()) writing_->thread.join();
+  commit_save(writing_->folders, writing_->part, std::move(writing_->manifest), communicator_);
 }
 
 std::string new_run_id() {

@@ -58,6 +58,33 @@ class SafetensorsFile;
 void save_checkpoint(const std::string& folder, const std::vector<StatePiece>& pieces, nlohmann::json manifest,
                      Communicator& communicator);
 
+// The same save with this rank's files written on a thread of its own (--async_save), while training
+// goes on. The constructor creates FOLDER.tmp as save_checkpoint does (collective) and starts the
+// thread on `pieces`, which it owns: host copies of the state, taken when the save was asked for (so
+// later steps cannot change what is written). commit() (collective; every rank at the same step)
+// waits for this rank's files, then writes the manifest and renames as save_checkpoint does, with the
+// same errors. Until then FOLDER.tmp is not a checkpoint: a crash, or a destruction without commit()
+// (which joins the thread), leaves the previous checkpoint the newest. LLM_DEBUG_SAVE_DELAY_SECONDS=S
+// in the environment holds each background write back S seconds (to watch, or test, the overlap).
+class BackgroundSave {
+ public:
+  BackgroundSave(std::string folder, std::vector<StatePiece> pieces, nlohmann::json manifest,
+                 Communicator& communicator);
+  ~BackgroundSave();
+  BackgroundSave(const BackgroundSave&) = delete;
+  BackgroundSave& operator=(const BackgroundSave&) = delete;
+
+  bool written() const;  // this rank's files are done (written, or failed: commit() says which)
+  void commit();
+  const std::string& folder() const { return folder_; }
+
+ private:
+  struct Writing;
+  std::string folder_;
+  Communicator& communicator_;
+  std::unique_ptr<Writing> writing_;
+};
+
 // A checkpoint folder opened for reading: the manifest and every rank's index (each index's CRC-32C
 // checked against the manifest); each rank<R>.safetensors header is read when a part of it is first
 // needed. Throws UserError naming the file for a missing, damaged or foreign file.

@@ -302,6 +302,9 @@ Command parse_command_line(int argc, const char* const* argv) {
   add(app.add_option("--keep_last", run.checkpoint.keep_last,
                      "after each save, keep this run's newest N step_<N> folders and remove older ones; 0 = all")
           ->capture_default_str());
+  add(app.add_flag("--async_save", run.checkpoint.async_save,
+                   "write each checkpoint on a background thread from a host copy of each rank's state while "
+                   "training goes on; it completes at a later step boundary"));
   add(app.add_option("--continue_from", run.checkpoint.continue_from, "checkpoint folder to resume from")
           ->capture_default_str());
   add(app.add_option("--init_from", run.checkpoint.init_from,

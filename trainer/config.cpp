@@ -107,6 +107,7 @@ json RunConfig::to_json() const {
       {"save_every", checkpoint.save_every},
       {"save_dir", checkpoint.save_dir},
       {"keep_last", checkpoint.keep_last},
+      {"async_save", checkpoint.async_save},
       {"continue_from", checkpoint.continue_from},
       {"init_from", checkpoint.init_from},
       {"run_dir", logging.run_dir},
@@ -187,6 +188,7 @@ RunConfig run_config_from_json(const json& object, const std::string& source) {
   read("save_every", run.checkpoint.save_every);
   read("save_dir", run.checkpoint.save_dir);
   read("keep_last", run.checkpoint.keep_last);
+  read("async_save", run.checkpoint.async_save);
   read("continue_from", run.checkpoint.continue_from);
   read("init_from", run.checkpoint.init_from);
   read("run_dir", run.logging.run_dir);
@@ -371,6 +373,10 @@ void validate_run_config(RunConfig& run, const ModelConfig& model, int world_siz
                     " here), or --optimizer adamw");
   }
 
+  if (run.checkpoint.async_save && run.checkpoint.save_dir.empty())
+    fail_user(kCommandLine, "--async_save",
+              "writes checkpoints in the background, but there is no --save_dir to write them to: give "
+              "--save_dir, or drop --async_save");
   if (!run.checkpoint.save_dir.empty()) {
     // Checkpoints are folders under it: a file on the way would fail only at the first save.
     std::error_code error;

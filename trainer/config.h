@@ -88,6 +88,9 @@ struct CheckpointConfig {
   int64_t save_every = 0;            // 0 = only at the end when save_dir is set
   std::string save_dir;
   int64_t keep_last = 0;  // --keep_last: this run's step_<N> folders kept after each save; 0 = all
+  // --async_save: each rank writes its files on a thread while training goes on, from a host copy of
+  // its state; the save completes at a later step boundary (trainer/checkpoint.h, BackgroundSave).
+  bool async_save = false;
   std::string continue_from;
   // --init_from: a transformers save_pretrained folder whose weights replace the seeded init of a
   // fresh run (trainer/interchange/pretrained.h); never with continue_from.

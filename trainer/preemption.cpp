@@ -90,17 +90,21 @@ void start_preemption_deadline(double grace_seconds) {
 
 int preemption_signal_received() { return received_signal.load(); }
 
-int preemption_agreed(Communicator& communicator) {
+int preemption_agreed(Communicator& communicator, bool* written) {
   const int mine = preemption_signal_received();
-  // One slot per signal, summed over ranks: which signals any rank has seen.
-  at::Tensor seen = at::zeros({static_cast<int64_t>(kPreemptionSignals.size())}, at::kLong);
+  // One slot per signal, summed over ranks: which signals any rank has seen; then, with `written`,
+  // how many ranks have not written their files yet.
+  const int64_t signals = static_cast<int64_t>(kPreemptionSignals.size());
+  at::Tensor seen = at::zeros({signals + (written ? 1 : 0)}, at::kLong);
   for (size_t i = 0; i < kPreemptionSignals.size(); ++i)
     if (mine == kPreemptionSignals[i]) seen[static_cast<int64_t>(i)] = 1;
+  if (written) seen[signals] = *written ? 0 : 1;
   if (communicator.world_size() > 1) {
     seen = seen.to(communicator.device());
     communicator.all_reduce(seen, ReduceOp::sum);
     seen = seen.to(at::kCPU);
   }
+  if (written) *written = seen[signals].item<int64_t>() == 0;
   for (size_t i = 0; i < kPreemptionSignals.size(); ++i)
     if (seen[static_cast<int64_t>(i)].item<int64_t>() > 0) return kPreemptionSignals[i];
   return 0;

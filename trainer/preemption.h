@@ -31,8 +31,10 @@ int preemption_signal_received();
 
 // Collective over `communicator` (one all-reduce of three counters): the preemption signal any rank
 // has received, 0 when none has; the same on every rank. When ranks received different ones, SIGINT
-// is named before SIGUSR1 before SIGTERM.
-int preemption_agreed(Communicator& communicator);
+// is named before SIGUSR1 before SIGTERM. With `written` (every rank passes it or none: an
+// asynchronous save in flight, trainer/checkpoint.h's BackgroundSave), the same all-reduce carries a
+// fourth counter: in, whether this rank's files are written; out, whether every rank's are.
+int preemption_agreed(Communicator& communicator, bool* written = nullptr);
 
 // "SIGTERM", "SIGINT", "SIGUSR1", else "a signal".
 const char* signal_name(int signal);

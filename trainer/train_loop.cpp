@@ -141,6 +141,19 @@ class Training {
   StepResult train_step(int64_t step);
   double evaluate(int64_t* tokens);
   std::string save(int64_t step);  // the step's checkpoint folder
+  // --async_save: the step's save on a background thread (from host copies of the state), and its
+  // completion at a later step boundary that every rank agrees on.
+  void start_background_save(int64_t step);
+  void finish_background_save();
+  struct Checkpoint {
+    std::string folder;
+    std::vector<StatePiece> pieces;  // views of this rank's buffers
+    nlohmann::json manifest;
+  };
+  Checkpoint checkpoint_of(int64_t step);
+  // A save of step `step` completed at the end of step `completed_at`, having held the training loop
+  // up `blocked_seconds` in all: a "checkpoint" record, the log line and --keep_last (rank 0).
+  void saved(const std::string& folder, int64_t step, int64_t completed_at, double blocked_seconds);
   void resume(const std::string& folder);
   void shard_when_built(const UnitSpec& unit, NamedTensors parameters);
   MemoryCategories owned_now() const;
@@ -174,6 +187,9 @@ class Training {
   TrainState state_;
   // --collective_timeout: made at the first step, so start-up (building, resuming) is not watched.
   std::unique_ptr<StallWatchdog> watchdog_;
+  std::unique_ptr<BackgroundSave> background_save_;  // --async_save: the save in flight, if any
+  int64_t background_save_step_ = 0;
+  double background_save_blocked_ = 0;  // seconds the loop spent starting it
   int64_t current_step_ = 0;
   std::string run_id_;              // drawn at a fresh start, kept on resume (manifest.json)
   std::string resumed_from_;        // the checkpoint folder resumed from; "" for a fresh run
@@ -439,15 +455,28 @@ TrainingOutcome Training::run() {
     }
     // Preemption (trainer/preemption.h): the ranks agree on a signal any of them received, and all
     // stop after this step, saving it when there is a --save_dir. At the last step the run ends anyway.
+    // An asynchronous save completes at the first boundary where every rank has written its files
+    // (the same all-reduce says so), or before the next save, a preemption or the end.
     watchdog_->progress(step, "step end");
-    if (!last) outcome.preempted_by = preemption_agreed(communicator_);
+    bool written = background_save_ == nullptr || background_save_->written();
+    if (!last) outcome.preempted_by = preemption_agreed(communicator_, background_save_ ? &written : nullptr);
     const bool periodic_save = run_.checkpoint.save_every > 0 && step % run_.checkpoint.save_every == 0;
-    if (!run_.checkpoint.save_dir.empty() && (periodic_save || last || outcome.preempted_by != 0)) {
+    const bool save_now = !run_.checkpoint.save_dir.empty() && (periodic_save || last || outcome.preempted_by != 0);
+    if (background_save_ && (written || save_now || last || outcome.preempted_by != 0)) {
       watchdog_->progress(step, "checkpoint");
-      const std::string folder = save(step);
+      finish_background_save();
+    }
+    if (save_now) {
+      watchdog_->progress(step, "checkpoint");
+      // The last step's save and a preemption's are waited for: nothing comes after them.
+      if (run_.checkpoint.async_save && !last && outcome.preempted_by == 0) {
+        start_background_save(step);
+      } else {
+        const std::string folder = save(step);
+        if (outcome.preempted_by != 0) outcome.preemption_checkpoint = folder;
+      }
       watchdog_->progress(step, "checkpoint");
       ledger_.point("checkpoint", "", owned_now());
-      if (outcome.preempted_by != 0) outcome.preemption_checkpoint = folder;
     }
     ledger_.end_step();
     // Once: after the second step (or the last, if fewer). Recording stops there, so a later
@@ -495,33 +524,88 @@ double Training::evaluate(int64_t* tokens) {
 // Sharded checkpoints (trainer/checkpoint.h): every rank writes its own master rows and optimizer
 // state, views of its buffers (the offloaded ones in host memory); nothing is gathered. Under
 // no_shard every rank holds the same whole state, and rank 0 alone writes it.
-std::string Training::save(int64_t step) {
+Training::Checkpoint Training::checkpoint_of(int64_t step) {
   if (offload_) offload_->wait_all();
-  std::vector<StatePiece> pieces;
+  Checkpoint checkpoint;
   if (context_.rank == 0 || run_.sharding.strategy != ShardingStrategy::no_shard) {
     for (size_t u = 0; u < sharded_.unit_count(); ++u) {
       const at::Tensor master = offload_ ? offload_->master(u) : sharded_.unit(u).master_shard();
       for (const ShardedParameter& p : sharded_.unit(u).layout().parameters)
         if (p.rows_held > 0)
-          pieces.push_back({p.name, p.full_shape, p.first_row * p.cols, master.narrow(0, p.shard_offset, p.rows_held * p.cols)});
+          checkpoint.pieces.push_back(
+              {p.name, p.full_shape, p.first_row * p.cols, master.narrow(0, p.shard_offset, p.rows_held * p.cols)});
     }
-    for (StatePiece& piece : optimizer().state_pieces()) pieces.push_back(std::move(piece));
+    for (StatePiece& piece : optimizer().state_pieces()) checkpoint.pieces.push_back(std::move(piece));
   }
-  nlohmann::json manifest = state_.to_json();
-  manifest["run_id"] = run_id_;
-  manifest["world_size"] = context_.world_size;
-  manifest["optimizer"] = run_.optimizer.name;
-  manifest["optimizer_step"] = optimizer().steps_taken();
-  manifest["model"] = model_config_.to_json();
+  checkpoint.manifest = state_.to_json();
+  checkpoint.manifest["run_id"] = run_id_;
+  checkpoint.manifest["world_size"] = context_.world_size;
+  checkpoint.manifest["optimizer"] = run_.optimizer.name;
+  checkpoint.manifest["optimizer_step"] = optimizer().steps_taken();
+  checkpoint.manifest["model"] = model_config_.to_json();
   // `trainer export` looks for the tokenizer `trainer prepare` trained beside the token file.
-  manifest["data"] = run_.data.source == "synthetic" ? run_.data.source : fs::absolute(run_.data.source).string();
-  const std::string folder = (fs::path(run_.checkpoint.save_dir) / ("step_" + std::to_string(step))).string();
-  save_checkpoint(folder, pieces, std::move(manifest), communicator_);
-  if (context_.rank != 0) return folder;
-  log::info("saved checkpoint {}", folder);
+  checkpoint.manifest["data"] =
+      run_.data.source == "synthetic" ? run_.data.source : fs::absolute(run_.data.source).string();
+  checkpoint.folder = (fs::path(run_.checkpoint.save_dir) / ("step_" + std::to_string(step))).string();
+  return checkpoint;
+}
+
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point started) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+}
+}  // namespace
+
+std::string Training::save(int64_t step) {
+  const auto started = std::chrono::steady_clock::now();
+  Checkpoint checkpoint = checkpoint_of(step);
+  save_checkpoint(checkpoint.folder, checkpoint.pieces, std::move(checkpoint.manifest), communicator_);
+  saved(checkpoint.folder, step, step, seconds_since(started));
+  return checkpoint.folder;
+}
+
+void Training::saved(const std::string& folder, int64_t step, int64_t completed_at, double blocked_seconds) {
+  metrics_.write({{"event", "checkpoint"}, {"step", step}, {"folder", folder}, {"completed_at_step", completed_at},
+                  {"background", completed_at != step}, {"blocked_s", blocked_seconds}});
+  if (context_.rank != 0) return;
+  if (completed_at == step)
+    log::info("saved checkpoint {}", folder);
+  else
+    log::info("saved checkpoint {} (written in the background during steps {}-{})", folder, step + 1, completed_at);
   for (const std::string& removed : remove_old_checkpoints(folder, run_id_, run_.checkpoint.keep_last))
     log::info("removed checkpoint {} (--keep_last {})", removed, run_.checkpoint.keep_last);
-  return folder;
+}
+
+// The pieces are copied to host memory first (pinned on a GPU, for the copy's speed), so the steps
+// that follow cannot change what is written: this rank's checkpoint bytes, held until its files are.
+void Training::start_background_save(int64_t step) {
+  const auto started = std::chrono::steady_clock::now();
+  Checkpoint checkpoint = checkpoint_of(step);
+  int64_t bytes = 0;
+  {
+    at::NoGradGuard no_grad;
+    for (StatePiece& piece : checkpoint.pieces) {
+      at::Tensor copy = at::empty(piece.values.sizes(), piece.values.options().device(at::kCPU).pinned_memory(
+                                                            piece.values.is_cuda()));
+      copy.copy_(piece.values);
+      piece.values = std::move(copy);
+      bytes += static_cast<int64_t>(piece.values.nbytes());
+    }
+  }
+  background_save_ = std::make_unique<BackgroundSave>(checkpoint.folder, std::move(checkpoint.pieces),
+                                                      std::move(checkpoint.manifest), communicator_);
+  background_save_step_ = step;
+  background_save_blocked_ = seconds_since(started);
+  log::info("saving checkpoint {} in the background ({} of host copies on this rank)", checkpoint.folder,
+            human_bytes(bytes));
+}
+
+void Training::finish_background_save() {
+  const auto started = std::chrono::steady_clock::now();
+  background_save_->commit();
+  const std::string folder = background_save_->folder();
+  background_save_.reset();
+  saved(folder, background_save_step_, current_step_, background_save_blocked_ + seconds_since(started));
 }
 
 // A checkpoint of any world size: each rank reads its own rows of every parameter and its part of
