@@ -97,11 +97,12 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--trainer", default=os.path.join(os.environ.get("BUILD_DIR", "build"), "trainer"))
     parser.add_argument("--scratch", default="runs/save_cost")
+    parser.add_argument("--sides", default="ours,dcp", help="which sides to run, comma-separated")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     os.makedirs(args.scratch, exist_ok=True)
     periodic = (args.steps - 1) // args.every  # saves before the last step's
-    sides = {"ours": ours, "dcp": theirs}
+    sides = {side: runner for side, runner in (("ours", ours), ("dcp", theirs)) if side in args.sides.split(",")}
     loops = {(side, mode): [] for side in sides for mode in MODES}
     blocked = {(side, mode): [] for side in sides for mode in MODES}
     for round_index in range(args.rounds):

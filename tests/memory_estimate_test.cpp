@@ -214,6 +214,32 @@ TEST(EstimateCommand, ASaveNeedsNoMoreThanTheTrainingStep) {
   }
 }
 
+// --async_save: each rank's host copy of what it saves (its fp32 master rows and optimizer state, at
+// most) is added to its host memory, pinned on CUDA; the device peaks do not change.
+TEST(EstimateCommand, AsyncSaveAddsTheHostCopyOfTheSave) {
+  const std::string base = testing::trainer_binary().string() + " estimate --config " +
+                           (testing::source_dir() / "configs/llama_7b.json").string() +
+                           " --device cuda --world_size 8 --save_dir /tmp/never_written --json";
+  const auto parse = [](const auto& result) {
+    return nlohmann::json::parse(result.output.substr(result.output.find('{')));
+  };
+  const auto plain = run_command(base), async = run_command(base + " --async_save");
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  ASSERT_EQ(async.exit_code, 0) << async.output;
+  const nlohmann::json without = parse(plain), with = parse(async);
+  for (size_t r = 0; r < 8; ++r) {
+    const nlohmann::json &a = without.at("ranks")[r], &b = with.at("ranks")[r];
+    const int64_t copy = b.at("async_save_host_bytes");
+    // llama_7b / 8 ranks in fp32 rows plus AdamW's two moments: about 3 x 4 x 6.74e9 / 8 bytes.
+    EXPECT_GT(copy, static_cast<int64_t>(0.99 * 12 * 6.738e9 / 8));
+    EXPECT_LT(copy, static_cast<int64_t>(1.01 * 12 * 6.738e9 / 8));
+    EXPECT_EQ(b.at("host_bytes").get<int64_t>(), a.at("host_bytes").get<int64_t>() + copy);
+    EXPECT_EQ(b.at("pinned_bytes").get<int64_t>(), a.at("pinned_bytes").get<int64_t>() + copy);
+    EXPECT_EQ(b.at("peak_bytes"), a.at("peak_bytes"));
+    EXPECT_EQ(a.at("async_save_host_bytes"), 0);
+  }
+}
+
 TEST(EstimateCommand, OffloadHostMemoryPerNode) {
   // 8 ranks of llama_7b with the optimizer offloaded: every rank's host bytes are its optimizer_host
   // (masters, landing and staging buffers, state), of which the landing (fp32) and staging (bf16)

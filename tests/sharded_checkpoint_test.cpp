@@ -191,6 +191,13 @@ TEST(AsyncSave, WritesTheSynchronousCheckpointsWhileTrainingGoesOn) {
   }
   EXPECT_EQ(records["late"][2].at("completed_at_step"), kSteps);  // the last step's save: synchronous
   EXPECT_EQ(records["late"][2].at("background"), false);
+  // The manifest keeps the settings that wrote it.
+  for (const char* variant : {"sync", "async"}) {
+    const nlohmann::json run = testing::load_checkpoint((dir / variant / "ckpt/step_2").string()).manifest.at("run");
+    EXPECT_EQ(run.at("save_every"), 2);
+    EXPECT_EQ(run.at("async_save"), std::string(variant) == "async");
+    EXPECT_EQ(run.at("optimizer"), "adamw_sn");
+  }
 }
 
 }  // namespace

@@ -10,7 +10,8 @@
 //                        part begins in it (flattened), its element count and its CRC-32C
 //   manifest.json        written last, by rank 0: the run's position (step, samples consumed, tokens
 //                        seen, seed: the whole of its random state), run id, world size, optimizer and
-//                        its step, model config, data, and every file's size and CRC-32C
+//                        its step, model config, the run's settings ("run"), data, and every file's
+//                        size and CRC-32C
 // The parts of a full tensor tile it: every element is written by exactly one rank. No rank gathers
 // anything to save: each writes views of its own buffers, one tensor at a time (on a GPU, one
 // tensor's host copy at a time). Loading, each rank reads from the old ranks' files only the parts

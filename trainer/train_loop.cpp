@@ -543,6 +543,7 @@ Training::Checkpoint Training::checkpoint_of(int64_t step) {
   checkpoint.manifest["optimizer"] = run_.optimizer.name;
   checkpoint.manifest["optimizer_step"] = optimizer().steps_taken();
   checkpoint.manifest["model"] = model_config_.to_json();
+  checkpoint.manifest["run"] = run_.to_json();  // the settings that wrote it (resuming checks what matters)
   // `trainer export` looks for the tokenizer `trainer prepare` trained beside the token file.
   checkpoint.manifest["data"] =
       run_.data.source == "synthetic" ? run_.data.source : fs::absolute(run_.data.source).string();

@@ -218,6 +218,7 @@ class StepSimulation {
     int64_t shard_elements = 0;
     for (const UnitGeometry& unit : units_) {
       shard_elements += unit.shard_numel;
+      shard_elements_ += unit.shard_numel;
       if (offload_) {
         timeline_.add(kParameters, m_.compute_bytes() * unit.shard_numel);
       } else {
@@ -255,6 +256,14 @@ class StepSimulation {
     estimate.checkpoint_peak_bytes = checkpoint_peak();
     estimate.host_bytes = cuda_ ? offload_host_bytes_ : estimate.peak_bytes;
     estimate.pinned_bytes = offload_pinned_bytes_;
+    if (m_.run.checkpoint.async_save) {
+      // --async_save: the host copy of what the rank saves, its master rows and optimizer state
+      // (pinned on a GPU), held while the save is written and the next steps run. At most: padding
+      // rows and a projector every rank holds are counted on each.
+      estimate.async_save_host_bytes = 4 * shard_elements_ + optimizer_state();
+      estimate.host_bytes += estimate.async_save_host_bytes;
+      if (cuda_) estimate.pinned_bytes += estimate.async_save_host_bytes;
+    }
     return estimate;
   }
 
@@ -583,6 +592,7 @@ class StepSimulation {
   int layout_world_ = 1;
   bool resident_ = false;
   int64_t offload_host_bytes_ = 0, offload_pinned_bytes_ = 0;
+  int64_t shard_elements_ = 0;  // this rank's master shard elements, every unit
   int64_t autocast_cached_ = 0;   // bf16 casts of recomputed units' weights, cached to the forward's end
   int64_t copying_gradient_ = 0;  // with offload on a GPU: the shard whose copy to the host is in flight
   std::vector<UnitGeometry> units_;
@@ -658,6 +668,7 @@ nlohmann::json estimate_to_json(const MemoryEstimate& estimate) {
                      {"at_peak", rank.at_peak.to_json()},
                      {"checkpoint_peak_bytes", rank.checkpoint_peak_bytes},
                      {"host_bytes", rank.host_bytes},
+                     {"async_save_host_bytes", rank.async_save_host_bytes},
                      {"pinned_bytes", rank.pinned_bytes},
                      {"phases", phases}});
   }
@@ -682,8 +693,8 @@ std::string node_memory_section(const MemoryEstimate& estimate, const EstimateOp
   std::ostringstream out;
   out << "\nHost memory per node (" << estimate.nodes.front().ranks << " rank(s) per node, consecutive ranks; "
       << (cuda ? "what --offload optimizer keeps in host memory: masters, gradient landing buffers, staging "
-                 "buffers (pinned) and optimizer state; the processes themselves come on top"
-               : "every rank's peak, all of it host memory")
+                 "buffers (pinned) and optimizer state, and --async_save's copies; the processes themselves come on top"
+               : "every rank's peak, all of it host memory, and --async_save's copies")
       << "). Sizes in " << unit.name << ".\n\n"
       << "| node | ranks | host | of which pinned |\n|---:|---|---:|---:|\n";
   for (size_t i = 0; i < estimate.nodes.size(); ++i) {
@@ -745,6 +756,11 @@ std::string run_estimate_command(const ModelConfig& model, const RunConfig& run,
   }
   out << "\nCheckpoint save: every rank writes its own shards as they are (nothing is gathered), so a save "
          "holds what the step left behind (--save_dir).\n";
+  if (run.checkpoint.async_save)
+    out << "--async_save: each rank also holds a host copy of what it saves, at most "
+        << format_in(estimate.ranks.front().async_save_host_bytes, unit) << " " << unit.name
+        << " on rank 0, while the save is written (in the host memory below"
+        << (estimate.device == "cuda" ? ", pinned" : "") << ").\n";
   if (options.memory_budget_gib > 0) {
     const double budget = options.memory_budget_gib * 1073741824.0;
     const bool fits = static_cast<double>(largest) <= budget;
