@@ -210,6 +210,37 @@ TEST(PreemptionSecondSigint, StopsAtOnce) {
   EXPECT_TRUE(testing::read_metrics_events(run_dir, "preempted").empty()) << "it did not wait for the step";
 }
 
+// A preemption while an --async_save is in flight (each write held back 1 s, a save every step, so
+// the signal always finds one): the save in flight completes, then the step is saved synchronously,
+// and the run exits 0 with both checkpoints intact and no staging folder left.
+TEST(PreemptionWithAsyncSave, TheSaveInFlightCompletesAndTheStepIsSaved) {
+  ScratchDir dir("preempt_async");
+  const fs::path run_dir = dir / "run", save_dir = dir / "ckpt";
+  auto result = run_and_signal(
+      "LLM_DEBUG_SAVE_DELAY_SECONDS=1 " +
+          command(2, "--save_every 1 --async_save --save_dir " + save_dir.string() + " --run_dir " + run_dir.string()),
+      run_dir, [&] { return find_process(testing::trainer_binary().string(), run_dir, 1); }, SIGTERM);
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const auto preempted = testing::read_metrics_events(run_dir, "preempted");
+  ASSERT_EQ(preempted.size(), 1u) << result.output;
+  const int64_t step = preempted[0].at("step");
+  ASSERT_GE(step, 2) << result.output;
+  ASSERT_LT(step, kSteps) << "the run ended before the signal was handled";
+  const auto saves = testing::read_metrics_events(run_dir, "checkpoint");
+  ASSERT_GE(saves.size(), 2u) << result.output;
+  const nlohmann::json &in_flight = saves[saves.size() - 2], &last = saves.back();
+  EXPECT_EQ(in_flight.at("step"), step - 1);
+  EXPECT_EQ(in_flight.at("background"), true);
+  EXPECT_EQ(in_flight.at("completed_at_step"), step);
+  EXPECT_EQ(last.at("step"), step);
+  EXPECT_EQ(last.at("background"), false);
+  for (const int64_t saved : {step - 1, step})
+    EXPECT_EQ(nlohmann::json::parse(read_file(save_dir / ("step_" + std::to_string(saved)) / "manifest.json")).at("step"),
+              saved);
+  for (const auto& entry : fs::directory_iterator(save_dir))
+    EXPECT_EQ(entry.path().extension(), "") << entry.path() << " left behind";
+}
+
 // Open MPI's mpirun forwards SIGUSR1 to every rank and lets the job end by itself; sent SIGTERM or
 // SIGINT itself, it aborts the job (the ranks are killed about a second later, before a save can
 // finish), which is why launch/mpirun.sh exists: it passes those signals on as SIGUSR1.
