@@ -241,6 +241,57 @@ TEST(PreemptionWithAsyncSave, TheSaveInFlightCompletesAndTheStepIsSaved) {
     EXPECT_EQ(entry.path().extension(), "") << entry.path() << " left behind";
 }
 
+// A save killed midway: every rank SIGKILLed while the --async_save of step 4 is in flight (each write
+// held back 3 s; step 2's save completed). Its staging folder is left and is no checkpoint: step_2
+// stays the newest, and resuming from the save_dir goes on from it with the uninterrupted run's
+// losses, bit for bit.
+TEST(KilledSave, LeavesThePreviousCheckpointTheNewestAndLoadable) {
+  ScratchDir dir("killed_save");
+  auto uninterrupted = run_command(command(2, "--run_dir " + (dir / "full").string()));
+  ASSERT_EQ(uninterrupted.exit_code, 0) << uninterrupted.output;
+  const auto full_steps = testing::read_metrics_events(dir / "full", "train");
+  ASSERT_EQ(full_steps.size(), static_cast<size_t>(kSteps));
+
+  const fs::path run_dir = dir / "run", save_dir = dir / "ckpt";
+  const std::string flags = "--save_every 2 --save_dir " + save_dir.string() + " --run_dir " + run_dir.string();
+  std::future<CommandResult> running = std::async(std::launch::async, [&] {
+    return run_command("LLM_DEBUG_SAVE_DELAY_SECONDS=3 " + command(2, flags + " --async_save"));
+  });
+  bool killed = false;
+  for (const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+       !killed && std::chrono::steady_clock::now() < deadline;) {
+    if (running.wait_for(std::chrono::milliseconds(20)) == std::future_status::ready) break;
+    if (read_file(run_dir / "metrics.jsonl").find("\"event\":\"checkpoint\"") == std::string::npos) continue;
+    // Step 2's save is complete and step 4's is being written for the next 3 s.
+    const pid_t rank0 = find_process(testing::trainer_binary().string(), run_dir, 0);
+    const pid_t rank1 = find_process(testing::trainer_binary().string(), run_dir, 1);
+    if (rank0 <= 0 || rank1 <= 0) continue;
+    ::kill(rank0, SIGKILL);
+    ::kill(rank1, SIGKILL);
+    killed = true;
+  }
+  const CommandResult result = running.get();
+  ASSERT_TRUE(killed) << result.output;
+  EXPECT_NE(result.exit_code, 0) << result.output;
+  EXPECT_TRUE(fs::exists(save_dir / "step_2/manifest.json"));
+  EXPECT_FALSE(fs::exists(save_dir / "step_4")) << "the killed save completed";
+  EXPECT_TRUE(fs::exists(save_dir / "step_4.tmp")) << "the kill came after the save";
+
+  auto resumed = run_command(command(2, flags + " --continue_from " + save_dir.string()));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from " + (save_dir / "step_2").string() + " at step 2"), std::string::npos)
+      << resumed.output;
+  const auto steps = testing::read_metrics_events(run_dir, "train");
+  ASSERT_GE(steps.size(), static_cast<size_t>(kSteps - 2));
+  // The resumed run's records are the last kSteps - 2 (the killed run's steps come before them).
+  for (size_t i = 0; i < static_cast<size_t>(kSteps - 2); ++i) {
+    const nlohmann::json& step = steps[steps.size() - (kSteps - 2) + i];
+    EXPECT_EQ(step.at("step"), full_steps[i + 2].at("step"));
+    EXPECT_EQ(step.at("loss").get<double>(), full_steps[i + 2].at("loss").get<double>()) << "step " << i + 3;
+  }
+  EXPECT_FALSE(fs::exists(save_dir / "step_4.tmp")) << "the next save of step 4 replaces the leftover";
+}
+
 // Open MPI's mpirun forwards SIGUSR1 to every rank and lets the job end by itself; sent SIGTERM or
 // SIGINT itself, it aborts the job (the ranks are killed about a second later, before a save can
 // finish), which is why launch/mpirun.sh exists: it passes those signals on as SIGUSR1.
