@@ -3,8 +3,12 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <string>
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
 
 #include "common/errors.h"
 
@@ -119,6 +123,21 @@ PinnedMemoryStats pinned_memory_stats(c10::Device device) {
   }
 #endif
   return result;
+}
+
+at::Tensor exact_host_buffer(int64_t elements, bool pinned) {
+  const at::TensorOptions fp32 = at::TensorOptions().dtype(at::kFloat);
+#ifdef TRAINER_HAVE_CUDA
+  if (pinned) {
+    void* data = nullptr;
+    const size_t bytes = static_cast<size_t>(std::max<int64_t>(elements, 1)) * sizeof(float);
+    LLM_CHECK_CUDA(cudaHostAlloc(&data, bytes, cudaHostAllocDefault));
+    return at::from_blob(data, {elements}, [](void* block) { cudaFreeHost(block); }, fp32);
+  }
+#else
+  (void)pinned;
+#endif
+  return at::empty({elements}, fp32);
 }
 
 int64_t device_peak_allocated_bytes(c10::Device device) {

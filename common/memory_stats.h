@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
 namespace llm {
@@ -48,6 +49,12 @@ struct PinnedMemoryStats {
   int64_t active_bytes = 0;    // pinned blocks in use
 };
 PinnedMemoryStats pinned_memory_stats(c10::Device device);
+
+// A host fp32 tensor of `elements`, page-locked with cudaHostAlloc itself when `pinned` (a CUDA build
+// only; otherwise, and when not pinned, at::empty): the caching host allocator behind
+// pinned_memory(true) rounds every block up to a power of two and keeps it, so a 9.4 GiB buffer
+// would hold 16 GiB. Freed (cudaFreeHost) with its last tensor; not in pinned_memory_stats.
+at::Tensor exact_host_buffer(int64_t elements, bool pinned);
 
 // The CUDA allocator's history (torch::cuda::_record_memory_history: every allocation and free with
 // its C++ stack, up to max_entries events in a ring) and its snapshot as the pickle that

@@ -12,14 +12,17 @@
 # on as SIGUSR1. The trainer then records "preempted by SIGUSR1". A second SIGINT (Ctrl-C again) is
 # passed on as SIGINT: mpirun aborts the job at once, as a second Ctrl-C does to the trainer alone.
 set -u
+set +m  # no job control: the background mpirun is then no process-group leader (see setsid below)
 mpiexec=${MPIEXEC:-mpirun}
-# A background command of a script is not a process group leader, so setsid execs mpirun itself (no
-# fork): $! is mpirun's pid.
-setsid "$mpiexec" "$@" &
-child=$!
+child=
+pending=
 interrupts=0
 pass_on() {
   local signal=$1
+  if [ -z "$child" ]; then  # before mpirun has started: passed on as soon as it has
+    pending=$signal
+    return
+  fi
   if [ "$signal" = INT ]; then
     interrupts=$((interrupts + 1))
     if [ "$interrupts" -gt 1 ]; then
@@ -35,6 +38,17 @@ pass_on() {
 for signal in TERM INT HUP USR1; do
   trap "pass_on $signal" "$signal"
 done
+# A background command of a script is not a process group leader, so setsid execs mpirun itself (no
+# fork): $! is mpirun's pid. (SIGKILL to this script leaves mpirun running in its own session: kill
+# mpirun itself then.)
+setsid "$mpiexec" "$@" &
+child=$!
+# A signal that came before mpirun started: mpirun forwards SIGUSR1 only once its handlers are in, so
+# give it a moment.
+if [ -n "$pending" ]; then
+  sleep 1
+  pass_on "$pending"
+fi
 # A trapped signal ends `wait` early (status above 128); wait again until mpirun itself has ended,
 # then once more for its status (bash keeps it).
 while kill -0 "$child" 2>/dev/null; do

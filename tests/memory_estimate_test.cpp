@@ -238,6 +238,12 @@ TEST(EstimateCommand, AsyncSaveAddsTheHostCopyOfTheSave) {
     EXPECT_EQ(b.at("peak_bytes"), a.at("peak_bytes"));
     EXPECT_EQ(a.at("async_save_host_bytes"), 0);
   }
+  // no_shard: rank 0 alone saves (the whole model and state), so it alone holds a copy.
+  const auto no_shard = run_command(base + " --async_save --sharding no_shard");
+  ASSERT_EQ(no_shard.exit_code, 0) << no_shard.output;
+  const nlohmann::json replicated = parse(no_shard);
+  EXPECT_GT(replicated.at("ranks")[0].at("async_save_host_bytes").get<int64_t>(), static_cast<int64_t>(12 * 6.738e9 * 0.99));
+  for (size_t r = 1; r < 8; ++r) EXPECT_EQ(replicated.at("ranks")[r].at("async_save_host_bytes"), 0);
 }
 
 TEST(EstimateCommand, OffloadHostMemoryPerNode) {

@@ -262,6 +262,7 @@ TEST(KilledSave, LeavesThePreviousCheckpointTheNewestAndLoadable) {
        !killed && std::chrono::steady_clock::now() < deadline;) {
     if (running.wait_for(std::chrono::milliseconds(20)) == std::future_status::ready) break;
     if (read_file(run_dir / "metrics.jsonl").find("\"event\":\"checkpoint\"") == std::string::npos) continue;
+    if (!fs::exists(save_dir / "step_4.tmp")) continue;
     // Step 2's save is complete and step 4's is being written for the next 3 s.
     const pid_t rank0 = find_process(testing::trainer_binary().string(), run_dir, 0);
     const pid_t rank1 = find_process(testing::trainer_binary().string(), run_dir, 1);

@@ -66,9 +66,18 @@ TEST(MemoryCheck, GpuPeakAgainstFreeDeviceMemoryThenNodeHost) {
   expect_mentions(*device, {"rank 1 needs about 10.00 GiB of device memory", "its GPU has 8.00 GiB free",
                             "--offload optimizer"});
   EXPECT_FALSE(memory_check_failure(estimate, 1, 2, {12 * kGiB, 100 * kGiB}, run));
-  const auto host = memory_check_failure(estimate, 0, 2, {12 * kGiB, 5 * kGiB}, run);
+  // Host memory on a GPU rank: the offloaded optimizer's, --async_save's copy, or both, named.
+  RunConfig offloaded = run;
+  offloaded.sharding.offload = Offload::optimizer;
+  const auto host = memory_check_failure(estimate, 0, 2, {12 * kGiB, 5 * kGiB}, offloaded);
   ASSERT_TRUE(host);
   expect_mentions(*host, {"need about 6.00 GiB of host memory for the offloaded optimizer", "5.00 GiB available"});
+  EXPECT_EQ(host->find("--async_save"), std::string::npos);
+  offloaded.checkpoint.async_save = true;
+  const auto both = memory_check_failure(estimate, 0, 2, {12 * kGiB, 5 * kGiB}, offloaded);
+  ASSERT_TRUE(both);
+  expect_mentions(*both, {"for the offloaded optimizer (masters, state, landing and staging buffers) and --async_save's "
+                          "copy of each rank's state", "or drop --async_save"});
 }
 
 TEST(MemoryCheck, HugeVocabularyStopsBeforeAllocating) {

@@ -19,6 +19,7 @@
 #include <fstream>
 #include <iterator>
 #include <random>
+#include <stdexcept>
 #include <thread>
 
 #include "common/crc32c.h"
@@ -128,13 +129,17 @@ bool any_rank_failed(bool failed, Communicator& communicator) {
 
 // This rank's two files: the parts (one tensor at a time) and their index. Returns {safetensors bytes,
 // its CRC-32C, index bytes, its CRC-32C}.
+// `cancelled` (a background save given up): stop between tensors.
 std::array<int64_t, 4> write_rank_files(const fs::path& staging, int rank, int world_size,
-                                        const std::vector<StatePiece>& pieces) {
+                                        const std::vector<StatePiece>& pieces,
+                                        const std::atomic<bool>* cancelled = nullptr) {
   std::vector<SafetensorsEntry> entries;
   for (const StatePiece& piece : pieces) entries.push_back({piece.key, at::kFloat, {piece.values.numel()}});
   SafetensorsWriter writer((staging / rank_file(rank, ".safetensors")).string(), entries);
   nlohmann::json tensors = nlohmann::json::object();
   for (const StatePiece& piece : pieces) {
+    if (cancelled != nullptr && cancelled->load(std::memory_order_relaxed))
+      throw std::runtime_error("the background save was given up");
     const uint32_t crc = writer.write(piece.key, piece.values);
     tensors[piece.key] = {{"shape", piece.full_shape}, {"begin", piece.begin}, {"count", piece.values.numel()},
                           {"crc32c", crc_text(crc)}};
@@ -167,14 +172,14 @@ struct WrittenPart {
 };
 
 // 1. Rank 0 makes an empty staging folder; the others write into it only once it exists (collective).
-SaveFolders begin_save(const std::string& folder, Communicator& communicator) {
+// `failure`: this rank could not get ready (a background save's host copy); every rank learns it here.
+SaveFolders begin_save(const std::string& folder, Communicator& communicator, std::exception_ptr failure = nullptr) {
   SaveFolders save{fs::path(folder), fs::path(folder + ".tmp"), parent_folder(fs::path(folder)), {}};
   std::error_code ignored;
   save.existing = save.save_dir;
   while (!fs::exists(save.existing, ignored) && parent_folder(save.existing) != save.existing)
     save.existing = parent_folder(save.existing);
-  std::exception_ptr failure;
-  if (communicator.rank() == 0) try {
+  if (communicator.rank() == 0 && failure == nullptr) try {
       fs::remove_all(save.staging, ignored);
       std::error_code error;
       fs::create_directories(save.staging, error);
@@ -183,15 +188,17 @@ SaveFolders begin_save(const std::string& folder, Communicator& communicator) {
     } catch (...) {
       failure = std::current_exception();
     }
-  if (any_rank_failed(failure != nullptr, communicator)) fail_after_agreement(failure, save.staging, "create the folder");
+  if (any_rank_failed(failure != nullptr, communicator))
+    fail_after_agreement(failure, save.staging, "start the save (make its folder, or copy its state to host memory)");
   return save;
 }
 
 // 2. This rank's own files (no collective: an asynchronous save runs it on its own thread).
-WrittenPart write_part(const SaveFolders& save, int rank, int world_size, const std::vector<StatePiece>& pieces) {
+WrittenPart write_part(const SaveFolders& save, int rank, int world_size, const std::vector<StatePiece>& pieces,
+                       const std::atomic<bool>* cancelled = nullptr) {
   WrittenPart part;
   try {
-    part.files = write_rank_files(save.staging, rank, world_size, pieces);
+    part.files = write_rank_files(save.staging, rank, world_size, pieces, cancelled);
   } catch (const UserError& error) {
     part.failure = std::make_exception_ptr(UserError(std::string(error.what()) + "; " + kNotSaved));
   } catch (...) {
@@ -271,13 +278,14 @@ struct BackgroundSave::Writing {
   nlohmann::json manifest;
   WrittenPart part;
   std::atomic<bool> written{false};
+  std::atomic<bool> cancelled{false};  // destroyed uncommitted: the write stops between tensors
   std::thread thread;
 };
 
 BackgroundSave::BackgroundSave(std::string folder, std::vector<StatePiece> pieces, nlohmann::json manifest,
-                               Communicator& communicator)
+                               Communicator& communicator, std::exception_ptr preparation_failure)
     : folder_(std::move(folder)), communicator_(communicator), writing_(std::make_unique<Writing>()) {
-  writing_->folders = begin_save(folder_, communicator_);
+  writing_->folders = begin_save(folder_, communicator_, preparation_failure);
   writing_->pieces = std::move(pieces);
   writing_->manifest = std::move(manifest);
   Writing* writing = writing_.get();
@@ -287,15 +295,20 @@ BackgroundSave::BackgroundSave(std::string folder, std::vector<StatePiece> piece
   const char* delay_text = std::getenv("LLM_DEBUG_SAVE_DELAY_SECONDS");
   const double delay = delay_text == nullptr ? 0.0 : std::strtod(delay_text, nullptr);
   writing_->thread = std::thread([writing, rank, world_size, delay] {
-    if (delay > 0) std::this_thread::sleep_for(std::chrono::duration<double>(delay));
-    writing->part = write_part(writing->folders, rank, world_size, writing->pieces);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(delay);
+    while (std::chrono::steady_clock::now() < until && !writing->cancelled.load(std::memory_order_relaxed))
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    writing->part = write_part(writing->folders, rank, world_size, writing->pieces, &writing->cancelled);
     writing->pieces.clear();  // the host copies go as soon as they are on disk
     writing->written.store(true, std::memory_order_release);
   });
 }
 
 BackgroundSave::~BackgroundSave() {
-  if (writing_ && writing_->thread.joinable()) writing_->thread.join();
+  if (writing_ && writing_->thread.joinable()) {
+    writing_->cancelled.store(true, std::memory_order_relaxed);
+    writing_->thread.join();
+  }
 }
 
 bool BackgroundSave::written() const { return writing_->written.load(std::memory_order_acquire); }

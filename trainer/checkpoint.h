@@ -33,6 +33,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <map>
 #include <memory>
 #include <string>
@@ -65,12 +66,14 @@ void save_checkpoint(const std::string& folder, const std::vector<StatePiece>& p
 // later steps cannot change what is written). commit() (collective; every rank at the same step)
 // waits for this rank's files, then writes the manifest and renames as save_checkpoint does, with the
 // same errors. Until then FOLDER.tmp is not a checkpoint: a crash, or a destruction without commit()
-// (which joins the thread), leaves the previous checkpoint the newest. LLM_DEBUG_SAVE_DELAY_SECONDS=S
+// (which stops the write between tensors and joins the thread, so an error elsewhere is not held
+// up by it), leaves the previous checkpoint the newest. LLM_DEBUG_SAVE_DELAY_SECONDS=S
 // in the environment holds each background write back S seconds (to watch, or test, the overlap).
 class BackgroundSave {
  public:
+  // `preparation_failure`: this rank could not make its host copies; every rank fails together.
   BackgroundSave(std::string folder, std::vector<StatePiece> pieces, nlohmann::json manifest,
-                 Communicator& communicator);
+                 Communicator& communicator, std::exception_ptr preparation_failure = nullptr);
   ~BackgroundSave();
   BackgroundSave(const BackgroundSave&) = delete;
   BackgroundSave& operator=(const BackgroundSave&) = delete;

@@ -187,6 +187,7 @@ class Training {
   TrainState state_;
   // --collective_timeout: made at the first step, so start-up (building, resuming) is not watched.
   std::unique_ptr<StallWatchdog> watchdog_;
+  at::Tensor save_copy_;  // --async_save: the host copy of this rank's checkpoint, kept from the first save
   std::unique_ptr<BackgroundSave> background_save_;  // --async_save: the save in flight, if any
   int64_t background_save_step_ = 0;
   double background_save_blocked_ = 0;  // seconds the loop spent starting it
@@ -543,7 +544,7 @@ Training::Checkpoint Training::checkpoint_of(int64_t step) {
   checkpoint.manifest["optimizer"] = run_.optimizer.name;
   checkpoint.manifest["optimizer_step"] = optimizer().steps_taken();
   checkpoint.manifest["model"] = model_config_.to_json();
-  checkpoint.manifest["run"] = run_.to_json();  // the settings that wrote it (resuming checks what matters)
+  checkpoint.manifest["run"] = run_.to_json();  // the settings that wrote it, for the record
   // `trainer export` looks for the tokenizer `trainer prepare` trained beside the token file.
   checkpoint.manifest["data"] =
       run_.data.source == "synthetic" ? run_.data.source : fs::absolute(run_.data.source).string();
@@ -577,28 +578,39 @@ void Training::saved(const std::string& folder, int64_t step, int64_t completed_
     log::info("removed checkpoint {} (--keep_last {})", removed, run_.checkpoint.keep_last);
 }
 
-// The pieces are copied to host memory first (pinned on a GPU, for the copy's speed), so the steps
-// that follow cannot change what is written: this rank's checkpoint bytes, held until its files are.
+// The pieces are copied to host memory first, so the steps that follow cannot change what is written:
+// into one flat buffer made at the first save and kept (a save completes before the next starts),
+// page-locked on a GPU for the copy's speed, at its exact size (common/memory_stats.h). A rank that
+// cannot make its copy (out of host memory) fails the save on every rank at its first collective.
 void Training::start_background_save(int64_t step) {
   const auto started = std::chrono::steady_clock::now();
   Checkpoint checkpoint = checkpoint_of(step);
-  int64_t bytes = 0;
-  {
+  int64_t elements = 0;
+  for (const StatePiece& piece : checkpoint.pieces) elements += piece.values.numel();
+  std::exception_ptr failure;
+  try {
     at::NoGradGuard no_grad;
+    if (!save_copy_.defined() || save_copy_.numel() < elements) {
+      save_copy_ = at::Tensor();  // the smaller one goes first
+      save_copy_ = exact_host_buffer(elements, device_.is_cuda() && !offload_);
+    }
+    int64_t offset = 0;
     for (StatePiece& piece : checkpoint.pieces) {
-      at::Tensor copy = at::empty(piece.values.sizes(), piece.values.options().device(at::kCPU).pinned_memory(
-                                                            piece.values.is_cuda()));
+      at::Tensor copy = save_copy_.narrow(0, offset, piece.values.numel()).view(piece.values.sizes());
       copy.copy_(piece.values);
       piece.values = std::move(copy);
-      bytes += static_cast<int64_t>(piece.values.nbytes());
+      offset += piece.values.numel();
     }
+  } catch (...) {
+    failure = std::current_exception();
+    checkpoint.pieces.clear();
   }
   background_save_ = std::make_unique<BackgroundSave>(checkpoint.folder, std::move(checkpoint.pieces),
-                                                      std::move(checkpoint.manifest), communicator_);
+                                                      std::move(checkpoint.manifest), communicator_, failure);
   background_save_step_ = step;
   background_save_blocked_ = seconds_since(started);
-  log::info("saving checkpoint {} in the background ({} of host copies on this rank)", checkpoint.folder,
-            human_bytes(bytes));
+  log::info("saving checkpoint {} in the background (a host copy of {} on this rank)", checkpoint.folder,
+            human_bytes(elements * 4));
 }
 
 void Training::finish_background_save() {

@@ -256,13 +256,14 @@ class StepSimulation {
     estimate.checkpoint_peak_bytes = checkpoint_peak();
     estimate.host_bytes = cuda_ ? offload_host_bytes_ : estimate.peak_bytes;
     estimate.pinned_bytes = offload_pinned_bytes_;
-    if (m_.run.checkpoint.async_save) {
-      // --async_save: the host copy of what the rank saves, its master rows and optimizer state
-      // (pinned on a GPU), held while the save is written and the next steps run. At most: padding
-      // rows and a projector every rank holds are counted on each.
+    // --async_save: the host copy of what the rank saves, its master rows and optimizer state, one
+    // buffer kept from the first save on (pinned on a GPU unless offloaded: the state is in host
+    // memory already). At most: padding rows and a projector every rank holds are counted on each.
+    // Under no_shard rank 0 alone saves.
+    if (m_.run.checkpoint.async_save && (rank_ == 0 || m_.run.sharding.strategy != ShardingStrategy::no_shard)) {
       estimate.async_save_host_bytes = 4 * shard_elements_ + optimizer_state();
       estimate.host_bytes += estimate.async_save_host_bytes;
-      if (cuda_) estimate.pinned_bytes += estimate.async_save_host_bytes;
+      if (cuda_ && !offload_) estimate.pinned_bytes += estimate.async_save_host_bytes;
     }
     return estimate;
   }
@@ -759,8 +760,8 @@ std::string run_estimate_command(const ModelConfig& model, const RunConfig& run,
   if (run.checkpoint.async_save)
     out << "--async_save: each rank also holds a host copy of what it saves, at most "
         << format_in(estimate.ranks.front().async_save_host_bytes, unit) << " " << unit.name
-        << " on rank 0, while the save is written (in the host memory below"
-        << (estimate.device == "cuda" ? ", pinned" : "") << ").\n";
+        << " on rank 0, kept from the first save on (in the host memory below"
+        << (estimate.device == "cuda" && run.sharding.offload != Offload::optimizer ? ", pinned" : "") << ").\n";
   if (options.memory_budget_gib > 0) {
     const double budget = options.memory_budget_gib * 1073741824.0;
     const bool fits = static_cast<double>(largest) <= budget;

@@ -62,7 +62,8 @@ struct RankEstimate {
   // host side, is not modelled), of which pinned_bytes are page-locked.
   int64_t host_bytes = 0;
   int64_t pinned_bytes = 0;
-  // --async_save: the host copy a background save holds (in host_bytes, and pinned_bytes on CUDA).
+  // --async_save: the host copy a background save keeps (in host_bytes, and in pinned_bytes on CUDA
+  // without --offload optimizer).
   int64_t async_save_host_bytes = 0;
   std::vector<PhaseEstimate> phases;
 };

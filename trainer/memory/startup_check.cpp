@@ -32,12 +32,23 @@ std::string breakdown(const RankEstimate& rank) {
   return out.str();
 }
 
+// What a CUDA rank keeps in host memory, by the estimate (trainer/memory/estimate.h).
+std::string cuda_host_use(const RunConfig& run) {
+  const bool offload = run.sharding.offload == Offload::optimizer;
+  if (!offload && !run.checkpoint.async_save) return "";
+  return std::string(" for ") +
+         (offload ? "the offloaded optimizer (masters, state, landing and staging buffers)" : "") +
+         (offload && run.checkpoint.async_save ? " and " : "") +
+         (run.checkpoint.async_save ? "--async_save's copy of each rank's state" : "");
+}
+
 std::string remedies(const RunConfig& run, bool cuda) {
   std::ostringstream out;
   out << "To fit: lower --batch_size (now " << run.data.batch_size << ") or --max_length (now " << run.data.max_length
       << "), run on more ranks or nodes (full_shard divides parameters, gradients and optimizer state among them)";
   if (cuda && run.sharding.offload != Offload::optimizer) out << ", or --offload optimizer (state and masters in host memory)";
   if (run.precision.dtype == DType::float32) out << ", or --dtype bfloat16 --precision pure";
+  if (run.checkpoint.async_save) out << ", or drop --async_save (its host copy of each rank's state)";
   out << ". `trainer estimate` with the same flags shows where the memory goes; --skip_memory_check starts anyway";
   return out.str();
 }
@@ -58,7 +69,7 @@ std::optional<std::string> memory_check_failure(const MemoryEstimate& estimate, 
   if (available.host_available_bytes > 0 && node.host_bytes > available.host_available_bytes) {
     why << "memory check: " << (node.ranks == 1 ? std::string("this rank needs") : "the " + std::to_string(node.ranks) + " ranks on this node need") << " about "
         << gib(node.host_bytes) << " of host memory"
-        << (cuda ? " for the offloaded optimizer (masters, state, landing and staging buffers)"
+        << (cuda ? cuda_host_use(run)
                  : std::string(node.ranks == 1 ? " at its peak" : " at their peaks") + " (rank " + std::to_string(rank) + ": " + gib(mine.peak_bytes) + ", " +
                        breakdown(mine) + ")")
         << " and this machine has " << gib(available.host_available_bytes) << " available (MemAvailable). "
