@@ -395,6 +395,23 @@ TEST(StallWatchdog, DiagnosisReadsTheHeartbeats) {
   fs::remove(dir / "heartbeat.rank2.json");
   diagnosis = StallWatchdog::diagnose(dir.path().string(), 0, 3, 4);
   EXPECT_NE(diagnosis.find("rank 2 (no heartbeat file in"), std::string::npos) << diagnosis;
+
+  // Nodes known, --run_dir not shared: ranks 2 and 3 on node b write where node a cannot read. They
+  // are not called stale; the one holding the job up is among them, and node a says so by node.
+  beat(1, 7, "backward", 0);
+  const std::vector<std::string> hosts = {"a", "a", "b", "b"};
+  diagnosis = StallWatchdog::diagnose(dir.path().string(), 0, 4, 4, hosts);
+  EXPECT_EQ(diagnosis.find("Not responding"), std::string::npos) << diagnosis;
+  EXPECT_NE(diagnosis.find("Every rank on this node (a) that writes a heartbeat here is alive"), std::string::npos)
+      << diagnosis;
+  EXPECT_NE(diagnosis.find("on another node: b: ranks 2, 3. Their heartbeats are not readable from here"),
+            std::string::npos)
+      << diagnosis;
+  // A rank of this node without a file is still named, and first.
+  fs::remove(dir / "heartbeat.rank1.json");
+  diagnosis = StallWatchdog::diagnose(dir.path().string(), 0, 4, 4, hosts);
+  EXPECT_NE(diagnosis.find("Not responding: rank 1 (no heartbeat file in"), std::string::npos) << diagnosis;
+  EXPECT_EQ(diagnosis.find("rank 2"), std::string::npos) << diagnosis;
 }
 
 // A run that ends normally leaves no heartbeat file; a bad --collective_timeout is exit 2.

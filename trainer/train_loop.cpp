@@ -115,6 +115,30 @@ std::string agree_on_run_id(const std::string& resumed, Communicator& communicat
   return agreed;
 }
 
+// Every rank's host name, for the stall watchdog (a rank on another node may write its heartbeat
+// where this one cannot read it): a row of characters per rank, summed over ranks.
+std::vector<std::string> every_rank_host(Communicator& communicator) {
+  constexpr int64_t kLength = 256;
+  const std::string mine = process_identity().host.substr(0, kLength);
+  const int world = communicator.world_size();
+  at::Tensor table = at::zeros({world, kLength}, at::kLong);
+  table[communicator.rank()].narrow(0, 0, static_cast<int64_t>(mine.size()))
+      .copy_(at::tensor(std::vector<int64_t>(mine.begin(), mine.end()), at::kLong));
+  if (world > 1) {
+    at::Tensor on_device = table.to(communicator.device());
+    communicator.all_reduce(on_device, ReduceOp::sum);
+    table = on_device.to(at::kCPU);
+  }
+  const auto rows = table.accessor<int64_t, 2>();
+  std::vector<std::string> hosts;
+  for (int r = 0; r < world; ++r) {
+    std::string host;
+    for (int64_t i = 0; i < kLength && rows[r][i] != 0; ++i) host += static_cast<char>(rows[r][i]);
+    hosts.push_back(host);
+  }
+  return hosts;
+}
+
 // Every rank builds the same initial weights from the seed.
 const ModelConfig& seeded(const ModelConfig& config, uint64_t seed) {
   at::manual_seed(seed);
@@ -432,8 +456,10 @@ TrainingOutcome Training::run() {
   TrainingOutcome outcome{start_step_, 0, 0, corpus_.unigram_entropy, corpus_.entropy_rate, 0, {}};
   const int64_t tokens_per_step = run_.data.total_batch_size * run_.data.max_length;
   // One process has no collective to wait in: a long step there is only slow, not a stall.
+  const bool watched = context_.world_size > 1 && run_.collective_timeout > 0;
   watchdog_ = std::make_unique<StallWatchdog>(run_.logging.run_dir, context_.rank, context_.world_size,
-                                              context_.world_size > 1 ? run_.collective_timeout : 0.0);
+                                              watched ? run_.collective_timeout : 0.0,
+                                              watched ? every_rank_host(communicator_) : std::vector<std::string>());
   for (int64_t step = start_step_ + 1; step <= run_.num_training_steps; ++step) {
     current_step_ = step;
     watchdog_->progress(step, "step start");

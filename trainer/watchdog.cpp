@@ -72,8 +72,13 @@ std::string where(const Heartbeat& beat) {
 
 }  // namespace
 
-StallWatchdog::StallWatchdog(std::string run_dir, int rank, int world_size, double timeout_seconds)
-    : run_dir_(std::move(run_dir)), rank_(rank), world_size_(world_size), timeout_seconds_(timeout_seconds) {
+StallWatchdog::StallWatchdog(std::string run_dir, int rank, int world_size, double timeout_seconds,
+                             std::vector<std::string> hosts)
+    : run_dir_(std::move(run_dir)),
+      rank_(rank),
+      world_size_(world_size),
+      hosts_(std::move(hosts)),
+      timeout_seconds_(timeout_seconds) {
   last_progress_ns_.store(now_ns());
   if (timeout_seconds_ <= 0) return;
   write_heartbeat(0);  // at once: a rank stopped within the first interval still has a file to go stale
@@ -125,7 +130,7 @@ void StallWatchdog::watch() {
     // A live rank rewrites its heartbeat every interval; one older than this is not live. Longer
     // with longer timeouts, so that a loaded host's late writes are not taken for a stopped rank.
     const double stale_seconds = std::max(2.5 * kIntervalSeconds, std::min(30.0, timeout_seconds_ / 4));
-    const std::string diagnosis = diagnose(run_dir_, rank_, world_size_, stale_seconds);
+    const std::string diagnosis = diagnose(run_dir_, rank_, world_size_, stale_seconds, hosts_);
     Heartbeat here;
     here.step = step_.load(std::memory_order_relaxed);
     here.phase = phase_.load(std::memory_order_relaxed);
@@ -138,12 +143,15 @@ void StallWatchdog::watch() {
   }
 }
 
-std::string StallWatchdog::diagnose(const std::string& run_dir, int rank, int world_size, double stale_seconds) {
+std::string StallWatchdog::diagnose(const std::string& run_dir, int rank, int world_size, double stale_seconds,
+                                    const std::vector<std::string>& hosts) {
   const double now = wall_seconds();
+  const bool hosts_known = hosts.size() == static_cast<size_t>(world_size);
   std::vector<Heartbeat> beats;
   for (int r = 0; r < world_size; ++r) beats.push_back(read_heartbeat(run_dir, r));
   std::ostringstream stale, behind, everyone;
   int stale_count = 0, behind_count = 0;
+  std::vector<std::pair<std::string, std::vector<int>>> unseen;  // other nodes' ranks without a file, by node
   int64_t latest_step = 0;
   for (const Heartbeat& beat : beats)
     if (beat.found) latest_step = std::max(latest_step, beat.step);
@@ -153,9 +161,15 @@ std::string StallWatchdog::diagnose(const std::string& run_dir, int rank, int wo
       everyone << (r ? "; " : "") << "rank " << r << " (this one): " << where(beat);
       continue;
     }
-    if (!beat.found) {
+    const bool elsewhere = hosts_known && hosts[r] != hosts[rank];
+    if (!beat.found && elsewhere) {
+      auto node = std::find_if(unseen.begin(), unseen.end(), [&](const auto& n) { return n.first == hosts[r]; });
+      if (node == unseen.end()) node = unseen.insert(unseen.end(), {hosts[r], {}});
+      node->second.push_back(r);
+    } else if (!beat.found) {
       stale << (stale_count++ ? ", " : "") << "rank " << r << " (no heartbeat file in " << run_dir
-            << ": stopped before training, or on another node without a shared --run_dir)";
+            << (hosts_known ? ": stopped before training" : ": stopped before training, or on another node without a shared --run_dir")
+            << ")";
     } else if (now - beat.written > stale_seconds) {
       stale << (stale_count++ ? ", " : "") << "rank " << r << " (its heartbeat is " << seconds_text(now - beat.written)
             << " old, last at " << where(beat) << ")";
@@ -172,6 +186,18 @@ std::string StallWatchdog::diagnose(const std::string& run_dir, int rank, int wo
            "other ranks wait for it in a collective.";
   if (behind_count > 0)
     return "Behind the others, which wait for it: " + behind.str() + ".";
+  if (!unseen.empty()) {
+    std::ostringstream nodes;
+    for (size_t i = 0; i < unseen.size(); ++i) {
+      nodes << (i ? "; " : "") << unseen[i].first << ": rank" << (unseen[i].second.size() > 1 ? "s " : " ");
+      for (size_t j = 0; j < unseen[i].second.size(); ++j) nodes << (j ? ", " : "") << unseen[i].second[j];
+    }
+    return "Every rank on this node (" + hosts[rank] + ") that writes a heartbeat here is alive and at the same point, "
+           "so the rank holding the job up is on another node: " + nodes.str() + ". Their heartbeats are not "
+           "readable from here (--run_dir " + run_dir + " is not shared across nodes): the message from their "
+           "own node names the rank (or, if none comes, that node is gone). A --run_dir on a shared file system "
+           "lets every node name it.";
+  }
   return "Every rank is alive and at the same point (" + everyone.str() +
          "): a collective that does not complete (network, NCCL or MPI), or a rank stuck inside a computation.";
 }

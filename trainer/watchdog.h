@@ -12,6 +12,9 @@
 //     a debugger), hung as a whole, or on a node that is gone or does not share RUN_DIR;
 //   - else a rank at an earlier step or phase than the others: the one the others wait for;
 //   - else every rank waits at the same point: a communication hang (network, NCCL, MPI).
+// Ranks on other nodes (`hosts`, every rank's host name) whose heartbeats this node cannot read
+// (RUN_DIR not shared) are not called stale: when every rank it can see is alive, the message says the
+// rank holding the job up is among them, by node, and that their own node's message names it.
 // Then it logs the diagnosis and ends its process with exit status 4 (mpirun then ends the others).
 // Nothing is saved: the state of a rank waiting in a collective may be mid-update.
 //
@@ -26,6 +29,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace llm {
 
@@ -35,7 +39,9 @@ constexpr int kStallExitStatus = 4;
 class StallWatchdog {
  public:
   // Starts the thread unless timeout_seconds is 0.
-  StallWatchdog(std::string run_dir, int rank, int world_size, double timeout_seconds);
+  // hosts: every rank's host name (empty: unknown, every rank's heartbeat is expected in run_dir).
+  StallWatchdog(std::string run_dir, int rank, int world_size, double timeout_seconds,
+                std::vector<std::string> hosts = {});
   ~StallWatchdog();  // stops the thread and removes this rank's heartbeat file
   StallWatchdog(const StallWatchdog&) = delete;
   StallWatchdog& operator=(const StallWatchdog&) = delete;
@@ -49,7 +55,8 @@ class StallWatchdog {
   }
 
   // What the stalled rank concludes from the heartbeats in run_dir (exposed for tests).
-  static std::string diagnose(const std::string& run_dir, int rank, int world_size, double stale_seconds);
+  static std::string diagnose(const std::string& run_dir, int rank, int world_size, double stale_seconds,
+                              const std::vector<std::string>& hosts = {});
 
  private:
   static int64_t now_ns() {
@@ -61,6 +68,7 @@ class StallWatchdog {
 
   std::string run_dir_;
   int rank_, world_size_;
+  std::vector<std::string> hosts_;
   double timeout_seconds_;
   std::atomic<int64_t> step_{0};
   std::atomic<const char*> phase_{"start"};
