@@ -152,10 +152,6 @@ std::array<int64_t, 4> write_rank_files(const fs::path& staging, int rank, int w
           crc32c(index.data(), index.size())};
 }
 
-}  // namespace
-
-namespace {
-
 // A save between its start and its end: where it writes, and where its fsyncs stop.
 struct SaveFolders {
   fs::path final_path, staging, save_dir;
@@ -372,10 +368,6 @@ bool same_folder(const std::string& a, const std::string& b) {
   std::error_code error;
   return fs::equivalent(a, b, error);
 }
-
-}  // namespace
-
-namespace {
 
 // An intact checkpoint's manifest; null with the reason in `problem` for any other folder.
 nlohmann::json intact_manifest(const fs::path& root, std::string* problem) {

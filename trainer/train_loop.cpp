@@ -100,43 +100,37 @@ bool prepare_run(const RunConfig& run, c10::Device device) {
   return true;
 }
 
-// The run id every rank records: the resumed checkpoint's, else the one rank 0 draws (broadcast as
-// its characters).
-std::string agree_on_run_id(const std::string& resumed, Communicator& communicator) {
-  if (!resumed.empty()) return resumed;
-  const std::string drawn = new_run_id();
-  if (communicator.world_size() == 1) return drawn;
-  at::Tensor characters = at::tensor(std::vector<int64_t>(drawn.begin(), drawn.end()), at::kLong);
-  characters = characters.to(communicator.device());
-  communicator.broadcast(characters, 0);
-  characters = characters.to(at::kCPU);
-  std::string agreed;
-  for (int64_t i = 0; i < characters.numel(); ++i) agreed += static_cast<char>(characters[i].item<int64_t>());
-  return agreed;
+double seconds_since(std::chrono::steady_clock::time_point started) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
 }
 
-// Every rank's host name, for the stall watchdog (a rank on another node may write its heartbeat
-// where this one cannot read it): a row of characters per rank, summed over ranks.
-std::vector<std::string> every_rank_host(Communicator& communicator) {
+// Every rank's `mine` (at most 256 characters), on every rank: a row of characters per rank, summed
+// over ranks.
+std::vector<std::string> every_rank_string(Communicator& communicator, const std::string& mine) {
   constexpr int64_t kLength = 256;
-  const std::string mine = process_identity().host.substr(0, kLength);
+  const std::string text = mine.substr(0, kLength);
   const int world = communicator.world_size();
   at::Tensor table = at::zeros({world, kLength}, at::kLong);
-  table[communicator.rank()].narrow(0, 0, static_cast<int64_t>(mine.size()))
-      .copy_(at::tensor(std::vector<int64_t>(mine.begin(), mine.end()), at::kLong));
+  table[communicator.rank()].narrow(0, 0, static_cast<int64_t>(text.size()))
+      .copy_(at::tensor(std::vector<int64_t>(text.begin(), text.end()), at::kLong));
   if (world > 1) {
     at::Tensor on_device = table.to(communicator.device());
     communicator.all_reduce(on_device, ReduceOp::sum);
     table = on_device.to(at::kCPU);
   }
   const auto rows = table.accessor<int64_t, 2>();
-  std::vector<std::string> hosts;
+  std::vector<std::string> strings;
   for (int r = 0; r < world; ++r) {
-    std::string host;
-    for (int64_t i = 0; i < kLength && rows[r][i] != 0; ++i) host += static_cast<char>(rows[r][i]);
-    hosts.push_back(host);
+    std::string row;
+    for (int64_t i = 0; i < kLength && rows[r][i] != 0; ++i) row += static_cast<char>(rows[r][i]);
+    strings.push_back(row);
   }
-  return hosts;
+  return strings;
+}
+
+// The run id every rank records: the resumed checkpoint's, else the one rank 0 draws.
+std::string agree_on_run_id(const std::string& resumed, Communicator& communicator) {
+  return resumed.empty() ? every_rank_string(communicator, new_run_id()).front() : resumed;
 }
 
 // Every rank builds the same initial weights from the seed.
@@ -175,6 +169,7 @@ class Training {
     nlohmann::json manifest;
   };
   Checkpoint checkpoint_of(int64_t step);
+  std::vector<StatePiece> master_pieces(size_t unit) const;
   // A save of step `step` completed at the end of step `completed_at`, having held the training loop
   // up `blocked_seconds` in all: a "checkpoint" record, the log line and --keep_last (rank 0).
   void saved(const std::string& folder, int64_t step, int64_t completed_at, double blocked_seconds);
@@ -459,14 +454,16 @@ TrainingOutcome Training::run() {
   const bool watched = context_.world_size > 1 && run_.collective_timeout > 0;
   watchdog_ = std::make_unique<StallWatchdog>(run_.logging.run_dir, context_.rank, context_.world_size,
                                               watched ? run_.collective_timeout : 0.0,
-                                              watched ? every_rank_host(communicator_) : std::vector<std::string>());
+                                              // every rank's host: another node's heartbeats may be unreadable here
+                                              watched ? every_rank_string(communicator_, process_identity().host)
+                                                      : std::vector<std::string>());
   for (int64_t step = start_step_ + 1; step <= run_.num_training_steps; ++step) {
     current_step_ = step;
     watchdog_->progress(step, "step start");
     const auto started = std::chrono::steady_clock::now();
     const StepResult result = train_step(step);
     if (step == start_step_ + 1) record_sharded_bytes();
-    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    const double seconds = seconds_since(started);
     outcome.steps = step;
     outcome.final_loss = result.loss;
     const bool last = step == run_.num_training_steps;
@@ -489,7 +486,7 @@ TrainingOutcome Training::run() {
     if (!last) outcome.preempted_by = preemption_agreed(communicator_, background_save_ ? &written : nullptr);
     const bool periodic_save = run_.checkpoint.save_every > 0 && step % run_.checkpoint.save_every == 0;
     const bool save_now = !run_.checkpoint.save_dir.empty() && (periodic_save || last || outcome.preempted_by != 0);
-    if (background_save_ && (written || save_now || last || outcome.preempted_by != 0)) {
+    if (background_save_ && (written || save_now)) {  // save_now covers the last step and a preemption
       watchdog_->progress(step, "checkpoint");
       finish_background_save();
     }
@@ -551,17 +548,23 @@ double Training::evaluate(int64_t* tokens) {
 // Sharded checkpoints (trainer/checkpoint.h): every rank writes its own master rows and optimizer
 // state, views of its buffers (the offloaded ones in host memory); nothing is gathered. Under
 // no_shard every rank holds the same whole state, and rank 0 alone writes it.
+// Unit u's master rows as parts of the full parameters: each parameter's real rows (padding rows
+// are not saved), a view of the master shard (the host master with offload).
+std::vector<StatePiece> Training::master_pieces(size_t u) const {
+  const at::Tensor master = offload_ ? offload_->master(u) : sharded_.unit(u).master_shard();
+  std::vector<StatePiece> pieces;
+  for (const ShardedParameter& p : sharded_.unit(u).layout().parameters)
+    if (p.rows_held > 0)
+      pieces.push_back({p.name, p.full_shape, p.first_row * p.cols, master.narrow(0, p.shard_offset, p.rows_held * p.cols)});
+  return pieces;
+}
+
 Training::Checkpoint Training::checkpoint_of(int64_t step) {
   if (offload_) offload_->wait_all();
   Checkpoint checkpoint;
   if (context_.rank == 0 || run_.sharding.strategy != ShardingStrategy::no_shard) {
-    for (size_t u = 0; u < sharded_.unit_count(); ++u) {
-      const at::Tensor master = offload_ ? offload_->master(u) : sharded_.unit(u).master_shard();
-      for (const ShardedParameter& p : sharded_.unit(u).layout().parameters)
-        if (p.rows_held > 0)
-          checkpoint.pieces.push_back(
-              {p.name, p.full_shape, p.first_row * p.cols, master.narrow(0, p.shard_offset, p.rows_held * p.cols)});
-    }
+    for (size_t u = 0; u < sharded_.unit_count(); ++u)
+      for (StatePiece& piece : master_pieces(u)) checkpoint.pieces.push_back(std::move(piece));
     for (StatePiece& piece : optimizer().state_pieces()) checkpoint.pieces.push_back(std::move(piece));
   }
   checkpoint.manifest = state_.to_json();
@@ -577,12 +580,6 @@ Training::Checkpoint Training::checkpoint_of(int64_t step) {
   checkpoint.folder = (fs::path(run_.checkpoint.save_dir) / ("step_" + std::to_string(step))).string();
   return checkpoint;
 }
-
-namespace {
-double seconds_since(std::chrono::steady_clock::time_point started) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-}
-}  // namespace
 
 std::string Training::save(int64_t step) {
   const auto started = std::chrono::steady_clock::now();
@@ -670,13 +667,8 @@ void Training::resume(const std::string& folder) {
   checkpoint.check(expected, "the model and its " + run_.optimizer.name + " state");
 
   for (size_t u = 0; u < sharded_.unit_count(); ++u) {
-    ShardedUnit& unit = sharded_.unit(u);
-    const at::Tensor master = offload_ ? offload_->master(u) : unit.master_shard();
-    for (const ShardedParameter& p : unit.layout().parameters) {
-      master.narrow(0, p.shard_offset, p.shard_numel()).zero_();  // padding rows stay zero
-      if (p.rows_held > 0)
-        checkpoint.read(p.name, p.first_row * p.cols, master.narrow(0, p.shard_offset, p.rows_held * p.cols));
-    }
+    (offload_ ? offload_->master(u) : sharded_.unit(u).master_shard()).zero_();  // padding rows stay zero
+    for (const StatePiece& piece : master_pieces(u)) checkpoint.read(piece.key, piece.begin, piece.values);
     if (offload_) offload_->publish(u);
   }
   if (!offload_) sharded_.publish_shards();

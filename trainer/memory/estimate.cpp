@@ -215,9 +215,7 @@ class StepSimulation {
     // reduction until its copy to the host: reduce_gradients below), and host memory holds the
     // masters, a landing buffer for each gradient shard, on CUDA a staging buffer in the compute
     // dtype, and the state (offload/optimizer_offload.h).
-    int64_t shard_elements = 0;
     for (const UnitGeometry& unit : units_) {
-      shard_elements += unit.shard_numel;
       shard_elements_ += unit.shard_numel;
       if (offload_) {
         timeline_.add(kParameters, m_.compute_bytes() * unit.shard_numel);
@@ -229,8 +227,8 @@ class StepSimulation {
     }
     if (resident_) gathered_.assign(units_.size(), true);
     if (offload_) {
-      offload_host_bytes_ = optimizer_state() + 8 * shard_elements + (cuda_ ? m_.compute_bytes() * shard_elements : 0);
-      offload_pinned_bytes_ = cuda_ ? (4 + m_.compute_bytes()) * shard_elements : 0;  // landing + staging
+      offload_host_bytes_ = optimizer_state() + 8 * shard_elements_ + (cuda_ ? m_.compute_bytes() * shard_elements_ : 0);
+      offload_pinned_bytes_ = cuda_ ? (4 + m_.compute_bytes()) * shard_elements_ : 0;  // landing + staging
       timeline_.add(kOptimizerHost, offload_host_bytes_);
     } else
       timeline_.add(kOptimizerDevice, optimizer_state());
