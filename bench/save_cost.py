@@ -16,7 +16,9 @@ each of --rounds rounds; each figure is the median over rounds, min-max beside i
 Ours: build/trainer, RUN_DIR/metrics.jsonl ("train" step_time_s, "checkpoint" blocked_s). Theirs:
 bench/pytorch_peers.py eager with --save_dir (DcpSaver): transformers' LlamaForCausalLM, fused AdamW,
 dcp.save / dcp.async_save of the model's and optimizer's state dicts. Checkpoints go to --scratch and
-are removed after each run (a llama_20m save is about 0.25 GB on each side).
+are removed after each run (a llama_20m save is about 0.25 GB on each side). The bound for a
+synchronous save: the bytes of one of our step folders written to one file in --scratch and fsynced,
+the best of 3 (no save that persists them can take less; DCP fsyncs too).
 
     ~/.cache/llama-trainer/venv-torch-2.11.0/bin/python bench/save_cost.py [--json]
 """
@@ -30,12 +32,9 @@ import subprocess
 import sys
 import time
 
+from pytorch_peers import read_jsonl
+
 MODES = ("end", "sync", "async")
-
-
-def read_jsonl(path):
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def loop_seconds(records):
@@ -45,11 +44,37 @@ def loop_seconds(records):
 
 
 def run(command, env=None):
-    started = time.perf_counter()
     done = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if done.returncode != 0:
         sys.exit(f"save_cost: {' '.join(command)} failed ({done.returncode}):\n{done.stdout[-4000:]}")
-    return time.perf_counter() - started
+
+
+def mode_flags(args, mode):
+    """The flags both sides take for a mode (the peer's --save_every and --async_save mirror ours)."""
+    return ([] if mode == "end" else ["--save_every", str(args.every)]) + (["--async_save"] if mode == "async" else [])
+
+
+def folder_bytes(folder):
+    return sum(os.path.getsize(os.path.join(root, name)) for root, _, names in os.walk(folder) for name in names)
+
+
+def write_bound_seconds(nbytes, folder, tries=3):
+    """The bound: writing `nbytes` to a file in `folder` and fsyncing it, the best of `tries` (what any
+    synchronous save of that many bytes must at least take on this disk)."""
+    chunk = b"\x5a" * (64 << 20)
+    best = float("inf")
+    path = os.path.join(folder, "bound.bin")
+    for _ in range(tries):
+        started = time.perf_counter()
+        with open(path, "wb") as out:
+            left = nbytes
+            while left > 0:
+                left -= out.write(chunk[: min(left, len(chunk))])
+            out.flush()
+            os.fsync(out.fileno())
+        best = min(best, time.perf_counter() - started)
+        os.remove(path)
+    return best
 
 
 def ours(args, mode, round_index):
@@ -61,11 +86,8 @@ def ours(args, mode, round_index):
                "--batch_size", str(args.batch), "--total_batch_size", str(args.batch), "--max_length",
                str(args.length), "--eval_every", "0", "--eval_batches", "1", "--lr", "1e-3", "--warmup_steps", "1",
                "--grad_clipping", "1.0", "--weight_decay", "0", "--run_dir", run_dir, "--save_dir", save_dir]
-    if mode != "end":
-        command += ["--save_every", str(args.every)]
-    if mode == "async":
-        command += ["--async_save"]
-    run(command, dict(os.environ, OMP_NUM_THREADS=str(args.threads)))
+    run(command + mode_flags(args, mode), dict(os.environ, OMP_NUM_THREADS=str(args.threads)))
+    args.save_bytes = folder_bytes(os.path.join(save_dir, f"step_{args.steps}"))
     shutil.rmtree(save_dir, ignore_errors=True)
     return loop_seconds(read_jsonl(os.path.join(run_dir, "metrics.jsonl")))
 
@@ -77,11 +99,7 @@ def theirs(args, mode, round_index):
     command = [sys.executable, os.path.join(os.path.dirname(__file__), "pytorch_peers.py"), "eager", "--config",
                args.config, "--steps", str(args.steps), "--batch", str(args.batch), "--length", str(args.length),
                "--threads", str(args.threads), "--out", out, "--save_dir", save_dir]
-    if mode != "end":
-        command += ["--save_every", str(args.every)]
-    if mode == "async":
-        command += ["--async_save"]
-    run(command)
+    run(command + mode_flags(args, mode))
     shutil.rmtree(save_dir, ignore_errors=True)
     return loop_seconds(read_jsonl(out))
 
@@ -114,6 +132,8 @@ def main():
                 blocked[(side, mode)] += [s["blocked_s"] for s in saves if s["step"] != args.steps]
                 print(f"[round {round_index + 1}/{args.rounds}] {side} {mode}: loop {seconds:.2f} s", file=sys.stderr,
                       flush=True)
+    # The bound for a synchronous save: its bytes (ours, one step folder) written and fsynced.
+    bound = write_bound_seconds(args.save_bytes, args.scratch) if "ours" in sides else float("nan")
     results = []
     for side in sides:
         for mode in ("sync", "async"):
@@ -124,13 +144,16 @@ def main():
                             "end_loop_s": statistics.median(loops[(side, "end")]),
                             "cost_per_save_s": statistics.median(per_round), "cost_min_s": min(per_round),
                             "cost_max_s": max(per_round),
-                            "blocked_per_save_s": statistics.median(blocked[(side, mode)])})
+                            "blocked_per_save_s": statistics.median(blocked[(side, mode)]),
+                            "save_bytes": getattr(args, "save_bytes", 0), "write_fsync_bound_s": bound})
     if args.json:
         for result in results:
             print(json.dumps(result))
         return
     print(f"{args.config}, {args.steps} steps of {args.batch} x {args.length}, a save every {args.every} steps "
-          f"({periodic} before the last), {args.threads} threads, median of {args.rounds} rounds")
+          f"({periodic} before the last), {args.threads} threads, median of {args.rounds} rounds; bound for a "
+          f"synchronous save: its {getattr(args, 'save_bytes', 0) / 1e9:.3f} GB written and fsynced, best of 3: "
+          f"{bound:.3f} s")
     print("| side | mode | loop without periodic saves | step time one save costs (min-max) | loop blocked per save |")
     print("|---|---|---|---|---|")
     for r in results:
