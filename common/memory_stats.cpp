@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <fstream>
 #include <string>
 
@@ -125,20 +126,34 @@ PinnedMemoryStats pinned_memory_stats(c10::Device device) {
   return result;
 }
 
-at::Tensor exact_host_buffer(int64_t elements, bool pinned) {
-  const at::TensorOptions fp32 = at::TensorOptions().dtype(at::kFloat);
+namespace {
+std::atomic<int64_t> exact_pinned{0};
+}  // namespace
+
+at::Tensor exact_host_buffer(int64_t elements, at::ScalarType dtype, c10::Device pinned_for) {
+  const at::TensorOptions options = at::TensorOptions().dtype(dtype);
 #ifdef TRAINER_HAVE_CUDA
-  if (pinned) {
+  if (pinned_for.is_cuda()) {
+    c10::cuda::CUDAGuard on_device(pinned_for);
     void* data = nullptr;
-    const size_t bytes = static_cast<size_t>(std::max<int64_t>(elements, 1)) * sizeof(float);
-    LLM_CHECK_CUDA(cudaHostAlloc(&data, bytes, cudaHostAllocDefault));
-    return at::from_blob(data, {elements}, [](void* block) { cudaFreeHost(block); }, fp32);
+    const int64_t bytes = std::max<int64_t>(elements, 1) * static_cast<int64_t>(c10::elementSize(dtype));
+    LLM_CHECK_CUDA(cudaHostAlloc(&data, static_cast<size_t>(bytes), cudaHostAllocDefault));
+    exact_pinned.fetch_add(bytes);
+    return at::from_blob(
+        data, {elements},
+        [bytes](void* block) {
+          cudaFreeHost(block);
+          exact_pinned.fetch_sub(bytes);
+        },
+        options);
   }
 #else
-  (void)pinned;
+  (void)pinned_for;
 #endif
-  return at::empty({elements}, fp32);
+  return at::empty({elements}, options);
 }
+
+int64_t exact_pinned_bytes() { return exact_pinned.load(); }
 
 int64_t device_peak_allocated_bytes(c10::Device device) {
   return device_memory_stats(device).allocated_peak_bytes;

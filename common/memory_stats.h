@@ -50,11 +50,15 @@ struct PinnedMemoryStats {
 };
 PinnedMemoryStats pinned_memory_stats(c10::Device device);
 
-// A host fp32 tensor of `elements`, page-locked with cudaHostAlloc itself when `pinned` (a CUDA build
-// only; otherwise, and when not pinned, at::empty): the caching host allocator behind
-// pinned_memory(true) rounds every block up to a power of two and keeps it, so a 9.4 GiB buffer
-// would hold 16 GiB. Freed (cudaFreeHost) with its last tensor; not in pinned_memory_stats.
-at::Tensor exact_host_buffer(int64_t elements, bool pinned);
+// A host tensor of `elements` of `dtype`, page-locked for `pinned_for` with cudaHostAlloc itself
+// when that is a CUDA device (a CUDA build only; otherwise at::empty): the caching host allocator
+// behind pinned_memory(true) rounds every block up to a power of two and keeps it, so a 9.4 GiB
+// buffer would hold 16 GiB. Allocated under a guard of that device (cudaHostAlloc makes a context on
+// the current one). Freed (cudaFreeHost) with its last tensor; not in pinned_memory_stats, but in
+// exact_pinned_bytes().
+at::Tensor exact_host_buffer(int64_t elements, at::ScalarType dtype, c10::Device pinned_for);
+// The bytes exact_host_buffer holds page-locked now, in this process (0 on CPU).
+int64_t exact_pinned_bytes();
 
 // The CUDA allocator's history (torch::cuda::_record_memory_history: every allocation and free with
 // its C++ stack, up to max_entries events in a ring) and its snapshot as the pickle that

@@ -52,15 +52,14 @@ StepPhase StepTimer::switch_to(StepPhase phase) {
     marks.host.resize(index + 1);
   }
   marks.phases[index] = phase;
+  marks.host[index] = std::chrono::steady_clock::now();
 #ifdef TRAINER_HAVE_CUDA
   if (device_.is_cuda()) {
     if (marks.events.size() <= index)
       marks.events.push_back(std::make_unique<c10::cuda::CUDAEvent>(cudaEventDefault));  // timing on
     marks.events[index]->record(c10::cuda::getCurrentCUDAStream(device_.index()));
-    return previous;
   }
 #endif
-  marks.host[index] = std::chrono::steady_clock::now();
   return previous;
 }
 
@@ -69,6 +68,10 @@ PhaseSeconds StepTimer::end_step() {
   in_step_ = false;
   PhaseSeconds seconds{};
   Marks& marks = *marks_;
+  host_seconds_ = {};
+  for (size_t i = 0; i + 1 < marks.count; ++i)
+    host_seconds_[static_cast<size_t>(marks.phases[i])] +=
+        std::chrono::duration<double>(marks.host[i + 1] - marks.host[i]).count();
 #ifdef TRAINER_HAVE_CUDA
   if (device_.is_cuda()) {
     marks.events[marks.count - 1]->synchronize();
@@ -78,10 +81,7 @@ PhaseSeconds StepTimer::end_step() {
     return seconds;
   }
 #endif
-  for (size_t i = 0; i + 1 < marks.count; ++i)
-    seconds[static_cast<size_t>(marks.phases[i])] +=
-        std::chrono::duration<double>(marks.host[i + 1] - marks.host[i]).count();
-  return seconds;
+  return host_seconds_;
 }
 
 }  // namespace llm

@@ -7,6 +7,10 @@
 // each phase is the time the compute stream spent in it, with no host synchronisation inside the
 // step. An all-gather prefetched on the gather stream overlaps compute and shows only as the wait it
 // causes (under collectives): the exposed communication, which is what a user can act on.
+//
+// The host clock is read at every switch on a CUDA rank too (host_seconds()): the stream's phases
+// do not show what the host does beside the stream (offload's host step, its waits, a read that
+// drains the queue), and the two side by side say whether a step is bound by the GPU or the host.
 #pragma once
 
 #include <array>
@@ -35,7 +39,9 @@ class StepTimer {
   // Time from now on counts to `phase`; returns the phase it counted to until now. Outside a step
   // (evaluation, checkpoints) switches are ignored.
   StepPhase switch_to(StepPhase phase);
-  PhaseSeconds end_step();  // seconds per phase since begin_step()
+  PhaseSeconds end_step();  // seconds per phase since begin_step(): the compute stream's on CUDA
+  // The last ended step's phases by the host clock (the same as end_step()'s on a CPU rank).
+  const PhaseSeconds& host_seconds() const { return host_seconds_; }
 
   // Counts to `phase` until the scope ends, then to the phase before.
   class Scope {
@@ -58,6 +64,7 @@ class StepTimer {
   bool in_step_ = false;
   StepPhase current_ = StepPhase::other;
   std::unique_ptr<Marks> marks_;
+  PhaseSeconds host_seconds_{};
 };
 
 }  // namespace llm

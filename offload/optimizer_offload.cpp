@@ -4,7 +4,12 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
 
+#include <chrono>
+#include <optional>
+#include <utility>
+
 #include "common/errors.h"
+#include "common/memory_stats.h"
 #include "sharding/sharded_model.h"
 
 #ifdef TRAINER_HAVE_CUDA
@@ -52,9 +57,11 @@ OptimizerOffload::OptimizerOffload(ShardedModel& model, const OptimizerSettings&
     // read or write are page-locked on CUDA, so the copies are DMA and asynchronous.
     masters_.push_back(at::empty({numel}, host));
     masters_.back().copy_(unit.master_shard());
-    gradients_.push_back(at::empty({numel}, host.pinned_memory(on_cuda_)));
+    // Exact sizes (common/memory_stats.h): the caching host allocator would round each up to a
+    // power of two, up to twice the pinned memory the estimate counts.
+    gradients_.push_back(exact_host_buffer(numel, at::kFloat, device));
     if (on_cuda_) {
-      staging_.push_back(at::empty({numel}, host.dtype(model.options().compute_dtype).pinned_memory(true)));
+      staging_.push_back(exact_host_buffer(numel, model.options().compute_dtype, device));
       staging_.back().copy_(masters_.back());  // the padding rows, which no step writes
       pinned_bytes_ += static_cast<int64_t>(gradients_.back().nbytes() + staging_.back().nbytes());
     }
@@ -83,13 +90,16 @@ OptimizerOffload::~OptimizerOffload() {
 void OptimizerOffload::gradient_ready(size_t unit) {
   at::NoGradGuard no_grad;
   // The unit gives its shard up: when this reference goes, the device memory is free again.
-  at::Tensor shard = model_.unit(unit).take_gradient_shard();
+  ShardedUnit& sharded = model_.unit(unit);
+  at::Tensor shard = sharded.take_gradient_shard();
 #ifdef TRAINER_HAVE_CUDA
   if (on_cuda_) {
-    // The shard is final once the compute stream reaches here (the reduce-scatter wrote it).
+    // The shard is final once the compute stream reaches here (a resident unit's reduction ran
+    // there) and the reduce stream is past its reduce-scatter (a sharded unit's).
     c10::cuda::CUDAEvent reduced;
     reduced.record(c10::cuda::getCurrentCUDAStream(copies_->device));
     reduced.block(copies_->to_host);
+    sharded.order_after_reduce(copies_->to_host.unwrap());
     c10::cuda::CUDAStreamGuard on_copy_stream(copies_->to_host);
     gradients_.at(unit).copy_(shard, /*non_blocking=*/true);
     copies_->gradient_landed.at(unit).record(copies_->to_host);
@@ -137,6 +147,15 @@ void OptimizerOffload::step(double lr, double gradient_scale) {
 
 void OptimizerOffload::step_on_host(size_t unit) {
   at::NoGradGuard no_grad;
+  const auto started = std::chrono::steady_clock::now();
+  struct AddTime {
+    OptimizerOffload& offload;
+    std::chrono::steady_clock::time_point started;
+    ~AddTime() {
+      std::lock_guard<std::mutex> lock(offload.mutex_);
+      offload.times_.host_step_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    }
+  } add_time{*this, started};
 #ifdef TRAINER_HAVE_CUDA
   if (on_cuda_) copies_->gradient_landed.at(unit).synchronize();
 #endif
@@ -181,6 +200,11 @@ void OptimizerOffload::send_to_device(size_t unit) {
 void OptimizerOffload::worker_loop() {
   // The worker's ATen ops split work like the main thread's (the OpenMP thread count is per thread).
   at::set_num_threads(intra_op_threads_);
+#ifdef TRAINER_HAVE_CUDA
+  // Its events, copies and page-locked buffers belong to the rank's GPU, not to GPU 0.
+  std::optional<c10::cuda::CUDAGuard> on_device;
+  if (on_cuda_) on_device.emplace(copies_->device);
+#endif
   for (;;) {
     size_t unit = 0;
     {
@@ -215,12 +239,21 @@ void OptimizerOffload::mark_done(size_t unit) {
 void OptimizerOffload::wait_unit(size_t unit) {
   {
     std::unique_lock<std::mutex> lock(mutex_);
-    changed_.wait(lock, [&] { return done_.at(unit) || failure_ != nullptr; });
+    if (!done_.at(unit) && failure_ == nullptr) {
+      const auto started = std::chrono::steady_clock::now();
+      changed_.wait(lock, [&] { return done_.at(unit) || failure_ != nullptr; });
+      times_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    }
     if (failure_) std::rethrow_exception(failure_);
   }
 #ifdef TRAINER_HAVE_CUDA
   if (on_cuda_) copies_->update_landed.at(unit).block(c10::cuda::getCurrentCUDAStream(copies_->device));
 #endif
+}
+
+OffloadTimes OptimizerOffload::take_times() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::exchange(times_, OffloadTimes{});
 }
 
 void OptimizerOffload::wait_all() {

@@ -62,6 +62,15 @@ namespace llm {
 class Communicator;
 class ShardedModel;
 
+// Where offload's host time goes, summed since the last take_times(): the host step itself (the
+// worker's and the main thread's: waiting for a gradient to land, the update, the rounded copy), and
+// the main thread blocked in wait_unit() for an update that was not ready (the part of the host step
+// the step's time shows). On CUDA neither is on the compute stream, so the stream's phases miss them.
+struct OffloadTimes {
+  double host_step_seconds = 0;
+  double wait_seconds = 0;
+};
+
 class OptimizerOffload {
  public:
   // Copies every unit's master to host memory, moves the unit's own master off the device
@@ -88,6 +97,7 @@ class OptimizerOffload {
   OwnedBytes owned_bytes() const;
   // Of those, the page-locked bytes (the gradient and staging buffers on CUDA; 0 on a CPU rank).
   int64_t pinned_bytes() const { return pinned_bytes_; }
+  OffloadTimes take_times();
 
  private:
   struct CudaCopies;  // streams and events (optimizer_offload.cpp; CUDA builds only)
@@ -115,6 +125,7 @@ class OptimizerOffload {
   std::vector<bool> done_;
   bool stopping_ = false;
   std::exception_ptr failure_;  // the worker's, rethrown by the next wait
+  OffloadTimes times_;          // under mutex_
   std::thread worker_;
 };
 

@@ -76,6 +76,14 @@ ShardOptimizer::ShardOptimizer(const OptimizerSettings& settings, std::vector<Un
                   kSource, layout.unit,
                   "the master and gradient shards must be contiguous float32 tensors of the layout's "
                   "shard_numel elements");
+    // The rules' collectives (subset norms, GaLore's projections) run over these tensors: a
+    // communicator for another device would be handed tensors it cannot carry (NCCL and host
+    // tensors: --offload optimizer on GPUs), and fail only at the first step on that hardware.
+    LLM_REQUIRE(across_ == nullptr || across_->device() == unit.master.device(), kSource,
+                layout.unit,
+                "the state is on " + unit.master.device().str() + " but the communicator across ranks (" +
+                    across_->backend_name() + ") works on " + across_->device().str() +
+                    "; host state needs a host communicator (MPI), device state the device's");
     UnitState state;
     std::vector<std::optional<std::vector<int64_t>>> exp_avg, exp_avg_sq, projector;
     for (size_t i = 0; i < layout.parameters.size(); ++i) {

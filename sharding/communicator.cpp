@@ -8,6 +8,7 @@
 #include <c10/util/BFloat16.h>
 
 #include <climits>
+#include <cstdlib>
 #include <cstdint>
 #include <sstream>
 
@@ -288,12 +289,14 @@ std::unique_ptr<Communicator> make_nccl_communicator(const World&, c10::Device d
 }
 #endif
 
-std::unique_ptr<Communicator> make_communicator(const World& world, c10::Device device) {
+std::unique_ptr<Communicator> make_communicator(const World& world, c10::Device device, bool prefer_mpi) {
   LLM_REQUIRE(device.is_cpu() || device.is_cuda(), "make_communicator", "device",
               "'" + device.str() + "' is neither cpu nor cuda");
   if (world.world_size == 1) return make_single_rank_communicator(device);
-  if (device.is_cuda()) return make_nccl_communicator(world, device);
-  return make_mpi_communicator(world);
+  const char* stage = std::getenv("LLM_DEBUG_STAGE_MPI");
+  const bool stage_cpu = stage != nullptr && std::string(stage) == "1";
+  if (device.is_cuda()) return prefer_mpi ? make_staged_mpi_communicator(world, device) : make_nccl_communicator(world, device);
+  return prefer_mpi && stage_cpu ? make_staged_mpi_communicator(world, device) : make_mpi_communicator(world);
 }
 
 }  // namespace llm

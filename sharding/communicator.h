@@ -10,6 +10,10 @@
 //     matches anybody else's. Blocking: when a call returns the result is in place.
 //   * "nccl":   CUDA tensors over NCCL, one communicator per rank bound to its GPU. Calls enqueue
 //     on a stream and return at once (no host synchronisation, except barrier()).
+//   * "mpi (staged through host memory)": tensors of any device over MPI, through page-locked host
+//     buffers (staged_communicator.cpp): several ranks on one GPU, or GPUs without NCCL. Blocking,
+//     like the MPI backend; slow by design. LLM_DEBUG_STAGE_MPI=1 makes make_communicator pick it
+//     for CPU ranks too, so the CPU tests run the trainer through its staging.
 //
 // Layout conventions (NCCL's, which the flat shard layout relies on):
 //   all_gather:     input (n) -> output (world_size * n), rank-major: rank r's input lands at
@@ -103,8 +107,9 @@ class Communicator {
 };
 
 // The backend for this world and device: "single" when world_size == 1, "nccl" for a CUDA device,
-// "mpi" otherwise. Collective over the world (every rank calls it with its own device).
-std::unique_ptr<Communicator> make_communicator(const World& world, c10::Device device);
+// "mpi" otherwise; with prefer_mpi, the staged MPI backend for a CUDA device (and for a CPU one under
+// LLM_DEBUG_STAGE_MPI=1). Collective over the world (every rank calls it with its own device).
+std::unique_ptr<Communicator> make_communicator(const World& world, c10::Device device, bool prefer_mpi = false);
 
 // Backends by name, for tests and benchmarks that want one regardless of the world size (a
 // one-rank NCCL communicator exercises the NCCL path on a single GPU).
@@ -112,5 +117,7 @@ std::unique_ptr<Communicator> make_single_rank_communicator(c10::Device device);
 std::unique_ptr<Communicator> make_mpi_communicator(const World& world);
 // Throws UserError in a build without CUDA.
 std::unique_ptr<Communicator> make_nccl_communicator(const World& world, c10::Device device);
+// MPI through page-locked host staging buffers, for tensors on `device` (cpu, or a GPU with index).
+std::unique_ptr<Communicator> make_staged_mpi_communicator(const World& world, c10::Device device);
 
 }  // namespace llm

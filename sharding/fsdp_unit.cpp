@@ -17,6 +17,8 @@ struct ShardedUnit::GatherEvents {
 #ifdef TRAINER_HAVE_CUDA
   c10::cuda::CUDAEvent compute_ready;  // recorded on the compute stream before the gather starts
   c10::cuda::CUDAEvent gathered;       // recorded on the gather stream after the last copy
+  c10::cuda::CUDAEvent gradients_ready;  // on the compute stream: the flat gradient buffer is written
+  c10::cuda::CUDAEvent reduced;          // on the reduce stream: the shard and its norm are final
 #endif
 };
 
@@ -244,9 +246,38 @@ void ShardedUnit::prepare_gradients() {
 
 void ShardedUnit::reduce_gradients() {
   reduce_into_shard();
-  // Each unit's share of the global norm, while the shard is here (clipping: train_loop.cpp).
+  // Each unit's share of the global norm, while the shard is here (clipping: train_loop.cpp): on
+  // the stream that wrote the shard.
   at::NoGradGuard no_grad;
+#ifdef TRAINER_HAVE_CUDA
+  if (reduce_in_flight_) {
+    const c10::cuda::CUDAStream side(*reduce_stream_);
+    {
+      c10::cuda::CUDAStreamGuard on_reduce_stream(side);
+      gradient_squares_ = at::dot(gradient_, gradient_);
+    }
+    events_->reduced.record(side);
+    return;
+  }
+#endif
   gradient_squares_ = at::dot(gradient_, gradient_);
+}
+
+void ShardedUnit::wait_reduced() {
+  if (!reduce_in_flight_) return;
+#ifdef TRAINER_HAVE_CUDA
+  events_->reduced.block(c10::cuda::getCurrentCUDAStream(gradient_options_.device().index()));
+#endif
+  reduce_in_flight_ = false;
+}
+
+void ShardedUnit::order_after_reduce(const c10::Stream& stream) {
+  if (!reduce_in_flight_) return;
+#ifdef TRAINER_HAVE_CUDA
+  events_->reduced.block(c10::cuda::CUDAStream(stream));
+#else
+  (void)stream;
+#endif
 }
 
 void ShardedUnit::reduce_into_shard() {
@@ -282,6 +313,33 @@ void ShardedUnit::reduce_into_shard() {
   }
   // Every row of the shard is written below, so a transient one needs no zeroing.
   if (gradient_transient_) gradient_ = at::empty({layout_.shard_numel}, gradient_options_);
+#ifdef TRAINER_HAVE_CUDA
+  if (reduce_stream_ && flat.is_cuda()) {
+    // The reduction on the reduce stream, after the compute stream wrote `flat` (and, for a
+    // persistent shard, after its last readers: the optimizer and the last step's norm).
+    const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(flat.device().index());
+    const c10::cuda::CUDAStream side(*reduce_stream_);
+    if (!events_) events_ = std::make_unique<GatherEvents>();
+    events_->gradients_ready.record(compute);
+    events_->gradients_ready.block(side);
+    {
+      c10::cuda::CUDAStreamGuard on_reduce_stream(side);
+      if (strategy_ == ShardingStrategy::no_shard) {
+        communicator_.all_reduce(flat, ReduceOp::average, reduce_stream_);
+        gradient_.copy_(flat);
+      } else {
+        communicator_.reduce_scatter(flat, gradient_, ReduceOp::average, reduce_stream_);
+      }
+    }
+    // `flat` came from the compute stream's pool and goes now: its block must not be handed out
+    // again before the reduce stream has read it (a deferred free, as FSDP1 does for this buffer).
+    // The shard is read on the compute stream only after wait_reduced(), or on a copy stream after
+    // order_after_reduce().
+    flat.record_stream(side.unwrap());
+    reduce_in_flight_ = true;
+    return;
+  }
+#endif
   if (strategy_ == ShardingStrategy::no_shard) {
     communicator_.all_reduce(flat, ReduceOp::average);
     gradient_.copy_(flat);

@@ -90,7 +90,18 @@ class ShardedUnit {
   // Before this unit's backward: a resident fp32 unit zeroes its gradient shard if the last step
   // consumed it (the first micro-batch of a step then accumulates into zeros).
   void prepare_gradients();
+  // The full gradients into the shard, reduced over ranks. With a reduce stream (a CUDA stream of
+  // the communicator's device, set_reduce_stream) a sharded unit's reduce-scatter and its squared
+  // norm run there, after the compute stream's work so far, and the call returns at once: the next
+  // unit's backward overlaps the reduction, as in FSDP2. Whoever reads the shard on the compute
+  // stream calls wait_reduced() first (ShardedModel at the end of backward; the fused step); a copy
+  // on another stream orders that stream with order_after_reduce(). Resident units and CPU units
+  // reduce in line, as before.
   void reduce_gradients();
+  void set_reduce_stream(const CollectiveStream& stream) { reduce_stream_ = stream; }
+  void wait_reduced();                                  // the current stream waits for the reduction
+  void order_after_reduce(const c10::Stream& stream);  // `stream` waits for it (no host wait)
+  bool reduce_in_flight() const { return reduce_in_flight_; }
   // After the optimizer updated the master shard: refreshes the compute shard from it (when they are
   // two buffers), and for no_shard the parameters (the sharded strategies refresh them at the next
   // gather()).
@@ -173,12 +184,15 @@ class ShardedUnit {
   bool gradient_transient_ = false;  // make_gradient_transient()
   bool gathered_ = true;
   bool gather_in_flight_ = false;  // gathered on the gather stream, not yet waited for
+  CollectiveStream reduce_stream_;
+  bool reduce_in_flight_ = false;  // reduced on the reduce stream, the compute stream not yet waiting
   struct GatherEvents;             // CUDA events (fsdp_unit.cpp; CUDA builds only)
   std::unique_ptr<GatherEvents> events_;
 };
 
-// A side stream for prefetching all-gathers on `device`: a CUDA stream from LibTorch's pool, or
-// std::nullopt where gathers are synchronous (a CPU device, or a build without CUDA).
+// A side stream for prefetching all-gathers (or for reduce-scatters) on `device`: a CUDA stream from
+// LibTorch's pool, or std::nullopt where collectives are in line (a CPU device, or a build without
+// CUDA).
 CollectiveStream make_gather_stream(c10::Device device);
 
 }  // namespace llm

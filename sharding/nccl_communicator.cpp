@@ -14,6 +14,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <mpi.h>
 
+#include <exception>
+
 #include "common/errors.h"
 #include "common/log.h"
 #include "sharding/communicator.h"
@@ -50,6 +52,15 @@ class NcclCommunicator final : public Communicator {
     if (comm_ == nullptr) return;
     // Never throws: a destructor may run while another error unwinds the stack.
     c10::cuda::CUDAGuard device_guard(device().index());
+    if (std::uncaught_exceptions() > 0) {
+      // An error is on its way out (maybe a peer died): ncclCommFinalize would wait for the work
+      // queued with that peer, forever, before main() could end the job. Abort drops it at once.
+      const ncclResult_t aborted = ncclCommAbort(comm_);
+      if (aborted != ncclSuccess)
+        log::warn("rank " + std::to_string(rank()) + ": aborting the NCCL communicator failed: " +
+                  nccl_error_detail(aborted));
+      return;
+    }
     const ncclResult_t finalized = ncclCommFinalize(comm_);
     const ncclResult_t destroyed = ncclCommDestroy(comm_);
     if (finalized != ncclSuccess || destroyed != ncclSuccess)

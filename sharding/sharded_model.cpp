@@ -22,6 +22,7 @@ const char* to_string(UnitEvent event) {
 ShardedModel::ShardedModel(Communicator& communicator, ShardingOptions options)
     : communicator_(communicator), options_(options) {
   if (options_.prefetch) gather_stream_ = make_gather_stream(communicator_.device());
+  reduce_stream_ = make_gather_stream(communicator_.device());  // std::nullopt on CPU
 }
 
 ShardedModel::~ShardedModel() = default;
@@ -32,6 +33,7 @@ size_t ShardedModel::add_unit(std::string name, std::vector<std::pair<std::strin
   units_.push_back(std::make_unique<ShardedUnit>(std::move(name), std::move(parameters), communicator_,
                                                  options_.strategy, options_.compute_dtype,
                                                  options_.resident_when_whole));
+  units_.back()->set_reduce_stream(reduce_stream_);
   forwards_.push_back(std::move(forward));
   // Nothing has run yet, so a fresh plan over the units so far is the plan. Resident units (the
   // whole unit on this rank) are never gathered nor released: no_shard's plan.
@@ -132,6 +134,9 @@ void ShardedModel::backward(Activations& boundaries, const at::Tensor& loss, boo
         apply(action, Pass::train);
     }
   }
+  // What follows on the compute stream (the norm, the optimizer, the next step) reads the shards.
+  if (reduce)
+    for (auto& unit : units_) unit->wait_reduced();
 }
 
 void ShardedModel::release_all() {

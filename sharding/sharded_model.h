@@ -128,6 +128,7 @@ class ShardedModel {
   std::vector<UnitForward> forwards_;
   StepPlan plan_;
   CollectiveStream gather_stream_;  // CUDA side stream for prefetches; none on CPU
+  CollectiveStream reduce_stream_;  // CUDA side stream for the gradients' reductions; none on CPU
   std::vector<Listener> listeners_;
   std::vector<bool> recomputed_;
   RecomputeScope recompute_scope_;

@@ -770,6 +770,9 @@ TEST(CliTrain, EnumSpellings) {
   EXPECT_EQ(parse({"--config", "c", "--precision", "mixed"}).run.precision.mode, Precision::mixed);
   EXPECT_EQ(parse({"--config", "c", "--device", "auto"}).run.device, DeviceChoice::auto_select);
   EXPECT_EQ(parse({"--config", "c", "--device", "cuda"}).run.device, DeviceChoice::cuda);
+  EXPECT_EQ(parse({"--config", "c"}).run.sharding.communicator, CommunicatorChoice::auto_select);
+  EXPECT_EQ(parse({"--config", "c", "--communicator", "mpi"}).run.sharding.communicator, CommunicatorChoice::mpi);
+  EXPECT_EQ(parse({"--config", "c", "--communicator", "nccl"}).run.to_json().at("communicator"), "nccl");
 }
 
 TEST(CliTrain, RepeatedFlagTakesTheLastValue) {
@@ -845,6 +848,7 @@ TEST(CliTrain, BadChoiceNamesTheFlag) {
   expect_mentions(parse_error({"--config", "c", "--dtype", "float16"}), {"--dtype", "float16"});
   expect_mentions(parse_error({"--config", "c", "--precision", "half"}), {"--precision"});
   expect_mentions(parse_error({"--config", "c", "--device", "tpu"}), {"--device", "tpu"});
+  expect_mentions(parse_error({"--config", "c", "--communicator", "gloo"}), {"--communicator", "gloo"});
 }
 
 TEST(CliTrain, BadNumberNamesTheFlag) {

@@ -6,10 +6,18 @@
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
 
-#include <cmath>
+#include <torch/cuda.h>
 
+#include <cmath>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "common/host_memory.h"
+#include "common/memory_stats.h"
 #include "tests/tensor_checks.h"
 #include "trainer/model/cross_entropy.h"
 
@@ -91,6 +99,69 @@ TEST(FusedCrossEntropyEdges, BatchedShapesAndAWrongLabelIsNoticed) {
   const double ours = causal_lm_loss(logits, labels).item<double>();
   EXPECT_NEAR(ours, causal_lm_loss_reference(logits, labels).item<double>(), 1e-6);
   EXPECT_GT(std::abs(causal_lm_loss(logits, (labels + 1) % 13).item<double>() - ours), 1e-3);
+}
+
+
+// What the loss holds beyond its gradient is what trainer estimate counts for it
+// (cross_entropy_transient_bytes): measured with the counting host allocator on CPU and with the
+// CUDA caching allocator's peak on a GPU. bf16 logits in training (the upcast and the exponentials
+// of each block), fp32 in evaluation (the exponentials), fp32 in training (nothing: the exponentials
+// are written into the gradient). Each case spans several blocks, so counting the whole rows at once
+// (the CUDA path before, 8 x rows x V) would be far outside the bound. The slack: the (rows, 1)
+// per-row vectors of the blocks in flight and the per-row losses, at most 64 bytes a row.
+struct Measured {
+  int64_t held_beyond_gradient = 0;
+  int64_t counted = 0;
+};
+
+Measured loss_transient(c10::Device device, at::ScalarType dtype, bool training, int64_t rows, int64_t vocab) {
+  at::manual_seed(3);
+  at::Tensor logits = (at::randn({rows, vocab}) * 3).to(dtype).to(device);
+  const at::Tensor labels = at::randint(0, vocab, {rows}, at::kLong).to(device);
+  if (training) logits.requires_grad_(true);
+  std::optional<at::NoGradGuard> no_grad;
+  if (!training) no_grad.emplace();
+  int64_t before = 0;
+  if (device.is_cuda()) {
+    reset_device_peak_stats(device);
+    before = device_memory_stats(device).allocated_bytes;
+  } else {
+    reset_host_window_peak();
+    before = host_memory_counters().current_bytes;
+  }
+  at::Tensor loss = causal_lm_loss(logits, labels);
+  const int64_t peak =
+      device.is_cuda() ? device_memory_stats(device).allocated_peak_bytes : host_memory_counters().window_peak_bytes;
+  const int64_t gradient = training ? rows * vocab * static_cast<int64_t>(c10::elementSize(dtype)) : 0;
+  return {peak - before - gradient,
+          cross_entropy_transient_bytes(rows, vocab, dtype, training, device.is_cuda(), at::get_num_threads())};
+}
+
+void expect_counted(c10::Device device, int64_t rows, int64_t vocab) {
+  const int64_t slack = 64 * rows + 4096;
+  for (const auto& [dtype, training] : std::vector<std::pair<at::ScalarType, bool>>{
+           {at::kBFloat16, true}, {at::kFloat, false}, {at::kFloat, true}, {at::kBFloat16, false}}) {
+    SCOPED_TRACE(std::string(c10::toString(dtype)) + (training ? " training" : " evaluation"));
+    const CrossEntropyBlocks blocks = cross_entropy_blocks(rows, vocab, device.is_cuda(), at::get_num_threads());
+    ASSERT_GT(blocks.blocks, 2) << "the case must span several blocks";
+    const Measured m = loss_transient(device, dtype, training, rows, vocab);
+    EXPECT_LE(m.held_beyond_gradient, m.counted + slack);
+    // Blocks on host threads need not overlap: at least one block's worth is always there.
+    EXPECT_GE(m.held_beyond_gradient, m.counted / blocks.concurrent);
+    if (dtype == at::kBFloat16) {
+      EXPECT_LT(m.counted, 8 * rows * vocab / 2) << "one block at a time, not all rows";
+    }
+  }
+}
+
+TEST(CrossEntropyMemory, WhatTheLossHoldsIsWhatTheEstimateCounts) {
+  install_host_memory_tracking();
+  expect_counted(c10::Device(c10::kCPU), 1024, 4096);  // 128 rows a block on the host
+}
+
+TEST(CrossEntropyMemory, OnCudaTheLossWorksInRowBlocks) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this host";
+  expect_counted(c10::Device(c10::kCUDA, 0), 8192, 32000);  // 524 rows a block on a GPU
 }
 
 }  // namespace

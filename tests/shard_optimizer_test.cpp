@@ -15,6 +15,7 @@
 
 #include "common/errors.h"
 #include "optim/shard_optimizer.h"
+#include "sharding/communicator.h"
 
 namespace llm {
 namespace {
@@ -172,6 +173,42 @@ TEST(PerUnitState, OneValidatorListsEveryProblemAndChangesNothing) {
   }
   for (const auto& [key, tensor] : optimizer.full_state_dict()) EXPECT_TRUE(at::equal(tensor, good.at(key))) << key;
   optimizer.load_full_state_dict(good);  // the good one still loads
+}
+
+
+// A communicator that claims a GPU and carries nothing: what NCCL is to host tensors. The optimizer
+// must refuse it at construction, on CPU, instead of at the first step's collective on GPUs
+// (--offload optimizer with adamw_sn or GaLore at 2+ GPUs handed NCCL its host state).
+class CommunicatorOfAnotherDevice final : public Communicator {
+ public:
+  CommunicatorOfAnotherDevice() : Communicator(0, 2, c10::Device(c10::kCUDA, 0)) {}
+  std::string backend_name() const override { return "nccl (test)"; }
+
+ protected:
+  void run_all_gather(const at::Tensor&, const at::Tensor&, bool, CollectiveStream) override { ADD_FAILURE(); }
+  void run_reduce_scatter(const at::Tensor&, const at::Tensor&, ReduceOp, CollectiveStream) override {
+    ADD_FAILURE();
+  }
+  void run_all_reduce(const at::Tensor&, ReduceOp, CollectiveStream) override { ADD_FAILURE(); }
+  void run_broadcast(const at::Tensor&, int, CollectiveStream) override { ADD_FAILURE(); }
+  void run_barrier() override {}
+};
+
+TEST(ShardOptimizerDevices, ACommunicatorOfAnotherDeviceIsRefusedAtConstruction) {
+  for (const std::string kind : {"adamw", "adamw_sn", "galore_adamw"}) {
+    SCOPED_TRACE(kind);
+    CommunicatorOfAnotherDevice communicator;
+    Grouped grouped({{0, 1, 2}}, kind);
+    try {
+      ShardOptimizer optimizer(settings_for(kind), grouped.units, &communicator);
+      FAIL() << "accepted host state with a communicator on cuda:0";
+    } catch (const UserError& error) {
+      const std::string message = error.what();
+      EXPECT_NE(message.find("the state is on cpu"), std::string::npos) << message;
+      EXPECT_NE(message.find("works on cuda:0"), std::string::npos) << message;
+      EXPECT_NE(message.find("host communicator (MPI)"), std::string::npos) << message;
+    }
+  }
 }
 
 }  // namespace

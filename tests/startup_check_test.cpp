@@ -11,6 +11,7 @@
 
 #include "tests/test_util.h"
 #include "trainer/memory/startup_check.h"
+#include "trainer/model/model_config.h"
 
 namespace llm {
 namespace {
@@ -78,6 +79,39 @@ TEST(MemoryCheck, GpuPeakAgainstFreeDeviceMemoryThenNodeHost) {
   ASSERT_TRUE(both);
   expect_mentions(*both, {"for the offloaded optimizer (masters, state, landing and staging buffers) and --async_save's "
                           "copy of each rank's state", "or drop --async_save"});
+}
+
+// On CUDA the device holds more than the tensors: kernel modules, cuBLAS workspaces, NCCL's buffers,
+// the caching allocator's slack (estimate.h, CudaRuntimeBytes). A run whose tensors fit in the free
+// memory but not with those is refused, naming each term; before, tensors alone were compared.
+TEST(MemoryCheck, OnCudaTheRuntimesOwnMemoryCounts) {
+  RunConfig run;
+  MemoryEstimate estimate = two_ranks("cuda", 3 * kGiB);
+  for (RankEstimate& rank : estimate.ranks) rank.runtime = cuda_runtime_bytes(rank.peak_bytes, /*nccl=*/true);
+  const CudaRuntimeBytes& runtime = estimate.ranks[1].runtime;
+  EXPECT_EQ(runtime.nccl_buffers, 576 * (int64_t{1} << 20));
+  EXPECT_EQ(runtime.allocator_slack, 10 * kGiB / 16 + 40 * (int64_t{1} << 20));
+  const int64_t need = 10 * kGiB + runtime.total();
+  const auto refused = memory_check_failure(estimate, 1, 2, {10 * kGiB + kGiB / 2, 100 * kGiB}, run);
+  ASSERT_TRUE(refused) << "10 GiB of tensors and " << runtime.total() << " bytes of runtime in 10.5 GiB";
+  expect_mentions(*refused, {"rank 1 needs about 11.85 GiB of device memory", "10.00 GiB of tensors",
+                             "kernel modules 0.50 GiB", "cuBLAS workspaces 0.1", "NCCL buffers 0.56 GiB",
+                             "allocator slack 0.66 GiB", "10.50 GiB free"});
+  EXPECT_FALSE(memory_check_failure(estimate, 1, 2, {need, 100 * kGiB}, run)) << "equal fits";
+  // One rank (or MPI): no NCCL buffers.
+  EXPECT_EQ(cuda_runtime_bytes(kGiB, /*nccl=*/false).nccl_buffers, 0);
+  // trainer estimate carries them for CUDA, not for CPU.
+  ModelConfig model = load_model_config((testing::source_dir() / "configs/llama_micro.json").string());
+  RunConfig small;
+  small.data.batch_size = 2;
+  small.data.max_length = 16;
+  validate_run_config(small, model, 2);
+  EstimateOptions options;
+  options.world_size = 2;
+  options.device = "cuda";
+  EXPECT_GT(estimate_memory(model, small, options).ranks[0].runtime.nccl_buffers, 0);
+  options.device = "cpu";
+  EXPECT_EQ(estimate_memory(model, small, options).ranks[0].runtime.total(), 0);
 }
 
 TEST(MemoryCheck, HugeVocabularyStopsBeforeAllocating) {

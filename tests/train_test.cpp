@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <tuple>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -73,6 +75,9 @@ TEST(Train, StepTimeSplitsIntoPhases) {
       EXPECT_GE(sum, 0.9 * step_time - 1e-3) << step.dump();
       for (const char* phase : {"forward", "backward", "optimizer"})
         EXPECT_GT(static_cast<double>(phases.at(phase)), 0.0) << phase << ": " << step.dump();
+      // The host clock's phases: on a CPU rank they are the phases (on CUDA the stream's differ).
+      EXPECT_EQ(step.at("host_phase_s"), phases) << step.dump();
+      EXPECT_FALSE(step.contains("offload")) << step.dump();
       if (ranks == 2) EXPECT_GT(static_cast<double>(phases.at("collectives")), 0.0) << step.dump();
     }
     const auto schedule = testing::read_metrics_events(dir.path(), "gather_schedule").at(0);
@@ -83,6 +88,68 @@ TEST(Train, StepTimeSplitsIntoPhases) {
     else
       EXPECT_GT(gathers, 0) << schedule.dump();
   }
+}
+
+// A read of a device value on the host drains a GPU's queue (common/device.h): a step makes a fixed
+// number of them, whatever its micro-batches and units. Two per step (the loss averaged over ranks,
+// the gradient norm); the fused step one more (the loss checked before the backward that updates).
+// Before the loss stayed on the device, each micro-batch's loss was read, and the fused step read
+// every unit's gradient norm: 4 + 2 reads at accumulation 4, 2 + 1 + units fused.
+TEST(Train, HostReadsPerStepDoNotGrowWithMicroBatchesOrUnits) {
+  for (const auto& [accumulation, extra, expected] :
+       std::vector<std::tuple<int, std::string, int64_t>>{{1, "", 2}, {4, "", 2},
+                                                          {4, " --fuse_optimizer_with_backward --grad_clipping 0", 3}}) {
+    SCOPED_TRACE("accumulation " + std::to_string(accumulation) + extra);
+    ScratchDir dir("host_reads");
+    auto result = run_command("OMP_NUM_THREADS=1 " + testing::trainer_binary().string() + " --config " +
+                              (testing::source_dir() / "configs/llama_micro.json").string() +
+                              " --device cpu --num_training_steps 2 --warmup_steps 0 --batch_size 2 --max_length 16"
+                              " --total_batch_size " + std::to_string(2 * accumulation) +
+                              " --eval_every 0 --run_dir " + dir.path().string() + extra);
+    ASSERT_EQ(result.exit_code, 0) << result.output;
+    const auto steps = testing::read_metrics_events(dir.path(), "train");
+    ASSERT_EQ(steps.size(), 2u);
+    for (const auto& step : steps) EXPECT_EQ(step.at("host_reads").get<int64_t>(), expected) << step.dump();
+  }
+}
+
+// With --offload optimizer the host step runs beside the step (a worker thread, and on CUDA off the
+// compute stream): the train record says how long it took and how long the compute thread waited
+// for it, since the last record. Here 3 steps of llama_micro on one CPU rank.
+TEST(Train, OffloadReportsItsHostStepAndWaits) {
+  ScratchDir dir("offload_times");
+  auto result = run_command("OMP_NUM_THREADS=1 " + testing::trainer_binary().string() + " --config " +
+                            (testing::source_dir() / "configs/llama_micro.json").string() +
+                            " --device cpu --num_training_steps 3 --warmup_steps 0 --batch_size 2 --max_length 16"
+                            " --eval_every 0 --offload optimizer --run_dir " + dir.path().string());
+  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const auto steps = testing::read_metrics_events(dir.path(), "train");
+  ASSERT_EQ(steps.size(), 3u);
+  double host_step = 0;
+  for (const auto& step : steps) {
+    ASSERT_TRUE(step.contains("offload")) << step.dump();
+    const double step_s = step.at("offload").at("host_step_s"), wait_s = step.at("offload").at("wait_s");
+    EXPECT_GE(wait_s, 0.0) << step.dump();
+    EXPECT_GE(step_s, 0.0) << step.dump();
+    host_step += step_s;
+  }
+  // Every unit of every step was stepped on the host (the last step's before the run's end).
+  EXPECT_GT(host_step, 0.0);
+}
+
+// NCCL carries GPU tensors only: --communicator nccl on a CPU rank is exit 2 before anything is built.
+TEST(Train, NcclCommunicatorOnCpuIsRefused) {
+  ScratchDir dir("nccl_on_cpu");
+  const auto result = run_command("OMP_NUM_THREADS=1 " + testing::trainer_binary().string() + " --config " +
+                                  (testing::source_dir() / "configs/llama_micro.json").string() +
+                                  " --device cpu --communicator nccl --num_training_steps 1 --batch_size 2"
+                                  " --max_length 16 --run_dir " +
+                                  dir.path().string());
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find("--communicator nccl: NCCL carries GPU tensors, and this rank runs on cpu"),
+            std::string::npos)
+      << result.output;
+  EXPECT_TRUE(testing::read_metrics_events(dir.path(), "train").empty());
 }
 
 TEST(Train, ResumedRunEqualsTheUninterruptedOne) {

@@ -202,6 +202,12 @@ Command parse_command_line(int argc, const char* const* argv) {
   add(offload.add(app, "--offload",
                   "optimizer: fp32 master shards and optimizer state in host memory (pinned where "
                   "they cross to a GPU), stepped there per unit while the device goes on (docs/offload.md)"));
+  EnumFlag<CommunicatorChoice> communicator(
+      {CommunicatorChoice::auto_select, CommunicatorChoice::nccl, CommunicatorChoice::mpi}, run.sharding.communicator);
+  add(communicator.add(app, "--communicator",
+                       "what carries collectives across ranks: auto (NCCL on GPUs, MPI on CPUs), nccl, or mpi "
+                       "(on GPUs: CUDA tensors staged through page-locked host memory, slow; lets several ranks "
+                       "share one GPU, e.g. mpirun -np 4 on a one-GPU machine)"));
   EnumFlag<Scheduler> scheduler({Scheduler::cosine, Scheduler::linear, Scheduler::constant},
                                 run.optimizer.scheduler);
   add(scheduler.add(app, "--scheduler", "learning-rate schedule after warm-up"));
@@ -591,6 +597,7 @@ Command parse_command_line(int argc, const char* const* argv) {
   run.sharding.strategy = sharding.value();
   run.sharding.prefetch = !no_prefetch;
   run.sharding.offload = offload.value();
+  run.sharding.communicator = communicator.value();
   run.precision.dtype = dtype.value();
   run.precision.mode = precision.value();
   run.device = device.value();

@@ -55,6 +55,15 @@ const char* to_string(Offload value) {
   return "?";
 }
 
+const char* to_string(CommunicatorChoice value) {
+  switch (value) {
+    case CommunicatorChoice::auto_select: return "auto";
+    case CommunicatorChoice::nccl: return "nccl";
+    case CommunicatorChoice::mpi: return "mpi";
+  }
+  return "?";
+}
+
 const char* to_string(Precision value) {
   switch (value) {
     case Precision::pure: return "pure";
@@ -115,6 +124,7 @@ json RunConfig::to_json() const {
       {"sharding", llm::to_string(sharding.strategy)},
       {"prefetch", sharding.prefetch},
       {"offload", to_string(sharding.offload)},
+      {"communicator", to_string(sharding.communicator)},
       {"log_every", logging.log_every},
       {"print_config", logging.print_config},
       {"memory_snapshot", logging.memory_snapshot},
@@ -197,6 +207,8 @@ RunConfig run_config_from_json(const json& object, const std::string& source) {
             ShardingStrategy::no_shard);
   read("prefetch", run.sharding.prefetch);
   read_enum("offload", run.sharding.offload, Offload::none, Offload::optimizer);
+  read_enum("communicator", run.sharding.communicator, CommunicatorChoice::auto_select, CommunicatorChoice::nccl,
+            CommunicatorChoice::mpi);
   read("log_every", run.logging.log_every);
   read("print_config", run.logging.print_config);
   read("memory_snapshot", run.logging.memory_snapshot);

@@ -24,6 +24,10 @@ enum class Precision { pure, mixed };
 // --offload optimizer: fp32 masters and optimizer state in host memory, stepped there
 // (offload/optimizer_offload.h, docs/offload.md).
 enum class Offload { none, optimizer };  // bf16 only: pure bf16 weights (GaLore) or autocast + fp32 master
+// --communicator: what carries the collectives across ranks. auto: NCCL for GPUs, MPI for CPUs.
+// mpi on GPUs: CUDA tensors staged through page-locked host memory (sharding/communicator.h), so
+// several ranks can share one GPU (a test bed for every sharded path) or run where NCCL does not.
+enum class CommunicatorChoice { auto_select, nccl, mpi };
 
 // What each step reads: where the tokens come from, how many per rank and per step, and the
 // held-out evaluation.
@@ -76,6 +80,7 @@ struct ShardingConfig {
   // it off: at most one unit gathered under full_shard instead of two. Nothing to do for no_shard.
   bool prefetch = true;
   Offload offload = Offload::none;  // --offload
+  CommunicatorChoice communicator = CommunicatorChoice::auto_select;  // --communicator
 };
 
 // The dtype the model computes in.
@@ -184,5 +189,6 @@ const char* to_string(DType value);
 const char* to_string(DeviceChoice value);
 const char* to_string(Precision value);
 const char* to_string(Offload value);
+const char* to_string(CommunicatorChoice value);
 
 }  // namespace llm

@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/device.h"
 #include "common/errors.h"
 #include "common/host_memory.h"
 #include "common/log.h"
@@ -92,13 +93,23 @@ int run_command(const llm::Command& command, const llm::World& world) {
   context.init_from = init_from.get();
   context.rank = world.rank;
   context.world_size = world.world_size;
-  context.device = llm::select_device(run.device, world.local_rank);
+  const bool over_mpi = run.sharding.communicator == llm::CommunicatorChoice::mpi;
+  context.device = llm::select_device(run.device, world.local_rank, world.local_size, over_mpi);
+  if (run.sharding.communicator == llm::CommunicatorChoice::nccl && !context.device.is_cuda())
+    throw llm::UserError("--communicator nccl: NCCL carries GPU tensors, and this rank runs on " + context.device.str() +
+                         "; use --communicator auto or mpi on CPUs");
+  // Every allocation, context and handle of this rank on its own GPU, not on GPU 0 (common/device.h).
+  llm::make_current_device(context.device);
   // Before anything large exists: a run that cannot fit stops here with the numbers (exit 2).
   if (!run.skip_memory_check)
     llm::check_memory_before_training(model, run, world.rank, world.world_size, world.local_size, context.device);
   llm::process_identity().device = context.device.str();
-  std::unique_ptr<llm::Communicator> communicator = llm::make_communicator(world, context.device);
+  std::unique_ptr<llm::Communicator> communicator = llm::make_communicator(world, context.device, over_mpi);
   context.communicator = communicator.get();
+  // Host tensors never go to NCCL: a GPU rank has a host communicator beside it (train_loop.h).
+  std::unique_ptr<llm::Communicator> host_communicator;
+  if (!context.device.is_cpu()) host_communicator = llm::make_communicator(world, c10::Device(c10::kCPU));
+  context.host_communicator = host_communicator ? host_communicator.get() : communicator.get();
   llm::install_preemption_handlers();  // from here a signal stops the run at a step boundary
   llm::start_preemption_deadline(run.preemption_grace_seconds);
   const llm::TrainingOutcome outcome = llm::train(model, run, context);

@@ -36,14 +36,21 @@ void MetricsLog::log_line(const std::string& text) {
 
 void MetricsLog::log_step(const StepRecord& r) {
   if (!is_writer_) return;
-  nlohmann::json phases = nlohmann::json::object();
-  for (int phase = 0; phase < kStepPhases; ++phase)
-    phases[to_string(static_cast<StepPhase>(phase))] = r.phase_seconds[static_cast<size_t>(phase)];
-  write({{"event", "train"}, {"step", r.step}, {"loss", r.loss}, {"lr", r.lr},
-         {"grad_norm", r.grad_norm}, {"tokens_per_s", r.tokens_per_second},
-         {"step_time_s", r.step_seconds}, {"tokens_seen", r.tokens_seen},
-         {"peak_memory_bytes", r.peak_memory_bytes}, {"projector_s", r.projector_seconds},
-         {"phase_s", phases}});
+  const auto by_phase = [](const PhaseSeconds& seconds) {
+    nlohmann::json phases = nlohmann::json::object();
+    for (int phase = 0; phase < kStepPhases; ++phase)
+      phases[to_string(static_cast<StepPhase>(phase))] = seconds[static_cast<size_t>(phase)];
+    return phases;
+  };
+  nlohmann::json record = {{"event", "train"}, {"step", r.step}, {"loss", r.loss}, {"lr", r.lr},
+                           {"grad_norm", r.grad_norm}, {"tokens_per_s", r.tokens_per_second},
+                           {"step_time_s", r.step_seconds}, {"tokens_seen", r.tokens_seen},
+                           {"peak_memory_bytes", r.peak_memory_bytes}, {"projector_s", r.projector_seconds},
+                           {"phase_s", by_phase(r.phase_seconds)}, {"host_phase_s", by_phase(r.host_phase_seconds)},
+                           {"host_reads", r.host_reads}};
+  if (r.offloaded)
+    record["offload"] = {{"host_step_s", r.offload_host_step_seconds}, {"wait_s", r.offload_wait_seconds}};
+  write(record);
   char line[256];
   std::snprintf(line, sizeof(line),
                 "step %6lld/%lld | loss %.4f | lr %.3e | grad_norm %.3f | tok/s %.0f | peak_mem %s",

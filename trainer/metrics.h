@@ -41,6 +41,12 @@ struct StepRecord {
   int64_t peak_memory_bytes = 0;
   double projector_seconds = 0;  // GaLore projector recomputation within the step (0 otherwise)
   PhaseSeconds phase_seconds{};  // the step's time by phase; they add up to step_seconds
+  int64_t host_reads = 0;        // reads of device values in the step: each drains a GPU (common/device.h)
+  PhaseSeconds host_phase_seconds{};  // the same phases by the host clock (step_timer.h)
+  // --offload optimizer: the host step's time and the compute thread's waits for it
+  // (offload/optimizer_offload.h, OffloadTimes), since the last record.
+  bool offloaded = false;
+  double offload_host_step_seconds = 0, offload_wait_seconds = 0;
 };
 
 class MetricsLog {

@@ -5,9 +5,11 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <sstream>
 
+#include "common/device.h"
 #include "common/errors.h"
 #include "common/log.h"
 #include "common/memory_stats.h"
@@ -58,17 +60,24 @@ Corpus open_corpus(const RunConfig& run, const ModelConfig& model, const Runtime
           corpus.entropy_rate_nats};
 }
 
+// On a GPU the batch goes through page-locked memory and its copy is queued without waiting (a
+// pageable copy makes the host wait for the GPU); the caching host allocator keeps the page-locked
+// block until the copy has read it.
 Batch to_device(Batch batch, c10::Device device) {
-  return {batch.input_ids.to(device), batch.labels.to(device)};
+  if (!device.is_cuda()) return {batch.input_ids.to(device), batch.labels.to(device)};
+  return {batch.input_ids.pin_memory().to(device, /*non_blocking=*/true),
+          batch.labels.pin_memory().to(device, /*non_blocking=*/true)};
 }
 
-double average_over_ranks(double value, Communicator& communicator) {
-  at::Tensor tensor = at::full({1}, value, at::TensorOptions().dtype(at::kDouble).device(communicator.device()));
+// The mean over ranks of a value each rank holds on its device as a double (a loss summed over
+// micro-batches in double, as the host would), read on the host once: the step's one read of it.
+double average_over_ranks(const at::Tensor& value, Communicator& communicator) {
+  at::Tensor tensor = value.reshape({1});
   if (communicator.world_size() > 1) {
     tensor = tensor.to(at::kFloat);
     communicator.all_reduce(tensor, ReduceOp::average);
   }
-  return tensor.item<double>();
+  return read_to_host(tensor);
 }
 
 // Global L2 norm over every rank's gradient shard. no_shard ranks each hold the whole gradient: no
@@ -80,7 +89,7 @@ double global_gradient_norm(ShardedModel& model, Communicator& communicator) {
   at::Tensor squares = at::zeros({1}, model.unit(0).gradient_squares().options());
   for (size_t u = 0; u < model.unit_count(); ++u) squares += model.unit(u).gradient_squares();
   if (model.options().strategy != ShardingStrategy::no_shard) communicator.all_reduce(squares, ReduceOp::sum);
-  return std::sqrt(squares.item<double>());
+  return std::sqrt(read_to_host(squares));
 }
 
 // What the gradients are multiplied by to clip them to max_norm (torch's clip_grad_norm_ rule); 1
@@ -133,6 +142,14 @@ std::string agree_on_run_id(const std::string& resumed, Communicator& communicat
   return resumed.empty() ? every_rank_string(communicator, new_run_id()).front() : resumed;
 }
 
+// LLM_DEBUG_NO_RESIDENT_UNITS=1: a unit that is its own whole shard (one rank, no_shard) still
+// gathers, prefetches and reduces like a sharded one, so one rank on one GPU runs those paths. The
+// results are the same bits; only the work and the memory differ (docs/gpu.md).
+bool resident_units_allowed() {
+  const char* knob = std::getenv("LLM_DEBUG_NO_RESIDENT_UNITS");
+  return knob == nullptr || std::string(knob) != "1";
+}
+
 // Every rank builds the same initial weights from the seed.
 const ModelConfig& seeded(const ModelConfig& config, uint64_t seed) {
   at::manual_seed(seed);
@@ -143,6 +160,7 @@ const ModelConfig& seeded(const ModelConfig& config, uint64_t seed) {
 struct StepResult {
   double loss = 0, grad_norm = 0, lr = 0;
   PhaseSeconds phase_seconds{};
+  int64_t host_reads = 0;  // reads of device values the step made (common/device.h)
 };
 
 // Everything one rank's training holds. The constructor is the set-up, in the order the memory
@@ -186,6 +204,7 @@ class Training {
   const RuntimeContext& context_;
   const c10::Device device_;
   Communicator& communicator_;
+  Communicator& host_communicator_;  // host tensors: offload's collectives, agreements, strings
   const bool autocast_;  // bf16 mixed: fp32 parameters, bf16 autocast in the forward
   const bool prepared_;
   MetricsLog metrics_;
@@ -217,13 +236,13 @@ class Training {
   int64_t live_batch_bytes_ = 0;
   DivergenceWatch divergence_;
   // --fuse_optimizer_with_backward: each unit steps at its gradient_shard_ready, at this step's lr.
-  void fused_step(size_t unit, int64_t step);
-  int64_t fused_for_step_ = 0;
+  void fused_step(size_t unit);
   double fused_lr_ = 0;
   double lr_at(int64_t step) const;  // the schedule's lr of update `step`
   // What to change when a run stops for a NaN or divergence: the flags and their values now (not
   // --grad_clipping with the fused step, which refuses it).
   std::string what_to_change() const;
+  std::string non_finite_gradients() const;  // the units whose squared gradient norm is not finite
 };
 
 Training::Training(const ModelConfig& model_config, const RunConfig& run, const RuntimeContext& context)
@@ -232,6 +251,7 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
       context_(context),
       device_(context.device),
       communicator_(*context.communicator),
+      host_communicator_(context.host_communicator ? *context.host_communicator : *context.communicator),
       autocast_(run.precision.dtype == DType::bfloat16 && run.precision.mode == Precision::mixed),
       prepared_(prepare_run(run, device_)),
       // A resumed run appends to the run's history (a fresh one starts it).
@@ -249,7 +269,8 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
       timer_(device_),
       sharded_(communicator_,
                {run.sharding.strategy, run.sharding.prefetch,
-                run.precision.dtype == DType::bfloat16 && run.precision.mode == Precision::pure ? at::kBFloat16 : at::kFloat}),
+                run.precision.dtype == DType::bfloat16 && run.precision.mode == Precision::pure ? at::kBFloat16 : at::kFloat,
+                resident_units_allowed()}),
       model_(seeded(model_config, run.seed),
              [this](const UnitSpec& unit, NamedTensors parameters) { shard_when_built(unit, std::move(parameters)); }),
       divergence_(run.divergence_patience, run.optimizer.warmup_steps.value(), model_config.vocab_size) {
@@ -275,18 +296,20 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
                           static_cast<int>(u));
     if (offload_ && event == UnitEvent::before_shard_read) offload_->wait_unit(u);
     if (offload_ && event == UnitEvent::gradient_shard_ready) offload_->gradient_ready(u);
-    if (run_.fuse_optimizer_with_backward && event == UnitEvent::gradient_shard_ready) fused_step(u, fused_for_step_);
+    if (run_.fuse_optimizer_with_backward && event == UnitEvent::gradient_shard_ready) fused_step(u);
     if (event == UnitEvent::after_forward)
       ledger_.point(pass == Pass::train ? "forward" : "eval", sharded_.unit(u).name(), owned_now());
     else if (event == UnitEvent::after_backward)
       ledger_.point("backward", sharded_.unit(u).name(), owned_now());
   });
   const bool sharded_across_ranks = context.world_size > 1 && run.sharding.strategy != ShardingStrategy::no_shard;
-  Communicator* across = sharded_across_ranks ? &communicator_ : nullptr;
+  // The optimizer's collectives go over the communicator of the device its state is on: the host's
+  // with offload (NCCL cannot carry host tensors).
   if (run.sharding.offload == Offload::optimizer)
-    offload_ = std::make_unique<OptimizerOffload>(sharded_, optimizer_settings(run), unit_update_rules(sharded_, run), across);
+    offload_ = std::make_unique<OptimizerOffload>(sharded_, optimizer_settings(run), unit_update_rules(sharded_, run),
+                                                  sharded_across_ranks ? &host_communicator_ : nullptr);
   else
-    device_optimizer_ = build_optimizer(run, sharded_, across);
+    device_optimizer_ = build_optimizer(run, sharded_, sharded_across_ranks ? &communicator_ : nullptr);
   if (run.fuse_optimizer_with_backward)
     for (size_t u = 0; u < sharded_.unit_count(); ++u) {
       // A unit's gradient shard lives from its reduction to its step (fused_step), as with offload.
@@ -296,7 +319,7 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
   state_.seed = run.seed;
   if (!run.checkpoint.continue_from.empty())
     resume(context.resume_folder.empty() ? resolve_checkpoint_folder(run.checkpoint.continue_from) : context.resume_folder);
-  run_id_ = agree_on_run_id(run_id_, communicator_);
+  run_id_ = agree_on_run_id(run_id_, host_communicator_);
   start_step_ = state_.step;
   record_start();
 }
@@ -327,10 +350,10 @@ void Training::shard_when_built(const UnitSpec& unit, NamedTensors parameters) {
 // the optimizer unit by unit, and the compute shards refreshed from the masters.
 // With --fuse_optimizer_with_backward a unit's step runs as soon as its gradient shard is reduced
 // (gradient_shard_ready, in the last micro-batch's backward), at the step's lr, and its shard is freed
-// right after; clipping is off (validated), so nothing waits for the global norm. A non-finite
-// gradient stops the run before its unit steps (one host read of the unit's squared norm: a device
-// sync per unit on a GPU); units stepped earlier in this backward (later layers) keep their update,
-// and nothing of the step is saved.
+// right after; clipping is off (validated), so nothing waits for the global norm. A non-finite loss
+// stops the run before the last backward (one host read); a non-finite gradient is found by the
+// step's one finiteness check, after the units stepped: the run stops naming those units, and nothing
+// of the step is saved (a read per unit would drain the GPU once per unit).
 double Training::lr_at(int64_t step) const {
   return run_.optimizer.lr * lr_multiplier(run_.optimizer.scheduler, step, run_.optimizer.warmup_steps.value(),
                                            run_.num_training_steps, run_.optimizer.min_lr_ratio);
@@ -346,18 +369,18 @@ std::string Training::what_to_change() const {
   return out.str();
 }
 
-void Training::fused_step(size_t unit, int64_t step) {
+std::string Training::non_finite_gradients() const {
+  std::string names;
+  for (size_t u = 0; u < sharded_.unit_count(); ++u)
+    if (!std::isfinite(sharded_.unit(u).gradient_squares().item<double>()))
+      names += (names.empty() ? "" : ", ") + sharded_.unit(u).name();
+  return names.empty() ? "no unit of this rank" : names;
+}
+
+void Training::fused_step(size_t unit) {
   ShardedUnit& sharded = sharded_.unit(unit);
-  const double squares = sharded.gradient_squares().item<double>();
-  if (!std::isfinite(squares)) {
-    std::ostringstream message;
-    message << "step " << step << ": the gradient of " << sharded.name() << " is not finite (its squared norm is "
-            << squares << "); training stopped before that unit's update (the units after it, stepped earlier in "
-            << "this backward by --fuse_optimizer_with_backward, were updated; nothing of this step is saved). "
-            << what_to_change();
-    throw TrainingError(message.str());
-  }
   StepTimer::Scope timed(&timer_, StepPhase::optimizer);
+  sharded.wait_reduced();  // the step reads the shard on the compute stream
   device_optimizer_->set_unit_gradient(unit, sharded.gradient_shard());
   device_optimizer_->step_unit(unit, fused_lr_);
   device_optimizer_->set_unit_gradient(unit, at::Tensor());
@@ -370,11 +393,13 @@ StepResult Training::train_step(int64_t step) {
   ledger_.begin_step(step);
   const bool fused = run_.fuse_optimizer_with_backward;
   if (fused) {
-    fused_for_step_ = step;
     fused_lr_ = lr_at(step);
     device_optimizer_->begin_step();
   }
-  double loss_sum = 0;
+  const int64_t reads_before = host_reads();
+  // The micro-batches' losses, summed on the device in double (what the host's sum of their values
+  // gave): read once, at the end of the step.
+  at::Tensor loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device_));
   for (int64_t micro = 0; micro < run_.data.gradient_accumulation; ++micro) {
     Batch batch = to_device(train_batches_.next(), device_);
     ledger_.set_micro_batch(micro);
@@ -388,12 +413,13 @@ StepResult Training::train_step(int64_t step) {
     {
       StepTimer::Scope timed(&timer_, StepPhase::forward);
       loss = causal_lm_loss(boundaries.back().output, batch.labels);
-      loss_sum += loss.item<double>();
+      loss_sum += loss.detach().to(at::kDouble);
     }
     const bool last = micro + 1 == run_.data.gradient_accumulation;
-    if (fused && last && !std::isfinite(loss_sum)) {
+    if (fused && last && !std::isfinite(read_to_host(loss_sum))) {
       std::ostringstream message;
-      message << "step " << step << ": the loss is " << loss_sum / static_cast<double>(run_.data.gradient_accumulation)
+      message << "step " << step << ": the loss is "
+              << read_to_host(loss_sum) / static_cast<double>(run_.data.gradient_accumulation)
               << " on this rank; training stopped before the fused backward updated anything. " << what_to_change();
       throw TrainingError(message.str());
     }
@@ -411,8 +437,13 @@ StepResult Training::train_step(int64_t step) {
     result.grad_norm = global_gradient_norm(sharded_, communicator_);
     if (!std::isfinite(result.loss) || !std::isfinite(result.grad_norm)) {
       std::ostringstream message;
-      message << "step " << step << ": the loss is " << result.loss << " and the gradient norm " << result.grad_norm
-              << "; training stopped before the weights were corrupted. " << what_to_change();
+      message << "step " << step << ": the loss is " << result.loss << " and the gradient norm " << result.grad_norm;
+      if (fused)  // only now, on the way out: the units whose gradient is not finite
+        message << "; the gradient is not finite in " << non_finite_gradients()
+                << " (--fuse_optimizer_with_backward updated the units in this backward; nothing of this step is saved). ";
+      else
+        message << "; training stopped before the weights were corrupted. ";
+      message << what_to_change();
       throw TrainingError(message.str());
     }
     if (const std::optional<std::string> reason = divergence_.observe(step, result.loss, result.grad_norm)) {
@@ -444,6 +475,7 @@ StepResult Training::train_step(int64_t step) {
   state_.samples_consumed = train_batches_.samples_consumed();
   state_.tokens_seen += run_.data.total_batch_size * run_.data.max_length;
   result.phase_seconds = timer_.end_step();
+  result.host_reads = host_reads() - reads_before;
   return result;
 }
 
@@ -455,7 +487,7 @@ TrainingOutcome Training::run() {
   watchdog_ = std::make_unique<StallWatchdog>(run_.logging.run_dir, context_.rank, context_.world_size,
                                               watched ? run_.collective_timeout : 0.0,
                                               // every rank's host: another node's heartbeats may be unreadable here
-                                              watched ? every_rank_string(communicator_, process_identity().host)
+                                              watched ? every_rank_string(host_communicator_, process_identity().host)
                                                       : std::vector<std::string>());
   for (int64_t step = start_step_ + 1; step <= run_.num_training_steps; ++step) {
     current_step_ = step;
@@ -467,10 +499,19 @@ TrainingOutcome Training::run() {
     outcome.steps = step;
     outcome.final_loss = result.loss;
     const bool last = step == run_.num_training_steps;
-    if (step % run_.logging.log_every == 0 || last)
-      metrics_.log_step({step, run_.num_training_steps, result.loss, result.lr, result.grad_norm,
-                         static_cast<double>(tokens_per_step) / seconds, seconds, state_.tokens_seen,
-                         ledger_.step_line_peak_bytes(), optimizer().last_projector_seconds(), result.phase_seconds});
+    if (step % run_.logging.log_every == 0 || last) {
+      StepRecord record{step, run_.num_training_steps, result.loss, result.lr, result.grad_norm,
+                        static_cast<double>(tokens_per_step) / seconds, seconds, state_.tokens_seen,
+                        ledger_.step_line_peak_bytes(), optimizer().last_projector_seconds(), result.phase_seconds,
+                        result.host_reads, timer_.host_seconds()};
+      if (offload_) {
+        const OffloadTimes times = offload_->take_times();
+        record.offloaded = true;
+        record.offload_host_step_seconds = times.host_step_seconds;
+        record.offload_wait_seconds = times.wait_seconds;
+      }
+      metrics_.log_step(record);
+    }
     if ((run_.data.eval_every > 0 && step % run_.data.eval_every == 0) || last) {
       int64_t eval_tokens = 0;
       outcome.final_eval_loss = evaluate(&eval_tokens);
@@ -483,7 +524,7 @@ TrainingOutcome Training::run() {
     // (the same all-reduce says so), or before the next save, a preemption or the end.
     watchdog_->progress(step, "step end");
     bool written = background_save_ == nullptr || background_save_->written();
-    if (!last) outcome.preempted_by = preemption_agreed(communicator_, background_save_ ? &written : nullptr);
+    if (!last) outcome.preempted_by = preemption_agreed(host_communicator_, background_save_ ? &written : nullptr);
     const bool periodic_save = run_.checkpoint.save_every > 0 && step % run_.checkpoint.save_every == 0;
     const bool save_now = !run_.checkpoint.save_dir.empty() && (periodic_save || last || outcome.preempted_by != 0);
     if (background_save_ && (written || save_now)) {  // save_now covers the last step and a preemption
@@ -530,7 +571,7 @@ TrainingOutcome Training::run() {
 double Training::evaluate(int64_t* tokens) {
   at::NoGradGuard no_grad;
   eval_batches_.seek(0);
-  double sum = 0;
+  at::Tensor sum = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device_));
   for (int64_t i = 0; i < run_.data.eval_batches; ++i) {
     Batch batch = to_device(eval_batches_.next(), device_);
     Activations boundaries;
@@ -538,7 +579,7 @@ double Training::evaluate(int64_t* tokens) {
       AutocastRegion region(device_.type(), at::kBFloat16, autocast_);
       boundaries = sharded_.forward(batch.input_ids, Pass::eval);
     }
-    sum += causal_lm_loss(boundaries.back().output, batch.labels).item<double>();
+    sum += causal_lm_loss(boundaries.back().output, batch.labels).to(at::kDouble);
     *tokens += batch.labels.numel() * communicator_.world_size();
   }
   sharded_.release_all();
@@ -615,7 +656,7 @@ void Training::start_background_save(int64_t step) {
     at::NoGradGuard no_grad;
     if (!save_copy_.defined() || save_copy_.numel() < elements) {
       save_copy_ = at::Tensor();  // the smaller one goes first
-      save_copy_ = exact_host_buffer(elements, device_.is_cuda() && !offload_);
+      save_copy_ = exact_host_buffer(elements, at::kFloat, offload_ ? c10::Device(c10::kCPU) : device_);
     }
     int64_t offset = 0;
     for (StatePiece& piece : checkpoint.pieces) {
@@ -781,14 +822,23 @@ nlohmann::json Training::gather_schedule_record() const {
 
 }  // namespace
 
-c10::Device select_device(DeviceChoice choice, int local_rank) {
+c10::Device select_device(DeviceChoice choice, int local_rank, int local_size, bool gpus_shared) {
   const bool have_cuda = torch::cuda::is_available();
   if (choice == DeviceChoice::cuda) {
     LLM_REQUIRE(have_cuda, "--device", "cuda", "no CUDA device is visible; use --device cpu or auto");
     const int count = static_cast<int>(torch::cuda::device_count());
+    // NCCL refuses two ranks of one communicator on one GPU, with a message about duplicate GPUs
+    // that names neither the launcher nor the fix.
+    LLM_REQUIRE(gpus_shared || local_size <= count, "--device", "cuda",
+                std::to_string(local_size) + " ranks on this host share " + std::to_string(count) +
+                    " visible GPU(s), and NCCL cannot put two ranks on one GPU: start at most " +
+                    std::to_string(count) + " rank(s) per host (mpirun -np " + std::to_string(count) +
+                    "; launch/train.sh defaults to the GPU count), check CUDA_VISIBLE_DEVICES, or share the GPUs "
+                    "over --communicator mpi (slow: for tests)");
     return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank % count));
   }
-  if (choice == DeviceChoice::auto_select && have_cuda) return select_device(DeviceChoice::cuda, local_rank);
+  if (choice == DeviceChoice::auto_select && have_cuda)
+    return select_device(DeviceChoice::cuda, local_rank, local_size, gpus_shared);
   return c10::Device(c10::kCPU);
 }
 

@@ -22,6 +22,10 @@ struct RuntimeContext {
   int world_size = 1;
   c10::Device device = c10::Device(c10::kCPU);
   Communicator* communicator = nullptr;  // over all ranks, for this device
+  // Over all ranks, for host tensors: offload's optimizer collectives, the per-step preemption
+  // agreement, strings. The device communicator on a CPU rank; MPI beside NCCL on a GPU (NCCL
+  // carries device tensors only). nullptr: the device communicator (a CPU rank's tests).
+  Communicator* host_communicator = nullptr;
   // The checkpoint --continue_from resolved to at start-up (check_checkpoints_at_start,
   // trainer/checkpoint.h); "" for a fresh run, or to resolve it in train().
   std::string resume_folder;
@@ -43,7 +47,9 @@ struct TrainingOutcome {
 };
 
 // Picks the device from --device: cuda:<local_rank> when asked for (or auto and one is present).
-c10::Device select_device(DeviceChoice choice, int local_rank);
+// More ranks on this host (local_size) than GPUs is a UserError (NCCL cannot share a GPU) unless
+// gpus_shared (--communicator mpi): then rank r takes cuda:<local_rank % GPUs>.
+c10::Device select_device(DeviceChoice choice, int local_rank, int local_size, bool gpus_shared);
 
 // Runs the whole training job, or until a preemption signal (the outcome says which, and at which
 // step). Throws UserError for bad data or checkpoints and TrainingError when the loss stops being

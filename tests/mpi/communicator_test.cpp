@@ -11,14 +11,17 @@
 //
 // Sizes 1, 7, 22, 1023 hit vector tails and odd splits; 2^20 is large enough for MPI and NCCL to
 // switch to their pipelined large-message algorithms. Backends: "single" (a world of one, each
-// rank alone), "mpi" (CPU), "nccl" and "single_cuda" (skipped without a GPU per rank). The
-// collectives run at whatever -np mpirun gives (ctest runs 1 to 4).
+// rank alone), "mpi" (CPU), "mpi_staged" (MPI through host staging buffers, over CPU tensors),
+// "nccl" and "single_cuda" (skipped without a GPU per rank), "mpi_staged_cuda" (CUDA tensors staged
+// through page-locked memory; ranks may share a GPU; skipped without one). The collectives run at
+// whatever -np mpirun gives (ctest runs 1 to 4).
 //
 // Every rank must make the same collectives in the same order, so nothing that can differ between
 // ranks may skip a collective: checks after a collective are EXPECT_*, never ASSERT_*.
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <string>
@@ -224,7 +227,7 @@ std::string case_name(const ::testing::TestParamInfo<CollectiveCase>& info) {
 
 INSTANTIATE_TEST_SUITE_P(
     Backends, CollectiveTest,
-    ::testing::Combine(::testing::Values("single", "mpi", "nccl", "single_cuda"),
+    ::testing::Combine(::testing::Values("single", "mpi", "mpi_staged", "nccl", "single_cuda", "mpi_staged_cuda"),
                        ::testing::Values(at::kFloat, at::kBFloat16, at::kLong),
                        ::testing::Values(1, 7, 22, 1023, int64_t{1} << 20)),
     case_name);
@@ -316,7 +319,7 @@ TEST_P(ArgumentErrorTest, ErrorsLeaveTheCommunicatorUsable) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ArgumentErrorTest,
-                         ::testing::Values("single", "mpi", "nccl", "single_cuda"),
+                         ::testing::Values("single", "mpi", "mpi_staged", "nccl", "single_cuda", "mpi_staged_cuda"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            return info.param;
                          });
@@ -330,6 +333,16 @@ TEST(MakeCommunicator, PicksTheBackendFromWorldAndDevice) {
   EXPECT_EQ(comm->rank(), world.rank);
   EXPECT_EQ(comm->world_size(), world.world_size);
   comm->barrier();
+  // --communicator mpi on CPU ranks is the MPI backend; LLM_DEBUG_STAGE_MPI=1 stages it through host
+  // buffers, so the trainer's CPU tests can run the staging a GPU rank uses.
+  if (world.world_size > 1) {
+    EXPECT_EQ(llm::make_communicator(world, c10::kCPU, /*prefer_mpi=*/true)->backend_name(), "mpi");
+    setenv("LLM_DEBUG_STAGE_MPI", "1", 1);
+    EXPECT_EQ(llm::make_communicator(world, c10::kCPU, /*prefer_mpi=*/true)->backend_name(),
+              "mpi (staged through host memory)");
+    EXPECT_EQ(llm::make_communicator(world, c10::kCPU)->backend_name(), "mpi") << "only when asked for";
+    unsetenv("LLM_DEBUG_STAGE_MPI");
+  }
 }
 
 TEST(MakeCommunicator, RejectsDevicesItCannotServe) {

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <sstream>
 
+#include <ATen/Parallel.h>
+
 #include "common/errors.h"
 #include "common/memory_stats.h"
 #include "optim/galore.h"
@@ -12,6 +14,7 @@
 #include "optim/subset_norm.h"
 #include "sharding/flat_layout.h"
 #include "sharding/step_plan.h"
+#include "trainer/model/cross_entropy.h"
 #include "trainer/model/units.h"
 #include "trainer/optimizer_setup.h"
 
@@ -306,6 +309,13 @@ class StepSimulation {
     }
   }
 
+  // The fused loss's row blocks over n tokens: the fp32 upcast and exponentials of each block in
+  // flight (cross_entropy_transient_bytes, the function the loss itself sizes its blocks with).
+  int64_t loss_transient_bytes(int64_t n, bool with_gradient) const {
+    return cross_entropy_transient_bytes(n, m_.V, m_.mode == Mode::fp32 ? at::kFloat : at::kBFloat16, with_gradient,
+                                         cuda_, at::get_num_threads());
+  }
+
   int64_t unit_output_bytes(size_t u, int64_t n) const {
     return is_head(u) ? n * m_.V * m_.logits_bytes() : n * m_.h * m_.hidden_bytes();
   }
@@ -349,10 +359,10 @@ class StepSimulation {
     timeline_.remove(kActivations, autocast_cached_);
     autocast_cached_ = 0;
     // The loss (trainer/model/cross_entropy.h): its gradient with respect to the logits, written in
-    // the forward in the logits' dtype and kept for backward; the row blocks it works in are a few
-    // hundred KiB (not counted).
+    // the forward in the logits' dtype and kept for backward, and the row blocks it works in.
     const int64_t logits_gradient = n * m_.V * m_.logits_bytes();
     timeline_.add(kActivations, logits_gradient);
+    timeline_.spike(loss_transient_bytes(n, /*with_gradient=*/true));
 
     const int64_t grad_x = n * m_.h * m_.hidden_bytes();  // gradient of a unit's input
     const size_t head_input = units_.size() - 2;            // the unit whose output the head reads
@@ -477,6 +487,7 @@ class StepSimulation {
           timeline_.spike(n * m_.layer_eval_tail_per_token());
         timeline_.point("eval:" + name(u));
       }
+      timeline_.spike(loss_transient_bytes(n, /*with_gradient=*/false));
       for (size_t u = 0; u < units_.size(); ++u) timeline_.remove(kActivations, unit_output_bytes(u, n));
       timeline_.remove(kActivations, batch);
     }
@@ -636,6 +647,8 @@ MemoryEstimate estimate_memory(const ModelConfig& model, const RunConfig& run, c
     StepSimulation simulation(shape, units, options.world_size, rank, estimate.device == "cuda");
     estimate.ranks.push_back(simulation.run());
     estimate.gathered_units = static_cast<int>(simulation.peak_gathered_units());
+    if (estimate.device == "cuda")
+      estimate.ranks.back().runtime = cuda_runtime_bytes(estimate.ranks.back().peak_bytes, options.world_size > 1);
   }
   LLM_REQUIRE(options.ranks_per_node >= 0, "command line", "--ranks_per_node",
               "expected 0 (every rank on one node) or a positive number of ranks per node");
@@ -654,6 +667,16 @@ MemoryEstimate estimate_memory(const ModelConfig& model, const RunConfig& run, c
   return estimate;
 }
 
+CudaRuntimeBytes cuda_runtime_bytes(int64_t tensor_peak_bytes, bool nccl) {
+  constexpr int64_t kMiB = int64_t{1} << 20;
+  CudaRuntimeBytes bytes;
+  bytes.modules = 512 * kMiB;
+  bytes.cublas_workspaces = 2 * 2 * 32 * kMiB;  // 2 handles x (cuBLAS + cuBLASLt) x 32 MiB
+  bytes.nccl_buffers = nccl ? 2 * 32 * 9 * kMiB : 0;
+  bytes.allocator_slack = tensor_peak_bytes / 16 + 40 * kMiB;
+  return bytes;
+}
+
 nlohmann::json estimate_to_json(const MemoryEstimate& estimate) {
   nlohmann::json ranks = nlohmann::json::array();
   for (const RankEstimate& rank : estimate.ranks) {
@@ -669,6 +692,10 @@ nlohmann::json estimate_to_json(const MemoryEstimate& estimate) {
                      {"host_bytes", rank.host_bytes},
                      {"async_save_host_bytes", rank.async_save_host_bytes},
                      {"pinned_bytes", rank.pinned_bytes},
+                     {"cuda_runtime", {{"modules_bytes", rank.runtime.modules},
+                                       {"cublas_workspace_bytes", rank.runtime.cublas_workspaces},
+                                       {"nccl_buffer_bytes", rank.runtime.nccl_buffers},
+                                       {"allocator_slack_bytes", rank.runtime.allocator_slack}}},
                      {"phases", phases}});
   }
   nlohmann::json nodes = nlohmann::json::array();
@@ -776,8 +803,15 @@ std::string run_estimate_command(const ModelConfig& model, const RunConfig& run,
     }
     out << ".\n";
     if (estimate.device == "cuda")
-      out << "(CUDA: allocated bytes; the caching allocator reserves more, and the CUDA context, cuBLAS "
-             "workspaces and NCCL buffers come on top.)\n";
+      out << "(CUDA: allocated bytes; the runtime's own memory below comes on top.)\n";
+  }
+  if (estimate.device == "cuda") {
+    const CudaRuntimeBytes& runtime = estimate.ranks.front().runtime;
+    out << "\nBeside the tensors, each GPU holds about " << format_in(runtime.total(), unit) << " " << unit.name
+        << " more on rank 0 (budgets, not yet measured: docs/memory.md): kernel modules "
+        << format_in(runtime.modules, unit) << ", cuBLAS workspaces " << format_in(runtime.cublas_workspaces, unit)
+        << ", NCCL buffers " << format_in(runtime.nccl_buffers, unit) << ", the caching allocator's slack "
+        << format_in(runtime.allocator_slack, unit) << ". The start-up check counts them.\n";
   }
   out << node_memory_section(estimate, options);
   return out.str();

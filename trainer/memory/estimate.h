@@ -50,6 +50,27 @@ struct PhaseEstimate {
   MemoryCategories at_point;   // at the closing point (what the ledger's point records)
 };
 
+// What a CUDA rank's device holds beside its tensors, which the simulation does not see (it counts
+// tensors, the caching allocator's allocated bytes). Budgets from documented defaults, not yet
+// measured on our GPUs (docs/memory.md says where each comes from; the GPU kit's probe measures
+// them):
+//   modules            kernel images loaded after the context exists (LibTorch's, cuBLAS's,
+//                      flash attention's; CUDA loads modules lazily): 512 MiB
+//   cublas_workspaces  one workspace per (cuBLAS handle, stream) for cuBLAS and one for cuBLASLt,
+//                      32 MiB each on sm_90 (NVIDIA's recommendation, LibTorch's default), from the
+//                      caching allocator; the main thread's handle and the autograd engine's: 128 MiB
+//   nccl_buffers       several ranks over NCCL: per channel (up to 32 on Hopper) the Simple (4 MiB),
+//                      LL128 (~4.5 MiB) and LL (256 KiB) buffers, for the ring's and the tree's peers
+//                      (2 x 32 x 9 MiB): 576 MiB; 0 at one rank or over MPI
+//   allocator_slack    reserved over allocated: blocks cached on one stream that another cannot use,
+//                      rounding of large blocks to 2 MiB, fragmentation: 1/16 of the peak + 40 MiB
+// The CUDA context itself is created before the free memory is read, so it is already taken off.
+struct CudaRuntimeBytes {
+  int64_t modules = 0, cublas_workspaces = 0, nccl_buffers = 0, allocator_slack = 0;
+  int64_t total() const { return modules + cublas_workspaces + nccl_buffers + allocator_slack; }
+};
+CudaRuntimeBytes cuda_runtime_bytes(int64_t tensor_peak_bytes, bool nccl);
+
 struct RankEstimate {
   int rank = 0;
   int64_t peak_bytes = 0;       // largest window peak of a training step (eval included)
@@ -65,6 +86,9 @@ struct RankEstimate {
   // --async_save: the host copy a background save keeps (in host_bytes, and in pinned_bytes on CUDA
   // without --offload optimizer).
   int64_t async_save_host_bytes = 0;
+  // CUDA: the device memory beside the tensors (zero on CPU); peak_bytes + runtime.total() is what
+  // the start-up check compares with the GPU's free memory.
+  CudaRuntimeBytes runtime;
   std::vector<PhaseEstimate> phases;
 };
 

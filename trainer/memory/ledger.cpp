@@ -92,6 +92,9 @@ void MemoryLedger::point(const std::string& phase, const std::string& unit, cons
   const HostMemoryCounters host = host_memory_counters();
   const DeviceMemoryStats device = device_memory_stats(device_);
   const PinnedMemoryStats pinned = pinned_memory_stats(device_);
+  // Page-locked buffers of exact size (offload's landing and staging buffers, --async_save's copy)
+  // are cudaHostAlloc'd by us, outside the caching host allocator's figures: added here.
+  const int64_t exact_pinned = exact_pinned_bytes();
   const int64_t rss = current_resident_bytes();
   MemoryCategories categories = owned;
   categories.activations = 0;
@@ -113,7 +116,8 @@ void MemoryLedger::point(const std::string& phase, const std::string& unit, cons
   record["rss_bytes"] = rss;
   record["reserved_bytes"] = device.reserved_bytes;
   record["reserved_window_peak_bytes"] = device.reserved_peak_bytes;
-  record["pinned_bytes"] = pinned.reserved_bytes;
+  record["pinned_bytes"] = pinned.reserved_bytes + exact_pinned;
+  record["exact_pinned_bytes"] = exact_pinned;
   out_ << record.dump() << '\n';
 
   RankMemorySummary& s = step_summary_;
@@ -126,7 +130,7 @@ void MemoryLedger::point(const std::string& phase, const std::string& unit, cons
   }
   s.host_peak_bytes = std::max(s.host_peak_bytes, host.window_peak_bytes);
   s.reserved_peak_bytes = std::max(s.reserved_peak_bytes, device.reserved_peak_bytes);
-  s.pinned_peak_bytes = std::max(s.pinned_peak_bytes, pinned.reserved_peak_bytes);
+  s.pinned_peak_bytes = std::max(s.pinned_peak_bytes, pinned.reserved_peak_bytes + exact_pinned);
   s.alloc_retries = device.alloc_retries;
   s.ooms = device.ooms;
   ++step_points_;

@@ -61,9 +61,14 @@ std::optional<std::string> memory_check_failure(const MemoryEstimate& estimate, 
   const RankEstimate& mine = estimate.ranks.at(static_cast<size_t>(rank));
   const NodeEstimate& node = estimate.nodes.at(static_cast<size_t>(rank / std::max(1, local_ranks)));
   std::ostringstream why;
-  if (cuda && available.device_free_bytes > 0 && mine.peak_bytes > available.device_free_bytes) {
-    why << "memory check: rank " << rank << " needs about " << gib(mine.peak_bytes) << " of device memory at its peak ("
-        << breakdown(mine) << ") and its GPU has " << gib(available.device_free_bytes) << " free. " << remedies(run, cuda);
+  const int64_t device_need = mine.peak_bytes + mine.runtime.total();
+  if (cuda && available.device_free_bytes > 0 && device_need > available.device_free_bytes) {
+    why << "memory check: rank " << rank << " needs about " << gib(device_need) << " of device memory at its peak ("
+        << gib(mine.peak_bytes) << " of tensors " << breakdown(mine) << "; beside them kernel modules "
+        << gib(mine.runtime.modules) << ", cuBLAS workspaces " << gib(mine.runtime.cublas_workspaces)
+        << ", NCCL buffers " << gib(mine.runtime.nccl_buffers) << ", allocator slack "
+        << gib(mine.runtime.allocator_slack) << ") and its GPU has " << gib(available.device_free_bytes)
+        << " free. " << remedies(run, cuda);
     return why.str();
   }
   if (available.host_available_bytes > 0 && node.host_bytes > available.host_available_bytes) {
@@ -97,7 +102,8 @@ void check_memory_before_training(const ModelConfig& model, const RunConfig& run
     throw UserError(*failure);
   if (rank == 0) {
     const RankEstimate& first = estimate.ranks.front();
-    log::info("memory check: about {} per rank at the peak ({}){}; host {} per node of {} available", gib(first.peak_bytes),
+    log::info("memory check: about {} per rank at the peak ({}){}; host {} per node of {} available",
+              gib(first.peak_bytes + first.runtime.total()),
               first.peak_phase,
               device.is_cuda() ? " of " + gib(available.device_free_bytes) + " free on the GPU" : std::string(),
               gib(estimate.nodes.front().host_bytes), gib(available.host_available_bytes));

@@ -8,10 +8,15 @@ namespace llm {
 namespace {
 
 constexpr int64_t kIgnoreIndex = -100;
-// Bytes of fp32 a block of rows may take. Large enough that ATen's per-op overhead is small against
-// the block's work (2 rows of a 32000-word vocabulary per block was 1.6x slower than ATen's
-// cross_entropy), small enough that the passes over a block run from cache (bench/loss_bench.cpp).
-constexpr int64_t kBlockBytes = 2048 * 1024;
+// Bytes of fp32 a block of rows may take on the host. Large enough that ATen's per-op overhead is
+// small against the block's work (2 rows of a 32000-word vocabulary per block was 1.6x slower than
+// ATen's cross_entropy), small enough that the passes over a block run from cache
+// (bench/loss_bench.cpp).
+constexpr int64_t kHostBlockBytes = 2048 * 1024;
+// On a GPU the device's kernels are the parallelism: a block large enough that each of its dozen
+// launches fills the device (tens of thousands of elements per SM), small enough that the upcast
+// and the exponentials stay a fraction of the logits.
+constexpr int64_t kDeviceBlockBytes = 64 * 1024 * 1024;
 
 // logits (N, V) contiguous, labels (N) int64 contiguous on the same device. Returns the per-row
 // losses (N) fp32 (0 for ignored rows) and, when `gradient` is defined ((N, V) in the logits'
@@ -40,13 +45,13 @@ at::Tensor cross_entropy_rows(const at::Tensor& logits, const at::Tensor& labels
     exponentials.scatter_add_(1, target, -row_scale);
     if (!in_place) gradient.narrow(0, begin, end - begin).copy_(exponentials);
   };
+  const CrossEntropyBlocks blocks = cross_entropy_blocks(rows, vocab, logits.is_cuda(), at::get_num_threads());
+  const int64_t per_block = blocks.rows_per_block;
   if (logits.is_cuda()) {
-    block(0, rows);  // one block: the device's kernels are the parallelism
+    for (int64_t b = 0; b < blocks.blocks; ++b) block(b * per_block, std::min(rows, (b + 1) * per_block));
   } else {
-    const int64_t per_block = std::max<int64_t>(1, kBlockBytes / (4 * vocab));
-    const int64_t blocks = (rows + per_block - 1) / per_block;
     // Blocks in parallel; the ATen ops inside each run on the thread that owns the block.
-    at::parallel_for(0, blocks, 1, [&](int64_t first, int64_t last) {
+    at::parallel_for(0, blocks.blocks, 1, [&](int64_t first, int64_t last) {
       for (int64_t b = first; b < last; ++b) block(b * per_block, std::min(rows, (b + 1) * per_block));
     });
   }
@@ -73,12 +78,33 @@ struct FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {
     at::Tensor gradient = context->saved_data["gradient"].toTensor();
     context->saved_data.erase("gradient");
     const at::Tensor& scale = grad_outputs[0];
-    if (!(scale.numel() == 1 && scale.item<double>() == 1.0)) gradient.mul_(scale);
+    // On a GPU the scale is never read (a read drains the device): it multiplies. On the host a
+    // scale of exactly 1 (no accumulation) saves a pass over N x V.
+    if (scale.is_cuda() || !(scale.numel() == 1 && scale.item<double>() == 1.0)) gradient.mul_(scale);
     return {gradient, at::Tensor()};
   }
 };
 
 }  // namespace
+
+CrossEntropyBlocks cross_entropy_blocks(int64_t rows, int64_t vocab, bool on_cuda, int64_t threads) {
+  CrossEntropyBlocks blocks;
+  blocks.rows_per_block = std::max<int64_t>(1, (on_cuda ? kDeviceBlockBytes : kHostBlockBytes) / (4 * vocab));
+  blocks.blocks = (rows + blocks.rows_per_block - 1) / blocks.rows_per_block;
+  // at::parallel_for with a grain of 1 gives each thread a contiguous run of blocks.
+  blocks.concurrent = on_cuda ? std::min<int64_t>(1, blocks.blocks) : std::min(blocks.blocks, std::max<int64_t>(1, threads));
+  return blocks;
+}
+
+int64_t cross_entropy_transient_bytes(int64_t rows, int64_t vocab, at::ScalarType logits_dtype, bool with_gradient,
+                                      bool on_cuda, int64_t threads) {
+  const CrossEntropyBlocks blocks = cross_entropy_blocks(rows, vocab, on_cuda, threads);
+  const int64_t block_rows = std::min(rows, blocks.rows_per_block);
+  const bool fp32 = logits_dtype == at::kFloat;
+  // The gradient is made in the logits' dtype: fp32 logits in training take the exponentials in place.
+  const int64_t per_block = 4 * block_rows * vocab * ((fp32 ? 0 : 1) + (fp32 && with_gradient ? 0 : 1));
+  return per_block * blocks.concurrent;
+}
 
 at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels) {
   const int64_t vocab = logits.size(-1);

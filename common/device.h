@@ -1,0 +1,33 @@
+// The device a rank computes on, made current once, and the host's reads of device values.
+//
+// The CUDA caching allocator, cudaHostAlloc, cuBLAS handles and every kernel launched without a
+// guard use the *current* device of the calling thread. select_device() only names cuda:<local
+// rank>; make_current_device() makes it current for the main thread, right after, so a rank with
+// local rank N never creates a context or allocates on GPU 0. Threads we start ourselves (the
+// offload worker, the background save, the watchdog) set it again with a CUDAGuard where they
+// touch CUDA.
+//
+// A host read of a device value (tensor.item(), a copy to the host that is waited for) drains the
+// GPU's queue: the host waits for every kernel queued before it, and nothing new is queued while
+// it waits. A step should have a fixed, small number of them, independent of the micro-batches and
+// units. read_to_host() is the one way the training step reads a device value, and it counts, so
+// a CPU test can show how many a step takes (Train.HostReadsPerStep*).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <optional>
+
+namespace llm {
+
+// On a CUDA device: cudaSetDevice for this thread (c10::cuda::set_device). Nothing on CPU.
+void make_current_device(c10::Device device);
+
+// The value of a one-element tensor as a double, read on the host: one synchronisation on a GPU.
+double read_to_host(const at::Tensor& scalar);
+// How many read_to_host calls this process has made (all threads).
+int64_t host_reads();
+
+}  // namespace llm

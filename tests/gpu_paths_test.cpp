@@ -1,0 +1,203 @@
+// Every sharded path a GPU run takes, reachable and checked (issue 24).
+//
+// On CPU, here and in CI:
+//   * the staged MPI communicator (--communicator mpi; LLM_DEBUG_STAGE_MPI=1 stages CPU tensors
+//     too) trains 2 and 4 ranks to the same bits as the plain MPI backend: the same reductions over
+//     the same values, only copied through host buffers on the way;
+//   * LLM_DEBUG_NO_RESIDENT_UNITS=1 makes one rank gather, prefetch and reduce like a sharded rank,
+//     with the same bits as its resident units.
+// On a GPU (each case skips cleanly without one): each feature's CUDA run against the same run on
+// CPU, losses within a tolerance stated per precision; one GPU shared by 2 and 4 ranks through the
+// staged communicator; the async save's page-locked copy against the synchronous save; resume,
+// export and --init_from from a CUDA run; the start-up check refusing a run that cannot fit.
+#include <gtest/gtest.h>
+
+#include <torch/cuda.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/run_comparison.h"
+#include "tests/test_util.h"
+
+namespace llm {
+namespace {
+
+using testing::read_metrics_events;
+using testing::run_command;
+using testing::ScratchDir;
+
+struct Losses {
+  std::vector<double> loss, grad_norm;
+};
+
+std::string micro_flags(const std::filesystem::path& run_dir) {
+  return " --config " + (testing::source_dir() / "configs/llama_micro.json").string() +
+         " --num_training_steps 4 --warmup_steps 1 --lr 3e-3 --batch_size 2 --max_length 32 --total_batch_size 8"
+         " --grad_clipping 0.5 --eval_every 0 --run_dir " + run_dir.string();
+}
+
+// A run of llama_micro (4 steps, 8 sequences a step: accumulation 4 / 2 / 1 at 1 / 2 / 4 ranks);
+// env goes before the launcher.
+Losses train(const std::string& env, int ranks, const std::string& flags, const std::filesystem::path& run_dir) {
+  const auto result =
+      run_command(env + " " + testing::trainer_launcher(ranks) + micro_flags(run_dir) + " " + flags);
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  Losses losses;
+  for (const auto& step : read_metrics_events(run_dir, "train")) {
+    losses.loss.push_back(step.at("loss"));
+    losses.grad_norm.push_back(step.at("grad_norm"));
+  }
+  EXPECT_EQ(losses.loss.size(), 4u) << result.output;
+  return losses;
+}
+
+void expect_equal_bits(const Losses& expected, const Losses& actual) {
+  EXPECT_EQ(expected.loss, actual.loss);
+  EXPECT_EQ(expected.grad_norm, actual.grad_norm);
+}
+
+// --- on CPU --------------------------------------------------------------------------------------
+
+TEST(StagedCommunicator, TrainsToTheSameBitsAsMpi) {
+  for (const int ranks : {2, 4})
+    for (const std::string extra : {"--optimizer adamw_sn", "--dtype bfloat16 --precision pure --offload optimizer "
+                                                            "--optimizer galore_adamw --rank 8 --update_proj_gap 2"}) {
+      SCOPED_TRACE(std::to_string(ranks) + " ranks, " + extra);
+      ScratchDir plain("staged_plain"), staged("staged");
+      const Losses mpi = train("", ranks, "--device cpu " + extra, plain.path());
+      const Losses through_staging =
+          train("LLM_DEBUG_STAGE_MPI=1", ranks, "--device cpu --communicator mpi " + extra, staged.path());
+      expect_equal_bits(mpi, through_staging);
+      const auto start = read_metrics_events(staged.path(), "start");
+      ASSERT_FALSE(start.empty());
+      EXPECT_EQ(start.front().at("communicator"), "mpi (staged through host memory)") << start.front().dump();
+    }
+}
+
+TEST(ResidentUnitsOff, OneRankGathersAndReducesToTheSameBits) {
+  for (const std::string extra : {"", "--dtype bfloat16 --precision pure", "--sharding no_shard"}) {
+    SCOPED_TRACE(extra);
+    ScratchDir resident("resident"), gathered("not_resident");
+    const Losses kept = train("", 1, "--device cpu " + extra, resident.path());
+    const Losses off = train("LLM_DEBUG_NO_RESIDENT_UNITS=1", 1, "--device cpu " + extra, gathered.path());
+    expect_equal_bits(kept, off);
+    const auto schedule = read_metrics_events(gathered.path(), "gather_schedule").at(0);
+    EXPECT_FALSE(schedule.at("units_resident").get<bool>()) << schedule.dump();
+    if (extra != "--sharding no_shard")  // no_shard's units stay gathered: their reduction is what changes
+      EXPECT_GT(schedule.at("inline_gathers").get<int64_t>() + schedule.at("prefetches").get<int64_t>(), 0)
+          << schedule.dump();
+  }
+}
+
+// --- on a GPU ------------------------------------------------------------------------------------
+
+bool have_gpu() { return torch::cuda::is_available(); }
+
+// Relative difference of two losses, per step, at most `tolerance`.
+void expect_close(const Losses& cpu, const Losses& cuda, double tolerance) {
+  ASSERT_EQ(cpu.loss.size(), cuda.loss.size());
+  for (size_t i = 0; i < cpu.loss.size(); ++i) {
+    EXPECT_LE(std::abs(cpu.loss[i] - cuda.loss[i]), tolerance * std::abs(cpu.loss[i])) << "step " << i + 1;
+    EXPECT_LE(std::abs(cpu.grad_norm[i] - cuda.grad_norm[i]), 10 * tolerance * std::abs(cpu.grad_norm[i]))
+        << "step " << i + 1;
+  }
+}
+
+struct GpuCase {
+  std::string name;
+  int ranks;
+  std::string env, flags;
+  // fp32: the same sums in another order (cuBLAS, no TF32), 4 steps: 1e-4 of the loss. bf16: a bf16
+  // rounding of the weights and activations per step on each side: 2e-2. The gradient norm, which
+  // sums squares of many near-zero elements, gets ten times that.
+  double tolerance;
+};
+
+class OnGpu : public ::testing::TestWithParam<GpuCase> {};
+
+TEST_P(OnGpu, MatchesTheSameRunOnCpu) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU on this host";
+  const GpuCase c = GetParam();
+  ScratchDir cpu_dir("gpu_ref_" + c.name), cuda_dir("gpu_" + c.name);
+  // The CPU reference runs through the plain MPI backend (the staged one gives its bits, above).
+  const Losses cpu = train("", c.ranks, "--device cpu " + c.flags, cpu_dir.path());
+  const Losses cuda = train(c.env, c.ranks, "--device cuda " + c.flags +
+                                                (c.ranks > 1 ? " --communicator mpi" : ""),
+                            cuda_dir.path());
+  expect_close(cpu, cuda, c.tolerance);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Features, OnGpu,
+    ::testing::Values(
+        GpuCase{"fp32", 1, "", "", 1e-4}, GpuCase{"bf16_mixed", 1, "", "--dtype bfloat16 --precision mixed", 2e-2},
+        GpuCase{"bf16_pure", 1, "", "--dtype bfloat16 --precision pure", 2e-2},
+        GpuCase{"activation_checkpointing", 1, "", "--dtype bfloat16 --activation_checkpointing", 2e-2},
+        GpuCase{"fused_step", 1, "", "--fuse_optimizer_with_backward --grad_clipping 0", 1e-4},
+        GpuCase{"adamw_sn", 1, "", "--optimizer adamw_sn", 1e-4},
+        GpuCase{"galore_cusolver", 1, "", "--optimizer galore_adamw --rank 8 --update_proj_gap 2", 1e-3},
+        GpuCase{"offload", 1, "", "--dtype bfloat16 --precision pure --offload optimizer", 2e-2},
+        GpuCase{"not_resident_prefetch", 1, "LLM_DEBUG_NO_RESIDENT_UNITS=1", "", 1e-4},
+        GpuCase{"not_resident_offload", 1, "LLM_DEBUG_NO_RESIDENT_UNITS=1",
+                "--dtype bfloat16 --precision pure --offload optimizer --optimizer adamw_sn", 2e-2},
+        GpuCase{"staged_2_ranks", 2, "", "", 1e-4},
+        GpuCase{"staged_4_ranks_offload", 4, "",
+                "--dtype bfloat16 --precision pure --offload optimizer --optimizer galore_adamw --rank 8", 2e-2},
+        GpuCase{"staged_4_ranks_shard_grad_op", 4, "", "--sharding shard_grad_op --optimizer adamw_sn", 1e-4}),
+    [](const ::testing::TestParamInfo<GpuCase>& info) { return info.param.name; });
+
+// The background save copies each rank's state to page-locked host memory and writes from there:
+// its checkpoints hold the bits the synchronous save writes, at 2 ranks sharing one GPU.
+TEST(OnGpuCheckpoints, AsyncSaveResumeExportAndInitFrom) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU on this host";
+  ScratchDir root("gpu_checkpoints");
+  const std::string flags = "--device cuda --communicator mpi --dtype bfloat16 --precision pure --save_every 2";
+  const std::string trainer = testing::trainer_binary().string();
+  train("", 2, flags + " --save_dir " + (root / "sync").string(), root / "sync_run");
+  train("", 2, flags + " --async_save --save_dir " + (root / "async").string(), root / "async_run");
+  for (const char* step : {"step_2", "step_4"})
+    testing::expect_same_checkpoint(root / "sync" / step, root / "async" / step);
+  // Resumed from step 2 on the GPU: steps 3 and 4 as the uninterrupted run made them.
+  const auto resumed = run_command(testing::trainer_launcher(2) + micro_flags(root / "resumed_run") + " " + flags +
+                                   " --save_dir " + (root / "resumed").string() + " --continue_from " +
+                                   (root / "sync" / "step_2").string());
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  const auto original = read_metrics_events(root / "sync_run", "train");
+  const auto continued = read_metrics_events(root / "resumed_run", "train");
+  ASSERT_EQ(continued.size(), 4u);
+  EXPECT_EQ(continued[2].at("loss"), original[2].at("loss"));
+  EXPECT_EQ(continued[3].at("loss"), original[3].at("loss"));
+  // Export of the CUDA run, then --init_from it on the GPU: training starts from those weights.
+  const auto exported =
+      run_command(trainer + " export --from " + (root / "sync").string() + " --to " + (root / "hf").string());
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  const auto initialised = run_command(testing::trainer_launcher(1) + micro_flags(root / "init_run") +
+                                       " --device cuda --init_from " + (root / "hf").string());
+  ASSERT_EQ(initialised.exit_code, 0) << initialised.output;
+  const auto first = read_metrics_events(root / "init_run", "train").at(0);
+  EXPECT_LT(first.at("loss").get<double>(), original[0].at("loss").get<double>())
+      << "a run from the trained weights starts below the fresh run's first loss";
+}
+
+// On a GPU the start-up check compares the tensors and the runtime's own memory with the GPU's free
+// memory: a 7B model in fp32 on one GPU cannot fit and stops with exit 2 before allocating.
+TEST(OnGpuMemoryCheck, ARunThatCannotFitIsRefused) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU on this host";
+  ScratchDir dir("gpu_check");
+  const auto result = run_command("OMP_NUM_THREADS=1 " + testing::trainer_binary().string() + " --config " +
+                                  (testing::source_dir() / "configs/llama_7b.json").string() +
+                                  " --device cuda --num_training_steps 1 --batch_size 8 --max_length 2048 --run_dir " +
+                                  dir.path().string());
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find("memory check: rank 0 needs about"), std::string::npos) << result.output;
+  EXPECT_NE(result.output.find("cuBLAS workspaces"), std::string::npos) << result.output;
+}
+
+}  // namespace
+}  // namespace llm
