@@ -6,6 +6,7 @@
 
 #ifdef TRAINER_HAVE_CUDA
 #include <c10/cuda/CUDAFunctions.h>
+#include <cuda_runtime_api.h>
 #endif
 
 namespace llm {
@@ -18,6 +19,25 @@ void make_current_device(c10::Device device) {
 #ifdef TRAINER_HAVE_CUDA
   LLM_REQUIRE(device.has_index(), "device", device.str(), "names no GPU; give its index, e.g. cuda:0");
   c10::cuda::set_device(device.index());
+#endif
+}
+
+int visible_gpu_count() {
+#ifdef TRAINER_HAVE_CUDA
+  return static_cast<int>(c10::cuda::device_count());
+#else
+  return 0;
+#endif
+}
+
+std::string gpu_bus_id(c10::Device device) {
+  if (!device.is_cuda()) return "";
+#ifdef TRAINER_HAVE_CUDA
+  char bus_id[32] = {};
+  LLM_CHECK_CUDA(cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), device.index()));
+  return bus_id;
+#else
+  return "";
 #endif
 }
 

@@ -19,11 +19,17 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 
 namespace llm {
 
 // On a CUDA device: cudaSetDevice for this thread (c10::cuda::set_device). Nothing on CPU.
 void make_current_device(c10::Device device);
+// The GPUs this process sees (CUDA_VISIBLE_DEVICES applied); 0 without CUDA.
+int visible_gpu_count();
+// The PCI bus id of a CUDA device ("0000:3B:00.0"): one physical GPU, whatever index or
+// CUDA_VISIBLE_DEVICES a rank names it by. "" on CPU.
+std::string gpu_bus_id(c10::Device device);
 
 // The value of a one-element tensor as a double, read on the host: one synchronisation on a GPU.
 double read_to_host(const at::Tensor& scalar);

@@ -269,6 +269,7 @@ void ShardedUnit::wait_reduced() {
   events_->reduced.block(c10::cuda::getCurrentCUDAStream(gradient_options_.device().index()));
 #endif
   reduce_in_flight_ = false;
+  reduce_input_ = at::Tensor();  // the compute stream's later allocations come after the reduction
 }
 
 void ShardedUnit::order_after_reduce(const c10::Stream& stream) {
@@ -331,11 +332,12 @@ void ShardedUnit::reduce_into_shard() {
         communicator_.reduce_scatter(flat, gradient_, ReduceOp::average, reduce_stream_);
       }
     }
-    // `flat` came from the compute stream's pool and goes now: its block must not be handed out
-    // again before the reduce stream has read it (a deferred free, as FSDP1 does for this buffer).
-    // The shard is read on the compute stream only after wait_reduced(), or on a copy stream after
-    // order_after_reduce().
-    flat.record_stream(side.unwrap());
+    // `flat` came from the compute stream's pool: it is kept until the compute stream waits for the
+    // reduction (wait_reduced), so its block is never handed out again while the reduce stream reads
+    // it, and at a known point (FSDP2 keeps its reduce-scatter input so, rather than recordStream,
+    // whose free time the allocator decides). The shard is read on the compute stream only after
+    // wait_reduced(), or on a copy stream after order_after_reduce().
+    reduce_input_ = std::move(flat);
     reduce_in_flight_ = true;
     return;
   }

@@ -95,8 +95,10 @@ class ShardedUnit {
   // norm run there, after the compute stream's work so far, and the call returns at once: the next
   // unit's backward overlaps the reduction, as in FSDP2. Whoever reads the shard on the compute
   // stream calls wait_reduced() first (ShardedModel at the end of backward; the fused step); a copy
-  // on another stream orders that stream with order_after_reduce(). Resident units and CPU units
-  // reduce in line, as before.
+  // on another stream orders that stream with order_after_reduce(). The flat input of the reduction
+  // is kept until wait_reduced(), which ShardedModel calls for a unit before it reduces the next
+  // one: one reduction in flight, one flat buffer beyond the unit being reduced. Resident units and
+  // CPU units reduce in line, as before.
   void reduce_gradients();
   void set_reduce_stream(const CollectiveStream& stream) { reduce_stream_ = stream; }
   void wait_reduced();                                  // the current stream waits for the reduction
@@ -186,6 +188,7 @@ class ShardedUnit {
   bool gather_in_flight_ = false;  // gathered on the gather stream, not yet waited for
   CollectiveStream reduce_stream_;
   bool reduce_in_flight_ = false;  // reduced on the reduce stream, the compute stream not yet waiting
+  at::Tensor reduce_input_;        // (world * shard_numel) fp32: the flat gradients being reduced
   struct GatherEvents;             // CUDA events (fsdp_unit.cpp; CUDA builds only)
   std::unique_ptr<GatherEvents> events_;
 };

@@ -125,6 +125,9 @@ void ShardedModel::backward(Activations& boundaries, const at::Tensor& loss, boo
       case UnitOp::reduce_gradients: {
         {
           StepTimer::Scope timed(timer_, StepPhase::collectives);
+          // One reduction in flight (CUDA): the compute stream waits for the last unit's before this
+          // one's, and its flat input goes (sharding/fsdp_unit.h).
+          for (auto& unit : units_) unit->wait_reduced();
           units_[u]->reduce_gradients();
         }
         emit(UnitEvent::gradient_shard_ready, u, Pass::train);

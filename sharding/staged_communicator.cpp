@@ -35,16 +35,16 @@ class StagedCommunicator final : public Communicator {
   std::string backend_name() const override { return "mpi (staged through host memory)"; }
 
  protected:
-  void run_all_gather(const at::Tensor& input, const at::Tensor& output, bool in_place,
+  void run_all_gather(const at::Tensor& input, const at::Tensor& output, bool /*in_place*/,
                       CollectiveStream stream) override {
     const Guard on(*this, stream);
     at::Tensor staged_output = staging(receive_, output);
     at::Tensor own_slice = staged_output.narrow(0, rank() * input.numel(), input.numel());
     own_slice.copy_(input.reshape({-1}), /*non_blocking=*/true);
     on.synchronize();
-    // In place on the host too: MPI_IN_PLACE, as the caller asked for on the device.
+    // On the host the input is always staged as its own slice of the output (MPI_IN_PLACE): one
+    // buffer, whether or not the caller's input was its slice of the output on the device.
     host_->all_gather(own_slice, staged_output);
-    (void)in_place;
     output.view({-1}).copy_(staged_output, /*non_blocking=*/true);
     on.synchronize();
   }
@@ -61,23 +61,11 @@ class StagedCommunicator final : public Communicator {
   }
 
   void run_all_reduce(const at::Tensor& tensor, ReduceOp op, CollectiveStream stream) override {
-    const Guard on(*this, stream);
-    at::Tensor staged = staging(send_, tensor);
-    staged.copy_(tensor.reshape({-1}), /*non_blocking=*/true);
-    on.synchronize();
-    host_->all_reduce(staged, op);
-    tensor.view({-1}).copy_(staged, /*non_blocking=*/true);
-    on.synchronize();
+    in_place_through_host(tensor, stream, [&](const at::Tensor& staged) { host_->all_reduce(staged, op); });
   }
 
   void run_broadcast(const at::Tensor& tensor, int root, CollectiveStream stream) override {
-    const Guard on(*this, stream);
-    at::Tensor staged = staging(send_, tensor);
-    staged.copy_(tensor.reshape({-1}), /*non_blocking=*/true);
-    on.synchronize();
-    host_->broadcast(staged, root);
-    tensor.view({-1}).copy_(staged, /*non_blocking=*/true);
-    on.synchronize();
+    in_place_through_host(tensor, stream, [&](const at::Tensor& staged) { host_->broadcast(staged, root); });
   }
 
   // As NCCL's barrier: also the work queued on the current stream is done.
@@ -115,6 +103,18 @@ class StagedCommunicator final : public Communicator {
     std::optional<c10::cuda::CUDAStreamGuard> guard_;
 #endif
   };
+
+  // The in-place collectives: tensor -> a host buffer, `collective` there, -> tensor.
+  template <typename Collective>
+  void in_place_through_host(const at::Tensor& tensor, const CollectiveStream& stream, Collective collective) {
+    const Guard on(*this, stream);
+    at::Tensor staged = staging(send_, tensor);
+    staged.copy_(tensor.reshape({-1}), /*non_blocking=*/true);
+    on.synchronize();
+    collective(staged);
+    tensor.view({-1}).copy_(staged, /*non_blocking=*/true);
+    on.synchronize();
+  }
 
   // `like`'s elements in `buffer`, grown (page-locked for a CUDA device) when too small: a flat
   // host tensor of like's dtype and element count.

@@ -116,6 +116,18 @@ const World& current_world() {
   return *started_world();
 }
 
+std::vector<std::string> all_gather_text(const std::string& text) {
+  constexpr int kWidth = 256;
+  char mine[kWidth] = {};
+  text.copy(mine, kWidth - 1);
+  const World& world = current_world();
+  std::vector<char> every(static_cast<size_t>(kWidth) * static_cast<size_t>(world.world_size));
+  LLM_CHECK_MPI(MPI_Allgather(mine, kWidth, MPI_CHAR, every.data(), kWidth, MPI_CHAR, MPI_COMM_WORLD));
+  std::vector<std::string> texts;
+  for (int r = 0; r < world.world_size; ++r) texts.emplace_back(every.data() + static_cast<size_t>(r) * kWidth);
+  return texts;
+}
+
 void stop_world() {
   if (!mpi_is_live()) return;
   LLM_CHECK_MPI(MPI_Finalize());

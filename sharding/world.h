@@ -17,6 +17,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 namespace llm {
 
@@ -44,6 +45,10 @@ const World& current_world();
 
 // MPI_Finalize, once; later calls do nothing. Every rank must call it (it is collective).
 void stop_world();
+
+// Every rank's `text` (at most 255 bytes kept), on every rank, in rank order. Collective over
+// MPI_COMM_WORLD: for start-up agreements before any communicator exists.
+std::vector<std::string> all_gather_text(const std::string& text);
 
 // Prints "[rank R on HOST] MESSAGE" to stderr once, then MPI_Abort(MPI_COMM_WORLD, exit_code) so
 // that mpirun ends every rank. Without a live MPI world it just exits with exit_code.

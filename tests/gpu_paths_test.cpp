@@ -17,6 +17,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,7 @@
 
 #include "tests/run_comparison.h"
 #include "tests/test_util.h"
+#include "trainer/train_loop.h"
 
 namespace llm {
 namespace {
@@ -95,6 +97,18 @@ TEST(ResidentUnitsOff, OneRankGathersAndReducesToTheSameBits) {
   }
 }
 
+// NCCL cannot put two ranks on one physical GPU: the ranks' "<host> <PCI bus id>" say when they
+// would, before NCCL starts. Each rank seeing one GPU of its own by CUDA_VISIBLE_DEVICES (every
+// rank's cuda:0, different bus ids) is fine; the same bus id on two hosts is two GPUs.
+TEST(SharedGpu, OnlyTheSamePhysicalGpuOnOneHostIsRefused) {
+  EXPECT_FALSE(ranks_sharing_a_gpu({"a 0000:01:00.0", "a 0000:02:00.0", "b 0000:01:00.0", "b 0000:02:00.0"}));
+  EXPECT_FALSE(ranks_sharing_a_gpu({"", "", ""})) << "CPU ranks";
+  const auto shared = ranks_sharing_a_gpu({"a 0000:01:00.0", "a 0000:02:00.0", "a 0000:01:00.0"});
+  ASSERT_TRUE(shared);
+  EXPECT_NE(shared->find("ranks 0 and 2 both compute on GPU a 0000:01:00.0"), std::string::npos) << *shared;
+  EXPECT_NE(shared->find("--communicator mpi"), std::string::npos) << *shared;
+}
+
 // --- on a GPU ------------------------------------------------------------------------------------
 
 bool have_gpu() { return torch::cuda::is_available(); }
@@ -118,6 +132,8 @@ struct GpuCase {
   // sums squares of many near-zero elements, gets ten times that.
   double tolerance;
 };
+
+void PrintTo(const GpuCase& c, std::ostream* out) { *out << c.name; }
 
 class OnGpu : public ::testing::TestWithParam<GpuCase> {};
 
@@ -183,6 +199,22 @@ TEST(OnGpuCheckpoints, AsyncSaveResumeExportAndInitFrom) {
   const auto first = read_metrics_events(root / "init_run", "train").at(0);
   EXPECT_LT(first.at("loss").get<double>(), original[0].at("loss").get<double>())
       << "a run from the trained weights starts below the fresh run's first loss";
+}
+
+// Rank r takes cuda:<local rank % GPUs> and makes it current before anything is allocated: each
+// rank's ledger says which device it measured (two ranks on one GPU share cuda:0 over the staged
+// communicator; on two GPUs rank 1 is on cuda:1).
+TEST(OnGpuDevices, EachRankComputesOnItsLocalGpu) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU on this host";
+  ScratchDir dir("gpu_devices");
+  train("", 2, "--device cuda --communicator mpi", dir.path());
+  const int64_t gpus = static_cast<int64_t>(torch::cuda::device_count());
+  for (int rank = 0; rank < 2; ++rank) {
+    std::ifstream ledger(dir / ("memory.rank" + std::to_string(rank) + ".jsonl"));
+    std::string first;
+    ASSERT_TRUE(std::getline(ledger, first)) << "no ledger of rank " << rank;
+    EXPECT_EQ(nlohmann::json::parse(first).at("device"), "cuda:" + std::to_string(rank % gpus)) << first;
+  }
 }
 
 // On a GPU the start-up check compares the tensors and the runtime's own memory with the GPU's free

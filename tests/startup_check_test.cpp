@@ -94,12 +94,20 @@ TEST(MemoryCheck, OnCudaTheRuntimesOwnMemoryCounts) {
   const int64_t need = 10 * kGiB + runtime.total();
   const auto refused = memory_check_failure(estimate, 1, 2, {10 * kGiB + kGiB / 2, 100 * kGiB}, run);
   ASSERT_TRUE(refused) << "10 GiB of tensors and " << runtime.total() << " bytes of runtime in 10.5 GiB";
-  expect_mentions(*refused, {"rank 1 needs about 11.85 GiB of device memory", "10.00 GiB of tensors",
+  expect_mentions(*refused, {"rank 1 needs about 11.88 GiB of device memory", "10.00 GiB of tensors",
                              "kernel modules 0.50 GiB", "cuBLAS workspaces 0.1", "NCCL buffers 0.56 GiB",
                              "allocator slack 0.66 GiB", "10.50 GiB free"});
   EXPECT_FALSE(memory_check_failure(estimate, 1, 2, {need, 100 * kGiB}, run)) << "equal fits";
   // One rank (or MPI): no NCCL buffers.
   EXPECT_EQ(cuda_runtime_bytes(kGiB, /*nccl=*/false).nccl_buffers, 0);
+  // Two ranks on one GPU (--communicator mpi) share its free memory: twice the need must fit.
+  MemoryAvailable shared{2 * need - 1, 100 * kGiB};
+  shared.ranks_per_gpu = 2;
+  const auto two_on_one = memory_check_failure(estimate, 1, 2, shared, run);
+  ASSERT_TRUE(two_on_one);
+  expect_mentions(*two_on_one, {"for the 2 ranks that share it (--communicator mpi)"});
+  shared.device_free_bytes = 2 * need;
+  EXPECT_FALSE(memory_check_failure(estimate, 1, 2, shared, run));
   // trainer estimate carries them for CUDA, not for CPU.
   ModelConfig model = load_model_config((testing::source_dir() / "configs/llama_micro.json").string());
   RunConfig small;
@@ -110,6 +118,8 @@ TEST(MemoryCheck, OnCudaTheRuntimesOwnMemoryCounts) {
   options.world_size = 2;
   options.device = "cuda";
   EXPECT_GT(estimate_memory(model, small, options).ranks[0].runtime.nccl_buffers, 0);
+  small.sharding.communicator = CommunicatorChoice::mpi;
+  EXPECT_EQ(estimate_memory(model, small, options).ranks[0].runtime.nccl_buffers, 0) << "no NCCL over MPI";
   options.device = "cpu";
   EXPECT_EQ(estimate_memory(model, small, options).ranks[0].runtime.total(), 0);
 }

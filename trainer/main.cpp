@@ -94,10 +94,16 @@ int run_command(const llm::Command& command, const llm::World& world) {
   context.rank = world.rank;
   context.world_size = world.world_size;
   const bool over_mpi = run.sharding.communicator == llm::CommunicatorChoice::mpi;
-  context.device = llm::select_device(run.device, world.local_rank, world.local_size, over_mpi);
+  context.device = llm::select_device(run.device, world.local_rank);
   if (run.sharding.communicator == llm::CommunicatorChoice::nccl && !context.device.is_cuda())
     throw llm::UserError("--communicator nccl: NCCL carries GPU tensors, and this rank runs on " + context.device.str() +
                          "; use --communicator auto or mpi on CPUs");
+  if (world.world_size > 1 && !over_mpi) {
+    // Before NCCL starts: its own refusal of a shared GPU names neither the ranks nor the fix.
+    const std::string gpu = context.device.is_cuda() ? world.host + " " + llm::gpu_bus_id(context.device) : "";
+    if (const std::optional<std::string> shared = llm::ranks_sharing_a_gpu(llm::all_gather_text(gpu)))
+      throw llm::UserError("--device: " + *shared);
+  }
   // Every allocation, context and handle of this rank on its own GPU, not on GPU 0 (common/device.h).
   llm::make_current_device(context.device);
   // Before anything large exists: a run that cannot fit stops here with the numbers (exit 2).

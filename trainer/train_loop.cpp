@@ -822,24 +822,26 @@ nlohmann::json Training::gather_schedule_record() const {
 
 }  // namespace
 
-c10::Device select_device(DeviceChoice choice, int local_rank, int local_size, bool gpus_shared) {
+c10::Device select_device(DeviceChoice choice, int local_rank) {
   const bool have_cuda = torch::cuda::is_available();
   if (choice == DeviceChoice::cuda) {
     LLM_REQUIRE(have_cuda, "--device", "cuda", "no CUDA device is visible; use --device cpu or auto");
     const int count = static_cast<int>(torch::cuda::device_count());
-    // NCCL refuses two ranks of one communicator on one GPU, with a message about duplicate GPUs
-    // that names neither the launcher nor the fix.
-    LLM_REQUIRE(gpus_shared || local_size <= count, "--device", "cuda",
-                std::to_string(local_size) + " ranks on this host share " + std::to_string(count) +
-                    " visible GPU(s), and NCCL cannot put two ranks on one GPU: start at most " +
-                    std::to_string(count) + " rank(s) per host (mpirun -np " + std::to_string(count) +
-                    "; launch/train.sh defaults to the GPU count), check CUDA_VISIBLE_DEVICES, or share the GPUs "
-                    "over --communicator mpi (slow: for tests)");
     return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank % count));
   }
-  if (choice == DeviceChoice::auto_select && have_cuda)
-    return select_device(DeviceChoice::cuda, local_rank, local_size, gpus_shared);
+  if (choice == DeviceChoice::auto_select && have_cuda) return select_device(DeviceChoice::cuda, local_rank);
   return c10::Device(c10::kCPU);
+}
+
+std::optional<std::string> ranks_sharing_a_gpu(const std::vector<std::string>& gpus) {
+  for (size_t a = 0; a < gpus.size(); ++a)
+    for (size_t b = a + 1; b < gpus.size(); ++b)
+      if (!gpus[a].empty() && gpus[a] == gpus[b])
+        return "ranks " + std::to_string(a) + " and " + std::to_string(b) + " both compute on GPU " + gpus[a] +
+               ", and NCCL cannot put two ranks on one GPU: start at most one rank per GPU of a host (launch/train.sh "
+               "starts one per visible GPU), give each rank its own GPU (CUDA_VISIBLE_DEVICES, srun --gpus-per-task), "
+               "or share the GPUs over --communicator mpi (slow: for tests)";
+  return std::nullopt;
 }
 
 TrainingOutcome train(const ModelConfig& model_config, const RunConfig& run, const RuntimeContext& context) {

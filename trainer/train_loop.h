@@ -6,7 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include <c10/core/Device.h>
 
@@ -46,10 +48,13 @@ struct TrainingOutcome {
   std::string preemption_checkpoint;
 };
 
-// Picks the device from --device: cuda:<local_rank> when asked for (or auto and one is present).
-// More ranks on this host (local_size) than GPUs is a UserError (NCCL cannot share a GPU) unless
-// gpus_shared (--communicator mpi): then rank r takes cuda:<local_rank % GPUs>.
-c10::Device select_device(DeviceChoice choice, int local_rank, int local_size, bool gpus_shared);
+// Picks the device from --device: cuda:<local_rank % visible GPUs> when asked for (or auto and one
+// is present).
+c10::Device select_device(DeviceChoice choice, int local_rank);
+// gpus: every rank's "<host> <PCI bus id>" ("" for a CPU rank). Why the run cannot go on over NCCL
+// (two ranks on one physical GPU), or nothing. Several ranks may see one GPU each by its own
+// CUDA_VISIBLE_DEVICES: only the same physical GPU counts.
+std::optional<std::string> ranks_sharing_a_gpu(const std::vector<std::string>& gpus);
 
 // Runs the whole training job, or until a preemption signal (the outcome says which, and at which
 // step). Throws UserError for bad data or checkpoints and TrainingError when the loss stops being

@@ -422,8 +422,11 @@ class StepSimulation {
       }
       timeline_.point("backward:" + name(u));
     }
-    // On a GPU the last transient gradient shard is freed once its copy to the host is done.
+    // On a GPU the last transient gradient shard is freed once its copy to the host is done, and
+    // the last reduction's input once the compute stream waits for it.
     if (last) hand_over_gradient(0);
+    timeline_.remove(kActivations, reducing_flat_);
+    reducing_flat_ = 0;
     // backward() returns: its grad_output (the first layer's input gradient) goes; the micro-batch
     // ends: the loss and with it the head's input and that input's gradient, and the batch.
     if (head_input > 0) timeline_.remove(kActivations, grad_x);
@@ -448,11 +451,20 @@ class StepSimulation {
       if (transient_gradient_ && !gradients_in_shard()) timeline_.add(kGradients, shard);
       if (!gradients_in_shard()) timeline_.remove(kGradients, full_grad_bytes(u));
     } else {
+      // On a GPU the reduction runs on the reduce stream and its flat input stays until the compute
+      // stream waits for it: at the next unit's reduction, or the end of backward (the fused step
+      // waits at once). One at a time: the last one goes before this one is made.
+      const bool kept = cuda_ && !fused_;
+      timeline_.remove(kActivations, reducing_flat_);
+      reducing_flat_ = 0;
       timeline_.add(kActivations, 4 * unit.gathered_numel);
       for (const ShardedParameter& parameter : unit.layout.parameters)
         timeline_.remove(kGradients, m_.compute_bytes() * parameter.rows * parameter.cols);
       if (transient_gradient_) timeline_.add(kGradients, shard);
-      timeline_.remove(kActivations, 4 * unit.gathered_numel);
+      if (kept)
+        reducing_flat_ = 4 * unit.gathered_numel;
+      else
+        timeline_.remove(kActivations, 4 * unit.gathered_numel);
     }
     // --fuse_optimizer_with_backward: the unit's step runs here, its temporaries on top of the shard,
     // and the shard is freed right after (on a GPU too: the step runs on the stream that reuses it).
@@ -602,6 +614,7 @@ class StepSimulation {
   int layout_world_ = 1;
   bool resident_ = false;
   int64_t offload_host_bytes_ = 0, offload_pinned_bytes_ = 0;
+  int64_t reducing_flat_ = 0;  // CUDA: the flat input of the reduction in flight
   int64_t shard_elements_ = 0;  // this rank's master shard elements, every unit
   int64_t autocast_cached_ = 0;   // bf16 casts of recomputed units' weights, cached to the forward's end
   int64_t copying_gradient_ = 0;  // with offload on a GPU: the shard whose copy to the host is in flight
@@ -648,7 +661,9 @@ MemoryEstimate estimate_memory(const ModelConfig& model, const RunConfig& run, c
     estimate.ranks.push_back(simulation.run());
     estimate.gathered_units = static_cast<int>(simulation.peak_gathered_units());
     if (estimate.device == "cuda")
-      estimate.ranks.back().runtime = cuda_runtime_bytes(estimate.ranks.back().peak_bytes, options.world_size > 1);
+      estimate.ranks.back().runtime =
+          cuda_runtime_bytes(estimate.ranks.back().peak_bytes,
+                             options.world_size > 1 && run.sharding.communicator != CommunicatorChoice::mpi);
   }
   LLM_REQUIRE(options.ranks_per_node >= 0, "command line", "--ranks_per_node",
               "expected 0 (every rank on one node) or a positive number of ranks per node");
@@ -671,7 +686,8 @@ CudaRuntimeBytes cuda_runtime_bytes(int64_t tensor_peak_bytes, bool nccl) {
   constexpr int64_t kMiB = int64_t{1} << 20;
   CudaRuntimeBytes bytes;
   bytes.modules = 512 * kMiB;
-  bytes.cublas_workspaces = 2 * 2 * 32 * kMiB;  // 2 handles x (cuBLAS + cuBLASLt) x 32 MiB
+  // 2 handles x (cuBLAS + cuBLASLt) x 32 MiB, and the main thread's handle on the reduce stream
+  bytes.cublas_workspaces = (2 * 2 + 1) * 32 * kMiB;
   bytes.nccl_buffers = nccl ? 2 * 32 * 9 * kMiB : 0;
   bytes.allocator_slack = tensor_peak_bytes / 16 + 40 * kMiB;
   return bytes;

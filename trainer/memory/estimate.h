@@ -58,8 +58,11 @@ struct PhaseEstimate {
 //                      flash attention's; CUDA loads modules lazily): 512 MiB
 //   cublas_workspaces  one workspace per (cuBLAS handle, stream) for cuBLAS and one for cuBLASLt,
 //                      32 MiB each on sm_90 (NVIDIA's recommendation, LibTorch's default), from the
-//                      caching allocator; the main thread's handle and the autograd engine's: 128 MiB
-//   nccl_buffers       several ranks over NCCL: per channel (up to 32 on Hopper) the Simple (4 MiB),
+//                      caching allocator; the main thread's handle and the autograd engine's on the
+//                      compute stream, and the main thread's on the reduce stream (the shard's
+//                      norm): 160 MiB
+//   nccl_buffers       several ranks over NCCL (not --communicator mpi): per channel (up to 32 on
+//                      Hopper) the Simple (4 MiB),
 //                      LL128 (~4.5 MiB) and LL (256 KiB) buffers, for the ring's and the tree's peers
 //                      (2 x 32 x 9 MiB): 576 MiB; 0 at one rank or over MPI
 //   allocator_slack    reserved over allocated: blocks cached on one stream that another cannot use,

@@ -3,6 +3,7 @@
 #include <exception>
 #include <sstream>
 
+#include "common/device.h"
 #include "common/errors.h"
 #include "common/log.h"
 #include "common/memory_stats.h"
@@ -62,13 +63,15 @@ std::optional<std::string> memory_check_failure(const MemoryEstimate& estimate, 
   const NodeEstimate& node = estimate.nodes.at(static_cast<size_t>(rank / std::max(1, local_ranks)));
   std::ostringstream why;
   const int64_t device_need = mine.peak_bytes + mine.runtime.total();
-  if (cuda && available.device_free_bytes > 0 && device_need > available.device_free_bytes) {
+  const int sharing = std::max(1, available.ranks_per_gpu);
+  if (cuda && available.device_free_bytes > 0 && device_need * sharing > available.device_free_bytes) {
     why << "memory check: rank " << rank << " needs about " << gib(device_need) << " of device memory at its peak ("
         << gib(mine.peak_bytes) << " of tensors " << breakdown(mine) << "; beside them kernel modules "
         << gib(mine.runtime.modules) << ", cuBLAS workspaces " << gib(mine.runtime.cublas_workspaces)
         << ", NCCL buffers " << gib(mine.runtime.nccl_buffers) << ", allocator slack "
-        << gib(mine.runtime.allocator_slack) << ") and its GPU has " << gib(available.device_free_bytes)
-        << " free. " << remedies(run, cuda);
+        << gib(mine.runtime.allocator_slack) << ") and its GPU has " << gib(available.device_free_bytes) << " free"
+        << (sharing > 1 ? " for the " + std::to_string(sharing) + " ranks that share it (--communicator mpi)" : "")
+        << ". " << remedies(run, cuda);
     return why.str();
   }
   if (available.host_available_bytes > 0 && node.host_bytes > available.host_available_bytes) {
@@ -97,7 +100,10 @@ void check_memory_before_training(const ModelConfig& model, const RunConfig& run
     if (rank == 0) log::warn(std::string("memory check skipped: the estimate failed: ") + error.what());
     return;
   }
-  const MemoryAvailable available{device_free_bytes(device), host_available_bytes()};
+  MemoryAvailable available{device_free_bytes(device), host_available_bytes()};
+  const int gpus = visible_gpu_count();
+  if (device.is_cuda() && run.sharding.communicator == CommunicatorChoice::mpi && gpus > 0)
+    available.ranks_per_gpu = (local_ranks + gpus - 1) / gpus;
   if (const std::optional<std::string> failure = memory_check_failure(estimate, rank, local_ranks, available, run))
     throw UserError(*failure);
   if (rank == 0) {

@@ -26,6 +26,7 @@ namespace llm {
 struct MemoryAvailable {
   int64_t device_free_bytes = 0;     // CUDA: free device memory; 0 on CPU or unknown (not checked)
   int64_t host_available_bytes = 0;  // MemAvailable; 0: unknown (not checked)
+  int ranks_per_gpu = 1;  // --communicator mpi may put several ranks on one GPU: they share its free memory
 };
 
 // Why the run does not fit, or nothing: the verdict for an estimate made with
