@@ -194,7 +194,7 @@ TEST(Export, ByteSizesAreTransformersSpellings) {
 // --- transformers loads it ----------------------------------------------------------------------------
 
 TEST(Export, TransformersLoadsItWithoutAFlagAndComputesTheTrainersLoss) {
-  const fs::path python = TRAINER_PYTHON;
+  const fs::path python = testing::python();
   if (!fs::exists(python)) GTEST_SKIP() << "no Python environment at " << python;
   if (run_command(python.string() + " -c 'import transformers, safetensors'").exit_code != 0)
     GTEST_SKIP() << "transformers or safetensors is not importable from " << python;

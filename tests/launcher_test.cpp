@@ -64,7 +64,7 @@ TEST(Launcher, SrunWithoutPmixIsRefused) {
 }
 
 TEST(Launcher, RealTorchrunGetsTheMessageOnEveryProcess) {
-  const std::filesystem::path python = TRAINER_PYTHON;
+  const std::filesystem::path python = testing::python();
   if (!std::filesystem::exists(python)) GTEST_SKIP() << "no Python environment at " << python;
   if (run_command(python.string() + " -c 'import torch.distributed.run'").exit_code != 0)
     GTEST_SKIP() << "torch.distributed.run is not importable from " << python;

@@ -301,7 +301,7 @@ TEST(PreemptionUnderMpirun, SigusrToMpirunReachesEveryRank) {
   const fs::path run_dir = dir / "run", save_dir = dir / "ckpt";
   auto result = run_and_signal(
       command(2, "--save_dir " + save_dir.string() + " --run_dir " + run_dir.string()), run_dir,
-      [&] { return find_process(TRAINER_MPIEXEC, run_dir, -1); }, SIGUSR1);
+      [&] { return find_process(testing::mpiexec(), run_dir, -1); }, SIGUSR1);
   ASSERT_EQ(result.exit_code, 0) << result.output;
   const auto records = testing::read_metrics_events(run_dir, "preempted");
   ASSERT_EQ(records.size(), 1u) << result.output;
@@ -320,10 +320,10 @@ TEST(PreemptionUnderMpirun, SigtermOrSigintToTheLauncherScriptSavesAndExitsZero)
     const std::string script = (testing::source_dir() / "launch/mpirun.sh").string();
     std::string launched = command(2, "--save_dir " + save_dir.string() + " --run_dir " + run_dir.string());
     // testing::mpirun's "<env> MPIEXEC --oversubscribe": the script in MPIEXEC's place.
-    const size_t at = launched.find(TRAINER_MPIEXEC);
+    const size_t at = launched.find(testing::mpiexec());
     ASSERT_NE(at, std::string::npos) << launched;
-    launched.replace(at, std::string(TRAINER_MPIEXEC).size(),
-                     "MPIEXEC=" + std::string(TRAINER_MPIEXEC) + " bash " + script);
+    launched.replace(at, testing::mpiexec().size(),
+                     "MPIEXEC=" + testing::mpiexec() + " bash " + script);
     auto result = run_and_signal(launched, run_dir, [&] { return find_process("bash", run_dir, -1); }, signal);
     ASSERT_EQ(result.exit_code, 0) << result.output;
     EXPECT_NE(result.output.find(std::string("launch/mpirun.sh: ") + (signal == SIGTERM ? "SIGTERM" : "SIGINT") +

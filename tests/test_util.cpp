@@ -54,7 +54,7 @@ void record_error_case(const std::string& input, int exit_code, const std::strin
   if (file == nullptr || *file == '\0') return;
   std::string shown = input;
   replace_all(shown, trainer_binary().string(), "trainer");
-  replace_all(shown, TRAINER_MPIEXEC, "mpirun");
+  replace_all(shown, mpiexec(), "mpirun");
   replace_all(shown, "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 ", "");
   replace_all(shown, "OMP_NUM_THREADS=1 ", "");
   replace_all(shown, source_dir().string() + "/", "");

@@ -10,12 +10,23 @@
 
 namespace llm::testing {
 
-inline std::filesystem::path source_dir() { return TRAINER_SOURCE_DIR; }
-inline std::filesystem::path trainer_binary() { return TRAINER_BINARY; }
+// The paths this build was made with, or where TRAINER_TEST_SOURCE_DIR, TRAINER_TEST_BINARY,
+// TRAINER_TEST_MPIEXEC and TRAINER_TEST_PYTHON say (the GPU kit, launch/gpu/, runs the test binaries
+// built here from another folder on another machine).
+inline std::string configured(const char* variable, const char* built_with) {
+  const char* value = std::getenv(variable);
+  return value != nullptr && *value != '\0' ? value : built_with;
+}
+inline std::filesystem::path source_dir() { return configured("TRAINER_TEST_SOURCE_DIR", TRAINER_SOURCE_DIR); }
+inline std::filesystem::path trainer_binary() { return configured("TRAINER_TEST_BINARY", TRAINER_BINARY); }
+inline std::string mpiexec() { return configured("TRAINER_TEST_MPIEXEC", TRAINER_MPIEXEC); }
+#ifdef TRAINER_PYTHON
+inline std::filesystem::path python() { return configured("TRAINER_TEST_PYTHON", TRAINER_PYTHON); }
+#endif
 // mpirun with the settings every multi-rank test needs here (root, 2 cores, up to 4 ranks).
 inline std::string mpirun(int ranks) {
-  return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 " +
-         std::string(TRAINER_MPIEXEC) + " --oversubscribe -np " + std::to_string(ranks) + " ";
+  return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 " + mpiexec() +
+         " --oversubscribe -np " + std::to_string(ranks) + " ";
 }
 
 // A fresh, empty folder under the system temp dir, removed when the object dies.

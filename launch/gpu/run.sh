@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# On a lent GPU machine, from the repository root, with the kit of launch/gpu/pack.sh carried
+# (device tool: carry ["gpu-kit"]). Nothing is built there: the kit's programs run against the image's
+# torch (LibTorch, CUDA libraries, NCCL) and the kit's own Open MPI. Each stage ends well inside the
+# device tool's 10 minutes and writes its results under $OUT (at most 8 files in all):
+#   probe     the device, driver and versions; which libraries the kit's programs cannot find; MPI
+#             starting 2 ranks; a 2-step run of the trainer                       -> probe.log, probe.json
+#   tests     the CUDA unit tests (the loss's row blocks, the AdamW kernel) and the collective tests
+#             on the GPU (NCCL at one rank, the staged MPI backend at 1, 2 and 4 ranks on one GPU)
+#                                                                                  -> tests.log, tests.json
+#   smoke     each feature's CUDA run against the same run on CPU, the async save's checkpoints
+#             against the synchronous ones, resume, export and --init_from, the start-up check
+#             refusing, each rank on its GPU (tests/gpu_paths_test.cpp)            -> smoke.log, smoke.json
+#   sanitize  compute-sanitizer memcheck on a 2-rank sharded offload run and racecheck on one rank
+#                                                                                  -> sanitize.log, sanitize.json
+#   launch/gpu/run.sh probe|tests|smoke|sanitize
+# Then, here: python3 launch/gpu/report.py FILES_AT > docs/gpu-results.md (with the command and device).
+# The speed and memory comparisons of the GPU issue (bench) are not part of the kit yet.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+KIT=$ROOT/${KIT_DIR:-gpu-kit}
+OUT=${OUT:-$ROOT/gpu-out}
+PYTHON=${TRAINER_PYTHON:-python3}
+stage=${1:?usage: launch/gpu/run.sh probe|tests|smoke|sanitize}
+mkdir -p "$OUT"
+[ -x "$KIT/bin/trainer" ] || { echo "no $KIT/bin/trainer: carry the kit (bash launch/gpu/pack.sh here)" >&2; exit 2; }
+
+# LibTorch and CUDA's libraries from the image's torch; the kit's libraries first.
+torch_libs=$("$PYTHON" - <<'EOF'
+import glob, os, torch
+folders = [os.path.join(os.path.dirname(torch.__file__), "lib")]
+nvidia = os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), "nvidia")
+folders += sorted(glob.glob(os.path.join(nvidia, "*", "lib"))) + sorted(glob.glob(os.path.join(nvidia, "cu*", "lib")))
+print(":".join(folders))
+EOF
+) || { echo "the image's python ($PYTHON) has no torch" >&2; exit 2; }
+mpi_usr=$KIT/mpi/usr
+export LD_LIBRARY_PATH=$KIT/lib:$mpi_usr/lib/x86_64-linux-gnu:$mpi_usr/lib/x86_64-linux-gnu/openmpi/lib:$torch_libs:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+# Open MPI and PMIx moved from /usr: their plugins, help files and mpirun are found from these.
+export OPAL_PREFIX=$mpi_usr PMIX_INSTALL_PREFIX=$mpi_usr/lib/x86_64-linux-gnu/pmix2
+export PATH=$KIT/bin:$mpi_usr/bin:$PATH:/usr/local/cuda/bin  # compute-sanitizer is in the toolkit
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mca_base_component_show_load_errors=0
+export OMPI_MCA_rmaps_base_oversubscribe=1 OMPI_MCA_hwloc_base_binding_policy=none OMPI_MCA_btl=self,vader,tcp
+# The test binaries were built elsewhere: where the sources, the trainer, mpirun and python are here.
+export TRAINER_TEST_SOURCE_DIR=$ROOT TRAINER_TEST_BINARY=$KIT/bin/trainer TRAINER_TEST_MPIEXEC=$mpi_usr/bin/mpirun
+export TRAINER_TEST_PYTHON=$PYTHON OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
+
+log=$OUT/$stage.log
+summary=$OUT/$stage.json
+: > "$log"
+results=()
+# step NAME COMMAND...: runs it, its output to the log, its status and time to the summary.
+step() {
+  local name=$1; shift
+  local started=$SECONDS
+  printf '\n### %s\n$ %s\n' "$name" "$*" >> "$log"
+  timeout "${STEP_TIMEOUT:-480}" bash -c "$*" >> "$log" 2>&1
+  local rc=$?
+  results+=("$("$PYTHON" -c 'import json,sys; print(json.dumps({"name": sys.argv[1], "command": sys.argv[2], "rc": int(sys.argv[3]), "seconds": int(sys.argv[4])}))' "$name" "$*" "$rc" "$((SECONDS - started))")")
+  printf '[%s] %s: exit %d in %d s\n' "$stage" "$name" "$rc" "$((SECONDS - started))"
+}
+write_summary() {
+  local device
+  device=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)
+  { printf '{"stage": "%s", "date": "%s", "device": "%s", "commit": "%s", "steps": [' "$stage" \
+      "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "${device:-no GPU}" "$(head -1 "$KIT/MANIFEST" | awk '{print $NF}')"
+    local first=1
+    for r in "${results[@]}"; do [ $first -eq 1 ] || printf ', '; printf '%s' "$r"; first=0; done
+    printf ']}\n'; } > "$summary"
+}
+trap write_summary EXIT
+
+micro="--config configs/llama_micro.json --num_training_steps 2 --batch_size 2 --max_length 32 --eval_every 0"
+gpu_flag=--device\ cuda
+nvidia-smi -L >/dev/null 2>&1 || gpu_flag=--device\ cpu  # the dry run on CPU
+case "$stage" in
+  probe)
+    step devices "nvidia-smi || echo 'no nvidia-smi'; $PYTHON -c 'import torch; print(torch.__version__, torch.version.cuda, torch.cuda.is_available(), torch.cuda.device_count())'"
+    step missing_libraries "for f in $KIT/bin/*; do ldd \$f | grep 'not found' && echo \"  in \$f\"; done; echo checked"
+    step mpi "mpirun -np 2 hostname && ompi_info --version | head -2"
+    step trainer_help "trainer --help | head -3"
+    step one_rank "rm -rf $OUT/probe_run; trainer $micro $gpu_flag --run_dir /tmp/probe_run && tail -2 /tmp/probe_run/metrics.jsonl"
+    step two_ranks_staged "rm -rf /tmp/probe_run2; mpirun -np 2 trainer $micro $gpu_flag --communicator mpi --run_dir /tmp/probe_run2 && tail -1 /tmp/probe_run2/metrics.jsonl"
+    ;;
+  tests)
+    step unit_cuda "unit_tests --gtest_filter='CrossEntropyMemory.*:*Cuda*:*CUDA*:StagedCommunicator.*:ResidentUnitsOff.*:SharedGpu.*' --gtest_brief=1"
+    for ranks in 1 2 4; do
+      step "collectives_np$ranks" "mpirun -np $ranks mpi_tests --gtest_filter='*mpi_staged*:*nccl*:*single_cuda*:NcclStreams.*:MakeCommunicator.*' --gtest_brief=1"
+    done
+    ;;
+  smoke)
+    step gpu_paths "unit_tests --gtest_filter='Features/OnGpu.*:OnGpuCheckpoints.*:OnGpuDevices.*:OnGpuMemoryCheck.*' --gtest_brief=1"
+    ;;
+  sanitize)
+    if ! command -v compute-sanitizer >/dev/null; then
+      step compute_sanitizer "echo 'no compute-sanitizer on this machine'; exit 3"
+    else
+      step memcheck_two_ranks_offload "mpirun -np 2 compute-sanitizer --tool memcheck --error-exitcode 9 trainer $micro $gpu_flag --communicator mpi --dtype bfloat16 --precision pure --offload optimizer --run_dir /tmp/sanitize_run"
+      step racecheck_one_rank "LLM_DEBUG_NO_RESIDENT_UNITS=1 compute-sanitizer --tool racecheck --error-exitcode 9 trainer $micro $gpu_flag --run_dir /tmp/sanitize_run1"
+    fi
+    ;;
+  *) echo "unknown stage $stage: probe, tests, smoke or sanitize" >&2; exit 2 ;;
+esac
+failed=0
+for r in "${results[@]}"; do case "$r" in *'"rc": 0,'*) ;; *) failed=1 ;; esac; done
+exit $failed
