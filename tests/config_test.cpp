@@ -460,6 +460,9 @@ TEST_F(ConfigRunValidation, EveryRangeNamesItsFlag) {
       {"--eval_batches", [](RunConfig& r) { r.data.eval_batches = 0; }, "got 0"},
       {"--save_every", [](RunConfig& r) { r.checkpoint.save_every = -5; }, "got -5"},
       {"--async_save", [](RunConfig& r) { r.checkpoint.async_save = true; }, "no --save_dir"},
+      {"--save_every", [](RunConfig& r) { r.checkpoint.save_every = 5; }, "no --save_dir"},
+      {"--keep_last", [](RunConfig& r) { r.checkpoint.keep_last = 3; }, "no --save_dir"},
+      {"--collective_timeout", [](RunConfig& r) { r.collective_timeout = 0.001; }, "got 0.001"},
       {"--log_every", [](RunConfig& r) { r.logging.log_every = 0; }, "got 0"},
       {"--total_batch_size", [](RunConfig& r) { r.data.total_batch_size = -8; }, "got -8"},
       {"--optimizer", [](RunConfig& r) { r.optimizer.name = "sgd"; }, "\"sgd\""},
@@ -470,6 +473,24 @@ TEST_F(ConfigRunValidation, EveryRangeNamesItsFlag) {
     expect_mentions(error_with(range_case.change),
                     {"command line", std::string(range_case.flag) + ": ", range_case.got});
   }
+}
+
+// Tied embeddings: the config check refuses them for every command that takes the run's settings
+// (training, --print_config, estimate), before a run folder or corpus is written.
+TEST_F(ConfigRunValidation, TiedEmbeddingsAreRefusedByTheConfigCheck) {
+  model_.tie_word_embeddings = true;
+  expect_mentions(error_with([](RunConfig&) {}), {"llama_tiny", "tie_word_embeddings", "not supported", "false"});
+}
+
+// The shortest stall timeout that can tell a stopped rank from a live one, and 0 (off), are accepted.
+TEST_F(ConfigRunValidation, CollectiveTimeoutAtLeastTheStalenessOfAHeartbeat) {
+  for (const double seconds : {0.0, 2.5, 3.0, 600.0}) {
+    RunConfig run = valid();
+    run.collective_timeout = seconds;
+    EXPECT_NO_THROW(validate_run_config(run, model_, 2)) << seconds;
+  }
+  expect_mentions(error_with([](RunConfig& r) { r.collective_timeout = 2.4; }),
+                  {"--collective_timeout", "at least 2.5 seconds", "got 2.4"});
 }
 
 TEST_F(ConfigRunValidation, TotalBatchSizeDerivesGradientAccumulation) {

@@ -16,6 +16,7 @@
 
 #include "common/errors.h"
 #include "trainer/optimizer_setup.h"
+#include "trainer/watchdog.h"
 
 namespace llm {
 
@@ -314,6 +315,12 @@ void validate_run_config(RunConfig& run, const ModelConfig& model, int world_siz
   require_flag(std::isfinite(run.collective_timeout) && run.collective_timeout >= 0 && run.collective_timeout <= 1e7,
                "--collective_timeout",
                "a number of seconds >= 0 and at most 1e7 (0 turns the stall watchdog off)", run.collective_timeout);
+  require_flag(run.collective_timeout == 0 || run.collective_timeout >= kShortestCollectiveTimeout,
+               "--collective_timeout",
+               "0 (off) or at least " + format_number(kShortestCollectiveTimeout) +
+                   " seconds: heartbeats come every second and one is stale after 2.5, so a shorter timeout "
+                   "ends a healthy job",
+               run.collective_timeout);
   require_flag(std::isfinite(run.preemption_grace_seconds) && run.preemption_grace_seconds >= 0 &&
                    run.preemption_grace_seconds <= 1e7,
                "--preemption_grace_seconds", "a number of seconds >= 0 and at most 1e7 (0: no limit)",
@@ -385,6 +392,17 @@ void validate_run_config(RunConfig& run, const ModelConfig& model, int world_siz
                     " here), or --optimizer adamw");
   }
 
+  if (model.tie_word_embeddings)
+    fail_user(run.config_path, "tie_word_embeddings",
+              "tied embeddings are not supported (the GaLore family is untied); set it to false");
+  if (run.checkpoint.save_dir.empty() && run.checkpoint.save_every > 0)
+    fail_user(kCommandLine, "--save_every",
+              "saves a checkpoint every " + std::to_string(run.checkpoint.save_every) +
+                  " steps, but there is no --save_dir to save them to: give --save_dir, or drop --save_every");
+  if (run.checkpoint.save_dir.empty() && run.checkpoint.keep_last > 0)
+    fail_user(kCommandLine, "--keep_last",
+              "keeps the newest " + std::to_string(run.checkpoint.keep_last) +
+                  " checkpoints, but there is no --save_dir holding any: give --save_dir, or drop --keep_last");
   if (run.checkpoint.async_save && run.checkpoint.save_dir.empty())
     fail_user(kCommandLine, "--async_save",
               "writes checkpoints in the background, but there is no --save_dir to write them to: give "

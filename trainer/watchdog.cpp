@@ -19,7 +19,7 @@ namespace llm {
 namespace {
 namespace fs = std::filesystem;
 
-constexpr double kIntervalSeconds = 1.0;
+constexpr double kIntervalSeconds = kHeartbeatIntervalSeconds;
 
 fs::path heartbeat_path(const std::string& run_dir, int rank) {
   return fs::path(run_dir) / ("heartbeat.rank" + std::to_string(rank) + ".json");

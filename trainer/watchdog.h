@@ -35,6 +35,10 @@ namespace llm {
 
 // The exit status of a rank that ended the job for a stall.
 constexpr int kStallExitStatus = 4;
+// Heartbeats are written every second and one older than 2.5 intervals is stale: a shorter
+// --collective_timeout would end a healthy job before any heartbeat could tell it apart.
+constexpr double kHeartbeatIntervalSeconds = 1.0;
+constexpr double kShortestCollectiveTimeout = 2.5 * kHeartbeatIntervalSeconds;
 
 class StallWatchdog {
  public:
