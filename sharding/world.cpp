@@ -117,7 +117,7 @@ const World& current_world() {
 }
 
 std::vector<std::string> all_gather_text(const std::string& text) {
-  constexpr int kWidth = 256;
+  constexpr int kWidth = 257;  // 256 bytes and the terminating zero
   char mine[kWidth] = {};
   text.copy(mine, kWidth - 1);
   const World& world = current_world();

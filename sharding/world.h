@@ -46,8 +46,8 @@ const World& current_world();
 // MPI_Finalize, once; later calls do nothing. Every rank must call it (it is collective).
 void stop_world();
 
-// Every rank's `text` (at most 255 bytes kept), on every rank, in rank order. Collective over
-// MPI_COMM_WORLD: for start-up agreements before any communicator exists.
+// Every rank's `text` (at most 256 bytes kept), on every rank, in rank order. Collective over
+// MPI_COMM_WORLD: what the ranks agree on at start-up (the run id, the hosts, the GPUs).
 std::vector<std::string> all_gather_text(const std::string& text);
 
 // Prints "[rank R on HOST] MESSAGE" to stderr once, then MPI_Abort(MPI_COMM_WORLD, exit_code) so

@@ -16,6 +16,7 @@
 #include "common/step_timer.h"
 #include "offload/optimizer_offload.h"
 #include "sharding/sharded_model.h"
+#include "sharding/world.h"
 #include "trainer/autocast.h"
 #include "trainer/checkpoint.h"
 #include "trainer/data/batches.h"
@@ -113,33 +114,9 @@ double seconds_since(std::chrono::steady_clock::time_point started) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
 }
 
-// Every rank's `mine` (at most 256 characters), on every rank: a row of characters per rank, summed
-// over ranks.
-std::vector<std::string> every_rank_string(Communicator& communicator, const std::string& mine) {
-  constexpr int64_t kLength = 256;
-  const std::string text = mine.substr(0, kLength);
-  const int world = communicator.world_size();
-  at::Tensor table = at::zeros({world, kLength}, at::kLong);
-  table[communicator.rank()].narrow(0, 0, static_cast<int64_t>(text.size()))
-      .copy_(at::tensor(std::vector<int64_t>(text.begin(), text.end()), at::kLong));
-  if (world > 1) {
-    at::Tensor on_device = table.to(communicator.device());
-    communicator.all_reduce(on_device, ReduceOp::sum);
-    table = on_device.to(at::kCPU);
-  }
-  const auto rows = table.accessor<int64_t, 2>();
-  std::vector<std::string> strings;
-  for (int r = 0; r < world; ++r) {
-    std::string row;
-    for (int64_t i = 0; i < kLength && rows[r][i] != 0; ++i) row += static_cast<char>(rows[r][i]);
-    strings.push_back(row);
-  }
-  return strings;
-}
-
 // The run id every rank records: the resumed checkpoint's, else the one rank 0 draws.
-std::string agree_on_run_id(const std::string& resumed, Communicator& communicator) {
-  return resumed.empty() ? every_rank_string(communicator, new_run_id()).front() : resumed;
+std::string agree_on_run_id(const std::string& resumed) {
+  return resumed.empty() ? all_gather_text(new_run_id()).front() : resumed;
 }
 
 // LLM_DEBUG_NO_RESIDENT_UNITS=1: a unit that is its own whole shard (one rank, no_shard) still
@@ -204,7 +181,7 @@ class Training {
   const RuntimeContext& context_;
   const c10::Device device_;
   Communicator& communicator_;
-  Communicator& host_communicator_;  // host tensors: offload's collectives, agreements, strings
+  Communicator& host_communicator_;  // host tensors: offload's collectives, the preemption agreement
   const bool autocast_;  // bf16 mixed: fp32 parameters, bf16 autocast in the forward
   const bool prepared_;
   MetricsLog metrics_;
@@ -319,7 +296,7 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
   state_.seed = run.seed;
   if (!run.checkpoint.continue_from.empty())
     resume(context.resume_folder.empty() ? resolve_checkpoint_folder(run.checkpoint.continue_from) : context.resume_folder);
-  run_id_ = agree_on_run_id(run_id_, host_communicator_);
+  run_id_ = agree_on_run_id(run_id_);
   start_step_ = state_.step;
   record_start();
 }
@@ -416,10 +393,10 @@ StepResult Training::train_step(int64_t step) {
       loss_sum += loss.detach().to(at::kDouble);
     }
     const bool last = micro + 1 == run_.data.gradient_accumulation;
-    if (fused && last && !std::isfinite(read_to_host(loss_sum))) {
+    const double checked_sum = fused && last ? read_to_host(loss_sum) : 0.0;
+    if (!std::isfinite(checked_sum)) {
       std::ostringstream message;
-      message << "step " << step << ": the loss is "
-              << read_to_host(loss_sum) / static_cast<double>(run_.data.gradient_accumulation)
+      message << "step " << step << ": the loss is " << checked_sum / static_cast<double>(run_.data.gradient_accumulation)
               << " on this rank; training stopped before the fused backward updated anything. " << what_to_change();
       throw TrainingError(message.str());
     }
@@ -487,7 +464,7 @@ TrainingOutcome Training::run() {
   watchdog_ = std::make_unique<StallWatchdog>(run_.logging.run_dir, context_.rank, context_.world_size,
                                               watched ? run_.collective_timeout : 0.0,
                                               // every rank's host: another node's heartbeats may be unreadable here
-                                              watched ? every_rank_string(host_communicator_, process_identity().host)
+                                              watched ? all_gather_text(process_identity().host)
                                                       : std::vector<std::string>());
   for (int64_t step = start_step_ + 1; step <= run_.num_training_steps; ++step) {
     current_step_ = step;

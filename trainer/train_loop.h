@@ -24,8 +24,8 @@ struct RuntimeContext {
   int world_size = 1;
   c10::Device device = c10::Device(c10::kCPU);
   Communicator* communicator = nullptr;  // over all ranks, for this device
-  // Over all ranks, for host tensors: offload's optimizer collectives, the per-step preemption
-  // agreement, strings. The device communicator on a CPU rank; MPI beside NCCL on a GPU (NCCL
+  // Over all ranks, for host tensors: offload's optimizer collectives and the per-step preemption
+  // agreement. The device communicator on a CPU rank; MPI beside NCCL on a GPU (NCCL
   // carries device tensors only). nullptr: the device communicator (a CPU rank's tests).
   Communicator* host_communicator = nullptr;
   // The checkpoint --continue_from resolved to at start-up (check_checkpoints_at_start,
