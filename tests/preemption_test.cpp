@@ -78,13 +78,19 @@ pid_t find_process(const std::string& program, const fs::path& run_dir, int rank
 // process `find` returns. The command's result.
 CommandResult run_and_signal(const std::string& command, const fs::path& run_dir, const std::function<pid_t()>& find,
                              int signal, int count = 1,
-                             std::chrono::milliseconds gap = std::chrono::milliseconds(0)) {
+                             std::chrono::milliseconds gap = std::chrono::milliseconds(0), size_t after_steps = 1) {
   std::future<CommandResult> running = std::async(std::launch::async, [command] { return run_command(command); });
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   bool signalled = false;
   while (std::chrono::steady_clock::now() < deadline) {
     if (running.wait_for(std::chrono::milliseconds(20)) == std::future_status::ready) break;
-    if (read_file(run_dir / "metrics.jsonl").find("\"event\":\"train\"") == std::string::npos) continue;
+    // Counted in the text: a line the trainer is still writing would not parse.
+    const std::string metrics = read_file(run_dir / "metrics.jsonl");
+    size_t train_records = 0;
+    for (size_t at = metrics.find("\"event\":\"train\""); at != std::string::npos;
+         at = metrics.find("\"event\":\"train\"", at + 1))
+      ++train_records;
+    if (train_records < after_steps) continue;
     const pid_t pid = find();
     if (pid <= 0) continue;
     for (int i = 0; i < count; ++i) {
@@ -219,7 +225,10 @@ TEST(PreemptionWithAsyncSave, TheSaveInFlightCompletesAndTheStepIsSaved) {
   auto result = run_and_signal(
       "LLM_DEBUG_SAVE_DELAY_SECONDS=1 " +
           command(2, "--save_every 1 --async_save --save_dir " + save_dir.string() + " --run_dir " + run_dir.string()),
-      run_dir, [&] { return find_process(testing::trainer_binary().string(), run_dir, 1); }, SIGTERM);
+      // After step 2's record: a signal right after step 1's could be agreed on at step 1's end,
+      // before any save was in flight.
+      run_dir, [&] { return find_process(testing::trainer_binary().string(), run_dir, 1); }, SIGTERM, 1,
+      std::chrono::milliseconds(0), 2);
   ASSERT_EQ(result.exit_code, 0) << result.output;
   const auto preempted = testing::read_metrics_events(run_dir, "preempted");
   ASSERT_EQ(preempted.size(), 1u) << result.output;
