@@ -1,13 +1,25 @@
-"""The PyTorch side of bench/train_vs_pytorch.sh, and the summary that sets it beside ours.
+"""The PyTorch side of bench/train_vs_pytorch.sh and bench/gpu_bench.py, and the summary that sets it
+beside ours.
 
 The peers are what a PyTorch user would write for the same training step as build/trainer: transformers'
-LlamaForCausalLM built from the same HF config JSON (sdpa attention, fp32), loss through the model's
-own `labels=` path, global-norm clipping to --grad_clipping, torch.optim.AdamW with the trainer's
-hyper-parameters, and the loss read back every step (our trainer reads it too). The timed step is
-forward + backward + clip + optimizer.step + zero_grad(set_to_none=True) + loss.item(); data is random
-ids drawn before the loop (speed only: the content of the tokens does not change the work).
+LlamaForCausalLM built from the same HF config JSON (sdpa attention, fp32 unless eager's --dtype says
+otherwise), loss through the model's own `labels=` path, global-norm clipping to --grad_clipping,
+torch.optim.AdamW with the trainer's hyper-parameters, and the loss read back every step (our trainer
+reads it too). The timed step is forward + backward + clip + optimizer.step +
+zero_grad(set_to_none=True) + loss.item(); data is random ids drawn before the loop (speed only: the
+content of the tokens does not change the work).
 
-    eager      one process, torch.set_num_threads(--threads), AdamW(fused=True)
+    eager      one process, torch.set_num_threads(--threads), AdamW(fused=True); --device cpu (default)
+               or cuda, and --dtype float32 (default) or bfloat16 with --precision to match the
+               trainer's modes: mixed = fp32 weights, gradients and AdamW state, the forward (the loss
+               included) under torch.autocast(bfloat16) as our --precision mixed runs it; pure = the
+               model cast to bf16 (weights, gradients and fused AdamW's state in bf16), GaLore's
+               reference. Our --precision pure computes with bf16 weights too but keeps fp32 master
+               shards, gradient shards and AdamW state beside them (docs/memory.md): the same
+               forward and backward, not the same optimizer bytes. On CUDA the phases are timed
+               with CUDA events on the stream (no host wait inside the step) and the step between two
+               torch.cuda.synchronize calls; the "end" record has torch.cuda.max_memory_allocated
+               (the run's peak, model building included) as peak_memory_bytes
     fsdp2      one rank of `python -m torch.distributed.run --nproc_per_node R`: gloo on CPU,
                fully_shard on each decoder layer and then on the root model (torchtitan's
                parallelize_llama order), fused AdamW where DTensor parameters allow it, else
@@ -18,16 +30,20 @@ ids drawn before the loop (speed only: the content of the tokens does not change
                "start" / "train" records) round by round and prints the comparison
 
 Each peer writes JSONL to --out like the trainer's metrics.jsonl: one "start" record (parameters,
-optimizer, world size, threads) and one "train" record per step (step, loss, grad_norm, step_time_s
-and the per-phase forward_s, backward_s, clip_s, optimizer_s). Under fsdp2 only rank 0 writes, and
+optimizer, world size, threads; eager: device, dtype, precision) and one "train" record per step
+(step, loss, grad_norm, step_time_s and the per-phase forward_s, backward_s, clip_s, optimizer_s);
+eager ends with an "end" record (peak_memory_bytes and what measured it: the CUDA allocator's peak,
+or the process's peak RSS on CPU). Under fsdp2 only rank 0 writes, and
 its times are rank 0's, as the trainer's are; ranks meet at every step's clip and loss all-reduce.
 
 Run from the repository root with the project venv's python; bench/train_vs_pytorch.sh drives it.
 """
 
 import argparse
+import contextlib
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -58,12 +74,18 @@ def hf_config(path):
     return LlamaConfig(**keys, attn_implementation="sdpa")
 
 
-def build_model(config_path, seed):
+def build_model(config_path, seed, device="cpu", dtype="float32", precision="mixed"):
+    """The model on `device`, built there (a 1B model's init on the host would cost more than its run).
+    Its weights are fp32, except bf16 with --precision pure (mixed keeps fp32 weights; the forward's
+    autocast makes the bf16 copies)."""
     import torch
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)  # every FSDP rank builds the same weights before sharding
-    model = LlamaForCausalLM(hf_config(config_path)).float()
+    with torch.device(device):
+        model = LlamaForCausalLM(hf_config(config_path))
+    pure_bf16 = dtype == "bfloat16" and precision == "pure"
+    model = model.to(torch.bfloat16) if pure_bf16 else model.float()
     model.train()
     return model
 
@@ -101,29 +123,55 @@ class JsonlWriter:
             self.file.flush()
 
 
-def timed_step(model, ids, clip, step_optimizer, read_loss):
-    """One training step, timed as both peers time it: forward (the loss through the model's labels=
-    path), backward, clip, and the optimizer with zero_grad and the loss read. Returns the loss, the
-    gradient norm and the train record's time fields."""
+def timed_step(model, ids, clip, step_optimizer, read_loss, forward_context=contextlib.nullcontext, cuda=False):
+    """One training step, timed as every peer times it: forward (the loss through the model's labels=
+    path, inside forward_context: autocast for bf16 mixed), backward, clip, and the optimizer with
+    zero_grad and the loss read. Returns the loss, the gradient norm and the train record's time
+    fields. On CPU the phase boundaries are host clock reads. On CUDA they are events recorded on the
+    stream, so nothing waits inside the step (a host clock there would time kernel launches); the
+    step's total is host time between a torch.cuda.synchronize before it and one after it."""
+    import torch
+
+    marks = []
+
+    def mark():
+        if cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            marks.append(event)
+        else:
+            marks.append(time.perf_counter())
+
+    if cuda:
+        torch.cuda.synchronize()
     started = time.perf_counter()
-    loss = model(input_ids=ids, labels=ids).loss
-    forwarded = time.perf_counter()
+    mark()
+    with forward_context():
+        loss = model(input_ids=ids, labels=ids).loss
+    mark()
     loss.backward()
-    backwarded = time.perf_counter()
+    mark()
     grad_norm = clip()
-    clipped = time.perf_counter()
+    mark()
     step_optimizer()
     loss_value = read_loss(loss)
+    mark()
+    if cuda:
+        torch.cuda.synchronize()
+        spans = [begin.elapsed_time(end) / 1e3 for begin, end in zip(marks, marks[1:])]  # ms -> s
+    else:
+        spans = [end - begin for begin, end in zip(marks, marks[1:])]
     finished = time.perf_counter()
-    return loss_value, grad_norm, {"step_time_s": finished - started, "forward_s": forwarded - started,
-                                   "backward_s": backwarded - forwarded, "clip_s": clipped - backwarded,
-                                   "optimizer_s": finished - clipped}
+    return loss_value, grad_norm, {"step_time_s": finished - started, "forward_s": spans[0],
+                                   "backward_s": spans[1], "clip_s": spans[2], "optimizer_s": spans[3]}
 
 
 def check_parameters(parameters, ours_metrics):
     """The HF model must be the model our trainer ran: same count as its metrics.jsonl "start" record."""
     if not ours_metrics:
         return "unchecked"
+    if not os.path.exists(ours_metrics):  # our run failed before its first record: this side still counts
+        return f"unchecked ({ours_metrics} does not exist)"
     start = next((r for r in read_jsonl(ours_metrics) if r.get("event") == "start"), {})
     expected = start.get("parameters")
     if parameters != expected:
@@ -140,18 +188,34 @@ def run_eager(args):
     import torch
 
     torch.set_num_threads(args.threads)
-    model = build_model(args.config, args.seed)
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    if cuda and not torch.cuda.is_available():
+        sys.exit("pytorch_peers: --device cuda but torch sees no GPU (torch.cuda.is_available() is False)")
+    if cuda:
+        torch.cuda.set_device(device)
+    model = build_model(args.config, args.seed, device, args.dtype, args.precision)
     parameters = count_parameters(model)
     checked = check_parameters(parameters, args.check_against)
     optimizer = make_adamw(model.parameters(), args, "fused")
-    batches = random_batches(model.config.vocab_size, args.steps, args.batch, args.length, args.seed + 1)
+    batches = random_batches(model.config.vocab_size, args.steps, args.batch, args.length, args.seed + 1).to(device)
+    autocast = args.dtype == "bfloat16" and args.precision == "mixed"
+    forward_context = ((lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)) if autocast
+                       else contextlib.nullcontext)
+    mode = "float32" if args.dtype == "float32" else f"bfloat16 {args.precision}"
+    mode_detail = {"float32": "fp32", "bfloat16 mixed": "fp32 weights, forward under autocast(bfloat16)",
+                   "bfloat16 pure": "bf16 weights, gradients and AdamW state"}[mode]
     out = JsonlWriter(args.out, True)
     out.write({"event": "start", "peer": "eager", "parameters": parameters, "world_size": 1,
                "threads": torch.get_num_threads(), "optimizer": "AdamW(fused=True)",
                "attn_implementation": model.config._attn_implementation,
-               "torch": torch.__version__, "batch": args.batch, "length": args.length})
-    print(f"[pytorch eager] {parameters} parameters {checked}, {torch.get_num_threads()} threads, "
-          f"AdamW(fused=True), {args.steps} steps of {args.batch} x {args.length}", flush=True)
+               "torch": torch.__version__, "batch": args.batch, "length": args.length,
+               "device": str(device), "device_name": torch.cuda.get_device_name(device) if cuda else "cpu",
+               "dtype": args.dtype, "precision": args.precision if args.dtype == "bfloat16" else "",
+               "autocast": autocast, "mode": mode_detail})
+    print(f"[pytorch eager] {parameters} parameters {checked}, {torch.get_num_threads()} threads, on {device} in "
+          f"{mode} ({mode_detail}), AdamW(fused=True), {args.steps} steps of {args.batch} x {args.length}",
+          flush=True)
 
     def step_optimizer():
         optimizer.step()
@@ -161,10 +225,18 @@ def run_eager(args):
     for step in range(1, args.steps + 1):
         loss, grad_norm, times = timed_step(
             model, batches[step - 1], lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clipping),
-            step_optimizer, lambda loss: loss.item())
+            step_optimizer, lambda loss: loss.item(), forward_context, cuda)
         out.write({"event": "train", "step": step, "loss": loss, "grad_norm": grad_norm.item(), **times})
         if saver:
             saver.after_step(step, step == args.steps)
+    if cuda:
+        peak, measured_by = torch.cuda.max_memory_allocated(device), "torch.cuda.max_memory_allocated"
+    else:
+        import resource
+
+        peak, measured_by = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "peak RSS (getrusage)"
+    out.write({"event": "end", "steps": args.steps, "peak_memory_bytes": peak, "peak_memory_measured_by": measured_by})
+    print(f"[pytorch eager] peak memory {peak / 2**30:.2f} GiB ({measured_by})", flush=True)
 
 
 class DcpSaver:
@@ -487,6 +559,11 @@ def parse_args():
         p.add_argument("--save_dir", default="", help="eager: checkpoint with torch.distributed.checkpoint (DcpSaver)")
         p.add_argument("--save_every", type=int, default=0)
         p.add_argument("--async_save", action="store_true")
+        if mode == "eager":
+            p.add_argument("--device", default="cpu", help="cpu or cuda (cuda:N)")
+            p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+            p.add_argument("--precision", choices=("mixed", "pure"), default="mixed",
+                           help="with bfloat16: mixed (fp32 weights, autocast forward) or pure (bf16 weights)")
     p = sub.add_parser("peak")
     p.add_argument("--threads", type=int, required=True)
     p = sub.add_parser("summarize")

@@ -5,22 +5,29 @@
 
 Each stage becomes a section with the device, date and commit it ran on, and a row per step: the
 command, its exit status, its time and what it reported (GoogleTest's counts, the failing tests,
-mpi_tests' verdict, or the step's last line). Nothing is written that the files do not hold: a stage
-whose files did not come back is not mentioned.
+mpi_tests' verdict, or the step's last line). The bench stage's figures (bench.json's "bench", from
+bench/gpu_bench.py summarize) follow its steps as tables: speed against PyTorch, the phases, the
+estimate against the measured peak, offload's share; they are rendered by gpu_bench.markdown from the
+JSON alone, and a figure the JSON lacks shows as "n/a". Nothing is written that the files do not hold:
+a stage whose files did not come back is not mentioned.
 """
 import json
 import re
 import sys
 from pathlib import Path
 
-STAGES = ["probe", "tests", "smoke", "sanitize"]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from gpu_bench import markdown as bench_markdown  # noqa: E402
+
+STAGES = ["probe", "tests", "smoke", "sanitize", "bench"]
 
 
-def log_sections(log_text):
-    """The log's '### NAME' sections: name -> the lines after the command line."""
+def log_sections(log_text, names):
+    """The log's '### NAME' sections, NAME a step's name: name -> the lines after the command line.
+    Only the steps' names start a section: a step's output may hold Markdown headings (bench's tables)."""
     sections, name = {}, None
     for line in log_text.splitlines():
-        if line.startswith("### "):
+        if line.startswith("### ") and line[4:].strip() in names:
             name = line[4:].strip()
             sections[name] = []
         elif name is not None and not line.startswith("$ "):
@@ -64,7 +71,8 @@ def main(folders):
             found = True
             summary = json.loads(summary_file.read_text())
             log_file = folder / f"{stage}.log"
-            sections = log_sections(log_file.read_text(errors="replace")) if log_file.exists() else {}
+            names = {step["name"] for step in summary["steps"]}
+            sections = log_sections(log_file.read_text(errors="replace"), names) if log_file.exists() else {}
             print(f"## {stage}: {summary['device']}, {summary['date']}, commit {summary['commit']}\n")
             print("| step | command | exit | seconds | outcome |\n|---|---|---:|---:|---|")
             for step in summary["steps"]:
@@ -72,6 +80,8 @@ def main(folders):
                 print(f"| {step['name']} | `{command}` | {step['rc']} | {step['seconds']} | "
                       f"{outcome(sections.get(step['name'], [])).replace('|', '/')} |")
             print()
+            if "bench" in summary:
+                print(bench_markdown(summary["bench"]))
     if not found:
         sys.exit("no STAGE.json in " + ", ".join(folders))
 

@@ -13,16 +13,21 @@
 #             refusing, each rank on its GPU (tests/gpu_paths_test.cpp)            -> smoke.log, smoke.json
 #   sanitize  compute-sanitizer memcheck on a 2-rank sharded offload run and racecheck on one rank
 #                                                                                  -> sanitize.log, sanitize.json
-#   launch/gpu/run.sh probe|tests|smoke|sanitize
+#   bench     speed and memory (bench/gpu_bench.py's plan): llama_350m bf16 mixed and llama_1b bf16 pure,
+#             our trainer against transformers + fused AdamW on the same GPU (tokens/s, MFU, phases,
+#             peak memory); `trainer estimate` against the measured peak for llama_130m fp32, llama_350m,
+#             llama_1b and llama_1b with --offload optimizer; offload's share of the throughput. Each
+#             step under STEP_TIMEOUT (150 s), all of them under BENCH_BUDGET_S (420 s), then the
+#             summary, whose figures bench.json holds under "bench"             -> bench.log, bench.json
+#   launch/gpu/run.sh probe|tests|smoke|sanitize|bench
 # Then, here: python3 launch/gpu/report.py FILES_AT > docs/gpu-results.md (with the command and device).
-# The speed and memory comparisons of the GPU issue (bench) are not part of the kit yet.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
 KIT=$ROOT/${KIT_DIR:-gpu-kit}
 OUT=${OUT:-$ROOT/gpu-out}
 PYTHON=${TRAINER_PYTHON:-python3}
-stage=${1:?usage: launch/gpu/run.sh probe|tests|smoke|sanitize}
+stage=${1:?usage: launch/gpu/run.sh probe|tests|smoke|sanitize|bench}
 mkdir -p "$OUT"
 [ -x "$KIT/bin/trainer" ] || { echo "no $KIT/bin/trainer: carry the kit (bash launch/gpu/pack.sh here)" >&2; exit 2; }
 
@@ -50,13 +55,22 @@ log=$OUT/$stage.log
 summary=$OUT/$stage.json
 : > "$log"
 results=()
-# step NAME COMMAND...: runs it, its output to the log, its status and time to the summary.
+stage_deadline=""  # SECONDS by which a step must start and end (bench's budget); empty: none
+# step NAME COMMAND...: runs it, its output to the log, its status and time to the summary. Its limit
+# is STEP_TIMEOUT, or what is left of the stage's budget; with none left it is not started (exit 124).
 step() {
   local name=$1; shift
-  local started=$SECONDS
+  local started=$SECONDS limit=${STEP_TIMEOUT:-480} rc
+  [ -n "$stage_deadline" ] && (( stage_deadline - SECONDS < limit )) && limit=$((stage_deadline - SECONDS))
   printf '\n### %s\n$ %s\n' "$name" "$*" >> "$log"
-  timeout "${STEP_TIMEOUT:-480}" bash -c "$*" >> "$log" 2>&1
-  local rc=$?
+  if (( limit < 5 )); then
+    echo "not started: the stage's budget is spent" >> "$log"
+    rc=124
+  else
+    # The trainer takes SIGTERM as a preemption and ends its step first: KILL 20 s later if not.
+    timeout -k 20 "$limit" bash -c "$*" < /dev/null >> "$log" 2>&1
+    rc=$?
+  fi
   results+=("$("$PYTHON" -c 'import json,sys; print(json.dumps({"name": sys.argv[1], "command": sys.argv[2], "rc": int(sys.argv[3]), "seconds": int(sys.argv[4])}))' "$name" "$*" "$rc" "$((SECONDS - started))")")
   printf '[%s] %s: exit %d in %d s\n' "$stage" "$name" "$rc" "$((SECONDS - started))"
 }
@@ -68,7 +82,15 @@ write_summary() {
     local first=1
     for r in "${results[@]}"; do [ $first -eq 1 ] || printf ', '; printf '%s' "$r"; first=0; done
     printf ']}\n'; } > "$summary"
+  # bench: its figures (bench/gpu_bench.py summarize) go into the same file, under "bench".
+  if [ "$stage" = bench ] && [ -f "$bench_work/results.json" ]; then
+    "$PYTHON" -c 'import json, sys
+summary = json.load(open(sys.argv[1]))
+summary["bench"] = json.load(open(sys.argv[2]))
+json.dump(summary, open(sys.argv[1], "w"), indent=1)' "$summary" "$bench_work/results.json"
+  fi
 }
+bench_work=${BENCH_WORK:-/tmp/gpu-bench}  # bench's runs; only the summary's figures come back
 trap write_summary EXIT
 
 micro="--config configs/llama_micro.json --num_training_steps 2 --batch_size 2 --max_length 32 --eval_every 0"
@@ -100,7 +122,21 @@ case "$stage" in
       step racecheck_one_rank "LLM_DEBUG_NO_RESIDENT_UNITS=1 compute-sanitizer --tool racecheck --error-exitcode 9 trainer $micro $gpu_flag --run_dir /tmp/sanitize_run1"
     fi
     ;;
-  *) echo "unknown stage $stage: probe, tests, smoke or sanitize" >&2; exit 2 ;;
+  bench)
+    # The plan (bench/gpu_bench.py, where the runs and their sizes are written down): the device, every
+    # estimate, then ours and pytorch's runs; on CPU (the dry run) the same with llama_micro.
+    rm -rf "$bench_work" && mkdir -p "$bench_work"
+    bench_device=${gpu_flag#--device }
+    STEP_TIMEOUT=${STEP_TIMEOUT:-150}
+    stage_deadline=$((SECONDS + ${BENCH_BUDGET_S:-420}))
+    step plan "$PYTHON bench/gpu_bench.py plan --device $bench_device --work $bench_work --python $PYTHON > $bench_work/plan.tsv && cut -f1 $bench_work/plan.tsv"
+    while IFS=$'\t' read -r name command; do
+      step "$name" "$command"
+    done < "$bench_work/plan.tsv"
+    stage_deadline=""  # the summary runs whatever is left: it reads files, a few seconds
+    step summarize "$PYTHON bench/gpu_bench.py summarize --device $bench_device --work $bench_work --out $bench_work/results.json"
+    ;;
+  *) echo "unknown stage $stage: probe, tests, smoke, sanitize or bench" >&2; exit 2 ;;
 esac
 failed=0
 for r in "${results[@]}"; do case "$r" in *'"rc": 0,'*) ;; *) failed=1 ;; esac; done

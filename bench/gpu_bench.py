@@ -1,0 +1,483 @@
+"""The GPU kit's bench stage (launch/gpu/run.sh bench): our trainer's speed and memory on one GPU, set
+beside transformers + torch on the same GPU, in one run of a few minutes (issue 31's comparisons).
+
+    speed    llama_350m in bf16 mixed (16 x 1024 tokens a step) and llama_1b in bf16 pure (8 x 1024):
+             the kit's trainer (--device cuda) against bench/pytorch_peers.py eager on the same GPU
+             (LlamaForCausalLM, SDPA, torch.optim.AdamW(fused=True), the same batch, length, mode and
+             hyper-parameters; mixed: autocast over fp32 weights on both sides, pure: bf16 weights on
+             both, theirs with bf16 gradients and AdamW state, ours with fp32 masters, gradient shards
+             and AdamW state beside them: the same forward and backward, more optimizer bytes on our
+             side). Per side the median step time over the kept steps, tokens/s, model TFLOP/s, the
+             model FLOPs utilisation against the card's published dense bf16 peak and against a bf16
+             GEMM measured on the card, the peak memory (ours: the CUDA allocator's peak as
+             metrics.jsonl records it; theirs: torch.cuda.max_memory_allocated), and per phase (ours:
+             metrics.jsonl phase_s, the compute stream's, and host_phase_s; theirs: CUDA events).
+    memory   `trainer estimate --json` against the measured peak of the same run (the ledger's
+             memory.rank0.jsonl "end" summary: the caching allocator's allocated bytes, which is what
+             the estimate predicts; its reserved bytes beside the estimate's CUDA runtime budgets) for
+             llama_130m fp32, llama_350m bf16 mixed, llama_1b bf16 pure and llama_1b bf16 pure with
+             --offload optimizer (also its host side: estimated host and pinned bytes against the
+             ledger's host and pinned peaks)
+    offload  the offloaded llama_1b's tokens/s as a share of the same run without offload (it fits both
+             ways on one H100)
+Model FLOPs a token: 6 x the matmul parameters (all but the embedding lookup and the norms) + 12 x
+layers x hidden x length for attention's scores and values, torchtitan's count (pytorch_peers'
+model_flops_per_token); a step's FLOPs are that times batch x length. Each run drops its first
+WARMUP_STEPS steps (cuBLAS's heuristics, the caching allocator's growth, lazy initialisation).
+
+Without a GPU (launch/gpu/dry_run.sh on the CPU machine) the same plan runs with llama_micro on the
+CPU for a few steps: what that proves is the plumbing (the commands, the JSON, report.py's tables),
+not a figure. The card's published peak is then unknown and MFU is not computed.
+
+    python3 bench/gpu_bench.py device --device cuda|cpu                   # the card and its peaks, JSON
+    python3 bench/gpu_bench.py plan --device cuda|cpu --work DIR --python PY   # NAME<TAB>COMMAND lines
+    python3 bench/gpu_bench.py summarize --device cuda|cpu --work DIR --out FILE
+
+run.sh writes `device` into WORK/device.json as the plan's first step, runs the plan's commands as its
+steps (each under STEP_TIMEOUT, all under the stage's budget), then `summarize`, which prints the
+tables (Markdown) into bench.log and writes the results JSON that run.sh puts into bench.json under
+"bench"; launch/gpu/report.py renders them with markdown() below. A figure whose files are missing (a
+step that failed or ran out of time) is null and shows as "n/a": nothing is filled in.
+"""
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)  # configs/ are read from the repository, wherever this is started
+sys.path.insert(0, HERE)
+from pytorch_peers import model_flops_per_token, read_jsonl  # noqa: E402
+
+WARMUP_STEPS = 3
+
+# Published dense (no sparsity) bf16 tensor-core peaks, TFLOP/s, by a part of
+# torch.cuda.get_device_name; the first that matches counts, so the specific names come first.
+PUBLISHED_BF16_DENSE_TFLOPS = [
+    ("H100 PCIe", 756.0, "NVIDIA H100 datasheet, PCIe: 1,513 TFLOP/s bf16 with sparsity, half of it dense"),
+    ("H100 NVL", 835.0, "NVIDIA H100 datasheet, NVL: 1,671 TFLOP/s bf16 with sparsity, half of it dense"),
+    ("H100", 989.0, "NVIDIA H100 datasheet, SXM: 1,979 TFLOP/s bf16 with sparsity, half of it dense"),
+    ("H200", 989.0, "NVIDIA H200 datasheet, SXM: 1,979 TFLOP/s bf16 with sparsity, half of it dense"),
+]
+
+
+@dataclass
+class Case:
+    """One run of our trainer, and what it is compared with."""
+
+    config: str
+    dtype: str                 # float32 or bfloat16
+    precision: str             # mixed or pure (bfloat16 only)
+    batch: int
+    length: int
+    steps: int
+    peer: bool = False         # also the same run through pytorch_peers.py eager (speed)
+    offload: bool = False      # --offload optimizer
+    offload_of: str = ""       # the case this one is the offloaded twin of (offload share)
+    name: str = field(init=False)
+
+    def __post_init__(self):
+        stem = os.path.splitext(os.path.basename(self.config))[0]
+        mode = "fp32" if self.dtype == "float32" else f"bf16_{self.precision}"
+        self.name = f"{stem}_{mode}" + ("_offload" if self.offload else "")
+
+    def mode(self):
+        return "fp32" if self.dtype == "float32" else f"bf16 {self.precision}"
+
+    def tokens_per_step(self):
+        return self.batch * self.length
+
+
+def cases(device):
+    """The plan's runs: issue 31's on a GPU; the same shapes of comparison with llama_micro on a CPU."""
+    if device == "cuda":
+        speed_350m = Case("configs/llama_350m.json", "bfloat16", "mixed", 16, 1024, 20, peer=True)
+        speed_1b = Case("configs/llama_1b.json", "bfloat16", "pure", 8, 1024, 20, peer=True)
+        memory_130m = Case("configs/llama_130m.json", "float32", "mixed", 8, 1024, 8)
+        offload_1b = Case("configs/llama_1b.json", "bfloat16", "pure", 8, 1024, 10, offload=True,
+                          offload_of=speed_1b.name)
+    else:
+        speed_350m = Case("configs/llama_micro.json", "bfloat16", "mixed", 2, 32, 6, peer=True)
+        speed_1b = Case("configs/llama_micro.json", "bfloat16", "pure", 2, 32, 6, peer=True)
+        memory_130m = Case("configs/llama_micro.json", "float32", "mixed", 2, 32, 5)
+        offload_1b = Case("configs/llama_micro.json", "bfloat16", "pure", 2, 32, 5, offload=True,
+                          offload_of=speed_1b.name)
+    return [speed_350m, speed_1b, memory_130m, offload_1b]
+
+
+# ------------------------------------------------------------------------------------------------
+# device: the card, its published peak, a measured bf16 GEMM
+
+
+def run_device(args):
+    import torch
+
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            sys.exit("gpu_bench: --device cuda but torch sees no GPU")
+        name = torch.cuda.get_device_name(0)
+        properties = torch.cuda.get_device_properties(0)
+        memory, multiprocessors, n = properties.total_memory, properties.multi_processor_count, 8192
+    else:
+        import platform
+
+        name, memory, multiprocessors, n = platform.processor() or platform.machine() or "cpu", None, None, 512
+    published = next(((tflops, source) for part, tflops, source in PUBLISHED_BF16_DENSE_TFLOPS if part in name),
+                     (None, f"no published dense bf16 peak known for {name!r}: MFU not computed"))
+    # The ceiling as this card delivers it: the best of 10 bf16 products of n x n x n after 3.
+    a = torch.randn(n, n, dtype=torch.bfloat16, device=args.device)
+    b = torch.randn(n, n, dtype=torch.bfloat16, device=args.device)
+    best = float("inf")
+    for repeat in range(13):
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        torch.mm(a, b)
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        if repeat >= 3:
+            best = min(best, time.perf_counter() - started)
+    print(json.dumps({
+        "device": args.device, "name": name, "memory_bytes": memory, "multiprocessors": multiprocessors,
+        "cpu_cores": os.cpu_count(), "torch": torch.__version__, "cuda": torch.version.cuda,
+        "published_bf16_dense_tflops": published[0], "published_source": published[1],
+        "measured_bf16_gemm_tflops": 2 * n**3 / best / 1e12, "measured_gemm": f"{n} x {n} x {n} bf16, best of 10",
+    }))
+
+
+# ------------------------------------------------------------------------------------------------
+# plan: the commands, one step each
+
+
+def training_flags(case, device):
+    """The flags our run and its estimate share, with the peers' hyper-parameters (pytorch_peers'
+    defaults): constant lr 1e-3, AdamW 0.9 / 0.999 / 1e-8, no weight decay, clipping at 1.0."""
+    flags = ["--config", case.config, "--device", device, "--dtype", case.dtype]
+    if case.dtype == "bfloat16":
+        flags += ["--precision", case.precision]
+    if case.offload:
+        flags += ["--offload", "optimizer"]
+    flags += ["--batch_size", case.batch, "--max_length", case.length, "--num_training_steps", case.steps,
+              "--warmup_steps", 0, "--scheduler", "constant", "--lr", "1e-3", "--adam_beta1", 0.9,
+              "--adam_beta2", 0.999, "--adam_eps", "1e-8", "--weight_decay", 0, "--grad_clipping", 1.0,
+              "--optimizer", "adamw", "--sharding", "full_shard", "--eval_every", 0, "--eval_batches", 1]
+    return [str(flag) for flag in flags]
+
+
+def plan(device, work, python):
+    """(name, shell command) per step, cheapest first: the device, every estimate, then the runs."""
+    threads = os.cpu_count()
+    q = shlex.quote
+    steps = [("device", f"{q(python)} {q(os.path.join(HERE, 'gpu_bench.py'))} device --device {device} "
+                        f"> {q(os.path.join(work, 'device.json'))}")]
+    for case in cases(device):
+        flags = " ".join(map(q, training_flags(case, device)))
+        estimate = os.path.join(work, case.name + ".estimate.json")
+        steps.append((f"estimate_{case.name}",
+                      f"trainer estimate {flags} --world_size 1 --json > {q(estimate)} && echo wrote {q(estimate)}"))
+    for case in cases(device):
+        flags = " ".join(map(q, training_flags(case, device)))
+        run_dir = os.path.join(work, case.name)
+        steps.append((f"ours_{case.name}",
+                      f"rm -rf {q(run_dir)} && OMP_NUM_THREADS={threads} trainer {flags} --log_every 5 "
+                      f"--run_dir {q(run_dir)} && tail -n 1 {q(os.path.join(run_dir, 'metrics.jsonl'))}"))
+        if case.peer:
+            precision = case.precision if case.dtype == "bfloat16" else "mixed"
+            steps.append((f"pytorch_{case.name}",
+                          f"OMP_NUM_THREADS={threads} {q(python)} {q(os.path.join(HERE, 'pytorch_peers.py'))} eager "
+                          f"--device {device} --dtype {case.dtype} --precision {precision} --config {q(case.config)} "
+                          f"--steps {case.steps} --batch {case.batch} --length {case.length} --threads {threads} "
+                          f"--out {q(os.path.join(work, case.name + '.pytorch.jsonl'))} "
+                          f"--check_against {q(os.path.join(run_dir, 'metrics.jsonl'))}"))
+    return steps
+
+
+def run_plan(args):
+    for name, command in plan(args.device, args.work, args.python):
+        print(f"{name}\t{command}")
+
+
+# ------------------------------------------------------------------------------------------------
+# summarize: the results JSON and its tables
+
+
+def load_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def load_jsonl(path):
+    try:
+        return read_jsonl(path)
+    except (OSError, ValueError):
+        return []
+
+
+def medians(records):
+    """Each numeric key's median over the records that have it."""
+    keys = sorted({key for record in records for key, value in record.items() if isinstance(value, (int, float))})
+    return {key: statistics.median([r[key] for r in records if isinstance(r.get(key), (int, float))]) for key in keys}
+
+
+def side(records, case, config_path, device_info, peak_kind):
+    """One side's speed figures from its metrics.jsonl-shaped records; None when it has no kept step."""
+    start = next((r for r in records if r.get("event") == "start"), {})
+    end = next((r for r in records if r.get("event") == "end"), {})
+    kept = [r for r in records if r.get("event") == "train" and r.get("step", 0) > WARMUP_STEPS]
+    if not kept:
+        return None
+    seconds = statistics.median(r["step_time_s"] for r in kept)
+    parameters = start.get("parameters")
+    tokens_per_s = case.tokens_per_step() / seconds
+    tflops = (model_flops_per_token(config_path, parameters, case.length) * tokens_per_s / 1e12
+              if parameters else None)
+    # Utilisation is against bf16 peaks: an fp32 run has none to be measured against here.
+    bf16 = case.dtype == "bfloat16"
+    published = device_info.get("published_bf16_dense_tflops") if bf16 else None
+    measured = device_info.get("measured_bf16_gemm_tflops") if bf16 else None
+    result = {
+        "parameters": parameters, "kept_steps": len(kept), "step_s": seconds,
+        "step_s_min": min(r["step_time_s"] for r in kept), "step_s_max": max(r["step_time_s"] for r in kept),
+        "tokens_per_s": tokens_per_s, "model_tflops": tflops,
+        "mfu": tflops / published if tflops and published else None,
+        "of_measured_gemm": tflops / measured if tflops and measured else None,
+        "peak_memory_bytes": end.get("peak_memory_bytes"), "peak_memory_measured_by": peak_kind,
+        "first_loss": next((r["loss"] for r in records if r.get("event") == "train"), None),
+    }
+    if "phase_s" in kept[0]:  # ours
+        result["phase_s"] = medians([r.get("phase_s", {}) for r in kept])
+        result["host_phase_s"] = medians([r.get("host_phase_s", {}) for r in kept])
+        if any("offload" in r for r in kept):
+            result["offload_s"] = medians([r.get("offload", {}) for r in kept])
+    else:  # a peer: forward_s, backward_s, clip_s, optimizer_s
+        result["phase_s"] = medians([{k[:-2]: v for k, v in r.items()
+                                      if k in ("forward_s", "backward_s", "clip_s", "optimizer_s")} for r in kept])
+        result["optimizer"] = start.get("optimizer")
+        result["mode"] = start.get("mode")
+        result["peak_memory_measured_by"] = end.get("peak_memory_measured_by", peak_kind)
+    return result
+
+
+def memory_entry(case, work):
+    estimate = load_json(os.path.join(work, case.name + ".estimate.json"))
+    ledger = load_jsonl(os.path.join(work, case.name, "memory.rank0.jsonl"))
+    metrics = load_jsonl(os.path.join(work, case.name, "metrics.jsonl"))
+    summary = next((r.get("summary", {}) for r in ledger if r.get("event") == "end"), None)
+    metrics_end = next((r for r in metrics if r.get("event") == "end"), {})
+    entry = {"case": case.name, "config": case.config, "mode": case.mode(), "offload": case.offload,
+             "batch": case.batch, "length": case.length}
+    if estimate:
+        rank = estimate["ranks"][0]
+        node = estimate["nodes"][0]
+        entry.update({"estimate_peak_bytes": rank["peak_bytes"], "estimate_peak_phase": rank["peak_phase"],
+                      "estimate_at_peak": rank.get("at_peak"),
+                      "estimate_cuda_runtime_bytes": sum(rank.get("cuda_runtime", {}).values()),
+                      "estimate_cuda_runtime": rank.get("cuda_runtime", {}),
+                      "estimate_host_bytes": node.get("host_bytes"), "estimate_pinned_bytes": node.get("pinned_bytes")})
+    if summary:
+        entry.update({"measured_peak_bytes": summary.get("peak_bytes"), "measured_peak_phase": summary.get("peak_phase"),
+                      "measured_peak_step": summary.get("peak_step"), "measured_at_peak": summary.get("at_peak"),
+                      "measured_reserved_peak_bytes": summary.get("reserved_peak_bytes"),
+                      "measured_host_peak_bytes": summary.get("host_peak_bytes"),
+                      "measured_pinned_peak_bytes": summary.get("pinned_peak_bytes"),
+                      "measured_rss_peak_bytes": summary.get("rss_peak_bytes")})
+    entry["metrics_peak_memory_bytes"] = metrics_end.get("peak_memory_bytes")
+    if entry.get("estimate_peak_bytes") and entry.get("measured_peak_bytes"):
+        entry["error"] = entry["estimate_peak_bytes"] / entry["measured_peak_bytes"] - 1
+    if entry.get("estimate_host_bytes") and entry.get("measured_host_peak_bytes") is not None:
+        measured_host = entry["measured_host_peak_bytes"] + (entry.get("measured_pinned_peak_bytes") or 0)
+        entry["measured_host_and_pinned_peak_bytes"] = measured_host
+        entry["host_error"] = entry["estimate_host_bytes"] / measured_host - 1 if measured_host else None
+    return entry
+
+
+def summarize(device, work):
+    device_info = load_json(os.path.join(work, "device.json")) or {}
+    ours_peak = ("metrics.jsonl peak_memory_bytes: the CUDA caching allocator's peak allocated bytes"
+                 if device == "cuda" else "metrics.jsonl peak_memory_bytes: the process's peak RSS")
+    speed, runs = [], {}
+    for case in cases(device):
+        config_path = os.path.join(ROOT, case.config)
+        ours = side(load_jsonl(os.path.join(work, case.name, "metrics.jsonl")), case, config_path, device_info,
+                    ours_peak)
+        runs[case.name] = ours
+        entry = {"case": case.name, "config": case.config, "mode": case.mode(), "offload": case.offload,
+                 "batch": case.batch, "length": case.length, "tokens_per_step": case.tokens_per_step(),
+                 "steps": case.steps, "warmup_steps": WARMUP_STEPS, "ours": ours}
+        if case.peer:
+            theirs = side(load_jsonl(os.path.join(work, case.name + ".pytorch.jsonl")), case, config_path,
+                          device_info, "torch.cuda.max_memory_allocated")
+            entry["pytorch"] = theirs
+            entry["ours_over_pytorch_tokens_per_s"] = (ours["tokens_per_s"] / theirs["tokens_per_s"]
+                                                       if ours and theirs else None)
+        speed.append(entry)
+    offload = []
+    for case in cases(device):
+        if case.offload_of:
+            with_offload, without = runs.get(case.name), runs.get(case.offload_of)
+            offload.append({"case": case.name, "baseline": case.offload_of,
+                            "tokens_per_s": with_offload["tokens_per_s"] if with_offload else None,
+                            "baseline_tokens_per_s": without["tokens_per_s"] if without else None,
+                            "share_kept": (with_offload["tokens_per_s"] / without["tokens_per_s"]
+                                           if with_offload and without else None),
+                            "offload_s": with_offload.get("offload_s") if with_offload else None})
+    return {"device": device_info, "warmup_steps": WARMUP_STEPS,
+            "flops_formula": "6 x matmul parameters + 12 x layers x hidden x length, per token (torchtitan's)",
+            "speed": speed, "memory": [memory_entry(case, work) for case in cases(device)], "offload": offload}
+
+
+# ------------------------------------------------------------------------------------------------
+# markdown: the tables, from the results JSON alone (report.py uses this too)
+
+
+def markdown(results):
+    """The results as Markdown tables; a figure the JSON lacks is "n/a"."""
+
+    def number(value, form):
+        return "n/a" if value is None else format(value, form)
+
+    def rate(value):  # TFLOP/s: one decimal on a GPU, three significant digits for the CPU's small ones
+        return number(value, ".1f" if value is None or value >= 10 else ".3g")
+
+    def size(value):
+        if value is None:
+            return "n/a"
+        for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+            if abs(value) >= scale:
+                return f"{value / scale:.2f} {unit}"
+        return f"{value} B"
+
+    def percent(value, signed=False):
+        return number(None if value is None else 100 * value, "+.1f" if signed else ".1f")
+
+    def mode(entry):
+        return entry["mode"] + (" offload" if entry.get("offload") else "")
+
+    lines = []
+    device = results.get("device") or {}
+    lines.append(f"Device: {device.get('name', 'n/a')} (torch {device.get('torch', 'n/a')}, CUDA "
+                 f"{device.get('cuda', 'n/a')}). MFU is over the published dense bf16 peak, "
+                 f"{number(device.get('published_bf16_dense_tflops'), '.0f')} TFLOP/s "
+                 f"({device.get('published_source', 'n/a')}); beside it, the share of a bf16 GEMM measured "
+                 f"on this device: {rate(device.get('measured_bf16_gemm_tflops'))} TFLOP/s "
+                 f"({device.get('measured_gemm', 'n/a')}). Model FLOPs: {results.get('flops_formula', 'n/a')}; "
+                 f"the first {results.get('warmup_steps', 'n/a')} steps of each run are not counted; an fp32 run "
+                 f"has no MFU (the peaks are bf16's).\n")
+
+    lines.append("### Speed: ours against transformers + torch.optim.AdamW(fused=True) on the same device\n")
+    lines.append("| model | mode | batch x length | side | s/step (median; min-max) | tokens/s | model TFLOP/s "
+                 "| MFU % | of measured GEMM % | peak memory |")
+    lines.append("|---|---|---|---|---:|---:|---:|---:|---:|---:|")
+    for entry in results.get("speed", []):
+        sides = [("ours", entry.get("ours"))] + ([("pytorch", entry.get("pytorch"))] if "pytorch" in entry else [])
+        for label, figures in sides:
+            figures = figures or {}
+            step = figures.get("step_s")
+            span = (f"{step:.4f} ({figures['step_s_min']:.4f}-{figures['step_s_max']:.4f})"
+                    if step is not None else "n/a")
+            lines.append(f"| {entry['config']} | {mode(entry)} | {entry['batch']} x {entry['length']} | {label} | "
+                         f"{span} | {number(figures.get('tokens_per_s'), '.0f')} | {rate(figures.get('model_tflops'))} | "
+                         f"{percent(figures.get('mfu'))} | {percent(figures.get('of_measured_gemm'))} | "
+                         f"{size(figures.get('peak_memory_bytes'))} |")
+        if "pytorch" in entry:
+            lines.append(f"| | | | tokens/s ours / pytorch | | {number(entry.get('ours_over_pytorch_tokens_per_s'), '.3f')} "
+                         "| | | | |")
+    lines.append("\nPeak memory: ours is metrics.jsonl's peak_memory_bytes (on CUDA the caching allocator's peak "
+                 "allocated bytes, on CPU the peak RSS); pytorch's is torch.cuda.max_memory_allocated (the peak "
+                 "RSS on CPU).\n")
+
+    phase_names = ["forward", "backward", "collectives", "clip", "optimizer", "other"]
+    lines.append("### Where a step's time goes (medians over the kept steps, seconds)\n")
+    lines.append("| model | mode | side: clock | step | " + " | ".join(phase_names) +
+                 " | offload host step | offload waits |")
+    lines.append("|---|---|---|" + "---:|" * (len(phase_names) + 3))
+    for entry in results.get("speed", []):
+        ours, theirs = entry.get("ours") or {}, entry.get("pytorch") or {}
+        rows = [("ours: phase_s", ours, ours.get("phase_s"), ours.get("offload_s") or {}),
+                ("ours: host_phase_s", ours, ours.get("host_phase_s"), {})]
+        if "pytorch" in entry:
+            rows.append(("pytorch: events" if results.get("device", {}).get("device") == "cuda" else "pytorch: host",
+                         theirs, theirs.get("phase_s"), {}))
+        for label, figures, phases, offload in rows:
+            if not phases:
+                continue
+            cells = [number(phases.get(name), ".4f") if name in phases else "-" for name in phase_names]
+            lines.append(f"| {entry['config']} | {mode(entry)} | {label} | {number(figures.get('step_s'), '.4f')} | "
+                         + " | ".join(cells) + f" | {number(offload.get('host_step_s'), '.4f') if offload else '-'} "
+                         f"| {number(offload.get('wait_s'), '.4f') if offload else '-'} |")
+    lines.append("\nOurs: phase_s is timed on the compute stream on CUDA (on CPU it is the host clock), "
+                 "host_phase_s by the host clock; offload's host step and waits are the host's. PyTorch's phases "
+                 "are CUDA events on its stream (host clock on CPU); its optimizer phase includes zero_grad and "
+                 "the loss read, its clip the gradient norm.\n")
+
+    lines.append("### Memory: `trainer estimate` against the measured peak of the same run\n")
+    lines.append("| model | mode | batch x length | estimate (phase) | measured (phase) | error % "
+                 "| estimated CUDA runtime | measured reserved peak | estimated host (pinned) "
+                 "| measured host + pinned peaks | host error % |")
+    lines.append("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for entry in results.get("memory", []):
+        lines.append(f"| {entry['config']} | {mode(entry)} | {entry['batch']} x {entry['length']} | "
+                     f"{size(entry.get('estimate_peak_bytes'))} ({entry.get('estimate_peak_phase', 'n/a')}) | "
+                     f"{size(entry.get('measured_peak_bytes'))} ({entry.get('measured_peak_phase', 'n/a')}) | "
+                     f"{percent(entry.get('error'), signed=True)} | {size(entry.get('estimate_cuda_runtime_bytes'))} | "
+                     f"{size(entry.get('measured_reserved_peak_bytes'))} | {size(entry.get('estimate_host_bytes'))} "
+                     f"({size(entry.get('estimate_pinned_bytes'))}) | {size(entry.get('measured_host_and_pinned_peak_bytes'))} "
+                     f"| {percent(entry.get('host_error'), signed=True)} |")
+    lines.append("\nMeasured: the ledger's peak of tracked bytes (memory.rank0.jsonl's end summary: on CUDA the "
+                 "caching allocator's allocated bytes, on CPU the counting CPU allocator's). Error: estimate / "
+                 "measured - 1 (above 0: the estimate is the larger). The estimate's CUDA runtime budgets (kernel "
+                 "modules, cuBLAS workspaces, NCCL buffers, the allocator's slack) are not in its peak; the "
+                 "reserved peak is the caching allocator's. The host error is computed where the estimate has "
+                 "host bytes, against the sum of the host allocator's and the pinned peaks (which need not "
+                 "coincide).\n")
+
+    lines.append("### Offload: the share of the throughput kept with --offload optimizer\n")
+    lines.append("| run | tokens/s | without offload | tokens/s | share kept % |")
+    lines.append("|---|---:|---|---:|---:|")
+    for entry in results.get("offload", []):
+        lines.append(f"| {entry['case']} | {number(entry.get('tokens_per_s'), '.0f')} | {entry['baseline']} | "
+                     f"{number(entry.get('baseline_tokens_per_s'), '.0f')} | {percent(entry.get('share_kept'))} |")
+    return "\n".join(lines) + "\n"
+
+
+def run_summarize(args):
+    results = summarize(args.device, args.work)
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=1)
+    print(markdown(results))
+    missing = [e["case"] for e in results["speed"] if not e["ours"]]
+    missing += [f"pytorch {e['case']}" for e in results["speed"] if "pytorch" in e and not e["pytorch"]]
+    missing += [f"memory {e['case']}" for e in results["memory"] if "error" not in e]
+    if missing:
+        print(f"gpu_bench: no figures for {', '.join(missing)} (their steps failed or did not run); the rest in {args.out}")
+        sys.exit(1)
+    print(f"gpu_bench: every figure of the plan, in {args.out}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="mode", required=True)
+    p = sub.add_parser("device")
+    p.add_argument("--device", choices=("cuda", "cpu"), required=True)
+    p = sub.add_parser("plan")
+    p.add_argument("--device", choices=("cuda", "cpu"), required=True)
+    p.add_argument("--work", required=True, help="folder for the runs' files")
+    p.add_argument("--python", default=sys.executable, help="python with torch and transformers, for the peers")
+    p = sub.add_parser("summarize")
+    p.add_argument("--device", choices=("cuda", "cpu"), required=True)
+    p.add_argument("--work", required=True)
+    p.add_argument("--out", required=True, help="the results JSON")
+    args = parser.parse_args()
+    {"device": run_device, "plan": run_plan, "summarize": run_summarize}[args.mode](args)
+
+
+if __name__ == "__main__":
+    main()
