@@ -16,6 +16,7 @@ set +m  # no job control: the background mpirun is then no process-group leader 
 mpiexec=${MPIEXEC:-mpirun}
 child=
 pending=
+passed=
 interrupts=0
 pass_on() {
   local signal=$1
@@ -31,6 +32,7 @@ pass_on() {
       return
     fi
   fi
+  passed=$signal
   echo "launch/mpirun.sh: SIG$signal passed to every rank as SIGUSR1 (each saves at the next step boundary" \
        "when --save_dir is set, then exits)" >&2
   kill -USR1 "$child" 2>/dev/null
@@ -55,3 +57,11 @@ while kill -0 "$child" 2>/dev/null; do
   wait "$child"
 done
 wait "$child"
+status=$?
+# A rank still loading its libraries has no handler yet and dies of SIGUSR1 (128 + 10): the job was
+# stopped before training began, which mpirun does not say.
+if [ -n "$passed" ] && [ "$status" -eq 138 ]; then
+  echo "launch/mpirun.sh: SIG$passed came while the ranks were still starting, before they could handle it:" \
+       "the job stopped before training began, so nothing was trained and nothing is lost; start it again" >&2
+fi
+exit "$status"

@@ -5,9 +5,14 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <new>
 #include <optional>
 #include <string>
 
+#include <c10/util/Exception.h>
+#include <c10/util/Logging.h>
+
+#include "common/allocation_failure.h"
 #include "common/errors.h"
 #include "common/log.h"
 
@@ -18,6 +23,16 @@ std::optional<World>& started_world() {
   static std::optional<World> world;
   return world;
 }
+
+// LibTorch throws c10::Error where a CAFFE_ENFORCE fails (its CPU allocator's "can't allocate
+// memory" is one) unless FLAGS_caffe2_use_fatal_for_enforce is set, when it aborts the process
+// (SIGABRT and a backtrace) instead. Nobody sets it, but it is not false in the trainer: the system's
+// libsentencepiece defines its own FLAGS_minloglevel (an absl::Flag<int>, 24 bytes) and its
+// constructor, bound by the dynamic linker to libc10's 4-byte FLAGS_minloglevel, writes its vtable
+// pointer over the flag next to it. So it is set back to false before the trainer runs (the byte
+// written is the top half of that pointer, which is never read: the flag object is not called
+// through its vtable).
+void let_torch_throw_on_failed_checks() { FLAGS_caffe2_use_fatal_for_enforce = false; }
 
 }  // namespace
 
@@ -31,6 +46,7 @@ bool mpi_is_live() {
 
 World start_world(int* argc, char*** argv) {
   if (started_world()) return *started_world();
+  let_torch_throw_on_failed_checks();
 
   int provided = MPI_THREAD_SINGLE;
   // Before MPI_ERRORS_RETURN is set a failure here aborts inside MPI; the check still names it.
@@ -146,16 +162,24 @@ void abort_world(int exit_code, const std::string& message) {
 }
 
 int run_reporting_failures(const World& world, const std::function<int()>& body) {
+  let_torch_throw_on_failed_checks();
   int exit_code = 0;
   std::string failure;
   try {
     exit_code = body();
-  } catch (const UserError& error) {
+  } catch (const UserError& error) {  // AllocationFailed too: an allocation that names what it was
     exit_code = 2;
     failure = std::string("error: ") + error.what();
   } catch (const TrainingError& error) {
     exit_code = 3;
     failure = std::string("training stopped: ") + error.what();
+  } catch (const std::bad_alloc& error) {
+    exit_code = 2;
+    failure = "error: " + allocation_failure_message("", std::string("std::bad_alloc (") + error.what() + ")");
+  } catch (const c10::Error& error) {  // c10::OutOfMemoryError and the CPU allocator's failures
+    const std::string message = error.what_without_backtrace();
+    exit_code = is_allocation_failure(message) ? 2 : 1;
+    failure = exit_code == 2 ? "error: " + allocation_failure_message("", message) : std::string("fatal: ") + error.what();
   } catch (const std::exception& error) {
     exit_code = 1;
     failure = std::string("fatal: ") + error.what();

@@ -4,7 +4,9 @@
 // so; "newest" in --continue_from SAVE_DIR skips misnamed and broken step folders with a warning; a
 // save_dir of another run or another model config is refused; a save that cannot be written is an
 // error that leaves the previous checkpoint the newest; --keep_last removes only this run's oldest
-// step folders; a save fsyncs every file and folder it writes.
+// step folders; a save fsyncs every file and folder it writes. Nothing of the user's is removed or
+// replaced (issue 25): a step_<N> or step_<N>.tmp the run did not write is refused where it would
+// save; hand-edited, copied and linked step folders are named; a resume on other data is said.
 #include <gtest/gtest.h>
 
 #include <sys/stat.h>
@@ -19,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/test_util.h"
+#include "trainer/data/token_file.h"
 
 namespace llm {
 namespace {
@@ -48,6 +51,13 @@ std::vector<std::string> entries(const fs::path& folder) {
   std::vector<std::string> names;
   for (const auto& entry : fs::directory_iterator(folder)) names.push_back(entry.path().filename().string());
   std::sort(names.begin(), names.end());
+  return names;
+}
+
+// A save_dir's entries but the job lock (.trainer.lock, common/folder_lock.h), which a run leaves.
+std::vector<std::string> entries_but_the_lock(const fs::path& folder) {
+  std::vector<std::string> names = entries(folder);
+  std::erase(names, ".trainer.lock");
   return names;
 }
 
@@ -153,7 +163,7 @@ TEST(StartupChecks, TheWriteProbeLeavesNothingBehind) {
   auto result = run_command(trainer_command("--num_training_steps 2 --save_dir " + (dir / "ckpt").string() +
                                             " --run_dir " + (dir / "run").string()));
   ASSERT_EQ(result.exit_code, 0) << result.output;
-  EXPECT_EQ(entries(dir / "ckpt"), std::vector<std::string>{"step_2"});
+  EXPECT_EQ(entries_but_the_lock(dir / "ckpt"), std::vector<std::string>{"step_2"});
   for (const std::string& name : entries(dir / "run")) EXPECT_EQ(name.find("probe"), std::string::npos) << name;
 }
 
@@ -308,7 +318,7 @@ TEST(NewestCheckpoint, AnotherRunsSaveDirIsRefusedUnlessNamed) {
                                          run_id + ")"))
       << fresh.output;
   EXPECT_FALSE(fs::exists(dir / "b/metrics.jsonl")) << "refused before the model was built";
-  EXPECT_EQ(entries(ckpt), (std::vector<std::string>{"step_2", "step_4"}));
+  EXPECT_EQ(entries_but_the_lock(ckpt), (std::vector<std::string>{"step_2", "step_4"}));
   // Resuming another run's checkpoint into it: refused too.
   ScratchDir other("foreign_other");
   ASSERT_EQ(run_command(trainer_command("--num_training_steps 2 --save_dir " + (other / "ckpt").string() + " --run_dir " +
@@ -377,7 +387,7 @@ TEST(NewestCheckpoint, AFailedSaveLeavesThePreviousCheckpointTheNewest) {
   EXPECT_TRUE(mentions(failed.output, "could not be written")) << failed.output;
   EXPECT_TRUE(mentions(failed.output, "the newest complete one is still the previous step_<N> folder")) << failed.output;
   EXPECT_FALSE(mentions(failed.output, "saved checkpoint")) << failed.output;
-  EXPECT_EQ(entries(ckpt), std::vector<std::string>{"step_2"});
+  EXPECT_EQ(entries_but_the_lock(ckpt), std::vector<std::string>{"step_2"});
   auto resumed = run_command(trainer_command(flags + " --continue_from " + ckpt.string() + " --run_dir " +
                                              (dir / "c").string()));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
@@ -407,7 +417,7 @@ TEST(NewestCheckpoint, AFailedSaveOnOneRankStopsEveryRank) {
     EXPECT_TRUE(mentions(failed.output, (ckpt / "step_2.tmp/rank1.safetensors.tmp").string() + ": could not be written"))
         << failed.output;
     EXPECT_FALSE(mentions(failed.output, "saved checkpoint")) << failed.output;
-    EXPECT_TRUE(entries(ckpt).empty()) << "no step folder, no .tmp";
+    EXPECT_TRUE(entries_but_the_lock(ckpt).empty()) << "no step folder, no .tmp";
   }
 }
 
@@ -478,7 +488,7 @@ TEST(KeepLast, KeepsTheNewestStepFoldersOfTheRun) {
   auto result = run_command(trainer_command("--num_training_steps 5 --save_every 1 --keep_last 2 --save_dir " +
                                             ckpt.string() + " --run_dir " + (dir / "run").string()));
   ASSERT_EQ(result.exit_code, 0) << result.output;
-  EXPECT_EQ(entries(ckpt), (std::vector<std::string>{"step_4", "step_5"}));
+  EXPECT_EQ(entries_but_the_lock(ckpt), (std::vector<std::string>{"step_4", "step_5"}));
   for (const char* removed : {"step_1", "step_2", "step_3"})
     EXPECT_TRUE(mentions(result.output, "removed checkpoint " + (ckpt / removed).string() + " (--keep_last 2)"))
         << removed << "\n"
@@ -489,7 +499,7 @@ TEST(KeepLast, KeepsTheNewestStepFoldersOfTheRun) {
                                              (dir / "run2").string()));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_TRUE(mentions(resumed.output, "resumed from " + (ckpt / "step_5").string())) << resumed.output;
-  EXPECT_EQ(entries(ckpt), (std::vector<std::string>{"step_5", "step_6"}));
+  EXPECT_EQ(entries_but_the_lock(ckpt), (std::vector<std::string>{"step_5", "step_6"}));
 }
 
 // A save_dir may hold another run's checkpoints only when --continue_from names it (the start-up
@@ -518,7 +528,7 @@ TEST(KeepLast, NeverRemovesAnotherRunsOrMisnamedFolders) {
                                              (dir / "c").string()));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_TRUE(mentions(resumed.output, "resumed from " + (ckpt / "step_3").string())) << resumed.output;
-  EXPECT_EQ(entries(ckpt), (std::vector<std::string>{"step_03x", "step_1", "step_2", "step_3.bak", "step_5", "step_6"}));
+  EXPECT_EQ(entries_but_the_lock(ckpt), (std::vector<std::string>{"step_03x", "step_1", "step_2", "step_3.bak", "step_5", "step_6"}));
   for (const char* name : {"step_1", "step_2"}) EXPECT_EQ(manifest(ckpt / name).at("run_id"), other_id) << name;
   for (const char* name : {"step_5", "step_6"}) EXPECT_EQ(manifest(ckpt / name).at("run_id"), run_id) << name;
 }
@@ -561,11 +571,290 @@ TEST(Durability, ASaveFsyncsEveryFileAndTheFolders) {
     if (line.find("= 0", close) != std::string::npos && path.rfind(root.string(), 0) == 0) synced.push_back(path);
   }
   const fs::path staging = root / "new/ckpt/step_1.tmp";
-  const std::vector<std::string> expected = {(staging / "rank0.safetensors.tmp").string(), (staging / "rank0.json").string(),
+  // At start-up the save folder is made (and locked: common/folder_lock.h), its new entries synced up
+  // to the first folder that was there; then the save's files, its folder and the rename; at the end
+  // the run's memory report (written through a synced temporary, common/output_files.h).
+  const std::vector<std::string> expected = {(root / "new").string(), root.string(),
+                                             (staging / "rank0.safetensors.tmp").string(), (staging / "rank0.json").string(),
                                              (staging / "manifest.json").string(), staging.string(),
-                                             (root / "new/ckpt").string(), (root / "new").string(), root.string()};
+                                             (root / "new/ckpt").string(), (root / "run/memory_report.md.tmp").string()};
   EXPECT_EQ(synced, expected) << read_file(trace);
   EXPECT_EQ(entries(ckpt / "step_1"), (std::vector<std::string>{"manifest.json", "rank0.json", "rank0.safetensors"}));
+}
+
+// --- nothing of the user's removed or replaced (issue 25) ------------------------------------------
+
+// A run's first saves, into `ckpt`: 4 steps, saved at 2 and 4.
+void train_four_steps(const fs::path& ckpt, const fs::path& run_dir) {
+  const auto trained = run_command(trainer_command("--num_training_steps 4 --save_every 2 --save_dir " + ckpt.string() +
+                                                   " --run_dir " + run_dir.string()));
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+}
+
+// A step_<N> folder the run did not write (a user's notes) where the run would save step N: refused at
+// start-up naming it (before: the step-4 save deleted it and put the checkpoint there).
+TEST(NothingOfTheUsers, AFreshRunRefusesAStepFolderItDidNotWrite) {
+  ScratchDir dir("users_step_folder");
+  const fs::path ckpt = dir / "ckpt";
+  fs::create_directories(ckpt / "step_4");
+  std::ofstream(ckpt / "step_4/notes.txt") << "mine";
+  auto result = run_command(trainer_command("--num_training_steps 4 --save_every 2 --save_dir " + ckpt.string() +
+                                            " --run_dir " + (dir / "run").string()));
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  for (const std::string& part : {"--save_dir: \"" + (ckpt / "step_4").string() + "\" is not an intact checkpoint",
+                                  std::string("it holds notes.txt"), std::string("this run saves step 4 there"),
+                                  std::string("Move it out of --save_dir, or pass another --save_dir")})
+    EXPECT_TRUE(mentions(result.output, part)) << part << "\n" << result.output;
+  EXPECT_FALSE(fs::exists(dir / "run/metrics.jsonl")) << "refused before the model was built";
+  EXPECT_EQ(read_file(ckpt / "step_4/notes.txt"), "mine");
+  EXPECT_EQ(entries_but_the_lock(ckpt), std::vector<std::string>{"step_4"}) << "not even step_2 was written";
+}
+
+// An export written into save_dir/step_8, then a resumed run that would reach step 8: refused naming
+// it (before: "skipping ... not an intact checkpoint", then the step-8 save deleted the export).
+TEST(NothingOfTheUsers, AResumedRunRefusesAnExportWhereItWouldSave) {
+  ScratchDir dir("users_export");
+  const fs::path ckpt = dir / "ckpt";
+  train_four_steps(ckpt, dir / "a");
+  const auto exported = run_command(testing::trainer_binary().string() + " export --from " + ckpt.string() + " --to " +
+                                    (ckpt / "step_8").string());
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  auto resumed = run_command(trainer_command("--num_training_steps 8 --save_every 2 --save_dir " + ckpt.string() +
+                                             " --continue_from " + ckpt.string() + " --run_dir " + (dir / "b").string()));
+  EXPECT_EQ(resumed.exit_code, 2) << resumed.output;
+  EXPECT_TRUE(mentions(resumed.output, "--save_dir: \"" + (ckpt / "step_8").string() +
+                                           "\" is not an intact checkpoint (it holds config.json"))
+      << resumed.output;
+  EXPECT_TRUE(mentions(resumed.output, "this run saves step 8 there")) << resumed.output;
+  EXPECT_TRUE(fs::exists(ckpt / "step_8/model.safetensors")) << "the export is left as it was";
+  EXPECT_EQ(entries_but_the_lock(ckpt), (std::vector<std::string>{"step_2", "step_4", "step_8"}));
+  // Fewer steps than 8: step_8 is not written, and the run goes on.
+  auto shorter = run_command(trainer_command("--num_training_steps 6 --save_every 2 --save_dir " + ckpt.string() +
+                                             " --continue_from " + ckpt.string() + " --run_dir " + (dir / "c").string()));
+  ASSERT_EQ(shorter.exit_code, 0) << shorter.output;
+  EXPECT_TRUE(mentions(shorter.output, "resumed from " + (ckpt / "step_4").string())) << shorter.output;
+  EXPECT_TRUE(fs::exists(ckpt / "step_8/model.safetensors"));
+}
+
+// step_<N>.tmp holding only the files a save writes (what a killed save leaves) is wiped and the save
+// goes on; holding anything else, it is refused naming the file, and left as it was.
+TEST(NothingOfTheUsers, AStagingFolderIsWipedOnlyWhenItHoldsOnlyCheckpointFiles) {
+  ScratchDir dir("users_staging");
+  const fs::path killed = dir / "killed", foreign = dir / "foreign";
+  fs::create_directories(killed / "step_2.tmp");
+  for (const char* name : {"rank0.safetensors.tmp", "rank0.json", "manifest.json"})
+    std::ofstream(killed / "step_2.tmp" / name) << "partial";
+  auto resumed = run_command(trainer_command("--num_training_steps 2 --save_dir " + killed.string() + " --run_dir " +
+                                             (dir / "a").string()));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_EQ(entries_but_the_lock(killed), std::vector<std::string>{"step_2"});
+
+  fs::create_directories(foreign / "step_2.tmp");
+  std::ofstream(foreign / "step_2.tmp/rank0.json") << "partial";
+  std::ofstream(foreign / "step_2.tmp/notes.txt") << "mine";
+  auto refused = run_command(trainer_command("--num_training_steps 2 --save_dir " + foreign.string() + " --run_dir " +
+                                             (dir / "b").string()));
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_TRUE(mentions(refused.output, "--save_dir: \"" + (foreign / "step_2.tmp").string() +
+                                           "\" holds notes.txt, which no save writes"))
+      << refused.output;
+  EXPECT_TRUE(mentions(refused.output, "Move it out of --save_dir")) << refused.output;
+  EXPECT_EQ(entries(foreign / "step_2.tmp"), (std::vector<std::string>{"notes.txt", "rank0.json"}));
+}
+
+// What appears at step_<N> while the run trains (here during a background save held back 2 s) is
+// left as it is: the save stops the run, exit 2, with the checkpoint complete in step_<N>.tmp, and
+// the message's recipe (move it away, rename the .tmp) gives a checkpoint that resumes.
+TEST(NothingOfTheUsers, AFolderThatAppearsDuringTheRunIsNeverReplaced) {
+  ScratchDir dir("users_appears");
+  const fs::path ckpt = dir / "ckpt";
+  const std::string trainer = "LLM_DEBUG_SAVE_DELAY_SECONDS=2 " +
+                              trainer_command("--num_training_steps 3 --save_every 2 --async_save --save_dir " +
+                                              ckpt.string() + " --run_dir " + (dir / "a").string());
+  const std::string staging = (ckpt / "step_2.tmp").string(), final_path = (ckpt / "step_2").string();
+  auto result = run_command("sh -c '" + trainer + " & pid=$!; while [ ! -d " + staging +
+                            " ]; do sleep 0.05; done; mkdir " + final_path + "; echo mine > " + final_path +
+                            "/notes.txt; wait $pid'");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_TRUE(mentions(result.output, final_path + ": --save_dir: is not an intact checkpoint (it holds notes.txt"))
+      << result.output;
+  EXPECT_TRUE(mentions(result.output, "This step's checkpoint is complete in " + staging)) << result.output;
+  EXPECT_EQ(read_file(ckpt / "step_2/notes.txt"), "mine\n");
+  ASSERT_TRUE(fs::exists(ckpt / "step_2.tmp/manifest.json")) << result.output;
+  fs::rename(ckpt / "step_2", dir / "notes_folder");
+  fs::rename(ckpt / "step_2.tmp", ckpt / "step_2");
+  auto resumed = run_command(trainer_command("--num_training_steps 3 --continue_from " + ckpt.string() + " --run_dir " +
+                                             (dir / "b").string()));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_TRUE(mentions(resumed.output, "resumed from " + final_path + " at step 2")) << resumed.output;
+}
+
+// A step_<N> that is a file, or a link, where the run would save: refused naming what it is.
+TEST(NothingOfTheUsers, AStepPathOfTheWrongKindIsRefused) {
+  ScratchDir dir("users_wrong_kind");
+  const fs::path ckpt = dir / "ckpt";
+  fs::create_directories(ckpt);
+  std::ofstream(ckpt / "step_2") << "a file";
+  auto file = run_command(trainer_command("--num_training_steps 2 --save_dir " + ckpt.string() + " --run_dir " +
+                                          (dir / "a").string()));
+  EXPECT_EQ(file.exit_code, 2) << file.output;
+  EXPECT_TRUE(mentions(file.output, "--save_dir: \"" + (ckpt / "step_2").string() + "\" is a regular file: this run "
+                                                                                    "saves step 2 there"))
+      << file.output;
+  EXPECT_EQ(read_file(ckpt / "step_2"), "a file");
+  auto device = run_command(trainer_command("--num_training_steps 2 --save_dir /dev/null --run_dir " +
+                                            (dir / "b").string()));
+  EXPECT_EQ(device.exit_code, 2) << device.output;
+  EXPECT_TRUE(mentions(device.output, "--save_dir")) << device.output;
+  EXPECT_TRUE(mentions(device.output, "/dev/null")) << device.output;
+}
+
+// --- hand-edited and copied checkpoints (issue 25) ---------------------------------------------------
+
+// Each hand edit is exit 2 naming the folder, manifest.json and the key, before any step.
+TEST(HandEditedManifest, EachBadFieldIsNamedWithItsKey) {
+  ScratchDir dir("hand_edited");
+  train_four_steps(dir / "ckpt", dir / "a");
+  struct Edit {
+    std::string name;
+    std::function<void(const fs::path&)> apply;
+    std::string expected;
+  };
+  const auto set = [](const char* key, nlohmann::json value) {
+    return [key, value](const fs::path& folder) {
+      nlohmann::json edited = manifest(folder);
+      edited[key] = value;
+      std::ofstream(folder / "manifest.json", std::ios::trunc) << edited.dump();
+    };
+  };
+  const std::vector<Edit> edits = {
+      {"a negative step", set("step", -5), "manifest.json: step: expected an integer >= 0 (got -5)"},
+      {"world_size 0", set("world_size", 0), "manifest.json: world_size: expected an integer >= 1 (got 0)"},
+      {"a seed that is not a count", set("seed", "x"), "manifest.json: seed: expected an integer >= 0 (got \"x\")"},
+      {"manifest.json a folder",
+       [](const fs::path& folder) {
+         fs::remove(folder / "manifest.json");
+         fs::create_directories(folder / "manifest.json");
+       },
+       "manifest.json: is a folder, not a file"},
+  };
+  for (const Edit& edit : edits) {
+    SCOPED_TRACE(edit.name);
+    const fs::path checkpoint = dir / ("edited_" + std::to_string(&edit - edits.data())) / "step_4";
+    fs::create_directories(checkpoint.parent_path());
+    fs::copy(dir / "ckpt/step_4", checkpoint, fs::copy_options::recursive);
+    edit.apply(checkpoint);
+    const fs::path run_dir = checkpoint.parent_path() / "run";
+    auto result = run_command(trainer_command("--num_training_steps 6 --continue_from " + checkpoint.string() +
+                                              " --run_dir " + run_dir.string()));
+    EXPECT_EQ(result.exit_code, 2) << result.output;
+    EXPECT_TRUE(mentions(result.output, checkpoint.string())) << result.output;
+    EXPECT_TRUE(mentions(result.output, edit.expected)) << result.output;
+    EXPECT_FALSE(mentions(result.output, "basic_filebuf")) << result.output;
+    EXPECT_FALSE(fs::exists(run_dir / "metrics.jsonl")) << "stopped before the model was built";
+    // In a save_dir, the same folder is skipped with the same reason, and the older one resumes.
+    fs::copy(dir / "ckpt/step_2", checkpoint.parent_path() / "step_2", fs::copy_options::recursive);
+    auto skipped = run_command(trainer_command("--num_training_steps 3 --continue_from " +
+                                               checkpoint.parent_path().string() + " --run_dir " + run_dir.string()));
+    EXPECT_EQ(skipped.exit_code, 0) << skipped.output;
+    EXPECT_TRUE(mentions(skipped.output, "--continue_from: skipping " + checkpoint.string() + ": ")) << skipped.output;
+    EXPECT_TRUE(mentions(skipped.output, edit.expected)) << skipped.output;
+  }
+}
+
+// `cp -r step_2 step_10`: not a checkpoint of step 10. In a save_dir it is skipped naming both
+// numbers (before: resumed at step 2 as the newest, so a requeued job redid steps 3-4 forever); named
+// directly it is refused, saying to rename it; as a folder this run would save, refused.
+TEST(NewestCheckpoint, ACopiedStepFolderIsNotTheStepItsNameSays) {
+  ScratchDir dir("copied_step");
+  const fs::path ckpt = dir / "ckpt";
+  train_four_steps(ckpt, dir / "a");
+  fs::copy(ckpt / "step_2", ckpt / "step_10", fs::copy_options::recursive);
+  auto resumed = run_command(trainer_command("--num_training_steps 5 --continue_from " + ckpt.string() + " --run_dir " +
+                                             (dir / "b").string()));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_TRUE(mentions(resumed.output, "--continue_from: skipping " + (ckpt / "step_10").string() +
+                                           ": manifest.json: step: 2, but the folder is named step_10"))
+      << resumed.output;
+  EXPECT_TRUE(mentions(resumed.output, "resumed from " + (ckpt / "step_4").string() + " at step 4")) << resumed.output;
+  auto direct = run_command(trainer_command("--num_training_steps 12 --continue_from " + (ckpt / "step_10").string() +
+                                            " --run_dir " + (dir / "c").string()));
+  EXPECT_EQ(direct.exit_code, 2) << direct.output;
+  EXPECT_TRUE(mentions(direct.output, "--continue_from: " + (ckpt / "step_10").string() +
+                                          ": manifest.json: step: 2, but the folder is named step_10"))
+      << direct.output;
+  EXPECT_TRUE(mentions(direct.output, "Rename it to step_2")) << direct.output;
+  auto saving = run_command(trainer_command("--num_training_steps 12 --save_every 2 --save_dir " + ckpt.string() +
+                                            " --continue_from " + ckpt.string() + " --run_dir " + (dir / "d").string()));
+  EXPECT_EQ(saving.exit_code, 2) << saving.output;
+  EXPECT_TRUE(mentions(saving.output, "--save_dir: \"" + (ckpt / "step_10").string() + "\" is not an intact checkpoint"))
+      << saving.output;
+}
+
+// A step_<N> that is a symbolic link to another run's folder: never adopted as this save_dir's newest
+// (skipped naming the link and its target), and refused where this run would save.
+TEST(NewestCheckpoint, AStepFolderThatIsALinkIsNotAdopted) {
+  ScratchDir dir("linked_step");
+  const fs::path ckpt = dir / "ckpt", other = dir / "other";
+  train_four_steps(ckpt, dir / "a");
+  ASSERT_EQ(run_command(trainer_command("--num_training_steps 6 --save_every 6 --save_dir " + other.string() +
+                                        " --run_dir " + (dir / "b").string()))
+                .exit_code,
+            0);
+  fs::create_directory_symlink(other / "step_6", ckpt / "step_6");
+  auto resumed = run_command(trainer_command("--num_training_steps 5 --continue_from " + ckpt.string() + " --run_dir " +
+                                             (dir / "c").string()));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_TRUE(mentions(resumed.output, "--continue_from: skipping " + (ckpt / "step_6").string() +
+                                           ": a symbolic link to " + (other / "step_6").string() + ", not adopted"))
+      << resumed.output;
+  EXPECT_TRUE(mentions(resumed.output, "resumed from " + (ckpt / "step_4").string())) << resumed.output;
+  auto saving = run_command(trainer_command("--num_training_steps 6 --save_every 2 --save_dir " + ckpt.string() +
+                                            " --continue_from " + ckpt.string() + " --run_dir " + (dir / "d").string()));
+  EXPECT_EQ(saving.exit_code, 2) << saving.output;
+  EXPECT_TRUE(mentions(saving.output, "--save_dir: \"" + (ckpt / "step_6").string() + "\" is a symbolic link to " +
+                                          (other / "step_6").string()))
+      << saving.output;
+  EXPECT_TRUE(fs::exists(other / "step_6/manifest.json")) << "the other run's folder is untouched";
+}
+
+// --- resuming on other data (issue 25) ------------------------------------------------------------
+
+// Another --data than the checkpoint's, or its file changed in place since: a warning naming both
+// and saying that the sampler position carries over (a deliberate change of data goes on, exit 0).
+TEST(ResumeData, AnotherOrAChangedDataFileIsSaid) {
+  ScratchDir dir("resume_data");
+  const fs::path first = dir / "first.tok", second = dir / "second.tok", ckpt = dir / "ckpt";
+  std::vector<int64_t> tokens;
+  for (int64_t i = 0; i < 4000; ++i) tokens.push_back((i * 31 + 7) % 128);
+  write_token_file(first.string(), tokens, 128);
+  tokens.resize(3000);
+  write_token_file(second.string(), tokens, 128);
+  const std::string flags = "--num_training_steps 3 --continue_from " + ckpt.string();
+  const auto trained = run_command(trainer_command("--num_training_steps 2 --save_dir " + ckpt.string() + " --data " +
+                                                   first.string() + " --run_dir " + (dir / "a").string()));
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  const uintmax_t first_bytes = fs::file_size(first), second_bytes = fs::file_size(second);
+  EXPECT_EQ(manifest(ckpt / "step_2").at("data_file").at("bytes"), first_bytes);
+  auto other = run_command(trainer_command(flags + " --data " + second.string() + " --run_dir " + (dir / "b").string()));
+  ASSERT_EQ(other.exit_code, 0) << other.output;
+  for (const std::string& part :
+       {"--data: the checkpoint " + (ckpt / "step_2").string() + " was trained on " + first.string(),
+        "this run reads " + second.string(), std::string("the sampler goes on from the checkpoint's position (4 samples"),
+        "If that is not meant, resume with --data " + first.string()})
+    EXPECT_TRUE(mentions(other.output, part)) << part << "\n" << other.output;
+  auto same = run_command(trainer_command(flags + " --data " + first.string() + " --run_dir " + (dir / "c").string()));
+  ASSERT_EQ(same.exit_code, 0) << same.output;
+  EXPECT_FALSE(mentions(same.output, "--data:")) << same.output;
+  fs::copy_file(second, first, fs::copy_options::overwrite_existing);  // `trainer prepare` again, in place
+  auto changed = run_command(trainer_command(flags + " --data " + first.string() + " --run_dir " + (dir / "d").string()));
+  ASSERT_EQ(changed.exit_code, 0) << changed.output;
+  EXPECT_TRUE(mentions(changed.output, "--data: " + first.string() + " has changed since the checkpoint " +
+                                           (ckpt / "step_2").string() + " was saved (" +
+                                           std::to_string(first_bytes) + " bytes then, " +
+                                           std::to_string(second_bytes) + " now"))
+      << changed.output;
+  EXPECT_TRUE(mentions(changed.output, "the resume is not exact")) << changed.output;
 }
 
 }  // namespace

@@ -375,6 +375,45 @@ TEST_F(ConfigFileError, ContextLengthKeysDisagree) {
                   {path_, "max_position_embeddings", "max_sequence_length = 1024", "got 256"});
 }
 
+// max_position_embeddings 1 made --max_length 2 say "at most 1" and --max_length 1 say "at least 2":
+// the config itself is refused, naming its file and the key that gave the 1.
+TEST_F(ConfigFileError, ContextOfOnePositionCannotTrain) {
+  expect_mentions(error_with("max_position_embeddings", 1),
+                  {path_ + ": max_position_embeddings: expected at least 2 (got 1)", "cannot train on anything",
+                   "--max_length >= 2"});
+  json object = tiny_json();
+  object.erase("max_position_embeddings");
+  object["max_sequence_length"] = 1;
+  expect_mentions(error_loading(object), {path_ + ": max_sequence_length: expected at least 2 (got 1)"});
+  object["max_sequence_length"] = 2;  // the least a model can train with
+  EXPECT_EQ(parse_model_config(object, "two.json").max_position_embeddings, 2);
+}
+
+TEST(ConfigFileCommand, ContextOfOnePositionIsExitTwoNamingTheConfig) {
+  ScratchDir scratch("one_position");
+  json object = tiny_json();
+  object["max_position_embeddings"] = 1;
+  const std::string path = (scratch / "one_position.json").string();
+  std::ofstream(path) << object.dump(4);
+  for (const char* length : {"1", "2"}) {
+    const auto result = testing::run_command(testing::trainer_binary().string() + " --config " + path +
+                                             " --max_length " + length + " --print_config");
+    EXPECT_EQ(result.exit_code, 2) << result.output;
+    expect_mentions(result.output, {path + ": max_position_embeddings: expected at least 2 (got 1)"});
+  }
+}
+
+TEST_F(ConfigFileError, ParameterCountPastTwoToThe53IsRefused) {
+  // Each size fits int32, but hidden * hidden * layers would pass int64 in the parameter count.
+  json object = tiny_json();
+  object["hidden_size"] = 1 << 30;
+  object["intermediate_size"] = 2147483647;
+  object["num_hidden_layers"] = 2147483647;
+  expect_mentions(error_loading(object), {path_ + ": hidden_size: ", "parameters (from hidden_size, intermediate_size, "
+                                          "num_hidden_layers, vocab_size)", "2^53 = 9007199254740992"});
+  EXPECT_EQ(load_model_config(config_path("llama_13b")).name, "llama_13b");  // the largest shipped config
+}
+
 TEST_F(ConfigFileError, HugeIntegerDoesNotWrap) {
   expect_mentions(error_with("vocab_size", std::numeric_limits<uint64_t>::max()),
                   {path_, "vocab_size", "18446744073709551615"});
@@ -669,6 +708,40 @@ TEST_F(ConfigRunValidation, ExplicitWarmupLongerThanTheRunIsStillAnError) {
   EXPECT_EQ(back.optimizer.warmup_steps, std::optional<int64_t>(5));
 }
 
+// vocab_size 1 to 3 with the synthetic corpus spoke of its internal "branching"; now of the config key
+// and what to do.
+TEST_F(ConfigRunValidation, SyntheticCorpusNeedsAVocabularyOfFour) {
+  for (int64_t vocab : {1, 2, 3}) {
+    model_.vocab_size = vocab;
+    expect_mentions(error_with([](RunConfig&) {}),
+                    {config_path("llama_tiny") + ": vocab_size: the synthetic corpus (--data synthetic, the default) "
+                     "needs a vocabulary of at least 4 tokens",
+                     "(got " + std::to_string(vocab) + ")", "raise vocab_size in the config", "--data FILE"});
+  }
+  model_.vocab_size = 4;
+  RunConfig run = valid();
+  EXPECT_NO_THROW(validate_run_config(run, model_, 1));
+  model_.vocab_size = 2;  // a token file needs no such vocabulary
+  ScratchDir scratch("small_vocab");
+  run = valid();
+  run.data.source = (scratch / "tokens.bin").string();
+  std::ofstream(run.data.source) << "x";
+  EXPECT_NO_THROW(validate_run_config(run, model_, 1));
+}
+
+TEST(ConfigFileCommand, SmallVocabularyWithSyntheticDataIsExitTwoNamingTheKey) {
+  ScratchDir scratch("small_vocab_command");
+  json object = tiny_json();
+  object["vocab_size"] = 2;
+  const std::string path = (scratch / "two_tokens.json").string();
+  std::ofstream(path) << object.dump(4);
+  const auto result = testing::run_command(testing::trainer_binary().string() + " --config " + path +
+                                           " --print_config");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  expect_mentions(result.output, {path + ": vocab_size: ", "at least 4 tokens", "(got 2)", "--data FILE"});
+  EXPECT_EQ(result.output.find("branching"), std::string::npos) << result.output;
+}
+
 TEST_F(ConfigRunValidation, DataFileThatExistsIsAccepted) {
   ScratchDir scratch("data_file");
   const std::string file = (scratch / "tokens.bin").string();
@@ -863,6 +936,18 @@ TEST(CliTrain, RangesAreLeftToValidation) {
   EXPECT_DOUBLE_EQ(command.run.optimizer.lr, -1.0);
 }
 
+// Both flags given and disagreeing: refused (one silently won), naming both and what each means.
+TEST(CliTrain, ActivationCheckpointingFlagsThatDisagreeAreRefused) {
+  expect_mentions(parse_error({"--config", "c", "--activation_checkpointing", "--activation_checkpointing_every", "2"}),
+                  {"command line: --activation_checkpointing / --activation_checkpointing_every: give one",
+                   "--activation_checkpointing recomputes every transformer block in backward",
+                   "--activation_checkpointing_every 2 recomputes one block in 2"});
+  EXPECT_EQ(parse({"--config", "c", "--activation_checkpointing", "--activation_checkpointing_every", "1"})
+                .run.activation_checkpointing_every, 1);  // the same setting twice
+  EXPECT_EQ(parse({"--config", "c", "--activation_checkpointing"}).run.activation_checkpointing_every, 1);
+  EXPECT_EQ(parse({"--config", "c", "--activation_checkpointing_every", "2"}).run.activation_checkpointing_every, 2);
+}
+
 TEST(CliTrain, BadChoiceNamesTheFlag) {
   expect_mentions(parse_error({"--config", "c", "--scheduler", "cosine_restarts"}),
                   {"command line", "--scheduler", "cosine_restarts"});
@@ -981,7 +1066,7 @@ TEST(CliEstimate, AbsurdValuesAreRefusedInWords) {
       {{"--memory_budget_gib", "0"}, {"--memory_budget_gib", "leave it out for no verdict", "(got 0)"}},
       {{"--memory_budget_gib", "nan"}, {"--memory_budget_gib", "(got nan)"}},
       {{"--memory_budget_gib", "inf"}, {"--memory_budget_gib", "(got inf)"}},
-      {{"--memory_budget_gib", "1e30"}, {"--memory_budget_gib", "at most 1048576 (1 PiB)", "(got 1e+30)"}},
+      {{"--memory_budget_gib", "1e30"}, {"--memory_budget_gib", "at most 1048576 (1 PiB)", "(got 1e30)"}},
       {{"--ranks_per_node", "0"}, {"--ranks_per_node: expected an integer from 1 to 65536",
                                    "leave it out for every rank on one node", "(got 0)"}},
       {{"--ranks_per_node", "-2"}, {"--ranks_per_node", "(got -2)"}},
@@ -989,7 +1074,7 @@ TEST(CliEstimate, AbsurdValuesAreRefusedInWords) {
       {{"--node_memory_gib", "-5"}, {"--node_memory_gib: expected a number of GiB above 0", "(got -5)"}},
       {{"--node_memory_gib", "0"}, {"--node_memory_gib", "leave it out for this machine's", "(got 0)"}},
       {{"--node_memory_gib", "nan"}, {"--node_memory_gib", "(got nan)"}},
-      {{"--node_memory_gib", "1e300"}, {"--node_memory_gib", "(got 1e+300)"}},
+      {{"--node_memory_gib", "1e300"}, {"--node_memory_gib", "(got 1e300)"}},  // as typed
   };
   for (const Case& absurd : cases) {
     std::vector<std::string> args = {"estimate", "--config", "c"};

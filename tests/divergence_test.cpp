@@ -1,11 +1,17 @@
 // The divergence rule (trainer/divergence.h) on its own: which sequences of (loss, gradient norm)
-// stop a run, after how many steps, and what the reason says.
+// stop a run, after how many steps, and what the reason says. And, through the trainer binary, what
+// a run stopped by a non-finite loss or norm says of its weights (describe_weights_at_divergence).
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <optional>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
+#include "tests/test_util.h"
 #include "trainer/divergence.h"
 
 namespace llm {
@@ -66,6 +72,41 @@ TEST(DivergenceWatch, ARecoveredLossOrAFreshModelNeverStops) {
 TEST(DivergenceWatch, PatienceZeroTurnsItOff) {
   DivergenceWatch watch(0, 0, kVocab);
   for (int64_t step = 1; step < 50; ++step) EXPECT_FALSE(watch.observe(step, 1e6, 0.0));
+}
+
+// llama_micro with another initializer_range, trained for 2 steps: a run that stops at step 1 (exit 3).
+testing::CommandResult run_with_initializer_range(const testing::ScratchDir& dir, double range) {
+  std::ifstream in(testing::source_dir() / "configs/llama_micro.json");
+  nlohmann::json config = nlohmann::json::parse(in);
+  config["initializer_range"] = range;
+  std::ofstream(dir / "config.json") << config.dump();
+  return testing::run_command("OMP_NUM_THREADS=1 " + testing::trainer_binary().string() + " --config " +
+                              (dir / "config.json").string() +
+                              " --device cpu --warmup_steps 1 --batch_size 2 --max_length 16 --eval_every 0 "
+                              "--num_training_steps 2 --run_dir " + (dir / "run").string());
+}
+
+// initializer_range 1e39 is inf in float32: every initialized weight is inf. The message names the
+// first parameter holding one, and says that the weights, not --lr, are the cause (before: only
+// "Lower --lr").
+TEST(NonFiniteLoss, NamesTheFirstNonFiniteWeightTensor) {
+  testing::ScratchDir dir("divergence_inf_init");
+  const testing::CommandResult result = run_with_initializer_range(dir, 1e39);
+  EXPECT_EQ(result.exit_code, 3) << result.output;
+  expect_mentions(result.output, {"step 1: the loss is", "The weights were not finite before this step's update: "
+                                  "model.embed_tokens.weight holds", "NaN or inf value(s)",
+                                  "check initializer_range in --config", "which the flags named next cannot fix"});
+}
+
+// initializer_range 1e30: finite weights whose products overflow float32. The message names the
+// largest weight and where it is.
+TEST(NonFiniteLoss, NamesAnOutOfRangeWeightWhenAllAreFinite) {
+  testing::ScratchDir dir("divergence_huge_init");
+  const testing::CommandResult result = run_with_initializer_range(dir, 1e30);
+  EXPECT_EQ(result.exit_code, 3) << result.output;
+  expect_mentions(result.output, {"Every weight is finite, but the largest |weight| is ", "e+30, in ",
+                                  "overflow float32 in the forward whatever the learning rate",
+                                  "check initializer_range in --config, typically 0.02"});
 }
 
 }  // namespace

@@ -387,7 +387,18 @@ const Refusal kRefusals[] = {
        std::ofstream(dir / "file") << "x";
        return export_command("--from " + t.checkpoints.string() + " --to " + (dir / "file").string());
      },
-     {"--to", "is a file"}},
+     {"--to", "exists and is a regular file, not a folder; it is never replaced"}},
+    {"export_to_a_device",
+     [](const Trained& t, const fs::path&) {
+       return export_command("--from " + t.checkpoints.string() + " --to /dev/null --overwrite");
+     },
+     {"--to: /dev/null exists and is a character device, not a folder"}},
+    {"export_overwrite_never_removes_a_folder",
+     [](const Trained& t, const fs::path& dir) {
+       fs::create_directories(dir / "out/config.json");  // a folder under a name an export writes
+       return export_command("--from " + t.checkpoints.string() + " --to " + (dir / "out").string() + " --overwrite");
+     },
+     {"--to --overwrite: config.json: ", "is a folder, not a regular file; it is never replaced"}},
     {"export_to_a_non_empty_folder",
      [](const Trained& t, const fs::path& dir) {
        fs::create_directories(dir / "out");
@@ -458,6 +469,15 @@ const Refusal kRefusals[] = {
        }));
      },
      {"lm_head.weight", "shape [100, 32] there, [128, 32] in --config"}},
+    {"init_from_non_finite_weight",
+     [](const Trained& t, const fs::path& dir) {
+       return init_from_changed(t, dir, rewrite_tensors([](auto& tensors) {
+         tensors["model.layers.1.mlp.up_proj.weight"][5][3] = NAN;
+         tensors["model.layers.1.mlp.up_proj.weight"][7][0] = INFINITY;
+       }));
+     },
+     {"model.safetensors: model.layers.1.mlp.up_proj.weight: holds 2 non-finite value(s) (NaN or inf), the first nan in "
+      "row 5", "Pass --init_from a folder of finite weights"}},
     {"init_from_truncated_safetensors",
      [](const Trained& t, const fs::path& dir) {
        return init_from_changed(t, dir, [](const fs::path& folder) {

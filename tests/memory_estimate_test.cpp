@@ -4,7 +4,9 @@
 // same layout and optim's analytic optimizer_state_bytes.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include <nlohmann/json.hpp>
 
@@ -299,6 +301,126 @@ TEST(EstimateCommand, OffloadHostMemoryPerNode) {
   auto negative = run_command(base + " --ranks_per_node -1");
   EXPECT_EQ(negative.exit_code, 2) << negative.output;
   EXPECT_NE(negative.output.find("--ranks_per_node"), std::string::npos) << negative.output;
+}
+
+
+// A deep model's estimate is extrapolated from a few layers (estimate.h, simulate_layers_up_to): it
+// must be the layer-by-layer simulation's, byte for byte and phase for phase (the whole JSON), for
+// every layout of the step: each strategy, offload, activation checkpointing at periods that do and
+// do not divide the depth, the fused step, pure and mixed bf16, GaLore (whose projector owners go
+// round the ranks), AdamW-SN, accumulation, several ranks (including one that does not divide the
+// rows), CPU and CUDA, and every config in configs/.
+TEST(EstimateExtrapolation, EqualsTheLayerByLayerSimulation) {
+  struct Variant {
+    std::string name;
+    std::function<void(RunConfig&)> set;
+  };
+  const std::vector<Variant> variants = {
+      {"default", [](RunConfig&) {}},
+      {"no_shard", [](RunConfig& r) { r.sharding.strategy = ShardingStrategy::no_shard; }},
+      {"shard_grad_op", [](RunConfig& r) { r.sharding.strategy = ShardingStrategy::shard_grad_op; }},
+      {"offload_async_save", [](RunConfig& r) {
+         r.sharding.offload = Offload::optimizer;
+         r.checkpoint.async_save = true;
+         r.checkpoint.save_dir = "unused";
+       }},
+      {"checkpoint_every_1", [](RunConfig& r) { r.activation_checkpointing_every = 1; }},
+      {"checkpoint_every_3", [](RunConfig& r) { r.activation_checkpointing_every = 3; }},
+      {"fused", [](RunConfig& r) { r.fuse_optimizer_with_backward = true; r.optimizer.grad_clipping = 0; }},
+      {"pure_bf16_offload_every_2", [](RunConfig& r) {
+         r.precision.dtype = DType::bfloat16;
+         r.precision.mode = Precision::pure;
+         r.sharding.offload = Offload::optimizer;
+         r.activation_checkpointing_every = 2;
+       }},
+      {"mixed_bf16_no_prefetch", [](RunConfig& r) {
+         r.precision.dtype = DType::bfloat16;
+         r.sharding.prefetch = false;
+       }},
+      {"galore_every_2", [](RunConfig& r) {
+         r.optimizer.name = "galore_adamw";
+         r.optimizer.galore_rank = 8;
+         r.activation_checkpointing_every = 2;
+       }},
+      {"adamw_sn_accumulation", [](RunConfig& r) {
+         r.optimizer.name = "adamw_sn";
+         r.data.total_batch_size = 3 * r.data.batch_size * 4;  // 3 micro-batches at 4 ranks
+         r.data.eval_batches = 2;
+       }},
+      {"async_save_fused", [](RunConfig& r) {
+         r.checkpoint.async_save = true;
+         r.checkpoint.save_dir = "unused";
+         r.fuse_optimizer_with_backward = true;
+         r.optimizer.grad_clipping = 0;
+       }},
+  };
+  nlohmann::json deep = nlohmann::json::parse(std::ifstream(testing::source_dir() / "configs/llama_micro.json"));
+  deep["num_hidden_layers"] = 37;
+  const ModelConfig model = parse_model_config(deep, "llama_micro_37_layers.json");
+  auto estimate_json = [](const ModelConfig& config, const RunConfig& run, int world, const std::string& device,
+                          int64_t simulate_layers_up_to) {
+    EstimateOptions options;
+    options.world_size = world;
+    options.device = device;
+    options.simulate_layers_up_to = simulate_layers_up_to;
+    return estimate_to_json(estimate_memory(config, run, options));
+  };
+  for (const Variant& variant : variants)
+    for (int world : {1, 3, 4})
+      for (const std::string device : {"cpu", "cuda"}) {
+        RunConfig run;
+        run.data.batch_size = 2;
+        run.data.max_length = 16;
+        variant.set(run);
+        if (world != 4 && run.data.total_batch_size > 0) run.data.total_batch_size = 0;
+        validate_run_config(run, model, world);
+        const nlohmann::json layer_by_layer = estimate_json(model, run, world, device, 1 << 20);
+        const nlohmann::json extrapolated = estimate_json(model, run, world, device, 0);
+        EXPECT_EQ(extrapolated, layer_by_layer) << variant.name << ", " << world << " ranks on " << device;
+        EXPECT_EQ(extrapolated["ranks"][0]["phases"].size(), layer_by_layer["ranks"][0]["phases"].size());
+      }
+  for (const auto& entry : std::filesystem::directory_iterator(testing::source_dir() / "configs")) {
+    const ModelConfig config = load_model_config(entry.path().string());
+    for (int world : {1, 3}) {
+      RunConfig run;
+      run.data.batch_size = 2;
+      run.data.max_length = 16;
+      run.activation_checkpointing_every = std::min<int64_t>(world, config.num_hidden_layers);
+      validate_run_config(run, config, world);
+      EXPECT_EQ(estimate_json(config, run, world, "cuda", 0), estimate_json(config, run, world, "cuda", 1 << 20))
+          << entry.path().filename() << ", " << world << " ranks";
+    }
+  }
+}
+
+// 10^8 decoder layers: the estimate used to run for minutes (10^6: std::bad_alloc, "fatal", exit 1).
+// Extrapolated, its cost does not grow with the depth: it completes (under `timeout 20`, not a timed
+// assertion) with the figures of 10^8 layers: the fp32 parameter shards alone are 4 bytes for each
+// parameter over the ranks, and the phases list each pass's first and last layers only.
+TEST(EstimateCommand, HundredMillionLayersFinishesWithSaneFigures) {
+  ScratchDir dir("estimate_deep");
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(testing::source_dir() / "configs/llama_micro.json"));
+  config["num_hidden_layers"] = 100000000;
+  std::ofstream(dir / "deep.json") << config.dump(2);
+  const ModelConfig model = parse_model_config(config, "deep.json");
+  const auto estimated = run_command("OMP_NUM_THREADS=1 timeout 20 " + testing::trainer_binary().string() +
+                                     " estimate --config " + (dir / "deep.json").string() +
+                                     " --world_size 2 --device cpu --batch_size 2 --max_length 16 --json");
+  ASSERT_NE(estimated.exit_code, 124) << "timed out";
+  ASSERT_EQ(estimated.exit_code, 0) << estimated.output.substr(0, 2000);
+  const nlohmann::json estimate = nlohmann::json::parse(estimated.output.substr(estimated.output.find('{')));
+  ASSERT_EQ(estimate["ranks"].size(), 2u);
+  const nlohmann::json& rank = estimate["ranks"][0];
+  const int64_t parameters = model.num_parameters();
+  EXPECT_GE(rank["max"]["parameters"].get<int64_t>(), 4 * parameters / 2);
+  EXPECT_LT(rank["max"]["parameters"].get<int64_t>(), 4 * parameters / 2 + 4 * parameters / 100);
+  EXPECT_GT(rank["peak_bytes"].get<int64_t>(), 16 * parameters / 2) << "parameters, gradients and two moments";
+  EXPECT_LT(rank["peak_bytes"].get<int64_t>(), int64_t{1} << 60);
+  EXPECT_LT(rank["phases"].size(), 1000u);
+  EXPECT_NE(rank["peak_phase"].get<std::string>(), "");
+  bool last_layer = false;
+  for (const nlohmann::json& phase : rank["phases"]) last_layer |= phase["label"] == "forward:layer.99999999";
+  EXPECT_TRUE(last_layer) << "the last layer's phase, numbered as in the model";
 }
 
 }  // namespace

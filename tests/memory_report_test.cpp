@@ -3,6 +3,8 @@
 // (expat) with the panels, bars and markers the data calls for. Bad run folders are exit 2.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <expat.h>
 
 #include <fstream>
@@ -298,6 +300,77 @@ TEST(MemoryReportErrors, DivergedLossIsReportedNotRefused) {
   std::ifstream in(dir / "null_loss_out" / "memory_report.md");
   const std::string markdown((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_NE(markdown.find("final loss nan"), std::string::npos) << markdown.substr(0, 2000);
+}
+
+
+// A run still going, or killed, has no end record in metrics.jsonl: its last step's loss is not a
+// final loss. The report said "final loss" all the same; now the run is "unfinished (last step N of
+// M ...)" in the report's table and section and on stdout. A finished run says nothing of the kind.
+TEST(MemoryReportErrors, AnUnfinishedRunIsReportedAsUnfinished) {
+  ScratchDir dir("report_ended");
+  // The fixture's lines: start, sharded_state, train (step 1), train (step 2), eval, memory, gather_schedule, end.
+  const auto killed = report_damaged(dir, "killed", "metrics.jsonl", [](const std::string& text) { return first_lines(text, 3); });
+  ASSERT_EQ(killed.exit_code, 0) << killed.output;
+  EXPECT_NE(killed.output.find("note: run killed"), std::string::npos) << killed.output;
+  EXPECT_NE(killed.output.find("unfinished (last step 1 of 2; no end record in metrics.jsonl"), std::string::npos)
+      << killed.output;
+  const std::string markdown = testing::read_text(dir / "killed_out" / "memory_report.md");
+  EXPECT_NE(markdown.find("(unfinished, last step 1 of 2) |"), std::string::npos) << markdown.substr(0, 3000);
+  EXPECT_NE(markdown.find("**unfinished (last step 1 of 2; no end record in metrics.jsonl: still running, or killed)**"),
+            std::string::npos)
+      << markdown;
+  EXPECT_EQ(markdown.find("tokens/s, final loss"), std::string::npos) << "an unfinished run has no final loss";
+  // Preempted: it ended, but not at its last step.
+  const auto preempted = report_damaged(dir, "preempted", "metrics.jsonl", [](const std::string& text) {
+    return first_lines(text, 3) + "{\"event\":\"preempted\",\"step\":1,\"signal\":\"SIGTERM\",\"checkpoint\":null}\n";
+  });
+  ASSERT_EQ(preempted.exit_code, 0) << preempted.output;
+  EXPECT_NE(preempted.output.find("preempted at step 1 of 2"), std::string::npos) << preempted.output;
+  const auto finished = report_damaged(dir, "finished", "metrics.jsonl", [](const std::string& text) { return text; });
+  ASSERT_EQ(finished.exit_code, 0) << finished.output;
+  EXPECT_EQ(finished.output.find("note: run"), std::string::npos) << finished.output;
+  const std::string finished_markdown = testing::read_text(dir / "finished_out" / "memory_report.md");
+  EXPECT_NE(finished_markdown.find("tokens/s, final loss"), std::string::npos);
+  EXPECT_EQ(finished_markdown.find("(unfinished"), std::string::npos);
+}
+
+// `trainer report RUN --out RUN` replaced the run's own memory_report.md (written at the end of its
+// training) without a word: refused, naming the folder and why. An --out that exists and is not a
+// folder (a device, a fifo, a file), or where a file to write is a folder, is refused, never replaced.
+TEST(MemoryReportErrors, OutIsNeverARunFolderNorSomethingElse) {
+  ScratchDir dir("report_out");
+  ASSERT_EQ(report_damaged(dir, "run", "metrics.jsonl", [](const std::string& text) { return text; }).exit_code, 0);
+  const std::filesystem::path run = dir / "run";
+  std::ofstream(run / "memory_report.md") << "the run's own report\n";
+  const std::string report = testing::trainer_binary().string() + " report " + run.string() + " --out ";
+  for (const std::string& out : {run.string(), run.string() + "/", (dir / "." / "run").string()}) {
+    const auto onto_run = run_command(report + out);
+    EXPECT_EQ(onto_run.exit_code, 2) << out << ": " << onto_run.output;
+    for (const char* part : {"--out", "is a training run folder", "memory_report.md is the run's own report",
+                             "pass another --out"})
+      EXPECT_NE(onto_run.output.find(part), std::string::npos) << part << " in: " << onto_run.output;
+    EXPECT_NE(onto_run.output.find(out), std::string::npos) << onto_run.output;
+  }
+  EXPECT_EQ(testing::read_text(run / "memory_report.md"), "the run's own report\n");
+  EXPECT_FALSE(std::filesystem::exists(run / "memory"));
+
+  const std::filesystem::path fifo = dir / "fifo", file = dir / "file.md", holder = dir / "holder";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  std::ofstream(file) << "mine\n";
+  std::filesystem::create_directories(holder / "memory_report.md");
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"/dev/full", "--out: /dev/full exists and is a character device, not a folder"},
+      {fifo.string(), "exists and is a fifo, not a folder"},
+      {file.string(), "exists and is a regular file, not a folder"},
+      {holder.string(), "memory_report.md exists and is a folder, not a regular file"},
+  };
+  for (const auto& [out, message] : refused) {
+    const auto result = run_command(report + out);
+    EXPECT_EQ(result.exit_code, 2) << out << ": " << result.output;
+    EXPECT_NE(result.output.find(message), std::string::npos) << out << ": " << result.output;
+  }
+  EXPECT_EQ(testing::read_text(file), "mine\n");
+  EXPECT_TRUE(std::filesystem::is_directory(holder / "memory_report.md"));
 }
 
 // The techniques report (`trainer report --techniques`) over real runs of llama_micro made here:

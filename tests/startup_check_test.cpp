@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -155,6 +156,74 @@ TEST(MemoryCheck, AFittingRunSaysSoAndTheFlagSkipsIt) {
   const auto unchecked = run_command(base + " --skip_memory_check --run_dir " + skipped.path().string());
   ASSERT_EQ(unchecked.exit_code, 0) << unchecked.output;
   EXPECT_EQ(unchecked.output.find("memory check"), std::string::npos) << unchecked.output;
+}
+
+
+// A micro config with some fields changed, written into `dir`.
+std::filesystem::path micro_config_with(const ScratchDir& dir, const std::string& name, const nlohmann::json& changes) {
+  nlohmann::json config;
+  std::ifstream(testing::source_dir() / "configs/llama_micro.json") >> config;
+  config.update(changes);
+  std::ofstream(dir / name) << config.dump(2);
+  return dir / name;
+}
+
+std::string train_command(const std::filesystem::path& config, const ScratchDir& dir, const std::string& flags) {
+  return "OMP_NUM_THREADS=1 timeout 120 " + testing::trainer_binary().string() + " --config " + config.string() +
+         " --device cpu --num_training_steps 2 --max_length 16 --run_dir " + (dir / "run").string() + " " + flags;
+}
+
+// 10^6 layers: the estimate threw std::bad_alloc, the run logged "memory check skipped" and went on
+// to build the model. Now the estimate is made (extrapolated from a few layers) and the check refuses
+// the run with its figures.
+TEST(MemoryCheck, AMillionLayersIsCheckedNotSkipped) {
+  ScratchDir dir("memory_check_deep");
+  const auto config = micro_config_with(dir, "million_layers.json", {{"num_hidden_layers", 1000000}});
+  const auto refused = run_command(train_command(config, dir, "--batch_size 2"));
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  expect_mentions(refused.output, {"memory check: this rank needs about", "GiB of host memory", "MemAvailable",
+                                   "--skip_memory_check"});
+  EXPECT_EQ(refused.output.find("skipped"), std::string::npos) << refused.output;
+}
+
+// An estimate that cannot be made (here a micro-batch past an exbibyte, which the estimate does not
+// count to) used to be a warning, "memory check skipped", and the run went on unchecked. It stops
+// the run, saying why and that --skip_memory_check skips the check.
+TEST(MemoryCheck, ACheckThatCannotBeMadeStopsTheRun) {
+  ScratchDir dir("memory_check_unmade");
+  const auto config = micro_config_with(dir, "big_vocab.json", {{"vocab_size", 2147483647}});
+  const auto refused = run_command(train_command(config, dir, "--batch_size 1073741824"));
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  expect_mentions(refused.output, {"the start-up memory check could not be made, so the run does not start",
+                                   "--batch_size 1073741824 x --max_length 16", "exbibyte",
+                                   "--skip_memory_check starts the run without the check"});
+  EXPECT_EQ(refused.output.find("skipped"), std::string::npos) << refused.output;
+}
+
+// --skip_memory_check with a vocabulary of 2^31 - 1: the embedding (256 GiB) cannot be allocated.
+// LibTorch's CPU allocator failed a CAFFE_ENFORCE, which aborted the process (SIGABRT, rc 134, a
+// backtrace): libsentencepiece's FLAGS_minloglevel overwrote libc10's FLAGS_caffe2_use_fatal_for_enforce
+// (sharding/world.cpp). Now it is a plain error on every rank, exit 2, naming the unit and the bytes
+// and what to change. `ulimit -v` makes the allocation fail on any machine (without overcommit
+// limits the kernel might grant 256 GiB and kill the process when it is touched).
+TEST(MemoryCheck, AnAllocationThatFailsIsAPlainErrorOnEveryRank) {
+  ScratchDir dir("memory_check_alloc");
+  const auto config = micro_config_with(dir, "big_vocab.json", {{"vocab_size", 2147483647}});
+  const std::string limited = "ulimit -v 16000000; ";
+  for (int ranks : {1, 2}) {
+    const std::string command =
+        ranks == 1 ? limited + train_command(config, dir, "--skip_memory_check --batch_size 2")
+                   : limited + testing::mpirun(ranks) + train_command(config, dir, "--skip_memory_check --batch_size 2")
+                                                            .substr(std::string("OMP_NUM_THREADS=1 ").size());
+    const auto failed = run_command(command);
+    EXPECT_EQ(failed.exit_code, 2) << ranks << " rank(s):\n" << failed.output;
+    expect_mentions(failed.output, {"error: out of memory: allocating unit embed of the model (256.00 GiB, "
+                                    "274877906816 bytes) failed on rank 0",
+                                    "lower the model size, use more ranks or --offload optimizer, or check the config"});
+    if (ranks == 2) expect_mentions(failed.output, {"failed on rank 1"});
+    for (const char* crash : {"Signal: Aborted", "Logging.cpp", "frame #", "Process received signal"})
+      EXPECT_EQ(failed.output.find(crash), std::string::npos) << crash << " in:\n" << failed.output;
+  }
 }
 
 }  // namespace

@@ -1,13 +1,75 @@
 #include "tests/test_util.h"
 
+#include <sys/wait.h>
+
+#include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
-#include <sys/wait.h>
+#include <future>
+#include <iterator>
+#include <thread>
 
 #include <gtest/gtest.h>
 
 namespace llm::testing {
+
+std::string read_text(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+namespace {
+
+std::vector<std::string> split_nul(const std::string& text) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  for (size_t end; (end = text.find('\0', start)) != std::string::npos; start = end + 1)
+    parts.push_back(text.substr(start, end - start));
+  return parts;
+}
+
+}  // namespace
+
+pid_t find_process(const std::string& program, const std::filesystem::path& run_dir, int rank) {
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::vector<std::string> argv = split_nul(read_text(entry.path() / "cmdline"));
+    if (argv.empty() || argv[0] != program || std::find(argv.begin(), argv.end(), run_dir.string()) == argv.end())
+      continue;
+    if (rank >= 0) {
+      int process_rank = 0;
+      for (const std::string& variable : split_nul(read_text(entry.path() / "environ")))
+        if (variable.rfind("OMPI_COMM_WORLD_RANK=", 0) == 0) process_rank = std::stoi(variable.substr(21));
+      if (process_rank != rank) continue;
+    }
+    return static_cast<pid_t>(std::stol(name));
+  }
+  return -1;
+}
+
+CommandResult run_and_act(const std::string& command, const std::filesystem::path& run_dir,
+                          const std::function<bool()>& act, size_t after_steps) {
+  std::future<CommandResult> running = std::async(std::launch::async, [command] { return run_command(command); });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  bool acted = false;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (running.wait_for(std::chrono::milliseconds(20)) == std::future_status::ready) break;
+    // Counted in the text: a line the trainer is still writing would not parse.
+    const std::string metrics = read_text(run_dir / "metrics.jsonl");
+    size_t train_records = 0;
+    for (size_t at = metrics.find("\"event\":\"train\""); at != std::string::npos;
+         at = metrics.find("\"event\":\"train\"", at + 1))
+      ++train_records;
+    if (train_records < after_steps) continue;
+    if ((acted = act())) break;
+  }
+  CommandResult result = running.get();
+  if (!acted) result.output = "the test did not act (no first step, or its action never could)\n" + result.output;
+  return result;
+}
 
 CommandResult run_command(const std::string& command) {
   CommandResult result;

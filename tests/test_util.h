@@ -1,8 +1,11 @@
 // Helpers shared by the tests: paths into the source tree, scratch folders, running the binary.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -68,6 +71,21 @@ CommandResult run_command(const std::string& command);
 // (the output's "error:" line, else its last line). launch/errors_table.sh runs the tests so and
 // writes docs/errors.md from the lines. Without the variable: nothing.
 void record_error_case(const std::string& input, int exit_code, const std::string& output);
+
+// A file's bytes ("" when it cannot be read).
+std::string read_text(const std::filesystem::path& path);
+
+// The process of a running command (its --run_dir names it among concurrent tests) whose argv[0] is
+// `program`; with `rank` >= 0, the one whose OMPI_COMM_WORLD_RANK is that rank (a lone process is
+// rank 0). -1 when none.
+pid_t find_process(const std::string& program, const std::filesystem::path& run_dir, int rank);
+
+// Starts `command`, waits (up to 120 s) until RUN_DIR/metrics.jsonl holds `after_steps` train
+// records, then calls `act` until it returns true (it may be called again while it returns false);
+// returns the command's result. A run that ended first, or an action never taken, is said at the top
+// of the output.
+CommandResult run_and_act(const std::string& command, const std::filesystem::path& run_dir,
+                          const std::function<bool()>& act, size_t after_steps = 1);
 
 // The records of RUN_DIR/metrics.jsonl whose "event" is `event`, in file order.
 std::vector<nlohmann::json> read_metrics_events(const std::filesystem::path& run_dir,

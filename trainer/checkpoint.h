@@ -10,8 +10,9 @@
 //                        part begins in it (flattened), its element count and its CRC-32C
 //   manifest.json        written last, by rank 0: the run's position (step, samples consumed, tokens
 //                        seen, seed: the whole of its random state), run id, world size, optimizer and
-//                        its step, model config, the run's settings ("run"), data, and every file's
-//                        size and CRC-32C
+//                        its step, model config, the run's settings ("run"), data (the token file's
+//                        absolute path, and in "data_file" its size and its first MiB's CRC-32C, so a
+//                        resume on other or changed data is said), and every file's size and CRC-32C
 // The parts of a full tensor tile it: every element is written by exactly one rank. No rank gathers
 // anything to save: each writes views of its own buffers, one tensor at a time (on a GPU, one
 // tensor's host copy at a time). Loading, each rank reads from the old ranks' files only the parts
@@ -24,8 +25,18 @@
 //
 // --continue_from accepts a checkpoint folder or a --save_dir. In a save_dir, "newest" is the highest
 // N among folders named exactly step_<N> (digits only: step_20.tmp, step_20.broken, step_x are not
-// checkpoints) whose manifest verifies (it parses, holds what the loader needs, and every file it
-// lists is there with its size); a broken newer folder is skipped with a warning naming it.
+// checkpoints) whose manifest verifies (it parses, every field the loader reads is there and in
+// range, its step is N, and every file it lists is there with its size); a broken newer folder, one
+// whose manifest says another step (a copy: `cp -r step_2 step_10`), and a step_<N> that is a
+// symbolic link (it may lead into another run's save_dir) are skipped with a warning naming them.
+//
+// Nothing a save did not write is removed or replaced. A save puts its folder at step_<N> only where
+// nothing is, or an intact checkpoint of the same run (a step saved again after resuming from an
+// earlier one); it wipes step_<N>.tmp first only when that holds nothing but the files a save writes
+// (what a killed save leaves). At start-up every step_<N> and step_<N>.tmp the run could write is
+// checked so, and anything else there (a user's folder, an export, a link, a file, another run's
+// checkpoint) refused naming it; what appears there during the run stops the save with the checkpoint
+// complete in step_<N>.tmp and the message saying how to put it in place.
 //
 // Each run has a run id, drawn at a fresh start and kept on resume: a fresh run refuses a --save_dir
 // that holds another run's checkpoints (its own would mix with them, and a later resume would pick
@@ -56,7 +67,8 @@ class SafetensorsFile;
 // fsyncs the save_dir (and any folder above it this save created). Collective: every rank learns
 // whether the save succeeded. A failure on any rank (a failed fsync included) is a UserError on every
 // rank (the failing rank's names the file and --save_dir); FOLDER.tmp is removed and the new FOLDER
-// never remains.
+// never remains. A FOLDER or FOLDER.tmp the save may not replace or wipe (see above) is a UserError
+// naming it, left as it is (for FOLDER, with the complete checkpoint kept in FOLDER.tmp).
 void save_checkpoint(const std::string& folder, const std::vector<StatePiece>& pieces, nlohmann::json manifest,
                      Communicator& communicator);
 
@@ -144,13 +156,16 @@ std::vector<std::string> remove_old_checkpoints(const std::string& saved, const 
 std::string new_run_id();
 
 // Why FOLDER cannot be resumed from, or "" when it can: manifest.json missing (a folder of the
-// earlier full-tensor format says so), not JSON, or without step, samples_consumed, tokens_seen
-// (integers), model or files; a file it lists missing or of another size.
+// earlier full-tensor format says so), not a file, not JSON, or without step, samples_consumed,
+// tokens_seen (integers >= 0), world_size (>= 1), model or files, or with a seed, optimizer_step or
+// run_id of the wrong type, each named by its key; a step_<N> folder whose manifest says another
+// step; a file it lists missing or of another size.
 std::string checkpoint_problem(const std::string& folder);
 
-// Resolves --continue_from: a folder holding manifest.json is the checkpoint itself; otherwise
-// the newest intact step_<N> folder of it (see above). Each skipped folder is appended to `skipped`
-// ("FOLDER: reason"). Throws UserError when no intact checkpoint is there.
+// Resolves --continue_from: a folder holding manifest.json is the checkpoint itself (refused when it
+// is named step_<N> and its manifest says another step: renamed to its real step, it resumes);
+// otherwise the newest intact step_<N> folder of it (see above). Each skipped folder is appended to
+// `skipped` ("FOLDER: reason"). Throws UserError when no intact checkpoint is there.
 std::string resolve_checkpoint_folder(const std::string& path, std::vector<std::string>* skipped = nullptr);
 
 // What start-up learns about checkpoints, before anything is built or written.
@@ -162,9 +177,13 @@ struct CheckpointStart {
 
 // The start-up checks of --continue_from and --save_dir, on every rank (warnings logged when
 // `log_warnings`): --continue_from resolves to an intact checkpoint of this model config whose step is
-// at most --num_training_steps; --save_dir (or, when missing, the folder it would be created in) can
-// be written (a probe file, removed at once), and holds no checkpoint of another run unless
-// --continue_from names it. Each failure is a UserError naming the flag and the folder.
+// at most --num_training_steps; --save_dir (or, when missing, the folder it would be created in) is a
+// folder and can be written (a probe file, removed at once), holds no checkpoint of another run
+// unless --continue_from names it, and nothing at a step_<N> or step_<N>.tmp this run could write
+// that a save may not replace (see above). Each failure is a UserError naming the flag and the
+// folder. A resume on another --data than the checkpoint's, or on its file changed since (its size or
+// first MiB), is a warning naming both and saying that the sampler position carries over: a new data
+// mix on resume is sometimes meant, so it is not refused.
 CheckpointStart check_checkpoints_at_start(const RunConfig& run, const ModelConfig& model, bool log_warnings);
 
 // UserError naming the checkpoint folder when its manifest's model config is not `model`'s, with the

@@ -1,9 +1,16 @@
 #include "trainer/cli.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
+#include <cstdlib>
+#include <limits>
 #include <map>
+#include <optional>
+#include <set>
 #include <sstream>
+#include <stdexcept>
+#include <type_traits>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -17,7 +24,7 @@ namespace {
 constexpr const char* kCommandLine = "command line";
 // `trainer estimate`: at most this many ranks (each is simulated and printed: a million take half a
 // minute and 80 MB of output) and at most this many GiB of memory (1 PiB).
-constexpr int64_t kMaxEstimateRanks = 65536;
+constexpr int kMaxEstimateRanks = 65536;
 constexpr double kMaxEstimateGib = 1048576;
 
 // The text spelling of each enum is the one to_string() gives, so help, flags and JSON agree.
@@ -50,13 +57,118 @@ struct EnumFlag {
   Enum value() const { return by_name.at(text); }
 };
 
-// An unsigned flag must not take "-1": the conversion to uint64 would wrap it silently.
-const CLI::Validator kNotNegative(
-    [](std::string& text) -> std::string {
-      return !text.empty() && text.front() == '-' ? "expected an integer >= 0 (got " + text + ")"
-                                                  : "";
-    },
-    "", "not negative");
+// ---- Numbers --------------------------------------------------------------------------------------
+// Every number on the command line is read by read_number: the whole text, in decimal, within the
+// range of its field's type or the narrower range a flag gives. CLI11's own conversion reads none of
+// them: its strtoll clamps 99999999999999999999 to INT64_MAX, reads 010 as octal and 0x10 as hex,
+// its strtoull wraps -1 to 2^64-1, and its strtold takes inf, nan and 1e999 (inf). A text outside is
+// a UserError naming the flag, the text as typed and the range. Ranges that depend on other flags
+// or on the model stay with validate_run_config.
+
+template <typename Number>
+struct NumberRange {
+  Number lowest = std::numeric_limits<Number>::lowest();
+  Number highest = std::numeric_limits<Number>::max();
+  // The message's "expected ...", when the bounds alone do not say what the flag takes.
+  std::string words;
+};
+
+template <typename Number>
+std::string number_text(Number value) {
+  if constexpr (std::is_floating_point_v<Number>) return format_number(value);
+  else return std::to_string(value);
+}
+
+// What a flag takes, for its message: the words it gives, else its bounds when narrower than its
+// type's; at the type's own bounds only the kind of number (the "got" then says which end was passed).
+template <typename Number>
+std::string range_words(const NumberRange<Number>& range) {
+  if (!range.words.empty()) return range.words;
+  const bool whole_type = range.lowest == std::numeric_limits<Number>::lowest() &&
+                          range.highest == std::numeric_limits<Number>::max();
+  if constexpr (std::is_floating_point_v<Number>) {
+    return whole_type ? "a finite number"
+                      : "a number from " + format_number(range.lowest) + " to " + format_number(range.highest);
+  } else {
+    if (whole_type) return std::is_unsigned_v<Number> ? "an integer >= 0" : "an integer";
+    return "an integer from " + std::to_string(range.lowest) + " to " + std::to_string(range.highest);
+  }
+}
+
+// The number TEXT spells, whole: digits (for a real number also a point and an exponent), no sign
+// but '-', no blanks, no hex, finite and within Number's range. Otherwise nullopt, and `past_range`
+// says whether TEXT is a number beyond the type's range (too large, or for a double also too small).
+template <typename Number>
+std::optional<Number> whole_number(const std::string& text, bool* past_range = nullptr) {
+  const char* first = text.data();
+  const char* last = first + text.size();
+  Number value{};
+  std::from_chars_result read{};
+  if constexpr (std::is_floating_point_v<Number>) read = std::from_chars(first, last, value, std::chars_format::general);
+  else read = std::from_chars(first, last, value, 10);
+  const bool whole = !text.empty() && read.ptr == last;
+  if (past_range != nullptr) *past_range = whole && read.ec == std::errc::result_out_of_range;
+  if (!whole || read.ec != std::errc()) return std::nullopt;
+  if constexpr (std::is_floating_point_v<Number>)
+    if (!std::isfinite(value)) return std::nullopt;  // inf, nan
+  return value;
+}
+
+// TEXT as the value of FLAG, or a UserError naming the flag, the text as typed and the range.
+template <typename Number>
+Number read_number(const std::string& flag, const std::string& text, const NumberRange<Number>& range = {}) {
+  bool past_range = false;
+  const std::optional<Number> value = whole_number<Number>(text, &past_range);
+  if (value && *value >= range.lowest && *value <= range.highest) return *value;
+  std::string got = text.empty() ? "nothing" : text;
+  if (past_range && range.words.empty()) {  // a flag's own words already say its range
+    const bool negative = text.front() == '-';
+    if constexpr (std::is_floating_point_v<Number>) {
+      const bool tiny = std::strtod(text.c_str(), nullptr) == 0;  // strtod tells underflow from overflow
+      got += tiny ? ", closer to 0 than the smallest double, " + format_number(std::numeric_limits<Number>::denorm_min()) +
+                        ": write 0 for zero"
+                  : negative ? ", below the lowest double, " + format_number(std::numeric_limits<Number>::lowest())
+                             : ", above the largest double, " + format_number(std::numeric_limits<Number>::max());
+    } else {
+      got += negative ? ", below the smallest " + std::to_string(8 * sizeof(Number)) + "-bit integer, " +
+                            std::to_string(std::numeric_limits<Number>::min())
+                      : ", above the largest " + std::to_string(8 * sizeof(Number)) + "-bit integer, " +
+                            std::to_string(std::numeric_limits<Number>::max());
+    }
+  }
+  fail_user(kCommandLine, flag, "expected " + range_words(range) + " (got " + got + ")");
+}
+
+// The numeric flags, each bound to its field through read_number. check_every_number_is_ours walks
+// the finished command line and refuses (a programming error) a numeric option made any other way,
+// so a new flag cannot bypass the strict reading.
+class NumberFlags {
+ public:
+  template <typename Number>
+  CLI::Option* add(CLI::App& app, const std::string& flag, Number& field, const std::string& help,
+                   NumberRange<Number> range = {}) {
+    CLI::Option* option = app.add_option_function<std::string>(
+        flag, [&field, flag, range](const std::string& text) { field = read_number(flag, text, range); }, help);
+    option->type_name(std::is_floating_point_v<Number> ? "FLOAT" : std::is_unsigned_v<Number> ? "UINT" : "INT");
+    option->default_function([&field] { return number_text(field); });
+    ours_.insert(option);
+    return option;
+  }
+
+  void check_every_number_is_ours(const CLI::App& app) const {
+    for (const CLI::Option* option : app.get_options()) {
+      const std::string type = option->get_type_name();
+      if ((type == "INT" || type == "UINT" || type == "FLOAT" || type == "NUMBER") && ours_.count(option) == 0)
+        throw std::logic_error("command line: " + option->get_name() +
+                               " is a number read by CLI11 (clamps, wraps, octal); add it with NumberFlags::add");
+    }
+    for (const CLI::App* subcommand : app.get_subcommands([](const CLI::App*) { return true; }))
+      check_every_number_is_ours(*subcommand);
+  }
+
+ private:
+  std::set<const CLI::Option*> ours_;
+};
 
 // Flags given more than once with different values: the last one is used (TakeLast), and the user
 // is told, since a repeated flag is as often a leftover as an override.
@@ -93,6 +205,8 @@ Command parse_command_line(int argc, const char* const* argv) {
   // the number of values an option expects, which for a vector is unbounded.
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 
+  NumberFlags numbers;  // every numeric flag of every subcommand
+
   // Training flags, named as GaLore's torchrun_main.py where it has one.
   std::vector<CLI::Option*> training_flags;
   auto add = [&](CLI::Option* option) {
@@ -114,22 +228,25 @@ Command parse_command_line(int argc, const char* const* argv) {
   bool single_gpu = false, use_subset_norm_heuristics = false;
   std::vector<CLI::Option*> reference_flags = {
       add(app.add_option("--model_config", model_config, "GaLore's name for --config")),
-      add(app.add_option("--beta1", beta1, "AdamW-SN's name for --adam_beta1")),
-      add(app.add_option("--gradient_accumulation", run.data.gradient_accumulation_given,
-                         "micro-batches per optimizer step: --total_batch_size = batch_size * ranks * N")),
+      add(numbers.add(app, "--beta1", beta1, "AdamW-SN's name for --adam_beta1")),
+      add(numbers.add(app, "--gradient_accumulation", run.data.gradient_accumulation_given,
+                      "micro-batches per optimizer step: --total_batch_size = batch_size * ranks * N")),
       add(app.add_option_function<std::string>(
           "--max_train_tokens",
           [&max_train_tokens](const std::string& text) {
-            // GaLore's spelling: an integer with an optional M (10^6) or B (10^9) suffix.
-            const int64_t scale = text.empty() ? 1 : text.back() == 'M' ? 1'000'000 : text.back() == 'B' ? 1'000'000'000 : 1;
-            const std::string digits = scale == 1 ? text : text.substr(0, text.size() - 1);
-            const bool ok = !digits.empty() && digits.size() <= 12 &&
-                            std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
-            if (!ok || std::stoll(digits) == 0)
+            // GaLore's spelling: an integer with an optional M (10^6) or B (10^9) suffix; the product
+            // must fit the int64 count (10000000000B would wrap).
+            const char suffix = text.empty() ? '\0' : text.back();
+            const int64_t scale = suffix == 'M' ? 1'000'000 : suffix == 'B' ? 1'000'000'000 : 1;
+            const std::optional<int64_t> count =
+                whole_number<int64_t>(scale == 1 ? text : text.substr(0, text.size() - 1));
+            if (!count || *count < 1 || __builtin_mul_overflow(*count, scale, &max_train_tokens))
               fail_user(kCommandLine, "--max_train_tokens",
-                        "expected a number of tokens >= 1, digits with an optional M or B suffix, as 100M or "
-                        "1B (got \"" + text + "\")");
-            max_train_tokens = std::stoll(digits) * scale;
+                        "expected a number of tokens >= 1 and at most " +
+                            std::to_string(std::numeric_limits<int64_t>::max()) + " (" +
+                            std::to_string(std::numeric_limits<int64_t>::max() / 1'000'000'000) +
+                            "B), digits with an optional M (10^6) or B (10^9) suffix, as 100M or 1B (got \"" + text +
+                            "\")");
           },
           "tokens to train on (100M, 1B): sets --num_training_steps = ceil(tokens / (total_batch_size * "
           "max_length))")),
@@ -147,28 +264,28 @@ Command parse_command_line(int argc, const char* const* argv) {
           "comma-separated tags, recorded in metrics.jsonl (GaLore's wandb tags)")),
   };
   optimizer_flags.emplace_back(app.get_option("--use_subset_norm_heuristics"), "adamw_sn");
-  add(app.add_option("--lr", run.optimizer.lr, "peak learning rate")->capture_default_str());
-  add(app.add_option("--batch_size", run.data.batch_size, "micro-batch per rank, in sequences")
+  add(numbers.add(app, "--lr", run.optimizer.lr, "peak learning rate")->capture_default_str());
+  add(numbers.add(app, "--batch_size", run.data.batch_size, "micro-batch per rank, in sequences")
           ->capture_default_str());
-  add(app.add_option("--total_batch_size", run.data.total_batch_size,
-                     "sequences per optimizer step; 0 = batch_size * world size (no accumulation)")
+  add(numbers.add(app, "--total_batch_size", run.data.total_batch_size,
+                  "sequences per optimizer step; 0 = batch_size * world size (no accumulation)")
           ->capture_default_str());
-  add(app.add_option("--max_length", run.data.max_length, "tokens per sequence")->capture_default_str());
-  add(app.add_option("--num_training_steps", run.num_training_steps, "optimizer steps to run")
+  add(numbers.add(app, "--max_length", run.data.max_length, "tokens per sequence")->capture_default_str());
+  add(numbers.add(app, "--num_training_steps", run.num_training_steps, "optimizer steps to run")
           ->capture_default_str());
-  add(app.add_option("--divergence_patience", run.divergence_patience,
-                     "stop (exit 3) after this many steps with a zero gradient norm, or with the loss at or above "
-                     "ln(vocab) + 1 after warmup; 0: never")
+  add(numbers.add(app, "--divergence_patience", run.divergence_patience,
+                  "stop (exit 3) after this many steps with a zero gradient norm, or with the loss at or above "
+                  "ln(vocab) + 1 after warmup; 0: never")
           ->capture_default_str());
-  add(app.add_option("--collective_timeout", run.collective_timeout,
-                     "with several ranks: seconds a rank may make no progress (a collective that never "
-                     "completes, a stopped or hung peer) before it ends the job (exit 4) naming the rank that "
-                     "holds it up; 0: never")
+  add(numbers.add(app, "--collective_timeout", run.collective_timeout,
+                  "with several ranks: seconds a rank may make no progress (a collective that never "
+                  "completes, a stopped or hung peer) before it ends the job (exit 4) naming the rank that "
+                  "holds it up; 0: never")
           ->capture_default_str());
-  add(app.add_option("--preemption_grace_seconds", run.preemption_grace_seconds,
-                     "seconds the cluster allows between its preemption signal and the kill: a rank whose step "
-                     "and checkpoint have not finished by then ends itself (exit 128 + signal), saying so; 0: no "
-                     "limit")
+  add(numbers.add(app, "--preemption_grace_seconds", run.preemption_grace_seconds,
+                  "seconds the cluster allows between its preemption signal and the kill: a rank whose step "
+                  "and checkpoint have not finished by then ends itself (exit 128 + signal), saying so; 0: no "
+                  "limit")
           ->capture_default_str());
   add(app.add_flag("--skip_memory_check", run.skip_memory_check,
                    "start even when the start-up memory check (this run's estimate against the GPU's free memory "
@@ -181,13 +298,13 @@ Command parse_command_line(int argc, const char* const* argv) {
   CLI::Option* checkpointing_flag = add(app.add_flag(
       "--activation_checkpointing", activation_checkpointing,
       "recompute every transformer block's forward in backward, keeping only the block's input"));
-  CLI::Option* checkpoint_every_flag = add(app.add_option(
-      "--activation_checkpointing_every", checkpoint_every,
+  CLI::Option* checkpoint_every_flag = add(numbers.add(
+      app, "--activation_checkpointing_every", checkpoint_every,
       "recompute every K-th block only (blocks 0, K, 2K, ...): less memory saved, less recompute"));
   int64_t warmup_steps = 0;  // run.optimizer.warmup_steps stays unset unless the flag is given
   CLI::Option* warmup_flag = add(
-      app.add_option("--warmup_steps", warmup_steps,
-                     "linear warm-up steps of the schedule; default min(20, num_training_steps / 10)")
+      numbers.add(app, "--warmup_steps", warmup_steps,
+                  "linear warm-up steps of the schedule; default min(20, num_training_steps / 10)")
           ->default_str("min(20, num_training_steps / 10)"));
   EnumFlag<ShardingStrategy> sharding(
       {ShardingStrategy::full_shard, ShardingStrategy::shard_grad_op, ShardingStrategy::no_shard},
@@ -211,18 +328,18 @@ Command parse_command_line(int argc, const char* const* argv) {
   EnumFlag<Scheduler> scheduler({Scheduler::cosine, Scheduler::linear, Scheduler::constant},
                                 run.optimizer.scheduler);
   add(scheduler.add(app, "--scheduler", "learning-rate schedule after warm-up"));
-  add(app.add_option("--min_lr_ratio", run.optimizer.min_lr_ratio,
-                     "final lr of cosine / linear decay, as a fraction of --lr")
+  add(numbers.add(app, "--min_lr_ratio", run.optimizer.min_lr_ratio,
+                  "final lr of cosine / linear decay, as a fraction of --lr")
           ->capture_default_str());
-  add(app.add_option("--weight_decay", run.optimizer.weight_decay, "decoupled weight decay")
+  add(numbers.add(app, "--weight_decay", run.optimizer.weight_decay, "decoupled weight decay")
           ->capture_default_str());
-  add(app.add_option("--grad_clipping", run.optimizer.grad_clipping, "max global grad norm; 0 = off")
+  add(numbers.add(app, "--grad_clipping", run.optimizer.grad_clipping, "max global grad norm; 0 = off")
           ->capture_default_str());
-  add(app.add_option("--adam_beta1", run.optimizer.adam_beta1, "Adam beta1")->capture_default_str());
-  add(app.add_option("--adam_beta2", run.optimizer.adam_beta2, "Adam beta2")->capture_default_str());
-  add(app.add_option("--adam_eps", run.optimizer.adam_eps,
-                     "Adam epsilon; default 1e-8 for adamw, 1e-6 for adamw_sn and galore_adamw "
-                     "(their references)"));
+  add(numbers.add(app, "--adam_beta1", run.optimizer.adam_beta1, "Adam beta1")->capture_default_str());
+  add(numbers.add(app, "--adam_beta2", run.optimizer.adam_beta2, "Adam beta2")->capture_default_str());
+  add(numbers.add(app, "--adam_eps", run.optimizer.adam_eps,
+                  "Adam epsilon; default 1e-8 for adamw, 1e-6 for adamw_sn and galore_adamw "
+                  "(their references)"));
   EnumFlag<DType> dtype({DType::float32, DType::bfloat16}, run.precision.dtype);
   add(dtype.add(app, "--dtype", "compute dtype"));
   EnumFlag<Precision> precision({Precision::pure, Precision::mixed}, run.precision.mode);
@@ -241,17 +358,14 @@ Command parse_command_line(int argc, const char* const* argv) {
                  run.optimizer.subset_size = 0;
                  return;
                }
-               size_t used = 0;
-               int64_t value = 0;
-               try {
-                 value = std::stoll(text, &used);
-               } catch (const std::exception&) {
-                 used = 0;
-               }
-               if (used != text.size() || value == 0)
+               // -k is taken of a negative k (subset_size_for), so INT64_MIN is out.
+               const std::optional<int64_t> value = whole_number<int64_t>(text);
+               if (!value || *value == 0 || *value < -std::numeric_limits<int64_t>::max())
                  fail_user(kCommandLine, "--subset_size",
-                           "expected heuristics or a non-zero integer (got \"" + text + "\")");
-               run.optimizer.subset_size = value;
+                           "expected heuristics or a non-zero integer from -" +
+                               std::to_string(std::numeric_limits<int64_t>::max()) + " to " +
+                               std::to_string(std::numeric_limits<int64_t>::max()) + " (got \"" + text + "\")");
+               run.optimizer.subset_size = *value;
              },
              "adamw_sn: heuristics (one subset per row or column of a matrix) or k: contiguous "
              "subsets of the largest divisor of numel <= k (k > 0) or <= sqrt(numel)/|k| (k < 0)")
@@ -262,13 +376,13 @@ Command parse_command_line(int argc, const char* const* argv) {
           ->check(CLI::IsMember({"linear", "all"}))
           ->capture_default_str());
   for_optimizer("galore_adamw",
-      app.add_option("--rank", run.optimizer.galore_rank, "galore_adamw: projection rank")->capture_default_str());
+      numbers.add(app, "--rank", run.optimizer.galore_rank, "galore_adamw: projection rank")->capture_default_str());
   for_optimizer("galore_adamw",
-      app.add_option("--update_proj_gap", run.optimizer.update_proj_gap,
-                     "galore_adamw: steps between projector updates")
+      numbers.add(app, "--update_proj_gap", run.optimizer.update_proj_gap,
+                  "galore_adamw: steps between projector updates")
           ->capture_default_str());
   for_optimizer("galore_adamw",
-      app.add_option("--galore_scale", run.optimizer.galore_scale, "galore_adamw: scale of the projected update")
+      numbers.add(app, "--galore_scale", run.optimizer.galore_scale, "galore_adamw: scale of the projected update")
           ->capture_default_str());
   for_optimizer("galore_adamw",
       app.add_option("--proj_type", run.optimizer.proj_type, "galore_adamw: std, reverse_std, left or right")
@@ -284,29 +398,28 @@ Command parse_command_line(int argc, const char* const* argv) {
           ->check(CLI::IsMember({"svd", "subspace"}))
           ->capture_default_str());
   for_optimizer("galore_adamw",
-      app.add_option("--subspace_iterations", run.optimizer.subspace_iterations,
-                     "galore_adamw subspace: power iterations per refresh (3x at the first)")
+      numbers.add(app, "--subspace_iterations", run.optimizer.subspace_iterations,
+                  "galore_adamw subspace: power iterations per refresh (3x at the first)")
           ->capture_default_str());
-  add(app.add_option("--seed", run.seed, "seed for initialisation and data order")
-          ->check(kNotNegative)
+  add(numbers.add(app, "--seed", run.seed, "seed for initialisation and data order")
           ->capture_default_str());
   add(app.add_option("--data", run.data.source,
                      "\"synthetic\" or a token file made by `trainer prepare`")
           ->capture_default_str());
-  add(app.add_option("--eval_fraction", run.data.eval_fraction,
-                     "share of the token windows held out for evaluation")
+  add(numbers.add(app, "--eval_fraction", run.data.eval_fraction,
+                  "share of the token windows held out for evaluation")
           ->capture_default_str());
-  add(app.add_option("--eval_every", run.data.eval_every, "evaluate every N steps; 0 = only at the end")
+  add(numbers.add(app, "--eval_every", run.data.eval_every, "evaluate every N steps; 0 = only at the end")
           ->capture_default_str());
-  add(app.add_option("--eval_batches", run.data.eval_batches, "batches per evaluation")
+  add(numbers.add(app, "--eval_batches", run.data.eval_batches, "batches per evaluation")
           ->capture_default_str());
-  add(app.add_option("--save_every", run.checkpoint.save_every,
-                     "checkpoint every N steps; 0 = only at the end (with --save_dir)")
+  add(numbers.add(app, "--save_every", run.checkpoint.save_every,
+                  "checkpoint every N steps; 0 = only at the end (with --save_dir)")
           ->capture_default_str());
   add(app.add_option("--save_dir", run.checkpoint.save_dir, "checkpoint folder; empty = no checkpoints")
           ->capture_default_str());
-  add(app.add_option("--keep_last", run.checkpoint.keep_last,
-                     "after each save, keep this run's newest N step_<N> folders and remove older ones; 0 = all")
+  add(numbers.add(app, "--keep_last", run.checkpoint.keep_last,
+                  "after each save, keep this run's newest N step_<N> folders and remove older ones; 0 = all")
           ->capture_default_str());
   add(app.add_flag("--async_save", run.checkpoint.async_save,
                    "write each checkpoint on a background thread from a host copy of each rank's state while "
@@ -321,13 +434,19 @@ Command parse_command_line(int argc, const char* const* argv) {
   EnumFlag<DeviceChoice> device(
       {DeviceChoice::auto_select, DeviceChoice::cpu, DeviceChoice::cuda}, run.device);
   add(device.add(app, "--device", "auto = this rank's GPU when there is one, else the CPU"));
-  add(app.add_option("--log_every", run.logging.log_every, "log a line every N steps")
+  add(numbers.add(app, "--log_every", run.logging.log_every, "log a line every N steps")
           ->capture_default_str());
   add(app.add_flag("--print_config", run.logging.print_config,
                    "print the resolved model and run config as JSON and exit"));
   add(app.add_flag("--memory_snapshot", run.logging.memory_snapshot,
                    "CUDA only: record the allocator's history and write "
                    "RUN_DIR/memory_snapshot.rank<R>.pickle for pytorch.org/memory_viz"));
+  add(app.add_option("--on_write_error", run.logging.on_write_error,
+                     "a failed write of a run file (metrics.jsonl, memory ledger, memory_report.md; disk full, "
+                     "quota): stop (exit 2 naming the file, after a last checkpoint when --save_dir is elsewhere) "
+                     "or warn (once per file, and train on)")
+          ->check(CLI::IsMember({"stop", "warn"}))
+          ->capture_default_str());
 
   CLI::App* prepare_app = app.add_subcommand(
       "prepare", "Tokenise text files into a token file for --data (SentencePiece).");
@@ -338,9 +457,12 @@ Command parse_command_line(int argc, const char* const* argv) {
   prepare_app->add_option("--output", prepare.output, "token file to write")->required();
   CLI::Option* tokenizer = prepare_app->add_option(
       "--tokenizer", prepare.tokenizer, "existing SentencePiece model to encode with");
-  CLI::Option* vocab_size = prepare_app->add_option(
-      "--vocab_size", prepare.vocab_size,
-      "train a new SentencePiece model of this vocabulary size (saved as OUTPUT.model)");
+  CLI::Option* vocab_size = numbers.add(
+      *prepare_app, "--vocab_size", prepare.vocab_size,
+      "train a new SentencePiece model of this vocabulary size (saved as OUTPUT.model)",
+      NumberRange<int64_t>{kMinVocabSize, kMaxVocabSize,
+                           "an integer in [" + std::to_string(kMinVocabSize) + ", " + std::to_string(kMaxVocabSize) +
+                               "]: SentencePiece reserves 3 pieces (<unk>, <s>, </s>) and counts in int32"});
   prepare_app->add_option("--model_type", prepare.model_type,
                           "SentencePiece model type when training one")
       ->check(CLI::IsMember({"bpe", "unigram"}))
@@ -374,19 +496,29 @@ Command parse_command_line(int argc, const char* const* argv) {
       "--device's: cpu, or cuda (also for auto)");
   estimate_app->get_formatter()->column_width(34);
   estimate_app->fallthrough();  // the training flags (--config, --optimizer, ...) are the parent's
-  // Read wide and range-checked after parsing, so a bad value gets a sentence naming the accepted
-  // range rather than CLI11's "not in range 0.000000 to 1.797e308", and 10^11 ranks is "got
-  // 100000000000" rather than "Could not convert" (a value that is not a number still is that).
-  int64_t world_size = command.estimate.world_size, ranks_per_node = 0;
-  double memory_budget_gib = 0, node_memory_gib = 0;
-  estimate_app->add_option("--world_size", world_size, "ranks to estimate for")->capture_default_str();
-  CLI::Option* memory_budget_flag = estimate_app->add_option(
-      "--memory_budget_gib", memory_budget_gib, "memory per rank, GiB (e.g. 24): say whether each rank's peak fits");
-  CLI::Option* ranks_per_node_flag = estimate_app->add_option(
-      "--ranks_per_node", ranks_per_node,
-      "ranks sharing one node's host memory (consecutive ranks); default: all on one node");
-  CLI::Option* node_memory_flag = estimate_app->add_option(
-      "--node_memory_gib", node_memory_gib, "a node's RAM, GiB, for the host verdict; default: this machine's");
+  // Each range said in words, so a bad value gets a sentence rather than CLI11's "not in range
+  // 0.000000 to 1.797e308", and 10^11 ranks is "got 100000000000" rather than "Could not convert".
+  const std::string ranks_range = "an integer from 1 to " + std::to_string(kMaxEstimateRanks);
+  // GiB flags: a finite, positive size up to 1 PiB (far beyond it the byte count overflows).
+  const std::string gib_range = "a number of GiB above 0 and at most " +
+                                std::to_string(static_cast<int64_t>(kMaxEstimateGib)) + " (1 PiB)";
+  const double smallest_gib = std::numeric_limits<double>::denorm_min();
+  numbers.add(*estimate_app, "--world_size", command.estimate.world_size, "ranks to estimate for",
+              NumberRange<int>{1, kMaxEstimateRanks,
+                               ranks_range + ": the ranks to estimate for (the estimate simulates and lists each one)"})
+      ->capture_default_str();
+  numbers.add(*estimate_app, "--memory_budget_gib", command.estimate.memory_budget_gib,
+              "memory per rank, GiB (e.g. 24): say whether each rank's peak fits",
+              NumberRange<double>{smallest_gib, kMaxEstimateGib,
+                                  gib_range + ": one rank's device memory (leave it out for no verdict)"});
+  numbers.add(*estimate_app, "--ranks_per_node", command.estimate.ranks_per_node,
+              "ranks sharing one node's host memory (consecutive ranks); default: all on one node",
+              NumberRange<int>{1, kMaxEstimateRanks,
+                               ranks_range + ": the ranks on one node (leave it out for every rank on one node)"});
+  numbers.add(*estimate_app, "--node_memory_gib", command.estimate.node_memory_gib,
+              "a node's RAM, GiB, for the host verdict; default: this machine's",
+              NumberRange<double>{smallest_gib, kMaxEstimateGib,
+                                  gib_range + ": one node's RAM (leave it out for this machine's)"});
   estimate_app->add_flag("--json", command.estimate.json, "print the estimate (every phase of every rank) as JSON");
 
   CLI::App* export_app = app.add_subcommand(
@@ -411,6 +543,7 @@ Command parse_command_line(int argc, const char* const* argv) {
   export_app->add_flag("--overwrite", exported.overwrite,
                        "write into a non-empty --to, replacing an earlier export's files (others are left alone)");
 
+  numbers.check_every_number_is_ours(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -441,12 +574,6 @@ Command parse_command_line(int argc, const char* const* argv) {
   if (prepare_app->parsed()) {
     refuse_training_flags(
         "`trainer prepare` takes --input, --output, --tokenizer or --vocab_size, --model_type and --overwrite");
-    if (vocab_size->count() > 0 &&
-        (prepare.vocab_size < kMinVocabSize || prepare.vocab_size > kMaxVocabSize))
-      fail_user(kCommandLine, "--vocab_size",
-                "expected an integer in [" + std::to_string(kMinVocabSize) + ", " +
-                    std::to_string(kMaxVocabSize) + "]: SentencePiece reserves 3 pieces (<unk>, "
-                    "<s>, </s>) and counts in int32 (got " + std::to_string(prepare.vocab_size) + ")");
     if ((tokenizer->count() > 0) == (vocab_size->count() > 0))
       fail_user(kCommandLine, "--tokenizer / --vocab_size",
                 "`trainer prepare` needs exactly one of the two: --tokenizer MODEL to encode with "
@@ -470,43 +597,17 @@ Command parse_command_line(int argc, const char* const* argv) {
     refuse_training_flags(
         "`trainer export` takes --from, --to, --dtype, --max_shard_size, --tokenizer and --overwrite (the model "
         "comes from the checkpoint)");
-    exported.max_shard_size = parse_byte_size(max_shard_size);
+    try {
+      exported.max_shard_size = parse_byte_size(max_shard_size);  // 0: not a size, or outside [1, 2^64)
+    } catch (const std::exception&) {  // std::stod of "." (as in ".GB")
+      exported.max_shard_size = 0;
+    }
     if (exported.max_shard_size == 0)
       fail_user(kCommandLine, "--max_shard_size",
-                "expected a size above 0: 5GB, 500MB, 2GiB or a number of bytes (got \"" + max_shard_size + "\")");
+                "expected a size of at least 1 byte and below 1.8e19 bytes (16 EiB): 5GB, 500MB, 2GiB or a number "
+                "of bytes (got \"" + max_shard_size + "\")");
     command.kind = Command::Kind::export_model;
     return command;
-  }
-
-  if (estimate_app->parsed()) {
-    auto require = [](bool ok, const char* flag, const std::string& expected, const std::string& got) {
-      if (!ok) fail_user(kCommandLine, flag, "expected " + expected + " (got " + got + ")");
-    };
-    require(world_size >= 1 && world_size <= kMaxEstimateRanks, "--world_size",
-            "an integer from 1 to " + std::to_string(kMaxEstimateRanks) + ": the ranks to estimate for "
-            "(the estimate simulates and lists each one)", std::to_string(world_size));
-    command.estimate.world_size = static_cast<int>(world_size);
-    if (ranks_per_node_flag->count() > 0) {
-      require(ranks_per_node >= 1 && ranks_per_node <= kMaxEstimateRanks, "--ranks_per_node",
-              "an integer from 1 to " + std::to_string(kMaxEstimateRanks) + ": the ranks on one node "
-              "(leave it out for every rank on one node)", std::to_string(ranks_per_node));
-      command.estimate.ranks_per_node = static_cast<int>(ranks_per_node);
-    }
-    // GiB flags: a finite, positive size up to 1 PiB (far beyond it the byte count overflows).
-    const std::string gib_range = "a number of GiB above 0 and at most " +
-                                  std::to_string(static_cast<int64_t>(kMaxEstimateGib)) + " (1 PiB)";
-    if (memory_budget_flag->count() > 0) {
-      require(std::isfinite(memory_budget_gib) && memory_budget_gib > 0 && memory_budget_gib <= kMaxEstimateGib,
-              "--memory_budget_gib", gib_range + ": one rank's device memory (leave it out for no verdict)",
-              format_number(memory_budget_gib));
-      command.estimate.memory_budget_gib = memory_budget_gib;
-    }
-    if (node_memory_flag->count() > 0) {
-      require(std::isfinite(node_memory_gib) && node_memory_gib > 0 && node_memory_gib <= kMaxEstimateGib,
-              "--node_memory_gib", gib_range + ": one node's RAM (leave it out for this machine's)",
-              format_number(node_memory_gib));
-      command.estimate.node_memory_gib = node_memory_gib;
-    }
   }
 
   // GaLore's and AdamW-SN's spellings mean ours; where their defaults differ from ours, the command
@@ -590,6 +691,15 @@ Command parse_command_line(int argc, const char* const* argv) {
       fail_user(kCommandLine, "--activation_checkpointing_every",
                 "expected a number of blocks >= 1 (got " + std::to_string(checkpoint_every) +
                     "); leave it out for no activation checkpointing");
+    // Both given and disagreeing: refused rather than one silently winning.
+    if (activation_checkpointing && checkpoint_every != 1) {
+      const std::string k = std::to_string(checkpoint_every);
+      fail_user(kCommandLine, "--activation_checkpointing / --activation_checkpointing_every",
+                "give one: --activation_checkpointing recomputes every transformer block in backward (as "
+                "--activation_checkpointing_every 1); --activation_checkpointing_every " + k +
+                    " recomputes one block in " + k + " (blocks 0, " + k + ", 2 x " + k +
+                    ", ...), saving less memory for less recompute");
+    }
     run.activation_checkpointing_every = checkpoint_every;
   } else if (checkpointing_flag->count() > 0 && activation_checkpointing)
     run.activation_checkpointing_every = 1;

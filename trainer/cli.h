@@ -8,6 +8,11 @@
 // or cross-field rules. main() then loads the model config and calls validate_run_config, which
 // needs the model (max_length <= max_position_embeddings) and the world size.
 //
+// Every number is read whole by one strict reader (not CLI11's conversion): decimal digits only (010 is
+// ten, 0x10 and +5 are not numbers), no clamping or wrapping (99999999999999999999 for an int64 flag,
+// -1 for --seed, 10000000000B for --max_train_tokens are errors), finite (inf, nan and 1e999 are
+// errors). An error names the flag, the text as typed and the range.
+//
 // --help is not an error: parse_command_line returns Kind::help with the help text, and main prints
 // it and exits 0. Every syntax error is a UserError naming the flag.
 //
@@ -58,7 +63,8 @@ struct Command {
 };
 
 // Throws UserError ("command line: ..." naming the flag) on unknown flags, values that are not
-// numbers, choices outside their list, a missing --config for training, for `prepare` a missing
+// numbers or do not fit the flag's type, choices outside their list, --activation_checkpointing
+// with a different --activation_checkpointing_every, a missing --config for training, for `prepare` a missing
 // --input / --output, not exactly one of --tokenizer / --vocab_size or a --vocab_size outside
 // [4, 2^31-1], and for `estimate` a --world_size, --ranks_per_node, --memory_budget_gib or
 // --node_memory_gib outside its range (said in words).

@@ -9,12 +9,14 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <sstream>
 #include <type_traits>
 
 #include <nlohmann/json.hpp>
 
 #include "common/errors.h"
+#include "trainer/data/synthetic.h"
 #include "trainer/optimizer_setup.h"
 #include "trainer/watchdog.h"
 
@@ -129,6 +131,7 @@ json RunConfig::to_json() const {
       {"log_every", logging.log_every},
       {"print_config", logging.print_config},
       {"memory_snapshot", logging.memory_snapshot},
+      {"on_write_error", logging.on_write_error},
       {"name", logging.name},
       {"tags", logging.tags},
   };
@@ -137,13 +140,29 @@ json RunConfig::to_json() const {
 RunConfig run_config_from_json(const json& object, const std::string& source) {
   RunConfig run;
   if (!object.is_object()) fail_user(source, "run", "expected a JSON object of run settings (got " + describe_json_value(object) + ")");
+  // Numbers are read whole: nlohmann's get<int64_t>() would truncate 2.5 to 2 and wrap 2^64-1 to -1.
   auto read = [&](const char* key, auto& field) {
+    using Field = std::remove_reference_t<decltype(field)>;
     auto found = object.find(key);
     if (found == object.end() || found->is_null()) return;
+    const auto wrong = [&](const std::string& expected) {
+      fail_user(source, std::string("run.") + key, "expected " + expected + " (got " + describe_json_value(*found) + ")");
+    };
+    if constexpr (std::is_integral_v<Field> && !std::is_same_v<Field, bool>) {
+      if (!found->is_number_integer()) wrong("an integer");
+      const bool fits = found->is_number_unsigned()
+                            ? found->get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<Field>::max())
+                            : found->get<int64_t>() >= static_cast<int64_t>(std::numeric_limits<Field>::min());
+      if (!fits)
+        wrong("an integer from " + std::to_string(std::numeric_limits<Field>::min()) + " to " +
+              std::to_string(std::numeric_limits<Field>::max()));
+    } else if constexpr (std::is_floating_point_v<Field>) {
+      if (!found->is_number()) wrong("a number");
+    }
     try {
-      field = found->get<std::remove_reference_t<decltype(field)>>();
+      field = found->get<Field>();
     } catch (const json::exception&) {
-      fail_user(source, std::string("run.") + key, "has the wrong type (got " + describe_json_value(*found) + ")");
+      wrong(std::is_same_v<Field, bool> ? "true or false" : std::is_same_v<Field, std::string> ? "a string" : "a list of strings");
     }
   };
   // Enums are written by to_string(); read them back through the same spellings.
@@ -213,6 +232,9 @@ RunConfig run_config_from_json(const json& object, const std::string& source) {
   read("log_every", run.logging.log_every);
   read("print_config", run.logging.print_config);
   read("memory_snapshot", run.logging.memory_snapshot);
+  read("on_write_error", run.logging.on_write_error);
+  if (run.logging.on_write_error != "stop" && run.logging.on_write_error != "warn")
+    fail_user(source, "on_write_error", "expected \"stop\" or \"warn\" (got \"" + run.logging.on_write_error + "\")");
   read("name", run.logging.name);
   read("tags", run.logging.tags);
   return run;
@@ -231,6 +253,15 @@ void require_flag(bool ok, const char* flag, const std::string& expected, double
 }
 void require_flag(bool ok, const char* flag, const std::string& expected, int64_t got) {
   require_flag(ok, flag, expected, std::to_string(got));
+}
+
+constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+
+// a * b, or nullopt where the int64 product would wrap (both >= 0 here).
+std::optional<int64_t> product(int64_t a, int64_t b) {
+  int64_t result = 0;
+  if (__builtin_mul_overflow(a, b, &result)) return std::nullopt;
+  return result;
 }
 
 }  // namespace
@@ -258,6 +289,11 @@ void validate_run_config(RunConfig& run, const ModelConfig& model, int world_siz
                   (run.config_path.empty() ? model.name : run.config_path) + " (got " +
                   std::to_string(run.data.max_length) + ")");
   // Batching, as GaLore's torchrun_main: total = batch_size * world_size * gradient_accumulation.
+  // Every product of counts below is checked: an int64 that wraps would train on a nonsense count.
+  require_flag(product(run.data.batch_size, world_size).has_value(), "--batch_size",
+               "at most " + std::to_string(kInt64Max / world_size) + " sequences per rank with " +
+                   std::to_string(world_size) + " ranks (batch_size * world size is a 64-bit count)",
+               run.data.batch_size);
   const int64_t sequences_per_micro_step = run.data.batch_size * world_size;
   require_flag(run.data.total_batch_size >= 0, "--total_batch_size",
                "0 (= batch_size * world_size) or a positive multiple of batch_size * world_size",
@@ -266,6 +302,11 @@ void validate_run_config(RunConfig& run, const ModelConfig& model, int world_siz
     // GaLore's --gradient_accumulation: the total follows from it, or must agree with a given one.
     require_flag(run.data.gradient_accumulation_given >= 1, "--gradient_accumulation",
                  "an integer >= 1 (micro-batches per optimizer step)", run.data.gradient_accumulation_given);
+    require_flag(product(sequences_per_micro_step, run.data.gradient_accumulation_given).has_value(),
+                 "--gradient_accumulation",
+                 "at most " + std::to_string(kInt64Max / sequences_per_micro_step) + " with --batch_size * world size = " +
+                     std::to_string(sequences_per_micro_step) + " (the total batch is a 64-bit count of sequences)",
+                 run.data.gradient_accumulation_given);
     const int64_t implied_total = sequences_per_micro_step * run.data.gradient_accumulation_given;
     if (run.data.total_batch_size != 0 && run.data.total_batch_size != implied_total)
       fail_user(kCommandLine, "--gradient_accumulation / --total_batch_size",
@@ -282,21 +323,38 @@ void validate_run_config(RunConfig& run, const ModelConfig& model, int world_siz
               "expected a multiple of --batch_size * world size = " +
                   std::to_string(run.data.batch_size) + " * " + std::to_string(world_size) + " = " +
                   std::to_string(sequences_per_micro_step) + ", i.e. one of " +
-                  std::to_string(sequences_per_micro_step) + ", " +
-                  std::to_string(2 * sequences_per_micro_step) + ", " +
-                  std::to_string(3 * sequences_per_micro_step) +
-                  ", ... (or change --batch_size) (got " + std::to_string(run.data.total_batch_size) +
-                  ")");
+                  (sequences_per_micro_step <= kInt64Max / 3
+                       ? std::to_string(sequences_per_micro_step) + ", " + std::to_string(2 * sequences_per_micro_step) +
+                             ", " + std::to_string(3 * sequences_per_micro_step) + ", ..."
+                       : std::to_string(sequences_per_micro_step)) +
+                  " (or change --batch_size) (got " + std::to_string(run.data.total_batch_size) + ")");
   run.data.gradient_accumulation = run.data.total_batch_size / sequences_per_micro_step;
+  const std::optional<int64_t> tokens_per_step = product(run.data.total_batch_size, run.data.max_length);
+  if (!tokens_per_step)
+    fail_user(kCommandLine, "--total_batch_size / --max_length",
+              "a step of " + std::to_string(run.data.total_batch_size) + " sequences of " +
+                  std::to_string(run.data.max_length) + " tokens is more tokens than a 64-bit count holds (" +
+                  std::to_string(kInt64Max) + "): lower --batch_size, --total_batch_size or --gradient_accumulation");
   if (run.max_train_tokens != 0) {
     // GaLore's --max_train_tokens, in tokens: steps of total_batch_size * max_length tokens, rounded up.
     require_flag(run.max_train_tokens >= 1, "--max_train_tokens", "a number of tokens >= 1 (e.g. 100M, 1B)",
                  run.max_train_tokens);
-    const int64_t tokens_per_step = run.data.total_batch_size * run.data.max_length;
-    run.num_training_steps = (run.max_train_tokens + tokens_per_step - 1) / tokens_per_step;
+    run.num_training_steps = run.max_train_tokens / *tokens_per_step + (run.max_train_tokens % *tokens_per_step != 0);
   }
   require_flag(run.num_training_steps >= 1, "--num_training_steps", "an integer >= 1",
                run.num_training_steps);
+  // The run's token count (tokens_seen, the logs' tokens) is steps * tokens per step, in int64.
+  if (!product(run.num_training_steps, *tokens_per_step)) {
+    const int64_t most_steps = kInt64Max / *tokens_per_step;
+    const std::string step = " steps of " + std::to_string(*tokens_per_step) +
+                             " tokens (--total_batch_size * --max_length): the run's token count is a 64-bit integer";
+    if (run.max_train_tokens != 0)
+      fail_user(kCommandLine, "--max_train_tokens",
+                "expected at most " + std::to_string(most_steps * *tokens_per_step) + " tokens, " +
+                    std::to_string(most_steps) + step + " (got " + std::to_string(run.max_train_tokens) +
+                    ", which rounds up to one step more)");
+    require_flag(false, "--num_training_steps", "at most " + std::to_string(most_steps) + step, run.num_training_steps);
+  }
   require_flag(run.activation_checkpointing_every >= 0 && run.activation_checkpointing_every <= model.num_hidden_layers,
                "--activation_checkpointing_every",
                "a number of blocks in [1, num_hidden_layers = " + std::to_string(model.num_hidden_layers) +
@@ -349,6 +407,13 @@ void validate_run_config(RunConfig& run, const ModelConfig& model, int world_siz
   require_flag(run.data.eval_every >= 0, "--eval_every", "an integer >= 0 (0 = only at the end)",
                run.data.eval_every);
   require_flag(run.data.eval_batches >= 1, "--eval_batches", "an integer >= 1", run.data.eval_batches);
+  // An evaluation counts its tokens, eval_batches * batch_size * world size * max_length, in int64.
+  require_flag(product(run.data.eval_batches, sequences_per_micro_step * run.data.max_length).has_value(),
+               "--eval_batches",
+               "at most " + std::to_string(kInt64Max / (sequences_per_micro_step * run.data.max_length)) +
+                   " batches of " + std::to_string(sequences_per_micro_step * run.data.max_length) +
+                   " tokens (an evaluation's token count is a 64-bit integer)",
+               run.data.eval_batches);
   require_flag(run.checkpoint.save_every >= 0, "--save_every", "an integer >= 0 (0 = only at the end)",
                run.checkpoint.save_every);
   require_flag(run.checkpoint.keep_last >= 0, "--keep_last", "an integer >= 0 (0 = keep all)",
@@ -364,13 +429,17 @@ void validate_run_config(RunConfig& run, const ModelConfig& model, int world_siz
   require_flag(run.optimizer.subset_norm_params == "linear" || run.optimizer.subset_norm_params == "all",
                "--subset_norm_params", "linear or all", "\"" + run.optimizer.subset_norm_params + "\"");
   require_flag(run.optimizer.galore_rank >= 1, "--rank", "an integer >= 1 (GaLore's projection rank)", run.optimizer.galore_rank);
-  require_flag(run.optimizer.update_proj_gap >= 1, "--update_proj_gap",
-               "an integer >= 1 (steps between projector updates)", run.optimizer.update_proj_gap);
+  // The staggered schedule multiplies the gap by a parameter's index: int32 keeps that in range.
+  require_flag(run.optimizer.update_proj_gap >= 1 && run.optimizer.update_proj_gap <= std::numeric_limits<int32_t>::max(),
+               "--update_proj_gap", "an integer from 1 to 2147483647 (steps between projector updates)",
+               run.optimizer.update_proj_gap);
   require_flag(std::isfinite(run.optimizer.galore_scale) && run.optimizer.galore_scale > 0, "--galore_scale",
                "a finite number > 0", run.optimizer.galore_scale);
   require_flag(run.optimizer.galore_projector == "svd" || run.optimizer.galore_projector == "subspace", "--galore_projector",
                "svd or subspace", "\"" + run.optimizer.galore_projector + "\"");
-  require_flag(run.optimizer.subspace_iterations >= 1, "--subspace_iterations", "an integer >= 1",
+  require_flag(run.optimizer.subspace_iterations >= 1 && run.optimizer.subspace_iterations <= kInt64Max / 3,
+               "--subspace_iterations",
+               "an integer from 1 to " + std::to_string(kInt64Max / 3) + " (the first refresh runs 3 times as many)",
                run.optimizer.subspace_iterations);
   require_flag(run.optimizer.proj_type == "std" || run.optimizer.proj_type == "reverse_std" || run.optimizer.proj_type == "left" ||
                    run.optimizer.proj_type == "right",
@@ -430,6 +499,13 @@ void validate_run_config(RunConfig& run, const ModelConfig& model, int world_siz
     fail_user(kCommandLine, "--init_from",
               "expected a transformers save_pretrained folder (got \"" + run.checkpoint.init_from + "\", which " +
                   (fs::exists(run.checkpoint.init_from) ? "is not a folder" : "does not exist") + ")");
+  if (run.data.source == "synthetic" && model.vocab_size < SyntheticCorpusSpec{}.min_vocab_size())
+    fail_user(run.config_path.empty() ? model.name : run.config_path, "vocab_size",
+              "the synthetic corpus (--data synthetic, the default) needs a vocabulary of at least " +
+                  std::to_string(SyntheticCorpusSpec{}.min_vocab_size()) + " tokens, since each token has " +
+                  std::to_string(SyntheticCorpusSpec{}.branching) + " possible successors (got " +
+                  std::to_string(model.vocab_size) + "): raise vocab_size in the config, or train on a token file "
+                  "with --data FILE (made by `trainer prepare`)");
   if (run.data.source != "synthetic" && !fs::is_regular_file(run.data.source))
     fail_user(kCommandLine, "--data",
               "expected \"synthetic\" or an existing token file made by `trainer prepare` (got \"" +

@@ -109,6 +109,10 @@ struct LoggingConfig {
   // CUDA only: record the caching allocator's history and write RUN_DIR/memory_snapshot.rank<R>.pickle
   // (pytorch.org/memory_viz) after the first steps; a UserError on a CPU rank.
   bool memory_snapshot = false;
+  // --on_write_error: a failed write of a run file (metrics.jsonl, the ledger, memory_report.md) ends
+  // the run with exit 2 naming the file ("stop"), or is logged once per file and the run goes on
+  // ("warn"); common/output_files.h.
+  std::string on_write_error = "stop";
   // GaLore's wandb run name and tags (--name, --tags a,b): recorded in the run's settings only.
   std::string name;
   std::vector<std::string> tags;

@@ -8,9 +8,14 @@
 // number when preempted without --save_dir (143 for SIGTERM: the steps are lost), 1 anything else.
 // Under mpirun a failure on any rank aborts the whole job with the message, so no rank is left
 // waiting in a collective.
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
+#include <memory>
+#include <thread>
+#include <vector>
 
 #include <ATen/Parallel.h>
 
@@ -18,8 +23,10 @@
 
 #include "common/device.h"
 #include "common/errors.h"
+#include "common/folder_lock.h"
 #include "common/host_memory.h"
 #include "common/log.h"
+#include "common/output_files.h"
 #include "optim/host_threads.h"
 #include "sharding/communicator.h"
 #include "sharding/world.h"
@@ -35,11 +42,50 @@
 #include "trainer/memory/startup_check.h"
 #include "trainer/preemption.h"
 #include "trainer/train_loop.h"
+#include "trainer/watchdog.h"
 
 namespace {
 
+// One job per folder (common/folder_lock.h): rank 0 locks --run_dir and --save_dir for the job's
+// life, and every rank learns whether it could before any rank writes there; a second job on either
+// is exit 2 naming the folder and the holder.
+std::vector<std::unique_ptr<llm::FolderLock>> lock_run_folders(const llm::RunConfig& run, const llm::World& world) {
+  std::vector<std::unique_ptr<llm::FolderLock>> locks;
+  std::string refused;
+  if (world.rank == 0) try {
+      locks.push_back(std::make_unique<llm::FolderLock>(run.logging.run_dir, "--run_dir"));
+      const std::string& save_dir = run.checkpoint.save_dir;
+      std::error_code error;
+      if (!save_dir.empty()) {
+        llm::refuse_unless_absent_or(save_dir, llm::OutputKind::folder, "--save_dir");
+        error = llm::create_folders_durably(save_dir);  // one it cannot make: the checks below say so
+        // A folder it cannot write: check_checkpoints_at_start says so, as for a run without locks.
+        if (!error && llm::folder_write_problem(save_dir).empty() &&
+            !std::filesystem::equivalent(save_dir, run.logging.run_dir, error))
+          locks.push_back(std::make_unique<llm::FolderLock>(save_dir, "--save_dir"));
+      }
+    } catch (const llm::UserError&) {
+      if (world.world_size == 1) throw;
+      // Rank 0 reports its own message; the others learn it was refused, and wait a moment below so
+      // that its message comes first.
+      locks.clear();
+      llm::all_gather_text("refused");
+      throw;
+    }
+  if (world.world_size > 1) {
+    const std::vector<std::string> outcomes = llm::all_gather_text(refused);
+    if (!outcomes.front().empty()) {
+      std::this_thread::sleep_for(std::chrono::seconds(2));
+      throw llm::UserError("the run's folders are in use by another job: rank 0's message names the folder and its holder");
+    }
+  }
+  return locks;
+}
+
 int run_command(const llm::Command& command, const llm::World& world) {
   using Kind = llm::Command::Kind;
+  // Only training stops at a step boundary on a signal; every other command ends as a signal says.
+  if (command.kind != Kind::train || command.run.logging.print_config) llm::restore_default_signal_actions();
   if (world.rank == 0)
     for (const std::string& warning : command.warnings) llm::log::warn(warning);
   if (command.kind == Kind::help) {
@@ -74,9 +120,19 @@ int run_command(const llm::Command& command, const llm::World& world) {
     if (world.rank == 0) std::cout << llm::resolved_config_json(model, run).dump(2) << std::endl;
     return 0;
   }
+  llm::set_write_failure_policy(run.logging.on_write_error == "warn" ? llm::WriteFailurePolicy::warn
+                                                                       : llm::WriteFailurePolicy::stop);
   llm::create_run_dir(run.logging.run_dir);
+  const auto locks = lock_run_folders(run, world);
+  // From here to the end a rank that stops making progress ends the job, naming the phase
+  // (trainer/watchdog.h); a single process has no collective to wait in.
+  const bool watched = world.world_size > 1 && run.collective_timeout > 0;
+  llm::StallWatchdog watchdog(run.logging.run_dir, world.rank, world.world_size, watched ? run.collective_timeout : 0.0,
+                              // every rank's host: another node's heartbeats may be unreadable here
+                              watched ? llm::all_gather_text(world.host) : std::vector<std::string>());
   // Before the model is built: --continue_from resolves to an intact checkpoint of this model, and
   // --save_dir can be written and holds no other run's checkpoints.
+  watchdog.progress("start-up: checking --continue_from and --save_dir");
   const llm::CheckpointStart checkpoints = llm::check_checkpoints_at_start(run, model, world.rank == 0);
   if (!checkpoints.resume_folder.empty() && checkpoints.resume_step == run.num_training_steps) {
     // Exit 0: a requeued job that always passes --continue_from has nothing left to do, which is success.
@@ -87,6 +143,8 @@ int run_command(const llm::Command& command, const llm::World& world) {
   }
   llm::RuntimeContext context;
   context.resume_folder = checkpoints.resume_folder;
+  context.watchdog = &watchdog;
+  watchdog.progress("start-up: reading --init_from");
   // --init_from: the folder's config.json and tensors are checked here, before anything is built.
   const std::unique_ptr<llm::PretrainedFolder> init_from =
       llm::open_init_from(run.checkpoint.init_from, model, world.rank == 0);
@@ -107,18 +165,30 @@ int run_command(const llm::Command& command, const llm::World& world) {
   // Every allocation, context and handle of this rank on its own GPU, not on GPU 0 (common/device.h).
   llm::make_current_device(context.device);
   // Before anything large exists: a run that cannot fit stops here with the numbers (exit 2).
+  watchdog.progress("start-up: the memory check");
   if (!run.skip_memory_check)
     llm::check_memory_before_training(model, run, world.rank, world.world_size, world.local_size, context.device);
   llm::process_identity().device = context.device.str();
+  watchdog.progress("start-up: starting the communicator");
   std::unique_ptr<llm::Communicator> communicator = llm::make_communicator(world, context.device, over_mpi);
   context.communicator = communicator.get();
   // Host tensors never go to NCCL: a GPU rank has a host communicator beside it (train_loop.h).
   std::unique_ptr<llm::Communicator> host_communicator;
   if (!context.device.is_cpu()) host_communicator = llm::make_communicator(world, c10::Device(c10::kCPU));
   context.host_communicator = host_communicator ? host_communicator.get() : communicator.get();
-  llm::install_preemption_handlers();  // from here a signal stops the run at a step boundary
   llm::start_preemption_deadline(run.preemption_grace_seconds);
   const llm::TrainingOutcome outcome = llm::train(model, run, context);
+  if (outcome.preempted_before_first_step) {
+    const char* signal = llm::signal_name(outcome.preempted_by);
+    const bool saved_before = !run.checkpoint.save_dir.empty();
+    if (world.rank == 0)
+      llm::log::info("preempted by {} during start-up, before step {}: nothing was trained since {}, so nothing is lost; "
+                     "start the job again{}; exit status {}", signal, outcome.steps + 1,
+                     outcome.steps == 0 ? std::string("the start") : "step " + std::to_string(outcome.steps),
+                     outcome.steps > 0 ? " with the same --continue_from" : std::string(),
+                     saved_before ? 0 : 128 + outcome.preempted_by);
+    return saved_before ? 0 : 128 + outcome.preempted_by;
+  }
   if (outcome.preempted_by != 0) {
     const char* signal = llm::signal_name(outcome.preempted_by);
     if (outcome.preemption_checkpoint.empty()) {
@@ -140,11 +210,16 @@ int run_command(const llm::Command& command, const llm::World& world) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // First, before any tensor exists: the memory ledger counts LibTorch's CPU allocations from here,
+  // First of all: a scheduler's signal (or mpirun's SIGUSR1) that comes during start-up is recorded,
+  // and the run stops before its first step, instead of the signal's default action killing the rank
+  // with no word (trainer/preemption.h). Again after MPI starts, in case it set handlers of its own.
+  llm::install_preemption_handlers();
+  // Then, before any tensor exists: the memory ledger counts LibTorch's CPU allocations from here,
   // and freed host memory stays in the process for the next step's buffers.
   llm::keep_freed_host_memory();
   llm::install_host_memory_tracking();
   llm::World world = llm::start_world(&argc, &argv);
+  llm::install_preemption_handlers();
   llm::log::configure(world.rank, world.world_size);
   // Each rank takes its share of the node's cores for LibTorch's threads and the offloaded host step
   // (optim/host_threads.h), so ranks on one node do not each start a thread per core; an explicit

@@ -15,14 +15,12 @@ MetricsLog::MetricsLog(const std::string& jsonl_path, bool is_writer, bool singl
       interactive_(is_writer && single_process && ::isatty(STDOUT_FILENO) == 1) {
   if (!is_writer_) return;
   std::filesystem::create_directories(std::filesystem::path(jsonl_path).parent_path());
-  jsonl_.open(jsonl_path, std::ios::out | (append ? std::ios::app : std::ios::trunc));
-  LLM_REQUIRE(jsonl_.good(), jsonl_path, "", "cannot write the metrics file; check --run_dir");
+  jsonl_.open(jsonl_path, append);
 }
 
 void MetricsLog::write(const nlohmann::json& record) {
   if (!is_writer_) return;
-  jsonl_ << record.dump() << '\n';
-  jsonl_.flush();
+  jsonl_.write_line(record.dump());
 }
 
 void MetricsLog::log_line(const std::string& text) {

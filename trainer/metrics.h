@@ -25,6 +25,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/output_files.h"
+
 #include "common/step_timer.h"
 
 namespace llm {
@@ -67,7 +69,7 @@ class MetricsLog {
   bool is_writer_;
   bool interactive_;
   bool bar_drawn_ = false;
-  std::ofstream jsonl_;
+  RunFile jsonl_;  // every line checked (common/output_files.h)
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 

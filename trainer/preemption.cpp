@@ -52,15 +52,16 @@ extern "C" void record_preemption_signal(int signal) {
 }  // namespace
 
 void install_preemption_handlers() {
-  static const bool installed = [] {
-    struct sigaction action = {};
-    action.sa_handler = record_preemption_signal;
-    sigemptyset(&action.sa_mask);
-    action.sa_flags = SA_RESTART;  // a rank waiting in a collective or a write carries on
-    for (int signal : kPreemptionSignals) sigaction(signal, &action, nullptr);
-    return true;
-  }();
-  (void)installed;
+  struct sigaction action = {};
+  action.sa_handler = record_preemption_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;  // a rank waiting in a collective or a write carries on
+  for (int signal : kPreemptionSignals) sigaction(signal, &action, nullptr);
+}
+
+void restore_default_signal_actions() {
+  for (int signal : kPreemptionSignals) std::signal(signal, SIG_DFL);
+  if (const int received = received_signal.load(); received != 0) std::raise(received);
 }
 
 void start_preemption_deadline(double grace_seconds) {
@@ -90,21 +91,25 @@ void start_preemption_deadline(double grace_seconds) {
 
 int preemption_signal_received() { return received_signal.load(); }
 
-int preemption_agreed(Communicator& communicator, bool* written) {
+int preemption_agreed(Communicator& communicator, bool* written, bool* write_failed) {
   const int mine = preemption_signal_received();
   // One slot per signal, summed over ranks: which signals any rank has seen; then, with `written`,
-  // how many ranks have not written their files yet.
+  // how many ranks have not written their files yet; then, with `write_failed`, how many could not
+  // write a run file.
   const int64_t signals = static_cast<int64_t>(kPreemptionSignals.size());
-  at::Tensor seen = at::zeros({signals + (written ? 1 : 0)}, at::kLong);
+  const int64_t failed_slot = signals + (written ? 1 : 0);
+  at::Tensor seen = at::zeros({failed_slot + (write_failed ? 1 : 0)}, at::kLong);
   for (size_t i = 0; i < kPreemptionSignals.size(); ++i)
     if (mine == kPreemptionSignals[i]) seen[static_cast<int64_t>(i)] = 1;
   if (written) seen[signals] = *written ? 0 : 1;
+  if (write_failed) seen[failed_slot] = *write_failed ? 1 : 0;
   if (communicator.world_size() > 1) {
     seen = seen.to(communicator.device());
     communicator.all_reduce(seen, ReduceOp::sum);
     seen = seen.to(at::kCPU);
   }
   if (written) *written = seen[signals].item<int64_t>() == 0;
+  if (write_failed) *write_failed = seen[failed_slot].item<int64_t>() != 0;
   for (size_t i = 0; i < kPreemptionSignals.size(); ++i)
     if (seen[static_cast<int64_t>(i)].item<int64_t>() > 0) return kPreemptionSignals[i];
   return 0;

@@ -20,8 +20,12 @@ namespace llm {
 
 class Communicator;
 
-// Installs the handlers for SIGTERM, SIGINT and SIGUSR1 (once; later calls do nothing).
+// Installs the handlers for SIGTERM, SIGINT and SIGUSR1 (again on each call: after a library that may
+// have set its own, such as MPI).
 void install_preemption_handlers();
+// For a command that does not train (prepare, export, report, estimate, --print_config): the signals'
+// default actions back, and a signal recorded meanwhile acted on now.
+void restore_default_signal_actions();
 
 // Starts the thread that holds the grace period (once; 0 or less: none).
 void start_preemption_deadline(double grace_seconds);
@@ -33,8 +37,10 @@ int preemption_signal_received();
 // has received, 0 when none has; the same on every rank. When ranks received different ones, SIGINT
 // is named before SIGUSR1 before SIGTERM. With `written` (every rank passes it or none: an
 // asynchronous save in flight, trainer/checkpoint.h's BackgroundSave), the same all-reduce carries a
-// fourth counter: in, whether this rank's files are written; out, whether every rank's are.
-int preemption_agreed(Communicator& communicator, bool* written = nullptr);
+// fourth counter: in, whether this rank's files are written; out, whether every rank's are. With
+// `write_failed` (every rank passes it or none), one more: in, whether this rank could not write a run
+// file (common/output_files.h, a pending failure); out, whether any rank could not.
+int preemption_agreed(Communicator& communicator, bool* written = nullptr, bool* write_failed = nullptr);
 
 // "SIGTERM", "SIGINT", "SIGUSR1", else "a signal".
 const char* signal_name(int signal);

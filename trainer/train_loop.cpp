@@ -4,6 +4,7 @@
 #include <torch/cuda.h>
 
 #include <chrono>
+#include <thread>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -13,6 +14,7 @@
 #include "common/errors.h"
 #include "common/log.h"
 #include "common/memory_stats.h"
+#include "common/output_files.h"
 #include "common/step_timer.h"
 #include "offload/optimizer_offload.h"
 #include "sharding/sharded_model.h"
@@ -46,6 +48,7 @@ struct Corpus {
 };
 
 Corpus open_corpus(const RunConfig& run, const ModelConfig& model, const RuntimeContext& context) {
+  StallWatchdog::mark("start-up: opening the data");
   if (run.data.source != "synthetic") return {TokenFile::open(run.data.source, model.vocab_size)};
   SyntheticCorpusSpec spec;
   spec.vocab_size = model.vocab_size;
@@ -200,8 +203,10 @@ class Training {
   std::unique_ptr<ShardOptimizer> device_optimizer_;
   ShardOptimizer& optimizer() const { return offload_ ? offload_->optimizer() : *device_optimizer_; }
   TrainState state_;
-  // --collective_timeout: made at the first step, so start-up (building, resuming) is not watched.
-  std::unique_ptr<StallWatchdog> watchdog_;
+  // --collective_timeout: the one main() runs from start-up (context.watchdog), or one of our own
+  // from the first step when there is none (in-process tests).
+  StallWatchdog* watchdog_ = nullptr;
+  std::unique_ptr<StallWatchdog> own_watchdog_;
   at::Tensor save_copy_;  // --async_save: the host copy of this rank's checkpoint, kept from the first save
   std::unique_ptr<BackgroundSave> background_save_;  // --async_save: the save in flight, if any
   int64_t background_save_step_ = 0;
@@ -219,6 +224,10 @@ class Training {
   // What to change when a run stops for a NaN or divergence: the flags and their values now (not
   // --grad_clipping with the fused step, which refuses it).
   std::string what_to_change() const;
+  // A run file could not be written on some rank (--on_write_error stop; the ranks agreed at step
+  // `step`'s end): ends every rank with exit 2, the failing one naming the file. `saved`: the last
+  // checkpoint written for it ("" when none), `save_problem` why not.
+  [[noreturn]] void stop_for_write_failure(int64_t step, const std::string& saved, const std::string& save_problem);
   std::string non_finite_gradients() const;  // the units whose squared gradient norm is not finite
 };
 
@@ -304,6 +313,7 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
 // Each unit is initialised, moved to the device and sharded as soon as it is built, before the next
 // one is allocated: no rank ever holds the whole unsharded model (no_shard aside, by design).
 void Training::shard_when_built(const UnitSpec& unit, NamedTensors parameters) {
+  StallWatchdog::mark("start-up: building the model");
   int64_t unit_bytes = 0;
   {
     at::NoGradGuard no_grad;
@@ -419,7 +429,10 @@ StepResult Training::train_step(int64_t step) {
         message << "; the gradient is not finite in " << non_finite_gradients()
                 << " (--fuse_optimizer_with_backward updated the units in this backward; nothing of this step is saved). ";
       else
-        message << "; training stopped before the weights were corrupted. ";
+        message << "; training stopped before the weights were corrupted. "
+                << describe_weights_at_divergence(  // names a non-finite (or out-of-range) weight tensor
+                       sharded_, [this](size_t u) { return offload_ ? offload_->master(u) : sharded_.unit(u).master_shard(); },
+                       communicator_, step == start_step_ + 1);
       message << what_to_change();
       throw TrainingError(message.str());
     }
@@ -461,11 +474,27 @@ TrainingOutcome Training::run() {
   const int64_t tokens_per_step = run_.data.total_batch_size * run_.data.max_length;
   // One process has no collective to wait in: a long step there is only slow, not a stall.
   const bool watched = context_.world_size > 1 && run_.collective_timeout > 0;
-  watchdog_ = std::make_unique<StallWatchdog>(run_.logging.run_dir, context_.rank, context_.world_size,
-                                              watched ? run_.collective_timeout : 0.0,
-                                              // every rank's host: another node's heartbeats may be unreadable here
-                                              watched ? all_gather_text(process_identity().host)
-                                                      : std::vector<std::string>());
+  watchdog_ = context_.watchdog;
+  if (watchdog_ == nullptr) {
+    own_watchdog_ = std::make_unique<StallWatchdog>(run_.logging.run_dir, context_.rank, context_.world_size,
+                                                    watched ? run_.collective_timeout : 0.0,
+                                                    // every rank's host: another node's heartbeats may be unreadable here
+                                                    watched ? all_gather_text(process_identity().host)
+                                                            : std::vector<std::string>());
+    watchdog_ = own_watchdog_.get();
+  }
+  // A preemption signal during start-up (the handlers are in from main()'s first line): stop before
+  // the first step, which with its save might not fit in what is left of the grace period.
+  if (const int signal = preemption_agreed(host_communicator_); signal != 0) {
+    outcome.preempted_by = signal;
+    outcome.preempted_before_first_step = true;
+    metrics_.write({{"event", "preempted"}, {"step", start_step_}, {"signal", signal_name(signal)},
+                    {"checkpoint", nlohmann::json()}, {"before_first_step", true}});
+    return outcome;
+  }
+  // A run file that cannot be written stops every rank together at a step's end, after a last save
+  // (common/output_files.h); not one rank alone mid-step.
+  defer_write_failures(true);
   for (int64_t step = start_step_ + 1; step <= run_.num_training_steps; ++step) {
     current_step_ = step;
     watchdog_->progress(step, "step start");
@@ -501,18 +530,31 @@ TrainingOutcome Training::run() {
     // (the same all-reduce says so), or before the next save, a preemption or the end.
     watchdog_->progress(step, "step end");
     bool written = background_save_ == nullptr || background_save_->written();
-    if (!last) outcome.preempted_by = preemption_agreed(host_communicator_, background_save_ ? &written : nullptr);
+    bool write_failed = write_failure_pending();
+    if (!last)
+      outcome.preempted_by = preemption_agreed(host_communicator_, background_save_ ? &written : nullptr, &write_failed);
+    else
+      preemption_agreed(host_communicator_, nullptr, &write_failed);  // the run ends anyway: only the write failures
     const bool periodic_save = run_.checkpoint.save_every > 0 && step % run_.checkpoint.save_every == 0;
-    const bool save_now = !run_.checkpoint.save_dir.empty() && (periodic_save || last || outcome.preempted_by != 0);
+    const bool save_now =
+        !run_.checkpoint.save_dir.empty() && (periodic_save || last || outcome.preempted_by != 0 || write_failed);
     if (background_save_ && (written || save_now)) {  // save_now covers the last step and a preemption
       watchdog_->progress(step, "checkpoint");
       finish_background_save();
     }
     if (save_now) {
       watchdog_->progress(step, "checkpoint");
-      // The last step's save and a preemption's are waited for: nothing comes after them.
-      if (run_.checkpoint.async_save && !last && outcome.preempted_by == 0) {
+      // The last step's save, a preemption's and a write failure's are waited for: nothing comes after them.
+      if (run_.checkpoint.async_save && !last && outcome.preempted_by == 0 && !write_failed) {
         start_background_save(step);
+      } else if (write_failed) {
+        std::string folder, problem;
+        try {
+          folder = save(step);
+        } catch (const UserError& error) {  // the same disk, full as well: the message says both
+          problem = error.what();
+        }
+        stop_for_write_failure(step, folder, problem);
       } else {
         const std::string folder = save(step);
         if (outcome.preempted_by != 0) outcome.preemption_checkpoint = folder;
@@ -528,8 +570,10 @@ TrainingOutcome Training::run() {
           device_, (fs::path(run_.logging.run_dir) / ("memory_snapshot.rank" + std::to_string(context_.rank) + ".pickle")).string());
       stop_device_memory_history(device_);
     }
+    if (write_failed) stop_for_write_failure(step, "", "");  // no --save_dir
     if (outcome.preempted_by != 0) break;
   }
+  defer_write_failures(false);
   if (offload_) offload_->wait_all();  // the masters hold the last step before anything reads them
   watchdog_->progress(outcome.steps, "finish");
   finish_memory_ledger(outcome.steps - start_step_);
@@ -541,7 +585,8 @@ TrainingOutcome Training::run() {
   else
     metrics_.write({{"event", "end"}, {"steps", outcome.steps}, {"final_loss", outcome.final_loss},
                     {"final_eval_loss", outcome.final_eval_loss}, {"peak_memory_bytes", ledger_.step_line_peak_bytes()}});
-  watchdog_.reset();  // training ended: its heartbeat file goes
+  own_watchdog_.reset();  // training ended: its heartbeat file goes (main's goes when main ends)
+  watchdog_ = nullptr;
   return outcome;
 }
 
@@ -597,6 +642,23 @@ Training::Checkpoint Training::checkpoint_of(int64_t step) {
       run_.data.source == "synthetic" ? run_.data.source : fs::absolute(run_.data.source).string();
   checkpoint.folder = (fs::path(run_.checkpoint.save_dir) / ("step_" + std::to_string(step))).string();
   return checkpoint;
+}
+
+void Training::stop_for_write_failure(int64_t step, const std::string& saved, const std::string& save_problem) {
+  defer_write_failures(false);
+  const std::string& save_dir = run_.checkpoint.save_dir;
+  const std::string checkpoint =
+      !saved.empty()    ? "step " + std::to_string(step) + " is saved in " + saved + ": once the disk has room, resume "
+                                                                                   "with the same flags and --continue_from " + save_dir
+      : save_dir.empty() ? "nothing was saved (no --save_dir)"
+                         : "the last checkpoint could not be written either (" + save_problem + ")";
+  const std::string hint = " (--on_write_error warn trains on without the file)";
+  if (const std::unique_ptr<WriteError> mine = take_pending_write_failure())
+    throw UserError(std::string(mine->what()) + "; stopped after step " + std::to_string(step) + "; " + checkpoint + hint);
+  // The failing rank ends the job with its message, which names the file; a moment's wait lets it come first.
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  throw UserError("another rank could not write a run file (its message names it); stopped after step " +
+                  std::to_string(step) + "; " + checkpoint + hint);
 }
 
 std::string Training::save(int64_t step) {
@@ -665,6 +727,7 @@ void Training::finish_background_save() {
 // A checkpoint of any world size: each rank reads its own rows of every parameter and its part of
 // the optimizer state from the saved ranks' parts (CheckpointReader), and the run's position.
 void Training::resume(const std::string& folder) {
+  StallWatchdog::mark("start-up: reading the checkpoint");
   const CheckpointReader checkpoint(folder);
   const nlohmann::json& manifest = checkpoint.manifest();
   require_same_model(folder, manifest, model_config_);

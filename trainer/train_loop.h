@@ -19,6 +19,8 @@ namespace llm {
 class Communicator;
 class PretrainedFolder;
 
+class StallWatchdog;
+
 struct RuntimeContext {
   int rank = 0;
   int world_size = 1;
@@ -34,6 +36,9 @@ struct RuntimeContext {
   // --init_from opened and checked at start-up (trainer/interchange/pretrained.h): each unit's weights
   // are read from it as the unit is built, before it is sharded. nullptr: the seeded init.
   const PretrainedFolder* init_from = nullptr;
+  // The stall watchdog running since start-up (trainer/main.cpp); nullptr: train() runs its own from
+  // the first step (in-process tests).
+  StallWatchdog* watchdog = nullptr;
 };
 
 struct TrainingOutcome {
@@ -46,6 +51,9 @@ struct TrainingOutcome {
   // checkpoint holding that step ("" without --save_dir). 0: the run went to its end.
   int preempted_by = 0;
   std::string preemption_checkpoint;
+  // The signal came during start-up: the run stopped before its first step (nothing trained, nothing
+  // to save; `steps` is where it would have started).
+  bool preempted_before_first_step = false;
 };
 
 // Picks the device from --device: cuda:<local_rank % visible GPUs> when asked for (or auto and one

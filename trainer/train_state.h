@@ -21,7 +21,7 @@ struct TrainState {
 
   // {"step", "samples_consumed", "tokens_seen", "seed"}: what a checkpoint's manifest.json holds of them.
   nlohmann::json to_json() const;
-  // Throws UserError naming `source` and the key when a field is missing or not an integer.
+  // Throws UserError naming `source` and the key when a field is missing, not an integer, or negative.
   static TrainState from_json(const nlohmann::json& object, const std::string& source);
 };
 

@@ -2,7 +2,11 @@
 
 #include <unistd.h>
 
+#include <csignal>
+#include <cstdlib>
+
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
@@ -13,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/errors.h"
 #include "common/log.h"
 
 namespace llm {
@@ -70,7 +75,39 @@ std::string where(const Heartbeat& beat) {
   return text;
 }
 
+// The watchdog with a timeout that runs in this process, if any (mark, mark_alive).
+std::atomic<StallWatchdog*> running{nullptr};
+
 }  // namespace
+
+void StallWatchdog::mark(const char* phase) {
+  if (StallWatchdog* watchdog = running.load(std::memory_order_acquire))
+    watchdog->progress(phase);
+  else
+    stop_here_if_asked(process_identity().rank, phase);
+}
+
+void StallWatchdog::stop_here_if_asked(int rank, const char* phase) {
+  static const std::string asked = [] {
+    const char* text = std::getenv("LLM_DEBUG_STOP_AT");
+    return text == nullptr ? std::string() : std::string(text);
+  }();
+  if (asked.empty()) return;
+  const size_t colon = asked.find(':');
+  if (colon == std::string::npos || asked.substr(0, colon) != std::to_string(rank)) return;
+  if (std::string(phase).find(asked.substr(colon + 1)) == std::string::npos) return;
+  static std::atomic<bool> stopped_once{false};  // a phase marked per unit stops the first time only
+  if (stopped_once.exchange(true)) return;
+  log::info("LLM_DEBUG_STOP_AT: rank {} stops itself at \"{}\"", rank, phase);
+  std::fflush(nullptr);
+  // Long enough for the heartbeat thread to write the new phase, as it would before a real stop.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  std::raise(SIGSTOP);
+}
+
+void StallWatchdog::mark_alive() {
+  if (StallWatchdog* watchdog = running.load(std::memory_order_acquire)) watchdog->keep_alive();
+}
 
 StallWatchdog::StallWatchdog(std::string run_dir, int rank, int world_size, double timeout_seconds,
                              std::vector<std::string> hosts)
@@ -83,9 +120,12 @@ StallWatchdog::StallWatchdog(std::string run_dir, int rank, int world_size, doub
   if (timeout_seconds_ <= 0) return;
   write_heartbeat(0);  // at once: a rank stopped within the first interval still has a file to go stale
   thread_ = std::thread([this] { watch(); });
+  running.store(this, std::memory_order_release);
 }
 
 StallWatchdog::~StallWatchdog() {
+  StallWatchdog* self = this;
+  running.compare_exchange_strong(self, nullptr, std::memory_order_acq_rel);
   if (thread_.joinable()) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -118,18 +158,32 @@ void StallWatchdog::write_heartbeat(double idle_seconds) {
 
 void StallWatchdog::watch() {
   std::unique_lock<std::mutex> lock(mutex_);
+  int waiting_for = -1;  // the progressing rank this one said it waits for
   while (!stopping_) {
     wake_.wait_for(lock, std::chrono::duration<double>(kIntervalSeconds), [this] { return stopping_; });
     if (stopping_) break;
     const double idle = 1e-9 * static_cast<double>(now_ns() - last_progress_ns_.load(std::memory_order_acquire));
     write_heartbeat(idle);
-    if (idle < timeout_seconds_) continue;
+    if (idle < timeout_seconds_) {
+      waiting_for = -1;
+      continue;
+    }
     // Give the others one interval to write theirs, then diagnose and end this rank.
     wake_.wait_for(lock, std::chrono::duration<double>(kIntervalSeconds), [this] { return stopping_; });
     if (stopping_) break;
     // A live rank rewrites its heartbeat every interval; one older than this is not live. Longer
     // with longer timeouts, so that a loaded host's late writes are not taken for a stopped rank.
     const double stale_seconds = std::max(2.5 * kIntervalSeconds, std::min(30.0, timeout_seconds_ / 4));
+    // Another rank still progressing (writing or reading a checkpoint this rank waits for): no stall.
+    if (const int moving = progressing_rank(run_dir_, rank_, world_size_, stale_seconds, timeout_seconds_);
+        moving >= 0) {
+      if (moving != waiting_for)
+        log::info("no progress on this rank for {}, but rank {} is progressing ({}): waiting for it "
+                  "(--collective_timeout {} counts from the job's last progress)",
+                  seconds_text(idle), moving, where(read_heartbeat(run_dir_, moving)), timeout_seconds_);
+      waiting_for = moving;
+      continue;
+    }
     const std::string diagnosis = diagnose(run_dir_, rank_, world_size_, stale_seconds, hosts_);
     Heartbeat here;
     here.step = step_.load(std::memory_order_relaxed);
@@ -141,6 +195,17 @@ void StallWatchdog::watch() {
     std::fflush(nullptr);
     ::_exit(kStallExitStatus);
   }
+}
+
+int StallWatchdog::progressing_rank(const std::string& run_dir, int rank, int world_size, double stale_seconds,
+                                    double timeout_seconds) {
+  const double now = wall_seconds();
+  for (int r = 0; r < world_size; ++r) {
+    if (r == rank) continue;
+    const Heartbeat beat = read_heartbeat(run_dir, r);
+    if (beat.found && now - beat.written <= stale_seconds && beat.idle_seconds < timeout_seconds) return r;
+  }
+  return -1;
 }
 
 std::string StallWatchdog::diagnose(const std::string& run_dir, int rank, int world_size, double stale_seconds,

@@ -2,8 +2,17 @@
 // the job with a message naming the rank that holds it up, instead of every rank waiting forever in
 // a collective for a peer that was stopped, hung, or lost its host.
 //
-// Progress is what the training loop reports (progress()): every unit's forward and backward, the
-// optimizer, evaluation, a save; a few atomics, no lock, no I/O. A thread per rank wakes every second
+// It runs from start-up, not from the first step (trainer/main.cpp starts it once the run folder is
+// locked): a rank stopped while the model is built, a checkpoint or --init_from is read, or NCCL
+// starts, ends the job like one stopped mid-step, and the message names the start-up phase.
+//
+// Progress is what the trainer reports (progress(), or mark() from code that does not hold the
+// watchdog): every start-up phase and unit built, every tensor read from a checkpoint or --init_from,
+// every unit's forward and backward, the optimizer, evaluation, and every tensor a save writes (from
+// its writer thread too: keep_alive()); a few atomics, no lock, no I/O. The timeout applies to the
+// absence of progress in the whole job, not to the length of one phase: a rank idle for the timeout
+// first reads the heartbeats, and while another rank is still progressing (a slow save or read the
+// others wait for at the next collective) it waits on, saying once which rank it waits for. A thread per rank wakes every second
 // and writes RUN_DIR/heartbeat.rank<R>.json (rank, step, phase, unit, seconds since the last progress,
 // wall-clock time), by rename, so a reader never sees half a file. When its own rank has made no
 // progress for the timeout, it reads every rank's heartbeat and names the culprit:
@@ -58,9 +67,31 @@ class StallWatchdog {
     last_progress_ns_.store(now_ns(), std::memory_order_release);
   }
 
+  // Progress without moving where the rank is (its step, phase and unit): a background save's writer.
+  void keep_alive() { last_progress_ns_.store(now_ns(), std::memory_order_release); }
+  // The phase only, at the rank's current step (start-up, a save's steps).
+  void progress(const char* phase) {
+    progress(step_.load(std::memory_order_relaxed), phase);
+    stop_here_if_asked(rank_, phase);
+  }
+
+  // The process's running watchdog (the one with a timeout, made last), for code that does not hold
+  // it; these do nothing when none runs.
+  static void mark(const char* phase);
+  static void mark_alive();
+
+  // A debugging knob for the tests: with LLM_DEBUG_STOP_AT=R:TEXT in the environment, rank R stops
+  // itself (SIGSTOP, as a debugger or a frozen host would) on reaching a phase whose name holds TEXT,
+  // e.g. LLM_DEBUG_STOP_AT="1:building the model". Only phases given by name (progress(phase), mark).
+  static void stop_here_if_asked(int rank, const char* phase);
+
   // What the stalled rank concludes from the heartbeats in run_dir (exposed for tests).
   static std::string diagnose(const std::string& run_dir, int rank, int world_size, double stale_seconds,
                               const std::vector<std::string>& hosts = {});
+  // Another rank whose heartbeat is fresh and whose last progress is under timeout_seconds old: the job
+  // is moving and this rank waits for it. -1 when none (exposed for tests).
+  static int progressing_rank(const std::string& run_dir, int rank, int world_size, double stale_seconds,
+                              double timeout_seconds);
 
  private:
   static int64_t now_ns() {
@@ -75,7 +106,7 @@ class StallWatchdog {
   std::vector<std::string> hosts_;
   double timeout_seconds_;
   std::atomic<int64_t> step_{0};
-  std::atomic<const char*> phase_{"start"};
+  std::atomic<const char*> phase_{"start-up"};
   std::atomic<int> unit_{-1};
   std::atomic<int64_t> last_progress_ns_{0};
   std::mutex mutex_;

@@ -21,6 +21,7 @@
 #include <unordered_map>
 
 #include "common/errors.h"
+#include "common/output_files.h"
 #include "common/log.h"
 #include "trainer/data/token_file.h"
 
@@ -256,6 +257,9 @@ void check_outputs(const PrepareOptions& options) {
     const std::string what = output == options.output ? "" : " (the tokenizer trained for --output)";
     LLM_REQUIRE(!fs::is_directory(status), output, "--output",
                 "is a folder" + what + "; pass the path of the token file to write, e.g. data/train.tok");
+    // A device, fifo or socket: a write-then-rename would replace it with a regular file (even with
+    // --overwrite, which means "replace my earlier output", never "replace /dev/full").
+    refuse_unless_absent_or(output, OutputKind::file, "--output" + what);
     for (const std::string& input : options.inputs)
       LLM_REQUIRE(!same_file(output, input), output, "--output",
                   "is also an --input" + what + ": writing it would destroy the text it is made "

@@ -50,9 +50,14 @@ SyntheticCorpus generate_synthetic_corpus(const SyntheticCorpusSpec& spec) {
   LLM_REQUIRE(spec.num_tokens >= 0, source, "num_tokens",
               "is " + std::to_string(spec.num_tokens) + "; use a non-negative count");
   const int64_t active = std::min(spec.active_vocab, spec.vocab_size);
-  LLM_REQUIRE(spec.branching <= active, source, "branching",
-              std::to_string(spec.branching) + " successors per token need at least that many "
-              "active ids, but only " + std::to_string(active) + " are active; lower branching");
+  LLM_REQUIRE(spec.branching <= spec.active_vocab, source, "branching",
+              std::to_string(spec.branching) + " successors per token need at least that many active ids, but "
+              "active_vocab is " + std::to_string(spec.active_vocab) + "; lower branching");
+  LLM_REQUIRE(spec.branching <= active, source, "vocab_size",
+              "the synthetic corpus needs a vocabulary of at least " + std::to_string(spec.branching) +
+                  " tokens (" + std::to_string(spec.branching) + " successors per token, its branching), but only " +
+                  std::to_string(active) + " are active (vocab_size " + std::to_string(spec.vocab_size) +
+                  "): raise vocab_size in the model config, or train on a token file with --data FILE");
   const int64_t branching = spec.branching;
 
   std::mt19937_64 generator(spec.seed);

@@ -20,6 +20,10 @@ struct SyntheticCorpusSpec {
   int64_t branching = 4;        // successors per token
   int64_t num_tokens = 1 << 21;
   uint64_t seed = 0;
+
+  // The smallest model vocabulary the corpus can be built over: every token needs `branching`
+  // distinct successors (validate_run_config refuses a smaller vocab_size with --data synthetic).
+  int64_t min_vocab_size() const { return branching; }
 };
 
 struct SyntheticCorpus {

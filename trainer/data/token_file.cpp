@@ -1,4 +1,5 @@
-// Token files: validation on open, little-endian reads from the mapping, atomic writes.
+// Token files: validation on open (through a mapping, dropped afterwards), checked little-endian
+// reads of windows (pread), atomic writes.
 //
 // Everything a bad file can do wrong is caught here, once, before training starts: the sampler and
 // the model then trust every id they read.
@@ -16,8 +17,10 @@
 #include <cstring>
 #include <filesystem>
 #include <stdexcept>
+#include <vector>
 
 #include "common/errors.h"
+#include "common/output_files.h"
 
 static_assert(std::endian::native == std::endian::little,
               "token files are little endian and read in place; a big-endian host needs swaps");
@@ -99,11 +102,16 @@ std::shared_ptr<TokenFile> TokenFile::open(const std::string& path, int64_t mode
   void* mapping = ::mmap(nullptr, file_bytes, PROT_READ, MAP_SHARED, file.fd, 0);
   if (mapping == MAP_FAILED)
     fail_user(path, "token file", "cannot memory-map (" + errno_text() + ")");
-  // From here the object owns the mapping, so every throw below unmaps it.
+  // The mapping is for this one validating pass only; unmapped on every way out.
+  struct Mapping {
+    void* address;
+    size_t bytes;
+    ~Mapping() { ::munmap(address, bytes); }
+  } validating{mapping, file_bytes};
   std::shared_ptr<TokenFile> result(new TokenFile());
   result->path_ = path;
-  result->mapping_ = mapping;
-  result->mapping_bytes_ = file_bytes;
+  result->opened_bytes_ = file_bytes;
+  result->model_vocab_size_ = model_vocab_size;
   ::madvise(mapping, file_bytes, MADV_SEQUENTIAL);
 
   const auto* bytes = static_cast<const unsigned char*>(mapping);
@@ -143,36 +151,45 @@ std::shared_ptr<TokenFile> TokenFile::open(const std::string& path, int64_t mode
                   "; use a model config whose vocab_size is at least " +
                   std::to_string(header_vocab) + ", or re-tokenize with a matching tokenizer");
 
-  result->tokens_ = bytes + kTokenFileHeaderBytes;
+  const unsigned char* tokens = bytes + kTokenFileHeaderBytes;
   result->num_tokens_ = static_cast<int64_t>(num_tokens);
   result->vocab_size_ = static_cast<int64_t>(header_vocab);
   result->bytes_per_token_ = static_cast<int>(bytes_per_token);
 
   const int64_t bad_position =
-      bytes_per_token == 2
-          ? first_id_at_or_above<uint16_t>(result->tokens_, result->num_tokens_, model_vocab_size)
-          : first_id_at_or_above<uint32_t>(result->tokens_, result->num_tokens_, model_vocab_size);
+      bytes_per_token == 2 ? first_id_at_or_above<uint16_t>(tokens, result->num_tokens_, model_vocab_size)
+                           : first_id_at_or_above<uint32_t>(tokens, result->num_tokens_, model_vocab_size);
   if (bad_position >= 0)
     fail_user(path, "token " + std::to_string(bad_position),
-              "id " + std::to_string(result->token(bad_position)) + " is not below the model's "
+              "id " +
+                  std::to_string(bytes_per_token == 2
+                                     ? load_little_endian<uint16_t>(tokens + static_cast<size_t>(bad_position) * 2)
+                                     : load_little_endian<uint32_t>(tokens + static_cast<size_t>(bad_position) * 4)) +
+                  " is not below the model's "
               "vocab_size " + std::to_string(model_vocab_size) + " (first bad id of " +
                   std::to_string(num_tokens) + " tokens); the file is corrupt or was tokenized "
                   "for a bigger vocabulary: re-tokenize it or use a matching model config");
-  ::madvise(mapping, file_bytes, MADV_RANDOM);  // training reads windows in shuffled order
+  ::posix_fadvise(file.fd, 0, 0, POSIX_FADV_RANDOM);  // training reads windows in shuffled order
+  result->descriptor_ = file.fd;
+  file.fd = -1;  // the object's now
   return result;
 }
 
 TokenFile::~TokenFile() {
-  if (mapping_ != nullptr) ::munmap(mapping_, mapping_bytes_);
+  if (descriptor_ >= 0) ::close(descriptor_);
+}
+
+void TokenFile::fail_changed(const std::string& what) const {
+  fail_user("--data", path_,
+            "the file changed while this run reads it: " + what +
+                ". Training cannot go on with it: restore the file (or write a new one under another name and "
+                "rename it over this one, which a run never sees), then resume from the newest checkpoint");
 }
 
 int64_t TokenFile::token(int64_t index) const {
-  if (index < 0 || index >= num_tokens_)
-    throw std::out_of_range(path_ + ": token index " + std::to_string(index) + " outside [0, " +
-                            std::to_string(num_tokens_) + ")");
-  if (bytes_per_token_ == 2)
-    return load_little_endian<uint16_t>(tokens_ + static_cast<size_t>(index) * 2);
-  return load_little_endian<uint32_t>(tokens_ + static_cast<size_t>(index) * 4);
+  int64_t id = 0;
+  read(index, std::span<int64_t>(&id, 1));
+  return id;
 }
 
 void TokenFile::read(int64_t start, std::span<int64_t> out) const {
@@ -181,12 +198,32 @@ void TokenFile::read(int64_t start, std::span<int64_t> out) const {
     throw std::out_of_range(path_ + ": tokens [" + std::to_string(start) + ", " +
                             std::to_string(start + count) + ") outside [0, " +
                             std::to_string(num_tokens_) + ")");
-  if (bytes_per_token_ == 2) {
-    const auto* ids = reinterpret_cast<const uint16_t*>(tokens_) + start;
-    for (int64_t i = 0; i < count; ++i) out[i] = ids[i];
-  } else {
-    const auto* ids = reinterpret_cast<const uint32_t*>(tokens_) + start;
-    for (int64_t i = 0; i < count; ++i) out[i] = ids[i];
+  struct stat info {};
+  if (::fstat(descriptor_, &info) == 0 && static_cast<size_t>(info.st_size) != opened_bytes_)
+    fail_changed("it had " + std::to_string(opened_bytes_) + " bytes when the run opened it and has " +
+                 std::to_string(info.st_size) + " now (" +
+                 (static_cast<size_t>(info.st_size) < opened_bytes_ ? "truncated" : "grown") + ")");
+  const size_t width = static_cast<size_t>(bytes_per_token_);
+  thread_local std::vector<unsigned char> bytes;
+  bytes.resize(static_cast<size_t>(count) * width);
+  const off_t offset = static_cast<off_t>(kTokenFileHeaderBytes + static_cast<size_t>(start) * width);
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::pread(descriptor_, bytes.data() + done, bytes.size() - done, offset + static_cast<off_t>(done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail_user("--data", path_, "cannot read (" + errno_text() + ")");
+    if (n == 0)
+      fail_changed("it ends before token " + std::to_string(start + static_cast<int64_t>(done / width)) + " of " +
+                   std::to_string(num_tokens_) + " (truncated)");
+    done += static_cast<size_t>(n);
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    const unsigned char* at = bytes.data() + static_cast<size_t>(i) * width;
+    out[i] = width == 2 ? load_little_endian<uint16_t>(at) : load_little_endian<uint32_t>(at);
+    if (out[i] >= model_vocab_size_)
+      fail_changed("token " + std::to_string(start + i) + " is now id " + std::to_string(out[i]) +
+                   ", not below the model's vocab_size " + std::to_string(model_vocab_size_) +
+                   " (every id was when the run opened it)");
   }
 }
 
@@ -195,6 +232,7 @@ TokenFileWriter::TokenFileWriter(const std::string& path, int64_t vocab_size)
   LLM_REQUIRE(vocab_size > 0 && vocab_size <= (int64_t{1} << 32), path, "vocab",
               "vocab_size " + std::to_string(vocab_size) + " must be in [1, 2^32]");
   bytes_per_token_ = vocab_size <= 65536 ? 2 : 4;
+  refuse_unless_absent_or(path_, OutputKind::file, "token file");  // the rename below would replace it
   file_ = std::fopen(temporary_path_.c_str(), "wb");
   if (file_ == nullptr)
     fail_user(temporary_path_, "write",

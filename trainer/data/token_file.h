@@ -1,9 +1,16 @@
-// Pre-tokenized token files: a 64-byte header and then the ids, memory-mapped read-only.
+// Pre-tokenized token files: a 64-byte header and then the ids.
 //
 // Header (little endian): bytes 0-7 magic "LLMTOKv1", u32 version (1), u32 bytes per token (2 or 4),
 // u64 number of tokens, u64 vocabulary size, then zero padding to 64 bytes. The file size must be
 // exactly 64 + tokens * bytes per token. Every id is checked below the vocab size on open (one pass,
 // fast, so a bad file fails before training starts, not hours in).
+//
+// The file may change under a run (a copy over it, a truncation): training reads each window with
+// pread(2) from the descriptor opened at start, not from a memory mapping, so a truncated file is a
+// short read and an error, not a SIGBUS; each read checks the file's size against the size it was
+// opened with and each id against the model's vocabulary, and a change is a UserError naming --data,
+// the file and what changed (exit 2). A file replaced by rename is not a change: the descriptor still
+// reads the file that was opened.
 #pragma once
 
 #include <cstdint>
@@ -39,10 +46,12 @@ class TokenFile {
 
  private:
   TokenFile() = default;
+  // The file changed since it was opened: a UserError naming --data, the file and what changed.
+  [[noreturn]] void fail_changed(const std::string& what) const;
   std::string path_;
-  void* mapping_ = nullptr;
-  size_t mapping_bytes_ = 0;
-  const unsigned char* tokens_ = nullptr;
+  int descriptor_ = -1;          // kept open for the run's reads
+  size_t opened_bytes_ = 0;      // the file's size when opened and checked
+  int64_t model_vocab_size_ = 0;
   int64_t num_tokens_ = 0;
   int64_t vocab_size_ = 0;
   int bytes_per_token_ = 0;

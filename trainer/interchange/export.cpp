@@ -7,10 +7,8 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -20,6 +18,7 @@
 
 #include "common/errors.h"
 #include "common/log.h"
+#include "common/output_files.h"
 #include "trainer/checkpoint.h"
 #include "trainer/interchange/hf_config.h"
 #include "trainer/interchange/safetensors.h"
@@ -40,32 +39,13 @@ bool is_export_file(const std::string& name) {
          name == "generation_config.json" || name == "tokenizer.model";
 }
 
-// A small file through NAME.tmp and a rename, every write checked.
-void write_file(const fs::path& path, const std::string& bytes) {
-  const fs::path temporary = path.string() + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    if (out.good()) out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    out.close();
-    if (out.fail()) {
-      const std::string reason = std::strerror(errno);
-      std::error_code ignored;
-      fs::remove(temporary, ignored);
-      fail_user(path.string(), "", "could not be written (" + reason + "): disk full, over quota or not writable?");
-    }
-  }
-  std::error_code error;
-  fs::rename(temporary, path, error);
-  LLM_REQUIRE(!error, path.string(), "", "cannot rename " + temporary.string() + " to it (" + error.message() + ")");
-}
-
 // --to: created when missing; an existing file, or a folder with files in it, is refused (unless
 // --overwrite). Checked before the checkpoint is read; nothing is changed until it has been.
 void check_destination(const ExportOptions& options) {
   const fs::path to(options.to);
   std::error_code error;
-  if (fs::exists(to, error) && !fs::is_directory(to, error))
-    fail_user(kCommandLine, "--to", "\"" + options.to + "\" is a file; pass a folder (created when missing)");
+  // A file, a device (/dev/null), a fifo: never replaced, --overwrite or not.
+  refuse_unless_absent_or(to, OutputKind::folder, "--to");
   if (!fs::is_directory(to, error) || options.overwrite) return;
   std::vector<fs::path> entries;
   for (const auto& entry : fs::directory_iterator(to, error)) entries.push_back(entry.path());
@@ -85,6 +65,9 @@ void prepare_destination(const ExportOptions& options) {
     std::vector<fs::path> stale;
     for (const auto& entry : fs::directory_iterator(to, error))
       if (is_export_file(entry.path().filename().string())) stale.push_back(entry.path());
+    // Only files an export wrote are removed: a folder or a link under such a name is the user's.
+    for (const fs::path& path : stale)
+      refuse_unless_absent_or(path, OutputKind::file, "--to --overwrite: " + path.filename().string());
     for (const fs::path& path : stale)
       if (!fs::remove(path, error) && error)
         fail_user(kCommandLine, "--to", "cannot remove the earlier export's " + path.string() + " (" + error.message() + ")");
@@ -143,7 +126,7 @@ uint64_t copy_tokenizer(const std::string& source, int64_t vocab_size, const fs:
                   std::to_string(vocab_size) + ": it is not the tokenizer this model was trained with");
   std::ifstream in(source, std::ios::binary);
   const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  write_file(destination, bytes);
+  write_file_atomically(destination, bytes);
   return bytes.size();
 }
 
@@ -239,13 +222,13 @@ uint64_t export_checkpoint(const ExportOptions& options) {
   if (files.size() > 1) {
     const nlohmann::json index = {{"metadata", {{"total_size", total_tensor_bytes}}}, {"weight_map", weight_map}};
     const std::string text = index.dump(2) + "\n";
-    write_file(to / "model.safetensors.index.json", text);
+    write_file_atomically(to / "model.safetensors.index.json", text);
     written += text.size();
   }
   for (const auto& [file_name, json] : {std::pair{"generation_config.json", hf_generation_config_json(model)},
                                         std::pair{"config.json", hf_config_json(model, options.dtype)}}) {
     const std::string text = json.dump(2) + "\n";
-    write_file(to / file_name, text);
+    write_file_atomically(to / file_name, text);
     written += text.size();
   }
   std::string why_not;

@@ -13,8 +13,10 @@
 // is written as NAME.tmp and renamed when complete.
 //
 // Refused, exit 2 before anything is written: a missing or damaged checkpoint (the loader's message),
-// a --to that is a file, or a folder that is not empty (unless --overwrite, which replaces the files
-// an export writes and leaves any other file alone), a --max_shard_size that is not a size.
+// a --to that exists and is not a folder (a file, a device such as /dev/null: never replaced, even
+// with --overwrite), or a folder that is not empty (unless --overwrite, which replaces the files an
+// export writes and leaves any other file alone), a --max_shard_size that is not a size. A write that
+// fails (disk full, quota) is exit 2 naming the file (WriteError).
 #pragma once
 
 #include <cstdint>

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <sstream>
 #include <stdexcept>
 
 #include <nlohmann/json.hpp>
@@ -37,6 +38,24 @@ nlohmann::json read_json(const fs::path& path, const std::string& what) {
 bool is_rotary_buffer(const std::string& name) {
   const std::string suffix = "rotary_emb.inv_freq";
   return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// A NaN or inf weight would only show as a non-finite loss at the first step, with advice about the
+// learning rate: it is named here, as it is read (the file, the tensor, the first bad row and value).
+// `values`: rows [first_row, first_row + values.size(0)) of the tensor, in the file's dtype.
+void require_finite(const at::Tensor& values, const std::string& file, const std::string& name, int64_t first_row) {
+  const at::Tensor bad = values.isfinite().logical_not();
+  if (!bad.any().item<bool>()) return;
+  const int64_t count = bad.sum().item<int64_t>();
+  const at::Tensor flat_index = bad.reshape({-1}).nonzero().select(0, 0).select(0, 0);
+  const int64_t first = flat_index.item<int64_t>();
+  const int64_t row_elements = values.dim() > 1 ? values.numel() / values.size(0) : 1;
+  const double value = values.reshape({-1})[first].item<double>();
+  std::ostringstream what;
+  what << "holds " << count << " non-finite value(s) (NaN or inf), the first " << value << " in row "
+       << first_row + first / row_elements << ": the weights are damaged, or were saved "
+       << "from a run that had diverged. Pass --init_from a folder of finite weights (export an earlier checkpoint)";
+  fail_user(file, name, what.str());
 }
 
 }  // namespace
@@ -144,6 +163,7 @@ int64_t PretrainedFolder::load_rows(const UnitSpec& unit, const NamedTensors& pa
     if (rows.rows_held == 0) continue;  // padding only on this rank
     // One byte range at a time: the rows, then in the parameter's dtype on its device.
     const at::Tensor values = found->second->read_rows(name, rows.first_row, rows.rows_held);
+    require_finite(values, found->second->path(), name, rows.first_row);
     parameter.narrow(0, rows.first_row, rows.rows_held).copy_(values);
     bytes += static_cast<int64_t>(values.nbytes());
   }

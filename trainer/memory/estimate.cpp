@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <sstream>
+#include <stdexcept>
+#include <tuple>
 
 #include <ATen/Parallel.h>
 
@@ -26,6 +29,31 @@ constexpr int kParameters = 0, kGradients = 1, kOptimizerDevice = 2, kOptimizerH
 
 enum class Mode { fp32, mixed, pure };
 
+// One step of the timeline as recorded for extrapolation (see extrapolate_layers below): consecutive
+// adds of non-negative bytes are one add (the window's peak after them is the total after the last),
+// consecutive removes one remove, consecutive spikes one spike of the largest.
+struct TimelineOp {
+  enum class Kind { add, remove, spike, point, open_window } kind = Kind::add;
+  MemoryCategories bytes;  // add, remove
+  int64_t spike = 0;       // spike
+  std::string label;       // point
+  bool merges = true;      // an add of negative bytes is kept apart
+
+  static TimelineOp of(Kind kind, int64_t spike = 0, const std::string& label = "") {
+    TimelineOp op;
+    op.kind = kind;
+    op.spike = spike;
+    op.label = label;
+    return op;
+  }
+  // Equal but for the label.
+  bool same_bytes(const TimelineOp& other) const {
+    for (int c = 0; c < MemoryCategories::kCount; ++c)
+      if (bytes.at(c) != other.bytes.at(c)) return false;
+    return kind == other.kind && spike == other.spike && merges == other.merges;
+  }
+};
+
 // The step as the trainer runs it, one tensor lifetime at a time, with the ledger's points.
 // `add`/`remove` move a category's live bytes; `spike` is a transient on top of what is live (it
 // raises the window's peak only); `point` closes a window as MemoryLedger::point does.
@@ -34,32 +62,82 @@ class Timeline {
   // host_apart: the device is a GPU, so host memory (offloaded optimizer state) is counted in its
   // category but not in the device's total, as MemoryLedger::point does.
   explicit Timeline(bool host_apart = false) : host_apart_(host_apart) {}
+  // Every later operation is also appended to `tape` (merged as TimelineOp says).
+  void record_to(std::vector<TimelineOp>* tape) { tape_ = tape; }
   void add(int category, int64_t bytes) {
+    if (tape_ != nullptr) record_bytes(TimelineOp::Kind::add, category, bytes);
     live_.at(category) += bytes;
     if (host_apart_ && category == kOptimizerHost) return;
     total_ += bytes;
     window_peak_ = std::max(window_peak_, total_);
   }
   void remove(int category, int64_t bytes) {
+    if (tape_ != nullptr) record_bytes(TimelineOp::Kind::remove, category, bytes);
     live_.at(category) -= bytes;
     if (host_apart_ && category == kOptimizerHost) return;
     total_ -= bytes;
   }
-  void spike(int64_t bytes) { window_peak_ = std::max(window_peak_, total_ + bytes); }
+  void spike(int64_t bytes) {
+    if (tape_ != nullptr) {
+      if (tape_->empty() || tape_->back().kind != TimelineOp::Kind::spike) tape_->push_back(TimelineOp::of(TimelineOp::Kind::spike, bytes));
+      tape_->back().spike = std::max(tape_->back().spike, bytes);
+    }
+    window_peak_ = std::max(window_peak_, total_ + bytes);
+  }
   void point(const std::string& label) {
+    if (tape_ != nullptr) tape_->push_back(TimelineOp::of(TimelineOp::Kind::point, 0, label));
     phases_.push_back({label, window_peak_, live_});
     window_peak_ = total_;
   }
-  void open_window() { window_peak_ = total_; }
+  void open_window() {
+    if (tape_ != nullptr) tape_->push_back(TimelineOp::of(TimelineOp::Kind::open_window));
+    window_peak_ = total_;
+  }
+  // A recorded operation again; a point under `label`.
+  void replay(const TimelineOp& op, const std::string& label) {
+    switch (op.kind) {
+      case TimelineOp::Kind::add:
+        for (int c = 0; c < MemoryCategories::kCount; ++c) move(c, op.bytes.at(c));
+        window_peak_ = std::max(window_peak_, total_);
+        break;
+      case TimelineOp::Kind::remove:
+        for (int c = 0; c < MemoryCategories::kCount; ++c) move(c, -op.bytes.at(c));
+        break;
+      case TimelineOp::Kind::spike: spike(op.spike); break;
+      case TimelineOp::Kind::point: point(label); break;
+      case TimelineOp::Kind::open_window: open_window(); break;
+    }
+  }
+  // Right after a point: `times` more of a stretch that moved the live bytes by `delta`, without
+  // listing its points (a stretch that opens after a point and closes with one only translates).
+  void skip(const MemoryCategories& delta, int64_t times) {
+    for (int c = 0; c < MemoryCategories::kCount; ++c) move(c, delta.at(c) * times);
+    window_peak_ = total_;
+  }
   int64_t total() const { return total_; }
+  const MemoryCategories& live() const { return live_; }
   const std::vector<PhaseEstimate>& phases() const { return phases_; }
 
  private:
+  void move(int category, int64_t bytes) {
+    live_.at(category) += bytes;
+    if (!(host_apart_ && category == kOptimizerHost)) total_ += bytes;
+  }
+  void record_bytes(TimelineOp::Kind kind, int category, int64_t bytes) {
+    const bool merges = kind == TimelineOp::Kind::remove || bytes >= 0;
+    if (tape_->empty() || tape_->back().kind != kind || !tape_->back().merges || !merges) {
+      tape_->push_back(TimelineOp::of(kind));
+      tape_->back().merges = merges;
+    }
+    tape_->back().bytes.at(category) += bytes;
+  }
+
   bool host_apart_;
   MemoryCategories live_;
   int64_t total_ = 0;
   int64_t window_peak_ = 0;
   std::vector<PhaseEstimate> phases_;
+  std::vector<TimelineOp>* tape_ = nullptr;
 };
 
 int64_t product(const std::vector<int64_t>& shape) {
@@ -170,6 +248,14 @@ struct UnitGeometry {
   int64_t gathered_numel = 0;    // world x S_u: the all-gather / reduce-scatter buffer
 };
 
+// What a rank's simulation gives beside its timeline.
+struct RankTotals {
+  int64_t offload_host = 0, offload_pinned = 0;  // --offload optimizer's host memory
+  bool async_save = false;                         // this rank keeps --async_save's host copy
+  int64_t async_save_bytes = 0;
+  int64_t gathered_units = 0;                      // the gather schedule's peak
+};
+
 // One rank's step, as train() and ShardedModel run it (docs/sharding.md), for the last step of a run
 // (it evaluates) with a GaLore projector refresh (step 1 always has one). The order of the step is the
 // runtime's own StepPlan (sharding/step_plan.h): each of its per-unit actions is replayed here as the
@@ -209,7 +295,7 @@ class StepSimulation {
 
   int64_t peak_gathered_units() const { return plan_.gathers().peak_gathered_units(); }
 
-  RankEstimate run() {
+  RankTotals run() {
     const int64_t n = m_.tokens;
     // Persistent: master and gradient shards (fp32), optimizer state, rotary tables. A resident
     // unit's parameters are views of its compute shard (pure bf16: a bf16 copy of the master; else
@@ -253,21 +339,22 @@ class StepSimulation {
     timeline_.point("optimizer");
 
     evaluation(n);
-    RankEstimate estimate = summarize();
-    estimate.checkpoint_peak_bytes = checkpoint_peak();
-    estimate.host_bytes = cuda_ ? offload_host_bytes_ : estimate.peak_bytes;
-    estimate.pinned_bytes = offload_pinned_bytes_;
+    RankTotals totals;
+    totals.offload_host = offload_host_bytes_;
+    totals.offload_pinned = offload_pinned_bytes_;
+    totals.gathered_units = peak_gathered_units();
     // --async_save: the host copy of what the rank saves, its master rows and optimizer state, one
     // buffer kept from the first save on (pinned on a GPU unless offloaded: the state is in host
     // memory already). At most: padding rows and a projector every rank holds are counted on each.
     // Under no_shard rank 0 alone saves.
     if (m_.run.checkpoint.async_save && (rank_ == 0 || m_.run.sharding.strategy != ShardingStrategy::no_shard)) {
-      estimate.async_save_host_bytes = 4 * shard_elements_ + optimizer_state();
-      estimate.host_bytes += estimate.async_save_host_bytes;
-      if (cuda_ && !offload_) estimate.pinned_bytes += estimate.async_save_host_bytes;
+      totals.async_save = true;
+      totals.async_save_bytes = 4 * shard_elements_ + optimizer_state();
     }
-    return estimate;
+    return totals;
   }
+  void record_to(std::vector<TimelineOp>* tape) { timeline_.record_to(tape); }
+  const std::vector<PhaseEstimate>& phases() const { return timeline_.phases(); }
 
  private:
   int64_t compute_bytes(size_t u) const { return m_.compute_bytes() * units_[u].numel; }
@@ -581,33 +668,6 @@ class StepSimulation {
     return std::max({refresh, phase1, kept + phase2});
   }
 
-  // save(): every rank writes views of its own buffers (trainer/checkpoint.h), one tensor at a time:
-  // on the CPU the view itself, on a GPU its host copy (outside the device's memory); nothing is
-  // gathered. So the save holds what the step left behind: the point after the optimizer (the
-  // host-resident offloaded state aside on CUDA, as the training peak counts the device alone).
-  int64_t checkpoint_peak() const {
-    const PhaseEstimate& after_optimizer = *std::find_if(
-        timeline_.phases().begin(), timeline_.phases().end(), [](const PhaseEstimate& p) { return p.label == "optimizer"; });
-    return after_optimizer.at_point.total() - (cuda_ ? after_optimizer.at_point.optimizer_host : 0);
-  }
-
-  RankEstimate summarize() const {
-    RankEstimate estimate;
-    estimate.rank = rank_;
-    estimate.phases = timeline_.phases();
-    bool first = true;
-    for (const PhaseEstimate& phase : estimate.phases) {
-      estimate.max.raise_to(phase.at_point);
-      if (first || phase.peak_bytes > estimate.peak_bytes) {
-        estimate.peak_bytes = phase.peak_bytes;
-        estimate.peak_phase = phase.label;
-        estimate.at_peak = phase.at_point;
-        first = false;
-      }
-    }
-    return estimate;
-  }
-
   const Model& m_;
   int world_, rank_;
   bool cuda_, offload_, fused_, transient_gradient_;
@@ -627,6 +687,277 @@ class StepSimulation {
 std::string resolved_device(const RunConfig& run, const EstimateOptions& options) {
   if (!options.device.empty()) return options.device;
   return run.device == DeviceChoice::cpu ? "cpu" : "cuda";
+}
+
+// A rank's estimate from its step's phases: the peak is the first phase with the largest window,
+// each category its largest value at a point.
+RankEstimate finish_rank(int rank, bool cuda, bool offload, std::vector<PhaseEstimate> phases, const RankTotals& totals) {
+  RankEstimate estimate;
+  estimate.rank = rank;
+  estimate.phases = std::move(phases);
+  bool first = true;
+  for (const PhaseEstimate& phase : estimate.phases) {
+    estimate.max.raise_to(phase.at_point);
+    if (first || phase.peak_bytes > estimate.peak_bytes) {
+      estimate.peak_bytes = phase.peak_bytes;
+      estimate.peak_phase = phase.label;
+      estimate.at_peak = phase.at_point;
+      first = false;
+    }
+  }
+  // save(): every rank writes views of its own buffers (trainer/checkpoint.h), one tensor at a time:
+  // on the CPU the view itself, on a GPU its host copy (outside the device's memory); nothing is
+  // gathered. So the save holds what the step left behind: the point after the optimizer (the
+  // host-resident offloaded state aside on CUDA, as the training peak counts the device alone).
+  const PhaseEstimate& after_optimizer = *std::find_if(
+      estimate.phases.begin(), estimate.phases.end(), [](const PhaseEstimate& p) { return p.label == "optimizer"; });
+  estimate.checkpoint_peak_bytes = after_optimizer.at_point.total() - (cuda ? after_optimizer.at_point.optimizer_host : 0);
+  estimate.host_bytes = cuda ? totals.offload_host : estimate.peak_bytes;
+  estimate.pinned_bytes = totals.offload_pinned;
+  if (totals.async_save) {
+    estimate.async_save_host_bytes = totals.async_save_bytes;
+    estimate.host_bytes += estimate.async_save_host_bytes;
+    if (cuda && !offload) estimate.pinned_bytes += estimate.async_save_host_bytes;
+  }
+  return estimate;
+}
+
+// Deep models: the decoder layers are identical units, so a step's timeline is the same stretch of
+// operations for every layer (every P layers, where activation checkpointing or GaLore's projector
+// owners repeat), shifted by what each layer leaves live. So a model of M + k P + M' layers is
+// simulated for k = 1, 2, 3 (M, M' layers of margin on either side, that the embedding and the head
+// do not reach) and the timeline of L = M + K P + M' layers is built from them: the margins' stretches
+// with each byte count extrapolated in k (they are sums over units: the persistent shards, the
+// optimizer state), and each pass's repeated stretch translated K times. The three simulations are
+// checked to be exactly that (every repeated stretch equal, every other count affine in k); if they
+// are not, the model is simulated layer by layer. A stretch's window opens and closes at a point, so
+// translating it translates every phase, and the phases and the peak are those of the full
+// simulation, byte for byte. Phases: every layer's up to kListedLayers layers; beyond, each pass's
+// first and last repetition only (which hold every maximum: a translated phase's largest value is at
+// one end).
+constexpr int64_t kListedLayers = 4096;
+
+struct Stretch {
+  std::vector<TimelineOp> ops;  // ending with a point, but the last one
+  int64_t layer = -1;           // the point's decoder layer, or -1
+};
+
+int64_t label_layer(const std::string& label) {
+  const size_t at = label.rfind(":layer.");
+  return at == std::string::npos ? -1 : std::stoll(label.substr(at + 7));
+}
+std::string label_with_layer(const std::string& label, int64_t layer) {
+  return label.substr(0, label.rfind(":layer.") + 7) + std::to_string(layer);
+}
+
+std::vector<Stretch> split_at_points(const std::vector<TimelineOp>& tape) {
+  std::vector<Stretch> stretches(1);
+  for (const TimelineOp& op : tape) {
+    stretches.back().ops.push_back(op);
+    if (op.kind == TimelineOp::Kind::point) {
+      stretches.back().layer = label_layer(op.label);
+      stretches.emplace_back();
+    }
+  }
+  return stretches;
+}
+
+// One simulated model's timeline in items: a stretch outside the repeated layers, or a pass's run of
+// repeated layers (its first repetition's P stretches).
+struct TimelineItem {
+  bool repeated = false;
+  bool down = false;  // the pass goes down the layers (backward)
+  std::vector<Stretch> stretches;  // the first repetition's, numbered as in the model of k = 1
+};
+
+bool same_ops_but_labels(const Stretch& a, const Stretch& b) {
+  if (a.ops.size() != b.ops.size()) return false;
+  for (size_t i = 0; i < a.ops.size(); ++i)
+    if (!a.ops[i].same_bytes(b.ops[i])) return false;
+  return true;
+}
+
+// The items of a model of first + k P + margin layers, or nothing when its repeated layers do not
+// repeat exactly.
+std::optional<std::vector<TimelineItem>> items_of(const std::vector<TimelineOp>& tape, int64_t first, int64_t period, int64_t k) {
+  std::vector<TimelineItem> items;
+  const std::vector<Stretch> stretches = split_at_points(tape);
+  for (size_t i = 0; i < stretches.size();) {
+    if (stretches[i].layer < first || stretches[i].layer >= first + k * period) {
+      Stretch outside = stretches[i++];
+      if (outside.layer >= first + k * period) outside.layer -= (k - 1) * period;  // as in k = 1
+      items.push_back({false, false, {outside}});
+      continue;
+    }
+    // Forward and evaluation go up the layers, backward down.
+    const bool down = i > 0 && stretches[i - 1].layer == first + k * period;
+    if ((down && stretches[i].layer != first + k * period - 1) || i + k * period > stretches.size()) return std::nullopt;
+    TimelineItem run{true, down, {}};
+    for (int64_t j = 0; j < k * period; ++j) {
+      const Stretch& stretch = stretches[i + j];
+      if (stretch.layer != (down ? first + k * period - 1 - j : first + j) ||
+          !same_ops_but_labels(stretch, stretches[i + j % period]))
+        return std::nullopt;
+      if (j < period) {
+        run.stretches.push_back(stretch);
+        if (down) run.stretches.back().layer -= (k - 1) * period;  // as in k = 1
+      }
+    }
+    items.push_back(run);
+    i += k * period;
+  }
+  return items;
+}
+
+// v(K) from v(1), v(2), v(3), when v is affine in k.
+std::optional<int64_t> affine_at(int64_t v1, int64_t v2, int64_t v3, int64_t K) {
+  if (v3 - v2 != v2 - v1) return std::nullopt;
+  return v1 + (K - 1) * (v2 - v1);
+}
+
+std::optional<TimelineOp> extrapolated_op(const TimelineOp& a, const TimelineOp& b, const TimelineOp& c, int64_t K) {
+  if (a.kind != b.kind || a.kind != c.kind || a.merges != b.merges || a.merges != c.merges || a.label != b.label ||
+      a.label != c.label)
+    return std::nullopt;
+  TimelineOp op = a;
+  for (int i = 0; i < MemoryCategories::kCount; ++i) {
+    const std::optional<int64_t> bytes = affine_at(a.bytes.at(i), b.bytes.at(i), c.bytes.at(i), K);
+    if (!bytes) return std::nullopt;
+    op.bytes.at(i) = *bytes;
+  }
+  const std::optional<int64_t> spike = affine_at(a.spike, b.spike, c.spike, K);
+  if (!spike) return std::nullopt;
+  op.spike = *spike;
+  return op;
+}
+
+struct SimulatedRank {
+  std::vector<PhaseEstimate> phases;
+  RankTotals totals;
+};
+
+SimulatedRank simulate_layers(const Model& shape, const ModelConfig& model, int64_t layers, int world, int rank,
+                              bool cuda, std::vector<TimelineOp>* tape) {
+  ModelConfig config = model;
+  config.num_hidden_layers = layers;
+  const std::vector<UnitSpec> units = describe_units(config);
+  StepSimulation simulation(shape, units, world, rank, cuda);
+  simulation.record_to(tape);
+  SimulatedRank simulated;
+  simulated.totals = simulation.run();
+  if (tape == nullptr) simulated.phases = simulation.phases();
+  return simulated;
+}
+
+// The rank's step for model.num_hidden_layers = first + K period + margin layers from three small
+// simulations, or nothing when they are not translations of one another.
+std::optional<SimulatedRank> extrapolate_layers(const Model& shape, const ModelConfig& model, int64_t first,
+                                                int64_t period, int64_t margin, int world, int rank, bool cuda) {
+  const int64_t K = (model.num_hidden_layers - first - margin) / period;
+  std::vector<TimelineOp> tapes[3];
+  RankTotals totals[3];
+  std::vector<TimelineItem> items[3];
+  for (int64_t k = 1; k <= 3; ++k) {
+    totals[k - 1] = simulate_layers(shape, model, first + k * period + margin, world, rank, cuda, &tapes[k - 1]).totals;
+    std::optional<std::vector<TimelineItem>> found = items_of(tapes[k - 1], first, period, k);
+    if (!found || (k > 1 && found->size() != items[0].size())) return std::nullopt;
+    items[k - 1] = std::move(*found);
+  }
+  SimulatedRank simulated;
+  const RankTotals& t1 = totals[0];
+  const RankTotals& t2 = totals[1];
+  const RankTotals& t3 = totals[2];
+  if (t1.async_save != t2.async_save || t1.async_save != t3.async_save) return std::nullopt;
+  simulated.totals.async_save = t1.async_save;
+  for (auto [into, v1, v2, v3] : {std::tuple{&simulated.totals.offload_host, t1.offload_host, t2.offload_host, t3.offload_host},
+                                  std::tuple{&simulated.totals.offload_pinned, t1.offload_pinned, t2.offload_pinned, t3.offload_pinned},
+                                  std::tuple{&simulated.totals.async_save_bytes, t1.async_save_bytes, t2.async_save_bytes, t3.async_save_bytes},
+                                  std::tuple{&simulated.totals.gathered_units, t1.gathered_units, t2.gathered_units, t3.gathered_units}}) {
+    const std::optional<int64_t> value = affine_at(v1, v2, v3, K);
+    if (!value) return std::nullopt;
+    *into = *value;
+  }
+
+  const bool every_layer = model.num_hidden_layers <= kListedLayers;
+  Timeline timeline(cuda);
+  for (size_t i = 0; i < items[0].size(); ++i) {
+    const TimelineItem& item = items[0][i];
+    if (item.repeated != items[1][i].repeated || item.repeated != items[2][i].repeated) return std::nullopt;
+    if (item.repeated) {
+      for (int k = 1; k < 3; ++k)
+        for (int64_t r = 0; r < period; ++r)
+          if (items[k][i].down != item.down || items[k][i].stretches[r].layer != item.stretches[r].layer ||
+              !same_ops_but_labels(items[k][i].stretches[r], item.stretches[r]))
+            return std::nullopt;
+      // The j-th repetition in time: layers j periods up, or going down, K - 1 - j.
+      auto play = [&](int64_t repetition) {
+        const int64_t shift = (item.down ? K - 1 - repetition : repetition) * period;
+        for (const Stretch& stretch : item.stretches)
+          for (const TimelineOp& op : stretch.ops)
+            timeline.replay(op, op.kind == TimelineOp::Kind::point ? label_with_layer(op.label, stretch.layer + shift)
+                                                                  : op.label);
+      };
+      const MemoryCategories before = timeline.live();
+      play(0);
+      if (K == 1) continue;
+      MemoryCategories delta = timeline.live();
+      for (int c = 0; c < MemoryCategories::kCount; ++c) delta.at(c) -= before.at(c);
+      if (every_layer) {
+        for (int64_t j = 1; j < K; ++j) play(j);
+      } else {
+        timeline.skip(delta, K - 2);
+        play(K - 1);
+      }
+      continue;
+    }
+    const Stretch& a = item.stretches[0];
+    const Stretch& b = items[1][i].stretches[0];
+    const Stretch& c = items[2][i].stretches[0];
+    if (a.layer != b.layer || a.layer != c.layer || a.ops.size() != b.ops.size() || a.ops.size() != c.ops.size())
+      return std::nullopt;
+    const bool after = a.layer >= first;  // a layer after the repeated ones: numbered K - 1 periods on
+    for (size_t o = 0; o < a.ops.size(); ++o) {
+      TimelineOp x = a.ops[o], y = b.ops[o], z = c.ops[o];
+      if (x.kind == TimelineOp::Kind::point && after) {
+        x.label = label_with_layer(x.label, a.layer + (K - 1) * period);
+        y.label = z.label = x.label;
+        if (label_layer(b.ops[o].label) != a.layer + period || label_layer(c.ops[o].label) != a.layer + 2 * period)
+          return std::nullopt;
+      }
+      const std::optional<TimelineOp> op = extrapolated_op(x, y, z, K);
+      if (!op) return std::nullopt;
+      timeline.replay(*op, op->label);
+    }
+  }
+  simulated.phases = timeline.phases();
+  return simulated;
+}
+
+int64_t greatest_common_divisor(int64_t a, int64_t b) { return b == 0 ? a : greatest_common_divisor(b, a % b); }
+
+// One rank's step: simulated unit by unit, or for a deep model extrapolated from a few layers.
+SimulatedRank simulate_rank(const Model& shape, const ModelConfig& model, const EstimateOptions& options, int rank,
+                            bool cuda) {
+  const RunConfig& run = shape.run;
+  // The layers repeat every `period`: activation checkpointing recomputes every K-th; GaLore's
+  // projectors have owners in turn over the ranks.
+  const int64_t every = std::max<int64_t>(1, run.activation_checkpointing_every);
+  const int64_t owners =
+      optimizer_settings(run).kind == "galore_adamw" && run.sharding.strategy != ShardingStrategy::no_shard
+          ? options.world_size : 1;
+  const int64_t period = every / greatest_common_divisor(every, owners) * owners;
+  const int64_t first = 2 * period + 2;  // the margins: no boundary within reach of the repeated layers
+  const int64_t layers = model.num_hidden_layers;
+  if (layers > options.simulate_layers_up_to && layers >= 2 * first + 4 * period) {
+    const int64_t margin = first + (layers - 2 * first) % period;
+    if (std::optional<SimulatedRank> extrapolated =
+            extrapolate_layers(shape, model, first, period, margin, options.world_size, rank, cuda))
+      return std::move(*extrapolated);
+    if (layers > kListedLayers * 16)
+      throw std::logic_error("the memory estimate could not extrapolate the step of " + std::to_string(layers) +
+                             " identical decoder layers from a few (a bug of the estimate: please report it)");
+  }
+  return simulate_layers(shape, model, layers, options.world_size, rank, cuda, nullptr);
 }
 
 }  // namespace
@@ -654,12 +985,13 @@ MemoryEstimate estimate_memory(const ModelConfig& model, const RunConfig& run, c
                   " needs more than an exbibyte (2^60 bytes) per rank, which the estimate does not count to and "
                   "no machine has: lower --batch_size or --max_length (gradient accumulation, "
                   "--total_batch_size, keeps the global batch)");
-  const std::vector<UnitSpec> units = describe_units(model);
   const Model shape(model, run);
+  const bool cuda = estimate.device == "cuda";
   for (int rank = 0; rank < options.world_size; ++rank) {
-    StepSimulation simulation(shape, units, options.world_size, rank, estimate.device == "cuda");
-    estimate.ranks.push_back(simulation.run());
-    estimate.gathered_units = static_cast<int>(simulation.peak_gathered_units());
+    SimulatedRank simulated = simulate_rank(shape, model, options, rank, cuda);
+    estimate.ranks.push_back(finish_rank(rank, cuda, run.sharding.offload == Offload::optimizer,
+                                         std::move(simulated.phases), simulated.totals));
+    estimate.gathered_units = static_cast<int>(simulated.totals.gathered_units);
     if (estimate.device == "cuda")
       estimate.ranks.back().runtime =
           cuda_runtime_bytes(estimate.ranks.back().peak_bytes,

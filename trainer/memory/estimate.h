@@ -41,6 +41,12 @@ struct EstimateOptions {
   int ranks_per_node = 0;
   // A node's RAM, GiB, for the host verdict. 0: this machine's (MemTotal of /proc/meminfo).
   double node_memory_gib = 0;
+  // Models with more decoder layers than this are not simulated layer by layer: the layers are
+  // identical units, so a few are simulated and the step of all of them is extrapolated from those,
+  // exactly (estimate.cpp, extrapolate_layers): the cost does not grow with the depth. Their phases
+  // list every layer up to 4096 layers; beyond, each pass's first and last few (which hold its
+  // maxima). Tests lower it to check the extrapolation against the full simulation.
+  int64_t simulate_layers_up_to = 256;
 };
 
 // One phase's window: the largest total inside it, and the categories at its closing point.

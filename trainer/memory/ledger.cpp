@@ -29,8 +29,7 @@ MemoryLedger::MemoryLedger(const std::string& run_dir, int rank, int world_size,
     : run_dir_(run_dir), rank_(rank), world_size_(world_size), device_(device) {
   fs::create_directories(run_dir_);
   const std::string path = (fs::path(run_dir_) / ("memory.rank" + std::to_string(rank_) + ".jsonl")).string();
-  out_.open(path, std::ios::out | (append ? std::ios::app : std::ios::trunc));
-  LLM_REQUIRE(out_.good(), path, "", "cannot write the memory ledger; check --run_dir");
+  out_.open(path, append);
   run_summary_.rank = step_summary_.rank = rank_;
   nlohmann::json start = {{"event", "start"},
                           {"rank", rank_},
@@ -40,8 +39,7 @@ MemoryLedger::MemoryLedger(const std::string& run_dir, int rank, int world_size,
                           {"host_tracking", host_memory_tracking_installed()},
                           {"baseline_bytes", tracked_bytes()},
                           {"run", run_info}};
-  out_ << start.dump() << '\n';
-  out_.flush();
+  out_.write_line(start.dump());
   reset_windows();
 }
 
@@ -73,8 +71,8 @@ void MemoryLedger::begin_step(int64_t step) {
     // sharding the units, the optimizer state, the corpus.
     startup_peak_bytes_ = tracked_window_peak();
     startup_recorded_ = true;
-    out_ << nlohmann::json{{"event", "startup"}, {"peak_bytes", startup_peak_bytes_}, {"tracked_bytes", tracked_bytes()}}.dump()
-         << '\n';
+    out_.write_line(
+        nlohmann::json{{"event", "startup"}, {"peak_bytes", startup_peak_bytes_}, {"tracked_bytes", tracked_bytes()}}.dump());
   }
   step_ = step;
   micro_ = 0;
@@ -118,7 +116,7 @@ void MemoryLedger::point(const std::string& phase, const std::string& unit, cons
   record["reserved_window_peak_bytes"] = device.reserved_peak_bytes;
   record["pinned_bytes"] = pinned.reserved_bytes + exact_pinned;
   record["exact_pinned_bytes"] = exact_pinned;
-  out_ << record.dump() << '\n';
+  out_.write_line(record.dump());
 
   RankMemorySummary& s = step_summary_;
   s.max.raise_to(categories);
@@ -155,8 +153,7 @@ void MemoryLedger::end_step() {
                            {"pinned_peak_bytes", s.pinned_peak_bytes},
                            {"alloc_retries", s.alloc_retries},
                            {"ooms", s.ooms}};
-  out_ << record.dump() << '\n';
-  out_.flush();
+  out_.write_line(record.dump());
 
   RankMemorySummary& run = run_summary_;
   if (steps_recorded_ == 0 || s.peak_bytes > run.peak_bytes) {
@@ -186,11 +183,9 @@ std::vector<RankMemorySummary> MemoryLedger::finish(Communicator& communicator, 
                                                     const std::string& description) {
   RankMemorySummary mine = run_summary_;
   mine.rss_peak_bytes = std::max(mine.rss_peak_bytes, peak_resident_bytes());
-  out_ << nlohmann::json{{"event", "end"}, {"steps", steps_recorded_}, {"startup_peak_bytes", startup_peak_bytes_},
-                         {"summary", mine.to_json()}}
-              .dump()
-       << '\n';
-  out_.flush();
+  out_.write_line(nlohmann::json{{"event", "end"}, {"steps", steps_recorded_}, {"startup_peak_bytes", startup_peak_bytes_},
+                                 {"summary", mine.to_json()}}
+                      .dump());
 
   // One row per rank: every figure as an int64, the peak's phase as its index in phase_labels_
   // (every rank meets the same labels in the same order). Rows are zero except this rank's; an
@@ -242,8 +237,7 @@ std::vector<RankMemorySummary> MemoryLedger::finish(Communicator& communicator, 
   if (rank_ == 0) {
     const bool cuda = device_.is_cuda();
     const std::string path = (fs::path(run_dir_) / "memory_report.md").string();
-    std::ofstream report(path, std::ios::out | std::ios::trunc);
-    LLM_REQUIRE(report.good(), path, "", "cannot write the memory report; check --run_dir");
+    std::ostringstream report;
     report << "# " << title << "\n\n" << description << "\n\n"
            << "## Peak per rank, by category\n\n"
            << "Each category's largest value at any timeline point of the run; *peak (tracked)* is the "
@@ -263,6 +257,11 @@ std::vector<RankMemorySummary> MemoryLedger::finish(Communicator& communicator, 
       for (int r : node.ranks) listed += (listed.empty() ? "" : ", ") + std::to_string(r);
       report << "| " << node.node << " | " << listed << " | " << human_bytes(node.rss_peak_bytes) << " | "
              << human_bytes(node.host_peak_bytes) << " | " << human_bytes(node.pinned_peak_bytes) << " |\n";
+    }
+    try {  // checked (common/output_files.h): a full disk is an error naming the file, or one warning
+      write_file_atomically(path, report.str());
+    } catch (const WriteError& error) {
+      run_file_write_failed(path, error.reason());
     }
     std::vector<int64_t> peaks;
     for (const RankMemorySummary& s : ranks) peaks.push_back(s.peak_bytes);

@@ -32,6 +32,8 @@
 #include <c10/core/Device.h>
 #include <nlohmann/json.hpp>
 
+#include "common/output_files.h"
+
 #include "common/owned_bytes.h"
 #include "trainer/memory/categories.h"
 
@@ -80,7 +82,7 @@ class MemoryLedger {
   int rank_;
   int world_size_;
   c10::Device device_;
-  std::ofstream out_;
+  RunFile out_;  // memory.rank<R>.jsonl, every line checked (common/output_files.h)
   int64_t step_ = 0, micro_ = 0, sequence_ = 0;
   int64_t startup_peak_bytes_ = 0;
   bool startup_recorded_ = false;

@@ -6,12 +6,14 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "common/errors.h"
+#include "common/output_files.h"
 #include "trainer/config.h"
 #include "trainer/memory/categories.h"
 #include "trainer/memory/estimate.h"
@@ -48,7 +50,7 @@ std::string side_by_side(const std::vector<RunRecord>& runs) {
         << " | " << to_string(run.run.precision.dtype)
         << (run.run.precision.dtype == DType::bfloat16 ? std::string(" ") + to_string(run.run.precision.mode) : "") << " | "
         << to_string(run.run.sharding.strategy) << " | " << run.world << " | " << run.device << " | " << run.steps << " | "
-        << format_number(run.tokens_per_second, "%.0f") << " | " << format_number(run.final_loss, "%.4f") << " | "
+        << format_number(run.tokens_per_second, "%.0f") << " | " << final_loss_text(run) << " | "
         << format_in(stats.max, unit) << " | " << format_in(stats.mean, unit) << " | "
         << format_number(stats.imbalance(), "%.3f") << (stats.imbalance() > kImbalanceThreshold ? " **imbalanced**" : "")
         << " | ";
@@ -107,6 +109,20 @@ std::string estimate_beside_measured(const RunRecord& run) {
   return out.str();
 }
 
+// --out must not be a run folder: memory_report.md there is the run's own report, written at the
+// end of training, and would be replaced.
+void refuse_report_over_a_run(const fs::path& out, const std::vector<RunRecord>& runs) {
+  std::error_code error;
+  const fs::path where = fs::weakly_canonical(out, error);
+  bool a_run = fs::exists(out / "metrics.jsonl", error);
+  for (const RunRecord& run : runs) a_run |= !where.empty() && fs::weakly_canonical(run.dir, error) == where;
+  if (a_run)
+    fail_user("command line", "--out",
+              out.string() + " is a training run folder (it holds metrics.jsonl): its memory_report.md is the run's own "
+              "report, written at the end of training, and the report would replace it; pass another --out, e.g. " +
+                  (out.filename().empty() ? out.parent_path() : out).string() + "_report");
+}
+
 }  // namespace
 
 void write_memory_report(const std::vector<std::string>& run_dirs, const std::string& out_dir) {
@@ -120,6 +136,9 @@ void write_memory_report(const std::vector<std::string>& run_dirs, const std::st
     if (count > 1) run.label += "-" + std::to_string(count);
   }
   const fs::path out(out_dir), plots = out / "memory";
+  refuse_report_over_a_run(out, runs);
+  refuse_unless_absent_or(out, OutputKind::folder, "--out");
+  refuse_unless_absent_or(plots, OutputKind::folder, "--out (its memory/ folder of plots)");
   std::error_code error;
   fs::create_directories(plots, error);
   LLM_REQUIRE(!error, out_dir, "--out", "cannot create the folder (" + error.message() + ")");
@@ -153,13 +172,22 @@ void write_memory_report(const std::vector<std::string>& run_dirs, const std::st
                                         " by category, per rank",
                                     run.timeline));
     md << "\n## Run " << run.label << "\n\n`" << run.dir << "`: " << run_settings(run) << "; "
-       << run.steps << " step(s), " << format_number(run.tokens_per_second, "%.0f") << " tokens/s, final loss "
-       << format_number(run.final_loss, "%.4f") << ".\n\n### Peak per rank, by category\n\n"
+       << run.steps << " step(s), " << format_number(run.tokens_per_second, "%.0f") << " tokens/s, "
+       << (unfinished_note(run).empty() ? "final loss " + format_number(run.final_loss, "%.4f")
+                                        : "**" + unfinished_note(run) + "**: the loss of its last step " +
+                                              format_number(run.final_loss, "%.4f") + " is not a final loss")
+       << ".\n\n### Peak per rank, by category\n\n"
        << per_rank_markdown(run.ranks, cuda) << "\n### Across ranks\n\n" << across_ranks_markdown(run.ranks, cuda)
        << "\n### Estimate beside measured\n\n" << estimate_beside_measured(run) << "\n![" << run.label
        << " timeline](memory/" << name << "_timeline.svg)\n";
   }
   write_file((out / "memory_report.md").string(), md.str());
+  // The report says which runs have not ended; so does its command, where the user looks first.
+  for (const RunRecord& run : runs)
+    if (!unfinished_note(run).empty())
+      std::cout << "note: run " << run.label << " (" << run.dir << ") is " << unfinished_note(run)
+                << ": its loss in the report is its last step's, not a final loss\n";
+  std::cout << "wrote " << (out / "memory_report.md").string() << " and " << plots.string() << "/*.svg\n" << std::flush;
 }
 
 }  // namespace llm

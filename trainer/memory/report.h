@@ -10,6 +10,10 @@
 // named with its line: empty or truncated, a line that is not a JSON object, a field of the wrong
 // type, a world size below 1, a negative byte count, a ledger without a step or with a peak of 0 (a
 // report of such a run would hold nonsense percentages).
+// A run whose metrics.jsonl has no end record (still running, or killed) is reported as unfinished,
+// with its last step of --num_training_steps, in the report and on stdout: its last loss is not a
+// final loss. OUT must not be a run folder (its own memory_report.md would be replaced) and must be a
+// folder if it exists; every file is written checked (write_file_atomically): exit 2 otherwise.
 #pragma once
 
 #include <string>

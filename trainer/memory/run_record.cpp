@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/errors.h"
+#include "common/output_files.h"
 #include "trainer/config.h"
 #include "trainer/memory/categories.h"
 #include "trainer/memory/estimate.h"
@@ -194,7 +195,11 @@ RunRecord read_run(const std::string& dir) {
       const std::string event = fields.value("event", "");
       if (event == "start") {
         start = &line;
-      } else if (event == "train") {
+        record.ended = "";  // a resumed run: what the last start's segment ended with
+      } else if (event == "end" || event == "preempted") {
+        record.ended = event;
+      }
+      if (event == "train") {
         rates.push_back(fields.value("tokens_per_s", 0.0));
         record.final_loss = number_or_nan(fields, "loss", 0.0);
         record.steps = std::max(record.steps, fields.value("step", int64_t{0}));
@@ -221,6 +226,7 @@ RunRecord read_run(const std::string& dir) {
   });
   const std::string start_line = metrics_path.string() + ": line " + std::to_string(start->line);
   record.run = run_config_from_json(record.start.value("run", json::object()), start_line);
+  record.planned_steps = record.run.num_training_steps;
   LLM_REQUIRE(record.start.contains("model"), start_line, "model", "missing: the model config of the run");
   try {
     // The model's name is its config file's stem, so the config's path is the source here.
@@ -313,12 +319,26 @@ int64_t largest_estimate(const RunRecord& run) {
   return peak;
 }
 
+std::string unfinished_note(const RunRecord& run) {
+  const std::string of = "step " + std::to_string(run.steps) + " of " + std::to_string(run.planned_steps);
+  if (run.ended == "end") return "";
+  if (run.ended == "preempted") return "preempted at " + of;
+  return "unfinished (last " + of + "; no end record in metrics.jsonl: still running, or killed)";
+}
+
+std::string final_loss_text(const RunRecord& run) {
+  const std::string loss = format_number(run.final_loss, "%.4f");
+  if (run.ended == "end") return loss;
+  return loss + " (" + (run.ended == "preempted" ? "preempted" : "unfinished") + ", last step " +
+         std::to_string(run.steps) + " of " + std::to_string(run.planned_steps) + ")";
+}
+
 void write_file(const std::string& path, const std::string& content) {
-  std::ofstream out(path, std::ios::out | std::ios::trunc);
-  LLM_REQUIRE(out.good(), path, "", "cannot be written; check --out");
-  out << content;
-  out.close();
-  LLM_REQUIRE(!out.fail(), path, "", "could not be written completely (disk full?); check --out");
+  try {
+    write_file_atomically(path, content);
+  } catch (const WriteError& error) {
+    throw UserError(std::string(error.what()) + "; check --out");
+  }
 }
 
 }  // namespace llm

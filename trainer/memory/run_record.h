@@ -30,6 +30,10 @@ struct RunRecord {
   int world = 1;
   std::string device;
   int64_t steps = 0;
+  int64_t planned_steps = 0;  // --num_training_steps of the run's last start
+  // How metrics.jsonl ends: "end" (finished), "preempted", or "" when the last start has neither (the
+  // run is still going, or was killed): its final_loss is then the last step's loss, not the end's.
+  std::string ended;
   double tokens_per_second = 0;
   double final_loss = 0, final_eval_loss = 0;
   std::vector<RankMemorySummary> ranks;
@@ -51,7 +55,13 @@ std::string format_ratio(double value);                         // "+1.23 %"
 std::string format_number(double value, const char* format);   // snprintf
 int64_t largest_peak(const RunRecord& run);                     // the largest rank's measured peak
 int64_t largest_estimate(const RunRecord& run);                 // the largest rank's estimated peak
-// Writes a whole file; a UserError naming it (and --out) when it cannot be written.
+// "" for a finished run, else "unfinished (last step 3 of 200; no end record in metrics.jsonl: still
+// running, or killed)" or "preempted at step 3 of 200".
+std::string unfinished_note(const RunRecord& run);
+// The final loss, or the last step's marked as not final: "2.3456 (unfinished, last step 3 of 200)".
+std::string final_loss_text(const RunRecord& run);
+// Writes a whole file through write_file_atomically (common/output_files.h): a path that exists and
+// is not a regular file is refused, and a failed write is a UserError naming the file and --out.
 void write_file(const std::string& path, const std::string& content);
 
 }  // namespace llm

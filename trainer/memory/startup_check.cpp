@@ -97,8 +97,13 @@ void check_memory_before_training(const ModelConfig& model, const RunConfig& run
     options.ranks_per_node = local_ranks;
     estimate = estimate_memory(model, run, options);
   } catch (const std::exception& error) {
-    if (rank == 0) log::warn(std::string("memory check skipped: the estimate failed: ") + error.what());
-    return;
+    // A check that cannot be made does not let the run start unchecked: the run it could not
+    // estimate is the kind that fails part-way into start-up (an allocator's abort, the OOM killer).
+    throw UserError(std::string("memory check: the start-up memory check could not be made, so the run does not start: "
+                                "the estimate of this run failed: ") +
+                    error.what() +
+                    ". Check the config and the flags (`trainer estimate` with the same flags shows the same failure); "
+                    "--skip_memory_check starts the run without the check");
   }
   MemoryAvailable available{device_free_bytes(device), host_available_bytes()};
   const int gpus = visible_gpu_count();

@@ -35,8 +35,9 @@ std::optional<std::string> memory_check_failure(const MemoryEstimate& estimate, 
                                                 const MemoryAvailable& available, const RunConfig& run);
 
 // Estimates this run and throws UserError (exit 2) when it does not fit; logs the figures on rank 0
-// when it does. An estimate that fails (a bug of the estimator, not of the run) is a warning, not
-// a refusal.
+// when it does. An estimate that cannot be made (a run too large to count, a failure of the
+// estimator) also throws UserError, saying why and that --skip_memory_check skips the check: a run is
+// never started unchecked without that flag.
 void check_memory_before_training(const ModelConfig& model, const RunConfig& run, int rank, int world_size,
                                   int local_ranks, c10::Device device);
 

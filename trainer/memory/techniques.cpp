@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "common/errors.h"
+#include "common/output_files.h"
 #include "trainer/memory/run_record.h"
 #include "trainer/memory/svg.h"
 
@@ -115,7 +116,7 @@ std::string techniques_tables(const std::vector<RunRecord>& runs, std::vector<Sh
       if (best == nullptr || peak < largest_peak(*best)) best = run;
       out << "| " << run->label << " | " << techniques_of(run->run) << " | " << format_in(peak, unit) << " | "
           << percent(peak_share) << " | " << format_number(run->tokens_per_second, "%.0f") << " | "
-          << percent(speed_share) << " | " << format_number(run->final_loss, "%.4f") << " | ";
+          << percent(speed_share) << " | " << final_loss_text(*run) << " | ";
       if (run->has_estimate)
         out << format_in(largest_estimate(*run), unit) << " | "
             << format_ratio(static_cast<double>(largest_estimate(*run)) / static_cast<double>(std::max<int64_t>(1, peak)) - 1.0)
@@ -236,6 +237,8 @@ void write_techniques_report(const std::vector<std::string>& technique_dirs, con
   const std::vector<RunRecord> techniques = read_all(technique_dirs, "--techniques", /*sweep=*/false);
   const std::vector<RunRecord> sweep = read_all(sweep_dirs, "--context_sweep", /*sweep=*/true);
   const fs::path out(out_dir), plots = out / "techniques";
+  refuse_unless_absent_or(out, OutputKind::folder, "--out");
+  refuse_unless_absent_or(plots, OutputKind::folder, "--out (its techniques/ folder of plots)");
   std::error_code error;
   fs::create_directories(plots, error);
   LLM_REQUIRE(!error, out_dir, "--out", "cannot create the folder (" + error.message() + ")");

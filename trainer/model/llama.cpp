@@ -6,6 +6,7 @@
 #include <set>
 #include <sstream>
 
+#include "common/allocation_failure.h"
 #include "common/errors.h"
 
 namespace llm {
@@ -116,7 +117,7 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const ModelConfig& config, UnitBuiltH
               "tied embeddings are not supported (the GaLore family is untied); set it to false");
   model = register_module("model", LlamaBackbone());
   for (size_t u = 0; u < units_.size(); ++u) {
-    build_unit(units_[u]);
+    allocating("unit " + units_[u].name + " of the model", [&] { build_unit(units_[u]); });
     NamedTensors parameters = unit_parameters(u);
     // The description and the modules are two statements of one model: they must agree exactly.
     bool same = parameters.size() == units_[u].parameters.size();

@@ -38,6 +38,8 @@ constexpr std::string_view kKnownModelKeys[] = {
 
 // Sizes go into tensor shapes and into products like vocab * hidden; int32 range keeps both sane.
 constexpr int64_t kMaxSize = std::numeric_limits<int32_t>::max();
+// The most parameters a model may have: a count (and its bytes, in GiB as doubles) kept exact.
+constexpr int64_t kMaxParameters = int64_t{1} << 53;
 
 std::string known_keys_list() {
   std::string list;
@@ -80,19 +82,19 @@ class ModelConfigReader {
   }
 
   int64_t required_size(const char* key) const {
-    const std::string expected = "a positive integer";
+    const std::string expected = "a positive integer up to 2^31-1";
     auto found = object_.find(key);
     if (found == object_.end())
       fail(key, "missing: " + expected + " is required (see configs/llama_60m.json)");
     const int64_t size = integer(key, *found, expected);
-    if (size <= 0 || size > kMaxSize) fail_expected(key, expected + " up to 2^31-1", *found);
+    if (size <= 0 || size > kMaxSize) fail_expected(key, expected, *found);
     return size;
   }
 
   std::optional<int64_t> optional_size(const char* key) const {
     const json* value = optional(key);
     if (value == nullptr) return std::nullopt;
-    const int64_t size = integer(key, *value, "a positive integer");
+    const int64_t size = integer(key, *value, "a positive integer up to 2^31-1");
     if (size <= 0 || size > kMaxSize) fail_expected(key, "a positive integer up to 2^31-1", *value);
     return size;
   }
@@ -269,6 +271,12 @@ ModelConfig parse_model_config(const json& object, const std::string& source) {
   config.max_position_embeddings = max_position ? *max_position
                                    : max_sequence ? *max_sequence
                                                   : config.max_position_embeddings;
+  if (config.max_position_embeddings < 2)
+    reader.fail(max_position ? "max_position_embeddings" : "max_sequence_length",
+                "expected at least 2 (got " + std::to_string(config.max_position_embeddings) +
+                    "): this config cannot train on anything, since a sequence needs at least one input token "
+                    "and the next token as its target (--max_length >= 2); set it to the context length the "
+                    "model is for, e.g. 1024");
 
   reader.require_bool("attention_bias", false, "LLaMA projections have no bias");
   reader.require_bool("mlp_bias", false, "LLaMA projections have no bias");
@@ -299,6 +307,17 @@ ModelConfig parse_model_config(const json& object, const std::string& source) {
                 "embeddings (got " + std::to_string(config.hidden_size) + " / " +
                     std::to_string(config.num_attention_heads) + " = " +
                     std::to_string(config.head_dim()) + ")");
+  // Each size fits int32, but their products (hidden * intermediate * layers, vocab * hidden) can pass
+  // int64: the parameter count is bounded so that it, and the bytes of the memory plan, stay exact.
+  const __int128 h = config.hidden_size, kv_width = static_cast<__int128>(config.num_key_value_heads) * config.head_dim();
+  const __int128 parameters = 2 * config.vocab_size * h + h +
+                              config.num_hidden_layers * (2 * h * h + 2 * h * kv_width + 3 * h * config.intermediate_size + 2 * h);
+  if (parameters > kMaxParameters)
+    reader.fail("hidden_size",
+                "the model has about " + format_number(static_cast<double>(parameters)) +
+                    " parameters (from hidden_size, intermediate_size, num_hidden_layers, vocab_size), more than "
+                    "the 2^53 = " + std::to_string(kMaxParameters) +
+                    " this trainer counts exactly: lower the sizes");
   if (const json* head_dim = reader.optional("head_dim")) {
     const std::string expected = "hidden_size / num_attention_heads = " +
                                  std::to_string(config.head_dim());
