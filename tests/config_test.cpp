@@ -403,6 +403,25 @@ TEST(ConfigFileCommand, ContextOfOnePositionIsExitTwoNamingTheConfig) {
   }
 }
 
+// A rope_theta that is 0 in fp32 made every loss NaN at step 1 with finite weights, and the run was
+// told to lower --lr: the config is refused, naming the key (issue 25).
+TEST(ConfigFileCommand, RopeThetaWhoseRotaryTableIsNotFiniteIsExitTwoNamingTheKey) {
+  ScratchDir scratch("rope_theta");
+  json object = tiny_json();
+  object["rope_theta"] = 1e-300;
+  const std::string path = (scratch / "rope.json").string();
+  std::ofstream(path) << object.dump(4);
+  const auto result = testing::run_command(testing::trainer_binary().string() + " --config " + path +
+                                           " --max_length 8 --print_config");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  expect_mentions(result.output, {path + ": rope_theta: the rotary embedding's frequencies", "not finite in fp32",
+                                  "use a rope_theta of at least 1"});
+  object["rope_theta"] = 0.5;  // odd, but finite: accepted
+  std::ofstream(path) << object.dump(4);
+  EXPECT_EQ(testing::run_command(testing::trainer_binary().string() + " --config " + path +
+                                 " --max_length 8 --print_config").exit_code, 0);
+}
+
 TEST_F(ConfigFileError, ParameterCountPastTwoToThe53IsRefused) {
   // Each size fits int32, but hidden * hidden * layers would pass int64 in the parameter count.
   json object = tiny_json();

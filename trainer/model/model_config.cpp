@@ -307,6 +307,20 @@ ModelConfig parse_model_config(const json& object, const std::string& source) {
                 "embeddings (got " + std::to_string(config.hidden_size) + " / " +
                     std::to_string(config.num_attention_heads) + " = " +
                     std::to_string(config.head_dim()) + ")");
+  // The rotary table as the model computes it (fp32: inv_freq = 1 / theta^(2i / D), angles = position x
+  // inv_freq) must be finite: a rope_theta that is 0 in fp32 (1e-300) makes every loss NaN at step 1
+  // with finite weights, which no flag of the run can fix.
+  {
+    const float theta = static_cast<float>(config.rope_theta);
+    const float last = std::pow(theta, static_cast<float>(config.head_dim() - 2) / static_cast<float>(config.head_dim()));
+    const float largest_angle = static_cast<float>(config.max_position_embeddings - 1) / std::min(1.0f, last);
+    if (!(theta > 0) || !std::isfinite(1.0f / last) || !std::isfinite(largest_angle))
+      reader.fail("rope_theta",
+                  "the rotary embedding's frequencies 1 / rope_theta^(2i / head_dim) are not finite in fp32 with "
+                  "rope_theta = " + format_number(config.rope_theta) +
+                      " (every loss would be NaN from the first step): use a rope_theta of at least 1, as every "
+                      "LLaMA does (10000, or 500000 for Llama 3)");
+  }
   // Each size fits int32, but their products (hidden * intermediate * layers, vocab * hidden) can pass
   // int64: the parameter count is bounded so that it, and the bytes of the memory plan, stay exact.
   const __int128 h = config.hidden_size, kv_width = static_cast<__int128>(config.num_key_value_heads) * config.head_dim();
