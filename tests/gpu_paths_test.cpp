@@ -91,9 +91,10 @@ TEST(ResidentUnitsOff, OneRankGathersAndReducesToTheSameBits) {
     expect_equal_bits(kept, off);
     const auto schedule = read_metrics_events(gathered.path(), "gather_schedule").at(0);
     EXPECT_FALSE(schedule.at("units_resident").get<bool>()) << schedule.dump();
-    if (extra != "--sharding no_shard")  // no_shard's units stay gathered: their reduction is what changes
+    if (extra != "--sharding no_shard") {  // no_shard's units stay gathered: their reduction is what changes
       EXPECT_GT(schedule.at("inline_gathers").get<int64_t>() + schedule.at("prefetches").get<int64_t>(), 0)
           << schedule.dump();
+    }
   }
 }
 

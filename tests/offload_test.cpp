@@ -84,7 +84,9 @@ TEST_P(OffloadEquivalence, EqualsTheStepWithoutOffloadBitwise) {
       EXPECT_GT(point.at("optimizer_host").get<int64_t>(), plain_points.front().at("optimizer_device").get<int64_t>())
           << "rank " << r << ": the state plus the masters and gradient landing buffers";
       // Between steps the device holds no gradient: every unit's shard went to the host and was freed.
-      if (point.at("phase") == "optimizer") EXPECT_EQ(point.at("gradients").get<int64_t>(), 0) << "rank " << r;
+      if (point.at("phase") == "optimizer") {
+        EXPECT_EQ(point.at("gradients").get<int64_t>(), 0) << "rank " << r;
+      }
     }
   }
   const auto plain_state = testing::read_metrics_events(plain_dir / "run", "sharded_state").at(0).at("ranks");

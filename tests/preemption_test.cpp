@@ -205,7 +205,9 @@ TEST(PreemptionWithAsyncSave, TheSaveInFlightCompletesAndTheStepIsSaved) {
     EXPECT_EQ(nlohmann::json::parse(read_file(save_dir / ("step_" + std::to_string(saved)) / "manifest.json")).at("step"),
               saved);
   for (const auto& entry : fs::directory_iterator(save_dir))  // no staging folder; the job's lock file stays
-    if (entry.path().filename() != ".trainer.lock") EXPECT_EQ(entry.path().extension(), "") << entry.path() << " left behind";
+    if (entry.path().filename() != ".trainer.lock") {
+      EXPECT_EQ(entry.path().extension(), "") << entry.path() << " left behind";
+    }
 }
 
 // A save killed midway: every rank SIGKILLed while the --async_save of step 4 is in flight (each write

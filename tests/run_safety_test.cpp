@@ -65,7 +65,7 @@ void expect_whole_lines(const fs::path& path) {
   int number = 0;
   for (std::string line; std::getline(lines, line);) {
     ++number;
-    EXPECT_NO_THROW((void)nlohmann::json::parse(line)) << path << " line " << number << ": " << line;
+    EXPECT_TRUE(nlohmann::json::accept(line)) << path << " line " << number << ": " << line;
   }
 }
 
