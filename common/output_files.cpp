@@ -148,14 +148,15 @@ void RunFile::open(const fs::path& path, bool append) {
   path_ = path;
   descriptor_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC), 0644);
   if (descriptor_ < 0) throw WriteError(path, std::strerror(errno));
-  if (append) ::lseek(descriptor_, 0, SEEK_END);
+  struct stat info {};
+  if (::fstat(descriptor_, &info) != 0) throw WriteError(path, std::strerror(errno));
+  size_ = info.st_size;
 }
 
 void RunFile::write_line(std::string_view line) {
   if (descriptor_ < 0 || failed_) return;
   std::string text(line);
   text += '\n';
-  const off_t before = ::lseek(descriptor_, 0, SEEK_END);
   size_t written = 0;
   int error_number = 0;
   while (written < text.size()) {
@@ -167,12 +168,13 @@ void RunFile::write_line(std::string_view line) {
     }
     written += static_cast<size_t>(n);
   }
-  if (error_number == 0) return;
-  // Part of the line may be in: cut it off, so the file ends with the last whole line.
-  if (before >= 0) {
-    const int cut = ::ftruncate(descriptor_, before);
-    (void)cut;  // a file that cannot be cut back ends mid-line; the message below is what matters
+  if (error_number == 0) {
+    size_ += static_cast<off_t>(written);
+    return;
   }
+  // Part of the line may be in: cut it off, so the file ends with the last whole line.
+  const int cut = ::ftruncate(descriptor_, size_);
+  (void)cut;  // a file that cannot be cut back ends mid-line; the message below is what matters
   failed_ = true;
   run_file_write_failed(path_, std::strerror(error_number));
 }

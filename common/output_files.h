@@ -13,6 +13,8 @@
 // always stop.
 #pragma once
 
+#include <sys/types.h>
+
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -96,6 +98,7 @@ class RunFile {
  private:
   std::filesystem::path path_;
   int descriptor_ = -1;
+  off_t size_ = 0;  // the file's length: it is this run's alone (the run folder's lock), so kept here
   bool failed_ = false;
 };
 
