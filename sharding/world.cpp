@@ -3,11 +3,13 @@
 #include <mpi.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <new>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include <c10/util/Exception.h>
 #include <c10/util/Logging.h>
@@ -147,6 +149,11 @@ std::vector<std::string> all_gather_text(const std::string& text) {
 void stop_world() {
   if (!mpi_is_live()) return;
   LLM_CHECK_MPI(MPI_Finalize());
+}
+
+void fail_after_another_rank(const std::string& message) {
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  throw UserError(message);
 }
 
 void abort_world(int exit_code, const std::string& message) {

@@ -54,6 +54,11 @@ std::vector<std::string> all_gather_text(const std::string& text);
 // that mpirun ends every rank. Without a live MPI world it just exits with exit_code.
 [[noreturn]] void abort_world(int exit_code, const std::string& message);
 
+// For a rank that learned from a collective that another rank failed: that rank prints its message
+// and ends the job (abort_world); after a moment's wait, so that its message (which names the cause)
+// comes first, this one throws UserError(message), which should say where to look.
+[[noreturn]] void fail_after_another_rank(const std::string& message);
+
 // True between MPI_Init and MPI_Finalize.
 bool mpi_is_live();
 

@@ -27,6 +27,7 @@
 #include "common/log.h"
 #include "common/output_files.h"
 #include "sharding/communicator.h"
+#include "sharding/world.h"
 #include "trainer/interchange/safetensors.h"
 #include "trainer/train_state.h"
 #include "trainer/watchdog.h"
@@ -129,10 +130,9 @@ bool any_rank_failed(bool failed, Communicator& communicator) {
 // message to read.
 [[noreturn]] void fail_after_agreement(const std::exception_ptr& own, const fs::path& folder, const std::string& what) {
   if (own) std::rethrow_exception(own);
-  // The failing rank prints its message and ends the job (MPI_Abort); a moment's wait lets that message,
-  // which names the file, come first instead of this one ending the job without it.
-  std::this_thread::sleep_for(std::chrono::seconds(2));
-  fail_user(folder.string(), "--save_dir", "another rank could not " + what + " (its message says why); " + kNotSaved);
+  // The failing rank's message names the file.
+  fail_after_another_rank(folder.string() + ": --save_dir: another rank could not " + what + " (its message says why); " +
+                          kNotSaved);
 }
 
 // This rank's two files: the parts (one tensor at a time) and their index. Returns {safetensors bytes,

@@ -8,13 +8,11 @@
 // number when preempted without --save_dir (143 for SIGTERM: the steps are lost), 1 anything else.
 // Under mpirun a failure on any rank aborts the whole job with the message, so no rank is left
 // waiting in a collective.
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <memory>
-#include <thread>
 #include <vector>
 
 #include <ATen/Parallel.h>
@@ -51,7 +49,6 @@ namespace {
 // is exit 2 naming the folder and the holder.
 std::vector<std::unique_ptr<llm::FolderLock>> lock_run_folders(const llm::RunConfig& run, const llm::World& world) {
   std::vector<std::unique_ptr<llm::FolderLock>> locks;
-  std::string refused;
   if (world.rank == 0) try {
       locks.push_back(std::make_unique<llm::FolderLock>(run.logging.run_dir, "--run_dir"));
       const std::string& save_dir = run.checkpoint.save_dir;
@@ -66,19 +63,13 @@ std::vector<std::unique_ptr<llm::FolderLock>> lock_run_folders(const llm::RunCon
       }
     } catch (const llm::UserError&) {
       if (world.world_size == 1) throw;
-      // Rank 0 reports its own message; the others learn it was refused, and wait a moment below so
-      // that its message comes first.
+      // Rank 0 reports its own message; the others learn it was refused (below).
       locks.clear();
       llm::all_gather_text("refused");
       throw;
     }
-  if (world.world_size > 1) {
-    const std::vector<std::string> outcomes = llm::all_gather_text(refused);
-    if (!outcomes.front().empty()) {
-      std::this_thread::sleep_for(std::chrono::seconds(2));
-      throw llm::UserError("the run's folders are in use by another job: rank 0's message names the folder and its holder");
-    }
-  }
+  if (world.world_size > 1 && !llm::all_gather_text("").front().empty())
+    llm::fail_after_another_rank("the run's folders are in use by another job: rank 0's message names the folder and its holder");
   return locks;
 }
 

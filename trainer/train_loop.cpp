@@ -4,7 +4,6 @@
 #include <torch/cuda.h>
 
 #include <chrono>
-#include <thread>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -655,10 +654,8 @@ void Training::stop_for_write_failure(int64_t step, const std::string& saved, co
   const std::string hint = " (--on_write_error warn trains on without the file)";
   if (const std::unique_ptr<WriteError> mine = take_pending_write_failure())
     throw UserError(std::string(mine->what()) + "; stopped after step " + std::to_string(step) + "; " + checkpoint + hint);
-  // The failing rank ends the job with its message, which names the file; a moment's wait lets it come first.
-  std::this_thread::sleep_for(std::chrono::seconds(2));
-  throw UserError("another rank could not write a run file (its message names it); stopped after step " +
-                  std::to_string(step) + "; " + checkpoint + hint);
+  fail_after_another_rank("another rank could not write a run file (its message names it); stopped after step " +
+                          std::to_string(step) + "; " + checkpoint + hint);
 }
 
 std::string Training::save(int64_t step) {
