@@ -530,10 +530,8 @@ TrainingOutcome Training::run() {
     watchdog_->progress(step, "step end");
     bool written = background_save_ == nullptr || background_save_->written();
     bool write_failed = write_failure_pending();
-    if (!last)
-      outcome.preempted_by = preemption_agreed(host_communicator_, background_save_ ? &written : nullptr, &write_failed);
-    else
-      preemption_agreed(host_communicator_, nullptr, &write_failed);  // the run ends anyway: only the write failures
+    const int signal = preemption_agreed(host_communicator_, background_save_ ? &written : nullptr, &write_failed);
+    if (!last) outcome.preempted_by = signal;  // at the last step the run ends anyway: only the write failures count
     const bool periodic_save = run_.checkpoint.save_every > 0 && step % run_.checkpoint.save_every == 0;
     const bool save_now =
         !run_.checkpoint.save_dir.empty() && (periodic_save || last || outcome.preempted_by != 0 || write_failed);
