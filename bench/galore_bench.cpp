@@ -24,7 +24,7 @@
 #include <CLI/CLI.hpp>
 
 #include "optim/shard_optimizer.h"
-#include "trainer/config.h"
+#include "config/config.h"
 
 namespace {
 

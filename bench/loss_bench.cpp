@@ -1,4 +1,4 @@
-// The training loss (trainer/model/cross_entropy.h) against ATen's cross_entropy, side by side in one
+// The training loss (model/cross_entropy.h) against ATen's cross_entropy, side by side in one
 // process on the same logits: forward, and forward + backward, for the shape of one micro-batch
 // (tokens x vocab), fp32 or bf16 logits, best of several runs. Prints both, the ratio, and the
 // bytes each moves per row over the memory-bandwidth bound of a copy of the same size.
@@ -14,7 +14,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/host_memory.h"
-#include "trainer/model/cross_entropy.h"
+#include "model/cross_entropy.h"
 
 namespace {
 

@@ -1,5 +1,5 @@
 // What one owner of training memory holds now, in the memory ledger's owned categories
-// (trainer/memory/categories.h). Each owner (a sharded unit, the optimizer) reports its own bytes,
+// (memory/categories.h). Each owner (a sharded unit, the optimizer) reports its own bytes,
 // counted from the buffers it holds at that moment, so a buffer a feature adds is counted where it
 // is allocated rather than by a reader that knows the owner's insides.
 #pragma once

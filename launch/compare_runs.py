@@ -33,7 +33,7 @@ def read_metrics(run_dir):
 
 
 def read_sharded(folder):
-    """{"model:NAME" | "optimizer:KEY": full tensor} of a sharded checkpoint (trainer/checkpoint.h)."""
+    """{"model:NAME" | "optimizer:KEY": full tensor} of a sharded checkpoint (checkpoint/checkpoint.h)."""
     from safetensors.torch import load_file
 
     manifest = json.loads((folder / "manifest.json").read_text())

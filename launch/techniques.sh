@@ -2,7 +2,7 @@
 # What each memory technique buys, alone and combined, and how peak memory grows with the context
 # length: trains one workload under each technique and combination at 1 rank and at RANKS ranks, and
 # a context-length sweep at 1 rank, then `trainer report --techniques` writes OUT/techniques.md and
-# OUT/techniques/*.svg (trainer/memory/techniques.h says what they hold).
+# OUT/techniques/*.svg (memory/techniques.h says what they hold).
 #
 #   bash launch/techniques.sh                                  # llama_20m, 1 and 4 ranks, OUT = docs
 #   bash launch/techniques.sh configs/llama_9m.json 2          # another model, 1 and 2 ranks

@@ -1,5 +1,5 @@
 // The optimizer's settings: which optimizer (--optimizer) and every hyper-parameter of its rules
-// (the trainer fills them from the command line, trainer/optimizer_setup.h).
+// (the trainer fills them from the command line, config/optimizer_setup.h).
 #pragma once
 
 #include <cstdint>

@@ -19,7 +19,7 @@
 #include "common/errors.h"
 #include "tests/test_util.h"
 #include "trainer/cli.h"
-#include "trainer/config.h"
+#include "config/config.h"
 
 namespace llm {
 namespace {

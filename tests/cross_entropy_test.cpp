@@ -1,4 +1,4 @@
-// The fused loss (trainer/model/cross_entropy.h) against ATen's cross_entropy: the loss and the
+// The fused loss (model/cross_entropy.h) against ATen's cross_entropy: the loss and the
 // gradient it hands back, fp32 and bf16 logits, ignored labels, a vocabulary that is not a multiple
 // of any vector width (1023) and one whose rows span several blocks' worth of rows (32000), a scaled
 // backward (accumulation divides the loss), evaluation without grad, and every label ignored.
@@ -19,7 +19,7 @@
 #include "common/host_memory.h"
 #include "common/memory_stats.h"
 #include "tests/tensor_checks.h"
-#include "trainer/model/cross_entropy.h"
+#include "model/cross_entropy.h"
 
 namespace llm {
 namespace {

@@ -19,10 +19,10 @@
 
 #include "common/errors.h"
 #include "tests/test_util.h"
-#include "trainer/data/batches.h"
-#include "trainer/data/prepare.h"
-#include "trainer/data/synthetic.h"
-#include "trainer/data/token_file.h"
+#include "data/batches.h"
+#include "data/prepare.h"
+#include "data/synthetic.h"
+#include "data/token_file.h"
 
 namespace llm {
 namespace {

@@ -26,10 +26,10 @@
 #include "common/errors.h"
 #include "tests/run_comparison.h"
 #include "tests/test_util.h"
-#include "trainer/data/token_file.h"
-#include "trainer/interchange/export.h"
-#include "trainer/interchange/hf_config.h"
-#include "trainer/interchange/safetensors.h"
+#include "data/token_file.h"
+#include "checkpoint/interchange/export.h"
+#include "checkpoint/interchange/hf_config.h"
+#include "checkpoint/interchange/safetensors.h"
 
 namespace llm {
 namespace {

@@ -12,10 +12,10 @@
 
 #include "common/errors.h"
 #include "tests/test_util.h"
-#include "trainer/config.h"
-#include "trainer/memory/estimate.h"
-#include "trainer/model/llama.h"
-#include "trainer/model/units.h"
+#include "config/config.h"
+#include "memory/estimate.h"
+#include "model/llama.h"
+#include "model/units.h"
 
 namespace llm {
 namespace {

@@ -12,7 +12,7 @@
 
 #include "common/host_memory.h"
 #include "tests/test_util.h"
-#include "trainer/memory/categories.h"
+#include "memory/categories.h"
 
 namespace llm {
 namespace {

@@ -27,8 +27,8 @@
 #include <torch/serialize.h>
 
 #include "common/errors.h"
-#include "trainer/config.h"
-#include "trainer/model/llama.h"
+#include "config/config.h"
+#include "model/llama.h"
 #include "tests/test_util.h"
 
 namespace llm {

@@ -15,8 +15,8 @@
 #include "common/errors.h"
 #include "tests/test_util.h"
 #include "trainer/cli.h"
-#include "trainer/config.h"
-#include "trainer/model/model_config.h"
+#include "config/config.h"
+#include "model/model_config.h"
 
 namespace llm {
 namespace {

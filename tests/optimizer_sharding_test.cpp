@@ -10,10 +10,10 @@
 #include "optim/shard_optimizer.h"
 #include "tests/run_comparison.h"
 #include "tests/test_util.h"
-#include "trainer/checkpoint.h"
-#include "trainer/config.h"
-#include "trainer/model/units.h"
-#include "trainer/optimizer_setup.h"
+#include "checkpoint/checkpoint.h"
+#include "config/config.h"
+#include "model/units.h"
+#include "config/optimizer_setup.h"
 
 namespace llm {
 namespace {

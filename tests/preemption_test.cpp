@@ -20,7 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/test_util.h"
-#include "trainer/watchdog.h"
+#include "common/watchdog.h"
 
 namespace llm {
 namespace {
@@ -307,7 +307,7 @@ TEST(PreemptionUnderMpirun, SigtermOrSigintToTheLauncherScriptSavesAndExitsZero)
   }
 }
 
-// --- stalls (--collective_timeout, trainer/watchdog.h) -----------------------------------------
+// --- stalls (--collective_timeout, common/watchdog.h) -----------------------------------------
 
 // A rank stopped with SIGSTOP (as a debugger or a frozen host would) no longer answers collectives: the
 // other rank ends the job within the timeout, naming it, instead of waiting forever.

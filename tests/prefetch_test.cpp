@@ -10,7 +10,7 @@
 
 #include "tests/run_comparison.h"
 #include "tests/test_util.h"
-#include "trainer/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 namespace llm {
 namespace {

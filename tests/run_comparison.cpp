@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/test_util.h"
-#include "trainer/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 
 namespace llm::testing {
 

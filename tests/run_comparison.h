@@ -12,7 +12,7 @@
 
 namespace llm::testing {
 
-// A checkpoint's full tensors, its ranks' parts put together (trainer/checkpoint.h's reader): the
+// A checkpoint's full tensors, its ranks' parts put together (checkpoint/checkpoint.h's reader): the
 // parameters by HF name, the optimizer state ("NAME.exp_avg", ..., and "step"), and its manifest.
 struct Checkpoint {
   std::map<std::string, at::Tensor> model, optimizer;

@@ -23,7 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/test_util.h"
-#include "trainer/data/token_file.h"
+#include "data/token_file.h"
 
 namespace llm {
 namespace {

@@ -1,4 +1,4 @@
-// Sharded checkpoints (trainer/checkpoint.h) through the trainer binary under mpirun: each rank writes
+// Sharded checkpoints (checkpoint/checkpoint.h) through the trainer binary under mpirun: each rank writes
 // its own parts, and a checkpoint resumes at its own world size bit for bit and at another (4 -> 2,
 // 2 -> 3, 1 -> 4) with the uninterrupted run's results, for every optimizer with and without
 // offload; saving gathers nothing (the ledger's checkpoint point stays under the training peak).

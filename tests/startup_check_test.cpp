@@ -1,4 +1,4 @@
-// The memory check before training (trainer/memory/startup_check.h): the verdict for given figures,
+// The memory check before training (memory/startup_check.h): the verdict for given figures,
 // and end to end, a config whose vocabulary cannot fit stops with exit 2 and the numbers before it
 // allocates anything, where it used to abort in the allocator.
 #include <gtest/gtest.h>
@@ -11,8 +11,8 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/test_util.h"
-#include "trainer/memory/startup_check.h"
-#include "trainer/model/model_config.h"
+#include "memory/startup_check.h"
+#include "model/model_config.h"
 
 namespace llm {
 namespace {

@@ -33,10 +33,10 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "trainer/config.h"
-#include "trainer/data/prepare.h"
-#include "trainer/interchange/export.h"
-#include "trainer/memory/estimate.h"
+#include "config/config.h"
+#include "data/prepare.h"
+#include "checkpoint/interchange/export.h"
+#include "memory/estimate.h"
 
 namespace llm {
 
@@ -44,7 +44,7 @@ struct ReportOptions {
   std::vector<std::string> run_dirs;  // run folders (each with metrics.jsonl and memory.rank<R>.jsonl)
   std::string out = "memory_report";  // writes OUT/memory_report.md and OUT/memory/*.svg
   // --techniques: run_dirs are technique runs (the first of each world size its baseline) and the
-  // report is OUT/techniques.md and OUT/techniques/*.svg (trainer/memory/techniques.h), with the
+  // report is OUT/techniques.md and OUT/techniques/*.svg (memory/techniques.h), with the
   // --context_sweep runs' section when there are any.
   bool techniques = false;
   std::vector<std::string> context_sweep;

@@ -4,7 +4,7 @@
 // predicts peak memory per rank; `trainer export --from CHECKPOINT --to DIR` writes a checkpoint as a
 // transformers folder. Exit codes: 0 done (or preempted by SIGTERM, SIGINT or SIGUSR1 with the step
 // saved), 2 bad input (config, flags, data, checkpoint, run folders), 3 training diverged,
-// 4 a stall (no progress for --collective_timeout seconds: trainer/watchdog.h), 128 + the signal's
+// 4 a stall (no progress for --collective_timeout seconds: common/watchdog.h), 128 + the signal's
 // number when preempted without --save_dir (143 for SIGTERM: the steps are lost), 1 anything else.
 // Under mpirun a failure on any rank aborts the whole job with the message, so no rank is left
 // waiting in a collective.
@@ -28,19 +28,19 @@
 #include "optim/host_threads.h"
 #include "sharding/communicator.h"
 #include "sharding/world.h"
-#include "trainer/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "trainer/cli.h"
-#include "trainer/config.h"
-#include "trainer/data/prepare.h"
-#include "trainer/interchange/export.h"
-#include "trainer/interchange/pretrained.h"
-#include "trainer/memory/estimate.h"
-#include "trainer/memory/report.h"
-#include "trainer/memory/techniques.h"
-#include "trainer/memory/startup_check.h"
+#include "config/config.h"
+#include "data/prepare.h"
+#include "checkpoint/interchange/export.h"
+#include "checkpoint/interchange/pretrained.h"
+#include "memory/estimate.h"
+#include "memory/report.h"
+#include "memory/techniques.h"
+#include "memory/startup_check.h"
 #include "trainer/preemption.h"
 #include "trainer/train_loop.h"
-#include "trainer/watchdog.h"
+#include "common/watchdog.h"
 
 namespace {
 
@@ -116,7 +116,7 @@ int run_command(const llm::Command& command, const llm::World& world) {
   llm::create_run_dir(run.logging.run_dir);
   const auto locks = lock_run_folders(run, world);
   // From here to the end a rank that stops making progress ends the job, naming the phase
-  // (trainer/watchdog.h); a single process has no collective to wait in.
+  // (common/watchdog.h); a single process has no collective to wait in.
   const bool watched = world.world_size > 1 && run.collective_timeout > 0;
   llm::StallWatchdog watchdog(run.logging.run_dir, world.rank, world.world_size, watched ? run.collective_timeout : 0.0,
                               // every rank's host: another node's heartbeats may be unreadable here

@@ -6,7 +6,7 @@
 #include <filesystem>
 
 #include "common/errors.h"
-#include "trainer/memory/categories.h"
+#include "memory/categories.h"
 
 namespace llm {
 

@@ -8,7 +8,7 @@
 //    "tokens_seen", "peak_memory_bytes", "projector_s", "phase_s": {"forward", "backward",
 //    "collectives", "optimizer", "other"}}  (phase_s: where the step's time went, common/step_timer.h)
 //   {"event":"eval", "step", "eval_loss", "eval_tokens"}
-//   {"event":"memory", "ranks":[{...}]}  every rank's memory summary (trainer/memory/ledger.h)
+//   {"event":"memory", "ranks":[{...}]}  every rank's memory summary (memory/ledger.h)
 //   {"event":"gather_schedule", "strategy", "prefetch", "side_stream", "units",
 //    "peak_gathered_units", "schedule_peak_gathered_units", "inline_gathers", "prefetches"}
 //   {"event":"end", "steps", "final_loss", "final_eval_loss", "elapsed_s", ...}

@@ -36,7 +36,7 @@ int preemption_signal_received();
 // Collective over `communicator` (one all-reduce of three counters): the preemption signal any rank
 // has received, 0 when none has; the same on every rank. When ranks received different ones, SIGINT
 // is named before SIGUSR1 before SIGTERM. With `written` (every rank passes it or none: an
-// asynchronous save in flight, trainer/checkpoint.h's BackgroundSave), the same all-reduce carries a
+// asynchronous save in flight, checkpoint/checkpoint.h's BackgroundSave), the same all-reduce carries a
 // fourth counter: in, whether this rank's files are written; out, whether every rank's are. With
 // `write_failed` (every rank passes it or none), one more: in, whether this rank could not write a run
 // file (common/output_files.h, a pending failure); out, whether any rank could not.

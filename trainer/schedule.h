@@ -12,7 +12,7 @@
 
 #include <cstdint>
 
-#include "trainer/config.h"
+#include "config/config.h"
 
 namespace llm {
 

@@ -19,19 +19,19 @@
 #include "sharding/sharded_model.h"
 #include "sharding/world.h"
 #include "trainer/autocast.h"
-#include "trainer/checkpoint.h"
-#include "trainer/data/batches.h"
-#include "trainer/data/synthetic.h"
+#include "checkpoint/checkpoint.h"
+#include "data/batches.h"
+#include "data/synthetic.h"
 #include "trainer/divergence.h"
-#include "trainer/interchange/pretrained.h"
-#include "trainer/memory/ledger.h"
+#include "checkpoint/interchange/pretrained.h"
+#include "memory/ledger.h"
 #include "trainer/metrics.h"
-#include "trainer/model/llama.h"
-#include "trainer/optimizer_setup.h"
+#include "model/llama.h"
+#include "config/optimizer_setup.h"
 #include "trainer/preemption.h"
 #include "trainer/schedule.h"
-#include "trainer/train_state.h"
-#include "trainer/watchdog.h"
+#include "checkpoint/train_state.h"
+#include "common/watchdog.h"
 
 namespace llm {
 namespace fs = std::filesystem;
@@ -605,7 +605,7 @@ double Training::evaluate(int64_t* tokens) {
   return average_over_ranks(sum / static_cast<double>(run_.data.eval_batches), communicator_);
 }
 
-// Sharded checkpoints (trainer/checkpoint.h): every rank writes its own master rows and optimizer
+// Sharded checkpoints (checkpoint/checkpoint.h): every rank writes its own master rows and optimizer
 // state, views of its buffers (the offloaded ones in host memory); nothing is gathered. Under
 // no_shard every rank holds the same whole state, and rank 0 alone writes it.
 // Unit u's master rows as parts of the full parameters: each parameter's real rows (padding rows
@@ -761,7 +761,7 @@ void Training::resume(const std::string& folder) {
 }
 
 // The ledger's owned buffers: what the units and the optimizer report, plus the batch and the
-// rotary tables (trainer/memory/ledger.h).
+// rotary tables (memory/ledger.h).
 MemoryCategories Training::owned_now() const {
   OwnedBytes owned = sharded_.owned_bytes();
   owned += offload_ ? offload_->owned_bytes() : device_optimizer_->owned_bytes();

@@ -12,7 +12,7 @@
 
 #include <c10/core/Device.h>
 
-#include "trainer/config.h"
+#include "config/config.h"
 
 namespace llm {
 
@@ -31,9 +31,9 @@ struct RuntimeContext {
   // carries device tensors only). nullptr: the device communicator (a CPU rank's tests).
   Communicator* host_communicator = nullptr;
   // The checkpoint --continue_from resolved to at start-up (check_checkpoints_at_start,
-  // trainer/checkpoint.h); "" for a fresh run, or to resolve it in train().
+  // checkpoint/checkpoint.h); "" for a fresh run, or to resolve it in train().
   std::string resume_folder;
-  // --init_from opened and checked at start-up (trainer/interchange/pretrained.h): each unit's weights
+  // --init_from opened and checked at start-up (checkpoint/interchange/pretrained.h): each unit's weights
   // are read from it as the unit is built, before it is sharded. nullptr: the seeded init.
   const PretrainedFolder* init_from = nullptr;
   // The stall watchdog running since start-up (trainer/main.cpp); nullptr: train() runs its own from

@@ -1,0 +1,198 @@
+// The run's settings: command-line flags named as in GaLore's torchrun_main.py, validated against
+// the model (model/model_config.h) and the world size.
+//
+// Validation turns every mistake into one UserError naming the flag and what was expected.
+// Everything downstream may assume a validated RunConfig is valid.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "sharding/strategy.h"
+#include "model/model_config.h"
+
+namespace llm {
+
+enum class Scheduler { cosine, linear, constant };
+enum class DType { float32, bfloat16 };
+enum class DeviceChoice { auto_select, cpu, cuda };
+enum class Precision { pure, mixed };
+// --offload optimizer: fp32 masters and optimizer state in host memory, stepped there
+// (offload/optimizer_offload.h, docs/offload.md).
+enum class Offload { none, optimizer };  // bf16 only: pure bf16 weights (GaLore) or autocast + fp32 master
+// --communicator: what carries the collectives across ranks. auto: NCCL for GPUs, MPI for CPUs.
+// mpi on GPUs: CUDA tensors staged through page-locked host memory (sharding/communicator.h), so
+// several ranks can share one GPU (a test bed for every sharded path) or run where NCCL does not.
+enum class CommunicatorChoice { auto_select, nccl, mpi };
+
+// What each step reads: where the tokens come from, how many per rank and per step, and the
+// held-out evaluation.
+struct DataConfig {
+  std::string source = "synthetic";  // --data: "synthetic" or a token file made by `trainer prepare`
+  int64_t batch_size = 8;            // per-rank micro-batch, sequences
+  int64_t total_batch_size = 0;      // sequences per optimizer step; 0 = batch_size * world
+  int64_t gradient_accumulation = 1; // derived: total / (batch_size * world)
+  // --gradient_accumulation (GaLore's flag): total = batch_size * world * N, checked against a given
+  // --total_batch_size; 0: not given, derived from the total.
+  int64_t gradient_accumulation_given = 0;
+  int64_t max_length = 128;          // tokens per sequence
+  double eval_fraction = 0.05;       // share of windows held out for evaluation
+  int64_t eval_every = 50;           // 0 = only at the end
+  int64_t eval_batches = 8;
+};
+
+// The update: which optimizer, its hyper-parameters, the learning-rate schedule and clipping.
+struct OptimizerConfig {
+  std::string name = "adamw";        // --optimizer: adamw | adamw_sn | galore_adamw
+  double lr = 1e-3;
+  // Unset (no --warmup_steps): default_warmup_steps(num_training_steps), filled in by
+  // validate_run_config; a validated RunConfig always holds a value.
+  std::optional<int64_t> warmup_steps;
+  Scheduler scheduler = Scheduler::cosine;
+  double min_lr_ratio = 0.1;
+  double weight_decay = 0.0;
+  double grad_clipping = 1.0;        // 0 = off
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.999;
+  double adam_eps = -1;              // < 0: the optimizer's reference default (validate_run_config)
+  // adamw_sn: 0 = per matrix ("heuristics": one entry per row or column); k != 0 = general form,
+  // subsets of the largest divisor of numel <= k (k > 0) or <= floor(sqrt(numel) / |k|) (k < 0).
+  int64_t subset_size = 0;
+  std::string subset_norm_params = "linear";  // adamw_sn: "linear" weights only, or "all"
+  // galore_adamw, with GaLore's flag names and torchrun_main's defaults.
+  int64_t galore_rank = 128;
+  int64_t update_proj_gap = 50;
+  double galore_scale = 1.0;
+  std::string proj_type = "std";     // std | reverse_std | left | right
+  bool galore_stagger = false;       // spread projector refreshes over the gap (no all-SVD step)
+  std::string galore_projector = "svd";  // svd (the reference) | subspace (no gathered gradient)
+  int64_t subspace_iterations = 2;
+};
+
+// How the units are spread over the ranks.
+struct ShardingConfig {
+  ShardingStrategy strategy = ShardingStrategy::full_shard;  // --sharding
+  // Gather the next unit while one runs (on a CUDA side stream; in line on CPU). --no_prefetch turns
+  // it off: at most one unit gathered under full_shard instead of two. Nothing to do for no_shard.
+  bool prefetch = true;
+  Offload offload = Offload::none;  // --offload
+  CommunicatorChoice communicator = CommunicatorChoice::auto_select;  // --communicator
+};
+
+// The dtype the model computes in.
+struct PrecisionConfig {
+  DType dtype = DType::float32;
+  Precision mode = Precision::mixed;  // --precision, for bfloat16
+};
+
+struct CheckpointConfig {
+  int64_t save_every = 0;            // 0 = only at the end when save_dir is set
+  std::string save_dir;
+  int64_t keep_last = 0;  // --keep_last: this run's step_<N> folders kept after each save; 0 = all
+  // --async_save: each rank writes its files on a thread while training goes on, from a host copy of
+  // its state; the save completes at a later step boundary (checkpoint/checkpoint.h, BackgroundSave).
+  bool async_save = false;
+  std::string continue_from;
+  // --init_from: a transformers save_pretrained folder whose weights replace the seeded init of a
+  // fresh run (checkpoint/interchange/pretrained.h); never with continue_from.
+  std::string init_from;
+};
+
+struct LoggingConfig {
+  std::string run_dir = "runs/latest";
+  int64_t log_every = 1;
+  bool print_config = false;
+  // CUDA only: record the caching allocator's history and write RUN_DIR/memory_snapshot.rank<R>.pickle
+  // (pytorch.org/memory_viz) after the first steps; a UserError on a CPU rank.
+  bool memory_snapshot = false;
+  // --on_write_error: a failed write of a run file (metrics.jsonl, the ledger, memory_report.md) ends
+  // the run with exit 2 naming the file ("stop"), or is logged once per file and the run goes on
+  // ("warn"); common/output_files.h.
+  std::string on_write_error = "stop";
+  // GaLore's wandb run name and tags (--name, --tags a,b): recorded in the run's settings only.
+  std::string name;
+  std::vector<std::string> tags;
+};
+
+// The run's settings, grouped by concern; each flag fills one field (README's flag table). JSON
+// (metrics.jsonl's "run" record, --print_config) keeps one flat object keyed by the flags' names.
+struct RunConfig {
+  std::string config_path;           // --config
+  int64_t num_training_steps = 200;  // optimizer steps
+  // --max_train_tokens (GaLore's flag): when > 0, num_training_steps = ceil(tokens / (total_batch_size
+  // * max_length)), resolved by validate_run_config.
+  int64_t max_train_tokens = 0;
+  // Seconds a rank may make no progress (a collective that never completes, a stopped peer) before it
+  // ends the job naming the rank that holds it up (common/watchdog.h); 0: never.
+  double collective_timeout = 600;
+  // Seconds from a preemption signal to the job's end (trainer/preemption.h); 0: no limit.
+  double preemption_grace_seconds = 0;
+  int64_t divergence_patience = 10;  // steps of a dead or runaway run before it stops (trainer/divergence.h); 0: never
+  bool skip_memory_check = false;    // --skip_memory_check: start even when the estimate says it does not fit
+  // Activation checkpointing: every K-th transformer block (blocks 0, K, 2K, ...) recomputes its
+  // forward in backward; 0: none. --activation_checkpointing is K = 1.
+  int64_t activation_checkpointing_every = 0;
+  // Each unit's optimizer step as soon as its gradient shard is reduced, in backward, its gradient
+  // shard freed right after (--fuse_optimizer_with_backward); needs --grad_clipping 0.
+  bool fuse_optimizer_with_backward = false;
+  uint64_t seed = 0;                 // weight init and data order
+  DeviceChoice device = DeviceChoice::auto_select;
+  DataConfig data;
+  OptimizerConfig optimizer;
+  ShardingConfig sharding;
+  PrecisionConfig precision;
+  CheckpointConfig checkpoint;
+  LoggingConfig logging;
+
+  nlohmann::json to_json() const;
+};
+
+// The inverse of RunConfig::to_json for the keys it writes (a run's metrics.jsonl start record ->
+// the run's settings, for `trainer report` and `trainer estimate`). Keys it lacks keep their
+// defaults; a key of the wrong type is a UserError naming `source`.
+RunConfig run_config_from_json(const nlohmann::json& object, const std::string& source);
+
+// Checks ranges and cross-field rules (warmup <= steps, total divisible by batch*world, ...) and
+// derives gradient_accumulation (and total_batch_size when it was 0). Throws UserError naming the
+// flag: "command line: --FLAG: what is expected (got X)".
+// --adam_eps left unset becomes the optimizer's reference default: 1e-8 for adamw (torch), 1e-6 for
+// adamw_sn and galore_adamw (their HF-style references). --warmup_steps left unset becomes
+// default_warmup_steps(num_training_steps); given, it must lie in [0, num_training_steps].
+// With galore_adamw, --rank must be below the widest projected matrix's smaller dimension.
+// --gradient_accumulation N sets total_batch_size = batch_size * world * N (an error naming both
+// flags when a given --total_batch_size differs); --max_train_tokens then sets num_training_steps.
+void validate_run_config(RunConfig& run, const ModelConfig& model, int world_size);
+
+// "" for an optimizer this trainer has (adamw, adamw_sn, galore_adamw); for another, what it is and
+// the nearest flags here (GaLore's and AdamW-SN's other optimizers by name, e.g.
+// galore_adamw8bit_per_layer, rmsprop_sn, adamw_snsm).
+std::string unknown_optimizer_reason(const std::string& name);
+
+// Creates --run_dir for a training run (every rank may call it; it is a folder already when it
+// exists). A UserError naming --run_dir when the path is an existing file, passes through a file,
+// or cannot be created or written (a probe file is created in it and removed), so the run stops
+// before it starts rather than at its first log.
+void create_run_dir(const std::string& run_dir);
+
+// Why a file cannot be created in FOLDER ("" when it can): creates and removes a probe file, so a
+// read-only folder or file system is found even where access() says yes (root, NFS, read-only mounts).
+std::string folder_write_problem(const std::string& folder);
+
+// The warmup when --warmup_steps is not given: 20 steps, but never more than a tenth of the run
+// (rounded down), so a short run works with the default flags: 200 steps or more warm up for 20,
+// 100 steps for 10, fewer than 10 steps not at all. A warmup the user gives is kept as given (an
+// error when it exceeds the run), since silently shortening it would change the schedule they chose.
+int64_t default_warmup_steps(int64_t num_training_steps);
+
+const char* to_string(Scheduler value);
+const char* to_string(DType value);
+const char* to_string(DeviceChoice value);
+const char* to_string(Precision value);
+const char* to_string(Offload value);
+const char* to_string(CommunicatorChoice value);
+
+}  // namespace llm

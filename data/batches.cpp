@@ -1,0 +1,156 @@
+// The batch sampler: window arithmetic, the per-epoch permutation, and the copy into tensors.
+//
+// Nothing here depends on the library's random distributions: the permutation is defined by
+// std::mt19937_64 (fully specified by the standard), std::seed_seq over the 32-bit halves of
+// (seed, epoch) and an unbiased rejection draw, so a run replays bit for bit on any toolchain.
+#include "data/batches.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "common/errors.h"
+
+namespace llm {
+
+struct BatchSampler::Impl {
+  std::shared_ptr<const TokenFile> tokens;
+  Split split = Split::train;
+  int64_t max_length = 0;
+  int64_t first_window = 0;  // index of this split's first window in the file
+  int64_t num_windows = 0;   // windows in this split
+  uint64_t seed = 0;
+  int rank = 0;
+  int world_size = 1;
+  int64_t batch_size = 0;
+  int64_t samples_consumed = 0;  // global, all ranks
+
+  int64_t cached_epoch = -1;
+  std::vector<int64_t> permutation;  // train only: the cached epoch's order of window offsets
+  std::vector<int64_t> window;       // (max_length + 1) scratch
+
+  int64_t window_of_sample(int64_t sample);
+  void draw_permutation(int64_t epoch);
+};
+
+namespace {
+
+uint64_t uniform_below(std::mt19937_64& generator, uint64_t bound) {
+  const uint64_t threshold = (0 - bound) % bound;  // 2^64 mod bound: reject the biased tail
+  for (;;) {
+    const uint64_t draw = generator();
+    if (draw >= threshold) return draw % bound;
+  }
+}
+
+std::string split_name(Split split) { return split == Split::train ? "train" : "eval"; }
+
+}  // namespace
+
+void BatchSampler::Impl::draw_permutation(int64_t epoch) {
+  const auto epoch_bits = static_cast<uint64_t>(epoch);
+  std::seed_seq seeds{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32),
+                      static_cast<uint32_t>(epoch_bits), static_cast<uint32_t>(epoch_bits >> 32)};
+  std::mt19937_64 generator(seeds);
+  permutation.resize(static_cast<size_t>(num_windows));
+  std::iota(permutation.begin(), permutation.end(), 0);
+  for (int64_t i = num_windows - 1; i > 0; --i)
+    std::swap(permutation[i], permutation[uniform_below(generator, static_cast<uint64_t>(i) + 1)]);
+  cached_epoch = epoch;
+}
+
+int64_t BatchSampler::Impl::window_of_sample(int64_t sample) {
+  const int64_t offset = sample % num_windows;
+  if (split == Split::eval) return first_window + offset;
+  const int64_t epoch = sample / num_windows;
+  if (epoch != cached_epoch) draw_permutation(epoch);
+  return first_window + permutation[offset];
+}
+
+BatchSampler::BatchSampler(std::shared_ptr<const TokenFile> tokens, Split split,
+                           int64_t max_length, double eval_fraction, uint64_t seed, int rank,
+                           int world_size, int64_t batch_size)
+    : impl_(std::make_shared<Impl>()) {
+  LLM_REQUIRE(tokens != nullptr, "data", "token file", "no token file was opened");
+  const std::string& path = tokens->path();
+  LLM_REQUIRE(max_length > 0, "--max_length", "",
+              "is " + std::to_string(max_length) + "; use a positive sequence length");
+  LLM_REQUIRE(batch_size > 0, "--batch_size", "",
+              "is " + std::to_string(batch_size) + "; use a positive micro-batch size");
+  LLM_REQUIRE(world_size > 0 && rank >= 0 && rank < world_size, "data", "rank",
+              "rank " + std::to_string(rank) + " is outside a world of " +
+                  std::to_string(world_size));
+  LLM_REQUIRE(std::isfinite(eval_fraction) && eval_fraction >= 0 && eval_fraction < 1,
+              "--eval_fraction", "",
+              "is " + std::to_string(eval_fraction) + "; use a fraction in [0, 1), e.g. 0.01");
+
+  const int64_t window_tokens = max_length + 1;
+  const int64_t total_windows = tokens->size() / window_tokens;
+  LLM_REQUIRE(total_windows >= 1, path, "length",
+              "has " + std::to_string(tokens->size()) + " tokens, shorter than one window of "
+              "max_length + 1 = " + std::to_string(window_tokens) + " tokens; lower --max_length "
+              "or use more data");
+  const int64_t eval_windows = std::max<int64_t>(
+      1, static_cast<int64_t>(std::floor(eval_fraction * static_cast<double>(total_windows))));
+  const int64_t train_windows = std::max<int64_t>(0, total_windows - eval_windows);
+  const int64_t global_micro_batch = batch_size * world_size;
+  const int64_t split_windows = split == Split::train ? train_windows : eval_windows;
+  if (split_windows < global_micro_batch) {
+    std::string remedy = "lower --max_length (more, shorter windows) or --batch_size, ";
+    remedy += split == Split::train ? "lower --eval_fraction" : "raise --eval_fraction";
+    remedy += ", or use more data";
+    fail_user(path, split_name(split) + " split",
+              "has " + std::to_string(split_windows) + " windows of " +
+                  std::to_string(window_tokens) + " tokens (" + std::to_string(total_windows) +
+                  " in the file, " + std::to_string(eval_windows) + " held out for eval) but one "
+                  "global micro-batch needs batch_size * world_size = " +
+                  std::to_string(batch_size) + " * " + std::to_string(world_size) + " = " +
+                  std::to_string(global_micro_batch) + "; " + remedy);
+  }
+
+  Impl& state = *impl_;
+  state.tokens = std::move(tokens);
+  state.split = split;
+  state.max_length = max_length;
+  state.first_window = split == Split::train ? 0 : train_windows;
+  state.num_windows = split_windows;
+  state.seed = seed;
+  state.rank = rank;
+  state.world_size = world_size;
+  state.batch_size = batch_size;
+  state.window.resize(static_cast<size_t>(window_tokens));
+}
+
+Batch BatchSampler::next() {
+  Impl& state = *impl_;
+  const int64_t length = state.max_length;
+  Batch batch{at::empty({state.batch_size, length}, at::kLong),
+              at::empty({state.batch_size, length}, at::kLong)};
+  int64_t* inputs = batch.input_ids.data_ptr<int64_t>();
+  int64_t* labels = batch.labels.data_ptr<int64_t>();
+  const int64_t first_sample = state.samples_consumed + state.rank * state.batch_size;
+  for (int64_t row = 0; row < state.batch_size; ++row) {
+    const int64_t window_index = state.window_of_sample(first_sample + row);
+    state.tokens->read(window_index * (length + 1), state.window);
+    std::copy(state.window.begin(), state.window.end() - 1, inputs + row * length);
+    std::copy(state.window.begin() + 1, state.window.end(), labels + row * length);
+  }
+  state.samples_consumed += state.batch_size * state.world_size;
+  return batch;
+}
+
+int64_t BatchSampler::samples_consumed() const { return impl_->samples_consumed; }
+
+void BatchSampler::seek(int64_t global_samples) {
+  LLM_REQUIRE(global_samples >= 0, "data", "resume",
+              "cannot resume at a negative sample count (" + std::to_string(global_samples) +
+                  "); the checkpoint's data position is corrupt");
+  impl_->samples_consumed = global_samples;
+}
+
+int64_t BatchSampler::num_windows() const { return impl_->num_windows; }
+
+}  // namespace llm

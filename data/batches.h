@@ -1,0 +1,49 @@
+// Turns a token file into this rank's batches, deterministically.
+//
+// The file is cut into non-overlapping windows of max_length + 1 tokens (inputs and shifted labels).
+// The last `eval_fraction` of the windows (at least one) is the held-out split; the rest is train.
+// Order (documented so a run can be replayed): epoch e visits the train windows in the permutation
+// drawn by std::mt19937_64 seeded with (seed, e) through a Fisher-Yates shuffle; sample k of the whole
+// run is permutation[k % n] of epoch k / n. Global sample k belongs to micro-batch k / global_micro,
+// and within it rank r takes positions [r * batch, (r + 1) * batch): ranks read disjoint windows and
+// N ranks see together exactly what one rank with an N times larger micro-batch sees.
+// Eval walks the held-out windows in file order, split across ranks the same way.
+// Exactly: each next() reads global samples [c + r * batch, c + (r + 1) * batch) on rank r, where c is
+// samples_consumed(), then advances c by batch * world_size. seek(c) may land anywhere (not only on a
+// micro-batch boundary), so a run can resume at another world size or batch size.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include <ATen/core/Tensor.h>
+
+#include "data/token_file.h"
+
+namespace llm {
+
+struct Batch {
+  at::Tensor input_ids;  // (batch, max_length) int64
+  at::Tensor labels;     // (batch, max_length) int64: input_ids shifted left by one
+};
+
+enum class Split { train, eval };
+
+class BatchSampler {
+ public:
+  // Throws UserError if the split has fewer windows than one global micro-batch needs at least
+  // once (the file is shorter than one window, or the eval split is empty).
+  BatchSampler(std::shared_ptr<const TokenFile> tokens, Split split, int64_t max_length,
+               double eval_fraction, uint64_t seed, int rank, int world_size, int64_t batch_size);
+
+  Batch next();                        // this rank's next micro-batch
+  int64_t samples_consumed() const;    // global samples consumed so far (all ranks)
+  void seek(int64_t global_samples);   // resume: continue as if that many were consumed
+  int64_t num_windows() const;         // windows in this split
+
+ private:
+  struct Impl;
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace llm

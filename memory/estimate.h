@@ -1,0 +1,131 @@
+// Predicts each rank's peak memory by category for a model config, the training flags and a world
+// size, without running: `trainer estimate`, and the "estimate" column of `trainer report`.
+//
+// The prediction replays one training step as the trainer runs it: the same StepPlan of per-unit
+// actions (sharding/step_plan.h) over the same units (model/units.h) and the same layouts
+// (sharding/flat_layout.h), and sums, at each timeline point and at the worst moment inside each
+// phase (its window), the buffers alive:
+//   persistent  fp32 master shard, bf16 compute shard (pure bf16), fp32 gradient shard, optimizer
+//               state (optim's optimizer_state_bytes() per parameter and rank), the batch and rotary
+//               tables
+//   parameters  + the gathered compute copies, as the plan gathers, prefetches and releases them
+//               (full_shard: the running unit and, with prefetch, the next; shard_grad_op: every
+//               unit from its forward to its backward; no_shard: all, always)
+//   activations the tensors autograd saves per unit, derived from the LLaMA units (model/units.h)
+//               (estimate.cpp lists them op by op), in the dtypes --dtype / --precision give them
+//   transients  the gather buffer, the reduce-scatter buffer and padded copies, the backward's
+//               gradient buffers, the loss's log-softmax, the optimizer's temporaries, GaLore's
+//               gathered gradient and SVD at a projector refresh
+// Nothing is calibrated from measurements; docs/memory.md has the formulas and the measured errors.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "config/config.h"
+#include "memory/categories.h"
+
+namespace llm {
+
+struct EstimateOptions {
+  int world_size = 1;
+  // The device the estimate is for: "cpu" or "cuda". Empty: the run's --device (auto = cuda).
+  std::string device;
+  double memory_budget_gib = 0;  // > 0: `trainer estimate` says whether each rank's peak fits
+  bool json = false;             // `trainer estimate --json`: the whole estimate as JSON
+  // Ranks sharing one node's host memory, consecutive world ranks (mpirun's default placement by
+  // slot). 0: every rank on one node.
+  int ranks_per_node = 0;
+  // A node's RAM, GiB, for the host verdict. 0: this machine's (MemTotal of /proc/meminfo).
+  double node_memory_gib = 0;
+  // Models with more decoder layers than this are not simulated layer by layer: the layers are
+  // identical units, so a few are simulated and the step of all of them is extrapolated from those,
+  // exactly (estimate.cpp, extrapolate_layers): the cost does not grow with the depth. Their phases
+  // list every layer up to 4096 layers; beyond, each pass's first and last few (which hold its
+  // maxima). Tests lower it to check the extrapolation against the full simulation.
+  int64_t simulate_layers_up_to = 256;
+};
+
+// One phase's window: the largest total inside it, and the categories at its closing point.
+struct PhaseEstimate {
+  std::string label;           // "forward:layer.0", "backward:head", "optimizer", ...
+  int64_t peak_bytes = 0;      // the worst moment inside the window
+  MemoryCategories at_point;   // at the closing point (what the ledger's point records)
+};
+
+// What a CUDA rank's device holds beside its tensors, which the simulation does not see (it counts
+// tensors, the caching allocator's allocated bytes). Budgets from documented defaults, not yet
+// measured on our GPUs (docs/memory.md says where each comes from; the GPU kit's probe measures
+// them):
+//   modules            kernel images loaded after the context exists (LibTorch's, cuBLAS's,
+//                      flash attention's; CUDA loads modules lazily): 512 MiB
+//   cublas_workspaces  one workspace per (cuBLAS handle, stream) for cuBLAS and one for cuBLASLt,
+//                      32 MiB each on sm_90 (NVIDIA's recommendation, LibTorch's default), from the
+//                      caching allocator; the main thread's handle and the autograd engine's on the
+//                      compute stream, and the main thread's on the reduce stream (the shard's
+//                      norm): 160 MiB
+//   nccl_buffers       several ranks over NCCL (not --communicator mpi): per channel (up to 32 on
+//                      Hopper) the Simple (4 MiB),
+//                      LL128 (~4.5 MiB) and LL (256 KiB) buffers, for the ring's and the tree's peers
+//                      (2 x 32 x 9 MiB): 576 MiB; 0 at one rank or over MPI
+//   allocator_slack    reserved over allocated: blocks cached on one stream that another cannot use,
+//                      rounding of large blocks to 2 MiB, fragmentation: 1/16 of the peak + 40 MiB
+// The CUDA context itself is created before the free memory is read, so it is already taken off.
+struct CudaRuntimeBytes {
+  int64_t modules = 0, cublas_workspaces = 0, nccl_buffers = 0, allocator_slack = 0;
+  int64_t total() const { return modules + cublas_workspaces + nccl_buffers + allocator_slack; }
+};
+CudaRuntimeBytes cuda_runtime_bytes(int64_t tensor_peak_bytes, bool nccl);
+
+struct RankEstimate {
+  int rank = 0;
+  int64_t peak_bytes = 0;       // largest window peak of a training step (eval included)
+  std::string peak_phase;
+  MemoryCategories max;         // each category's largest value at any point
+  MemoryCategories at_peak;     // the categories at the point closing the peak's window
+  int64_t checkpoint_peak_bytes = 0;  // writing a checkpoint: what the step left behind (nothing gathered)
+  // Host memory the rank's training holds at its peak: on a CPU rank its whole peak; on CUDA what
+  // --offload optimizer keeps in host memory (the process itself, LibTorch and the CUDA context's
+  // host side, is not modelled), of which pinned_bytes are page-locked.
+  int64_t host_bytes = 0;
+  int64_t pinned_bytes = 0;
+  // --async_save: the host copy a background save keeps (in host_bytes, and in pinned_bytes on CUDA
+  // without --offload optimizer).
+  int64_t async_save_host_bytes = 0;
+  // CUDA: the device memory beside the tensors (zero on CPU); peak_bytes + runtime.total() is what
+  // the start-up check compares with the GPU's free memory.
+  CudaRuntimeBytes runtime;
+  std::vector<PhaseEstimate> phases;
+};
+
+// The ranks of one node (consecutive world ranks) and the host memory they hold together: the sum of
+// their host peaks (the ranks step in lockstep, so their peaks meet).
+struct NodeEstimate {
+  int first_rank = 0;
+  int ranks = 1;
+  int64_t host_bytes = 0;
+  int64_t pinned_bytes = 0;
+};
+
+struct MemoryEstimate {
+  std::string device;           // "cpu" or "cuda"
+  int gathered_units = 1;       // the gather schedule's peak of units gathered at once
+  std::vector<RankEstimate> ranks;
+  std::vector<NodeEstimate> nodes;  // EstimateOptions::ranks_per_node ranks each, the last maybe fewer
+};
+
+// run must be validated for options.world_size (validate_run_config), so gradient_accumulation
+// and total_batch_size are set.
+MemoryEstimate estimate_memory(const ModelConfig& model, const RunConfig& run, const EstimateOptions& options);
+
+nlohmann::json estimate_to_json(const MemoryEstimate& estimate);
+
+// What `trainer estimate` prints: the settings, a per-rank table by category, the phase of the
+// peak, the checkpoint peak, with a budget whether every rank fits, and each node's host memory
+// against its RAM.
+std::string run_estimate_command(const ModelConfig& model, const RunConfig& run, const EstimateOptions& options);
+
+}  // namespace llm

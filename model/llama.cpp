@@ -1,0 +1,259 @@
+#include "model/llama.h"
+
+#include <ATen/ops/scaled_dot_product_attention.h>
+#include <torch/nn/functional/activation.h>
+
+#include <set>
+#include <sstream>
+
+#include "common/allocation_failure.h"
+#include "common/errors.h"
+
+namespace llm {
+namespace {
+
+// HF rotate_half: (x1, x2) -> (-x2, x1) on the two halves of the last dim.
+at::Tensor rotate_half(const at::Tensor& x) {
+  int64_t half = x.size(-1) / 2;
+  return at::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
+}
+
+// x (B, heads, T, head_dim); cos, sin (T, head_dim)
+at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  return x * cos + rotate_half(x) * sin;
+}
+
+torch::nn::Linear make_linear(int64_t in, int64_t out) {
+  return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
+}
+
+}  // namespace
+
+RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
+  weight = register_parameter("weight", at::ones({dim}));
+}
+
+at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
+  at::Tensor x32 = x.to(at::kFloat);
+  at::Tensor variance = x32.pow(2).mean(-1, /*keepdim=*/true);
+  at::Tensor normed = (x32 * at::rsqrt(variance + eps_)).to(x.scalar_type());
+  return weight * normed;
+}
+
+AttentionImpl::AttentionImpl(const ModelConfig& config)
+    : num_heads_(config.num_attention_heads),
+      num_kv_heads_(config.num_key_value_heads),
+      head_dim_(config.head_dim()) {
+  const int64_t hidden = config.hidden_size;
+  q_proj = register_module("q_proj", make_linear(hidden, num_heads_ * head_dim_));
+  k_proj = register_module("k_proj", make_linear(hidden, num_kv_heads_ * head_dim_));
+  v_proj = register_module("v_proj", make_linear(hidden, num_kv_heads_ * head_dim_));
+  o_proj = register_module("o_proj", make_linear(num_heads_ * head_dim_, hidden));
+}
+
+at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos,
+                                  const at::Tensor& sin) {
+  const int64_t batch = x.size(0), seq = x.size(1);
+  // (B, T, heads * D) -> (B, heads, T, D)
+  at::Tensor q = q_proj(x).view({batch, seq, num_heads_, head_dim_}).transpose(1, 2);
+  at::Tensor k = k_proj(x).view({batch, seq, num_kv_heads_, head_dim_}).transpose(1, 2);
+  at::Tensor v = v_proj(x).view({batch, seq, num_kv_heads_, head_dim_}).transpose(1, 2);
+  q = apply_rotary(q, cos, sin);
+  k = apply_rotary(k, cos, sin);
+  const bool grouped = num_kv_heads_ != num_heads_;
+  at::Tensor attended = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, 0.0,
+                                                         /*is_causal=*/true, std::nullopt, grouped);
+  // (B, heads, T, D) -> (B, T, heads * D)
+  return o_proj(attended.transpose(1, 2).reshape({batch, seq, num_heads_ * head_dim_}));
+}
+
+MLPImpl::MLPImpl(const ModelConfig& config) {
+  gate_proj = register_module("gate_proj", make_linear(config.hidden_size, config.intermediate_size));
+  up_proj = register_module("up_proj", make_linear(config.hidden_size, config.intermediate_size));
+  down_proj = register_module("down_proj", make_linear(config.intermediate_size, config.hidden_size));
+}
+
+at::Tensor MLPImpl::forward(const at::Tensor& x) {
+  return down_proj(torch::nn::functional::silu(gate_proj(x)) * up_proj(x));
+}
+
+DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& config) {
+  self_attn = register_module("self_attn", Attention(config));
+  mlp = register_module("mlp", MLP(config));
+  input_layernorm =
+      register_module("input_layernorm", RMSNorm(config.hidden_size, config.rms_norm_eps));
+  post_attention_layernorm = register_module(
+      "post_attention_layernorm", RMSNorm(config.hidden_size, config.rms_norm_eps));
+}
+
+at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos,
+                                     const at::Tensor& sin) {
+  at::Tensor h = x + self_attn(input_layernorm(x), cos, sin);
+  return h + mlp(post_attention_layernorm(h));
+}
+
+LlamaBackboneImpl::LlamaBackboneImpl() {
+  layers = register_module("layers", torch::nn::ModuleList());
+}
+
+// Registration order is embed_tokens, layers, norm (the HF order of named_parameters) because the
+// layers list is registered by the constructor, before any unit exists, and the rest are added in
+// forward order.
+void LlamaBackboneImpl::add_embedding(const ModelConfig& config, int64_t padding_row) {
+  embed_tokens = register_module(
+      "embed_tokens",
+      torch::nn::Embedding(torch::nn::EmbeddingOptions(config.vocab_size, config.hidden_size).padding_idx(padding_row)));
+}
+
+void LlamaBackboneImpl::add_layer(const ModelConfig& config) { layers->push_back(DecoderLayer(config)); }
+
+void LlamaBackboneImpl::add_norm(const ModelConfig& config) {
+  norm = register_module("norm", RMSNorm(config.hidden_size, config.rms_norm_eps));
+}
+
+LlamaForCausalLMImpl::LlamaForCausalLMImpl(const ModelConfig& config, UnitBuiltHook on_unit_built)
+    : config_(config), units_(describe_units(config)) {
+  LLM_REQUIRE(!config.tie_word_embeddings, config.name, "tie_word_embeddings",
+              "tied embeddings are not supported (the GaLore family is untied); set it to false");
+  model = register_module("model", LlamaBackbone());
+  for (size_t u = 0; u < units_.size(); ++u) {
+    allocating("unit " + units_[u].name + " of the model", [&] { build_unit(units_[u]); });
+    NamedTensors parameters = unit_parameters(u);
+    // The description and the modules are two statements of one model: they must agree exactly.
+    bool same = parameters.size() == units_[u].parameters.size();
+    for (size_t i = 0; same && i < parameters.size(); ++i)
+      same = parameters[i].first == units_[u].parameters[i].name &&
+             parameters[i].second.sizes() == at::IntArrayRef(units_[u].parameters[i].shape);
+    if (!same) throw std::logic_error("unit " + units_[u].name + ": the modules built differ from its description");
+    if (on_unit_built) on_unit_built(units_[u], std::move(parameters));
+  }
+}
+
+void LlamaForCausalLMImpl::build_unit(const UnitSpec& unit) {
+  switch (unit.kind) {
+    case UnitKind::embedding:
+      model->add_embedding(config_, unit.parameters.front().zero_row);
+      break;
+    case UnitKind::decoder_layer:
+      model->add_layer(config_);
+      layers_.push_back(model->layers[unit.layer]->as<DecoderLayerImpl>());
+      break;
+    case UnitKind::head:
+      model->add_norm(config_);
+      lm_head = register_module("lm_head", make_linear(config_.hidden_size, config_.vocab_size));
+      break;
+  }
+}
+
+NamedTensors LlamaForCausalLMImpl::unit_parameters(size_t unit) {
+  const UnitSpec& spec = units_.at(unit);
+  switch (spec.kind) {
+    case UnitKind::embedding:
+      return named_parameters_with_prefix(*model->embed_tokens, "model.embed_tokens.");
+    case UnitKind::decoder_layer:
+      return named_parameters_with_prefix(*layers_.at(spec.layer), "model.layers." + std::to_string(spec.layer) + ".");
+    case UnitKind::head: {
+      NamedTensors parameters = named_parameters_with_prefix(*model->norm, "model.norm.");
+      for (auto& named : named_parameters_with_prefix(*lm_head, "lm_head.")) parameters.push_back(named);
+      return parameters;
+    }
+  }
+  return {};
+}
+
+std::pair<at::Tensor, at::Tensor> LlamaForCausalLMImpl::rotary_tables(int64_t seq_len,
+                                                                      at::ScalarType dtype,
+                                                                      at::Device device) {
+  if (!rotary_cos_.defined() || rotary_cos_.size(0) < seq_len || rotary_cos_.device() != device) {
+    // As HF: inv_freq = 1 / base^(2i / D) in fp32; angles = position * inv_freq; emb = [f, f].
+    const int64_t dim = config_.head_dim();
+    at::TensorOptions f32 = at::TensorOptions().dtype(at::kFloat).device(device);
+    at::Tensor exponents = at::arange(0, dim, 2, f32.dtype(at::kLong)).to(at::kFloat) / dim;
+    at::Tensor inv_freq = 1.0 / at::pow(config_.rope_theta, exponents).to(device);
+    at::Tensor positions = at::arange(seq_len, f32);
+    at::Tensor angles = at::outer(positions, inv_freq);        // (T, D/2)
+    at::Tensor emb = at::cat({angles, angles}, -1);            // (T, D)
+    rotary_cos_ = emb.cos();
+    rotary_sin_ = emb.sin();
+  }
+  return {rotary_cos_.slice(0, 0, seq_len).to(dtype), rotary_sin_.slice(0, 0, seq_len).to(dtype)};
+}
+
+at::Tensor LlamaForCausalLMImpl::forward_unit(size_t unit, const at::Tensor& input, UnitContext& context) {
+  const UnitSpec& spec = units_.at(unit);
+  switch (spec.kind) {
+    case UnitKind::embedding: {
+      at::Tensor hidden = model->embed_tokens(input);  // (B, T, hidden)
+      std::tie(context.cos, context.sin) = rotary_tables(input.size(1), hidden.scalar_type(), hidden.device());
+      return hidden;
+    }
+    case UnitKind::decoder_layer:
+      return layers_[spec.layer]->forward(input, context.cos.to(input.scalar_type()),
+                                          context.sin.to(input.scalar_type()));
+    case UnitKind::head:
+      return lm_head(model->norm(input));  // (B, T, vocab)
+  }
+  return {};
+}
+
+at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& input_ids) {
+  UnitContext context;
+  at::Tensor x = input_ids;
+  for (size_t u = 0; u < units_.size(); ++u) x = forward_unit(u, x, context);
+  return x;
+}
+
+void LlamaForCausalLMImpl::init_weights(uint64_t seed) {
+  for (size_t u = 0; u < units_.size(); ++u)
+    init_unit_weights(units_[u], unit_parameters(u), config_.initializer_range, seed);
+}
+
+NamedTensors named_parameters_with_prefix(torch::nn::Module& module, const std::string& prefix) {
+  NamedTensors named;
+  for (const auto& item : module.named_parameters(/*recurse=*/true))
+    named.emplace_back(prefix + item.key(), item.value());
+  return named;
+}
+
+void init_unit_weights(const UnitSpec& unit, const NamedTensors& parameters, double initializer_range,
+                       uint64_t seed) {
+  at::NoGradGuard no_grad;
+  // A distinct, reproducible stream per unit (splitmix-style odd multiplier keeps seeds apart).
+  at::Generator generator =
+      at::detail::createCPUGenerator(seed * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(unit.index) + 1);
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    const ParameterSpec& spec = unit.parameters.at(i);
+    const at::Tensor& param = parameters[i].second;
+    if (spec.init == ParameterInit::ones) {
+      param.fill_(1.0);
+      continue;
+    }
+    at::Tensor values = at::empty(param.sizes(), at::kFloat);
+    values.normal_(0.0, initializer_range, generator);
+    param.copy_(values);
+    if (spec.zero_row >= 0) param[spec.zero_row].zero_();
+  }
+}
+
+std::vector<std::pair<std::string, at::Tensor>> named_parameters_in_order(torch::nn::Module& module) {
+  return named_parameters_with_prefix(module, "");
+}
+
+void load_named_tensors(torch::nn::Module& module, const std::map<std::string, at::Tensor>& tensors,
+                        const std::string& source) {
+  at::NoGradGuard no_grad;
+  std::set<std::string> seen;
+  for (auto& [name, param] : named_parameters_in_order(module)) {
+    auto found = tensors.find(name);
+    LLM_REQUIRE(found != tensors.end(), source, name, "missing parameter");
+    std::ostringstream expected;
+    expected << "shape " << param.sizes() << " expected, found " << found->second.sizes();
+    LLM_REQUIRE(found->second.sizes() == param.sizes(), source, name, expected.str());
+    param.copy_(found->second);
+    seen.insert(name);
+  }
+  for (const auto& [name, tensor] : tensors)
+    LLM_REQUIRE(seen.count(name) == 1, source, name, "unexpected parameter (not in this model)");
+}
+
+}  // namespace llm
