@@ -3,6 +3,11 @@
 // trainer/metrics.h. Mixed precision has two forms for --dtype bfloat16: "mixed" (fp32 weights,
 // forward under bf16 autocast) and "pure" (bf16 weights as GaLore's --dtype bfloat16, but with fp32
 // master weights and fp32 optimizer state kept beside them, so small updates are not rounded away).
+//
+// Where each part lives: the set-up and the run loop in trainer/train_loop.cpp, one step in
+// trainer/train_step.cpp (both members of Training, trainer/training.h), the checkpoints in
+// trainer/run_checkpoints.h and the run's records (metrics.jsonl, the memory ledger) in
+// trainer/run_records.h.
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,135 @@
+#include "trainer/run_records.h"
+
+#include <ATen/Parallel.h>
+
+#include <filesystem>
+#include <sstream>
+#include <vector>
+
+#include "checkpoint/interchange/pretrained.h"
+#include "common/log.h"
+#include "memory/categories.h"
+#include "optim/shard_optimizer.h"
+#include "sharding/communicator.h"
+#include "sharding/sharded_model.h"
+#include "trainer/preemption.h"
+#include "trainer/train_loop.h"
+
+namespace llm {
+namespace fs = std::filesystem;
+namespace {
+
+// The end-of-run record of the gather order: tests read the peak from it.
+nlohmann::json gather_schedule_record(const ShardedModel& sharded) {
+  const GatherSchedule& schedule = sharded.plan().gathers();
+  return {{"event", "gather_schedule"},
+          {"strategy", to_string(sharded.options().strategy)},
+          // One rank or no_shard: every unit is its own shard and is never gathered.
+          {"units_resident", sharded.unit_count() > 0 && sharded.unit(0).resident()},
+          {"prefetch", schedule.prefetch()},
+          {"side_stream", sharded.has_gather_stream()},
+          {"units", schedule.unit_count()},
+          {"peak_gathered_units", sharded.peak_gathered_units()},
+          {"schedule_peak_gathered_units", schedule.peak_gathered_units()},
+          {"inline_gathers", schedule.inline_gathers()},
+          {"prefetches", schedule.prefetches()}};
+}
+
+}  // namespace
+
+RunRecords::RunRecords(const ModelConfig& model_config, const RunConfig& run, const RuntimeContext& context)
+    : model_config_(model_config),
+      run_(run),
+      context_(context),
+      metrics_((fs::path(run.logging.run_dir) / "metrics.jsonl").string(), context.rank == 0, context.world_size == 1,
+               !run.checkpoint.continue_from.empty()),
+      ledger_(run.logging.run_dir, context.rank, context.world_size, context.device,
+              {{"model", model_config.name}, {"optimizer", run.optimizer.name}, {"dtype", to_string(run.precision.dtype)},
+               {"precision", to_string(run.precision.mode)}, {"sharding", to_string(run.sharding.strategy)}},
+              !run.checkpoint.continue_from.empty()) {}
+
+void RunRecords::start(const RunStart& start) {
+  const c10::Device device = context_.device;
+  metrics_.write({{"event", "start"}, {"model", model_config_.to_json()}, {"run", run_.to_json()},
+                  {"world_size", context_.world_size}, {"device", device.str()},
+                  {"host_threads", at::get_num_threads()}, {"communicator", start.communicator}, {"sharding", to_string(run_.sharding.strategy)},
+                  {"parameters", model_config_.num_parameters()}, {"shard_parameter_bytes", start.shard_parameter_bytes},
+                  {"optimizer", run_.optimizer.name}, {"optimizer_state_bytes", start.optimizer_state_bytes},
+                  {"startup_peak_parameter_bytes", start.startup_peak_parameter_bytes},
+                  {"largest_unit_parameter_bytes", start.largest_unit_parameter_bytes},
+                  {"corpus_unigram_entropy", start.corpus_unigram_entropy},
+                  {"corpus_entropy_rate", start.corpus_entropy_rate}, {"start_step", start.start_step}, {"run_id", start.run_id},
+                  {"resumed_from", start.resumed_from.empty() ? nlohmann::json() : nlohmann::json(start.resumed_from)}});
+  log::info("model {}: {:.2f}M parameters on {} x {} ({}, {}, {} host threads per rank), {} steps of {} sequences x {} tokens",
+            model_config_.name, model_config_.num_parameters() / 1e6, context_.world_size, device.str(),
+            start.communicator, to_string(run_.sharding.strategy), at::get_num_threads(),
+            run_.num_training_steps, run_.data.total_batch_size,
+            run_.data.max_length);
+  log::info("optimizer {}: {} of state on this rank{}", run_.optimizer.name, human_bytes(start.optimizer_state_bytes),
+            start.offloaded ? ", in host memory with the fp32 masters (--offload optimizer)" : "");
+  if (context_.init_from != nullptr)
+    log::info("--init_from {}: read this rank's rows, {} bytes ({}) of the folder's {} bytes of weights",
+              context_.init_from->folder(), start.init_from_bytes, human_bytes(start.init_from_bytes),
+              context_.init_from->weight_bytes());
+}
+
+void RunRecords::sharded_state(const ShardedModel& sharded, const ShardOptimizer& optimizer, Communicator& communicator) {
+  const int world = communicator.world_size(), rank = communicator.rank();
+  int64_t parameters = 0, gradients = 0, materialized = 0;
+  for (size_t u = 0; u < sharded.unit_count(); ++u) {
+    const ShardedUnit& unit = sharded.unit(u);
+    // The device's persistent rows: the master, or once offloaded the compute-dtype copy.
+    parameters += static_cast<int64_t>(unit.master_offloaded() ? unit.compute_shard().nbytes() : unit.master_shard().nbytes());
+    // 0 with offload: the shard is transient, gone to host memory after each backward.
+    gradients += unit.gradient_shard().defined() ? static_cast<int64_t>(unit.gradient_shard().nbytes()) : 0;
+    materialized += unit.compute_parameter_bytes();
+  }
+  at::Tensor table = at::zeros({world, 4}, at::TensorOptions().dtype(at::kLong).device(communicator.device()));
+  table[rank] = at::tensor({parameters, gradients, optimizer.state_bytes(), materialized}, at::kLong)
+                    .to(communicator.device());
+  if (world > 1) communicator.all_reduce(table, ReduceOp::sum);
+  table = table.to(at::kCPU);
+  nlohmann::json ranks = nlohmann::json::array();
+  for (int r = 0; r < world; ++r)
+    ranks.push_back({{"rank", r}, {"parameter_shard_bytes", table[r][0].item<int64_t>()},
+                     {"gradient_shard_bytes", table[r][1].item<int64_t>()},
+                     {"optimizer_state_bytes", table[r][2].item<int64_t>()},
+                     {"materialized_parameter_bytes", table[r][3].item<int64_t>()}});
+  metrics_.write({{"event", "sharded_state"}, {"ranks", ranks}});
+}
+
+void RunRecords::preempted_before_first_step(int64_t start_step, int signal) {
+  metrics_.write({{"event", "preempted"}, {"step", start_step}, {"signal", signal_name(signal)},
+                  {"checkpoint", nlohmann::json()}, {"before_first_step", true}});
+}
+
+void RunRecords::finish(int64_t steps, int64_t steps_run, const ShardedModel& model, Communicator& communicator,
+                        double final_loss, double final_eval_loss, int preempted_by,
+                        const std::string& preemption_checkpoint) {
+  finish_memory_ledger(steps_run, communicator);
+  metrics_.write(gather_schedule_record(model));
+  if (preempted_by != 0)
+    metrics_.write({{"event", "preempted"}, {"step", steps}, {"signal", signal_name(preempted_by)},
+                    {"checkpoint", preemption_checkpoint.empty() ? nlohmann::json() : nlohmann::json(preemption_checkpoint)}});
+  else
+    metrics_.write({{"event", "end"}, {"steps", steps}, {"final_loss", final_loss},
+                    {"final_eval_loss", final_eval_loss}, {"peak_memory_bytes", ledger_.step_line_peak_bytes()}});
+}
+
+// The end of the run's ledger (collective): rank 0 writes RUN_DIR/memory_report.md, and every rank's
+// summary and every node's host figures go into metrics.jsonl as one "memory" record.
+void RunRecords::finish_memory_ledger(int64_t steps_run, Communicator& communicator) {
+  std::ostringstream description;
+  description << "Run `" << run_.logging.run_dir << "`: " << model_config_.name << ", " << run_.optimizer.name << ", "
+              << to_string(run_.precision.dtype)
+              << (run_.precision.dtype == DType::bfloat16 ? std::string(" (") + to_string(run_.precision.mode) + ")" : "") << ", "
+              << to_string(run_.sharding.strategy) << ", " << context_.world_size << " rank(s) on " << context_.device.str()
+              << ", batch " << run_.data.batch_size << " x " << run_.data.max_length << " tokens, " << steps_run << " step(s).";
+  const std::vector<RankMemorySummary> summaries = ledger_.finish(communicator, "Memory report", description.str());
+  nlohmann::json ranks = nlohmann::json::array(), nodes = nlohmann::json::array();
+  for (const RankMemorySummary& rank : summaries) ranks.push_back(rank.to_json());
+  for (const NodeMemorySummary& node : by_node(summaries)) nodes.push_back(node.to_json());
+  metrics_.write({{"event", "memory"}, {"ranks", ranks}, {"nodes", nodes}});
+}
+
+}  // namespace llm

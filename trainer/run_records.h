@@ -1,0 +1,74 @@
+// The run's records: RUN_DIR/metrics.jsonl (trainer/metrics.h) and the memory ledger
+// (memory/ledger.h), and the records a run writes once: the start (settings, sizes, where it
+// resumed from), every rank's persistent state after the first step, and the end (the memory
+// summary, the gather order, and how the run ended). Training feeds it; nothing here steers a step.
+//
+// It is the first thing a Training builds: the ledger's start-up window begins when it opens, so the
+// start-up peak covers the data, the model and the optimizer that follow.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <c10/core/Device.h>
+#include <nlohmann/json.hpp>
+
+#include "config/config.h"
+#include "memory/ledger.h"
+#include "trainer/metrics.h"
+
+namespace llm {
+
+class Communicator;
+class ShardOptimizer;
+class ShardedModel;
+struct RuntimeContext;
+
+// What the start record says beyond the run's settings.
+struct RunStart {
+  std::string communicator;                   // the device communicator's backend
+  int64_t shard_parameter_bytes = 0;          // this rank's fp32 master rows
+  int64_t optimizer_state_bytes = 0;          // this rank's optimizer state
+  int64_t startup_peak_parameter_bytes = 0;   // parameter storage held at once while building
+  int64_t largest_unit_parameter_bytes = 0;
+  double corpus_unigram_entropy = 0;          // synthetic data only, else 0
+  double corpus_entropy_rate = 0;
+  int64_t start_step = 0;
+  std::string run_id;
+  std::string resumed_from;                   // "" for a fresh run
+  bool offloaded = false;                     // --offload optimizer
+  int64_t init_from_bytes = 0;                // --init_from: bytes of the folder this rank read
+};
+
+class RunRecords {
+ public:
+  // A resumed run (--continue_from) appends to the run's history; a fresh one starts it.
+  RunRecords(const ModelConfig& model_config, const RunConfig& run, const RuntimeContext& context);
+
+  MetricsLog& metrics() { return metrics_; }
+  MemoryLedger& ledger() { return ledger_; }
+
+  // The "start" record and the start-up log lines.
+  void start(const RunStart& start);
+  // Every rank's persistent training state, counted from the buffers that exist after a step (a
+  // collective): one "sharded_state" record with a row per rank.
+  void sharded_state(const ShardedModel& model, const ShardOptimizer& optimizer, Communicator& communicator);
+  // A preemption signal during start-up: the run stops before its first step.
+  void preempted_before_first_step(int64_t start_step, int signal);
+  // The end of the run (a collective): the memory ledger's summary (rank 0 writes
+  // RUN_DIR/memory_report.md), the gather order, and an "end" record, or a "preempted" one when
+  // preempted_by is a signal.
+  void finish(int64_t steps, int64_t steps_run, const ShardedModel& model, Communicator& communicator,
+              double final_loss, double final_eval_loss, int preempted_by, const std::string& preemption_checkpoint);
+
+ private:
+  void finish_memory_ledger(int64_t steps_run, Communicator& communicator);
+
+  const ModelConfig& model_config_;
+  const RunConfig& run_;
+  const RuntimeContext& context_;
+  MetricsLog metrics_;
+  MemoryLedger ledger_;
+};
+
+}  // namespace llm

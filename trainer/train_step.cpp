@@ -1,0 +1,230 @@
+// One optimizer step (Training::train_step) and evaluation: the micro-batches' forward and backward,
+// the loss averaged over ranks, the checks that stop a run before a bad update, clipping and the
+// optimizer; and --fuse_optimizer_with_backward's step per unit.
+#include <cmath>
+#include <sstream>
+
+#include "common/device.h"
+#include "common/errors.h"
+#include "sharding/world.h"
+#include "trainer/autocast.h"
+#include "trainer/schedule.h"
+#include "trainer/training.h"
+
+namespace llm {
+namespace {
+
+// On a GPU the batch goes through page-locked memory and its copy is queued without waiting (a
+// pageable copy makes the host wait for the GPU); the caching host allocator keeps the page-locked
+// block until the copy has read it.
+Batch to_device(Batch batch, c10::Device device) {
+  if (!device.is_cuda()) return {batch.input_ids.to(device), batch.labels.to(device)};
+  return {batch.input_ids.pin_memory().to(device, /*non_blocking=*/true),
+          batch.labels.pin_memory().to(device, /*non_blocking=*/true)};
+}
+
+// The mean over ranks of a value each rank holds on its device as a double (a loss summed over
+// micro-batches in double, as the host would), read on the host once: the step's one read of it.
+double average_over_ranks(const at::Tensor& value, Communicator& communicator) {
+  at::Tensor tensor = value.reshape({1});
+  if (communicator.world_size() > 1) {
+    tensor = tensor.to(at::kFloat);
+    communicator.all_reduce(tensor, ReduceOp::average);
+  }
+  return read_to_host(tensor);
+}
+
+// Global L2 norm over every rank's gradient shard. no_shard ranks each hold the whole gradient: no
+// reduction then. Each unit's squared norm (a dot product of its flat shard with itself: one pass, no
+// temporary) was taken as the shard was reduced (ShardedUnit::gradient_squares), so with offload the
+// shard may be gone to host memory already; the sum runs in unit order, as one pass over the shards
+// at the end of the step would.
+double global_gradient_norm(ShardedModel& model, Communicator& communicator) {
+  at::Tensor squares = at::zeros({1}, model.unit(0).gradient_squares().options());
+  for (size_t u = 0; u < model.unit_count(); ++u) squares += model.unit(u).gradient_squares();
+  if (model.options().strategy != ShardingStrategy::no_shard) communicator.all_reduce(squares, ReduceOp::sum);
+  return std::sqrt(read_to_host(squares));
+}
+
+// What the gradients are multiplied by to clip them to max_norm (torch's clip_grad_norm_ rule); 1
+// when they are within it or clipping is off.
+double clip_coefficient(double norm, double max_norm) {
+  if (max_norm > 0 && std::isfinite(norm)) {
+    const double coefficient = max_norm / (norm + 1e-6);
+    if (coefficient < 1.0) return coefficient;
+  }
+  return 1.0;
+}
+
+}  // namespace
+
+double Training::lr_at(int64_t step) const {
+  return run_.optimizer.lr * lr_multiplier(run_.optimizer.scheduler, step, run_.optimizer.warmup_steps.value(),
+                                           run_.num_training_steps, run_.optimizer.min_lr_ratio);
+}
+
+std::string Training::what_to_change() const {
+  std::ostringstream out;
+  out << "Lower --lr (now " << run_.optimizer.lr << "), ";
+  if (!run_.fuse_optimizer_with_backward)
+    out << "set --grad_clipping (now " << run_.optimizer.grad_clipping << (run_.optimizer.grad_clipping > 0 ? "" : ", e.g. 1.0")
+        << "), ";
+  out << "raise --warmup_steps (now " << run_.optimizer.warmup_steps.value() << "), or use --dtype float32";
+  return out.str();
+}
+
+std::string Training::non_finite_gradients() const {
+  std::string names;
+  for (size_t u = 0; u < sharded_.unit_count(); ++u)
+    if (!std::isfinite(sharded_.unit(u).gradient_squares().item<double>()))
+      names += (names.empty() ? "" : ", ") + sharded_.unit(u).name();
+  return names.empty() ? "no unit of this rank" : names;
+}
+
+void Training::fused_step(size_t unit) {
+  ShardedUnit& sharded = sharded_.unit(unit);
+  StepTimer::Scope timed(&timer_, StepPhase::optimizer);
+  sharded.wait_reduced();  // the step reads the shard on the compute stream
+  device_optimizer_->set_unit_gradient(unit, sharded.gradient_shard());
+  device_optimizer_->step_unit(unit, fused_lr_);
+  device_optimizer_->set_unit_gradient(unit, at::Tensor());
+  sharded.publish_shard();
+  sharded.take_gradient_shard();  // the last reference: the shard is freed here
+}
+
+// One optimizer step: each micro-batch's forward and backward (the last one reduces every unit's
+// gradients into its shard as its backward ends), the loss averaged over ranks, global-norm clipping,
+// the optimizer unit by unit, and the compute shards refreshed from the masters.
+// With --fuse_optimizer_with_backward a unit's step runs as soon as its gradient shard is reduced
+// (gradient_shard_ready, in the last micro-batch's backward), at the step's lr, and its shard is freed
+// right after; clipping is off (validated), so nothing waits for the global norm. A non-finite loss
+// stops the run before the last backward (one host read); a non-finite gradient is found by the
+// step's one finiteness check, after the units stepped: the run stops naming those units, and nothing
+// of the step is saved (a read per unit would drain the GPU once per unit).
+StepResult Training::train_step(int64_t step) {
+  timer_.begin_step();
+  ledger_.begin_step(step);
+  if (run_.fuse_optimizer_with_backward) {
+    fused_lr_ = lr_at(step);
+    device_optimizer_->begin_step();
+  }
+  const int64_t reads_before = host_reads();
+  const at::Tensor loss_sum = forward_backward(step);
+  StepResult result;
+  {
+    StepTimer::Scope timed(&timer_, StepPhase::collectives);
+    result.loss = average_over_ranks(loss_sum / static_cast<double>(run_.data.gradient_accumulation), communicator_);
+  }
+  {
+    StepTimer::Scope timed(&timer_, StepPhase::optimizer);
+    result.grad_norm = global_gradient_norm(sharded_, communicator_);
+    stop_unless_finite(step, result);
+    stop_if_diverged(step, result);
+    result.lr = lr_at(step);
+    update(result.lr, clip_coefficient(result.grad_norm, run_.optimizer.grad_clipping));
+  }
+  ledger_.point("optimizer", "", owned_now());
+  state_.step = step;
+  state_.samples_consumed = train_batches_.samples_consumed();
+  state_.tokens_seen += run_.data.total_batch_size * run_.data.max_length;
+  result.phase_seconds = timer_.end_step();
+  result.host_reads = host_reads() - reads_before;
+  return result;
+}
+
+// The micro-batches' forward and backward; their losses summed on the device in double (what the
+// host's sum of their values gave), read once, at the end of the step.
+at::Tensor Training::forward_backward(int64_t step) {
+  const bool fused = run_.fuse_optimizer_with_backward;
+  at::Tensor loss_sum = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device_));
+  for (int64_t micro = 0; micro < run_.data.gradient_accumulation; ++micro) {
+    Batch batch = to_device(train_batches_.next(), device_);
+    ledger_.set_micro_batch(micro);
+    live_batch_bytes_ = static_cast<int64_t>(batch.input_ids.nbytes() + batch.labels.nbytes());
+    Activations boundaries;
+    {
+      AutocastRegion region(device_.type(), at::kBFloat16, autocast_);
+      boundaries = sharded_.forward(batch.input_ids, Pass::train);
+    }
+    at::Tensor loss;
+    {
+      StepTimer::Scope timed(&timer_, StepPhase::forward);
+      loss = causal_lm_loss(boundaries.back().output, batch.labels);
+      loss_sum += loss.detach().to(at::kDouble);
+    }
+    const bool last = micro + 1 == run_.data.gradient_accumulation;
+    const double checked_sum = fused && last ? read_to_host(loss_sum) : 0.0;
+    if (!std::isfinite(checked_sum)) {
+      std::ostringstream message;
+      message << "step " << step << ": the loss is " << checked_sum / static_cast<double>(run_.data.gradient_accumulation)
+              << " on this rank; training stopped before the fused backward updated anything. " << what_to_change();
+      throw TrainingError(message.str());
+    }
+    sharded_.backward(boundaries, loss / static_cast<double>(run_.data.gradient_accumulation), /*reduce=*/last);
+  }
+  live_batch_bytes_ = 0;
+  return loss_sum;
+}
+
+void Training::stop_unless_finite(int64_t step, const StepResult& result) const {
+  if (std::isfinite(result.loss) && std::isfinite(result.grad_norm)) return;
+  std::ostringstream message;
+  message << "step " << step << ": the loss is " << result.loss << " and the gradient norm " << result.grad_norm;
+  if (run_.fuse_optimizer_with_backward)  // only now, on the way out: the units whose gradient is not finite
+    message << "; the gradient is not finite in " << non_finite_gradients()
+            << " (--fuse_optimizer_with_backward updated the units in this backward; nothing of this step is saved). ";
+  else
+    message << "; training stopped before the weights were corrupted. "
+            << describe_weights_at_divergence(  // names a non-finite (or out-of-range) weight tensor
+                   sharded_, [this](size_t u) { return offload_ ? offload_->master(u) : sharded_.unit(u).master_shard(); },
+                   communicator_, step == start_step_ + 1);
+  message << what_to_change();
+  throw TrainingError(message.str());
+}
+
+// Before this step's update (the fused step made it in backward) and any checkpoint of it.
+void Training::stop_if_diverged(int64_t step, const StepResult& result) {
+  const std::optional<std::string> reason = divergence_.observe(step, result.loss, result.grad_norm);
+  if (!reason) return;
+  std::ostringstream message;
+  message << "step " << step << ": training has diverged: " << *reason << ". "
+          << (run_.fuse_optimizer_with_backward ? "This step's update, made in backward by --fuse_optimizer_with_backward, is not saved. "
+                                                : "Stopped before this step's update. ")
+          << what_to_change() << "; --divergence_patience 0 turns this check off";
+  throw TrainingError(message.str());
+}
+
+// The update at lr, the gradients scaled by `scale` (clipping) first.
+void Training::update(double lr, double scale) {
+  if (run_.fuse_optimizer_with_backward) {
+    // Every unit stepped in backward (fused_step), at this lr; scale is 1 (no clipping).
+  } else if (offload_) {
+    offload_->step(lr, scale);  // each unit's host step; the next forward waits per unit
+  } else {
+    if (scale != 1.0)
+      for (size_t u = 0; u < sharded_.unit_count(); ++u) sharded_.unit(u).gradient_shard().mul_(scale);
+    device_optimizer_->begin_step();
+    for (const UnitAction& action : sharded_.plan().optimizer_pass()) device_optimizer_->step_unit(action.unit, lr);
+    sharded_.publish_shards();
+  }
+}
+
+double Training::evaluate(int64_t* tokens) {
+  at::NoGradGuard no_grad;
+  eval_batches_.seek(0);
+  at::Tensor sum = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device_));
+  for (int64_t i = 0; i < run_.data.eval_batches; ++i) {
+    Batch batch = to_device(eval_batches_.next(), device_);
+    Activations boundaries;
+    {
+      AutocastRegion region(device_.type(), at::kBFloat16, autocast_);
+      boundaries = sharded_.forward(batch.input_ids, Pass::eval);
+    }
+    sum += causal_lm_loss(boundaries.back().output, batch.labels).to(at::kDouble);
+    *tokens += batch.labels.numel() * communicator_.world_size();
+  }
+  sharded_.release_all();
+  return average_over_ranks(sum / static_cast<double>(run_.data.eval_batches), communicator_);
+}
+
+}  // namespace llm
