@@ -12,7 +12,7 @@
 //               (full_shard: the running unit and, with prefetch, the next; shard_grad_op: every
 //               unit from its forward to its backward; no_shard: all, always)
 //   activations the tensors autograd saves per unit, derived from the LLaMA units (model/units.h)
-//               (estimate.cpp lists them op by op), in the dtypes --dtype / --precision give them
+//               (estimate_simulation.h lists them op by op), in the dtypes --dtype / --precision give them
 //   transients  the gather buffer, the reduce-scatter buffer and padded copies, the backward's
 //               gradient buffers, the loss's log-softmax, the optimizer's temporaries, GaLore's
 //               gathered gradient and SVD at a projector refresh
@@ -43,7 +43,7 @@ struct EstimateOptions {
   double node_memory_gib = 0;
   // Models with more decoder layers than this are not simulated layer by layer: the layers are
   // identical units, so a few are simulated and the step of all of them is extrapolated from those,
-  // exactly (estimate.cpp, extrapolate_layers): the cost does not grow with the depth. Their phases
+  // exactly (estimate_extrapolation.cpp): the cost does not grow with the depth. Their phases
   // list every layer up to 4096 layers; beyond, each pass's first and last few (which hold its
   // maxima). Tests lower it to check the extrapolation against the full simulation.
   int64_t simulate_layers_up_to = 256;

@@ -21,7 +21,7 @@ namespace llm {
 at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels);
 
 // The row blocks the fused loss works in, and so what it allocates beyond the loss and the
-// gradient it keeps, which trainer estimate counts (memory/estimate.cpp). On the host a block
+// gradient it keeps, which trainer estimate counts (memory/estimate_simulation.cpp). On the host a block
 // is about 2 MiB of fp32 rows, and as many blocks run at once as LibTorch has threads; on a GPU a
 // block is about 64 MiB of fp32 rows (at a 32k vocabulary: 512 rows, a few dozen launches per
 // thousand rows), one at a time: all the rows at once would hold an fp32 copy of every logit and an

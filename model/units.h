@@ -7,7 +7,7 @@
 //   - the whole-model forward (a loop over the units' forwards: the same function, unit by unit,
 //     that the trainer runs under sharding, so the golden test checks the code that trains),
 //   - initialisation (init_unit_weights), and
-//   - the memory estimate (memory/estimate.cpp), which needs shapes without tensors.
+//   - the memory estimate (memory/estimate_simulation.cpp), which needs shapes without tensors.
 // Model knowledge only: sharding/ wraps the units from outside.
 #pragma once
 

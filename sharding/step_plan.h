@@ -1,6 +1,6 @@
 // The order of one training step, unit by unit, as a list of actions: the one statement of "what
 // happens to which unit when" that both the runtime (sharding/sharded_model.h executes it) and the
-// memory estimate (memory/estimate.cpp replays it, counting bytes instead of moving them)
+// memory estimate (memory/estimate_simulation.cpp replays it, counting bytes instead of moving them)
 // read. A feature that acts per unit (offload's copies, recomputation for activation
 // checkpointing, an optimizer step fused into backward) adds its action here once, and each of the
 // two then says what the action does: run it, or count it.

@@ -1,0 +1,513 @@
+// The memory estimate's step simulation: one rank's training step replayed as the bytes each of its
+// actions allocates and frees (StepSimulation), over the runtime's own StepPlan, units and shard
+// layouts. Apart from estimate.cpp because it is the bulk of the estimate: the step op by op. The
+// extrapolation for deep models, which runs it on a few layers, is in estimate_extrapolation.cpp.
+#include "memory/estimate_simulation.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/Parallel.h>
+
+#include "config/optimizer_setup.h"
+#include "model/cross_entropy.h"
+#include "model/units.h"
+#include "optim/galore.h"
+#include "optim/shard_optimizer.h"
+#include "optim/subset_norm.h"
+#include "sharding/flat_layout.h"
+#include "sharding/step_plan.h"
+
+namespace llm {
+namespace {
+
+int64_t product(const std::vector<int64_t>& shape) {
+  int64_t count = 1;
+  for (int64_t size : shape) count *= size;
+  return count;
+}
+
+// One unit as this rank holds it: the layout the runtime builds (sharding/flat_layout.h) and the
+// rules the optimizer gives its parameters.
+struct UnitGeometry {
+  const UnitSpec* spec = nullptr;
+  FlatShardLayout layout;        // this rank's rows of each parameter
+  FlatShardLayout whole;         // the unsharded layout (a checkpoint's full tensors)
+  std::vector<UpdateRule> rules;
+  int64_t first_galore = 0;      // the model-wide index of the unit's first GaLore matrix
+  int64_t numel = 0;             // P_u
+  int64_t shard_numel = 0;       // S_u, padded rows
+  int64_t gathered_numel = 0;    // world x S_u: the all-gather / reduce-scatter buffer
+};
+
+// One rank's step, as train() and ShardedModel run it (docs/sharding.md), for the last step of a run
+// (it evaluates) with a GaLore projector refresh (step 1 always has one). The order of the step is the
+// runtime's own StepPlan (sharding/step_plan.h): each of its per-unit actions is replayed here as the
+// bytes it allocates and frees.
+class StepSimulation {
+ public:
+  StepSimulation(const ModelShape& model, const std::vector<UnitSpec>& units, int world, int rank, bool cuda)
+      : m_(model), world_(world), rank_(rank), cuda_(cuda),
+        offload_(model.run.sharding.offload == Offload::optimizer),
+        fused_(model.run.fuse_optimizer_with_backward),
+        transient_gradient_(offload_ || fused_), timeline_(cuda) {
+    const bool no_shard = m_.run.sharding.strategy == ShardingStrategy::no_shard;
+    layout_world_ = no_shard ? 1 : world_;
+    // One rank or no_shard: each unit is its whole shard and stays resident (sharding/fsdp_unit.h).
+    resident_ = layout_world_ == 1;
+    int64_t galore_matrices = 0;
+    for (const UnitSpec& unit : units) {
+      std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+      for (const ParameterSpec& parameter : unit.parameters) shapes.emplace_back(parameter.name, parameter.shape);
+      UnitGeometry geometry;
+      geometry.spec = &unit;
+      geometry.layout = FlatShardLayout::from_shapes(unit.name, shapes, shard_rank(), layout_world_);
+      geometry.whole = FlatShardLayout::from_shapes(unit.name, shapes, 0, 1);
+      geometry.rules = update_rules_for(geometry.layout, m_.run);
+      geometry.first_galore = galore_matrices;
+      for (UpdateRule rule : geometry.rules) galore_matrices += rule == UpdateRule::galore;
+      for (const ParameterSpec& parameter : unit.parameters) geometry.numel += parameter.numel();
+      geometry.shard_numel = geometry.layout.shard_numel;
+      geometry.gathered_numel = layout_world_ * geometry.shard_numel;
+      units_.push_back(geometry);
+    }
+    gathered_.assign(units_.size(), false);
+    plan_ = StepPlan(static_cast<int64_t>(units_.size()),
+                     resident_ ? ShardingStrategy::no_shard : m_.run.sharding.strategy, m_.run.sharding.prefetch);
+    plan_.set_recomputed(recomputed_units(units, m_.run.activation_checkpointing_every));  // as the trainer
+  }
+
+  int64_t peak_gathered_units() const { return plan_.gathers().peak_gathered_units(); }
+
+  RankTotals run() {
+    const int64_t n = m_.tokens;
+    // Persistent: master and gradient shards (fp32), optimizer state, rotary tables. A resident
+    // unit's parameters are views of its compute shard (pure bf16: a bf16 copy of the master; else
+    // the master itself): nothing more. With --offload optimizer the device keeps each unit's rows
+    // in the compute dtype instead of the master and no gradient shard (each exists from its
+    // reduction until its copy to the host: reduce_gradients below), and host memory holds the
+    // masters, a landing buffer for each gradient shard, on CUDA a staging buffer in the compute
+    // dtype, and the state (offload/optimizer_offload.h).
+    for (const UnitGeometry& unit : units_) {
+      shard_elements_ += unit.shard_numel;
+      if (offload_) {
+        timeline_.add(kParameters, m_.compute_bytes() * unit.shard_numel);
+      } else {
+        timeline_.add(kParameters, 4 * unit.shard_numel);
+        if (m_.mode == Mode::pure && resident_) timeline_.add(kParameters, 2 * unit.shard_numel);
+      }
+      if (!transient_gradient_) timeline_.add(kGradients, 4 * unit.shard_numel);
+    }
+    if (resident_) gathered_.assign(units_.size(), true);
+    if (offload_) {
+      offload_host_bytes_ = optimizer_state() + 8 * shard_elements_ + (cuda_ ? m_.compute_bytes() * shard_elements_ : 0);
+      offload_pinned_bytes_ = cuda_ ? (4 + m_.compute_bytes()) * shard_elements_ : 0;  // landing + staging
+      timeline_.add(kOptimizerHost, offload_host_bytes_);
+    } else
+      timeline_.add(kOptimizerDevice, optimizer_state());
+    const int64_t head_dim = m_.config.head_dim();
+    timeline_.add(kOther, 2 * m_.run.data.max_length * head_dim * 4);                  // cos, sin (fp32)
+    if (m_.mode == Mode::pure) timeline_.add(kOther, 2 * m_.run.data.max_length * head_dim * 2);  // bf16 copies
+    timeline_.open_window();
+
+    const int64_t micro_batches = std::max<int64_t>(1, m_.run.data.gradient_accumulation);
+    for (int64_t micro = 0; micro < micro_batches; ++micro) micro_batch(micro, micro + 1 == micro_batches);
+
+    // Clipping (a dot product per gradient shard: nothing allocated), then the optimizer, unit by
+    // unit: each unit's temporaries are gone before the next unit's step.
+    // With offload the steps run on the host: on a GPU they are not the device's; on a CPU rank they
+    // run on the worker thread, counted here as without offload.
+    if (!(offload_ && cuda_) && !fused_)  // fused: each unit stepped in backward (reduce_gradients)
+      for (const UnitAction& action : plan_.optimizer_pass())
+        timeline_.spike(optimizer_transient(static_cast<size_t>(action.unit)));
+    timeline_.point("optimizer");
+
+    evaluation(n);
+    RankTotals totals;
+    totals.offload_host = offload_host_bytes_;
+    totals.offload_pinned = offload_pinned_bytes_;
+    totals.gathered_units = peak_gathered_units();
+    // --async_save: the host copy of what the rank saves, its master rows and optimizer state, one
+    // buffer kept from the first save on (pinned on a GPU unless offloaded: the state is in host
+    // memory already). At most: padding rows and a projector every rank holds are counted on each.
+    // Under no_shard rank 0 alone saves.
+    if (m_.run.checkpoint.async_save && (rank_ == 0 || m_.run.sharding.strategy != ShardingStrategy::no_shard)) {
+      totals.async_save = true;
+      totals.async_save_bytes = 4 * shard_elements_ + optimizer_state();
+    }
+    return totals;
+  }
+  void record_to(std::vector<TimelineOp>* tape) { timeline_.record_to(tape); }
+  const std::vector<PhaseEstimate>& phases() const { return timeline_.phases(); }
+
+ private:
+  using Mode = ModelShape::Mode;
+
+  int64_t compute_bytes(size_t u) const { return m_.compute_bytes() * units_[u].numel; }
+  int64_t full_grad_bytes(size_t u) const { return m_.compute_bytes() * units_[u].numel; }
+  bool gradients_in_shard() const { return resident_ && m_.compute_bytes() == 4; }
+  bool is_head(size_t u) const { return u + 1 == units_.size(); }
+  bool is_embed(size_t u) const { return u == 0; }
+  const std::string& name(size_t u) const { return units_[u].spec->name; }
+
+  // ShardedUnit::gather: under pure bf16 the send buffer (the master rounded, S_u), the all-gather
+  // buffer (the compute dtype, world x S_u), the send buffer freed, then each parameter's storage
+  // in turn, filled from its rows of every rank's block by strided copies.
+  void gather_one(size_t u) {
+    if (gathered_[u]) return;
+    const UnitGeometry& unit = units_[u];
+    const int64_t element = m_.compute_bytes();
+    const int64_t send = m_.mode == Mode::pure && !offload_ ? 2 * unit.shard_numel : 0;  // offload keeps a compute shard
+    timeline_.add(kActivations, send);
+    timeline_.add(kActivations, element * unit.gathered_numel);
+    timeline_.remove(kActivations, send);
+    for (const ShardedParameter& parameter : unit.layout.parameters)
+      timeline_.add(kParameters, element * parameter.rows * parameter.cols);
+    timeline_.remove(kActivations, element * unit.gathered_numel);
+    gathered_[u] = true;
+  }
+  void release(size_t u) {
+    if (!gathered_[u] || resident_) return;
+    timeline_.remove(kParameters, compute_bytes(u));
+    gathered_[u] = false;
+  }
+  // A gather action of the plan: a prefetch allocates what a gather does, when it is issued.
+  void apply(const UnitAction& action) {
+    const size_t u = static_cast<size_t>(action.unit);
+    switch (action.op) {
+      case UnitOp::gather:
+      case UnitOp::prefetch: gather_one(u); break;
+      case UnitOp::release: release(u); break;
+      default: break;  // wait: no bytes move
+    }
+  }
+
+  // The fused loss's row blocks over n tokens: the fp32 upcast and exponentials of each block in
+  // flight (cross_entropy_transient_bytes, the function the loss itself sizes its blocks with).
+  int64_t loss_transient_bytes(int64_t n, bool with_gradient) const {
+    return cross_entropy_transient_bytes(n, m_.V, m_.mode == Mode::fp32 ? at::kFloat : at::kBFloat16, with_gradient,
+                                         cuda_, at::get_num_threads());
+  }
+
+  int64_t unit_output_bytes(size_t u, int64_t n) const {
+    return is_head(u) ? n * m_.V * m_.logits_bytes() : n * m_.h * m_.hidden_bytes();
+  }
+  // Saved by the unit's forward, its output excluded.
+  int64_t unit_saved_bytes(size_t u, int64_t n) const {
+    if (is_embed(u)) return 0;  // the embedding saves the ids (the batch)
+    if (is_head(u)) return n * m_.head_saved_per_token() - unit_output_bytes(u, n) + m_.autocast_weight_bytes(*units_[u].spec);
+    return n * m_.layer_saved_per_token() - unit_output_bytes(u, n) + m_.autocast_weight_bytes(*units_[u].spec);
+  }
+
+  // One micro-batch: its batch, the forward, the loss, the backward, and what goes when it ends.
+  void micro_batch(int64_t micro, bool last) {
+    const int64_t n = m_.tokens;
+    const int64_t batch = 2 * n * 8;  // input_ids and labels, int64
+    timeline_.add(kOther, batch);
+
+    forward(n);
+    // The loss (model/cross_entropy.h): its gradient with respect to the logits, written in
+    // the forward in the logits' dtype and kept for backward, and the row blocks it works in.
+    const int64_t logits_gradient = n * m_.V * m_.logits_bytes();
+    timeline_.add(kActivations, logits_gradient);
+    timeline_.spike(loss_transient_bytes(n, /*with_gradient=*/true));
+
+    backward(micro, last, n, logits_gradient);
+    const int64_t grad_x = input_gradient_bytes(n);
+    const size_t head_input = head_input_unit();
+    // On a GPU the last transient gradient shard is freed once its copy to the host is done, and
+    // the last reduction's input once the compute stream waits for it.
+    if (last) hand_over_gradient(0);
+    timeline_.remove(kActivations, reducing_flat_);
+    reducing_flat_ = 0;
+    // backward() returns: its grad_output (the first layer's input gradient) goes; the micro-batch
+    // ends: the loss and with it the head's input and that input's gradient, and the batch.
+    if (head_input > 0) timeline_.remove(kActivations, grad_x);
+    timeline_.remove(kActivations, grad_x + unit_output_bytes(head_input, n));
+    timeline_.remove(kOther, batch);
+  }
+
+  // The gradient of a unit's input; the unit whose output the head reads.
+  int64_t input_gradient_bytes(int64_t n) const { return n * m_.h * m_.hidden_bytes(); }
+  size_t head_input_unit() const { return units_.size() - 2; }
+
+  // Forward: each unit keeps what autograd saves and its output (held in the boundaries).
+  void forward(int64_t n) {
+    for (const UnitAction& action : plan_.forward_pass()) {
+      if (action.op != UnitOp::forward) {
+        apply(action);
+        continue;
+      }
+      const size_t u = static_cast<size_t>(action.unit);
+      if (plan_.recomputed(static_cast<int64_t>(u))) {
+        // Without a graph: the output stays, the rest of the forward is a transient as in
+        // evaluation. Under bf16 autocast the weights' casts are still cached (autocast caches the
+        // casts of leaves that require grad, grad mode or not) until the forward's region ends.
+        timeline_.add(kActivations, unit_output_bytes(u, n) + m_.autocast_weight_bytes(*units_[u].spec));
+        autocast_cached_ += m_.autocast_weight_bytes(*units_[u].spec);
+        timeline_.spike(n * m_.layer_eval_tail_per_token());
+        timeline_.point("forward:" + name(u));
+        continue;
+      }
+      timeline_.add(kActivations, unit_saved_bytes(u, n) + unit_output_bytes(u, n));
+      if (is_head(u))
+        timeline_.spike(n * m_.head_forward_tail_per_token());
+      else if (!is_embed(u))
+        timeline_.spike(n * m_.layer_forward_tail_per_token());
+      timeline_.point("forward:" + name(u));
+    }
+    // The forward's autocast region ends: the casts cached for recomputed units go.
+    timeline_.remove(kActivations, autocast_cached_);
+    autocast_cached_ = 0;
+  }
+
+  // Backward, down the units: the plan's recomputations, gathers and reductions, and each unit's
+  // backward.
+  void backward(int64_t micro, bool last, int64_t n, int64_t logits_gradient) {
+    for (const UnitAction& action : plan_.backward_pass(last)) {
+      const size_t u = static_cast<size_t>(action.unit);
+      if (action.op == UnitOp::reduce_gradients) {
+        reduce_gradients(u);
+        continue;
+      }
+      if (action.op == UnitOp::recompute) {
+        // The forward again, with its graph: what it saves (the weights' casts included), its
+        // forward tail, and a new output in place of the old one (the same size).
+        timeline_.add(kActivations, unit_saved_bytes(u, n));
+        timeline_.spike(unit_output_bytes(u, n) + n * m_.layer_forward_tail_per_token());
+        continue;
+      }
+      if (action.op != UnitOp::backward) {
+        apply(action);
+        continue;
+      }
+      backward_unit(u, micro, n, logits_gradient);
+    }
+  }
+
+  // One unit's backward: its parameter gradients, its input's gradient, and what it saved freed.
+  void backward_unit(size_t u, int64_t micro, int64_t n, int64_t logits_gradient) {
+    const int64_t grad_x = input_gradient_bytes(n);
+    const size_t head_input = head_input_unit();
+    if (is_head(u)) {
+      // The loss's backward scales its saved gradient in place; lm_head's backward turns it into
+      // the weight's gradient and the input's, then it goes.
+      parameter_gradients(u, micro);
+      timeline_.add(kActivations, grad_x);
+      timeline_.remove(kActivations, logits_gradient);
+      timeline_.remove(kActivations, unit_saved_bytes(u, n) + unit_output_bytes(u, n));
+      // The loss tensor keeps the head's graph until the micro-batch ends, and with it the head's
+      // input leaf (the last layer's output) and that leaf's gradient: both stay.
+    } else if (is_embed(u)) {
+      parameter_gradients(u, micro);  // embedding_dense_backward: a (V x h) gradient
+      if (u != head_input) timeline_.remove(kActivations, unit_output_bytes(u, n));
+    } else {
+      // SwiGLU's backward: the product's, silu's and up's gradients live at once while the
+      // product is gone (2 I per token in the gradient dtype) plus down_proj's weight gradient.
+      timeline_.spike(2 * m_.I * n * m_.activation_grad_bytes() +
+                      (m_.mode == Mode::fp32 ? 4 : 2) * m_.h * m_.I);
+      parameter_gradients(u, micro);
+      timeline_.remove(kActivations, unit_saved_bytes(u, n));
+      timeline_.add(kActivations, grad_x);  // the gradient of this layer's input
+      if (u != head_input) {
+        timeline_.remove(kActivations, grad_x);                   // the previous grad_output
+        timeline_.remove(kActivations, unit_output_bytes(u, n));  // the boundary output
+      }
+    }
+    timeline_.point("backward:" + name(u));
+  }
+
+  // Parameter gradients: the first micro-batch creates them, later ones add into them (the
+  // new gradient is a transient of the same size). Resident fp32 units add every micro-batch's
+  // into the gradient shard.
+  // With offload a resident fp32 unit's shard is new each step: prepare_gradients() makes it
+  // before the first micro-batch's backward of the unit.
+  void parameter_gradients(size_t u, int64_t micro) {
+    if (micro == 0 && gradients_in_shard() && transient_gradient_) timeline_.add(kGradients, 4 * units_[u].shard_numel);
+    if (micro == 0 && !gradients_in_shard())
+      timeline_.add(kGradients, full_grad_bytes(u));
+    else
+      timeline_.spike(full_grad_bytes(u));
+  }
+
+  // reduce_gradients: a flat fp32 buffer of world x S_u, into which each parameter's gradient is
+  // copied (converted from bf16 on the way), then freed. A resident unit converts its bf16
+  // gradients straight into its shard (its fp32 ones are there already) and all-reduces the shard
+  // in place.
+  //
+  // With offload the shard itself is transient (ShardedUnit::make_gradient_transient): made here
+  // (before the flat buffer goes), handed to the host copy, then freed. On a CPU rank the copy is in
+  // line, so it is gone at once; on a GPU the copy runs on its own stream and the block is reused
+  // only when it is done, which is counted as one unit later: the shard stays until the next
+  // unit's shard is made (recordStream in OptimizerOffload::gradient_ready).
+  void reduce_gradients(size_t u) {
+    const UnitGeometry& unit = units_[u];
+    const int64_t shard = 4 * unit.shard_numel;
+    if (resident_) {
+      if (transient_gradient_ && !gradients_in_shard()) timeline_.add(kGradients, shard);
+      if (!gradients_in_shard()) timeline_.remove(kGradients, full_grad_bytes(u));
+    } else {
+      // On a GPU the reduction runs on the reduce stream and its flat input stays until the compute
+      // stream waits for it: at the next unit's reduction, or the end of backward (the fused step
+      // waits at once). One at a time: the last one goes before this one is made.
+      const bool kept = cuda_ && !fused_;
+      timeline_.remove(kActivations, reducing_flat_);
+      reducing_flat_ = 0;
+      timeline_.add(kActivations, 4 * unit.gathered_numel);
+      for (const ShardedParameter& parameter : unit.layout.parameters)
+        timeline_.remove(kGradients, m_.compute_bytes() * parameter.rows * parameter.cols);
+      if (transient_gradient_) timeline_.add(kGradients, shard);
+      if (kept)
+        reducing_flat_ = 4 * unit.gathered_numel;
+      else
+        timeline_.remove(kActivations, 4 * unit.gathered_numel);
+    }
+    // --fuse_optimizer_with_backward: the unit's step runs here, its temporaries on top of the shard,
+    // and the shard is freed right after (on a GPU too: the step runs on the stream that reuses it).
+    if (fused_) {
+      timeline_.spike(optimizer_transient(u));
+      timeline_.remove(kGradients, shard);
+    }
+    if (offload_) hand_over_gradient(shard);
+  }
+  // The transient shard of `bytes` goes to the host; the one before it is freed (GPU), or this one
+  // at once (CPU).
+  void hand_over_gradient(int64_t bytes) {
+    if (!offload_) return;
+    timeline_.remove(kGradients, cuda_ ? copying_gradient_ : bytes);
+    copying_gradient_ = cuda_ ? bytes : 0;
+  }
+
+  void evaluation(int64_t n) {
+    const int64_t batch = 2 * n * 8;  // the eval batch is not an owned buffer: the ledger sees it here
+    for (int64_t b = 0; b < m_.run.data.eval_batches; ++b) {
+      timeline_.add(kActivations, batch);
+      for (const UnitAction& action : plan_.forward_pass()) {
+        if (action.op != UnitOp::forward) {
+          apply(action);
+          continue;
+        }
+        const size_t u = static_cast<size_t>(action.unit);
+        timeline_.add(kActivations, unit_output_bytes(u, n));
+        if (is_head(u))
+          timeline_.spike(n * m_.head_eval_tail_per_token() + m_.autocast_weight_bytes(*units_[u].spec));
+        else if (!is_embed(u))
+          timeline_.spike(n * m_.layer_eval_tail_per_token());
+        timeline_.point("eval:" + name(u));
+      }
+      timeline_.spike(loss_transient_bytes(n, /*with_gradient=*/false));
+      for (size_t u = 0; u < units_.size(); ++u) timeline_.remove(kActivations, unit_output_bytes(u, n));
+      timeline_.remove(kActivations, batch);
+    }
+    for (const UnitAction& action : plan_.release_all()) apply(action);
+    timeline_.point("eval");
+  }
+
+  int optimizer_world() const { return layout_world_; }
+  int shard_rank() const { return layout_world_ == 1 ? 0 : rank_; }
+
+  int64_t optimizer_state() const {
+    const OptimizerSettings settings = optimizer_settings(m_.run);
+    int64_t bytes = 0;
+    for (const UnitGeometry& unit : units_)
+      for (size_t i = 0; i < unit.layout.parameters.size(); ++i)
+        bytes += optimizer_state_bytes(settings, unit.layout.parameters[i], unit.rules[i], optimizer_world());
+    return bytes;
+  }
+
+  // One unit's optimizer step's own temporaries (optim/update_rules.cpp; AdamW's fused kernel has
+  // none), and GaLore's projector refresh before them. They are gone before the next unit's step.
+  int64_t optimizer_transient(size_t u) const {
+    const OptimizerSettings settings = optimizer_settings(m_.run);
+    if (settings.kind == "adamw") return 0;
+    const int world = optimizer_world();
+    const UnitGeometry& unit = units_[u];
+    int64_t refresh = 0, kept = 0, phase1 = 0, phase2 = 0;
+    int64_t galore_index = unit.first_galore;
+    for (size_t i = 0; i < unit.layout.parameters.size(); ++i) {
+      const ShardedParameter& shard = unit.layout.parameters[i];
+      const int64_t local = 4 * shard.rows_per_rank * shard.cols;
+      switch (unit.rules[i]) {
+        case UpdateRule::adam_hf:
+          phase2 = std::max(phase2, 2 * local);  // sqrt(v) + eps, m / denominator
+          break;
+        case UpdateRule::subset_norm: {
+          const SubsetGeometry geometry = make_subset_geometry(shard, settings.subset_size, world);
+          const int64_t state = 4 * product(geometry.local_state_shape);
+          phase1 = std::max(phase1, kept + local);  // grad^2 before its sums
+          kept += state;                             // the sums, kept for the update
+          phase2 = std::max(phase2, geometry.kind == SubsetKind::block ? 2 * local : state);
+          break;
+        }
+        case UpdateRule::galore: {
+          const GaLoreGeometry geometry = make_galore_geometry(shard, settings, galore_index, shard_rank(), world);
+          const int64_t lowrank = 4 * product(geometry.local_state_shape);
+          const int64_t m = shard.rows, cols = shard.cols, r = geometry.rank;
+          // Refresh: the gathered gradient of this one matrix, the full projector, and on its owner
+          // the thin SVD: LibTorch's copy of the input for LAPACK (m n) and U, S, Vh (m k + k + k n).
+          // LAPACK's own workspace is allocated by the LAPACK library, outside LibTorch's allocator
+          // (not in the tracked total; in the resident set). "subspace": a few (n x r), (r x r).
+          int64_t one = 4 * product(geometry.full_projector_shape);
+          if (settings.projector_method == "svd") {
+            if (world > 1) one += 4 * world * shard.rows_per_rank * cols;
+            if (world == 1 || geometry.owner == shard_rank()) {
+              const int64_t k = std::min(m, cols);
+              one += 4 * (m * cols + m * k + k + k * cols);
+            }
+          } else {
+            one += 4 * (4 * cols * r + shard.rows_per_rank * r + 2 * r * r);
+          }
+          refresh = std::max(refresh, one);
+          // The inputs keep the projected gradient; a left projection reduce-scatters (r x n) partials.
+          if (!geometry.right) phase1 = std::max(phase1, kept + 4 * (r * cols + world * geometry.chunk));
+          kept += lowrank;
+          // The update: denominator and normalised update, then the update projected back and scaled;
+          // a left projection first all-gathers the normalised update (world x chunk), which is freed
+          // before the scaling.
+          int64_t back = 2 * lowrank + 2 * local;
+          if (!geometry.right && world > 1) back = 2 * lowrank + std::max(4 * world * geometry.chunk + local, 2 * local);
+          phase2 = std::max(phase2, back);
+          ++galore_index;
+          break;
+        }
+        case UpdateRule::adamw:
+          break;
+      }
+    }
+    return std::max({refresh, phase1, kept + phase2});
+  }
+
+  const ModelShape& m_;
+  int world_, rank_;
+  bool cuda_, offload_, fused_, transient_gradient_;
+  int layout_world_ = 1;
+  bool resident_ = false;
+  int64_t offload_host_bytes_ = 0, offload_pinned_bytes_ = 0;
+  int64_t reducing_flat_ = 0;  // CUDA: the flat input of the reduction in flight
+  int64_t shard_elements_ = 0;  // this rank's master shard elements, every unit
+  int64_t autocast_cached_ = 0;   // bf16 casts of recomputed units' weights, cached to the forward's end
+  int64_t copying_gradient_ = 0;  // with offload on a GPU: the shard whose copy to the host is in flight
+  std::vector<UnitGeometry> units_;
+  std::vector<bool> gathered_;
+  StepPlan plan_;
+  Timeline timeline_;
+};
+
+}  // namespace
+
+SimulatedRank simulate_layers(const ModelShape& shape, const ModelConfig& model, int64_t layers, int world, int rank,
+                              bool cuda, std::vector<TimelineOp>* tape) {
+  ModelConfig config = model;
+  config.num_hidden_layers = layers;
+  const std::vector<UnitSpec> units = describe_units(config);
+  StepSimulation simulation(shape, units, world, rank, cuda);
+  simulation.record_to(tape);
+  SimulatedRank simulated;
+  simulated.totals = simulation.run();
+  if (tape == nullptr) simulated.phases = simulation.phases();
+  return simulated;
+}
+
+}  // namespace llm
