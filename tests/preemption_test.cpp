@@ -391,7 +391,7 @@ TEST(StallWatchdog, HeartbeatsGoWithTheRunAndBadTimeoutsAreRefused) {
   ASSERT_EQ(done.exit_code, 0) << done.output;
   for (const auto& entry : fs::directory_iterator(run_dir))
     EXPECT_EQ(entry.path().filename().string().rfind("heartbeat", 0), std::string::npos) << entry.path();
-  // nan is refused where the flag is read (every number is read whole: trainer/cli.cpp), the others by
+  // nan is refused where the flag is read (every number is read whole: trainer/flag_values.h), the others by
   // the range check.
   for (const auto& [bad, message] : std::vector<std::pair<std::string, std::string>>{
            {"-1", "--collective_timeout: expected a number of seconds >= 0"},
