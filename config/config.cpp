@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -158,14 +159,15 @@ RunConfig run_config_from_json(const json& object, const std::string& source) {
       wrong(std::is_same_v<Field, bool> ? "true or false" : std::is_same_v<Field, std::string> ? "a string" : "a list of strings");
     }
   };
-  // Enums are written by to_string(); read them back through the same spellings.
-  auto read_enum = [&](const char* key, auto& field, auto... values) {
+  // Enums are written by to_string(); read them back through the same spellings (config.h's lists).
+  auto read_enum = [&](const char* key, auto& field, const auto& values) {
     std::string text;
     read(key, text);
     if (text.empty()) return;
-    bool matched = false;
-    ((text == to_string(values) ? (field = values, matched = true) : false), ...);
-    if (!matched) fail_user(source, std::string("run.") + key, "unknown value \"" + text + "\"");
+    const auto match =
+        std::find_if(values.begin(), values.end(), [&](auto value) { return text == to_string(value); });
+    if (match == values.end()) fail_user(source, std::string("run.") + key, "unknown value \"" + text + "\"");
+    field = *match;
   };
   read("config", run.config_path);
   read("lr", run.optimizer.lr);
@@ -184,15 +186,15 @@ RunConfig run_config_from_json(const json& object, const std::string& source) {
   int64_t warmup_steps = -1;
   read("warmup_steps", warmup_steps);
   if (object.contains("warmup_steps") && !object.at("warmup_steps").is_null()) run.optimizer.warmup_steps = warmup_steps;
-  read_enum("scheduler", run.optimizer.scheduler, Scheduler::cosine, Scheduler::linear, Scheduler::constant);
+  read_enum("scheduler", run.optimizer.scheduler, kSchedulerValues);
   read("min_lr_ratio", run.optimizer.min_lr_ratio);
   read("weight_decay", run.optimizer.weight_decay);
   read("grad_clipping", run.optimizer.grad_clipping);
   read("adam_beta1", run.optimizer.adam_beta1);
   read("adam_beta2", run.optimizer.adam_beta2);
   read("adam_eps", run.optimizer.adam_eps);
-  read_enum("dtype", run.precision.dtype, DType::float32, DType::bfloat16);
-  read_enum("precision", run.precision.mode, Precision::pure, Precision::mixed);
+  read_enum("dtype", run.precision.dtype, kDTypeValues);
+  read_enum("precision", run.precision.mode, kPrecisionValues);
   read("optimizer", run.optimizer.name);
   read("subset_size", run.optimizer.subset_size);
   read("subset_norm_params", run.optimizer.subset_norm_params);
@@ -215,18 +217,16 @@ RunConfig run_config_from_json(const json& object, const std::string& source) {
   read("continue_from", run.checkpoint.continue_from);
   read("init_from", run.checkpoint.init_from);
   read("run_dir", run.logging.run_dir);
-  read_enum("device", run.device, DeviceChoice::auto_select, DeviceChoice::cpu, DeviceChoice::cuda);
-  read_enum("sharding", run.sharding.strategy, ShardingStrategy::full_shard, ShardingStrategy::shard_grad_op,
-            ShardingStrategy::no_shard);
+  read_enum("device", run.device, kDeviceChoiceValues);
+  read_enum("sharding", run.sharding.strategy, kShardingValues);
   read("prefetch", run.sharding.prefetch);
-  read_enum("offload", run.sharding.offload, Offload::none, Offload::optimizer);
-  read_enum("communicator", run.sharding.communicator, CommunicatorChoice::auto_select, CommunicatorChoice::nccl,
-            CommunicatorChoice::mpi);
+  read_enum("offload", run.sharding.offload, kOffloadValues);
+  read_enum("communicator", run.sharding.communicator, kCommunicatorValues);
   read("log_every", run.logging.log_every);
   read("print_config", run.logging.print_config);
   read("memory_snapshot", run.logging.memory_snapshot);
   read("on_write_error", run.logging.on_write_error);
-  if (run.logging.on_write_error != "stop" && run.logging.on_write_error != "warn")
+  if (!is_choice(run.logging.on_write_error, kWriteErrorChoices))
     fail_user(source, "on_write_error", "expected \"stop\" or \"warn\" (got \"" + run.logging.on_write_error + "\")");
   read("name", run.logging.name);
   read("tags", run.logging.tags);

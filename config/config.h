@@ -5,6 +5,8 @@
 // Everything downstream may assume a validated RunConfig is valid.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -28,6 +30,31 @@ enum class Offload { none, optimizer };  // bf16 only: pure bf16 weights (GaLore
 // mpi on GPUs: CUDA tensors staged through page-locked host memory (sharding/communicator.h), so
 // several ranks can share one GPU (a test bed for every sharded path) or run where NCCL does not.
 enum class CommunicatorChoice { auto_select, nccl, mpi };
+
+// Every value of each enum setting and every choice of each string setting: the one list that the
+// command line's check of a flag and --help's {a,b,...} (trainer/training_flags.cpp),
+// run_config_from_json and validate_run_config all read. An enum value is spelled by its to_string().
+inline constexpr std::array kSchedulerValues = {Scheduler::cosine, Scheduler::linear, Scheduler::constant};
+inline constexpr std::array kDTypeValues = {DType::float32, DType::bfloat16};
+inline constexpr std::array kDeviceChoiceValues = {DeviceChoice::auto_select, DeviceChoice::cpu, DeviceChoice::cuda};
+inline constexpr std::array kPrecisionValues = {Precision::pure, Precision::mixed};
+inline constexpr std::array kOffloadValues = {Offload::none, Offload::optimizer};
+inline constexpr std::array kCommunicatorValues = {CommunicatorChoice::auto_select, CommunicatorChoice::nccl,
+                                                   CommunicatorChoice::mpi};
+inline constexpr std::array kShardingValues = {ShardingStrategy::full_shard, ShardingStrategy::shard_grad_op,
+                                               ShardingStrategy::no_shard};
+inline constexpr std::array<const char*, 2> kSubsetNormParamsChoices = {"linear", "all"};        // --subset_norm_params
+inline constexpr std::array<const char*, 4> kProjTypeChoices = {"std", "reverse_std", "left", "right"};  // --proj_type
+inline constexpr std::array<const char*, 2> kGaloreProjectorChoices = {"svd", "subspace"};       // --galore_projector
+inline constexpr std::array<const char*, 2> kWriteErrorChoices = {"stop", "warn"};               // --on_write_error
+
+// Whether TEXT is one of a string setting's CHOICES (a list above).
+template <std::size_t N>
+bool is_choice(const std::string& text, const std::array<const char*, N>& choices) {
+  for (const char* choice : choices)
+    if (text == choice) return true;
+  return false;
+}
 
 // What each step reads: where the tokens come from, how many per rank and per step, and the
 // held-out evaluation.

@@ -235,8 +235,8 @@ void resolve_optimizer(RunConfig& run, const ModelConfig& model) {
   if (run.optimizer.adam_eps < 0) run.optimizer.adam_eps = run.optimizer.name == "adamw" ? 1e-8 : 1e-6;
   require_flag(std::isfinite(run.optimizer.adam_eps) && run.optimizer.adam_eps > 0, "--adam_eps",
                "a finite number > 0", run.optimizer.adam_eps);
-  require_flag(run.optimizer.subset_norm_params == "linear" || run.optimizer.subset_norm_params == "all",
-               "--subset_norm_params", "linear or all", "\"" + run.optimizer.subset_norm_params + "\"");
+  require_flag(is_choice(run.optimizer.subset_norm_params, kSubsetNormParamsChoices), "--subset_norm_params", "linear or all",
+               "\"" + run.optimizer.subset_norm_params + "\"");
   require_flag(run.optimizer.galore_rank >= 1, "--rank", "an integer >= 1 (GaLore's projection rank)", run.optimizer.galore_rank);
   // The staggered schedule multiplies the gap by a parameter's index: int32 keeps that in range.
   require_flag(run.optimizer.update_proj_gap >= 1 && run.optimizer.update_proj_gap <= std::numeric_limits<int32_t>::max(),
@@ -244,15 +244,14 @@ void resolve_optimizer(RunConfig& run, const ModelConfig& model) {
                run.optimizer.update_proj_gap);
   require_flag(std::isfinite(run.optimizer.galore_scale) && run.optimizer.galore_scale > 0, "--galore_scale",
                "a finite number > 0", run.optimizer.galore_scale);
-  require_flag(run.optimizer.galore_projector == "svd" || run.optimizer.galore_projector == "subspace", "--galore_projector",
+  require_flag(is_choice(run.optimizer.galore_projector, kGaloreProjectorChoices), "--galore_projector",
                "svd or subspace", "\"" + run.optimizer.galore_projector + "\"");
   require_flag(run.optimizer.subspace_iterations >= 1 && run.optimizer.subspace_iterations <= kInt64Max / 3,
                "--subspace_iterations",
                "an integer from 1 to " + std::to_string(kInt64Max / 3) + " (the first refresh runs 3 times as many)",
                run.optimizer.subspace_iterations);
-  require_flag(run.optimizer.proj_type == "std" || run.optimizer.proj_type == "reverse_std" || run.optimizer.proj_type == "left" ||
-                   run.optimizer.proj_type == "right",
-               "--proj_type", "one of std, reverse_std, left, right", "\"" + run.optimizer.proj_type + "\"");
+  require_flag(is_choice(run.optimizer.proj_type, kProjTypeChoices), "--proj_type", "one of std, reverse_std, left, right",
+               "\"" + run.optimizer.proj_type + "\"");
   if (run.optimizer.name == "galore_adamw") {
     // At or above the widest projected matrix's smaller dimension nothing is projected any more: every
     // matrix is kept whole, and GaLore's moments plus projector outgrow AdamW's moments.

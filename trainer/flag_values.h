@@ -6,8 +6,10 @@
 // flags are added through it.
 #pragma once
 
+#include <array>
 #include <charconv>
 #include <cmath>
+#include <cstddef>
 #include <cstdlib>
 #include <limits>
 #include <map>
@@ -28,8 +30,9 @@ namespace llm {
 inline constexpr const char* kCommandLine = "command line";
 
 // The text spelling of each enum is the one to_string() gives, so help, flags and JSON agree.
-template <typename Enum>
-std::map<std::string, Enum> spellings(std::initializer_list<Enum> values) {
+// VALUES: every value of the enum, a list of config/config.h.
+template <typename Enum, std::size_t N>
+std::map<std::string, Enum> spellings(const std::array<Enum, N>& values) {
   std::map<std::string, Enum> by_name;
   for (Enum value : values) by_name.emplace(to_string(value), value);
   return by_name;
@@ -48,8 +51,8 @@ struct EnumFlag {
   std::map<std::string, Enum> by_name;
   std::string text;
 
-  EnumFlag(std::initializer_list<Enum> values, Enum initial)
-      : by_name(spellings(values)), text(to_string(initial)) {}
+  template <std::size_t N>
+  EnumFlag(const std::array<Enum, N>& values, Enum initial) : by_name(spellings(values)), text(to_string(initial)) {}
   CLI::Option* add(CLI::App& app, const char* flag, const char* help) {
     return app.add_option(flag, text, help)->check(CLI::IsMember(names_of(by_name)))
         ->capture_default_str();

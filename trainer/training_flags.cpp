@@ -14,15 +14,13 @@ namespace llm {
 
 TrainingFlags::TrainingFlags(const RunConfig& defaults)
     : no_prefetch(!defaults.sharding.prefetch),
-      sharding({ShardingStrategy::full_shard, ShardingStrategy::shard_grad_op, ShardingStrategy::no_shard},
-               defaults.sharding.strategy),
-      offload({Offload::none, Offload::optimizer}, defaults.sharding.offload),
-      communicator({CommunicatorChoice::auto_select, CommunicatorChoice::nccl, CommunicatorChoice::mpi},
-                   defaults.sharding.communicator),
-      scheduler({Scheduler::cosine, Scheduler::linear, Scheduler::constant}, defaults.optimizer.scheduler),
-      dtype({DType::float32, DType::bfloat16}, defaults.precision.dtype),
-      precision({Precision::pure, Precision::mixed}, defaults.precision.mode),
-      device({DeviceChoice::auto_select, DeviceChoice::cpu, DeviceChoice::cuda}, defaults.device) {}
+      sharding(kShardingValues, defaults.sharding.strategy),
+      offload(kOffloadValues, defaults.sharding.offload),
+      communicator(kCommunicatorValues, defaults.sharding.communicator),
+      scheduler(kSchedulerValues, defaults.optimizer.scheduler),
+      dtype(kDTypeValues, defaults.precision.dtype),
+      precision(kPrecisionValues, defaults.precision.mode),
+      device(kDeviceChoiceValues, defaults.device) {}
 
 namespace {
 
@@ -198,7 +196,7 @@ void add_optimizer_flags(CLI::App& app, NumberFlags& numbers, TrainingFlags& fla
   flags.for_optimizer("adamw_sn",
       app.add_option("--subset_norm_params", run.optimizer.subset_norm_params,
                      "adamw_sn: subset-norm on the linear weights only (the paper's best) or on all")
-          ->check(CLI::IsMember({"linear", "all"}))
+          ->check(CLI::IsMember(kSubsetNormParamsChoices))
           ->capture_default_str());
   flags.for_optimizer("galore_adamw",
       numbers.add(app, "--rank", run.optimizer.galore_rank, "galore_adamw: projection rank")->capture_default_str());
@@ -211,7 +209,7 @@ void add_optimizer_flags(CLI::App& app, NumberFlags& numbers, TrainingFlags& fla
           ->capture_default_str());
   flags.for_optimizer("galore_adamw",
       app.add_option("--proj_type", run.optimizer.proj_type, "galore_adamw: std, reverse_std, left or right")
-          ->check(CLI::IsMember({"std", "reverse_std", "left", "right"}))
+          ->check(CLI::IsMember(kProjTypeChoices))
           ->capture_default_str());
   flags.for_optimizer("galore_adamw",
       app.add_flag("--galore_stagger", run.optimizer.galore_stagger,
@@ -220,7 +218,7 @@ void add_optimizer_flags(CLI::App& app, NumberFlags& numbers, TrainingFlags& fla
       app.add_option("--galore_projector", run.optimizer.galore_projector,
                      "galore_adamw: svd (the reference's SVD of the gathered gradient) or subspace "
                      "(warm-started power iteration on the shards, no gathered gradient)")
-          ->check(CLI::IsMember({"svd", "subspace"}))
+          ->check(CLI::IsMember(kGaloreProjectorChoices))
           ->capture_default_str());
   flags.for_optimizer("galore_adamw",
       numbers.add(app, "--subspace_iterations", run.optimizer.subspace_iterations,
@@ -280,7 +278,7 @@ void add_output_flags(CLI::App& app, NumberFlags& numbers, TrainingFlags& flags,
                            "a failed write of a run file (metrics.jsonl, memory ledger, memory_report.md; disk "
                            "full, quota): stop (exit 2 naming the file, after a last checkpoint when --save_dir is "
                            "elsewhere) or warn (once per file, and train on)")
-          ->check(CLI::IsMember({"stop", "warn"}))
+          ->check(CLI::IsMember(kWriteErrorChoices))
           ->capture_default_str());
 }
 
