@@ -73,6 +73,109 @@ std::vector<std::unique_ptr<llm::FolderLock>> lock_run_folders(const llm::RunCon
   return locks;
 }
 
+// --device as this rank's device, and the refusals that come before any communicator starts:
+// --communicator nccl on a CPU rank, and two ranks on one GPU over NCCL.
+c10::Device rank_device(const llm::RunConfig& run, const llm::World& world) {
+  const c10::Device device = llm::select_device(run.device, world.local_rank);
+  if (run.sharding.communicator == llm::CommunicatorChoice::nccl && !device.is_cuda())
+    throw llm::UserError("--communicator nccl: NCCL carries GPU tensors, and this rank runs on " + device.str() +
+                         "; use --communicator auto or mpi on CPUs");
+  if (world.world_size > 1 && run.sharding.communicator != llm::CommunicatorChoice::mpi) {
+    // Before NCCL starts: its own refusal of a shared GPU names neither the ranks nor the fix.
+    const std::string gpu = device.is_cuda() ? world.host + " " + llm::gpu_bus_id(device) : "";
+    if (const std::optional<std::string> shared = llm::ranks_sharing_a_gpu(llm::all_gather_text(gpu)))
+      throw llm::UserError("--device: " + *shared);
+  }
+  return device;
+}
+
+// The job's exit status, with its last line: 0 for a run that ended or saved its preempted step,
+// 128 + the signal for a preemption that lost steps.
+int exit_status(const llm::TrainingOutcome& outcome, const llm::RunConfig& run, const llm::World& world) {
+  if (outcome.preempted_before_first_step) {
+    const char* signal = llm::signal_name(outcome.preempted_by);
+    const bool saved_before = !run.checkpoint.save_dir.empty();
+    if (world.rank == 0)
+      llm::log::info("preempted by {} during start-up, before step {}: nothing was trained since {}, so nothing is lost; "
+                     "start the job again{}; exit status {}", signal, outcome.steps + 1,
+                     outcome.steps == 0 ? std::string("the start") : "step " + std::to_string(outcome.steps),
+                     outcome.steps > 0 ? " with the same --continue_from" : std::string(),
+                     saved_before ? 0 : 128 + outcome.preempted_by);
+    return saved_before ? 0 : 128 + outcome.preempted_by;
+  }
+  if (outcome.preempted_by != 0) {
+    const char* signal = llm::signal_name(outcome.preempted_by);
+    if (outcome.preemption_checkpoint.empty()) {
+      if (world.rank == 0)
+        llm::log::error("preempted by {} at step {}: nothing was saved (no --save_dir), so the steps are lost; "
+                        "exit status {}", signal, outcome.steps, 128 + outcome.preempted_by);
+      return 128 + outcome.preempted_by;
+    }
+    if (world.rank == 0)
+      llm::log::info("preempted by {} at step {}: saved {}; resume with the same flags and --continue_from {}",
+                     signal, outcome.steps, outcome.preemption_checkpoint, run.checkpoint.save_dir);
+    return 0;
+  }
+  llm::log::info("done: {} steps, final loss {:.4f}, final eval loss {:.4f}", outcome.steps,
+                 outcome.final_loss, outcome.final_eval_loss);
+  return 0;
+}
+
+// Training, from a validated configuration: the run folders locked, the stall watchdog started, the
+// checkpoints and --init_from checked, the device, the memory check and the communicators, in that
+// order, each before anything that needs it.
+int train_command(const llm::ModelConfig& model, const llm::RunConfig& run, const llm::World& world) {
+  llm::set_write_failure_policy(run.logging.on_write_error == "warn" ? llm::WriteFailurePolicy::warn
+                                                                       : llm::WriteFailurePolicy::stop);
+  llm::create_run_dir(run.logging.run_dir);
+  const auto locks = lock_run_folders(run, world);
+  // From here to the end a rank that stops making progress ends the job, naming the phase
+  // (common/watchdog.h); a single process has no collective to wait in.
+  const bool watched = world.world_size > 1 && run.collective_timeout > 0;
+  llm::StallWatchdog watchdog(run.logging.run_dir, world.rank, world.world_size, watched ? run.collective_timeout : 0.0,
+                              // every rank's host: another node's heartbeats may be unreadable here
+                              watched ? llm::all_gather_text(world.host) : std::vector<std::string>());
+  // Before the model is built: --continue_from resolves to an intact checkpoint of this model, and
+  // --save_dir can be written and holds no other run's checkpoints.
+  watchdog.progress("start-up: checking --continue_from and --save_dir");
+  const llm::CheckpointStart checkpoints = llm::check_checkpoints_at_start(run, model, world.rank == 0);
+  if (!checkpoints.resume_folder.empty() && checkpoints.resume_step == run.num_training_steps) {
+    // Exit 0: a requeued job that always passes --continue_from has nothing left to do, which is success.
+    if (world.rank == 0)
+      llm::log::info("{}: already finished at step {}; nothing to do (raise --num_training_steps to train on)",
+                     checkpoints.resume_folder, checkpoints.resume_step);
+    return 0;
+  }
+  llm::RuntimeContext context;
+  context.resume_folder = checkpoints.resume_folder;
+  context.watchdog = &watchdog;
+  watchdog.progress("start-up: reading --init_from");
+  // --init_from: the folder's config.json and tensors are checked here, before anything is built.
+  const std::unique_ptr<llm::PretrainedFolder> init_from =
+      llm::open_init_from(run.checkpoint.init_from, model, world.rank == 0);
+  context.init_from = init_from.get();
+  context.rank = world.rank;
+  context.world_size = world.world_size;
+  context.device = rank_device(run, world);
+  // Every allocation, context and handle of this rank on its own GPU, not on GPU 0 (common/device.h).
+  llm::make_current_device(context.device);
+  // Before anything large exists: a run that cannot fit stops here with the numbers (exit 2).
+  watchdog.progress("start-up: the memory check");
+  if (!run.skip_memory_check)
+    llm::check_memory_before_training(model, run, world.rank, world.world_size, world.local_size, context.device);
+  llm::process_identity().device = context.device.str();
+  watchdog.progress("start-up: starting the communicator");
+  const bool over_mpi = run.sharding.communicator == llm::CommunicatorChoice::mpi;
+  std::unique_ptr<llm::Communicator> communicator = llm::make_communicator(world, context.device, over_mpi);
+  context.communicator = communicator.get();
+  // Host tensors never go to NCCL: a GPU rank has a host communicator beside it (train_loop.h).
+  std::unique_ptr<llm::Communicator> host_communicator;
+  if (!context.device.is_cpu()) host_communicator = llm::make_communicator(world, c10::Device(c10::kCPU));
+  context.host_communicator = host_communicator ? host_communicator.get() : communicator.get();
+  llm::start_preemption_deadline(run.preemption_grace_seconds);
+  return exit_status(llm::train(model, run, context), run, world);
+}
+
 int run_command(const llm::Command& command, const llm::World& world) {
   using Kind = llm::Command::Kind;
   // Only training stops at a step boundary on a signal; every other command ends as a signal says.
@@ -111,91 +214,7 @@ int run_command(const llm::Command& command, const llm::World& world) {
     if (world.rank == 0) std::cout << llm::resolved_config_json(model, run).dump(2) << std::endl;
     return 0;
   }
-  llm::set_write_failure_policy(run.logging.on_write_error == "warn" ? llm::WriteFailurePolicy::warn
-                                                                       : llm::WriteFailurePolicy::stop);
-  llm::create_run_dir(run.logging.run_dir);
-  const auto locks = lock_run_folders(run, world);
-  // From here to the end a rank that stops making progress ends the job, naming the phase
-  // (common/watchdog.h); a single process has no collective to wait in.
-  const bool watched = world.world_size > 1 && run.collective_timeout > 0;
-  llm::StallWatchdog watchdog(run.logging.run_dir, world.rank, world.world_size, watched ? run.collective_timeout : 0.0,
-                              // every rank's host: another node's heartbeats may be unreadable here
-                              watched ? llm::all_gather_text(world.host) : std::vector<std::string>());
-  // Before the model is built: --continue_from resolves to an intact checkpoint of this model, and
-  // --save_dir can be written and holds no other run's checkpoints.
-  watchdog.progress("start-up: checking --continue_from and --save_dir");
-  const llm::CheckpointStart checkpoints = llm::check_checkpoints_at_start(run, model, world.rank == 0);
-  if (!checkpoints.resume_folder.empty() && checkpoints.resume_step == run.num_training_steps) {
-    // Exit 0: a requeued job that always passes --continue_from has nothing left to do, which is success.
-    if (world.rank == 0)
-      llm::log::info("{}: already finished at step {}; nothing to do (raise --num_training_steps to train on)",
-                     checkpoints.resume_folder, checkpoints.resume_step);
-    return 0;
-  }
-  llm::RuntimeContext context;
-  context.resume_folder = checkpoints.resume_folder;
-  context.watchdog = &watchdog;
-  watchdog.progress("start-up: reading --init_from");
-  // --init_from: the folder's config.json and tensors are checked here, before anything is built.
-  const std::unique_ptr<llm::PretrainedFolder> init_from =
-      llm::open_init_from(run.checkpoint.init_from, model, world.rank == 0);
-  context.init_from = init_from.get();
-  context.rank = world.rank;
-  context.world_size = world.world_size;
-  const bool over_mpi = run.sharding.communicator == llm::CommunicatorChoice::mpi;
-  context.device = llm::select_device(run.device, world.local_rank);
-  if (run.sharding.communicator == llm::CommunicatorChoice::nccl && !context.device.is_cuda())
-    throw llm::UserError("--communicator nccl: NCCL carries GPU tensors, and this rank runs on " + context.device.str() +
-                         "; use --communicator auto or mpi on CPUs");
-  if (world.world_size > 1 && !over_mpi) {
-    // Before NCCL starts: its own refusal of a shared GPU names neither the ranks nor the fix.
-    const std::string gpu = context.device.is_cuda() ? world.host + " " + llm::gpu_bus_id(context.device) : "";
-    if (const std::optional<std::string> shared = llm::ranks_sharing_a_gpu(llm::all_gather_text(gpu)))
-      throw llm::UserError("--device: " + *shared);
-  }
-  // Every allocation, context and handle of this rank on its own GPU, not on GPU 0 (common/device.h).
-  llm::make_current_device(context.device);
-  // Before anything large exists: a run that cannot fit stops here with the numbers (exit 2).
-  watchdog.progress("start-up: the memory check");
-  if (!run.skip_memory_check)
-    llm::check_memory_before_training(model, run, world.rank, world.world_size, world.local_size, context.device);
-  llm::process_identity().device = context.device.str();
-  watchdog.progress("start-up: starting the communicator");
-  std::unique_ptr<llm::Communicator> communicator = llm::make_communicator(world, context.device, over_mpi);
-  context.communicator = communicator.get();
-  // Host tensors never go to NCCL: a GPU rank has a host communicator beside it (train_loop.h).
-  std::unique_ptr<llm::Communicator> host_communicator;
-  if (!context.device.is_cpu()) host_communicator = llm::make_communicator(world, c10::Device(c10::kCPU));
-  context.host_communicator = host_communicator ? host_communicator.get() : communicator.get();
-  llm::start_preemption_deadline(run.preemption_grace_seconds);
-  const llm::TrainingOutcome outcome = llm::train(model, run, context);
-  if (outcome.preempted_before_first_step) {
-    const char* signal = llm::signal_name(outcome.preempted_by);
-    const bool saved_before = !run.checkpoint.save_dir.empty();
-    if (world.rank == 0)
-      llm::log::info("preempted by {} during start-up, before step {}: nothing was trained since {}, so nothing is lost; "
-                     "start the job again{}; exit status {}", signal, outcome.steps + 1,
-                     outcome.steps == 0 ? std::string("the start") : "step " + std::to_string(outcome.steps),
-                     outcome.steps > 0 ? " with the same --continue_from" : std::string(),
-                     saved_before ? 0 : 128 + outcome.preempted_by);
-    return saved_before ? 0 : 128 + outcome.preempted_by;
-  }
-  if (outcome.preempted_by != 0) {
-    const char* signal = llm::signal_name(outcome.preempted_by);
-    if (outcome.preemption_checkpoint.empty()) {
-      if (world.rank == 0)
-        llm::log::error("preempted by {} at step {}: nothing was saved (no --save_dir), so the steps are lost; "
-                        "exit status {}", signal, outcome.steps, 128 + outcome.preempted_by);
-      return 128 + outcome.preempted_by;
-    }
-    if (world.rank == 0)
-      llm::log::info("preempted by {} at step {}: saved {}; resume with the same flags and --continue_from {}",
-                     signal, outcome.steps, outcome.preemption_checkpoint, run.checkpoint.save_dir);
-    return 0;
-  }
-  llm::log::info("done: {} steps, final loss {:.4f}, final eval loss {:.4f}", outcome.steps,
-                 outcome.final_loss, outcome.final_eval_loss);
-  return 0;
+  return train_command(model, run, world);
 }
 
 }  // namespace
