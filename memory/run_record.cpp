@@ -177,13 +177,12 @@ std::string file_label(const std::string& label) {
   return out.empty() ? "run" : out;
 }
 
-RunRecord read_run(const std::string& dir) {
-  RunRecord record;
-  record.dir = dir;
+namespace {
+
+// metrics.jsonl: the steps' losses and speed, how the run ended, and its start record (the world,
+// the device, the run's settings and its model).
+void read_metrics(const std::string& dir, RunRecord& record) {
   std::error_code error;
-  LLM_REQUIRE(fs::is_directory(dir, error), dir, "",
-              fs::exists(dir, error) ? "is not a folder: pass run folders (the --run_dir of training runs)"
-                                     : "no such folder: pass run folders (the --run_dir of training runs)");
   const fs::path metrics_path = fs::path(dir) / "metrics.jsonl";
   LLM_REQUIRE(fs::is_regular_file(metrics_path, error), dir, "metrics.jsonl",
               "missing: not a training run folder (the trainer writes metrics.jsonl into --run_dir)");
@@ -235,12 +234,11 @@ RunRecord read_run(const std::string& dir) {
   } catch (const UserError& error) {
     fail_user(start_line, "model", std::string("the run's model config is not valid: ") + error.what());
   }
+}
 
-  fs::path label_path = fs::path(dir);
-  if (label_path.filename().empty()) label_path = label_path.parent_path();
-  record.label = label_path.filename().string();
-
-  // Each rank's ledger; the timeline is taken from the step in which rank 0 peaked.
+// Every rank's memory ledger, and its summary.
+std::vector<JsonlFile> read_ledgers(const std::string& dir, RunRecord& record) {
+  std::error_code error;
   std::vector<JsonlFile> ledgers;
   for (int rank = 0; rank < record.world; ++rank) {
     const fs::path path = fs::path(dir) / ("memory.rank" + std::to_string(rank) + ".jsonl");
@@ -250,40 +248,42 @@ RunRecord read_run(const std::string& dir) {
     ledgers.push_back(read_jsonl(path));
     record.ranks.push_back(read_rank_summary(rank, ledgers.back()));
   }
-  record.timeline_step = record.ranks.front().peak_step;
-  record.train_peak_per_rank.assign(record.world, 0);
-  record.eval_peak_per_rank.assign(record.world, 0);
-  for (int rank = 0; rank < record.world; ++rank) {
-    RankTimeline timeline;
-    timeline.rank = rank;
-    // A resumed run repeats the steps after its checkpoint in a later segment (a later start record):
-    // the timeline is the last segment's that has the step.
-    std::vector<std::vector<TimelineBar>> segments(1);
-    for (const JsonlRecord& line : ledgers[rank].records)
-      read_record(ledgers[rank], line, [&](const json& fields) {
-        if (fields.value("event", "") == "start" && !segments.back().empty()) segments.emplace_back();
-        if (fields.value("event", "") != "point") return;
-        const std::string phase = fields.value("phase", "");
-        const int64_t window_peak = fields.value("window_peak_bytes", int64_t{0});
-        if (phase == "eval")
-          record.eval_peak_per_rank[rank] = std::max(record.eval_peak_per_rank[rank], window_peak);
-        else if (phase != "checkpoint")
-          record.train_peak_per_rank[rank] = std::max(record.train_peak_per_rank[rank], window_peak);
-        if (fields.value("step", int64_t{-1}) != record.timeline_step) return;
-        TimelineBar bar;
-        const std::string unit = fields.value("unit", "");
-        bar.label = fields.value("phase", "") + (unit.empty() ? "" : ":" + unit);
-        if (fields.value("micro", int64_t{0}) > 0) bar.label += " (micro " + std::to_string(fields.value("micro", int64_t{0})) + ")";
-        bar.categories = MemoryCategories::from_json(fields);
-        bar.window_peak_bytes = fields.value("window_peak_bytes", int64_t{0});
-        segments.back().push_back(bar);
-      });
-    for (auto segment = segments.rbegin(); segment != segments.rend() && timeline.bars.empty(); ++segment)
-      timeline.bars = *segment;
-    record.timeline.push_back(timeline);
-  }
+  return ledgers;
+}
 
-  // The estimate for the run's own settings.
+// One rank's bars at record.timeline_step, and its train and eval peaks over the run.
+RankTimeline read_timeline(int rank, const std::vector<JsonlFile>& ledgers, RunRecord& record) {
+  RankTimeline timeline;
+  timeline.rank = rank;
+  // A resumed run repeats the steps after its checkpoint in a later segment (a later start record):
+  // the timeline is the last segment's that has the step.
+  std::vector<std::vector<TimelineBar>> segments(1);
+  for (const JsonlRecord& line : ledgers[rank].records)
+    read_record(ledgers[rank], line, [&](const json& fields) {
+      if (fields.value("event", "") == "start" && !segments.back().empty()) segments.emplace_back();
+      if (fields.value("event", "") != "point") return;
+      const std::string phase = fields.value("phase", "");
+      const int64_t window_peak = fields.value("window_peak_bytes", int64_t{0});
+      if (phase == "eval")
+        record.eval_peak_per_rank[rank] = std::max(record.eval_peak_per_rank[rank], window_peak);
+      else if (phase != "checkpoint")
+        record.train_peak_per_rank[rank] = std::max(record.train_peak_per_rank[rank], window_peak);
+      if (fields.value("step", int64_t{-1}) != record.timeline_step) return;
+      TimelineBar bar;
+      const std::string unit = fields.value("unit", "");
+      bar.label = fields.value("phase", "") + (unit.empty() ? "" : ":" + unit);
+      if (fields.value("micro", int64_t{0}) > 0) bar.label += " (micro " + std::to_string(fields.value("micro", int64_t{0})) + ")";
+      bar.categories = MemoryCategories::from_json(fields);
+      bar.window_peak_bytes = fields.value("window_peak_bytes", int64_t{0});
+      segments.back().push_back(bar);
+    });
+  for (auto segment = segments.rbegin(); segment != segments.rend() && timeline.bars.empty(); ++segment)
+    timeline.bars = *segment;
+  return timeline;
+}
+
+// The estimate for the run's own settings (a run the estimate refuses keeps the reason).
+void estimate_run(RunRecord& record) {
   try {
     EstimateOptions options;
     options.world_size = record.world;
@@ -293,6 +293,30 @@ RunRecord read_run(const std::string& dir) {
   } catch (const UserError& failure) {
     record.estimate_error = failure.what();
   }
+}
+
+}  // namespace
+
+RunRecord read_run(const std::string& dir) {
+  RunRecord record;
+  record.dir = dir;
+  std::error_code error;
+  LLM_REQUIRE(fs::is_directory(dir, error), dir, "",
+              fs::exists(dir, error) ? "is not a folder: pass run folders (the --run_dir of training runs)"
+                                     : "no such folder: pass run folders (the --run_dir of training runs)");
+  read_metrics(dir, record);
+
+  fs::path label_path = fs::path(dir);
+  if (label_path.filename().empty()) label_path = label_path.parent_path();
+  record.label = label_path.filename().string();
+
+  // Each rank's ledger; the timeline is taken from the step in which rank 0 peaked.
+  const std::vector<JsonlFile> ledgers = read_ledgers(dir, record);
+  record.timeline_step = record.ranks.front().peak_step;
+  record.train_peak_per_rank.assign(record.world, 0);
+  record.eval_peak_per_rank.assign(record.world, 0);
+  for (int rank = 0; rank < record.world; ++rank) record.timeline.push_back(read_timeline(rank, ledgers, record));
+  estimate_run(record);
   return record;
 }
 std::string format_ratio(double value) {

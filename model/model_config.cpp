@@ -186,10 +186,10 @@ std::string format_number(double value) {
   return text.str();
 }
 
-ModelConfig parse_model_config(const json& object, const std::string& source) {
-  if (!object.is_object())
-    fail_user(source, "(top level)",
-              "expected a JSON object of HF LlamaConfig keys (got " + describe_json_value(object) + ")");
+namespace {
+
+// A key that no LlamaConfig has: a misspelling, or a model this trainer does not build.
+void refuse_unknown_keys(const json& object, const std::string& source) {
   for (const auto& item : object.items()) {
     bool known = false;
     for (std::string_view key : kKnownModelKeys) known = known || key == item.key();
@@ -198,17 +198,10 @@ ModelConfig parse_model_config(const json& object, const std::string& source) {
                 "unknown key: remove it or fix its spelling (accepted keys: " + known_keys_list() +
                     ")");
   }
+}
 
-  const ModelConfigReader reader(object, source);
-  ModelConfig config;
-  config.name = std::filesystem::path(source).stem().string();
-
-  config.hidden_size = reader.required_size("hidden_size");
-  config.intermediate_size = reader.required_size("intermediate_size");
-  config.num_attention_heads = reader.required_size("num_attention_heads");
-  config.num_hidden_layers = reader.required_size("num_hidden_layers");
-  config.vocab_size = reader.required_size("vocab_size");
-
+// A LLaMA and nothing else: the architecture, model type and activation; keys read for their type only.
+void check_llama_identity(const ModelConfigReader& reader) {
   if (const json* architectures = reader.optional("architectures")) {
     const char* expected = "[\"LlamaForCausalLM\"] (any capitalisation, e.g. GaLore's LLaMAForCausalLM)";
     if (!architectures->is_array() || architectures->size() != 1 ||
@@ -227,13 +220,9 @@ ModelConfig parse_model_config(const json& object, const std::string& source) {
                                   dtype->get<std::string>() != "bfloat16"))
         reader.fail_expected(key, "\"float32\", \"float16\" or \"bfloat16\" (ignored: --dtype decides)", *dtype);
     }
+}
 
-  config.bos_token_id = reader.token_id("bos_token_id", config.bos_token_id, config.vocab_size);
-  config.eos_token_id = reader.token_id("eos_token_id", config.eos_token_id, config.vocab_size);
-  config.pad_token_id = reader.token_id("pad_token_id", config.pad_token_id, config.vocab_size);
-  config.initializer_range = reader.positive_number("initializer_range", config.initializer_range);
-  config.rms_norm_eps = reader.positive_number("rms_norm_eps", config.rms_norm_eps);
-  config.rope_theta = reader.positive_number("rope_theta", config.rope_theta);
+void read_rope_parameters(const ModelConfigReader& reader, ModelConfig& config) {
   // transformers 5: {"rope_type": "default", "rope_theta": ...}; any other rope_type rescales the
   // positions, which this trainer does not run.
   if (const json* rope = reader.optional("rope_parameters"); rope != nullptr && !rope->is_null()) {
@@ -259,8 +248,10 @@ ModelConfig parse_model_config(const json& object, const std::string& source) {
       if (key != "rope_type" && key != "rope_theta")
         reader.fail("rope_parameters", "key \"" + key + "\": not a key of default RoPE (rope_type, rope_theta)");
   }
-  config.tie_word_embeddings = reader.boolean("tie_word_embeddings", config.tie_word_embeddings);
+}
 
+// max_position_embeddings, or GaLore's max_sequence_length: one context length.
+void read_max_positions(const ModelConfigReader& reader, ModelConfig& config) {
   const std::optional<int64_t> max_position = reader.optional_size("max_position_embeddings");
   const std::optional<int64_t> max_sequence = reader.optional_size("max_sequence_length");
   if (max_position && max_sequence && *max_position != *max_sequence)
@@ -277,7 +268,10 @@ ModelConfig parse_model_config(const json& object, const std::string& source) {
                     "): this config cannot train on anything, since a sequence needs at least one input token "
                     "and the next token as its target (--max_length >= 2); set it to the context length the "
                     "model is for, e.g. 1024");
+}
 
+// Biases, dropout, RoPE scaling and tensor-parallel emulation: features of other models, refused.
+void refuse_what_llama_lacks(const ModelConfigReader& reader, const json& object) {
   reader.require_bool("attention_bias", false, "LLaMA projections have no bias");
   reader.require_bool("mlp_bias", false, "LLaMA projections have no bias");
   reader.require_number("attention_dropout", 0.0, "pre-training runs without dropout");
@@ -287,7 +281,9 @@ ModelConfig parse_model_config(const json& object, const std::string& source) {
     if (reader.integer("pretraining_tp", *tp, "the integer 1") != 1)
       reader.fail_expected("pretraining_tp", "1: tensor-parallel emulation is not supported", *tp);
   }
+}
 
+void check_shapes(const ModelConfigReader& reader, ModelConfig& config) {
   // Shape rules: whole heads, whole groups of heads per kv head, an even head_dim for rotate-half.
   if (config.hidden_size % config.num_attention_heads != 0)
     reader.fail("hidden_size",
@@ -338,6 +334,39 @@ ModelConfig parse_model_config(const json& object, const std::string& source) {
     if (reader.integer("head_dim", *head_dim, expected) != config.head_dim())
       reader.fail_expected("head_dim", expected, *head_dim);
   }
+}
+
+}  // namespace
+
+ModelConfig parse_model_config(const json& object, const std::string& source) {
+  if (!object.is_object())
+    fail_user(source, "(top level)",
+              "expected a JSON object of HF LlamaConfig keys (got " + describe_json_value(object) + ")");
+  refuse_unknown_keys(object, source);
+
+  const ModelConfigReader reader(object, source);
+  ModelConfig config;
+  config.name = std::filesystem::path(source).stem().string();
+
+  config.hidden_size = reader.required_size("hidden_size");
+  config.intermediate_size = reader.required_size("intermediate_size");
+  config.num_attention_heads = reader.required_size("num_attention_heads");
+  config.num_hidden_layers = reader.required_size("num_hidden_layers");
+  config.vocab_size = reader.required_size("vocab_size");
+
+  check_llama_identity(reader);
+  config.bos_token_id = reader.token_id("bos_token_id", config.bos_token_id, config.vocab_size);
+  config.eos_token_id = reader.token_id("eos_token_id", config.eos_token_id, config.vocab_size);
+  config.pad_token_id = reader.token_id("pad_token_id", config.pad_token_id, config.vocab_size);
+  config.initializer_range = reader.positive_number("initializer_range", config.initializer_range);
+  config.rms_norm_eps = reader.positive_number("rms_norm_eps", config.rms_norm_eps);
+  config.rope_theta = reader.positive_number("rope_theta", config.rope_theta);
+  read_rope_parameters(reader, config);
+  config.tie_word_embeddings = reader.boolean("tie_word_embeddings", config.tie_word_embeddings);
+
+  read_max_positions(reader, config);
+  refuse_what_llama_lacks(reader, object);
+  check_shapes(reader, config);
   return config;
 }
 
