@@ -131,13 +131,10 @@ int train_command(const llm::ModelConfig& model, const llm::RunConfig& run, cons
   const auto locks = lock_run_folders(run, world);
   // From here to the end a rank that stops making progress ends the job, naming the phase
   // (common/watchdog.h); a single process has no collective to wait in.
-  const bool watched = world.world_size > 1 && run.collective_timeout > 0;
-  llm::StallWatchdog watchdog(run.logging.run_dir, world.rank, world.world_size, watched ? run.collective_timeout : 0.0,
-                              // every rank's host: another node's heartbeats may be unreadable here
-                              watched ? llm::all_gather_text(world.host) : std::vector<std::string>());
+  const std::unique_ptr<llm::StallWatchdog> watchdog = llm::watch_for_stalls(run, world.rank, world.world_size, world.host);
   // Before the model is built: --continue_from resolves to an intact checkpoint of this model, and
   // --save_dir can be written and holds no other run's checkpoints.
-  watchdog.progress("start-up: checking --continue_from and --save_dir");
+  watchdog->progress("start-up: checking --continue_from and --save_dir");
   const llm::CheckpointStart checkpoints = llm::check_checkpoints_at_start(run, model, world.rank == 0);
   if (!checkpoints.resume_folder.empty() && checkpoints.resume_step == run.num_training_steps) {
     // Exit 0: a requeued job that always passes --continue_from has nothing left to do, which is success.
@@ -148,8 +145,8 @@ int train_command(const llm::ModelConfig& model, const llm::RunConfig& run, cons
   }
   llm::RuntimeContext context;
   context.resume_folder = checkpoints.resume_folder;
-  context.watchdog = &watchdog;
-  watchdog.progress("start-up: reading --init_from");
+  context.watchdog = watchdog.get();
+  watchdog->progress("start-up: reading --init_from");
   // --init_from: the folder's config.json and tensors are checked here, before anything is built.
   const std::unique_ptr<llm::PretrainedFolder> init_from =
       llm::open_init_from(run.checkpoint.init_from, model, world.rank == 0);
@@ -160,11 +157,11 @@ int train_command(const llm::ModelConfig& model, const llm::RunConfig& run, cons
   // Every allocation, context and handle of this rank on its own GPU, not on GPU 0 (common/device.h).
   llm::make_current_device(context.device);
   // Before anything large exists: a run that cannot fit stops here with the numbers (exit 2).
-  watchdog.progress("start-up: the memory check");
+  watchdog->progress("start-up: the memory check");
   if (!run.skip_memory_check)
     llm::check_memory_before_training(model, run, world.rank, world.world_size, world.local_size, context.device);
   llm::process_identity().device = context.device.str();
-  watchdog.progress("start-up: starting the communicator");
+  watchdog->progress("start-up: starting the communicator");
   const bool over_mpi = run.sharding.communicator == llm::CommunicatorChoice::mpi;
   std::unique_ptr<llm::Communicator> communicator = llm::make_communicator(world, context.device, over_mpi);
   context.communicator = communicator.get();

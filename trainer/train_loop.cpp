@@ -172,15 +172,9 @@ void Training::shard_when_built(const UnitSpec& unit, NamedTensors parameters) {
 
 TrainingOutcome Training::run() {
   TrainingOutcome outcome{start_step_, 0, 0, corpus_.unigram_entropy, corpus_.entropy_rate, 0, {}};
-  // One process has no collective to wait in: a long step there is only slow, not a stall.
-  const bool watched = context_.world_size > 1 && run_.collective_timeout > 0;
   watchdog_ = context_.watchdog;
   if (watchdog_ == nullptr) {
-    own_watchdog_ = std::make_unique<StallWatchdog>(run_.logging.run_dir, context_.rank, context_.world_size,
-                                                    watched ? run_.collective_timeout : 0.0,
-                                                    // every rank's host: another node's heartbeats may be unreadable here
-                                                    watched ? all_gather_text(process_identity().host)
-                                                            : std::vector<std::string>());
+    own_watchdog_ = watch_for_stalls(run_, context_.rank, context_.world_size, process_identity().host);
     watchdog_ = own_watchdog_.get();
   }
   // A preemption signal during start-up (the handlers are in from main()'s first line): stop before
@@ -337,6 +331,13 @@ RunStart Training::start_record() const {
   start.offloaded = offload_ != nullptr;
   start.init_from_bytes = init_from_bytes_;
   return start;
+}
+
+std::unique_ptr<StallWatchdog> watch_for_stalls(const RunConfig& run, int rank, int world_size, const std::string& host) {
+  // One process has no collective to wait in: a long step there is only slow, not a stall.
+  const bool watched = world_size > 1 && run.collective_timeout > 0;
+  return std::make_unique<StallWatchdog>(run.logging.run_dir, rank, world_size, watched ? run.collective_timeout : 0.0,
+                                         watched ? all_gather_text(host) : std::vector<std::string>());
 }
 
 c10::Device select_device(DeviceChoice choice, int local_rank) {

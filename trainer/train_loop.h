@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -60,6 +61,12 @@ struct TrainingOutcome {
   // to save; `steps` is where it would have started).
   bool preempted_before_first_step = false;
 };
+
+// The stall watchdog of a run (common/watchdog.h), running from now: --collective_timeout over
+// several ranks, off (0) for a single process, which has no collective to wait in. `host`: this
+// rank's host name; every rank's is gathered (a collective), since another node's heartbeats may be
+// unreadable here.
+std::unique_ptr<StallWatchdog> watch_for_stalls(const RunConfig& run, int rank, int world_size, const std::string& host);
 
 // Picks the device from --device: cuda:<local_rank % visible GPUs> when asked for (or auto and one
 // is present).
