@@ -114,7 +114,8 @@ TEST_P(LedgerAddsUp, CategoriesExplainTheTrackedTotal) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, LedgerAddsUp, ::testing::Values(1, 2, 4));
+INSTANTIATE_TEST_SUITE_P(WorldSizes, LedgerAddsUp, ::testing::Values(1, 2, 4),
+                         [](const auto& info) { return std::to_string(info.param) + "_ranks"; });
 
 TEST(LedgerSharding, ShardedCategoriesShrinkAsOneOverN) {
   // At the optimizer point of a full_shard run the parameters are the master shard alone (no unit is

@@ -95,7 +95,7 @@ TEST_P(Prefetch, SameLossesAndParametersWithAndWithoutPrefetch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, Prefetch,
-                         ::testing::Values("full_shard", "shard_grad_op", "no_shard"));
+                         ::testing::Values("full_shard", "shard_grad_op", "no_shard"), testing::TextParamName());
 
 }  // namespace
 }  // namespace llm

@@ -272,7 +272,8 @@ TEST_P(StartupStall, ARankStoppedDuringStartUpEndsTheJobNamingThePhase) {
 
 INSTANTIATE_TEST_SUITE_P(Phases, StartupStall,
                          ::testing::Values("building the model", "reading the checkpoint",
-                                           "starting the communicator"));
+                                           "starting the communicator"),
+                         testing::TextParamName());
 
 // Each rank's background write held back 8 s with --collective_timeout 3: the loop waits for the
 // write at the next save, and the write is progress, so the job goes on and every save lands.

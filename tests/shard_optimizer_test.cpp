@@ -16,6 +16,7 @@
 #include "common/errors.h"
 #include "optim/shard_optimizer.h"
 #include "sharding/communicator.h"
+#include "tests/test_util.h"
 
 namespace llm {
 namespace {
@@ -123,7 +124,8 @@ TEST_P(PerUnit, AUnitsStepTouchesOnlyThatUnit) {
   EXPECT_EQ(optimizer.steps_taken(), 1);
 }
 
-INSTANTIATE_TEST_SUITE_P(Optimizers, PerUnit, ::testing::Values("adamw", "adamw_sn", "galore_adamw"));
+INSTANTIATE_TEST_SUITE_P(Optimizers, PerUnit, ::testing::Values("adamw", "adamw_sn", "galore_adamw"),
+                         testing::TextParamName());
 
 TEST(PerUnitState, ElementwiseRulesKeepTheirMomentsLaidOutLikeTheShard) {
   for (const std::string kind : {"adamw", "galore_adamw"}) {

@@ -74,7 +74,7 @@ TEST_P(ShardingEquivalence, NRanksEqualOneRankOnTheSameGlobalBatch) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, ShardingEquivalence,
-                         ::testing::Values("full_shard", "shard_grad_op", "no_shard"));
+                         ::testing::Values("full_shard", "shard_grad_op", "no_shard"), testing::TextParamName());
 
 TEST(ShardingMemory, FourRanksHoldAQuarterOfTheTrainingState) {
   auto bytes_per_rank = [](int ranks, const std::string& strategy) {

@@ -3,6 +3,7 @@
 
 #include <sys/types.h>
 
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -90,5 +91,18 @@ CommandResult run_and_act(const std::string& command, const std::filesystem::pat
 // The records of RUN_DIR/metrics.jsonl whose "event" is `event`, in file order.
 std::vector<nlohmann::json> read_metrics_events(const std::filesystem::path& run_dir,
                                                 const std::string& event);
+
+// A parameterised test's name in ctest's list from its text parameter: letters and digits kept, any
+// other character '_' ("building the model" -> "building_the_model"). Use as the name generator of
+// INSTANTIATE_TEST_SUITE_P, so the list says what each instance runs rather than /0, /1.
+struct TextParamName {
+  template <class Info>
+  std::string operator()(const Info& info) const {
+    std::string name = info.param;
+    for (char& c : name)
+      if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+    return name;
+  }
+};
 
 }  // namespace llm::testing
