@@ -18,6 +18,7 @@
 #include "common/errors.h"
 #include "common/log.h"
 #include "common/output_files.h"
+#include "data/token_corpus.h"
 
 namespace llm {
 namespace fs = std::filesystem;
@@ -418,7 +419,7 @@ void refuse_what_the_saves_would_replace(const RunConfig& run, const CheckpointS
 void warn_of_other_data(const RunConfig& run, const std::string& folder, const nlohmann::json& manifest) {
   if (!manifest.is_object() || !manifest.contains("data") || !manifest.at("data").is_string()) return;
   const std::string saved = manifest.at("data").get<std::string>();
-  const std::string ours = run.data.source == "synthetic" ? run.data.source : fs::absolute(run.data.source).string();
+  const std::string ours = run.data.source == "synthetic" ? run.data.source : absolute_data_spec(run.data.source);
   const int64_t samples = manifest.value("samples_consumed", int64_t{0});
   const std::string position = "the sampler goes on from the checkpoint's position (" + std::to_string(samples) +
                                " samples consumed, --seed " + std::to_string(run.seed) + "'s order)";

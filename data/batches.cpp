@@ -17,7 +17,7 @@
 namespace llm {
 
 struct BatchSampler::Impl {
-  std::shared_ptr<const TokenFile> tokens;
+  std::shared_ptr<const TokenCorpus> tokens;
   Split split = Split::train;
   int64_t max_length = 0;
   int64_t first_window = 0;  // index of this split's first window in the file
@@ -70,12 +70,12 @@ int64_t BatchSampler::Impl::window_of_sample(int64_t sample) {
   return first_window + permutation[offset];
 }
 
-BatchSampler::BatchSampler(std::shared_ptr<const TokenFile> tokens, Split split,
+BatchSampler::BatchSampler(std::shared_ptr<const TokenCorpus> tokens, Split split,
                            int64_t max_length, double eval_fraction, uint64_t seed, int rank,
                            int world_size, int64_t batch_size)
     : impl_(std::make_shared<Impl>()) {
   LLM_REQUIRE(tokens != nullptr, "data", "token file", "no token file was opened");
-  const std::string& path = tokens->path();
+  const std::string& path = tokens->name();
   LLM_REQUIRE(max_length > 0, "--max_length", "",
               "is " + std::to_string(max_length) + "; use a positive sequence length");
   LLM_REQUIRE(batch_size > 0, "--batch_size", "",

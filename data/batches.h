@@ -18,7 +18,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "data/token_file.h"
+#include "data/token_corpus.h"
 
 namespace llm {
 
@@ -33,7 +33,7 @@ class BatchSampler {
  public:
   // Throws UserError if the split has fewer windows than one global micro-batch needs at least
   // once (the file is shorter than one window, or the eval split is empty).
-  BatchSampler(std::shared_ptr<const TokenFile> tokens, Split split, int64_t max_length,
+  BatchSampler(std::shared_ptr<const TokenCorpus> tokens, Split split, int64_t max_length,
                double eval_fraction, uint64_t seed, int rank, int world_size, int64_t batch_size);
 
   Batch next();                        // this rank's next micro-batch

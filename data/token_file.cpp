@@ -1,12 +1,8 @@
-// Token files: validation on open (through a mapping, dropped afterwards), checked little-endian
-// reads of windows (pread), atomic writes.
-//
-// Everything a bad file can do wrong is caught here, once, before training starts: the sampler and
-// the model then trust every id they read.
+// Token files: the header checked on open (data/token_formats.cpp), windows read with pread and
+// every id checked as it is read, and our format written atomically.
 #include "data/token_file.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -21,19 +17,13 @@
 
 #include "common/errors.h"
 #include "common/output_files.h"
+#include "data/token_formats.h"
 
 static_assert(std::endian::native == std::endian::little,
               "token files are little endian and read in place; a big-endian host needs swaps");
 
 namespace llm {
 namespace {
-
-// Byte offsets of the header fields (see token_file.h).
-constexpr size_t kMagicOffset = 0;
-constexpr size_t kVersionOffset = 8;
-constexpr size_t kBytesPerTokenOffset = 12;
-constexpr size_t kNumTokensOffset = 16;
-constexpr size_t kVocabSizeOffset = 24;
 
 template <typename T>
 T load_little_endian(const unsigned char* bytes) {
@@ -49,7 +39,7 @@ void store_little_endian(unsigned char* bytes, T value) {
 
 std::string errno_text() { return std::strerror(errno); }
 
-// Owns a file descriptor only until the mapping exists (the mapping outlives the descriptor).
+// Owns a file descriptor until the TokenFile takes it.
 struct FileDescriptor {
   int fd = -1;
   ~FileDescriptor() {
@@ -57,118 +47,47 @@ struct FileDescriptor {
   }
 };
 
-// Returns the position of the first id >= vocab, or -1 when all are valid.
-template <typename Id>
-int64_t first_id_at_or_above(const unsigned char* tokens, int64_t count, int64_t vocab) {
-  const Id* ids = reinterpret_cast<const Id*>(tokens);
-  // Scan in blocks with a branch-free maximum (vectorises), then locate the culprit in the block.
-  constexpr int64_t kBlock = 1 << 16;
-  for (int64_t begin = 0; begin < count; begin += kBlock) {
-    const int64_t end = std::min(count, begin + kBlock);
-    Id block_max = 0;
-    for (int64_t i = begin; i < end; ++i) block_max = ids[i] > block_max ? ids[i] : block_max;
-    if (static_cast<int64_t>(block_max) < vocab) continue;
-    for (int64_t i = begin; i < end; ++i)
-      if (static_cast<int64_t>(ids[i]) >= vocab) return i;
-  }
-  return -1;
-}
-
 }  // namespace
 
+const char* to_string(TokenFormat format) {
+  switch (format) {
+    case TokenFormat::trainer: return "trainer";
+    case TokenFormat::llmc: return "llm.c";
+    case TokenFormat::megatron: return "megatron";
+    case TokenFormat::numpy: return "npy";
+  }
+  return "?";
+}
+
 std::shared_ptr<TokenFile> TokenFile::open(const std::string& path, int64_t model_vocab_size) {
-  const std::string remedy_regenerate = "regenerate it with `trainer prepare`";
   LLM_REQUIRE(model_vocab_size > 0, path, "model vocab",
               "the model's vocab_size is " + std::to_string(model_vocab_size) +
                   "; set a positive vocab_size in the model config");
-
+  // A Megatron dataset is named by its .bin or its .idx; the ids are in the .bin.
+  const std::string ids_path = megatron_pair(path).first.empty() ? path : megatron_pair(path).first;
   FileDescriptor file;
-  file.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  file.fd = ::open(ids_path.c_str(), O_RDONLY | O_CLOEXEC);
   if (file.fd < 0)
-    fail_user(path, "token file",
+    fail_user(ids_path, "token file",
               "cannot open (" + errno_text() + "); check --data, or create the file with "
               "`trainer prepare` (or use the synthetic corpus)");
   struct stat info {};
   if (::fstat(file.fd, &info) != 0)
-    fail_user(path, "token file", "cannot stat (" + errno_text() + ")");
-  LLM_REQUIRE(S_ISREG(info.st_mode), path, "token file",
+    fail_user(ids_path, "token file", "cannot stat (" + errno_text() + ")");
+  LLM_REQUIRE(S_ISREG(info.st_mode), ids_path, "token file",
               "is not a regular file; pass the path of a token file written by `trainer prepare`");
   const size_t file_bytes = static_cast<size_t>(info.st_size);
-  LLM_REQUIRE(file_bytes >= kTokenFileHeaderBytes, path, "header",
-              "the file has " + std::to_string(file_bytes) + " bytes, fewer than the " +
-                  std::to_string(kTokenFileHeaderBytes) + "-byte header: it is truncated or not a "
-                  "token file; " + remedy_regenerate);
+  const TokenLayout layout = read_token_layout(path, file.fd, file_bytes, model_vocab_size);
 
-  void* mapping = ::mmap(nullptr, file_bytes, PROT_READ, MAP_SHARED, file.fd, 0);
-  if (mapping == MAP_FAILED)
-    fail_user(path, "token file", "cannot memory-map (" + errno_text() + ")");
-  // The mapping is for this one validating pass only; unmapped on every way out.
-  struct Mapping {
-    void* address;
-    size_t bytes;
-    ~Mapping() { ::munmap(address, bytes); }
-  } validating{mapping, file_bytes};
   std::shared_ptr<TokenFile> result(new TokenFile());
-  result->path_ = path;
+  result->path_ = layout.ids_path;
+  result->format_ = layout.format;
   result->opened_bytes_ = file_bytes;
+  result->payload_offset_ = layout.payload_offset;
   result->model_vocab_size_ = model_vocab_size;
-  ::madvise(mapping, file_bytes, MADV_SEQUENTIAL);
-
-  const auto* bytes = static_cast<const unsigned char*>(mapping);
-  const bool magic_matches =
-      std::memcmp(bytes + kMagicOffset, kTokenFileMagic, sizeof(kTokenFileMagic)) == 0;
-  LLM_REQUIRE(magic_matches, path, "header",
-              "wrong magic (expected \"LLMTOKv1\"): this is not a token file; " +
-                  remedy_regenerate);
-  const uint32_t version = load_little_endian<uint32_t>(bytes + kVersionOffset);
-  LLM_REQUIRE(version == kTokenFileVersion, path, "header",
-              "version " + std::to_string(version) + " is not supported (this trainer reads " +
-                  std::to_string(kTokenFileVersion) + "); " + remedy_regenerate);
-  const uint32_t bytes_per_token = load_little_endian<uint32_t>(bytes + kBytesPerTokenOffset);
-  LLM_REQUIRE(bytes_per_token == 2 || bytes_per_token == 4, path, "header",
-              "bytes per token is " + std::to_string(bytes_per_token) +
-                  " (must be 2 or 4): the header is corrupt; " + remedy_regenerate);
-  const uint64_t num_tokens = load_little_endian<uint64_t>(bytes + kNumTokensOffset);
-  const uint64_t header_vocab = load_little_endian<uint64_t>(bytes + kVocabSizeOffset);
-
-  const uint64_t payload_bytes = file_bytes - kTokenFileHeaderBytes;
-  const bool size_matches = num_tokens <= payload_bytes / bytes_per_token &&
-                            num_tokens * bytes_per_token == payload_bytes;
-  if (!size_matches) {
-    const bool truncated = num_tokens > payload_bytes / bytes_per_token;
-    fail_user(path, "size",
-              "the header promises " + std::to_string(num_tokens) + " tokens of " +
-                  std::to_string(bytes_per_token) + " bytes (" +
-                  std::to_string(kTokenFileHeaderBytes) + " + tokens * width bytes) but the file "
-                  "has " + std::to_string(file_bytes) + " bytes: " +
-                  (truncated ? "it is truncated (an interrupted copy or write?)"
-                             : "it has trailing bytes after the last token") +
-                  "; " + remedy_regenerate);
-  }
-  LLM_REQUIRE(header_vocab <= static_cast<uint64_t>(model_vocab_size), path, "vocab",
-              "the file was tokenized with a vocabulary of " + std::to_string(header_vocab) +
-                  " ids but the model has vocab_size " + std::to_string(model_vocab_size) +
-                  "; use a model config whose vocab_size is at least " +
-                  std::to_string(header_vocab) + ", or re-tokenize with a matching tokenizer");
-
-  const unsigned char* tokens = bytes + kTokenFileHeaderBytes;
-  result->num_tokens_ = static_cast<int64_t>(num_tokens);
-  result->vocab_size_ = static_cast<int64_t>(header_vocab);
-  result->bytes_per_token_ = static_cast<int>(bytes_per_token);
-
-  const int64_t bad_position =
-      bytes_per_token == 2 ? first_id_at_or_above<uint16_t>(tokens, result->num_tokens_, model_vocab_size)
-                           : first_id_at_or_above<uint32_t>(tokens, result->num_tokens_, model_vocab_size);
-  if (bad_position >= 0)
-    fail_user(path, "token " + std::to_string(bad_position),
-              "id " +
-                  std::to_string(bytes_per_token == 2
-                                     ? load_little_endian<uint16_t>(tokens + static_cast<size_t>(bad_position) * 2)
-                                     : load_little_endian<uint32_t>(tokens + static_cast<size_t>(bad_position) * 4)) +
-                  " is not below the model's "
-              "vocab_size " + std::to_string(model_vocab_size) + " (first bad id of " +
-                  std::to_string(num_tokens) + " tokens); the file is corrupt or was tokenized "
-                  "for a bigger vocabulary: re-tokenize it or use a matching model config");
+  result->num_tokens_ = layout.num_tokens;
+  result->vocab_size_ = layout.vocab_size;
+  result->bytes_per_token_ = layout.bytes_per_token;
   ::posix_fadvise(file.fd, 0, 0, POSIX_FADV_RANDOM);  // training reads windows in shuffled order
   result->descriptor_ = file.fd;
   file.fd = -1;  // the object's now
@@ -206,7 +125,7 @@ void TokenFile::read(int64_t start, std::span<int64_t> out) const {
   const size_t width = static_cast<size_t>(bytes_per_token_);
   thread_local std::vector<unsigned char> bytes;
   bytes.resize(static_cast<size_t>(count) * width);
-  const off_t offset = static_cast<off_t>(kTokenFileHeaderBytes + static_cast<size_t>(start) * width);
+  const off_t offset = static_cast<off_t>(payload_offset_ + static_cast<size_t>(start) * width);
   size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = ::pread(descriptor_, bytes.data() + done, bytes.size() - done, offset + static_cast<off_t>(done));
@@ -221,9 +140,11 @@ void TokenFile::read(int64_t start, std::span<int64_t> out) const {
     const unsigned char* at = bytes.data() + static_cast<size_t>(i) * width;
     out[i] = width == 2 ? load_little_endian<uint16_t>(at) : load_little_endian<uint32_t>(at);
     if (out[i] >= model_vocab_size_)
-      fail_changed("token " + std::to_string(start + i) + " is now id " + std::to_string(out[i]) +
-                   ", not below the model's vocab_size " + std::to_string(model_vocab_size_) +
-                   " (every id was when the run opened it)");
+      fail_user(path_, "token " + std::to_string(start + i) + " (byte " +
+                           std::to_string(payload_offset_ + static_cast<size_t>(start + i) * width) + ")",
+                "id " + std::to_string(out[i]) + " is not below the model's vocab_size " +
+                    std::to_string(model_vocab_size_) + ": the file is corrupt or was tokenized for a bigger "
+                    "vocabulary; re-tokenize it or use a matching model config");
   }
 }
 

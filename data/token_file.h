@@ -1,16 +1,24 @@
-// Pre-tokenized token files: a 64-byte header and then the ids.
-//
-// Header (little endian): bytes 0-7 magic "LLMTOKv1", u32 version (1), u32 bytes per token (2 or 4),
-// u64 number of tokens, u64 vocabulary size, then zero padding to 64 bytes. The file size must be
-// exactly 64 + tokens * bytes per token. Every id is checked below the vocab size on open (one pass,
-// fast, so a bad file fails before training starts, not hours in).
+// Token files (the shards of --data, data/token_corpus.h): an array of uint16 or uint32 ids after a
+// header, in one of four formats, told apart by their first bytes:
+//   - ours ("trainer"): a 64-byte header, little endian: bytes 0-7 magic "LLMTOKv1", u32 version (1),
+//     u32 bytes per token (2 or 4), u64 number of tokens, u64 vocabulary size, zero padding. Written
+//     by `trainer prepare` (write_token_file, TokenFileWriter below).
+//   - llm.c / modded-nanogpt ("llm.c"): a 256 x int32 header: magic 20240520, version 1, token count;
+//     uint16 ids (GPT-2); or magic 20240801, version 7, token count; uint32 ids (llm.c's LLaMA 3).
+//   - Megatron-LM / GPT-NeoX indexed dataset ("megatron"): PATH.bin holds the ids and PATH.idx the
+//     index (magic "MMIDIDX\0\0", u64 version 1, u8 dtype code: 8 uint16 or 4 int32, u64 sequence
+//     count, u64 document count, int32 sequence lengths, int64 byte pointers, int64 document
+//     indices). --data names either file; the sequences must lie end to end in the .bin, in order.
+//   - NumPy ("npy"): a .npy file of a 1-D C-order array of '<u2' or '<u4' (as OLMo writes them).
+// The file size must be exactly the header's (or index's) promise. Headers are checked on open; ids
+// are checked as windows are read, so a corpus of 10^12 tokens opens by its headers alone: an id not
+// below the model's vocab_size is a UserError naming the file and the token's offset (exit 2).
 //
 // The file may change under a run (a copy over it, a truncation): training reads each window with
 // pread(2) from the descriptor opened at start, not from a memory mapping, so a truncated file is a
 // short read and an error, not a SIGBUS; each read checks the file's size against the size it was
-// opened with and each id against the model's vocabulary, and a change is a UserError naming --data,
-// the file and what changed (exit 2). A file replaced by rename is not a change: the descriptor still
-// reads the file that was opened.
+// opened with, and a change is a UserError naming --data, the file and what changed (exit 2). A file
+// replaced by rename is not a change: the descriptor still reads the file that was opened.
 #pragma once
 
 #include <cstdint>
@@ -26,17 +34,23 @@ inline constexpr char kTokenFileMagic[8] = {'L', 'L', 'M', 'T', 'O', 'K', 'v', '
 inline constexpr uint32_t kTokenFileVersion = 1;
 inline constexpr size_t kTokenFileHeaderBytes = 64;
 
+enum class TokenFormat { trainer, llmc, megatron, numpy };
+const char* to_string(TokenFormat format);  // "trainer", "llm.c", "megatron", "npy"
+
 class TokenFile {
  public:
-  // Opens and validates. Throws UserError (path + what is wrong + what to do) for a missing file,
-  // wrong magic or version, bad token width, truncated or oversized file, an id >= the model's
-  // vocab_size (pass model_vocab_size; the header's vocab must not exceed it either).
+  // Opens and validates the header. Throws UserError (path + what is wrong + what to do) for a
+  // missing file, a format it does not know, wrong magic or version, bad token width, a truncated or
+  // oversized file, a Megatron index that disagrees with its .bin, or (ours) a header vocabulary
+  // above the model's vocab_size.
   static std::shared_ptr<TokenFile> open(const std::string& path, int64_t model_vocab_size);
   ~TokenFile();
   TokenFile(const TokenFile&) = delete;
   TokenFile& operator=(const TokenFile&) = delete;
 
   int64_t size() const { return num_tokens_; }
+  TokenFormat format() const { return format_; }
+  // The vocabulary the file declares (ours), else 0: the other formats do not record it.
   int64_t vocab_size() const { return vocab_size_; }
   int bytes_per_token() const { return bytes_per_token_; }
   int64_t token(int64_t index) const;
@@ -49,7 +63,9 @@ class TokenFile {
   // The file changed since it was opened: a UserError naming --data, the file and what changed.
   [[noreturn]] void fail_changed(const std::string& what) const;
   std::string path_;
+  TokenFormat format_ = TokenFormat::trainer;
   int descriptor_ = -1;          // kept open for the run's reads
+  size_t payload_offset_ = 0;    // the first id's byte offset
   size_t opened_bytes_ = 0;      // the file's size when opened and checked
   int64_t model_vocab_size_ = 0;
   int64_t num_tokens_ = 0;

@@ -27,13 +27,13 @@ constexpr int64_t kWindows = 50;   // 5 held out at eval_fraction 0.1, 45 train
 constexpr double kEvalFraction = 0.1;
 
 // A file whose token i is i: window w starts with token w * (kMaxLength + 1).
-std::shared_ptr<const TokenFile> identity_token_file(const ScratchDir& scratch,
-                                                     int64_t windows = kWindows) {
+std::shared_ptr<const TokenCorpus> identity_token_file(const ScratchDir& scratch,
+                                                       int64_t windows = kWindows) {
   const std::string path = scratch / "identity.bin";
   std::vector<int64_t> tokens(static_cast<size_t>(windows * (kMaxLength + 1) + 3));  // +3: a tail
   std::iota(tokens.begin(), tokens.end(), 0);
   write_token_file(path, tokens, 65536);
-  return TokenFile::open(path, 65536);
+  return TokenCorpus::open(path, 65536);
 }
 
 int64_t window_of_row(const Batch& batch, int64_t row) {
@@ -199,7 +199,7 @@ TEST(BatchSampler, RejectsFileShorterThanOneWindow) {
   ScratchDir scratch("sampler_short");
   const std::string path = scratch / "short.bin";
   write_token_file(path, std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7}, 100);  // 7 < max_length + 1
-  const auto tokens = TokenFile::open(path, 100);
+  const auto tokens = TokenCorpus::open(path, 100);
   expect_user_error(
       [&] { BatchSampler(tokens, Split::train, kMaxLength, kEvalFraction, 0, 0, 1, 1); },
       {path, "7 tokens", "shorter than one window", "8 tokens", "--max_length"});
@@ -211,7 +211,7 @@ TEST(BatchSampler, RejectsSplitSmallerThanOneGlobalMicroBatch) {
   // Eval holds 5 windows; 3 ranks of 2 need 6.
   expect_user_error(
       [&] { BatchSampler(tokens, Split::eval, kMaxLength, kEvalFraction, 0, 0, 3, 2); },
-      {tokens->path(), "eval split", "has 5 windows", "2 * 3 = 6", "--max_length", "--batch_size",
+      {tokens->name(), "eval split", "has 5 windows", "2 * 3 = 6", "--max_length", "--batch_size",
        "raise --eval_fraction", "more data"});
   EXPECT_NO_THROW(BatchSampler(tokens, Split::eval, kMaxLength, kEvalFraction, 0, 0, 5, 1));
   // Train holds 45; 46 ranks of 1 need 46.

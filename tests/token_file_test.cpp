@@ -155,15 +155,19 @@ TEST(TokenFile, RejectsTrailingBytes) {
   expect_user_error([&] { TokenFile::open(path, 100); }, {path, "trailing bytes"});
 }
 
-TEST(TokenFile, RejectsIdAtOrAboveVocab) {
+// Ids are checked as they are read, not at open (a corpus of 10^12 tokens opens by its headers): the
+// read that meets a bad id names the file, the token and its byte offset.
+TEST(TokenFile, RejectsIdAtOrAboveVocabWhenRead) {
   ScratchDir scratch("token_bad_id");
   const std::string path = scratch / "raw.bin";
   RawTokenFile raw = valid_raw_file();
   raw.ids[4] = 100;  // == vocab: the first bad one
   raw.ids[5] = 4000;
   raw.write(path);
-  expect_user_error([&] { TokenFile::open(path, 100); },
-                    {path, "token 4", "id 100", "vocab_size 100"});
+  const auto file = TokenFile::open(path, 100);
+  std::vector<int64_t> ids(4);
+  file->read(0, ids);  // tokens 0-3 are good
+  expect_user_error([&] { file->read(2, ids); }, {path, "token 4 (byte 72)", "id 100", "vocab_size 100"});
 
   // The same in a uint32 file, with the bad id deep in the second scan block.
   const std::string wide = scratch / "wide.bin";
@@ -177,7 +181,10 @@ TEST(TokenFile, RejectsIdAtOrAboveVocab) {
   wide_raw.num_tokens = wide_raw.ids.size();
   wide_raw.vocab_size = 70000;
   wide_raw.write(wide);
-  expect_user_error([&] { TokenFile::open(wide, 70000); }, {"token 123457", "id 70000"});
+  const auto wide_file = TokenFile::open(wide, 70000);
+  std::vector<int64_t> window(1000);
+  wide_file->read(122000, window);
+  expect_user_error([&] { wide_file->read(123000, window); }, {"token 123457", "id 70000"});
 }
 
 TEST(TokenFile, RejectsHeaderVocabAboveModelVocab) {

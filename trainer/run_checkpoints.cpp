@@ -11,6 +11,7 @@
 #include "common/memory_stats.h"
 #include "common/watchdog.h"
 #include "data/batches.h"
+#include "data/token_corpus.h"
 #include "memory/categories.h"
 #include "offload/optimizer_offload.h"
 #include "optim/shard_optimizer.h"
@@ -71,7 +72,7 @@ RunCheckpoints::Checkpoint RunCheckpoints::checkpoint_of(int64_t step) {
   checkpoint.manifest["run"] = run_.to_json();  // the settings that wrote it, for the record
   // `trainer export` looks for the tokenizer `trainer prepare` trained beside the token file.
   checkpoint.manifest["data"] =
-      run_.data.source == "synthetic" ? run_.data.source : fs::absolute(run_.data.source).string();
+      run_.data.source == "synthetic" ? run_.data.source : absolute_data_spec(run_.data.source);
   checkpoint.folder = (fs::path(run_.checkpoint.save_dir) / ("step_" + std::to_string(step))).string();
   return checkpoint;
 }

@@ -28,7 +28,7 @@ constexpr int64_t kSnapshotSteps = 2;            // --memory_snapshot: history t
 
 Corpus open_corpus(const RunConfig& run, const ModelConfig& model, const RuntimeContext& context) {
   StallWatchdog::mark("start-up: opening the data");
-  if (run.data.source != "synthetic") return {TokenFile::open(run.data.source, model.vocab_size)};
+  if (run.data.source != "synthetic") return {TokenCorpus::open(run.data.source, model.vocab_size)};
   SyntheticCorpusSpec spec;
   spec.vocab_size = model.vocab_size;
   spec.seed = kSyntheticCorpusSeed;
@@ -39,7 +39,7 @@ Corpus open_corpus(const RunConfig& run, const ModelConfig& model, const Runtime
   write_token_file(path, corpus.tokens, model.vocab_size);
   log::info("synthetic corpus: {} tokens, unigram entropy {:.3f} nats, entropy floor {:.3f} nats",
             corpus.tokens.size(), corpus.unigram_entropy_nats, corpus.entropy_rate_nats);
-  return {TokenFile::open(path, model.vocab_size), corpus.unigram_entropy_nats,
+  return {TokenCorpus::open(path, model.vocab_size), corpus.unigram_entropy_nats,
           corpus.entropy_rate_nats};
 }
 

@@ -26,7 +26,7 @@ namespace llm {
 
 // The token file the run reads, and for synthetic data its entropies (the loss's floor).
 struct Corpus {
-  std::shared_ptr<TokenFile> tokens;
+  std::shared_ptr<TokenCorpus> tokens;
   double unigram_entropy = 0;
   double entropy_rate = 0;
 };

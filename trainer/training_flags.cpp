@@ -231,7 +231,7 @@ void add_data_flags(CLI::App& app, NumberFlags& numbers, TrainingFlags& flags, R
   flags.add(numbers.add(app, "--seed", run.seed, "seed for initialisation and data order")
           ->capture_default_str());
   flags.add(app.add_option("--data", run.data.source,
-                           "\"synthetic\" or a token file made by `trainer prepare`")
+                           "\"synthetic\", or token files: a comma-separated list of files (`trainer prepare`'s, llm.c .bin, Megatron .bin/.idx, NumPy .npy), folders and glob patterns")
           ->capture_default_str());
   flags.add(numbers.add(app, "--eval_fraction", run.data.eval_fraction,
                         "share of the token windows held out for evaluation")

@@ -1,0 +1,141 @@
+#include "data/token_corpus.h"
+
+#include <glob.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <set>
+
+#include "common/errors.h"
+#include "data/token_formats.h"
+
+namespace llm {
+namespace fs = std::filesystem;
+namespace {
+
+// Where --data comes from, for messages: "command line: --data: ITEM ...".
+constexpr char kSource[] = "command line";
+
+std::vector<std::string> items_of(const std::string& spec) {
+  std::vector<std::string> items;
+  size_t begin = 0;
+  for (;;) {
+    const size_t comma = spec.find(',', begin);
+    items.push_back(spec.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin));
+    if (comma == std::string::npos) return items;
+    begin = comma + 1;
+  }
+}
+
+bool has_extension(const fs::path& path, std::initializer_list<const char*> extensions) {
+  const std::string extension = path.extension().string();
+  return std::any_of(extensions.begin(), extensions.end(), [&](const char* e) { return extension == e; });
+}
+
+// A Megatron index whose .bin is beside it: the dataset is named once, by its .bin.
+bool index_of_a_listed_bin(const fs::path& path) {
+  std::error_code error;
+  return path.extension() == ".idx" && fs::is_regular_file(fs::path(path).replace_extension(".bin"), error);
+}
+
+std::vector<std::string> folder_shards(const std::string& folder) {
+  std::vector<std::string> files;
+  std::error_code error;
+  for (const fs::directory_entry& entry : fs::directory_iterator(folder, error))
+    if (entry.is_regular_file(error) && has_extension(entry.path(), {".tok", ".bin", ".npy"}))
+      files.push_back(entry.path().string());
+  LLM_REQUIRE(!error, kSource, "--data", folder + ": cannot list the folder (" + error.message() + ")");
+  std::sort(files.begin(), files.end());
+  LLM_REQUIRE(!files.empty(), kSource, "--data",
+              folder + ": the folder holds no token file (*.tok, *.bin, *.npy directly in it); name the files, or a glob");
+  return files;
+}
+
+std::vector<std::string> glob_matches(const std::string& pattern) {
+  glob_t found{};
+  const int status = ::glob(pattern.c_str(), GLOB_ERR, nullptr, &found);
+  std::vector<std::string> files;
+  for (size_t i = 0; status == 0 && i < found.gl_pathc; ++i) {
+    const fs::path path = found.gl_pathv[i];
+    std::error_code error;
+    if (fs::is_regular_file(path, error) && !index_of_a_listed_bin(path)) files.push_back(path.string());
+  }
+  ::globfree(&found);
+  LLM_REQUIRE(!files.empty(), kSource, "--data", pattern + ": the pattern matches no file");
+  return files;  // glob(3) sorts its matches
+}
+
+}  // namespace
+
+std::vector<std::string> expand_data_spec(const std::string& spec) {
+  std::vector<std::string> files;
+  for (const std::string& item : items_of(spec)) {
+    LLM_REQUIRE(!item.empty(), kSource, "--data",
+                "\"" + spec + "\" has an empty item in its comma-separated list; give files, folders or glob patterns, e.g. "
+                "--data shards/train_*.bin,extra.npy");
+    std::error_code error;
+    std::vector<std::string> expanded;
+    if (item.find_first_of("*?[") != std::string::npos)
+      expanded = glob_matches(item);
+    else if (fs::is_directory(item, error))
+      expanded = folder_shards(item);
+    else if (fs::exists(item, error) || !megatron_pair(item).first.empty())
+      expanded = {item};
+    else
+      fail_user(kSource, "--data",
+                "\"" + item + "\" is not a file, a folder or a glob pattern's match; expected \"synthetic\", token files (made by "
+                "`trainer prepare`, llm.c .bin, Megatron .bin/.idx, NumPy .npy), folders of them or glob patterns");
+    files.insert(files.end(), expanded.begin(), expanded.end());
+  }
+  std::set<std::string> seen;
+  for (const std::string& file : files) {
+    std::error_code error;
+    const std::string canonical = fs::weakly_canonical(file, error).string();
+    LLM_REQUIRE(seen.insert(error ? file : canonical).second, kSource, "--data",
+                file + " is named twice (each shard is read once per epoch): drop the repeated item");
+  }
+  return files;
+}
+
+std::string absolute_data_spec(const std::string& spec) {
+  std::string absolute;
+  for (const std::string& item : items_of(spec))
+    absolute += (absolute.empty() ? "" : ",") + (item.empty() ? item : fs::absolute(item).string());
+  return absolute;
+}
+
+std::shared_ptr<TokenCorpus> TokenCorpus::open(const std::string& spec, int64_t model_vocab_size) {
+  std::vector<std::shared_ptr<TokenFile>> shards;
+  for (const std::string& file : expand_data_spec(spec)) shards.push_back(TokenFile::open(file, model_vocab_size));
+  const std::string name = shards.size() == 1 ? shards.front()->path()
+                                              : "--data " + spec + " (" + std::to_string(shards.size()) + " shards)";
+  return std::make_shared<TokenCorpus>(std::move(shards), name);
+}
+
+TokenCorpus::TokenCorpus(std::vector<std::shared_ptr<TokenFile>> shards, std::string name)
+    : shards_(std::move(shards)), name_(std::move(name)) {
+  offsets_.reserve(shards_.size() + 1);
+  offsets_.push_back(0);
+  for (const std::shared_ptr<TokenFile>& shard : shards_) offsets_.push_back(offsets_.back() + shard->size());
+  total_ = offsets_.back();
+  if (name_.empty() && shards_.size() == 1) name_ = shards_.front()->path();
+}
+
+void TokenCorpus::read(int64_t start, std::span<int64_t> out) const {
+  const int64_t count = static_cast<int64_t>(out.size());
+  if (start < 0 || count > total_ || start > total_ - count)
+    throw std::out_of_range(name_ + ": tokens [" + std::to_string(start) + ", " + std::to_string(start + count) +
+                            ") outside [0, " + std::to_string(total_) + ")");
+  // The shard holding `start`: the last whose first token is at or before it.
+  size_t shard = static_cast<size_t>(std::upper_bound(offsets_.begin(), offsets_.end(), start) - offsets_.begin()) - 1;
+  int64_t done = 0;
+  while (done < count) {
+    const int64_t at = start + done - offsets_[shard];
+    const int64_t take = std::max<int64_t>(0, std::min(count - done, shards_[shard]->size() - at));
+    if (take > 0) shards_[shard]->read(at, out.subspan(static_cast<size_t>(done), static_cast<size_t>(take)));
+    done += take;
+    ++shard;
+  }
+}
+
+}  // namespace llm

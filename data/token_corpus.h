@@ -1,0 +1,54 @@
+// The tokens a run reads: --data's shards, in order, as one sequence of ids.
+//
+// --data is a comma-separated list of items, each a token file in any format data/token_file.h reads,
+// a folder (every token file directly in it, in name order), or a glob pattern (its matches, in name
+// order). The corpus is the shards concatenated in that order: its token i is token i - offset(s) of
+// shard s, where offset(s) is the number of tokens in the shards before s. Windows of the batch
+// sampler (data/batches.h) may span two shards, as they span documents. A single file is a corpus
+// of one shard, read exactly as before.
+//
+// Every shard is opened and its header and size checked when the corpus opens (a clear UserError
+// naming the file: exit 2); ids are checked as windows are read (an id not below the model's
+// vocab_size is a UserError naming the file and the token's offset in it), so opening a corpus of
+// 10^12 tokens reads headers only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "data/token_file.h"
+
+namespace llm {
+
+// The files --data names, in order: each item expanded (a folder to its token files, a glob to its
+// matches), without opening them. Throws UserError naming the item for one that names nothing
+// (a missing file, an empty folder, a glob without matches) or a file listed twice.
+std::vector<std::string> expand_data_spec(const std::string& spec);
+
+// --data with each item made absolute (for the checkpoint's record): a single file's absolute path.
+std::string absolute_data_spec(const std::string& spec);
+
+class TokenCorpus {
+ public:
+  // Expands `spec` and opens every shard. Throws UserError as expand_data_spec and TokenFile::open.
+  static std::shared_ptr<TokenCorpus> open(const std::string& spec, int64_t model_vocab_size);
+  explicit TokenCorpus(std::vector<std::shared_ptr<TokenFile>> shards, std::string name = "");
+
+  int64_t size() const { return total_; }
+  // Copies corpus tokens [start, start + out.size()) into out, across shard boundaries.
+  void read(int64_t start, std::span<int64_t> out) const;
+  const std::vector<std::shared_ptr<TokenFile>>& shards() const { return shards_; }
+  // For messages: the one shard's path, or "--data <spec> (N shards)".
+  const std::string& name() const { return name_; }
+
+ private:
+  std::vector<std::shared_ptr<TokenFile>> shards_;
+  std::vector<int64_t> offsets_;  // offsets_[s]: the corpus index of shard s's first token; back() = total
+  int64_t total_ = 0;
+  std::string name_;
+};
+
+}  // namespace llm

@@ -1,0 +1,43 @@
+// The headers of the four token-file formats (data/token_file.h lists them): where the ids start,
+// how wide they are and how many, read and checked from the file's first bytes (and, for Megatron,
+// its .idx). Internal to data/: TokenFile::open calls read_token_layout, then reads ids with pread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include "data/token_file.h"
+
+namespace llm {
+
+// Byte offsets of our header's fields (data/token_file.h).
+inline constexpr size_t kMagicOffset = 0;
+inline constexpr size_t kVersionOffset = 8;
+inline constexpr size_t kBytesPerTokenOffset = 12;
+inline constexpr size_t kNumTokensOffset = 16;
+inline constexpr size_t kVocabSizeOffset = 24;
+
+struct TokenLayout {
+  TokenFormat format = TokenFormat::trainer;
+  size_t payload_offset = 0;  // the first id's byte offset in the file read
+  int bytes_per_token = 0;    // 2 or 4
+  int64_t num_tokens = 0;
+  int64_t vocab_size = 0;     // the header's (ours), else 0
+  std::string ids_path;       // the file the ids are in: `path`, or a Megatron .idx's .bin
+};
+
+// `path` is open as `descriptor` with `file_bytes` bytes. Throws UserError naming the file for a
+// format it does not know or a header, size or index that is wrong.
+TokenLayout read_token_layout(const std::string& path, int descriptor, size_t file_bytes, int64_t model_vocab_size);
+
+// The Megatron pair `path` belongs to, as (the .bin, the .idx): for PREFIX.bin with a PREFIX.idx
+// beside it, or for PREFIX.idx itself; ("", "") when `path` is neither.
+std::pair<std::string, std::string> megatron_pair(const std::string& path);
+
+// Reads exactly `bytes` bytes at `offset` (pread, retried on EINTR). Throws UserError naming `path`
+// for a read error or a file that ends first.
+void read_exactly(int descriptor, const std::string& path, size_t offset, void* out, size_t bytes);
+
+}  // namespace llm
