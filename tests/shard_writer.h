@@ -52,12 +52,13 @@ inline CommandResult run_shard_writer(const std::string& arguments) {
 }
 
 // Writes `tokens` as one shard of `format` (npy, llmc, megatron, trainer) at `path` (megatron: PATH
-// is the .bin; its .idx goes beside it), with further write_shards.py flags (--dtype, --vocab, --docs,
+// is the .bin; its .idx goes beside it; folders made as needed), with further write_shards.py flags (--dtype, --vocab, --docs,
 // --damage ...). The ids travel through a file in a folder of their own, so a folder of shards holds
 // nothing else.
 inline void write_shard(const std::string& format, const std::filesystem::path& path,
                         const std::vector<int64_t>& tokens, const std::string& flags = "") {
   static const ScratchDir ids_dir("shard_ids");
+  std::filesystem::create_directories(path.parent_path());
   static int written = 0;
   const std::filesystem::path ids = ids_dir / ("ids_" + std::to_string(written++) + ".txt");
   {
