@@ -1,7 +1,7 @@
 // Where a run stands: the optimizer steps taken, the samples and tokens consumed, and the seed. It is
 // what a checkpoint saves beside the weights and the optimizer state, and what resuming restores.
 // The data order is a pure function of (seed, samples consumed) (data/batches.h: epoch e
-// permutes the windows with a generator seeded from (seed, e)), and no step draws other random
+// permutes the windows with a bijection keyed from (seed, e)), and no step draws other random
 // numbers (no dropout; GaLore's subspace start is seeded per matrix), so the seed is the whole of the
 // run's random state.
 #pragma once

@@ -1,18 +1,18 @@
-// The batch sampler: window arithmetic, the per-epoch permutation, and the copy into tensors.
+// The batch sampler: window arithmetic, the per-epoch order, and the copy into tensors.
 //
-// Nothing here depends on the library's random distributions: the permutation is defined by
-// std::mt19937_64 (fully specified by the standard), std::seed_seq over the 32-bit halves of
-// (seed, epoch) and an unbiased rejection draw, so a run replays bit for bit on any toolchain.
+// The order is data/window_order.h's keyed permutation, computed a window at a time: integer
+// arithmetic only (no library distribution, no floating point), so a run replays bit for bit on any
+// toolchain, and the sampler's memory is the same for 10^3 windows or 10^12.
 #include "data/batches.h"
 
 #include <ATen/ATen.h>
 
 #include <cmath>
-#include <numeric>
-#include <random>
+#include <optional>
 #include <vector>
 
 #include "common/errors.h"
+#include "data/window_order.h"
 
 namespace llm {
 
@@ -28,46 +28,29 @@ struct BatchSampler::Impl {
   int64_t batch_size = 0;
   int64_t samples_consumed = 0;  // global, all ranks
 
+  std::optional<WindowOrder> order;          // train only
   int64_t cached_epoch = -1;
-  std::vector<int64_t> permutation;  // train only: the cached epoch's order of window offsets
-  std::vector<int64_t> window;       // (max_length + 1) scratch
+  std::optional<KeyedPermutation> epoch_order;  // the cached epoch's: its round keys, O(1) bytes
+  std::vector<int64_t> window;                  // (max_length + 1) scratch
 
   int64_t window_of_sample(int64_t sample);
-  void draw_permutation(int64_t epoch);
 };
 
 namespace {
-
-uint64_t uniform_below(std::mt19937_64& generator, uint64_t bound) {
-  const uint64_t threshold = (0 - bound) % bound;  // 2^64 mod bound: reject the biased tail
-  for (;;) {
-    const uint64_t draw = generator();
-    if (draw >= threshold) return draw % bound;
-  }
-}
 
 std::string split_name(Split split) { return split == Split::train ? "train" : "eval"; }
 
 }  // namespace
 
-void BatchSampler::Impl::draw_permutation(int64_t epoch) {
-  const auto epoch_bits = static_cast<uint64_t>(epoch);
-  std::seed_seq seeds{static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32),
-                      static_cast<uint32_t>(epoch_bits), static_cast<uint32_t>(epoch_bits >> 32)};
-  std::mt19937_64 generator(seeds);
-  permutation.resize(static_cast<size_t>(num_windows));
-  std::iota(permutation.begin(), permutation.end(), 0);
-  for (int64_t i = num_windows - 1; i > 0; --i)
-    std::swap(permutation[i], permutation[uniform_below(generator, static_cast<uint64_t>(i) + 1)]);
-  cached_epoch = epoch;
-}
-
 int64_t BatchSampler::Impl::window_of_sample(int64_t sample) {
   const int64_t offset = sample % num_windows;
   if (split == Split::eval) return first_window + offset;
   const int64_t epoch = sample / num_windows;
-  if (epoch != cached_epoch) draw_permutation(epoch);
-  return first_window + permutation[offset];
+  if (epoch != cached_epoch) {
+    epoch_order = order->epoch(static_cast<uint64_t>(epoch));
+    cached_epoch = epoch;
+  }
+  return first_window + static_cast<int64_t>((*epoch_order)(static_cast<uint64_t>(offset)));
 }
 
 BatchSampler::BatchSampler(std::shared_ptr<const TokenCorpus> tokens, Split split,
@@ -105,7 +88,7 @@ BatchSampler::BatchSampler(std::shared_ptr<const TokenCorpus> tokens, Split spli
     fail_user(path, split_name(split) + " split",
               "has " + std::to_string(split_windows) + " windows of " +
                   std::to_string(window_tokens) + " tokens (" + std::to_string(total_windows) +
-                  " in the file, " + std::to_string(eval_windows) + " held out for eval) but one "
+                  " in the corpus, " + std::to_string(eval_windows) + " held out for eval) but one "
                   "global micro-batch needs batch_size * world_size = " +
                   std::to_string(batch_size) + " * " + std::to_string(world_size) + " = " +
                   std::to_string(global_micro_batch) + "; " + remedy);
@@ -117,6 +100,7 @@ BatchSampler::BatchSampler(std::shared_ptr<const TokenCorpus> tokens, Split spli
   state.max_length = max_length;
   state.first_window = split == Split::train ? 0 : train_windows;
   state.num_windows = split_windows;
+  if (split == Split::train) state.order.emplace(static_cast<uint64_t>(split_windows), seed);
   state.seed = seed;
   state.rank = rank;
   state.world_size = world_size;

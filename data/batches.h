@@ -1,16 +1,21 @@
-// Turns a token file into this rank's batches, deterministically.
+// Turns a token corpus (--data's shards, data/token_corpus.h) into this rank's batches,
+// deterministically.
 //
-// The file is cut into non-overlapping windows of max_length + 1 tokens (inputs and shifted labels).
-// The last `eval_fraction` of the windows (at least one) is the held-out split; the rest is train.
-// Order (documented so a run can be replayed): epoch e visits the train windows in the permutation
-// drawn by std::mt19937_64 seeded with (seed, e) through a Fisher-Yates shuffle; sample k of the whole
-// run is permutation[k % n] of epoch k / n. Global sample k belongs to micro-batch k / global_micro,
-// and within it rank r takes positions [r * batch, (r + 1) * batch): ranks read disjoint windows and
-// N ranks see together exactly what one rank with an N times larger micro-batch sees.
-// Eval walks the held-out windows in file order, split across ranks the same way.
+// The corpus is cut into non-overlapping windows of max_length + 1 tokens (inputs and shifted labels);
+// a window may span two shards. The last `eval_fraction` of the windows (at least one) is the
+// held-out split; the rest, n windows, is train.
+// Order (documented so a run can be replayed): epoch e visits the n train windows in the keyed
+// permutation of data/window_order.h, WindowOrder(n, seed): 8 Feistel rounds over the smallest
+// even-bit domain >= n, keyed from (seed, e) through SplitMix64, cycle-walked into [0, n). Sample k
+// of the whole run is window perm_e(k mod n) of epoch e = k / n; the sampler keeps the current
+// epoch's round keys only (no memory grows with the corpus). Global sample k belongs to micro-batch
+// k / global_micro, and within it rank r takes positions [r * batch, (r + 1) * batch): ranks read
+// disjoint windows and N ranks see together exactly what one rank with an N times larger
+// micro-batch sees.
+// Eval walks the held-out windows in corpus order, split across ranks the same way.
 // Exactly: each next() reads global samples [c + r * batch, c + (r + 1) * batch) on rank r, where c is
 // samples_consumed(), then advances c by batch * world_size. seek(c) may land anywhere (not only on a
-// micro-batch boundary), so a run can resume at another world size or batch size.
+// micro-batch boundary, and in any epoch), so a run can resume at another world size or batch size.
 #pragma once
 
 #include <cstdint>

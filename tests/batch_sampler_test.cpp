@@ -1,7 +1,7 @@
 // The batch sampler (data/batches.h): inputs and shifted labels, every train window once per epoch in
-// a new order, the same batches for the same seed, N ranks together equal to one rank with their
-// union, seek() resuming the uninterrupted stream, the eval split as the disjoint tail of the file,
-// and the splits and settings it refuses.
+// a new order, the documented order (data/window_order.h), the same batches for the same seed, N
+// ranks together equal to one rank with their union, seek() resuming the uninterrupted stream, the
+// eval split as the disjoint tail of the corpus, and the splits and settings it refuses.
 //
 // The sampler tests use a file whose token at position i is i itself, so a window is identified by
 // its first token and "labels are inputs shifted by one" is an exact element-wise check.
@@ -12,7 +12,9 @@
 #include <set>
 
 #include "data/batches.h"
+#include "data/token_corpus.h"
 #include "data/token_file.h"
+#include "data/window_order.h"
 #include "tests/data_test_util.h"
 #include "tests/test_util.h"
 
@@ -26,14 +28,20 @@ constexpr int64_t kMaxLength = 7;  // windows of 8 tokens
 constexpr int64_t kWindows = 50;   // 5 held out at eval_fraction 0.1, 45 train
 constexpr double kEvalFraction = 0.1;
 
-// A file whose token i is i: window w starts with token w * (kMaxLength + 1).
+// The corpus of one token file (its name() is the file's path).
+std::shared_ptr<const TokenCorpus> single_file_corpus(const std::string& path, int64_t vocab_size) {
+  return std::make_shared<TokenCorpus>(
+      std::vector<std::shared_ptr<TokenFile>>{TokenFile::open(path, vocab_size)});
+}
+
+// A corpus whose token i is i: window w starts with token w * (kMaxLength + 1).
 std::shared_ptr<const TokenCorpus> identity_token_file(const ScratchDir& scratch,
                                                        int64_t windows = kWindows) {
   const std::string path = scratch / "identity.bin";
   std::vector<int64_t> tokens(static_cast<size_t>(windows * (kMaxLength + 1) + 3));  // +3: a tail
   std::iota(tokens.begin(), tokens.end(), 0);
   write_token_file(path, tokens, 65536);
-  return TokenCorpus::open(path, 65536);
+  return single_file_corpus(path, 65536);
 }
 
 int64_t window_of_row(const Batch& batch, int64_t row) {
@@ -83,6 +91,23 @@ TEST(BatchSampler, EachEpochVisitsEveryTrainWindowOnce) {
   EXPECT_EQ(sorted_second, all_train);
   EXPECT_NE(first_epoch, all_train) << "the train order is not shuffled";
   EXPECT_NE(first_epoch, second_epoch) << "every epoch must draw its own permutation";
+}
+
+// Sample k of the run is window WindowOrder(n, seed)(k / n, k mod n): the order batches.h documents
+// (and window_order_test.cpp pins with golden values), across three epochs.
+TEST(BatchSampler, FollowsTheDocumentedWindowOrder) {
+  ScratchDir scratch("sampler_order");
+  const auto tokens = identity_token_file(scratch);
+  BatchSampler sampler(tokens, Split::train, kMaxLength, kEvalFraction, 2024, 0, 1, 5);
+  const WindowOrder order(45, 2024);
+  for (int64_t step = 0; step < 27; ++step) {  // 135 samples: three epochs of 45
+    const std::vector<int64_t> windows = windows_of(sampler.next());
+    for (int64_t row = 0; row < 5; ++row) {
+      const auto sample = static_cast<uint64_t>(step * 5 + row);
+      const auto expected = static_cast<int64_t>(order(sample / 45, sample % 45));
+      EXPECT_EQ(windows[static_cast<size_t>(row)], expected) << "sample " << sample;
+    }
+  }
 }
 
 TEST(BatchSampler, DeterministicForSeedAndDifferentAcrossSeeds) {
@@ -199,7 +224,7 @@ TEST(BatchSampler, RejectsFileShorterThanOneWindow) {
   ScratchDir scratch("sampler_short");
   const std::string path = scratch / "short.bin";
   write_token_file(path, std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7}, 100);  // 7 < max_length + 1
-  const auto tokens = TokenCorpus::open(path, 100);
+  const auto tokens = single_file_corpus(path, 100);
   expect_user_error(
       [&] { BatchSampler(tokens, Split::train, kMaxLength, kEvalFraction, 0, 0, 1, 1); },
       {path, "7 tokens", "shorter than one window", "8 tokens", "--max_length"});
