@@ -1,6 +1,7 @@
 #include "data/token_corpus.h"
 
 #include <glob.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -104,9 +105,30 @@ std::string absolute_data_spec(const std::string& spec) {
   return absolute;
 }
 
+namespace {
+
+// Each shard keeps its descriptor open for the run's reads: 1,000 shards pass the usual soft limit of
+// 1,024 open files, which is raised toward the hard limit as far as the shards need.
+void allow_open_files(size_t shards) {
+  constexpr rlim_t kSpare = 256;  // the process's other files: logs, sockets, checkpoints
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return;
+  const rlim_t needed = static_cast<rlim_t>(shards) + kSpare;
+  if (needed <= limit.rlim_cur) return;
+  limit.rlim_cur = limit.rlim_max == RLIM_INFINITY ? needed : std::min(needed, limit.rlim_max);
+  ::setrlimit(RLIMIT_NOFILE, &limit);
+  LLM_REQUIRE(limit.rlim_cur >= needed, kSource, "--data",
+              "names " + std::to_string(shards) + " shards, each read through a file kept open, but this process may "
+              "open at most " + std::to_string(limit.rlim_max) + " files (ulimit -Hn): raise the limit, or join shards");
+}
+
+}  // namespace
+
 std::shared_ptr<TokenCorpus> TokenCorpus::open(const std::string& spec, int64_t model_vocab_size) {
+  const std::vector<std::string> files = expand_data_spec(spec);
+  allow_open_files(files.size());
   std::vector<std::shared_ptr<TokenFile>> shards;
-  for (const std::string& file : expand_data_spec(spec)) shards.push_back(TokenFile::open(file, model_vocab_size));
+  for (const std::string& file : files) shards.push_back(TokenFile::open(file, model_vocab_size));
   const std::string name = shards.size() == 1 ? shards.front()->path()
                                               : "--data " + spec + " (" + std::to_string(shards.size()) + " shards)";
   return std::make_shared<TokenCorpus>(std::move(shards), name);

@@ -87,9 +87,9 @@ TokenLayout llmc(const std::string& path, const unsigned char* head, size_t file
   const int32_t count = little_endian<int32_t>(head + 8);
   const int32_t expected_version = magic == kLlmcGpt2Magic ? 1 : 7;
   LLM_REQUIRE(version == expected_version, path, "header",
-              "an llm.c .bin with magic " + std::to_string(magic) + " has version " + std::to_string(expected_version) +
-                  " (" + (magic == kLlmcGpt2Magic ? "uint16" : "uint32") + " ids), not " + std::to_string(version) +
-                  "; " + remedy);
+              "version " + std::to_string(version) + ": an llm.c .bin with magic " + std::to_string(magic) +
+                  " is version " + std::to_string(expected_version) + " (" +
+                  (magic == kLlmcGpt2Magic ? "uint16" : "uint32") + " ids); " + remedy);
   LLM_REQUIRE(count >= 0, path, "header", "the token count is " + std::to_string(count) + ": the header is corrupt; " + remedy);
   const int width = magic == kLlmcGpt2Magic ? 2 : 4;
   check_size(path, "the llm.c header", kLlmcHeaderBytes, static_cast<uint64_t>(count), width, file_bytes, remedy);
