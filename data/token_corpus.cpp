@@ -33,18 +33,17 @@ bool has_extension(const fs::path& path, std::initializer_list<const char*> exte
   return std::any_of(extensions.begin(), extensions.end(), [&](const char* e) { return extension == e; });
 }
 
-// A Megatron index whose .bin is beside it: the dataset is named once, by its .bin.
-bool index_of_a_listed_bin(const fs::path& path) {
-  std::error_code error;
-  return path.extension() == ".idx" && fs::is_regular_file(fs::path(path).replace_extension(".bin"), error);
-}
 
 std::vector<std::string> folder_shards(const std::string& folder) {
   std::vector<std::string> files;
   std::error_code error;
-  for (const fs::directory_entry& entry : fs::directory_iterator(folder, error))
-    if (entry.is_regular_file(error) && has_extension(entry.path(), {".tok", ".bin", ".npy"}))
+  for (const fs::directory_entry& entry : fs::directory_iterator(folder, error)) {
+    std::error_code entry_error;  // a dangling link is skipped, not a failure to list the folder
+    const std::string name = entry.path().filename().string();
+    if (!name.starts_with(".") && entry.is_regular_file(entry_error) &&
+        has_extension(entry.path(), {".tok", ".bin", ".npy"}))
       files.push_back(entry.path().string());
+  }
   LLM_REQUIRE(!error, kSource, "--data", folder + ": cannot list the folder (" + error.message() + ")");
   std::sort(files.begin(), files.end());
   LLM_REQUIRE(!files.empty(), kSource, "--data",
@@ -55,13 +54,18 @@ std::vector<std::string> folder_shards(const std::string& folder) {
 std::vector<std::string> glob_matches(const std::string& pattern) {
   glob_t found{};
   const int status = ::glob(pattern.c_str(), GLOB_ERR, nullptr, &found);
-  std::vector<std::string> files;
-  for (size_t i = 0; status == 0 && i < found.gl_pathc; ++i) {
-    const fs::path path = found.gl_pathv[i];
-    std::error_code error;
-    if (fs::is_regular_file(path, error) && !index_of_a_listed_bin(path)) files.push_back(path.string());
-  }
+  std::vector<std::string> matches;
+  for (size_t i = 0; status == 0 && i < found.gl_pathc; ++i) matches.push_back(found.gl_pathv[i]);
   ::globfree(&found);
+  // A Megatron dataset is named once: its .idx is dropped where its .bin matched too.
+  const std::set<std::string> matched(matches.begin(), matches.end());
+  std::vector<std::string> files;
+  for (const std::string& match : matches) {
+    std::error_code error;
+    const fs::path path = match;
+    const bool index_of_a_match = path.extension() == ".idx" && matched.contains(fs::path(path).replace_extension(".bin").string());
+    if (fs::is_regular_file(path, error) && !index_of_a_match) files.push_back(match);
+  }
   LLM_REQUIRE(!files.empty(), kSource, "--data", pattern + ": the pattern matches no file");
   return files;  // glob(3) sorts its matches
 }
@@ -76,12 +80,12 @@ std::vector<std::string> expand_data_spec(const std::string& spec) {
                 "--data shards/train_*.bin,extra.npy");
     std::error_code error;
     std::vector<std::string> expanded;
-    if (item.find_first_of("*?[") != std::string::npos)
-      expanded = glob_matches(item);
-    else if (fs::is_directory(item, error))
+    if (fs::is_directory(item, error))
       expanded = folder_shards(item);
-    else if (fs::exists(item, error) || !megatron_pair(item).first.empty())
-      expanded = {item};
+    else if (fs::exists(item, error))
+      expanded = {item};  // a file, even one whose name has * ? or [ in it
+    else if (item.find_first_of("*?[") != std::string::npos)
+      expanded = glob_matches(item);
     else
       fail_user(kSource, "--data",
                 "\"" + item + "\" is not a file, a folder or a glob pattern's match; expected \"synthetic\", token files (made by "
@@ -91,8 +95,9 @@ std::vector<std::string> expand_data_spec(const std::string& spec) {
   std::set<std::string> seen;
   for (const std::string& file : files) {
     std::error_code error;
-    const std::string canonical = fs::weakly_canonical(file, error).string();
-    LLM_REQUIRE(seen.insert(error ? file : canonical).second, kSource, "--data",
+    const std::string dataset = megatron_pair(file).first.empty() ? file : megatron_pair(file).first;  // .bin or .idx: one
+    const std::string canonical = fs::weakly_canonical(dataset, error).string();
+    LLM_REQUIRE(seen.insert(error ? dataset : canonical).second, kSource, "--data",
                 file + " is named twice (each shard is read once per epoch): drop the repeated item");
   }
   return files;
@@ -110,16 +115,20 @@ namespace {
 // Each shard keeps its descriptor open for the run's reads: 1,000 shards pass the usual soft limit of
 // 1,024 open files, which is raised toward the hard limit as far as the shards need.
 void allow_open_files(size_t shards) {
-  constexpr rlim_t kSpare = 256;  // the process's other files: logs, sockets, checkpoints
+  constexpr rlim_t kSpare = 256;   // what is raised for the process's other files: logs, sockets, checkpoints
+  constexpr rlim_t kAtLeast = 32;  // what they need at the least
   rlimit limit{};
   if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return;
-  const rlim_t needed = static_cast<rlim_t>(shards) + kSpare;
-  if (needed <= limit.rlim_cur) return;
-  limit.rlim_cur = limit.rlim_max == RLIM_INFINITY ? needed : std::min(needed, limit.rlim_max);
-  ::setrlimit(RLIMIT_NOFILE, &limit);
-  LLM_REQUIRE(limit.rlim_cur >= needed, kSource, "--data",
+  const rlim_t wanted = static_cast<rlim_t>(shards) + kSpare;
+  if (wanted > limit.rlim_cur) {
+    rlimit raised = limit;
+    raised.rlim_cur = limit.rlim_max == RLIM_INFINITY ? wanted : std::min(wanted, limit.rlim_max);
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) limit = raised;
+  }
+  LLM_REQUIRE(static_cast<rlim_t>(shards) + kAtLeast <= limit.rlim_cur, kSource, "--data",
               "names " + std::to_string(shards) + " shards, each read through a file kept open, but this process may "
-              "open at most " + std::to_string(limit.rlim_max) + " files (ulimit -Hn): raise the limit, or join shards");
+              "open at most " + std::to_string(limit.rlim_cur) + " files (ulimit -n, at most ulimit -Hn): raise the "
+              "limit, or join shards");
 }
 
 }  // namespace
@@ -138,7 +147,12 @@ TokenCorpus::TokenCorpus(std::vector<std::shared_ptr<TokenFile>> shards, std::st
     : shards_(std::move(shards)), name_(std::move(name)) {
   offsets_.reserve(shards_.size() + 1);
   offsets_.push_back(0);
-  for (const std::shared_ptr<TokenFile>& shard : shards_) offsets_.push_back(offsets_.back() + shard->size());
+  for (const std::shared_ptr<TokenFile>& shard : shards_) {
+    int64_t next = 0;
+    LLM_REQUIRE(!__builtin_add_overflow(offsets_.back(), shard->size(), &next), shard->path(), "size",
+                "the shards' tokens add up past 2^63: the headers are damaged");
+    offsets_.push_back(next);
+  }
   total_ = offsets_.back();
   if (name_.empty() && shards_.size() == 1) name_ = shards_.front()->path();
 }

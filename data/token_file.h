@@ -9,7 +9,8 @@
 //     index (magic "MMIDIDX\0\0", u64 version 1, u8 dtype code: 8 uint16 or 4 int32, u64 sequence
 //     count, u64 document count, int32 sequence lengths, int64 byte pointers, int64 document
 //     indices). --data names either file; the sequences must lie end to end in the .bin, in order.
-//   - NumPy ("npy"): a .npy file of a 1-D C-order array of '<u2' or '<u4' (as OLMo writes them).
+//   - NumPy ("npy"): a .npy file (numpy.save) of a 1-D C-order array of '<u2' or '<u4'. OLMo's
+//     headerless .npy memory maps carry no dtype and are not read.
 // The file size must be exactly the header's (or index's) promise. Headers are checked on open; ids
 // are checked as windows are read, so a corpus of 10^12 tokens opens by its headers alone: an id not
 // below the model's vocab_size is a UserError naming the file and the token's offset (exit 2).

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <array>
+#include <charconv>
 #include <cerrno>
 #include <cstring>
 #include <regex>
@@ -110,8 +111,11 @@ TokenLayout npy(const std::string& path, int descriptor, size_t file_bytes) {
   const size_t header_start = 8 + length_bytes;
   LLM_REQUIRE(file_bytes >= header_start, path, "header", "the .npy header is cut short");
   const size_t header_length = major == 1 ? little_endian<uint16_t>(prefix + 8) : little_endian<uint32_t>(prefix + 8);
-  LLM_REQUIRE(header_length <= (1u << 20) && header_start + header_length <= file_bytes, path, "header",
-              "the .npy header claims " + std::to_string(header_length) + " bytes, past the file's end; " + remedy);
+  // NumPy itself refuses headers over 10,000 bytes; a longer one is damage (and would cost the
+  // regular expressions below a deep recursion).
+  LLM_REQUIRE(header_length <= 65536 && header_start + header_length <= file_bytes, path, "header",
+              "the .npy header claims " + std::to_string(header_length) + " bytes, past the file's end or past "
+              "any header NumPy writes; " + remedy);
   std::string header(header_length, '\0');
   read_exactly(descriptor, path, header_start, header.data(), header_length);
   std::smatch match;
@@ -124,11 +128,15 @@ TokenLayout npy(const std::string& path, int descriptor, size_t file_bytes) {
   LLM_REQUIRE(descr == "<u2" || descr == "<u4", path, "dtype",
               "the array's dtype is '" + descr + "'; token arrays are little-endian uint16 ('<u2') or uint32 ('<u4'): " + remedy);
   LLM_REQUIRE(fortran == "False", path, "fortran_order", "the array is in Fortran order; " + remedy);
-  static const std::regex one_dimension(R"(\s*(\d+)\s*,\s*)");
+  static const std::regex one_dimension(R"(\s*(\d{1,19})\s*,\s*)");
   std::smatch dimension;
   LLM_REQUIRE(std::regex_match(shape, dimension, one_dimension), path, "shape",
               "the array's shape is (" + shape + "); token arrays are 1-D: " + remedy);
-  const uint64_t count = std::stoull(dimension[1].str());
+  uint64_t count = 0;
+  const std::string digits = dimension[1].str();
+  const auto [end, parse_error] = std::from_chars(digits.data(), digits.data() + digits.size(), count);
+  LLM_REQUIRE(parse_error == std::errc() && end == digits.data() + digits.size(), path, "shape",
+              "the array's length " + digits + " is not a count this trainer reads; " + remedy);
   const int width = descr == "<u2" ? 2 : 4;
   check_size(path, "the .npy header", header_start + header_length, count, width, file_bytes, remedy);
   return {TokenFormat::numpy, header_start + header_length, width, static_cast<int64_t>(count), 0, path};
@@ -245,9 +253,14 @@ TokenLayout read_token_layout(const std::string& path, int descriptor, size_t fi
   if (file_bytes >= 4 && (little_endian<int32_t>(head) == kLlmcGpt2Magic || little_endian<int32_t>(head) == kLlmcLlama3Magic))
     return llmc(path, head, file_bytes);
   if (file_bytes >= 6 && std::memcmp(head, "\x93NUMPY", 6) == 0) return npy(path, descriptor, file_bytes);
+  const bool bin = path.size() >= 4 && path.compare(path.size() - 4, 4, ".bin") == 0;
   fail_user(path, "header",
             "wrong magic: its first bytes are no token-file format we read (" + std::string(kFormatsWeRead) +
-                "; the file has " + std::to_string(file_bytes) + " bytes); regenerate it with `trainer prepare`");
+                "; the file has " + std::to_string(file_bytes) + " bytes)" +
+                (bin ? "; if it is a Megatron dataset's .bin, its .idx is missing beside it (" +
+                           path.substr(0, path.size() - 4) + ".idx)"
+                     : std::string()) +
+                "; regenerate it with `trainer prepare`");
 }
 
 }  // namespace llm

@@ -1,5 +1,5 @@
 // The formats --data reads (data/token_file.h), read back equal to the ids a reference writer wrote in
-// each format's published layout (tests/data/write_shards.py: numpy.save as OLMo writes its arrays,
+// each format's published layout (tests/data/write_shards.py: numpy.save,
 // llm.c's write_datafile, Megatron-LM's _IndexWriter, ours), at both widths of each, through read() at
 // random offsets and tail lengths (1, 7, 22, 1023); and --data's shards as one corpus
 // (data/token_corpus.h): a folder, a glob and a comma-separated list, formats mixed, are their shards
@@ -338,6 +338,33 @@ TEST(DataSpec, AFileNamedTwiceIsAUserErrorNamingIt) {
     expect_user_error([&] { TokenCorpus::open(spec, 128); }, {named});
   }
   EXPECT_EQ(expand_data_spec(a + "," + b).size(), 2u);  // both once: fine
+}
+
+// The edges of expansion: a file whose name looks like a glob is that file; a glob of a Megatron
+// dataset's .idx files names each dataset once; a dataset named by its .bin and its .idx is named
+// twice; a folder skips hidden files and dangling links.
+TEST(DataSpec, NamesWhatItSaysAtTheEdges) {
+  SKIP_WITHOUT_SHARD_WRITER();
+  ScratchDir dir("spec_edges");
+  const fs::path bracketed = dir / "train[v2].tok";
+  write_token_file(bracketed.string(), known_tokens(100, 128, 1), 128);
+  write_token_file((dir / "trainv.tok").string(), known_tokens(100, 128, 2), 128);  // what [v2] would match
+  expect_paths(expand_data_spec(bracketed.string()), {bracketed});
+
+  const fs::path megatron = dir / "megatron";
+  write_shard("megatron", megatron / "a_text_document.bin", known_tokens(300, 128, 3));
+  write_shard("megatron", megatron / "b_text_document.bin", known_tokens(300, 128, 4));
+  EXPECT_EQ(expand_data_spec((megatron / "*.idx").string()).size(), 2u);
+  EXPECT_EQ(expand_data_spec((megatron / "*").string()).size(), 2u);  // each .idx dropped beside its .bin
+  const std::string pair = (megatron / "a_text_document.bin").string() + "," + (megatron / "a_text_document.idx").string();
+  expect_user_error([&] { expand_data_spec(pair); }, {"named twice"});
+
+  const fs::path folder = dir / "folder";
+  fs::create_directories(folder);
+  write_token_file((folder / "a.tok").string(), known_tokens(100, 128, 5), 128);
+  write_token_file((folder / "._a.tok").string(), known_tokens(100, 128, 6), 128);  // a hidden file: skipped
+  fs::create_symlink(folder / "gone.tok", folder / "z_latest.tok");                 // a dangling link: skipped
+  expect_paths(expand_data_spec(folder.string()), {folder / "a.tok"});
 }
 
 }  // namespace

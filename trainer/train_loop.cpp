@@ -26,9 +26,24 @@ namespace {
 constexpr uint64_t kSyntheticCorpusSeed = 1234;  // the corpus is fixed; --seed varies init and order
 constexpr int64_t kSnapshotSteps = 2;            // --memory_snapshot: history through these steps
 
+// --data's shards. Every rank must read the same corpus: were a glob or folder to list other files on
+// another node, the ranks' window orders would differ and their windows overlap.
+std::shared_ptr<TokenCorpus> open_data(const RunConfig& run, const ModelConfig& model) {
+  std::shared_ptr<TokenCorpus> corpus = TokenCorpus::open(run.data.source, model.vocab_size);
+  const std::string mine =
+      std::to_string(corpus->shards().size()) + " shard(s) of " + std::to_string(corpus->size()) + " tokens";
+  const std::vector<std::string> every_rank = all_gather_text(mine);
+  for (size_t rank = 1; rank < every_rank.size(); ++rank)
+    LLM_REQUIRE(every_rank[rank] == every_rank.front(), "command line", "--data",
+                "the ranks read different data: rank 0 " + every_rank.front() + ", rank " + std::to_string(rank) + " " +
+                    every_rank[rank] + " (a glob or folder that lists other files on another node?); give every rank "
+                    "the same files");
+  return corpus;
+}
+
 Corpus open_corpus(const RunConfig& run, const ModelConfig& model, const RuntimeContext& context) {
   StallWatchdog::mark("start-up: opening the data");
-  if (run.data.source != "synthetic") return {TokenCorpus::open(run.data.source, model.vocab_size)};
+  if (run.data.source != "synthetic") return {open_data(run, model)};
   SyntheticCorpusSpec spec;
   spec.vocab_size = model.vocab_size;
   spec.seed = kSyntheticCorpusSeed;
