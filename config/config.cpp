@@ -107,6 +107,7 @@ json RunConfig::to_json() const {
       {"subspace_iterations", optimizer.subspace_iterations},
       {"seed", seed},
       {"data", data.source},
+      {"eval_data", data.eval_source},
       {"eval_fraction", data.eval_fraction},
       {"eval_every", data.eval_every},
       {"eval_batches", data.eval_batches},
@@ -207,6 +208,7 @@ RunConfig run_config_from_json(const json& object, const std::string& source) {
   read("subspace_iterations", run.optimizer.subspace_iterations);
   read("seed", run.seed);
   read("data", run.data.source);
+  read("eval_data", run.data.eval_source);
   read("eval_fraction", run.data.eval_fraction);
   read("eval_every", run.data.eval_every);
   read("eval_batches", run.data.eval_batches);

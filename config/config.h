@@ -59,7 +59,10 @@ bool is_choice(const std::string& text, const std::array<const char*, N>& choice
 // What each step reads: where the tokens come from, how many per rank and per step, and the
 // held-out evaluation.
 struct DataConfig {
-  std::string source = "synthetic";  // --data: "synthetic" or a token file made by `trainer prepare`
+  std::string source = "synthetic";  // --data: "synthetic" or token shards (data/token_corpus.h)
+  // --eval_data: a held-out corpus of its own (token shards, as --data); "": the last --eval_fraction
+  // of --data's windows. With it, every window of --data is trained on.
+  std::string eval_source;
   int64_t batch_size = 8;            // per-rank micro-batch, sequences
   int64_t total_batch_size = 0;      // sequences per optimizer step; 0 = batch_size * world
   int64_t gradient_accumulation = 1; // derived: total / (batch_size * world)

@@ -320,6 +320,12 @@ void check_data_source(const RunConfig& run, const ModelConfig& model) {
                   std::to_string(model.vocab_size) + "): raise vocab_size in the config, or train on a token file "
                   "with --data FILE (made by `trainer prepare`)");
   if (run.data.source != "synthetic") expand_data_spec(run.data.source);  // names an item that names nothing
+  if (!run.data.eval_source.empty()) {
+    LLM_REQUIRE(run.data.eval_source != "synthetic", kCommandLine, "--eval_data",
+                "the synthetic corpus has no held-out set of its own: leave --eval_data out (--eval_fraction holds "
+                "out the last windows of --data)");
+    expand_data_spec(run.data.eval_source, "--eval_data");
+  }
 }
 
 }  // namespace

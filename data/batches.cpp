@@ -55,7 +55,7 @@ int64_t BatchSampler::Impl::window_of_sample(int64_t sample) {
 
 BatchSampler::BatchSampler(std::shared_ptr<const TokenCorpus> tokens, Split split,
                            int64_t max_length, double eval_fraction, uint64_t seed, int rank,
-                           int world_size, int64_t batch_size)
+                           int world_size, int64_t batch_size, bool whole_corpus)
     : impl_(std::make_shared<Impl>()) {
   LLM_REQUIRE(tokens != nullptr, "data", "token file", "no token file was opened");
   const std::string& path = tokens->name();
@@ -76,15 +76,17 @@ BatchSampler::BatchSampler(std::shared_ptr<const TokenCorpus> tokens, Split spli
               "has " + std::to_string(tokens->size()) + " tokens, shorter than one window of "
               "max_length + 1 = " + std::to_string(window_tokens) + " tokens; lower --max_length "
               "or use more data");
-  const int64_t eval_windows = std::max<int64_t>(
-      1, static_cast<int64_t>(std::floor(eval_fraction * static_cast<double>(total_windows))));
+  const int64_t eval_windows =
+      whole_corpus ? (split == Split::eval ? total_windows : 0)
+                   : std::max<int64_t>(1, static_cast<int64_t>(std::floor(eval_fraction * static_cast<double>(total_windows))));
   const int64_t train_windows = std::max<int64_t>(0, total_windows - eval_windows);
   const int64_t global_micro_batch = batch_size * world_size;
   const int64_t split_windows = split == Split::train ? train_windows : eval_windows;
   if (split_windows < global_micro_batch) {
-    std::string remedy = "lower --max_length (more, shorter windows) or --batch_size, ";
-    remedy += split == Split::train ? "lower --eval_fraction" : "raise --eval_fraction";
-    remedy += ", or use more data";
+    const char* more = whole_corpus ? (split == Split::train ? "or use more data" : "or use more held-out data in --eval_data")
+                       : split == Split::train ? "lower --eval_fraction, or use more data"
+                                               : "raise --eval_fraction, or use more data";
+    const std::string remedy = std::string("lower --max_length (more, shorter windows) or --batch_size, ") + more;
     fail_user(path, split_name(split) + " split",
               "has " + std::to_string(split_windows) + " windows of " +
                   std::to_string(window_tokens) + " tokens (" + std::to_string(total_windows) +

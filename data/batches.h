@@ -38,8 +38,11 @@ class BatchSampler {
  public:
   // Throws UserError if the split has fewer windows than one global micro-batch needs at least
   // once (the file is shorter than one window, or the eval split is empty).
+  // whole_corpus: every window of `tokens` is this split's and eval_fraction is not used (--eval_data:
+  // the held-out corpus is a corpus of its own, and --data is all train).
   BatchSampler(std::shared_ptr<const TokenCorpus> tokens, Split split, int64_t max_length,
-               double eval_fraction, uint64_t seed, int rank, int world_size, int64_t batch_size);
+               double eval_fraction, uint64_t seed, int rank, int world_size, int64_t batch_size,
+               bool whole_corpus = false);
 
   Batch next();                        // this rank's next micro-batch
   int64_t samples_consumed() const;    // global samples consumed so far (all ranks)

@@ -34,7 +34,7 @@ bool has_extension(const fs::path& path, std::initializer_list<const char*> exte
 }
 
 
-std::vector<std::string> folder_shards(const std::string& folder) {
+std::vector<std::string> folder_shards(const std::string& folder, const std::string& flag) {
   std::vector<std::string> files;
   std::error_code error;
   for (const fs::directory_entry& entry : fs::directory_iterator(folder, error)) {
@@ -44,14 +44,14 @@ std::vector<std::string> folder_shards(const std::string& folder) {
         has_extension(entry.path(), {".tok", ".bin", ".npy"}))
       files.push_back(entry.path().string());
   }
-  LLM_REQUIRE(!error, kSource, "--data", folder + ": cannot list the folder (" + error.message() + ")");
+  LLM_REQUIRE(!error, kSource, flag, folder + ": cannot list the folder (" + error.message() + ")");
   std::sort(files.begin(), files.end());
-  LLM_REQUIRE(!files.empty(), kSource, "--data",
+  LLM_REQUIRE(!files.empty(), kSource, flag,
               folder + ": the folder holds no token file (*.tok, *.bin, *.npy directly in it); name the files, or a glob");
   return files;
 }
 
-std::vector<std::string> glob_matches(const std::string& pattern) {
+std::vector<std::string> glob_matches(const std::string& pattern, const std::string& flag) {
   glob_t found{};
   const int status = ::glob(pattern.c_str(), GLOB_ERR, nullptr, &found);
   std::vector<std::string> matches;
@@ -66,28 +66,28 @@ std::vector<std::string> glob_matches(const std::string& pattern) {
     const bool index_of_a_match = path.extension() == ".idx" && matched.contains(fs::path(path).replace_extension(".bin").string());
     if (fs::is_regular_file(path, error) && !index_of_a_match) files.push_back(match);
   }
-  LLM_REQUIRE(!files.empty(), kSource, "--data", pattern + ": the pattern matches no file");
+  LLM_REQUIRE(!files.empty(), kSource, flag, pattern + ": the pattern matches no file");
   return files;  // glob(3) sorts its matches
 }
 
 }  // namespace
 
-std::vector<std::string> expand_data_spec(const std::string& spec) {
+std::vector<std::string> expand_data_spec(const std::string& spec, const std::string& flag) {
   std::vector<std::string> files;
   for (const std::string& item : items_of(spec)) {
-    LLM_REQUIRE(!item.empty(), kSource, "--data",
+    LLM_REQUIRE(!item.empty(), kSource, flag,
                 "\"" + spec + "\" has an empty item in its comma-separated list; give files, folders or glob patterns, e.g. "
                 "--data shards/train_*.bin,extra.npy");
     std::error_code error;
     std::vector<std::string> expanded;
     if (fs::is_directory(item, error))
-      expanded = folder_shards(item);
+      expanded = folder_shards(item, flag);
     else if (fs::exists(item, error))
       expanded = {item};  // a file, even one whose name has * ? or [ in it
     else if (item.find_first_of("*?[") != std::string::npos)
-      expanded = glob_matches(item);
+      expanded = glob_matches(item, flag);
     else
-      fail_user(kSource, "--data",
+      fail_user(kSource, flag,
                 "\"" + item + "\" is not a file, a folder or a glob pattern's match; expected \"synthetic\", token files (made by "
                 "`trainer prepare`, llm.c .bin, Megatron .bin/.idx, NumPy .npy), folders of them or glob patterns");
     files.insert(files.end(), expanded.begin(), expanded.end());
@@ -97,7 +97,7 @@ std::vector<std::string> expand_data_spec(const std::string& spec) {
     std::error_code error;
     const std::string dataset = megatron_pair(file).first.empty() ? file : megatron_pair(file).first;  // .bin or .idx: one
     const std::string canonical = fs::weakly_canonical(dataset, error).string();
-    LLM_REQUIRE(seen.insert(error ? dataset : canonical).second, kSource, "--data",
+    LLM_REQUIRE(seen.insert(error ? dataset : canonical).second, kSource, flag,
                 file + " is named twice (each shard is read once per epoch): drop the repeated item");
   }
   return files;
@@ -114,7 +114,7 @@ namespace {
 
 // Each shard keeps its descriptor open for the run's reads: 1,000 shards pass the usual soft limit of
 // 1,024 open files, which is raised toward the hard limit as far as the shards need.
-void allow_open_files(size_t shards) {
+void allow_open_files(size_t shards, const std::string& flag) {
   constexpr rlim_t kSpare = 256;   // what is raised for the process's other files: logs, sockets, checkpoints
   constexpr rlim_t kAtLeast = 32;  // what they need at the least
   rlimit limit{};
@@ -125,7 +125,7 @@ void allow_open_files(size_t shards) {
     raised.rlim_cur = limit.rlim_max == RLIM_INFINITY ? wanted : std::min(wanted, limit.rlim_max);
     if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) limit = raised;
   }
-  LLM_REQUIRE(static_cast<rlim_t>(shards) + kAtLeast <= limit.rlim_cur, kSource, "--data",
+  LLM_REQUIRE(static_cast<rlim_t>(shards) + kAtLeast <= limit.rlim_cur, kSource, flag,
               "names " + std::to_string(shards) + " shards, each read through a file kept open, but this process may "
               "open at most " + std::to_string(limit.rlim_cur) + " files (ulimit -n, at most ulimit -Hn): raise the "
               "limit, or join shards");
@@ -133,13 +133,14 @@ void allow_open_files(size_t shards) {
 
 }  // namespace
 
-std::shared_ptr<TokenCorpus> TokenCorpus::open(const std::string& spec, int64_t model_vocab_size) {
-  const std::vector<std::string> files = expand_data_spec(spec);
-  allow_open_files(files.size());
+std::shared_ptr<TokenCorpus> TokenCorpus::open(const std::string& spec, int64_t model_vocab_size,
+                                               const std::string& flag) {
+  const std::vector<std::string> files = expand_data_spec(spec, flag);
+  allow_open_files(files.size(), flag);
   std::vector<std::shared_ptr<TokenFile>> shards;
   for (const std::string& file : files) shards.push_back(TokenFile::open(file, model_vocab_size));
   const std::string name = shards.size() == 1 ? shards.front()->path()
-                                              : "--data " + spec + " (" + std::to_string(shards.size()) + " shards)";
+                                              : flag + " " + spec + " (" + std::to_string(shards.size()) + " shards)";
   return std::make_shared<TokenCorpus>(std::move(shards), name);
 }
 

@@ -23,10 +23,10 @@
 
 namespace llm {
 
-// The files --data names, in order: each item expanded (a folder to its token files, a glob to its
+// The files --data (or `flag`, e.g. --eval_data) names, in order: each item expanded (a folder to its token files, a glob to its
 // matches), without opening them. Throws UserError naming the item for one that names nothing
 // (a missing file, an empty folder, a glob without matches) or a file listed twice.
-std::vector<std::string> expand_data_spec(const std::string& spec);
+std::vector<std::string> expand_data_spec(const std::string& spec, const std::string& flag = "--data");
 
 // --data with each item made absolute (for the checkpoint's record): a single file's absolute path.
 std::string absolute_data_spec(const std::string& spec);
@@ -34,7 +34,8 @@ std::string absolute_data_spec(const std::string& spec);
 class TokenCorpus {
  public:
   // Expands `spec` and opens every shard. Throws UserError as expand_data_spec and TokenFile::open.
-  static std::shared_ptr<TokenCorpus> open(const std::string& spec, int64_t model_vocab_size);
+  static std::shared_ptr<TokenCorpus> open(const std::string& spec, int64_t model_vocab_size,
+                                           const std::string& flag = "--data");
   explicit TokenCorpus(std::vector<std::shared_ptr<TokenFile>> shards, std::string name = "");
 
   int64_t size() const { return total_; }

@@ -308,5 +308,64 @@ TEST(TrainerData, AnIdAboveTheVocabularyIsExitTwoNamingTheFileAndOffset) {
   EXPECT_FALSE(names_number(error, dir.path().string(), 179)) << error;
 }
 
+// --eval_data: the evaluation reads its own held-out corpus, and every window of --data is trained on.
+// The same eval file gives the same eval loss bit for bit, another file another; the training is the
+// same whichever eval file (evaluation changes no weight). Every window of --data is trained on: a
+// file of two windows feeds a micro-batch of two with --eval_data, and is one window short without it
+// (the last is held out).
+TEST(TrainerData, EvalDataIsAHeldOutCorpusOfItsOwn) {
+  ScratchDir dir("train_eval_data");
+  const fs::path train = dir / "train.tok", eval_a = dir / "eval_a.tok", eval_b = dir / "eval_b.tok";
+  write_token_file(train.string(), known_tokens(17 * 40, 128, 1), 128);
+  write_token_file(eval_a.string(), known_tokens(17 * 8, 128, 2), 128);
+  write_token_file(eval_b.string(), known_tokens(17 * 8, 128, 3), 128);
+  struct Run {
+    std::vector<double> train, eval;
+    nlohmann::json start;
+  };
+  const auto run = [&](const std::string& name, const std::string& flags) {
+    const auto result = run_command(trainer_command(train.string(), dir / name,
+                                                    "--num_training_steps 4 --batch_size 2 --total_batch_size 2 " + flags));
+    EXPECT_EQ(result.exit_code, 0) << result.output;
+    Run out;
+    for (const auto& step : testing::read_metrics_events(dir / name, "train")) out.train.push_back(step.at("loss"));
+    for (const auto& eval : testing::read_metrics_events(dir / name, "eval")) out.eval.push_back(eval.at("eval_loss"));
+    const auto starts = testing::read_metrics_events(dir / name, "start");
+    if (!starts.empty()) out.start = starts.front();
+    return out;
+  };
+  const Run a = run("a", "--eval_data " + eval_a.string());
+  const Run a_again = run("a_again", "--eval_data " + eval_a.string());
+  const Run b = run("b", "--eval_data " + eval_b.string());
+  ASSERT_EQ(a.eval.size(), 1u);
+  ASSERT_EQ(b.eval.size(), 1u);
+  EXPECT_EQ(a.eval, a_again.eval);
+  EXPECT_NE(a.eval, b.eval);
+  EXPECT_EQ(a.train, b.train);
+  EXPECT_EQ(a.start.at("run").at("eval_data"), eval_a.string()) << a.start.dump();
+
+  const fs::path two_windows = dir / "two_windows.tok";
+  write_token_file(two_windows.string(), known_tokens(17 * 2, 128, 4), 128);
+  const std::string flags = "--num_training_steps 2 --batch_size 2 --total_batch_size 2";
+  const auto whole = run_command(trainer_command(two_windows.string(), dir / "whole", flags + " --eval_data " + eval_a.string()));
+  EXPECT_EQ(whole.exit_code, 0) << whole.output;
+  const auto held_out = run_command(trainer_command(two_windows.string(), dir / "held_out", flags));
+  EXPECT_EQ(held_out.exit_code, 2) << held_out.output;
+  EXPECT_NE(held_out.output.find("train split: has 1 windows"), std::string::npos) << held_out.output;
+}
+
+TEST(TrainerData, ABadEvalDataIsExitTwoNamingIt) {
+  ScratchDir dir("train_bad_eval_data");
+  const fs::path missing = dir / "absent.tok";
+  for (const std::string& eval_data : {std::string("synthetic"), missing.string()}) {
+    SCOPED_TRACE(eval_data);
+    const auto result =
+        run_command(trainer_command("synthetic", dir / "run", "--num_training_steps 1 --eval_data " + eval_data));
+    EXPECT_EQ(result.exit_code, 2) << result.output;
+    EXPECT_NE(result.output.find("--eval_data"), std::string::npos) << result.output;
+    EXPECT_NE(result.output.find(eval_data), std::string::npos) << result.output;
+  }
+}
+
 }  // namespace
 }  // namespace llm

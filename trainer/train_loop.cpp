@@ -26,24 +26,31 @@ namespace {
 constexpr uint64_t kSyntheticCorpusSeed = 1234;  // the corpus is fixed; --seed varies init and order
 constexpr int64_t kSnapshotSteps = 2;            // --memory_snapshot: history through these steps
 
-// --data's shards. Every rank must read the same corpus: were a glob or folder to list other files on
-// another node, the ranks' window orders would differ and their windows overlap.
-std::shared_ptr<TokenCorpus> open_data(const RunConfig& run, const ModelConfig& model) {
-  std::shared_ptr<TokenCorpus> corpus = TokenCorpus::open(run.data.source, model.vocab_size);
+// --data's (or --eval_data's) shards. Every rank must read the same corpus: were a glob or folder to
+// list other files on another node, the ranks' window orders would differ and their windows overlap.
+std::shared_ptr<TokenCorpus> open_data(const std::string& spec, const std::string& flag, const ModelConfig& model) {
+  std::shared_ptr<TokenCorpus> corpus = TokenCorpus::open(spec, model.vocab_size, flag);
   const std::string mine =
       std::to_string(corpus->shards().size()) + " shard(s) of " + std::to_string(corpus->size()) + " tokens";
   const std::vector<std::string> every_rank = all_gather_text(mine);
   for (size_t rank = 1; rank < every_rank.size(); ++rank)
-    LLM_REQUIRE(every_rank[rank] == every_rank.front(), "command line", "--data",
+    LLM_REQUIRE(every_rank[rank] == every_rank.front(), "command line", flag,
                 "the ranks read different data: rank 0 " + every_rank.front() + ", rank " + std::to_string(rank) + " " +
                     every_rank[rank] + " (a glob or folder that lists other files on another node?); give every rank "
                     "the same files");
   return corpus;
 }
 
+// --eval_data's held-out corpus, or nullptr: the last --eval_fraction of --data's windows then.
+std::shared_ptr<TokenCorpus> open_held_out(const RunConfig& run, const ModelConfig& model) {
+  if (run.data.eval_source.empty()) return nullptr;
+  StallWatchdog::mark("start-up: opening the data");
+  return open_data(run.data.eval_source, "--eval_data", model);
+}
+
 Corpus open_corpus(const RunConfig& run, const ModelConfig& model, const RuntimeContext& context) {
   StallWatchdog::mark("start-up: opening the data");
-  if (run.data.source != "synthetic") return {open_data(run, model)};
+  if (run.data.source != "synthetic") return {open_data(run.data.source, "--data", model)};
   SyntheticCorpusSpec spec;
   spec.vocab_size = model.vocab_size;
   spec.seed = kSyntheticCorpusSeed;
@@ -97,10 +104,12 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
       records_(model_config, run, context),
       ledger_(records_.ledger()),
       corpus_(open_corpus(run, model_config, context)),
+      held_out_(open_held_out(run, model_config)),
       train_batches_(corpus_.tokens, Split::train, run.data.max_length, run.data.eval_fraction, run.seed, context.rank,
-                     context.world_size, run.data.batch_size),
-      eval_batches_(corpus_.tokens, Split::eval, run.data.max_length, run.data.eval_fraction, run.seed, context.rank,
-                    context.world_size, run.data.batch_size),
+                     context.world_size, run.data.batch_size, /*whole_corpus=*/held_out_ != nullptr),
+      eval_batches_(held_out_ ? held_out_ : corpus_.tokens, Split::eval, run.data.max_length, run.data.eval_fraction,
+                    run.seed, context.rank, context.world_size, run.data.batch_size,
+                    /*whole_corpus=*/held_out_ != nullptr),
       timer_(device_),
       sharded_(communicator_,
                {run.sharding.strategy, run.sharding.prefetch,

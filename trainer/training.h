@@ -87,6 +87,7 @@ class Training {
   RunRecords records_;  // metrics.jsonl and the memory ledger
   MemoryLedger& ledger_;
   Corpus corpus_;
+  std::shared_ptr<TokenCorpus> held_out_;  // --eval_data; nullptr: the tail of corpus_ is held out
   BatchSampler train_batches_, eval_batches_;
   StepTimer timer_;
   ShardedModel sharded_;

@@ -233,6 +233,9 @@ void add_data_flags(CLI::App& app, NumberFlags& numbers, TrainingFlags& flags, R
   flags.add(app.add_option("--data", run.data.source,
                            "\"synthetic\", or token files: a comma-separated list of files (`trainer prepare`'s, llm.c .bin, Megatron .bin/.idx, NumPy .npy), folders and glob patterns")
           ->capture_default_str());
+  flags.add(app.add_option("--eval_data", run.data.eval_source,
+                           "a held-out corpus of its own for evaluation (token shards, as --data); without it the "
+                           "last --eval_fraction of --data's windows"));
   flags.add(numbers.add(app, "--eval_fraction", run.data.eval_fraction,
                         "share of the token windows held out for evaluation")
           ->capture_default_str());
