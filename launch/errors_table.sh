@@ -15,7 +15,7 @@ command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 cases=$(mktemp)
 trap 'rm -f "$cases"' EXIT
-FILTER=${FILTER:-'Config*:Cli*:Prepare*:PrepareCommand*:PrepareWithTokenizer*:MemoryReport*:EstimateCommand*:Launcher*:Train.*:MemoryCheck*:DivergenceWatch*:Reference*:RunDir*:Galore*:TokenFile*:FusedStepFlags*:ActivationCheckpointingFlags*:Ledger*:Checkpoint*:Data*:StartupChecks*:RunHistory*:NewestCheckpoint*:Export*:InitFrom*:Ranks/InitFrom*:Cases/Refused*:TechniquesReport*:KeepLast*:StallWatchdog*:DamagedCheckpoint*:CommandLineNumbers*:CountProducts*:RunSettingsJson*:NothingOfTheUsers*:HandEditedManifest*:ResumeData*:NonFiniteLoss*:FolderLocks*:CheckedWrites*:TokenFileChanged*:MemoryReportErrors*'}
+FILTER=${FILTER:-'Config*:Cli*:Prepare*:PrepareCommand*:PrepareWithTokenizer*:MemoryReport*:EstimateCommand*:Launcher*:Train.*:MemoryCheck*:DivergenceWatch*:Reference*:RunDir*:Galore*:TokenFile*:FusedStepFlags*:ActivationCheckpointingFlags*:Ledger*:Checkpoint*:Data*:StartupChecks*:RunHistory*:NewestCheckpoint*:Export*:InitFrom*:Ranks/InitFrom*:Cases/Refused*:TechniquesReport*:KeepLast*:StallWatchdog*:DamagedCheckpoint*:CommandLineNumbers*:CountProducts*:RunSettingsJson*:NothingOfTheUsers*:HandEditedManifest*:ResumeData*:NonFiniteLoss*:FolderLocks*:CheckedWrites*:TokenFileChanged*:MemoryReportErrors*:TrainerData*:TokenCorpus*:BadShard*:Damages/*:IdAboveThe*:TokenFileIds*:BatchSampler*:Formats/*'}
 TRAINER_ERROR_CASES=$cases "$BUILD/tests/unit_tests" --gtest_filter="$FILTER" --gtest_brief=1 > "$cases.log" 2>&1 || {
   echo "the tests failed: $cases.log" >&2; tail -n 30 "$cases.log" >&2; exit 1; }
 rm -f "$cases.log"

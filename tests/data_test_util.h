@@ -11,16 +11,19 @@
 #include <gtest/gtest.h>
 
 #include "common/errors.h"
+#include "tests/test_util.h"
 
 namespace llm::testing {
 
-// Runs action, expects a UserError whose message contains every one of the fragments.
+// Runs action, expects a UserError whose message contains every one of the fragments. The case goes
+// into docs/errors.md (record_error_case: a UserError is exit status 2 in the trainer).
 inline void expect_user_error(const std::function<void()>& action,
                               const std::vector<std::string>& fragments) {
   try {
     action();
   } catch (const UserError& error) {
     const std::string message = error.what();
+    record_error_case("", 2, "error: " + message);
     for (const std::string& fragment : fragments)
       EXPECT_NE(message.find(fragment), std::string::npos)
           << "message lacks \"" << fragment << "\": " << message;
