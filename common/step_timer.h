@@ -14,6 +14,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -21,6 +22,11 @@
 #include <c10/core/Device.h>
 
 namespace llm {
+
+// Wall-clock seconds since `started` (the host's steady clock).
+inline double seconds_since(std::chrono::steady_clock::time_point started) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+}
 
 enum class StepPhase { forward, backward, collectives, optimizer, other };
 constexpr int kStepPhases = 5;

@@ -9,6 +9,7 @@
 #include "checkpoint/train_state.h"
 #include "common/log.h"
 #include "common/memory_stats.h"
+#include "common/step_timer.h"
 #include "common/watchdog.h"
 #include "data/batches.h"
 #include "data/token_corpus.h"
@@ -22,14 +23,6 @@
 
 namespace llm {
 namespace fs = std::filesystem;
-namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point started) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-}
-
-}  // namespace
-
 RunCheckpoints::RunCheckpoints(const ModelConfig& model_config, const RunConfig& run, const RuntimeContext& context,
                                CheckpointedState state, MetricsLog& metrics)
     : model_config_(model_config), run_(run), context_(context), state_(state), metrics_(metrics) {}

@@ -72,10 +72,6 @@ bool prepare_run(const RunConfig& run, c10::Device device) {
   return true;
 }
 
-double seconds_since(std::chrono::steady_clock::time_point started) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-}
-
 // LLM_DEBUG_NO_RESIDENT_UNITS=1: a unit that is its own whole shard (one rank, no_shard) still
 // gathers, prefetches and reduces like a sharded one, so one rank on one GPU runs those paths. The
 // results are the same bits; only the work and the memory differ (docs/gpu.md).
