@@ -193,6 +193,7 @@ def run_eager(args):
     if cuda and not torch.cuda.is_available():
         sys.exit("pytorch_peers: --device cuda but torch sees no GPU (torch.cuda.is_available() is False)")
     if cuda:
+        device = torch.device("cuda", device.index if device.index is not None else 0)  # set_device needs one
         torch.cuda.set_device(device)
     model = build_model(args.config, args.seed, device, args.dtype, args.precision)
     parameters = count_parameters(model)

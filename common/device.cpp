@@ -5,6 +5,7 @@
 #include "common/errors.h"
 
 #ifdef TRAINER_HAVE_CUDA
+#include <ATen/Context.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <cuda_runtime_api.h>
 #endif
@@ -19,6 +20,10 @@ void make_current_device(c10::Device device) {
 #ifdef TRAINER_HAVE_CUDA
   LLM_REQUIRE(device.has_index(), "device", device.str(), "names no GPU; give its index, e.g. cuda:0");
   c10::cuda::set_device(device.index());
+  // The caching allocator's statistics (the memory check, the ledger) are read before the first
+  // CUDA tensor exists: LibTorch initialises the allocator only with that tensor, and before it every
+  // reading fails with "Invalid device argument" (the first GPU run, docs/gpu-results.md).
+  at::globalContext().lazyInitDevice(at::kCUDA);
 #endif
 }
 

@@ -14,6 +14,7 @@
 #include "common/errors.h"
 
 #ifdef TRAINER_HAVE_CUDA
+#include <ATen/Context.h>
 #include <ATen/core/CachingHostAllocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -94,6 +95,7 @@ DeviceMemoryStats device_memory_stats(c10::Device device) {
   DeviceMemoryStats result;
 #ifdef TRAINER_HAVE_CUDA
   if (device.is_cuda()) {
+    at::globalContext().lazyInitDevice(at::kCUDA);  // the allocator exists only once initialised
     const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
     const auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
     result.allocated_bytes = stats.allocated_bytes[all].current;
@@ -109,7 +111,10 @@ DeviceMemoryStats device_memory_stats(c10::Device device) {
 
 void reset_device_peak_stats(c10::Device device) {
 #ifdef TRAINER_HAVE_CUDA
-  if (device.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+  if (device.is_cuda()) {
+    at::globalContext().lazyInitDevice(at::kCUDA);
+    c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+  }
 #endif
 }
 

@@ -148,7 +148,9 @@ void expect_counted(c10::Device device, int64_t rows, int64_t vocab) {
     EXPECT_LE(m.held_beyond_gradient, m.counted + slack);
     // Blocks on host threads need not overlap: at least one block's worth is always there.
     EXPECT_GE(m.held_beyond_gradient, m.counted / blocks.concurrent);
-    if (dtype == at::kBFloat16) {
+    // A GPU works one block at a time; host threads may hold one block each (4 threads: half the
+    // rows of this case, as the first GPU machine's 4-thread run showed).
+    if (dtype == at::kBFloat16 && device.is_cuda()) {
       EXPECT_LT(m.counted, 8 * rows * vocab / 2) << "one block at a time, not all rows";
     }
   }

@@ -91,7 +91,7 @@ done
 strip --strip-debug "$KIT"/lib/* 2>/dev/null || true
 
 {
-  echo "made $(date -u +%Y-%m-%dT%H:%M:%SZ) from commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  echo "made $(date -u +%Y-%m-%dT%H:%M:%SZ) from commit $(git describe --always --dirty 2>/dev/null || echo unknown)"
   echo "torch built against: $(grep -o 'torch-[0-9.]*' "$BUILD/CMakeCache.txt" | head -1)"
   echo "CUDA architectures: $(grep -E '^TORCH_CUDA_ARCH_LIST|^TRAINER_CUDA_ARCHITECTURES' "$BUILD/CMakeCache.txt" | tr '\n' ' ')"
 } > "$KIT/MANIFEST"

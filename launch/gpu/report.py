@@ -13,6 +13,7 @@ a stage whose files did not come back is not mentioned.
 """
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
 
@@ -73,7 +74,7 @@ def main(folders):
             log_file = folder / f"{stage}.log"
             names = {step["name"] for step in summary["steps"]}
             sections = log_sections(log_file.read_text(errors="replace"), names) if log_file.exists() else {}
-            print(f"## {stage}: {summary['device']}, {summary['date']}, commit {summary['commit']}\n")
+            print(f"## {stage} ({folder.name}): {summary['device']}, {summary['date']}, commit {summary['commit']}\n")
             print("| step | command | exit | seconds | outcome |\n|---|---|---:|---:|---|")
             for step in summary["steps"]:
                 command = step["command"].replace("|", "\\|")
@@ -84,6 +85,54 @@ def main(folders):
                 print(bench_markdown(summary["bench"]))
     if not found:
         sys.exit("no STAGE.json in " + ", ".join(folders))
+    across_calls(folders)
+
+
+def spread(values):
+    """'median (min-max, n=N)' of the values present; n/a when none."""
+    values = sorted(v for v in values if isinstance(v, (int, float)))
+    if not values:
+        return "n/a"
+    def number(value):
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+
+    text = number(statistics.median(values))
+    return text + (f" ({number(values[0])}-{number(values[-1])}, n={len(values)})" if len(values) > 1 else " (n=1)")
+
+
+def across_calls(folders):
+    """The speed figures of every bench.json given, side by side: a figure's spread from call to call."""
+    benches = []
+    for folder in map(Path, folders):
+        summary_file = folder / "bench.json"
+        if summary_file.exists():
+            bench = json.loads(summary_file.read_text()).get("bench")
+            if bench:
+                benches.append(bench)
+    if len(benches) < 2:
+        return
+    print(f"## Across calls: {len(benches)} bench stages, each run once per call\n")
+    print("Median over the calls that ran it (min-max, number of calls); each call's own figure is the median "
+          "step of its run.\n")
+    print("| case | ours tokens/s | pytorch tokens/s | ours / pytorch | ours MFU % | peak memory ours (GiB) |")
+    print("|---|---:|---:|---:|---:|---:|")
+    cases = []
+    for bench in benches:
+        cases += [row["case"] for row in bench.get("speed", []) if row["case"] not in cases]
+    for case in cases:
+        rows = [row for bench in benches for row in bench.get("speed", []) if row["case"] == case]
+        ours = [row.get("ours") or {} for row in rows]
+        theirs = [row.get("pytorch") or {} for row in rows]
+        mfu = [o.get("mfu") * 100 if o.get("mfu") else None for o in ours]
+        peak = [o.get("peak_memory_bytes") / 2**30 if o.get("peak_memory_bytes") else None for o in ours]
+        print(f"| {case} | {spread(o.get('tokens_per_s') for o in ours)} | "
+              f"{spread(t.get('tokens_per_s') for t in theirs)} | "
+              f"{spread(row.get('ours_over_pytorch_tokens_per_s') for row in rows)} | {spread(mfu)} | {spread(peak)} |")
+    shares = [row for bench in benches for row in bench.get("offload", [])]
+    for case in dict.fromkeys(row["case"] for row in shares):
+        values = [row.get("share_kept") * 100 for row in shares if row["case"] == case and row.get("share_kept")]
+        print(f"\nOffload, {case}: share of the throughput kept {spread(values)} %.")
+    print()
 
 
 if __name__ == "__main__":

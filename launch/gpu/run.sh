@@ -4,7 +4,8 @@
 # torch (LibTorch, CUDA libraries, NCCL) and the kit's own Open MPI. Each stage ends well inside the
 # device tool's 10 minutes and writes its results under $OUT (at most 8 files in all):
 #   probe     the device, driver and versions; which libraries the kit's programs cannot find; MPI
-#             starting 2 ranks; a 2-step run of the trainer                       -> probe.log, probe.json
+#             starting 2 ranks; a 2-step run of the trainer; on a GPU, a --memory_snapshot read by
+#             torch's memory_viz (launch/gpu/check_snapshot.py)                       -> probe.log, probe.json
 #   tests     the CUDA unit tests (the loss's row blocks, the AdamW kernel) and the collective tests
 #             on the GPU (NCCL at one rank, the staged MPI backend at 1, 2 and 4 ranks on one GPU)
 #                                                                                  -> tests.log, tests.json
@@ -55,7 +56,10 @@ log=$OUT/$stage.log
 summary=$OUT/$stage.json
 : > "$log"
 results=()
-stage_deadline=""  # SECONDS by which a step must start and end (bench's budget); empty: none
+# SECONDS by which a step must start and end: STAGE_BUDGET_S from now (bench: BENCH_BUDGET_S, 420 s,
+# below); empty: each step has STEP_TIMEOUT alone.
+stage_deadline=""
+[ -n "${STAGE_BUDGET_S:-}" ] && stage_deadline=$((SECONDS + STAGE_BUDGET_S))
 # step NAME COMMAND...: runs it, its output to the log, its status and time to the summary. Its limit
 # is STEP_TIMEOUT, or what is left of the stage's budget; with none left it is not started (exit 124).
 step() {
@@ -103,6 +107,9 @@ case "$stage" in
     step mpi "mpirun -np 2 hostname && ompi_info --version | head -2"
     step trainer_help "trainer --help | head -3"
     step one_rank "rm -rf $OUT/probe_run; trainer $micro $gpu_flag --run_dir /tmp/probe_run && tail -2 /tmp/probe_run/metrics.jsonl"
+    if [ "$gpu_flag" = "--device cuda" ]; then  # CUDA only: the allocator's history, read by torch's memory_viz
+      step memory_snapshot "rm -rf /tmp/snapshot_run; trainer $micro $gpu_flag --memory_snapshot --run_dir /tmp/snapshot_run && $PYTHON launch/gpu/check_snapshot.py /tmp/snapshot_run/memory_snapshot.rank0.pickle"
+    fi
     step two_ranks_staged "rm -rf /tmp/probe_run2; mpirun -np 2 trainer $micro $gpu_flag --communicator mpi --run_dir /tmp/probe_run2 && tail -1 /tmp/probe_run2/metrics.jsonl"
     ;;
   tests)
@@ -112,7 +119,7 @@ case "$stage" in
     done
     ;;
   smoke)
-    step gpu_paths "unit_tests --gtest_filter='Features/OnGpu.*:OnGpuCheckpoints.*:OnGpuDevices.*:OnGpuMemoryCheck.*' --gtest_brief=1"
+    step gpu_paths "unit_tests --gtest_filter='${SMOKE_FILTER:-Features/OnGpu.*:OnGpuCheckpoints.*:OnGpuDevices.*:OnGpuMemoryCheck.*}' --gtest_brief=1"
     ;;
   sanitize)
     if ! command -v compute-sanitizer >/dev/null; then
@@ -128,9 +135,12 @@ case "$stage" in
     rm -rf "$bench_work" && mkdir -p "$bench_work"
     bench_device=${gpu_flag#--device }
     STEP_TIMEOUT=${STEP_TIMEOUT:-150}
-    stage_deadline=$((SECONDS + ${BENCH_BUDGET_S:-420}))
+    stage_deadline=$((SECONDS + ${BENCH_BUDGET_S:-${STAGE_BUDGET_S:-420}}))
     step plan "$PYTHON bench/gpu_bench.py plan --device $bench_device --work $bench_work --python $PYTHON > $bench_work/plan.tsv && cut -f1 $bench_work/plan.tsv"
+    # BENCH_ONLY (an extended regular expression over the steps' names) runs a part of the plan, e.g.
+    # a second sample of the speed runs: BENCH_ONLY='^(device|ours_llama_350m|pytorch_llama_350m)'
     while IFS=$'\t' read -r name command; do
+      [[ -z "${BENCH_ONLY:-}" || "$name" =~ ${BENCH_ONLY:-} ]] || continue
       step "$name" "$command"
     done < "$bench_work/plan.tsv"
     stage_deadline=""  # the summary runs whatever is left: it reads files, a few seconds
