@@ -18,6 +18,7 @@
 #include "common/errors.h"
 #include "common/log.h"
 #include "common/output_files.h"
+#include "data/corpus_identity.h"
 #include "data/token_corpus.h"
 
 namespace llm {
@@ -444,6 +445,41 @@ void warn_of_other_data(const RunConfig& run, const std::string& folder, const n
             ours, folder, what, position);
 }
 
+// The checkpoint's corpus against this run's (data/corpus_identity.h): the same shards, wherever they
+// are now, go on; other data (another shard list, a shard made again) is refused by name, unless
+// --allow_other_data says it is meant, and then it is said. Every rank decides alike (the same files),
+// so every rank stops alike. A checkpoint from before identities were recorded is only warned about.
+void check_same_data(const RunConfig& run, const ModelConfig& model, const std::string& folder,
+                     const nlohmann::json& manifest, bool log_warnings) {
+  if (!manifest.is_object() || !manifest.contains("data_identity")) {
+    if (log_warnings) warn_of_other_data(run, folder, manifest);
+    return;
+  }
+  const nlohmann::json then = manifest.at("data_identity");
+  const bool synthetic_then = then.is_object() && then.value("synthetic", false);
+  const bool synthetic_now = run.data.source == "synthetic";
+  std::string difference;
+  if (synthetic_then || synthetic_now) {
+    if (synthetic_then != synthetic_now)
+      difference = synthetic_then ? "it trained on the synthetic corpus, this run reads token files"
+                                  : "it trained on token files, this run reads the synthetic corpus";
+  } else {
+    difference = identity_difference(then, corpus_identity(*TokenCorpus::open(run.data.source, model.vocab_size)));
+  }
+  if (difference.empty()) return;
+  const std::string saved = manifest.value("data", std::string("(not recorded)"));
+  const std::string samples = std::to_string(manifest.value("samples_consumed", int64_t{0}));
+  if (!run.data.allow_other_data)
+    fail_user(kCommandLine, "--data",
+              "the checkpoint " + folder + " was trained on other data than this run's (" + difference +
+                  "; it read " + saved + "). Resume with the data it was trained on, or pass --allow_other_data " +
+                  "to go on over this data from the checkpoint's position (" + samples + " samples consumed)");
+  if (log_warnings)
+    log::warn("--data: the checkpoint {} was trained on other data ({}; it read {}); --allow_other_data: the sampler "
+              "goes on from the checkpoint's position ({} samples consumed) over this run's data",
+              folder, difference, saved, samples);
+}
+
 }  // namespace
 
 CheckpointStart check_checkpoints_at_start(const RunConfig& run, const ModelConfig& model, bool log_warnings) {
@@ -464,7 +500,7 @@ CheckpointStart check_checkpoints_at_start(const RunConfig& run, const ModelConf
     if (state.is_object() && state.contains("step") && state.at("step").is_number_integer())
       start.resume_step = state.at("step").get<int64_t>();
     start.run_id = run_id_of(state);
-    if (log_warnings) warn_of_other_data(run, start.resume_folder, state);
+    check_same_data(run, model, start.resume_folder, state, log_warnings);
     if (start.resume_step > run.num_training_steps)
       fail_user(kCommandLine, "--num_training_steps",
                 "the checkpoint " + start.resume_folder + " is at step " + std::to_string(start.resume_step) +

@@ -108,6 +108,7 @@ json RunConfig::to_json() const {
       {"seed", seed},
       {"data", data.source},
       {"eval_data", data.eval_source},
+      {"allow_other_data", data.allow_other_data},
       {"eval_fraction", data.eval_fraction},
       {"eval_every", data.eval_every},
       {"eval_batches", data.eval_batches},
@@ -209,6 +210,7 @@ RunConfig run_config_from_json(const json& object, const std::string& source) {
   read("seed", run.seed);
   read("data", run.data.source);
   read("eval_data", run.data.eval_source);
+  read("allow_other_data", run.data.allow_other_data);
   read("eval_fraction", run.data.eval_fraction);
   read("eval_every", run.data.eval_every);
   read("eval_batches", run.data.eval_batches);

@@ -63,6 +63,9 @@ struct DataConfig {
   // --eval_data: a held-out corpus of its own (token shards, as --data); "": the last --eval_fraction
   // of --data's windows. With it, every window of --data is trained on.
   std::string eval_source;
+  // --allow_other_data: resume from a checkpoint trained on other data (another shard list, or a
+  // shard changed since: data/corpus_identity.h); without it such a resume is refused (exit 2).
+  bool allow_other_data = false;
   int64_t batch_size = 8;            // per-rank micro-batch, sequences
   int64_t total_batch_size = 0;      // sequences per optimizer step; 0 = batch_size * world
   int64_t gradient_accumulation = 1; // derived: total / (batch_size * world)

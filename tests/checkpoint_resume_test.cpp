@@ -2,7 +2,7 @@
 // appends to its run folder's history, and a finished one says so; "newest" in --continue_from
 // SAVE_DIR skips misnamed, broken, copied and linked step folders with a warning; a save_dir of
 // another run or another model config is refused; a damaged or hand-edited checkpoint is an error
-// naming the file (and the key) before any step; a resume on other data is said.
+// naming the file (and the key) before any step; a resume on other data is refused unless allowed.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -398,9 +398,10 @@ TEST(NewestCheckpoint, AStepFolderThatIsALinkIsNotAdopted) {
 
 // --- resuming on other data (issue 25) ------------------------------------------------------------
 
-// Another --data than the checkpoint's, or its file changed in place since: a warning naming both
-// and saying that the sampler position carries over (a deliberate change of data goes on, exit 0).
-TEST(ResumeData, AnotherOrAChangedDataFileIsSaid) {
+// Another --data than the checkpoint's, or its file changed in place since: exit 2 before any step,
+// naming both; --allow_other_data goes on and says that the sampler position carries over (sharded
+// corpora: data_resume_test.cpp).
+TEST(ResumeData, AnotherOrAChangedDataFileIsRefusedUnlessAllowed) {
   ScratchDir dir("resume_data");
   const fs::path first = dir / "first.tok", second = dir / "second.tok", ckpt = dir / "ckpt";
   std::vector<int64_t> tokens;
@@ -412,27 +413,28 @@ TEST(ResumeData, AnotherOrAChangedDataFileIsSaid) {
   const auto trained = run_command(trainer_command("--num_training_steps 2 --save_dir " + ckpt.string() + " --data " +
                                                    first.string() + " --run_dir " + (dir / "a").string()));
   ASSERT_EQ(trained.exit_code, 0) << trained.output;
-  const uintmax_t first_bytes = fs::file_size(first), second_bytes = fs::file_size(second);
-  EXPECT_EQ(manifest(ckpt / "step_2").at("data_file").at("bytes"), first_bytes);
+  const nlohmann::json identity = manifest(ckpt / "step_2").at("data_identity");
+  EXPECT_EQ(identity.at("shards").at(0).at("file"), "first.tok");
+  EXPECT_EQ(identity.at("shards").at(0).at("bytes"), fs::file_size(first));
+  const std::string refused = "the checkpoint " + (ckpt / "step_2").string() + " was trained on other data than this run's (";
   auto other = run_command(trainer_command(flags + " --data " + second.string() + " --run_dir " + (dir / "b").string()));
-  ASSERT_EQ(other.exit_code, 0) << other.output;
+  EXPECT_EQ(other.exit_code, 2) << other.output;
   for (const std::string& part :
-       {"--data: the checkpoint " + (ckpt / "step_2").string() + " was trained on " + first.string(),
-        "this run reads " + second.string(), std::string("the sampler goes on from the checkpoint's position (4 samples"),
-        "If that is not meant, resume with --data " + first.string()})
+       {refused + "shard 1 of 1, first.tok then, second.tok now", "it read " + first.string(),
+        std::string("Resume with the data it was trained on, or pass --allow_other_data")})
     EXPECT_TRUE(mentions(other.output, part)) << part << "\n" << other.output;
+  auto allowed = run_command(trainer_command(flags + " --allow_other_data --data " + second.string() + " --run_dir " +
+                                             (dir / "b2").string()));
+  ASSERT_EQ(allowed.exit_code, 0) << allowed.output;
+  EXPECT_TRUE(mentions(allowed.output, "the sampler goes on from the checkpoint's position (4 samples consumed)"))
+      << allowed.output;
   auto same = run_command(trainer_command(flags + " --data " + first.string() + " --run_dir " + (dir / "c").string()));
   ASSERT_EQ(same.exit_code, 0) << same.output;
   EXPECT_FALSE(mentions(same.output, "--data:")) << same.output;
   fs::copy_file(second, first, fs::copy_options::overwrite_existing);  // `trainer prepare` again, in place
   auto changed = run_command(trainer_command(flags + " --data " + first.string() + " --run_dir " + (dir / "d").string()));
-  ASSERT_EQ(changed.exit_code, 0) << changed.output;
-  EXPECT_TRUE(mentions(changed.output, "--data: " + first.string() + " has changed since the checkpoint " +
-                                           (ckpt / "step_2").string() + " was saved (" +
-                                           std::to_string(first_bytes) + " bytes then, " +
-                                           std::to_string(second_bytes) + " now"))
-      << changed.output;
-  EXPECT_TRUE(mentions(changed.output, "the resume is not exact")) << changed.output;
+  EXPECT_EQ(changed.exit_code, 2) << changed.output;
+  EXPECT_TRUE(mentions(changed.output, refused + "shard 1 of 1, first.tok: 4000 tokens then, 3000 now")) << changed.output;
 }
 
 }  // namespace

@@ -66,6 +66,7 @@ RunCheckpoints::Checkpoint RunCheckpoints::checkpoint_of(int64_t step) {
   // `trainer export` looks for the tokenizer `trainer prepare` trained beside the token file.
   checkpoint.manifest["data"] =
       run_.data.source == "synthetic" ? run_.data.source : absolute_data_spec(run_.data.source);
+  checkpoint.manifest["data_identity"] = data_identity_;
   checkpoint.folder = (fs::path(run_.checkpoint.save_dir) / ("step_" + std::to_string(step))).string();
   return checkpoint;
 }

@@ -52,6 +52,9 @@ class RunCheckpoints {
   void agree_on_run_id();
   const std::string& run_id() const { return run_id_; }
   const std::string& resumed_from() const { return resumed_from_; }  // "" for a fresh run
+  // What each save records of the corpus trained on (data/corpus_identity.h; {"synthetic": true} for
+  // the synthetic corpus), checked by a resume.
+  void set_data_identity(nlohmann::json identity) { data_identity_ = std::move(identity); }
 
   // Saves step `step` and returns its folder; a "checkpoint" record, the log line and --keep_last.
   std::string save(int64_t step);
@@ -82,6 +85,7 @@ class RunCheckpoints {
   MetricsLog& metrics_;
   std::string run_id_;        // drawn at a fresh start, kept on resume (manifest.json)
   std::string resumed_from_;  // the checkpoint folder resumed from; "" for a fresh run
+  nlohmann::json data_identity_;
   at::Tensor save_copy_;  // --async_save: the host copy of this rank's checkpoint, kept from the first save
   std::unique_ptr<BackgroundSave> background_save_;  // --async_save: the save in flight, if any
   int64_t background_save_step_ = 0;

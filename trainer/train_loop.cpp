@@ -13,6 +13,7 @@
 #include "common/memory_stats.h"
 #include "common/output_files.h"
 #include "config/optimizer_setup.h"
+#include "data/corpus_identity.h"
 #include "data/synthetic.h"
 #include "sharding/world.h"
 #include "trainer/autocast.h"
@@ -163,6 +164,8 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
   if (!run.checkpoint.continue_from.empty())
     checkpoints_->resume(context.resume_folder.empty() ? resolve_checkpoint_folder(run.checkpoint.continue_from)
                                                        : context.resume_folder);
+  checkpoints_->set_data_identity(run.data.source == "synthetic" ? nlohmann::json{{"synthetic", true}}
+                                                                 : corpus_identity(*corpus_.tokens));
   checkpoints_->agree_on_run_id();
   start_step_ = state_.step;
   records_.start(start_record());

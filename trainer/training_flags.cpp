@@ -236,6 +236,9 @@ void add_data_flags(CLI::App& app, NumberFlags& numbers, TrainingFlags& flags, R
   flags.add(app.add_option("--eval_data", run.data.eval_source,
                            "a held-out corpus of its own for evaluation (token shards, as --data); without it the "
                            "last --eval_fraction of --data's windows"));
+  flags.add(app.add_flag("--allow_other_data", run.data.allow_other_data,
+                         "resume from a checkpoint trained on other data (another shard list, or a shard changed "
+                         "since it was saved); without it such a resume is refused, naming the difference"));
   flags.add(numbers.add(app, "--eval_fraction", run.data.eval_fraction,
                         "share of the token windows held out for evaluation")
           ->capture_default_str());

@@ -1,0 +1,115 @@
+#include "data/corpus_identity.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <vector>
+
+#include "common/crc32c.h"
+#include "common/errors.h"
+#include "data/token_formats.h"
+
+namespace llm {
+namespace fs = std::filesystem;
+namespace {
+
+constexpr size_t kHeadBytes = 4096;
+
+// The CRC-32C of a file's first kHeadBytes bytes, continuing `crc`; adds the file's size to `bytes`.
+uint32_t head_crc(const std::string& path, uint32_t crc, uint64_t* bytes) {
+  std::error_code error;
+  const uint64_t size = fs::file_size(path, error);
+  LLM_REQUIRE(!error, path, "", "cannot read the file's size (" + error.message() + ")");
+  std::ifstream in(path, std::ios::binary);
+  std::string head(static_cast<size_t>(std::min<uint64_t>(size, kHeadBytes)), '\0');
+  LLM_REQUIRE(in.read(head.data(), static_cast<std::streamsize>(head.size())), path, "",
+              "cannot read the file's first bytes");
+  *bytes += size;
+  return crc32c(head.data(), head.size(), crc);
+}
+
+std::string hex(uint32_t value) {
+  char text[9];
+  std::snprintf(text, sizeof(text), "%08x", value);
+  return text;
+}
+
+std::vector<std::string> files_of(const nlohmann::json& identity) {
+  std::vector<std::string> files;
+  for (const nlohmann::json& shard : identity.value("shards", nlohmann::json::array()))
+    files.push_back(shard.value("file", std::string()));
+  return files;
+}
+
+// Up to three names in `a` not in `b`, "" when none.
+std::string missing_from(const std::vector<std::string>& a, const std::vector<std::string>& b) {
+  const std::set<std::string> in_b(b.begin(), b.end());
+  std::string names;
+  int listed = 0, more = 0;
+  for (const std::string& name : a) {
+    if (in_b.count(name)) continue;
+    if (listed < 3)
+      names += (listed++ ? ", " : "") + name;
+    else
+      ++more;
+  }
+  return more ? names + " and " + std::to_string(more) + " more" : names;
+}
+
+}  // namespace
+
+nlohmann::json corpus_identity(const TokenCorpus& corpus) {
+  nlohmann::json shards = nlohmann::json::array();
+  std::set<std::string> folders;
+  for (const std::shared_ptr<TokenFile>& shard : corpus.shards()) {
+    uint64_t bytes = 0;
+    uint32_t crc = 0;
+    const auto [bin, idx] = megatron_pair(shard->path());
+    if (shard->format() == TokenFormat::megatron && !bin.empty()) {
+      crc = head_crc(idx, head_crc(bin, 0, &bytes), &bytes);
+    } else {
+      crc = head_crc(shard->path(), 0, &bytes);
+    }
+    const fs::path path = fs::absolute(bin.empty() ? shard->path() : bin);
+    folders.insert(path.parent_path().string());
+    shards.push_back({{"file", path.filename().string()},
+                      {"format", to_string(shard->format())},
+                      {"tokens", shard->size()},
+                      {"bytes", bytes},
+                      {"head_crc32c", hex(crc)}});
+  }
+  return {{"tokens", corpus.size()}, {"shards", shards}, {"folders", folders}};
+}
+
+std::string identity_difference(const nlohmann::json& then, const nlohmann::json& now) {
+  if (!then.is_object() || !then.contains("shards")) return "";
+  const nlohmann::json& a = then.at("shards");
+  const nlohmann::json& b = now.value("shards", nlohmann::json::array());
+  if (a.size() != b.size()) {
+    const std::string added = missing_from(files_of(now), files_of(then));
+    const std::string removed = missing_from(files_of(then), files_of(now));
+    return std::to_string(a.size()) + " shard(s) then, " + std::to_string(b.size()) + " now" +
+           (added.empty() && removed.empty()
+                ? std::string()
+                : " (" + (added.empty() ? std::string() : "added: " + added) +
+                      (!added.empty() && !removed.empty() ? "; " : "") +
+                      (removed.empty() ? std::string() : "missing: " + removed) + ")");
+  }
+  for (size_t s = 0; s < a.size(); ++s) {
+    const std::string where = "shard " + std::to_string(s + 1) + " of " + std::to_string(a.size()) + ", ";
+    const std::string file = a[s].value("file", std::string());
+    if (file != b[s].value("file", std::string()))
+      return where + file + " then, " + b[s].value("file", std::string()) + " now (another file, or another order)";
+    for (const char* key : {"format", "tokens", "bytes"})
+      if (a[s].value(key, nlohmann::json()) != b[s].value(key, nlohmann::json()))
+        return where + file + ": " + a[s].value(key, nlohmann::json()).dump() + " " + (std::string(key) == "format" ? "format" : key) +
+               " then, " + b[s].value(key, nlohmann::json()).dump() + " now";
+    if (a[s].value("head_crc32c", std::string()) != b[s].value("head_crc32c", std::string()))
+      return where + file + ": the same size, but its first 4 KiB differ (made again?)";
+  }
+  return "";
+}
+
+}  // namespace llm
