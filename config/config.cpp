@@ -111,6 +111,8 @@ json RunConfig::to_json() const {
       {"allow_other_data", data.allow_other_data},
       {"eval_fraction", data.eval_fraction},
       {"eval_every", data.eval_every},
+      {"eval_sequences", data.eval_sequences},
+      {"eval_tokens", data.eval_tokens},
       {"eval_batches", data.eval_batches},
       {"save_every", checkpoint.save_every},
       {"save_dir", checkpoint.save_dir},
@@ -213,6 +215,8 @@ RunConfig run_config_from_json(const json& object, const std::string& source) {
   read("allow_other_data", run.data.allow_other_data);
   read("eval_fraction", run.data.eval_fraction);
   read("eval_every", run.data.eval_every);
+  read("eval_sequences", run.data.eval_sequences);
+  read("eval_tokens", run.data.eval_tokens);
   read("eval_batches", run.data.eval_batches);
   read("save_every", run.checkpoint.save_every);
   read("save_dir", run.checkpoint.save_dir);

@@ -75,8 +75,31 @@ struct DataConfig {
   int64_t max_length = 128;          // tokens per sequence
   double eval_fraction = 0.05;       // share of windows held out for evaluation
   int64_t eval_every = 50;           // 0 = only at the end
-  int64_t eval_batches = 8;
+  // How much one evaluation reads; at most one of the three is given (0: not given):
+  //   eval_sequences: sequences of the whole job, the same at every world size and micro-batch;
+  //   eval_tokens: tokens of the whole job, rounded up to whole sequences (GaLore's target_eval_tokens);
+  //   eval_batches: micro-batches on each rank (the earlier meaning: it grows with the world size).
+  // None given: kDefaultEvalSequences sequences.
+  int64_t eval_sequences = 0;
+  int64_t eval_tokens = 0;
+  int64_t eval_batches = 0;
 };
+
+inline constexpr int64_t kDefaultEvalSequences = 64;
+
+// The sequences one evaluation reads across the job (before it is capped at the held-out windows).
+inline int64_t eval_sequences_of_job(const DataConfig& data, int world_size) {
+  if (data.eval_batches > 0) return data.eval_batches * data.batch_size * world_size;
+  if (data.eval_tokens > 0) return (data.eval_tokens + data.max_length - 1) / data.max_length;
+  return data.eval_sequences > 0 ? data.eval_sequences : kDefaultEvalSequences;
+}
+
+// Micro-batches each rank runs in an evaluation of `sequences` (every rank runs them all: the
+// forward's gathers are collectives; the last may hold fewer sequences, or none on some ranks).
+inline int64_t eval_micro_steps(int64_t sequences, const DataConfig& data, int world_size) {
+  const int64_t global = data.batch_size * world_size;
+  return (sequences + global - 1) / global;
+}
 
 // The update: which optimizer, its hyper-parameters, the learning-rate schedule and clipping.
 struct OptimizerConfig {

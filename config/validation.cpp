@@ -208,14 +208,30 @@ void check_evaluation_flags(const RunConfig& run, int world_size) {
                "a number in (0, 1)", run.data.eval_fraction);
   require_flag(run.data.eval_every >= 0, "--eval_every", "an integer >= 0 (0 = only at the end)",
                run.data.eval_every);
-  require_flag(run.data.eval_batches >= 1, "--eval_batches", "an integer >= 1", run.data.eval_batches);
-  // An evaluation counts its tokens, eval_batches * batch_size * world size * max_length, in int64.
+  // 0: not given (a given 0 on the command line is refused where it is parsed).
+  require_flag(run.data.eval_batches >= 0, "--eval_batches", "an integer >= 1", run.data.eval_batches);
+  require_flag(run.data.eval_sequences >= 0, "--eval_sequences", "an integer >= 1", run.data.eval_sequences);
+  require_flag(run.data.eval_tokens >= 0, "--eval_tokens", "an integer >= 1", run.data.eval_tokens);
+  std::vector<std::string> given;
+  if (run.data.eval_sequences > 0) given.push_back("--eval_sequences");
+  if (run.data.eval_tokens > 0) given.push_back("--eval_tokens");
+  if (run.data.eval_batches > 0) given.push_back("--eval_batches");
+  LLM_REQUIRE(given.size() <= 1, kCommandLine, given.empty() ? std::string() : given[0],
+              "give one of --eval_sequences, --eval_tokens and --eval_batches, not " +
+                  (given.size() > 1 ? given[0] + " and " + given[1] : std::string()) +
+                  ": each sets how much an evaluation reads");
+  // An evaluation counts its tokens, sequences * max_length (eval_batches: * batch_size * world
+  // size first), in int64.
   require_flag(product(run.data.eval_batches, sequences_per_micro_step * run.data.max_length).has_value(),
                "--eval_batches",
                "at most " + std::to_string(kInt64Max / (sequences_per_micro_step * run.data.max_length)) +
                    " batches of " + std::to_string(sequences_per_micro_step * run.data.max_length) +
                    " tokens (an evaluation's token count is a 64-bit integer)",
                run.data.eval_batches);
+  require_flag(product(run.data.eval_sequences, run.data.max_length).has_value(), "--eval_sequences",
+               "at most " + std::to_string(kInt64Max / run.data.max_length) + " sequences of " +
+                   std::to_string(run.data.max_length) + " tokens (an evaluation's token count is a 64-bit integer)",
+               run.data.eval_sequences);
 }
 
 // How often to save and log, and where the run's files go.

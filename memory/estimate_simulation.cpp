@@ -382,7 +382,8 @@ class StepSimulation {
 
   void evaluation(int64_t n) {
     const int64_t batch = 2 * n * 8;  // the eval batch is not an owned buffer: the ledger sees it here
-    for (int64_t b = 0; b < m_.run.data.eval_batches; ++b) {
+    const int64_t micro_steps = eval_micro_steps(eval_sequences_of_job(m_.run.data, world_), m_.run.data, world_);
+    for (int64_t b = 0; b < micro_steps; ++b) {
       timeline_.add(kActivations, batch);
       for (const UnitAction& action : plan_.forward_pass()) {
         if (action.op != UnitOp::forward) {

@@ -168,7 +168,7 @@ std::string context_sweep(const std::vector<RunRecord>& runs, std::vector<PlotSe
       const PhasePeaks measured = measured_phase_peaks(*run);
       const PhasePeaks estimated = estimated_phase_peaks(*run);
       LLM_REQUIRE(measured.eval > 0, run->dir, "--context_sweep",
-                  "has no evaluation in its memory ledger: sweep runs must evaluate (--eval_batches 1 or more) "
+                  "has no evaluation in its memory ledger: sweep runs must evaluate (every run does, at its end) "
                   "for the forward-only peak");
       out << "| " << length << " | " << dtype << " | " << format_in(measured.eval, unit) << " | "
           << (run->has_estimate ? format_in(estimated.eval, unit) : "n/a") << " | "

@@ -157,6 +157,15 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
       sharded_.unit(u).make_gradient_transient();
       device_optimizer_->set_unit_gradient(u, at::Tensor());
     }
+  eval_sequences_ = eval_sequences_of_job(run.data, context.world_size);
+  // --eval_batches keeps its earlier meaning (micro-batches per rank, wrapping over the held-out
+  // windows); a job-wide count reads each held-out window at most once.
+  if (run.data.eval_batches == 0 && eval_sequences_ > eval_batches_.num_windows()) {
+    if (context.rank == 0)
+      log::info("evaluation: {} sequences asked, the held-out split has {}: each evaluation reads all {}",
+                eval_sequences_, eval_batches_.num_windows(), eval_batches_.num_windows());
+    eval_sequences_ = eval_batches_.num_windows();
+  }
   state_.seed = run.seed;
   checkpoints_ = std::make_unique<RunCheckpoints>(model_config, run, context,
                                                   CheckpointedState{sharded_, offload_.get(), optimizer(), state_, train_batches_},

@@ -1,6 +1,7 @@
 // One optimizer step (Training::train_step) and evaluation: the micro-batches' forward and backward,
 // the loss averaged over ranks, the checks that stop a run before a bad update, clipping and the
 // optimizer; and --fuse_optimizer_with_backward's step per unit.
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -209,22 +210,43 @@ void Training::update(double lr, double scale) {
   }
 }
 
+// The first `sequences` held-out windows, in corpus order, whatever the world size and micro-batch
+// (eval_sequences_of_job, capped at the held-out windows): global sequence k is row k % batch of rank
+// (k / batch) % world in micro-step k / (batch * world). Every rank runs every micro-step, since the
+// forward gathers; rows past the last sequence are computed and not counted. The loss is the mean
+// over the sequences' tokens (every sequence has max_length): each rank sums its micro-steps' means
+// weighted by their counted share, and the average over ranks is scaled by the rows run over the
+// sequences counted, which is exactly 1 when every micro-step is full (the earlier --eval_batches
+// arithmetic, bit for bit).
 double Training::evaluate(int64_t* tokens) {
   at::NoGradGuard no_grad;
   eval_batches_.seek(0);
+  const int64_t batch_size = run_.data.batch_size, world = communicator_.world_size();
+  const int64_t sequences = eval_sequences_;
+  const int64_t steps = eval_micro_steps(sequences, run_.data, static_cast<int>(world));
   at::Tensor sum = at::zeros({}, at::TensorOptions().dtype(at::kDouble).device(device_));
-  for (int64_t i = 0; i < run_.data.eval_batches; ++i) {
+  for (int64_t i = 0; i < steps; ++i) {
     Batch batch = to_device(eval_batches_.next(), device_);
     Activations boundaries;
     {
       AutocastRegion region(device_.type(), at::kBFloat16, autocast_);
       boundaries = sharded_.forward(batch.input_ids, Pass::eval);
     }
-    sum += causal_lm_loss(boundaries.back().output, batch.labels).to(at::kDouble);
-    *tokens += batch.labels.numel() * communicator_.world_size();
+    const int64_t first = (i * world + context_.rank) * batch_size;  // this rank's first row's sequence
+    const int64_t counted = std::clamp<int64_t>(sequences - first, 0, batch_size);
+    if (counted == batch_size) {
+      sum += causal_lm_loss(boundaries.back().output, batch.labels).to(at::kDouble);
+    } else if (counted > 0) {
+      const at::Tensor loss = causal_lm_loss(boundaries.back().output.narrow(0, 0, counted),
+                                             batch.labels.narrow(0, 0, counted));
+      sum += loss.to(at::kDouble) * (static_cast<double>(counted) / static_cast<double>(batch_size));
+    }
   }
+  *tokens += sequences * run_.data.max_length;
   sharded_.release_all();
-  return average_over_ranks(sum / static_cast<double>(run_.data.eval_batches), communicator_);
+  const double rows_over_sequences =
+      static_cast<double>(steps * world * batch_size) / static_cast<double>(sequences);
+  return average_over_ranks(sum / static_cast<double>(steps), communicator_) * rows_over_sequences;
 }
 
 }  // namespace llm

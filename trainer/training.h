@@ -108,6 +108,7 @@ class Training {
   std::unique_ptr<StallWatchdog> own_watchdog_;
   int64_t current_step_ = 0;
   int64_t start_step_ = 0;
+  int64_t eval_sequences_ = 0;  // held-out sequences one evaluation reads, across the job (evaluate)
   int64_t live_batch_bytes_ = 0;
   DivergenceWatch divergence_;
   // --fuse_optimizer_with_backward: each unit steps at its gradient_shard_ready, at this step's lr.

@@ -244,8 +244,16 @@ void add_data_flags(CLI::App& app, NumberFlags& numbers, TrainingFlags& flags, R
           ->capture_default_str());
   flags.add(numbers.add(app, "--eval_every", run.data.eval_every, "evaluate every N steps; 0 = only at the end")
           ->capture_default_str());
-  flags.add(numbers.add(app, "--eval_batches", run.data.eval_batches, "batches per evaluation")
-          ->capture_default_str());
+  flags.add(numbers.add(app, "--eval_sequences", run.data.eval_sequences,
+                        "sequences per evaluation, for the whole job: the same held-out sequences at every world "
+                        "size and micro-batch (default " + std::to_string(kDefaultEvalSequences) +
+                            " when none of --eval_sequences, --eval_tokens, --eval_batches is given)"));
+  flags.add(numbers.add(app, "--eval_tokens", run.data.eval_tokens,
+                        "tokens per evaluation, for the whole job, rounded up to whole sequences (GaLore's "
+                        "target_eval_tokens)"));
+  flags.add(numbers.add(app, "--eval_batches", run.data.eval_batches,
+                        "micro-batches per evaluation on each rank: grows with the world size (--eval_sequences "
+                        "does not)"));
 }
 
 // Saving, keeping and resuming checkpoints, and starting from a transformers folder.
@@ -308,6 +316,11 @@ void apply_reference_spellings(const CLI::App& app, const TrainingFlags& flags, 
       both_given("--use_subset_norm_heuristics", "--subset_size");
     run.optimizer.subset_size = 0;
   }
+  for (const auto& [flag, value] : {std::pair<const char*, int64_t>{"--eval_sequences", run.data.eval_sequences},
+                                    {"--eval_tokens", run.data.eval_tokens},
+                                    {"--eval_batches", run.data.eval_batches}})
+    if (app.count(flag) > 0 && value < 1)
+      fail_user(kCommandLine, flag, "expected an integer >= 1 (got " + std::to_string(value) + ")");
   if (app.count("--gradient_accumulation") > 0 && run.data.gradient_accumulation_given < 1)
     fail_user(kCommandLine, "--gradient_accumulation",
               "expected an integer >= 1: micro-batches per optimizer step (got " +
