@@ -4,15 +4,18 @@
 // of a very long line cut at a space), batches of pieces are encoded in parallel and their ids go
 // to disk through TokenFileWriter before the next batch is read, and tokenizer training samples at
 // most kTrainingSentences pieces (SentencePiece's reservoir).
-// A document is one line: EOS follows every non-empty line, so a file that is one long line is one
-// document, and a JSONL-style corpus gets one document per record.
+// A document is a line of a text file or a record of a JSON Lines file (data/text_input.h): EOS
+// follows every document that encodes to at least one token.
 #include "data/prepare.h"
 
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
+#include <glob.h>
+
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -23,6 +26,7 @@
 #include "common/errors.h"
 #include "common/output_files.h"
 #include "common/log.h"
+#include "data/text_input.h"
 #include "data/token_file.h"
 
 namespace llm {
@@ -38,97 +42,13 @@ constexpr int64_t kTrainingSentences = 2'000'000;
 // Text encoded in parallel at once (and its ids held before they go to the token file).
 constexpr size_t kEncodeBatchBytes = size_t{32} << 20;
 
-// Reads a text file as pieces of at most max_piece_bytes, each a whole line or a slice of a long
-// line cut at its last space (else at a UTF-8 character boundary).
-class LinePieceReader {
- public:
-  LinePieceReader(const std::string& path, size_t max_piece_bytes)
-      : path_(path), max_piece_bytes_(max_piece_bytes), buffer_(1 << 20) {
-    file_ = std::fopen(path.c_str(), "rb");
-    if (file_ == nullptr)
-      fail_user(path, "--input", "cannot open (" + std::string(std::strerror(errno)) +
-                                     "); check the path");
-  }
-  ~LinePieceReader() {
-    if (file_ != nullptr) std::fclose(file_);
-  }
-  LinePieceReader(const LinePieceReader&) = delete;
-  LinePieceReader& operator=(const LinePieceReader&) = delete;
-
-  // Fills piece; ends_line tells whether it is the last piece of its line. False at end of file.
-  bool next(std::string& piece, bool& ends_line) {
-    piece = std::move(carry_);
-    carry_.clear();
-    for (;;) {
-      if (position_ == filled_ && !refill()) {
-        if (piece.empty() && !line_open_) return false;
-        ends_line = true;  // last line without a trailing newline
-        line_open_ = false;
-        strip_carriage_return(piece);
-        return true;
-      }
-      const char* start = buffer_.data() + position_;
-      const size_t available = filled_ - position_;
-      const auto* newline = static_cast<const char*>(std::memchr(start, '\n', available));
-      const size_t take = newline != nullptr ? static_cast<size_t>(newline - start) : available;
-      const size_t room = max_piece_bytes_ - piece.size();
-      line_open_ = true;
-      if (take <= room) {
-        piece.append(start, take);
-        position_ += take;
-        if (newline == nullptr) continue;
-        ++position_;
-        ends_line = true;
-        line_open_ = false;
-        strip_carriage_return(piece);
-        return true;
-      }
-      piece.append(start, room);
-      position_ += room;
-      cut_at_boundary(piece);
-      ends_line = false;
-      return true;
-    }
-  }
-
- private:
-  bool refill() {
-    filled_ = std::fread(buffer_.data(), 1, buffer_.size(), file_);
-    position_ = 0;
-    if (filled_ == 0 && std::ferror(file_))
-      fail_user(path_, "--input", "read error (" + std::string(std::strerror(errno)) + ")");
-    return filled_ > 0;
-  }
-  static void strip_carriage_return(std::string& piece) {
-    if (!piece.empty() && piece.back() == '\r') piece.pop_back();
-  }
-  // Moves the tail after the last space (or a split UTF-8 character) into carry_.
-  void cut_at_boundary(std::string& piece) {
-    size_t cut = piece.rfind(' ');
-    if (cut == std::string::npos || cut == 0) {
-      cut = piece.size();
-      while (cut > 0 && (static_cast<unsigned char>(piece[cut - 1]) & 0xC0) == 0x80) --cut;
-      if (cut > 0 && static_cast<unsigned char>(piece[cut - 1]) >= 0xC0) --cut;  // a lead byte
-      if (cut == 0) cut = piece.size();  // not UTF-8 at all: cut anywhere
-    }
-    carry_.assign(piece, cut, std::string::npos);
-    piece.resize(cut);
-  }
-
-  std::string path_;
-  size_t max_piece_bytes_;
-  std::FILE* file_ = nullptr;
-  std::vector<char> buffer_;
-  size_t position_ = 0;
-  size_t filled_ = 0;
-  bool line_open_ = false;  // bytes of the current line were returned or are in carry_
-  std::string carry_;
-};
-
 // Feeds every input's pieces to the SentencePiece trainer, one file after another.
 class TrainingSentences final : public sentencepiece::SentenceIterator {
  public:
-  explicit TrainingSentences(const std::vector<std::string>& inputs) : inputs_(inputs) { Next(); }
+  TrainingSentences(const std::vector<std::string>& inputs, const std::string& text_key)
+      : inputs_(inputs), text_key_(text_key) {
+    Next();
+  }
   bool done() const override { return done_; }
   const std::string& value() const override { return sentence_; }
   sentencepiece::util::Status status() const override { return status_; }
@@ -141,7 +61,7 @@ class TrainingSentences final : public sentencepiece::SentenceIterator {
           return;
         }
         try {
-          reader_ = std::make_unique<LinePieceReader>(inputs_[next_input_++], kTrainingPieceBytes);
+          reader_ = std::make_unique<DocumentReader>(inputs_[next_input_++], kTrainingPieceBytes, text_key_);
         } catch (const UserError& error) {
           status_ = sentencepiece::util::Status(sentencepiece::util::StatusCode::kNotFound,
                                                 error.what());
@@ -159,8 +79,9 @@ class TrainingSentences final : public sentencepiece::SentenceIterator {
 
  private:
   const std::vector<std::string>& inputs_;
+  const std::string& text_key_;
   size_t next_input_ = 0;
-  std::unique_ptr<LinePieceReader> reader_;
+  std::unique_ptr<DocumentReader> reader_;
   std::string sentence_;
   bool done_ = false;
   sentencepiece::util::Status status_;
@@ -224,13 +145,47 @@ void check_input(const std::string& input) {
               "is empty; remove it from the inputs or fill it with text");
   std::ifstream in(input, std::ios::binary);
   LLM_REQUIRE(in.good(), input, "--input", "cannot be opened for reading; check its permissions");
+  in.close();
+  // The first bytes as the encoder will see them: through gzip or zstd when the file is compressed.
+  const TextCompression compression = compression_of(input);
+  const std::unique_ptr<ByteSource> source = ByteSource::open(input, "--input");
   std::string head(kTextProbeBytes, '\0');
-  in.read(head.data(), static_cast<std::streamsize>(head.size()));
-  head.resize(static_cast<size_t>(in.gcount()));
-  const std::string why = why_not_text(head, in.eof());
+  size_t got = 0;
+  while (got < head.size()) {
+    const size_t read = source->read(head.data() + got, head.size() - got);
+    if (read == 0) break;
+    got += read;
+  }
+  const bool whole_file = got < head.size();
+  head.resize(got);
+  const std::string why = why_not_text(head, whole_file);
+  const std::string what = compression == TextCompression::none ? "" : std::string(" (") + to_string(compression) + "-compressed)";
   LLM_REQUIRE(why.empty(), input, "--input",
-              "is not UTF-8 text: " + why + " in its first " + std::to_string(head.size()) +
-                  " bytes; pass text files (one document per line)");
+              "is not UTF-8 text" + what + ": " + why + " in its first " + std::to_string(head.size()) +
+                  " bytes; pass text (one document per line) or JSON Lines files, plain, gzip or zstd");
+  LLM_REQUIRE(got > 0, input, "--input", "holds no text" + what + "; remove it from the inputs or fill it with text");
+}
+
+// --input items that name no file but hold a glob pattern become their matches, in name order (a
+// pattern the shell did not expand because it was quoted); a pattern without a match is a UserError.
+std::vector<std::string> expand_input_globs(const std::vector<std::string>& inputs) {
+  std::vector<std::string> files;
+  for (const std::string& input : inputs) {
+    std::error_code error;
+    if (input.find_first_of("*?[") == std::string::npos || std::filesystem::exists(input, error)) {
+      files.push_back(input);
+      continue;
+    }
+    glob_t found{};
+    const int status = ::glob(input.c_str(), GLOB_ERR, nullptr, &found);
+    std::vector<std::string> matches;
+    for (size_t i = 0; status == 0 && i < found.gl_pathc; ++i) matches.push_back(found.gl_pathv[i]);
+    ::globfree(&found);
+    LLM_REQUIRE(!matches.empty(), input, "--input", "the pattern matches no file; check the path");
+    std::sort(matches.begin(), matches.end());
+    files.insert(files.end(), matches.begin(), matches.end());
+  }
+  return files;
 }
 
 // True when both paths name one existing file (however spelt).
@@ -377,7 +332,7 @@ std::string train_tokenizer(const PrepareOptions& options) {
   log::info("prepare: training a " + options.model_type + " tokenizer with " +
             std::to_string(options.vocab_size) + " pieces on " +
             std::to_string(options.inputs.size()) + " file(s)");
-  TrainingSentences sentences(options.inputs);
+  TrainingSentences sentences(options.inputs, options.text_key);
   std::string serialized_model;
   const auto status =
       sentencepiece::SentencePieceTrainer::Train(arguments, &sentences, &serialized_model);
@@ -397,14 +352,59 @@ std::string train_tokenizer(const PrepareOptions& options) {
   return model_path;
 }
 
+// A progress line on stderr every few seconds while encoding: the decompressed MB read of the
+// inputs' total on disk (a compressed input counts its decompressed bytes, so the share is shown
+// only for plain inputs), MB/s and tokens/s since the start, as `pv` or tqdm would show them.
+class Progress {
+ public:
+  explicit Progress(const std::vector<std::string>& inputs) : started_(std::chrono::steady_clock::now()) {
+    for (const std::string& input : inputs) {
+      std::error_code error;
+      const auto bytes = std::filesystem::file_size(input, error);
+      if (!error) disk_bytes_ += static_cast<int64_t>(bytes);
+      plain_ = plain_ && compression_of(input) == TextCompression::none;
+    }
+    last_ = started_;
+  }
+  void add(int64_t bytes, int64_t tokens) {
+    bytes_ += bytes;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_ < std::chrono::seconds(kEverySeconds)) return;
+    last_ = now;
+    report(tokens, false);
+  }
+  void finish(int64_t tokens) { report(tokens, true); }
+
+ private:
+  static constexpr int kEverySeconds = 5;
+  void report(int64_t tokens, bool done) const {
+    const double seconds = std::max(1e-9, std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count());
+    char line[256];
+    const double mb = static_cast<double>(bytes_) / 1e6;
+    if (plain_ && disk_bytes_ > 0 && !done)
+      std::snprintf(line, sizeof(line), "prepare: %.1f of %.1f MB (%.0f %%), %.1f MB/s, %.0f tokens/s, %lld tokens", mb,
+                    static_cast<double>(disk_bytes_) / 1e6, 100.0 * static_cast<double>(bytes_) / static_cast<double>(disk_bytes_),
+                    mb / seconds, static_cast<double>(tokens) / seconds, static_cast<long long>(tokens));
+    else
+      std::snprintf(line, sizeof(line), "prepare: %s%.1f MB of text in %.1f s, %.1f MB/s, %.0f tokens/s, %lld tokens",
+                    done ? "done: " : "", mb, seconds, mb / seconds, static_cast<double>(tokens) / seconds,
+                    static_cast<long long>(tokens));
+    log::info(line);
+  }
+  std::chrono::steady_clock::time_point started_, last_;
+  int64_t bytes_ = 0, disk_bytes_ = 0;
+  bool plain_ = true;
+};
+
 // Encodes one text file into the writer and returns its token count. Pieces are read in batches
 // of about kEncodeBatchBytes and encoded in parallel (the processor is const and thread-safe), then
 // appended in file order, so the result is the same as a sequential pass.
-int64_t encode_file(const sentencepiece::SentencePieceProcessor& processor,
-                    const std::string& input, TokenFileWriter& writer) {
+int64_t encode_file(const sentencepiece::SentencePieceProcessor& processor, const std::string& input,
+                    const std::string& text_key, TokenFileWriter& writer, Progress& progress) {
   const int end_of_document = processor.eos_id();  // -1 when the model has none
   const int64_t tokens_before = writer.num_tokens();
-  LinePieceReader reader(input, kEncodePieceBytes);
+  DocumentReader reader(input, kEncodePieceBytes, text_key);
+  int64_t reported_bytes = 0;
   std::vector<std::string> pieces;
   std::vector<char> piece_ends_line;
   std::vector<std::vector<int>> piece_ids;
@@ -447,13 +447,17 @@ int64_t encode_file(const sentencepiece::SentencePieceProcessor& processor,
     }
     writer.append(pending);
     pending.clear();
+    progress.add(reader.bytes_read() - reported_bytes, writer.num_tokens());
+    reported_bytes = reader.bytes_read();
   }
   return writer.num_tokens() - tokens_before;
 }
 
 }  // namespace
 
-PrepareResult prepare_token_file(const PrepareOptions& options) {
+PrepareResult prepare_token_file(const PrepareOptions& given) {
+  PrepareOptions options = given;
+  options.inputs = expand_input_globs(given.inputs);
   check_inputs(options);
   PrepareResult result;
   result.tokenizer_path =
@@ -471,14 +475,16 @@ PrepareResult prepare_token_file(const PrepareOptions& options) {
               "train one");
   result.vocab_size = processor.GetPieceSize();
   TokenFileWriter writer(options.output, result.vocab_size);
+  Progress progress(options.inputs);
   for (const std::string& input : options.inputs) {
-    const int64_t tokens_of_input = encode_file(processor, input, writer);
+    const int64_t tokens_of_input = encode_file(processor, input, options.text_key, writer, progress);
     LLM_REQUIRE(tokens_of_input > 0, input, "--input",
                 "holds no text (only blank lines); remove it from the inputs or fill it with text");
     log::info("prepare: " + input + ": " + std::to_string(tokens_of_input) + " tokens");
   }
   writer.finish();
   result.num_tokens = writer.num_tokens();
+  progress.finish(result.num_tokens);
   log::info("prepare: wrote " + options.output + " (" + std::to_string(result.num_tokens) +
             " tokens, vocab " + std::to_string(result.vocab_size) + ", tokenizer " +
             tokenizer_path + ")");

@@ -1,5 +1,9 @@
 // `trainer prepare`: text files to a token file with SentencePiece.
 //
+// Inputs are read as data/text_input.h says: plain, gzip or zstd (told by their first bytes), text
+// with a document a line or JSON Lines (*.jsonl, *.json, before any .gz/.zst) with the document in
+// each record's --text_key. A progress line every 5 s gives MB/s and tokens/s.
+//
 // With --tokenizer MODEL an existing SentencePiece model (LLaMA's and T5's are such models) encodes
 // the text; with --vocab_size N a new model is trained on the text first and saved beside the output
 // (OUTPUT.model). Documents are separated by the tokenizer's EOS id (or by nothing when it has none).
@@ -19,7 +23,8 @@
 namespace llm {
 
 struct PrepareOptions {
-  std::vector<std::string> inputs;  // text files, one document per line or per file
+  std::vector<std::string> inputs;  // text (a document a line) or JSON Lines files, plain, gzip or zstd (data/text_input.h)
+  std::string text_key = "text";    // JSON Lines: the key holding each record's document
   std::string output;               // token file path
   std::string tokenizer;            // existing .model, or empty to train one
   int64_t vocab_size = 0;           // when training a tokenizer

@@ -19,7 +19,7 @@ log() { printf '[setup] %s\n' "$*"; }
 
 apt_packages=(cmake ninja-build g++ ccache pkg-config libopenmpi-dev openmpi-bin libspdlog-dev
               nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev libsentencepiece-dev
-              libexpat1-dev patchelf)
+              libexpat1-dev patchelf zlib1g-dev libzstd-dev)
 missing=()
 for package in "${apt_packages[@]}"; do
   dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")

@@ -39,11 +39,14 @@ struct Verbs {
 // `trainer prepare`: text files into a token file.
 void add_prepare_verb(CLI::App& app, NumberFlags& numbers, PrepareOptions& prepare, Verbs& verbs) {
   CLI::App* prepare_app = app.add_subcommand(
-      "prepare", "Tokenise text files into a token file for --data (SentencePiece).");
+      "prepare", "Tokenise text or JSON Lines files (plain, gzip or zstd) into a token file for --data (SentencePiece).");
   prepare_app->get_formatter()->column_width(34);
   prepare_app->add_option("--input", prepare.inputs,
-                          "text file to tokenise (repeat for several files)")
+                          "files to tokenise: text (a document a line) or JSON Lines (*.jsonl, *.json), each "
+                          "plain, .gz or .zst; several files, or a quoted glob such as 'c4/en/*.json.gz'")
       ->required();
+  prepare_app->add_option("--text_key", prepare.text_key, "JSON Lines: the key that holds each record's text")
+      ->capture_default_str();
   prepare_app->add_option("--output", prepare.output, "token file to write")->required();
   verbs.tokenizer = prepare_app->add_option(
       "--tokenizer", prepare.tokenizer, "existing SentencePiece model to encode with");
@@ -154,7 +157,7 @@ void refuse_training_flags(const TrainingFlags& training, const std::string& tak
 // `trainer prepare`: no training flag, and exactly one of --tokenizer and --vocab_size.
 void check_prepare_command(const Verbs& verbs, const TrainingFlags& training) {
   refuse_training_flags(
-      training, "`trainer prepare` takes --input, --output, --tokenizer or --vocab_size, --model_type and --overwrite");
+      training, "`trainer prepare` takes --input, --text_key, --output, --tokenizer or --vocab_size, --model_type and --overwrite");
   if ((verbs.tokenizer->count() > 0) == (verbs.vocab_size->count() > 0))
     fail_user(kCommandLine, "--tokenizer / --vocab_size",
               "`trainer prepare` needs exactly one of the two: --tokenizer MODEL to encode with "

@@ -1,0 +1,60 @@
+// What `trainer prepare` reads: text as corpora are published, one document at a time.
+//
+// A file is read through its compression, told by its first bytes (not its name): gzip (C4's
+// .json.gz; zlib) and zstd (Dolma's and the Pile's .jsonl.zst; libzstd), else plain. Its documents
+// are, by its name with any .gz/.zst left out:
+//   - JSON Lines (*.jsonl, *.json): one JSON object a line, the document its `text_key` string (C4,
+//     Dolma, the Pile and FineWeb's JSON exports call it "text"); a record without it, or a line that
+//     is not JSON, is a UserError naming the file and line;
+//   - text (anything else): one document a line.
+// Documents come out as pieces of at most `max_piece_bytes`, cut at a space (else at a UTF-8
+// character boundary), so that no document, however long, is held whole; `ends_document` marks its
+// last piece.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace llm {
+
+enum class TextCompression { none, gzip, zstd };
+enum class TextLayout { lines, json_lines };
+
+// Reads the decompressed bytes of a file. Throws UserError naming the file (and `flag`) for a file
+// it cannot open or a stream that is damaged or cut short.
+class ByteSource {
+ public:
+  virtual ~ByteSource() = default;
+  virtual size_t read(char* out, size_t bytes) = 0;  // 0 at the end
+  static std::unique_ptr<ByteSource> open(const std::string& path, const std::string& flag);
+};
+
+TextCompression compression_of(const std::string& path);  // by the first bytes; none if unreadable
+TextLayout layout_of(const std::string& path);            // by the name, .gz/.zst left out
+const char* to_string(TextCompression compression);       // "plain", "gzip", "zstd"
+
+class DocumentReader {
+ public:
+  DocumentReader(const std::string& path, size_t max_piece_bytes, const std::string& text_key,
+                 const std::string& flag = "--input");
+  ~DocumentReader();
+  DocumentReader(const DocumentReader&) = delete;
+  DocumentReader& operator=(const DocumentReader&) = delete;
+
+  // The next piece; false at the end of the file. Whitespace-only documents are passed on as they
+  // are (the caller skips what encodes to nothing).
+  bool next(std::string& piece, bool& ends_document);
+  int64_t bytes_read() const;     // decompressed bytes consumed so far (for progress)
+  int64_t line() const;           // the current line, from 1 (for messages)
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The longest JSON Lines record read whole (its text is then cut into pieces).
+inline constexpr size_t kMaxRecordBytes = size_t{256} << 20;
+
+}  // namespace llm
