@@ -20,12 +20,15 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <span>
 #include <thread>
 #include <unordered_map>
 
 #include "common/errors.h"
 #include "common/output_files.h"
 #include "common/log.h"
+#include <nlohmann/json.hpp>
+
 #include "data/text_input.h"
 #include "data/token_file.h"
 
@@ -196,10 +199,40 @@ bool same_file(const std::string& a, const std::string& b) {
 
 // The token file and, when training, OUTPUT.model: never one of the inputs or the tokenizer, and
 // an existing one only with --overwrite.
+// Where a trained tokenizer goes: beside the token file, or into the shards' folder.
+std::string trained_tokenizer_path(const PrepareOptions& options) {
+  return options.shard_tokens > 0 ? (std::filesystem::path(options.output) / "tokenizer.model").string()
+                                  : options.output + ".model";
+}
+
+// --shard_tokens: --output is a folder, new, empty, or (with --overwrite) an earlier prepare's (its
+// index.json lists what it wrote; anything else in it is the user's and is never replaced).
+void check_shard_folder(const PrepareOptions& options) {
+  namespace fs = std::filesystem;
+  const fs::path folder = options.output;
+  std::error_code error;
+  const fs::path parent = fs::absolute(folder).parent_path();
+  LLM_REQUIRE(fs::is_directory(parent, error), options.output, "--output",
+              "its folder " + parent.string() + " does not exist; create it first or choose another --output");
+  if (!fs::exists(fs::symlink_status(folder, error))) return;
+  refuse_unless_absent_or(folder, OutputKind::folder, "--output (the shards' folder)");
+  for (const std::string& input : options.inputs)
+    LLM_REQUIRE(fs::absolute(input).parent_path() != fs::absolute(folder), options.output, "--output",
+                "holds the --input " + input + ": the shards' folder must be another than the inputs'");
+  if (fs::is_empty(folder, error)) return;
+  LLM_REQUIRE(fs::exists(folder / "index.json"), options.output, "--output",
+              "is a folder that holds other files (no index.json of an earlier `trainer prepare`); choose a new or "
+              "empty folder for the shards");
+  LLM_REQUIRE(options.overwrite, options.output, "--output",
+              "holds the shards of an earlier `trainer prepare` (index.json); pass --overwrite to replace them, or "
+              "choose another folder");
+}
+
 void check_outputs(const PrepareOptions& options) {
   namespace fs = std::filesystem;
+  if (options.shard_tokens > 0) return check_shard_folder(options);
   std::vector<std::string> outputs = {options.output};
-  if (options.tokenizer.empty()) outputs.push_back(options.output + ".model");
+  if (options.tokenizer.empty()) outputs.push_back(trained_tokenizer_path(options));
   const fs::path folder = fs::path(options.output).parent_path();
   std::error_code error;
   LLM_REQUIRE(folder.empty() || fs::is_directory(folder, error), options.output, "--output",
@@ -233,6 +266,13 @@ void check_inputs(const PrepareOptions& options) {
   LLM_REQUIRE(!options.output.empty(), "prepare", "--output",
               "no output path was given; pass the token file to write, e.g. data/train.bin");
   for (const std::string& input : options.inputs) check_input(input);
+  LLM_REQUIRE(options.format == "trainer" || options.format == "llmc", "prepare", "--format",
+              "\"" + options.format + "\" is not a format prepare writes; use trainer (ours, .tok) or llmc (llm.c's .bin)");
+  LLM_REQUIRE(options.shard_tokens == 0 ||
+                  (options.shard_tokens >= kMinShardTokens && options.shard_tokens <= kMaxShardTokens),
+              "prepare", "--shard_tokens",
+              "expected 0 (one file) or an integer in [" + std::to_string(kMinShardTokens) + ", " +
+                  std::to_string(kMaxShardTokens) + "] (got " + std::to_string(options.shard_tokens) + ")");
   const bool has_tokenizer = !options.tokenizer.empty();
   LLM_REQUIRE(has_tokenizer || options.vocab_size > 0, "prepare", "--tokenizer/--vocab_size",
               "neither was given; pass --tokenizer MODEL to encode with an existing SentencePiece "
@@ -318,7 +358,7 @@ int64_t number_after(const std::string& text, const std::string& marker) {
 
 // Trains a tokenizer on the inputs and writes it to OUTPUT.model (through a .tmp and a rename).
 std::string train_tokenizer(const PrepareOptions& options) {
-  const std::string model_path = options.output + ".model";
+  const std::string model_path = trained_tokenizer_path(options);
   const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
   const std::unordered_map<std::string, std::string> arguments = {
       {"model_type", options.model_type},
@@ -351,6 +391,98 @@ std::string train_tokenizer(const PrepareOptions& options) {
   LLM_REQUIRE(!error, model_path, "write", "cannot rename " + temporary_path + " to it");
   return model_path;
 }
+
+// Where the ids go: one token file, or shards of --shard_tokens ids (each atomic, a new one opened
+// when one is full) and, at the end, index.json (atomic) listing them; with --overwrite the earlier
+// index's shards that this run did not write again are removed after the new index is in place.
+class PreparedOutput {
+ public:
+  PreparedOutput(const PrepareOptions& options, int64_t vocab_size)
+      : options_(options), vocab_size_(vocab_size),
+        format_(options.format == "llmc" ? TokenFormat::llmc : TokenFormat::trainer) {
+    if (options.shard_tokens == 0) writer_ = std::make_unique<TokenFileWriter>(options.output, vocab_size, format_);
+  }
+  void append(std::span<const int64_t> ids) {
+    while (!ids.empty()) {
+      if (writer_ == nullptr) open_shard();
+      const auto room = options_.shard_tokens > 0 ? options_.shard_tokens - writer_->num_tokens()
+                                                  : static_cast<int64_t>(ids.size());
+      const auto take = std::min<int64_t>(room, static_cast<int64_t>(ids.size()));
+      writer_->append(ids.subspan(0, static_cast<size_t>(take)));
+      ids = ids.subspan(static_cast<size_t>(take));
+      if (options_.shard_tokens > 0 && writer_->num_tokens() == options_.shard_tokens) close_shard();
+    }
+  }
+  int64_t num_tokens() const { return done_tokens_ + (writer_ ? writer_->num_tokens() : 0); }
+  // Finishes the last file and writes the index; returns the files written.
+  std::vector<std::string> finish(const std::string& tokenizer) {
+    if (options_.shard_tokens == 0) {
+      writer_->finish();
+      return {options_.output};
+    }
+    if (writer_ != nullptr) close_shard();
+    namespace fs = std::filesystem;
+    const fs::path folder = options_.output;
+    const fs::path index = folder / "index.json";
+    std::vector<std::string> earlier;
+    if (fs::exists(index)) {
+      std::ifstream in(index);
+      const nlohmann::json old = nlohmann::json::parse(in, nullptr, false);
+      if (old.is_object() && old.contains("shards"))
+        for (const nlohmann::json& shard : old.at("shards")) earlier.push_back(shard.value("file", std::string()));
+    }
+    nlohmann::json listed = nlohmann::json::array();
+    std::vector<std::string> files;
+    for (const auto& [file, tokens] : shards_) {
+      listed.push_back({{"file", file}, {"tokens", tokens}});
+      files.push_back((folder / file).string());
+    }
+    nlohmann::json record = {{"format", to_string(format_)},   {"vocab_size", vocab_size_},
+                             {"shard_tokens", options_.shard_tokens}, {"tokens", num_tokens()},
+                             {"tokenizer", fs::absolute(tokenizer).string()}, {"shards", listed}};
+    nlohmann::json inputs = nlohmann::json::array();
+    for (const std::string& input : options_.inputs) inputs.push_back(fs::absolute(input).string());
+    record["inputs"] = inputs;
+    const std::string text = record.dump(1) + "\n";
+    const fs::path temporary = folder / "index.json.tmp";
+    {
+      std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+      out << text;
+      out.flush();
+      LLM_REQUIRE(out.good(), temporary.string(), "write", "cannot write the shards' index; is the disk full?");
+    }
+    std::error_code error;
+    fs::rename(temporary, index, error);
+    LLM_REQUIRE(!error, index.string(), "write", "cannot rename " + temporary.string() + " to it (" + error.message() + ")");
+    for (const std::string& file : earlier)
+      if (std::none_of(shards_.begin(), shards_.end(), [&](const auto& shard) { return shard.first == file; }) &&
+          file.find('/') == std::string::npos && !file.empty())
+        fs::remove(folder / file, error);  // an earlier prepare's shard this one did not write again
+    return files;
+  }
+
+ private:
+  void open_shard() {
+    char name[32];
+    std::snprintf(name, sizeof(name), "shard_%06zu.%s", shards_.size(), format_ == TokenFormat::llmc ? "bin" : "tok");
+    shards_.emplace_back(name, 0);
+    writer_ = std::make_unique<TokenFileWriter>((std::filesystem::path(options_.output) / name).string(), vocab_size_,
+                                                format_);
+  }
+  void close_shard() {
+    shards_.back().second = writer_->num_tokens();
+    done_tokens_ += writer_->num_tokens();
+    writer_->finish();
+    writer_.reset();
+  }
+
+  const PrepareOptions& options_;
+  int64_t vocab_size_;
+  TokenFormat format_;
+  std::unique_ptr<TokenFileWriter> writer_;
+  std::vector<std::pair<std::string, int64_t>> shards_;  // file name, tokens
+  int64_t done_tokens_ = 0;
+};
 
 // A progress line on stderr every few seconds while encoding: the decompressed MB read of the
 // inputs' total on disk (a compressed input counts its decompressed bytes, so the share is shown
@@ -400,7 +532,7 @@ class Progress {
 // of about kEncodeBatchBytes and encoded in parallel (the processor is const and thread-safe), then
 // appended in file order, so the result is the same as a sequential pass.
 int64_t encode_file(const sentencepiece::SentencePieceProcessor& processor, const std::string& input,
-                    const std::string& text_key, TokenFileWriter& writer, Progress& progress) {
+                    const std::string& text_key, PreparedOutput& writer, Progress& progress) {
   const int end_of_document = processor.eos_id();  // -1 when the model has none
   const int64_t tokens_before = writer.num_tokens();
   DocumentReader reader(input, kEncodePieceBytes, text_key);
@@ -459,6 +591,7 @@ PrepareResult prepare_token_file(const PrepareOptions& given) {
   PrepareOptions options = given;
   options.inputs = expand_input_globs(given.inputs);
   check_inputs(options);
+  if (options.shard_tokens > 0) std::filesystem::create_directories(options.output);
   PrepareResult result;
   result.tokenizer_path =
       options.tokenizer.empty() ? train_tokenizer(options) : options.tokenizer;
@@ -474,7 +607,7 @@ PrepareResult prepare_token_file(const PrepareOptions& given) {
               "SentencePiece .model file (a HF tokenizer.json is not one), or --vocab_size N to "
               "train one");
   result.vocab_size = processor.GetPieceSize();
-  TokenFileWriter writer(options.output, result.vocab_size);
+  PreparedOutput writer(options, result.vocab_size);
   Progress progress(options.inputs);
   for (const std::string& input : options.inputs) {
     const int64_t tokens_of_input = encode_file(processor, input, options.text_key, writer, progress);
@@ -482,12 +615,13 @@ PrepareResult prepare_token_file(const PrepareOptions& given) {
                 "holds no text (only blank lines); remove it from the inputs or fill it with text");
     log::info("prepare: " + input + ": " + std::to_string(tokens_of_input) + " tokens");
   }
-  writer.finish();
   result.num_tokens = writer.num_tokens();
+  result.shards = writer.finish(tokenizer_path);
   progress.finish(result.num_tokens);
-  log::info("prepare: wrote " + options.output + " (" + std::to_string(result.num_tokens) +
-            " tokens, vocab " + std::to_string(result.vocab_size) + ", tokenizer " +
-            tokenizer_path + ")");
+  log::info("prepare: wrote " + (options.shard_tokens > 0 ? std::to_string(result.shards.size()) + " shard(s) and index.json in " : std::string()) +
+            options.output + " (" + std::to_string(result.num_tokens) + " tokens, vocab " +
+            std::to_string(result.vocab_size) + ", " + (options.format == "llmc" ? "llm.c's format" : "our format") +
+            ", tokenizer " + tokenizer_path + ")");
   return result;
 }
 

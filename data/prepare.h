@@ -30,7 +30,16 @@ struct PrepareOptions {
   int64_t vocab_size = 0;           // when training a tokenizer
   std::string model_type = "bpe";   // sentencepiece model type when training
   bool overwrite = false;           // replace an existing output (and OUTPUT.model)
+  // 0: one token file at `output`. N: `output` is a folder of shards of N tokens each (the last
+  // shorter), shard_000000.tok (or .bin), ..., with index.json listing them; written one at a time,
+  // each atomically, and the index last. A trained tokenizer goes to FOLDER/tokenizer.model.
+  int64_t shard_tokens = 0;
+  std::string format = "trainer";   // "trainer" (ours, .tok) or "llmc" (llm.c's .bin)
 };
+
+// --shard_tokens: at least this many (a shard is a few windows at least), at most llm.c's int32 count.
+constexpr int64_t kMinShardTokens = 1024;
+constexpr int64_t kMaxShardTokens = 2147483647;
 
 // --vocab_size when training: SentencePiece reserves 3 pieces (<unk>, <s>, </s>) and counts in int32.
 constexpr int64_t kMinVocabSize = 4;
@@ -40,6 +49,7 @@ constexpr size_t kTextProbeBytes = 64 * 1024;
 
 struct PrepareResult {
   int64_t num_tokens = 0;
+  std::vector<std::string> shards;  // the files written, in order (one: `output` itself)
   int64_t vocab_size = 0;
   std::string tokenizer_path;
 };

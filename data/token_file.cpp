@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <filesystem>
 #include <stdexcept>
 #include <vector>
@@ -148,8 +149,11 @@ void TokenFile::read(int64_t start, std::span<int64_t> out) const {
   }
 }
 
-TokenFileWriter::TokenFileWriter(const std::string& path, int64_t vocab_size)
-    : path_(path), temporary_path_(path + ".tmp"), vocab_size_(vocab_size) {
+TokenFileWriter::TokenFileWriter(const std::string& path, int64_t vocab_size, TokenFormat format)
+    : path_(path), temporary_path_(path + ".tmp"), format_(format), vocab_size_(vocab_size) {
+  LLM_REQUIRE(format == TokenFormat::trainer || format == TokenFormat::llmc, path, "--format",
+              std::string("writes ours or llm.c's format, not ") + to_string(format));
+  header_bytes_ = format == TokenFormat::llmc ? kLlmcHeaderBytes : kTokenFileHeaderBytes;
   LLM_REQUIRE(vocab_size > 0 && vocab_size <= (int64_t{1} << 32), path, "vocab",
               "vocab_size " + std::to_string(vocab_size) + " must be in [1, 2^32]");
   bytes_per_token_ = vocab_size <= 65536 ? 2 : 4;
@@ -160,8 +164,8 @@ TokenFileWriter::TokenFileWriter(const std::string& path, int64_t vocab_size)
               "cannot create the file (" + errno_text() + "); check that the folder exists and "
               "is writable");
   // The header's token count is written by finish(); a crash leaves a .tmp that never opens.
-  const unsigned char placeholder[kTokenFileHeaderBytes] = {};
-  if (std::fwrite(placeholder, 1, sizeof(placeholder), file_) != sizeof(placeholder)) {
+  const std::vector<unsigned char> placeholder(header_bytes_, 0);
+  if (std::fwrite(placeholder.data(), 1, placeholder.size(), file_) != placeholder.size()) {
     const std::string reason = errno_text();
     std::fclose(file_);  // the destructor does not run for a constructor that throws
     std::remove(temporary_path_.c_str());
@@ -196,15 +200,25 @@ void TokenFileWriter::append(std::span<const int64_t> tokens) {
 
 void TokenFileWriter::finish() {
   LLM_REQUIRE(file_ != nullptr, path_, "write", "finish() called twice");
-  unsigned char header[kTokenFileHeaderBytes] = {};
-  std::memcpy(header + kMagicOffset, kTokenFileMagic, sizeof(kTokenFileMagic));
-  store_little_endian<uint32_t>(header + kVersionOffset, kTokenFileVersion);
-  store_little_endian<uint32_t>(header + kBytesPerTokenOffset,
-                                static_cast<uint32_t>(bytes_per_token_));
-  store_little_endian<uint64_t>(header + kNumTokensOffset, static_cast<uint64_t>(num_tokens_));
-  store_little_endian<uint64_t>(header + kVocabSizeOffset, static_cast<uint64_t>(vocab_size_));
+  std::vector<unsigned char> bytes(header_bytes_, 0);
+  unsigned char* header = bytes.data();
+  if (format_ == TokenFormat::llmc) {
+    LLM_REQUIRE(num_tokens_ <= std::numeric_limits<int32_t>::max(), path_, "--shard_tokens",
+                std::to_string(num_tokens_) + " tokens do not fit llm.c's int32 count; write shards of at most "
+                "2147483647 tokens (--shard_tokens)");
+    const bool narrow = bytes_per_token_ == 2;
+    store_little_endian<int32_t>(header, narrow ? kLlmcGpt2Magic : kLlmcLlama3Magic);
+    store_little_endian<int32_t>(header + 4, narrow ? 1 : 7);
+    store_little_endian<int32_t>(header + 8, static_cast<int32_t>(num_tokens_));
+  } else {
+    std::memcpy(header + kMagicOffset, kTokenFileMagic, sizeof(kTokenFileMagic));
+    store_little_endian<uint32_t>(header + kVersionOffset, kTokenFileVersion);
+    store_little_endian<uint32_t>(header + kBytesPerTokenOffset, static_cast<uint32_t>(bytes_per_token_));
+    store_little_endian<uint64_t>(header + kNumTokensOffset, static_cast<uint64_t>(num_tokens_));
+    store_little_endian<uint64_t>(header + kVocabSizeOffset, static_cast<uint64_t>(vocab_size_));
+  }
   const bool written = std::fseek(file_, 0, SEEK_SET) == 0 &&
-                       std::fwrite(header, 1, sizeof(header), file_) == sizeof(header) &&
+                       std::fwrite(header, 1, bytes.size(), file_) == bytes.size() &&
                        std::fflush(file_) == 0;
   const std::string reason = errno_text();
   const bool closed = std::fclose(file_) == 0;

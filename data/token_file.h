@@ -83,7 +83,10 @@ void write_token_file(const std::string& path, std::span<const int64_t> tokens, 
 // without finish() (an exception on the way), it removes the temporary file.
 class TokenFileWriter {
  public:
-  TokenFileWriter(const std::string& path, int64_t vocab_size);  // throws UserError
+  // format: TokenFormat::trainer (ours) or TokenFormat::llmc (llm.c's .bin: magic 20240520 with
+  // uint16 ids up to a 65,536 vocabulary, else 20240801 with uint32; at most 2^31 - 1 tokens, its
+  // header's int32 count). Throws UserError.
+  TokenFileWriter(const std::string& path, int64_t vocab_size, TokenFormat format = TokenFormat::trainer);
   ~TokenFileWriter();
   TokenFileWriter(const TokenFileWriter&) = delete;
   TokenFileWriter& operator=(const TokenFileWriter&) = delete;
@@ -96,6 +99,8 @@ class TokenFileWriter {
   std::string path_;
   std::string temporary_path_;
   std::FILE* file_ = nullptr;
+  TokenFormat format_ = TokenFormat::trainer;
+  size_t header_bytes_ = kTokenFileHeaderBytes;
   int64_t vocab_size_ = 0;
   int bytes_per_token_ = 0;
   int64_t num_tokens_ = 0;

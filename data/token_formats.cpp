@@ -72,10 +72,6 @@ TokenLayout ours(const std::string& path, const unsigned char* head, size_t file
           static_cast<int64_t>(header_vocab), path};
 }
 
-// llm.c (dev/data/data_common.py): 256 int32, [0] magic, [1] version, [2] token count.
-constexpr int32_t kLlmcGpt2Magic = 20240520;   // version 1, uint16 ids
-constexpr int32_t kLlmcLlama3Magic = 20240801; // version 7, uint32 ids
-constexpr size_t kLlmcHeaderBytes = 256 * 4;
 
 TokenLayout llmc(const std::string& path, const unsigned char* head, size_t file_bytes) {
   const std::string remedy = "rewrite it with llm.c's dev/data scripts, or tokenize with `trainer prepare`";

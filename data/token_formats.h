@@ -19,6 +19,11 @@ inline constexpr size_t kBytesPerTokenOffset = 12;
 inline constexpr size_t kNumTokensOffset = 16;
 inline constexpr size_t kVocabSizeOffset = 24;
 
+// llm.c (dev/data/data_common.py): 256 int32, [0] magic, [1] version, [2] token count.
+inline constexpr int32_t kLlmcGpt2Magic = 20240520;   // version 1, uint16 ids
+inline constexpr int32_t kLlmcLlama3Magic = 20240801; // version 7, uint32 ids
+inline constexpr size_t kLlmcHeaderBytes = 256 * 4;
+
 struct TokenLayout {
   TokenFormat format = TokenFormat::trainer;
   size_t payload_offset = 0;  // the first id's byte offset in the file read

@@ -10,6 +10,7 @@
 #include <zstd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <string>
@@ -19,6 +20,7 @@
 
 #include "data/prepare.h"
 #include "data/text_input.h"
+#include "data/token_corpus.h"
 #include "data/token_file.h"
 #include "tests/data_test_util.h"
 #include "tests/test_util.h"
@@ -193,6 +195,73 @@ TEST_F(PrepareInputs, AQuotedGlobIsItsMatchesInNameOrder) {
                     "listed.tok"));
   expect_user_error([&] { prepare({(scratch_ / "c4" / "*.jsonl.zst").string()}, "none.tok"); },
                     {"*.jsonl.zst", "--input", "the pattern matches no file"});
+}
+
+// --shard_tokens: shards of exactly N tokens (the last shorter), in our format or llm.c's, with
+// index.json; read back as a folder they are the single file's tokens.
+TEST_F(PrepareInputs, ShardsWithAnIndexReadBackAsTheOneFilesTokens) {
+  write_zstd(scratch_ / "docs.jsonl.zst", json_lines(documents(1500, 9)));
+  const std::vector<int64_t> whole = prepare({scratch_ / "docs.jsonl.zst"}, "whole.tok");
+  ASSERT_GT(whole.size(), size_t{5000});
+  for (const std::string format : {"trainer", "llmc"}) {
+    SCOPED_TRACE(format);
+    PrepareOptions options;
+    options.inputs = {scratch_ / "docs.jsonl.zst"};
+    options.output = scratch_ / ("shards_" + format);
+    options.tokenizer = tokenizer_;
+    options.shard_tokens = 1024;
+    options.format = format;
+    const PrepareResult result = prepare_token_file(options);
+    const size_t expected_shards = (whole.size() + 1023) / 1024;
+    ASSERT_EQ(result.shards.size(), expected_shards);
+    const nlohmann::json index = nlohmann::json::parse(testing::read_text(fs::path(options.output) / "index.json"));
+    EXPECT_EQ(index.at("format"), format == "llmc" ? "llm.c" : "trainer");
+    EXPECT_EQ(index.at("tokens"), static_cast<int64_t>(whole.size()));
+    ASSERT_EQ(index.at("shards").size(), expected_shards);
+    for (size_t s = 0; s + 1 < expected_shards; ++s) EXPECT_EQ(index.at("shards")[s].at("tokens"), 1024);
+    EXPECT_EQ(index.at("shards")[0].at("file"), format == "llmc" ? "shard_000000.bin" : "shard_000000.tok");
+    const auto corpus = TokenCorpus::open(options.output, 48);
+    ASSERT_EQ(corpus->shards().size(), expected_shards);
+    EXPECT_EQ(corpus->shards()[0]->format(), format == "llmc" ? TokenFormat::llmc : TokenFormat::trainer);
+    std::vector<int64_t> read(whole.size());
+    corpus->read(0, read);
+    EXPECT_EQ(read, whole);
+  }
+  const std::string head = testing::read_text(scratch_ / "shards_llmc" / "shard_000000.bin").substr(0, 12);
+  int32_t header[3];
+  std::memcpy(header, head.data(), sizeof(header));
+  EXPECT_EQ(header[0], 20240520);  // llm.c's GPT-2 magic: uint16 ids
+  EXPECT_EQ(header[1], 1);
+  EXPECT_EQ(header[2], 1024);
+}
+
+// The shards' folder is new, empty or an earlier prepare's: that one only with --overwrite, which
+// removes the earlier shards this run does not write again; a folder of other files is refused.
+TEST_F(PrepareInputs, AShardFolderIsReplacedOnlyWithOverwrite) {
+  write_bytes(scratch_ / "docs.jsonl", json_lines(documents(800, 10)));
+  PrepareOptions options;
+  options.inputs = {scratch_ / "docs.jsonl"};
+  options.output = scratch_ / "shards";
+  options.tokenizer = tokenizer_;
+  options.shard_tokens = 1024;
+  const size_t first = prepare_token_file(options).shards.size();
+  ASSERT_GE(first, 3u);
+  expect_user_error([&] { prepare_token_file(options); },
+                    {options.output, "--output", "holds the shards of an earlier `trainer prepare`", "pass --overwrite"});
+  options.overwrite = true;
+  options.shard_tokens = 4096;
+  const size_t second = prepare_token_file(options).shards.size();
+  EXPECT_LT(second, first);
+  EXPECT_EQ(TokenCorpus::open(options.output, 48)->shards().size(), second) << "the earlier extra shards are gone";
+  fs::create_directories(scratch_ / "notes");
+  write_bytes(scratch_ / "notes" / "mine.txt", "the user's");
+  options.output = scratch_ / "notes";
+  expect_user_error([&] { prepare_token_file(options); },
+                    {"notes", "--output", "holds other files (no index.json"});
+  EXPECT_EQ(testing::read_text(scratch_ / "notes" / "mine.txt"), "the user's");
+  options.output = scratch_ / "small";
+  options.shard_tokens = 100;
+  expect_user_error([&] { prepare_token_file(options); }, {"--shard_tokens", "expected 0 (one file) or an integer in [1024"});
 }
 
 // Through the binary: a compressed JSON Lines corpus in, a progress line with MB/s and tokens/s out.

@@ -47,7 +47,16 @@ void add_prepare_verb(CLI::App& app, NumberFlags& numbers, PrepareOptions& prepa
       ->required();
   prepare_app->add_option("--text_key", prepare.text_key, "JSON Lines: the key that holds each record's text")
       ->capture_default_str();
-  prepare_app->add_option("--output", prepare.output, "token file to write")->required();
+  prepare_app->add_option("--output", prepare.output,
+                          "token file to write; with --shard_tokens, the folder of shards")->required();
+  numbers.add(*prepare_app, "--shard_tokens", prepare.shard_tokens,
+              "write shards of N tokens each (shard_000000.tok, ...) and index.json into the --output folder; 0: one file",
+              NumberRange<int64_t>{0, kMaxShardTokens, "0 (one file) or an integer in [" + std::to_string(kMinShardTokens) +
+                                                           ", " + std::to_string(kMaxShardTokens) + "]"});
+  prepare_app->add_option("--format", prepare.format,
+                          "trainer (ours, .tok) or llmc (llm.c's .bin: uint16 ids up to a 65,536 vocabulary, else uint32)")
+      ->check(CLI::IsMember({"trainer", "llmc"}))
+      ->capture_default_str();
   verbs.tokenizer = prepare_app->add_option(
       "--tokenizer", prepare.tokenizer, "existing SentencePiece model to encode with");
   verbs.vocab_size = numbers.add(
@@ -157,7 +166,7 @@ void refuse_training_flags(const TrainingFlags& training, const std::string& tak
 // `trainer prepare`: no training flag, and exactly one of --tokenizer and --vocab_size.
 void check_prepare_command(const Verbs& verbs, const TrainingFlags& training) {
   refuse_training_flags(
-      training, "`trainer prepare` takes --input, --text_key, --output, --tokenizer or --vocab_size, --model_type and --overwrite");
+      training, "`trainer prepare` takes --input, --text_key, --output, --shard_tokens, --format, --tokenizer or --vocab_size, --model_type and --overwrite");
   if ((verbs.tokenizer->count() > 0) == (verbs.vocab_size->count() > 0))
     fail_user(kCommandLine, "--tokenizer / --vocab_size",
               "`trainer prepare` needs exactly one of the two: --tokenizer MODEL to encode with "
