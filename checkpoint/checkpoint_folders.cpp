@@ -459,11 +459,11 @@ void check_same_data(const RunConfig& run, const ModelConfig& model, const std::
   const bool synthetic_then = then.is_object() && then.value("synthetic", false);
   const bool synthetic_now = run.data.source == "synthetic";
   std::string difference;
-  if (synthetic_then || synthetic_now) {
-    if (synthetic_then != synthetic_now)
-      difference = synthetic_then ? "it trained on the synthetic corpus, this run reads token files"
-                                  : "it trained on token files, this run reads the synthetic corpus";
-  } else {
+  if (synthetic_now) {
+    if (!synthetic_then) difference = "it trained on token files, this run reads the synthetic corpus";
+  } else if (synthetic_then && !then.contains("shards")) {
+    difference = "it trained on the synthetic corpus, this run reads token files";
+  } else {  // files, or the synthetic corpus's own token file (run_dir/synthetic.rank0.tok) read by name
     difference = identity_difference(then, corpus_identity(*TokenCorpus::open(run.data.source, model.vocab_size)));
   }
   if (difference.empty()) return;

@@ -52,8 +52,8 @@ class RunCheckpoints {
   void agree_on_run_id();
   const std::string& run_id() const { return run_id_; }
   const std::string& resumed_from() const { return resumed_from_; }  // "" for a fresh run
-  // What each save records of the corpus trained on (data/corpus_identity.h; {"synthetic": true} for
-  // the synthetic corpus), checked by a resume.
+  // What each save records of the corpus trained on (data/corpus_identity.h; the synthetic corpus's
+  // token file, with "synthetic": true), checked by a resume.
   void set_data_identity(nlohmann::json identity) { data_identity_ = std::move(identity); }
 
   // Saves step `step` and returns its folder; a "checkpoint" record, the log line and --keep_last.

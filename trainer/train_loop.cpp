@@ -173,8 +173,11 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
   if (!run.checkpoint.continue_from.empty())
     checkpoints_->resume(context.resume_folder.empty() ? resolve_checkpoint_folder(run.checkpoint.continue_from)
                                                        : context.resume_folder);
-  checkpoints_->set_data_identity(run.data.source == "synthetic" ? nlohmann::json{{"synthetic", true}}
-                                                                 : corpus_identity(*corpus_.tokens));
+  // The synthetic corpus is recorded as the token file it was written to (marked synthetic): a resume
+  // that reads that file by name is on the same data.
+  nlohmann::json identity = corpus_identity(*corpus_.tokens);
+  if (run.data.source == "synthetic") identity["synthetic"] = true;
+  checkpoints_->set_data_identity(std::move(identity));
   checkpoints_->agree_on_run_id();
   start_step_ = state_.step;
   records_.start(start_record());

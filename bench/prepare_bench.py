@@ -1,0 +1,160 @@
+#!/usr/bin/env python3
+"""`trainer prepare` against the same SentencePiece model in its own Python library, on the same text.
+
+    python bench/prepare_bench.py --trainer build/trainer [--megabytes 40] [--repeats 3] [--threads N]
+
+The input: English-like text (a Zipf draw over a fixed vocabulary of made-up words, a document a line,
+from a fixed seed), written once. A BPE model of 8,000 pieces is trained on its first 2 MB with
+`trainer prepare --vocab_size` (both sides then encode with that one model). Each repeat times, wall
+clock, the whole job on each side, alternating which goes first:
+
+- ours: `trainer prepare --tokenizer MODEL --input corpus.txt --output ours.tok` (its own reading,
+  OpenMP-parallel encoding across OMP_NUM_THREADS = --threads, and writing);
+- python: the `sentencepiece` package's batched encoder, `SentencePieceProcessor.encode(lines,
+  num_threads=--threads)` over batches of 20,000 lines read from the file, an EOS after each
+  document, the ids written as uint16 with numpy: what a user's Python preprocessing script does.
+
+Both must produce the same ids (checked on every run: the run fails otherwise). Printed: MB/s and
+tokens/s per side per run, and ours / python per run with the median and spread.
+"""
+import argparse
+import json
+import os
+import pathlib
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HEADER_BYTES = 64  # our token file's header (data/token_file.h)
+
+
+def write_corpus(path, megabytes, seed=0):
+    rng = random.Random(seed)
+    syllables = ["ka", "lo", "mi", "ren", "to", "sa", "vel", "un", "der", "an", "is", "or", "ta", "ne", "pri", "gh"]
+    words = sorted({"".join(rng.choice(syllables) for _ in range(rng.randint(1, 4))) for _ in range(30000)})
+    weights = [1.0 / (rank + 1) for rank in range(len(words))]  # Zipf's law
+    target = megabytes * 1_000_000
+    written = 0
+    with open(path, "w", encoding="utf-8") as out:
+        while written < target:
+            sentences = []
+            for _ in range(rng.randint(1, 6)):
+                sentence = " ".join(rng.choices(words, weights, k=rng.randint(5, 25)))
+                sentences.append(sentence[0].upper() + sentence[1:] + ".")
+            line = " ".join(sentences) + "\n"
+            out.write(line)
+            written += len(line.encode("utf-8"))
+    return written
+
+
+def read_ours(path):
+    data = np.fromfile(path, dtype=np.uint8)
+    width = int.from_bytes(data[12:16].tobytes(), "little")
+    return np.frombuffer(data[HEADER_BYTES:].tobytes(), dtype=np.uint16 if width == 2 else np.uint32)
+
+
+def run_ours(trainer, model, corpus, out, threads):
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    started = time.perf_counter()
+    subprocess.run([trainer, "prepare", "--tokenizer", model, "--input", corpus, "--output", out, "--overwrite"],
+                   check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - started
+
+
+def run_python(model, corpus, out, threads):
+    import sentencepiece as spm
+
+    started = time.perf_counter()
+    processor = spm.SentencePieceProcessor(model_file=model)
+    eos = processor.eos_id()
+    pieces = []
+    with open(corpus, encoding="utf-8") as f:
+        batch = []
+        for line in f:
+            line = line.rstrip("\n")
+            if line.strip():
+                batch.append(line)
+            if len(batch) == 20000:
+                pieces.extend(encode_batch(processor, batch, eos, threads))
+                batch = []
+        if batch:
+            pieces.extend(encode_batch(processor, batch, eos, threads))
+    ids = np.concatenate(pieces).astype(np.uint16)
+    ids.tofile(out)
+    return time.perf_counter() - started
+
+
+def encode_batch(processor, lines, eos, threads):
+    encoded = processor.encode(lines, num_threads=threads)
+    return [np.asarray(ids + [eos], dtype=np.int64) for ids in encoded]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trainer", required=True)
+    parser.add_argument("--megabytes", type=int, default=40)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "prepare_bench"))
+    parser.add_argument("--json", help="also write the figures here")
+    args = parser.parse_args()
+    work = pathlib.Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    corpus, sample = work / "corpus.txt", work / "sample.txt"
+    if not corpus.exists() or corpus.stat().st_size < args.megabytes * 1_000_000:
+        write_corpus(corpus, args.megabytes)
+    with open(corpus, encoding="utf-8") as f, open(sample, "w", encoding="utf-8") as out:
+        size = 0
+        for line in f:
+            out.write(line)
+            size += len(line)
+            if size > 2_000_000:
+                break
+    model = str(work / "tokenizer.tok.model")
+    if not os.path.exists(model):
+        subprocess.run([args.trainer, "prepare", "--input", str(sample), "--vocab_size", "8000",
+                        "--output", str(work / "tokenizer.tok"), "--overwrite"], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    megabytes = corpus.stat().st_size / 1e6
+    rows = []
+    for repeat in range(args.repeats):
+        order = ["ours", "python"] if repeat % 2 == 0 else ["python", "ours"]
+        seconds = {}
+        for side in order:
+            if side == "ours":
+                seconds[side] = run_ours(args.trainer, model, str(corpus), str(work / "ours.tok"), args.threads)
+            else:
+                seconds[side] = run_python(model, str(corpus), str(work / "python.u16"), args.threads)
+        ours, theirs = read_ours(work / "ours.tok"), np.fromfile(work / "python.u16", dtype=np.uint16)
+        if not np.array_equal(ours, theirs):
+            sys.exit(f"prepare_bench: the two sides' ids differ ({len(ours)} against {len(theirs)} tokens)")
+        tokens = len(ours)
+        rows.append({"repeat": repeat + 1, "tokens": tokens, "megabytes": megabytes,
+                     "ours_s": seconds["ours"], "python_s": seconds["python"],
+                     "ours_over_python": seconds["python"] / seconds["ours"]})
+        print(f"run {repeat + 1}: ours {seconds['ours']:.2f} s ({megabytes / seconds['ours']:.1f} MB/s, "
+              f"{tokens / seconds['ours']:.0f} tokens/s), python {seconds['python']:.2f} s "
+              f"({megabytes / seconds['python']:.1f} MB/s, {tokens / seconds['python']:.0f} tokens/s): "
+              f"ours / python {seconds['python'] / seconds['ours']:.2f}x; the same {tokens} ids", flush=True)
+    ratios = [row["ours_over_python"] for row in rows]
+    print(f"\n{megabytes:.1f} MB of text, {rows[0]['tokens']} tokens, {args.threads} thread(s) a side, "
+          f"sentencepiece {__import__('sentencepiece').__version__}")
+    print("| side | MB/s (median; min-max) | tokens/s (median) |\n|---|---:|---:|")
+    for side in ("ours", "python"):
+        speeds = [megabytes / row[f"{side}_s"] for row in rows]
+        tokens = [row["tokens"] / row[f"{side}_s"] for row in rows]
+        print(f"| {side} | {statistics.median(speeds):.1f} ({min(speeds):.1f}-{max(speeds):.1f}) | "
+              f"{statistics.median(tokens):,.0f} |")
+    print(f"\nours / python (throughput): median {statistics.median(ratios):.2f}x, "
+          f"min {min(ratios):.2f}x, max {max(ratios):.2f}x over {len(rows)} runs")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps({"threads": args.threads, "runs": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
