@@ -79,15 +79,18 @@ class Case:
     peer: bool = False         # also the same run through pytorch_peers.py eager (speed)
     offload: bool = False      # --offload optimizer
     offload_of: str = ""       # the case this one is the offloaded twin of (offload share)
+    checkpointing: bool = False  # --activation_checkpointing
+    run: bool = True           # False: estimated only (a model the machine cannot hold)
     name: str = field(init=False)
 
     def __post_init__(self):
         stem = os.path.splitext(os.path.basename(self.config))[0]
         mode = "fp32" if self.dtype == "float32" else f"bf16_{self.precision}"
-        self.name = f"{stem}_{mode}" + ("_offload" if self.offload else "")
+        self.name = f"{stem}_{mode}" + ("_offload" if self.offload else "") + ("_ac" if self.checkpointing else "")
 
     def mode(self):
-        return "fp32" if self.dtype == "float32" else f"bf16 {self.precision}"
+        return ("fp32" if self.dtype == "float32" else f"bf16 {self.precision}") + (
+            " checkpointing" if self.checkpointing else "")
 
     def tokens_per_step(self):
         return self.batch * self.length
@@ -101,13 +104,20 @@ def cases(device):
         memory_130m = Case("configs/llama_130m.json", "float32", "mixed", 8, 1024, 8)
         offload_1b = Case("configs/llama_1b.json", "bfloat16", "pure", 8, 1024, 10, offload=True,
                           offload_of=speed_1b.name)
+        # The largest model on one GPU with offload and activation checkpointing: the host holds 16
+        # bytes a parameter (fp32 master, AdamW's two moments, the gradient), so a 128 GiB machine
+        # bounds it near 7B; llama_13b is estimated only (the estimate's host figure says why).
+        largest = [Case("configs/llama_7b.json", "bfloat16", "pure", 1, 2048, 5, offload=True, checkpointing=True),
+                   Case("configs/llama_13b.json", "bfloat16", "pure", 1, 2048, 5, offload=True, checkpointing=True,
+                        run=False)]
     else:
         speed_350m = Case("configs/llama_micro.json", "bfloat16", "mixed", 2, 32, 6, peer=True)
         speed_1b = Case("configs/llama_micro.json", "bfloat16", "pure", 2, 32, 6, peer=True)
         memory_130m = Case("configs/llama_micro.json", "float32", "mixed", 2, 32, 5)
         offload_1b = Case("configs/llama_micro.json", "bfloat16", "pure", 2, 32, 5, offload=True,
                           offload_of=speed_1b.name)
-    return [speed_350m, speed_1b, memory_130m, offload_1b]
+        largest = [Case("configs/llama_micro.json", "bfloat16", "pure", 1, 64, 5, offload=True, checkpointing=True)]
+    return [speed_350m, speed_1b, memory_130m, offload_1b] + largest
 
 
 # ------------------------------------------------------------------------------------------------
@@ -142,7 +152,26 @@ def run_device(args):
             torch.cuda.synchronize()
         if repeat >= 3:
             best = min(best, time.perf_counter() - started)
+    # llama_1b's MLP products at 8 x 1024 tokens, with GaLore's intermediate size 5461 (not a multiple
+    # of 64) beside 5504 and 5632: does the odd width keep cuBLAS off its best tiles?
+    tokens, hidden = (8192, 2048) if args.device == "cuda" else (256, 64)
+    mlp = {}
+    for width in ((5461, 5504, 5632) if args.device == "cuda" else (171, 176)):
+        x = torch.randn(tokens, hidden, dtype=torch.bfloat16, device=args.device)
+        w = torch.randn(hidden, width, dtype=torch.bfloat16, device=args.device)
+        fastest = float("inf")
+        for repeat in range(13):
+            if args.device == "cuda":
+                torch.cuda.synchronize()
+            started = time.perf_counter()
+            torch.mm(x, w)
+            if args.device == "cuda":
+                torch.cuda.synchronize()
+            if repeat >= 3:
+                fastest = min(fastest, time.perf_counter() - started)
+        mlp[str(width)] = 2 * tokens * hidden * width / fastest / 1e12
     print(json.dumps({
+        "mlp_gemm_tflops": mlp, "mlp_gemm": f"({tokens} x {hidden}) @ ({hidden} x N) bf16, best of 10",
         "device": args.device, "name": name, "memory_bytes": memory, "multiprocessors": multiprocessors,
         "cpu_cores": os.cpu_count(), "torch": torch.__version__, "cuda": torch.version.cuda,
         "published_bf16_dense_tflops": published[0], "published_source": published[1],
@@ -162,6 +191,8 @@ def training_flags(case, device):
         flags += ["--precision", case.precision]
     if case.offload:
         flags += ["--offload", "optimizer"]
+    if case.checkpointing:
+        flags += ["--activation_checkpointing"]
     flags += ["--batch_size", case.batch, "--max_length", case.length, "--num_training_steps", case.steps,
               "--warmup_steps", 0, "--scheduler", "constant", "--lr", "1e-3", "--adam_beta1", 0.9,
               "--adam_beta2", 0.999, "--adam_eps", "1e-8", "--weight_decay", 0, "--grad_clipping", 1.0,
@@ -181,6 +212,8 @@ def plan(device, work, python):
         steps.append((f"estimate_{case.name}",
                       f"trainer estimate {flags} --world_size 1 --json > {q(estimate)} && echo wrote {q(estimate)}"))
     for case in cases(device):
+        if not case.run:
+            continue
         flags = " ".join(map(q, training_flags(case, device)))
         run_dir = os.path.join(work, case.name)
         steps.append((f"ours_{case.name}",
@@ -305,6 +338,8 @@ def summarize(device, work):
                  if device == "cuda" else "metrics.jsonl peak_memory_bytes: the process's peak RSS")
     speed, runs = [], {}
     for case in cases(device):
+        if not case.run:
+            continue
         config_path = os.path.join(ROOT, case.config)
         ours = side(load_jsonl(os.path.join(work, case.name, "metrics.jsonl")), case, config_path, device_info,
                     ours_peak)
@@ -368,7 +403,9 @@ def markdown(results):
                  f"{number(device.get('published_bf16_dense_tflops'), '.0f')} TFLOP/s "
                  f"({device.get('published_source', 'n/a')}); beside it, the share of a bf16 GEMM measured "
                  f"on this device: {rate(device.get('measured_bf16_gemm_tflops'))} TFLOP/s "
-                 f"({device.get('measured_gemm', 'n/a')}). Model FLOPs: {results.get('flops_formula', 'n/a')}; "
+                 f"({device.get('measured_gemm', 'n/a')}); the MLP's product {device.get('mlp_gemm', 'n/a')} at N = "
+                 + ", ".join(f"{width}: {rate(tflops)}" for width, tflops in (device.get('mlp_gemm_tflops') or {}).items())
+                 + f" TFLOP/s. Model FLOPs: {results.get('flops_formula', 'n/a')}; "
                  f"the first {results.get('warmup_steps', 'n/a')} steps of each run are not counted; an fp32 run "
                  f"has no MFU (the peaks are bf16's).\n")
 
@@ -455,7 +492,8 @@ def run_summarize(args):
     print(markdown(results))
     missing = [e["case"] for e in results["speed"] if not e["ours"]]
     missing += [f"pytorch {e['case']}" for e in results["speed"] if "pytorch" in e and not e["pytorch"]]
-    missing += [f"memory {e['case']}" for e in results["memory"] if "error" not in e]
+    estimated_only = {case.name for case in cases(args.device) if not case.run}
+    missing += [f"memory {e['case']}" for e in results["memory"] if "error" not in e and e["case"] not in estimated_only]
     if missing:
         print(f"gpu_bench: no figures for {', '.join(missing)} (their steps failed or did not run); the rest in {args.out}")
         sys.exit(1)

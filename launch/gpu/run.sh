@@ -13,6 +13,7 @@
 #             against the synchronous ones, resume, export and --init_from, the start-up check
 #             refusing, each rank on its GPU (tests/gpu_paths_test.cpp)            -> smoke.log, smoke.json
 #   sanitize  compute-sanitizer memcheck on a 2-rank sharded offload run and racecheck on one rank
+#             (fp32, bf16 mixed, bf16 pure)
 #                                                                                  -> sanitize.log, sanitize.json
 #   bench     speed and memory (bench/gpu_bench.py's plan): llama_350m bf16 mixed and llama_1b bf16 pure,
 #             our trainer against transformers + fused AdamW on the same GPU (tokens/s, MFU, phases,
@@ -127,6 +128,10 @@ case "$stage" in
     else
       step memcheck_two_ranks_offload "mpirun -np 2 compute-sanitizer --tool memcheck --error-exitcode 9 trainer $micro $gpu_flag --communicator mpi --dtype bfloat16 --precision pure --offload optimizer --run_dir /tmp/sanitize_run"
       step racecheck_one_rank "LLM_DEBUG_NO_RESIDENT_UNITS=1 compute-sanitizer --tool racecheck --error-exitcode 9 trainer $micro $gpu_flag --run_dir /tmp/sanitize_run1"
+      # bf16 mixed: SDPA's flash kernel instead of the fp32 memory-efficient one, whose hazard the
+      # first GPU run reported (docs/gpu-results.md); and our AdamW kernel over bf16-pure shards.
+      step racecheck_bf16 "compute-sanitizer --tool racecheck --error-exitcode 9 trainer $micro $gpu_flag --dtype bfloat16 --precision mixed --run_dir /tmp/sanitize_run2"
+      step racecheck_bf16_pure_adamw "compute-sanitizer --tool racecheck --error-exitcode 9 trainer $micro $gpu_flag --dtype bfloat16 --precision pure --run_dir /tmp/sanitize_run3"
     fi
     ;;
   bench)
