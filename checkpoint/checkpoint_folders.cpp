@@ -464,7 +464,9 @@ void check_same_data(const RunConfig& run, const ModelConfig& model, const std::
   } else if (synthetic_then && !then.contains("shards")) {
     difference = "it trained on the synthetic corpus, this run reads token files";
   } else {  // files, or the synthetic corpus's own token file (run_dir/synthetic.rank0.tok) read by name
-    difference = identity_difference(then, corpus_identity(*TokenCorpus::open(run.data.source, model.vocab_size)));
+    nlohmann::json now = corpus_identity(*TokenCorpus::open(run.data.source, model.vocab_size));
+    if (is_mixture(run.data.source)) now["mixture"] = mixture_identity(run.data.source);
+    difference = identity_difference(then, now);
   }
   if (difference.empty()) return;
   const std::string saved = manifest.value("data", std::string("(not recorded)"));

@@ -17,48 +17,87 @@
 namespace llm {
 
 struct BatchSampler::Impl {
-  std::shared_ptr<const TokenCorpus> tokens;
+  struct Source {
+    std::shared_ptr<const TokenCorpus> tokens;
+    uint64_t weight = 1;       // the weight times 10^6, rounded (at least 1)
+    int64_t first_window = 0;  // index of this split's first window in the source
+    int64_t num_windows = 0;   // this split's windows in the source
+    std::optional<WindowOrder> order;             // train only
+    int64_t cached_epoch = -1;
+    std::optional<KeyedPermutation> epoch_order;  // the cached epoch's: its round keys, O(1) bytes
+  };
+  std::vector<Source> sources;
+  std::vector<uint64_t> remaining_weight;  // R_j: the weights of sources j.. together
   Split split = Split::train;
   int64_t max_length = 0;
-  int64_t first_window = 0;  // index of this split's first window in the file
-  int64_t num_windows = 0;   // windows in this split
-  uint64_t seed = 0;
+  int64_t num_windows = 0;   // windows in this split, all sources
   int rank = 0;
   int world_size = 1;
   int64_t batch_size = 0;
   int64_t samples_consumed = 0;  // global, all ranks
+  std::vector<int64_t> window;   // (max_length + 1) scratch
 
-  std::optional<WindowOrder> order;          // train only
-  int64_t cached_epoch = -1;
-  std::optional<KeyedPermutation> epoch_order;  // the cached epoch's: its round keys, O(1) bytes
-  std::vector<int64_t> window;                  // (max_length + 1) scratch
-
-  int64_t window_of_sample(int64_t sample);
+  std::pair<size_t, int64_t> source_of_sample(int64_t sample) const;
+  // (source, window index in it) of a sample.
+  std::pair<size_t, int64_t> window_of_sample(int64_t sample);
 };
 
 namespace {
 
 std::string split_name(Split split) { return split == Split::train ? "train" : "eval"; }
 
+constexpr uint64_t kSourceKeyStep = 0x9E3779B97F4A7C15ULL;
+constexpr double kWeightScale = 1e6;
+
 }  // namespace
 
-int64_t BatchSampler::Impl::window_of_sample(int64_t sample) {
-  const int64_t offset = sample % num_windows;
-  if (split == Split::eval) return first_window + offset;
-  const int64_t epoch = sample / num_windows;
-  if (epoch != cached_epoch) {
-    epoch_order = order->epoch(static_cast<uint64_t>(epoch));
-    cached_epoch = epoch;
+std::pair<size_t, int64_t> BatchSampler::Impl::source_of_sample(int64_t sample) const {
+  using Wide = unsigned __int128;
+  auto k = static_cast<uint64_t>(sample);
+  for (size_t j = 0; j + 1 < sources.size(); ++j) {
+    const Wide w = sources[j].weight, r = remaining_weight[j];
+    const auto before = static_cast<uint64_t>(Wide{k} * w / r);
+    const auto through = static_cast<uint64_t>((Wide{k} + 1) * w / r);
+    if (through > before) return {j, static_cast<int64_t>(before)};
+    k -= through;
   }
-  return first_window + static_cast<int64_t>((*epoch_order)(static_cast<uint64_t>(offset)));
+  return {sources.size() - 1, static_cast<int64_t>(k)};
 }
 
-BatchSampler::BatchSampler(std::shared_ptr<const TokenCorpus> tokens, Split split,
-                           int64_t max_length, double eval_fraction, uint64_t seed, int rank,
-                           int world_size, int64_t batch_size, bool whole_corpus)
+std::pair<size_t, int64_t> BatchSampler::Impl::window_of_sample(int64_t sample) {
+  if (split == Split::eval) {  // each source's held-out windows in turn
+    int64_t offset = sample % num_windows;
+    for (size_t s = 0;; ++s) {
+      if (offset < sources[s].num_windows) return {s, sources[s].first_window + offset};
+      offset -= sources[s].num_windows;
+    }
+  }
+  const auto [s, index] = source_of_sample(sample);
+  Source& source = sources[s];
+  const int64_t offset = index % source.num_windows;
+  const int64_t epoch = index / source.num_windows;
+  if (epoch != source.cached_epoch) {
+    source.epoch_order = source.order->epoch(static_cast<uint64_t>(epoch));
+    source.cached_epoch = epoch;
+  }
+  return {s, source.first_window + static_cast<int64_t>((*source.epoch_order)(static_cast<uint64_t>(offset)))};
+}
+
+BatchSampler::BatchSampler(std::shared_ptr<const TokenCorpus> tokens, Split split, int64_t max_length,
+                           double eval_fraction, uint64_t seed, int rank, int world_size, int64_t batch_size,
+                           bool whole_corpus)
+    : BatchSampler(std::vector<WeightedCorpus>{{std::move(tokens), 1.0}}, split, max_length, eval_fraction, seed,
+                   rank, world_size, batch_size, whole_corpus) {}
+
+BatchSampler::BatchSampler(std::vector<WeightedCorpus> sources, Split split, int64_t max_length,
+                           double eval_fraction, uint64_t seed, int rank, int world_size, int64_t batch_size,
+                           bool whole_corpus)
     : impl_(std::make_shared<Impl>()) {
-  LLM_REQUIRE(tokens != nullptr, "data", "token file", "no token file was opened");
-  const std::string& path = tokens->name();
+  LLM_REQUIRE(!sources.empty(), "data", "token file", "no token file was opened");
+  for (const WeightedCorpus& source : sources)
+    LLM_REQUIRE(source.tokens != nullptr, "data", "token file", "no token file was opened");
+  const std::string path = sources.size() == 1 ? sources.front().tokens->name()
+                                               : "--data (a mixture of " + std::to_string(sources.size()) + " sources)";
   LLM_REQUIRE(max_length > 0, "--max_length", "",
               "is " + std::to_string(max_length) + "; use a positive sequence length");
   LLM_REQUIRE(batch_size > 0, "--batch_size", "",
@@ -71,15 +110,35 @@ BatchSampler::BatchSampler(std::shared_ptr<const TokenCorpus> tokens, Split spli
               "is " + std::to_string(eval_fraction) + "; use a fraction in [0, 1), e.g. 0.01");
 
   const int64_t window_tokens = max_length + 1;
-  const int64_t total_windows = tokens->size() / window_tokens;
-  LLM_REQUIRE(total_windows >= 1, path, "length",
-              "has " + std::to_string(tokens->size()) + " tokens, shorter than one window of "
-              "max_length + 1 = " + std::to_string(window_tokens) + " tokens; lower --max_length "
-              "or use more data");
-  const int64_t eval_windows =
-      whole_corpus ? (split == Split::eval ? total_windows : 0)
-                   : std::max<int64_t>(1, static_cast<int64_t>(std::floor(eval_fraction * static_cast<double>(total_windows))));
-  const int64_t train_windows = std::max<int64_t>(0, total_windows - eval_windows);
+  Impl& state = *impl_;
+  int64_t total_windows = 0, eval_windows = 0, train_windows = 0;
+  for (size_t s = 0; s < sources.size(); ++s) {
+    const TokenCorpus& tokens = *sources[s].tokens;
+    const int64_t windows = tokens.size() / window_tokens;
+    LLM_REQUIRE(windows >= 1, tokens.name(), "length",
+                "has " + std::to_string(tokens.size()) + " tokens, shorter than one window of "
+                "max_length + 1 = " + std::to_string(window_tokens) + " tokens; lower --max_length "
+                "or use more data");
+    const int64_t held_out =
+        whole_corpus ? (split == Split::eval ? windows : 0)
+                     : std::max<int64_t>(1, static_cast<int64_t>(std::floor(eval_fraction * static_cast<double>(windows))));
+    const int64_t trained = std::max<int64_t>(0, windows - held_out);
+    if (sources.size() > 1 && split == Split::train)
+      LLM_REQUIRE(trained >= 1, tokens.name(), "train split",
+                  "has no window to train on (" + std::to_string(windows) + " windows of " + std::to_string(window_tokens) +
+                      " tokens, " + std::to_string(held_out) + " held out): give this source more data");
+    Impl::Source source;
+    source.tokens = sources[s].tokens;
+    source.weight = std::max<uint64_t>(1, static_cast<uint64_t>(std::llround(sources[s].weight * kWeightScale)));
+    source.first_window = split == Split::train ? 0 : trained;
+    source.num_windows = split == Split::train ? trained : held_out;
+    if (split == Split::train && trained > 0)
+      source.order.emplace(static_cast<uint64_t>(trained), seed + kSourceKeyStep * static_cast<uint64_t>(s));
+    state.sources.push_back(std::move(source));
+    total_windows += windows;
+    eval_windows += held_out;
+    train_windows += trained;
+  }
   const int64_t global_micro_batch = batch_size * world_size;
   const int64_t split_windows = split == Split::train ? train_windows : eval_windows;
   if (split_windows < global_micro_batch) {
@@ -95,15 +154,15 @@ BatchSampler::BatchSampler(std::shared_ptr<const TokenCorpus> tokens, Split spli
                   std::to_string(batch_size) + " * " + std::to_string(world_size) + " = " +
                   std::to_string(global_micro_batch) + "; " + remedy);
   }
-
-  Impl& state = *impl_;
-  state.tokens = std::move(tokens);
+  state.remaining_weight.assign(state.sources.size(), 0);
+  uint64_t remaining = 0;
+  for (size_t s = state.sources.size(); s-- > 0;) {
+    remaining += state.sources[s].weight;
+    state.remaining_weight[s] = remaining;
+  }
   state.split = split;
   state.max_length = max_length;
-  state.first_window = split == Split::train ? 0 : train_windows;
   state.num_windows = split_windows;
-  if (split == Split::train) state.order.emplace(static_cast<uint64_t>(split_windows), seed);
-  state.seed = seed;
   state.rank = rank;
   state.world_size = world_size;
   state.batch_size = batch_size;
@@ -119,8 +178,8 @@ Batch BatchSampler::next() {
   int64_t* labels = batch.labels.data_ptr<int64_t>();
   const int64_t first_sample = state.samples_consumed + state.rank * state.batch_size;
   for (int64_t row = 0; row < state.batch_size; ++row) {
-    const int64_t window_index = state.window_of_sample(first_sample + row);
-    state.tokens->read(window_index * (length + 1), state.window);
+    const auto [source, window_index] = state.window_of_sample(first_sample + row);
+    state.sources[source].tokens->read(window_index * (length + 1), state.window);
     std::copy(state.window.begin(), state.window.end() - 1, inputs + row * length);
     std::copy(state.window.begin() + 1, state.window.end(), labels + row * length);
   }
@@ -138,5 +197,9 @@ void BatchSampler::seek(int64_t global_samples) {
 }
 
 int64_t BatchSampler::num_windows() const { return impl_->num_windows; }
+
+std::pair<size_t, int64_t> BatchSampler::source_of_sample(int64_t sample) const {
+  return impl_->source_of_sample(sample);
+}
 
 }  // namespace llm

@@ -13,6 +13,15 @@
 // disjoint windows and N ranks see together exactly what one rank with an N times larger
 // micro-batch sees.
 // Eval walks the held-out windows in corpus order, split across ranks the same way.
+// A mixture (several weighted sources, data/token_corpus.h's data_sources): each source is split
+// and ordered on its own as above, source s's order keyed with seed + s * 0x9E3779B97F4A7C15 (source
+// 0's is the single corpus's), and global sample k goes to a source by integer weights W_s (the
+// weights times 10^6, rounded) in nested Bresenham steps: with R_j = W_j + ... + W_last, sample k of
+// level j's stream is source j's sample floor(k W_j / R_j) when floor((k+1) W_j / R_j) exceeds
+// floor(k W_j / R_j), else sample k - floor((k+1) W_j / R_j) of level j+1's stream (the last source
+// takes what reaches it). So every prefix of the run holds each source's share to within a sample
+// per level, the assignment is a pure function of k (a resume seeks exactly), and no memory grows
+// with the run. Eval walks each source's held-out windows in turn (source order, corpus order).
 // Exactly: each next() reads global samples [c + r * batch, c + (r + 1) * batch) on rank r, where c is
 // samples_consumed(), then advances c by batch * world_size. seek(c) may land anywhere (not only on a
 // micro-batch boundary, and in any epoch), so a run can resume at another world size or batch size.
@@ -34,6 +43,11 @@ struct Batch {
 
 enum class Split { train, eval };
 
+struct WeightedCorpus {
+  std::shared_ptr<const TokenCorpus> tokens;
+  double weight = 1;
+};
+
 class BatchSampler {
  public:
   // Throws UserError if the split has fewer windows than one global micro-batch needs at least
@@ -43,11 +57,17 @@ class BatchSampler {
   BatchSampler(std::shared_ptr<const TokenCorpus> tokens, Split split, int64_t max_length,
                double eval_fraction, uint64_t seed, int rank, int world_size, int64_t batch_size,
                bool whole_corpus = false);
+  // A mixture: the sources in order with their weights (one source of any weight: as above).
+  BatchSampler(std::vector<WeightedCorpus> sources, Split split, int64_t max_length, double eval_fraction,
+               uint64_t seed, int rank, int world_size, int64_t batch_size, bool whole_corpus = false);
 
   Batch next();                        // this rank's next micro-batch
   int64_t samples_consumed() const;    // global samples consumed so far (all ranks)
   void seek(int64_t global_samples);   // resume: continue as if that many were consumed
-  int64_t num_windows() const;         // windows in this split
+  int64_t num_windows() const;         // windows in this split (all sources')
+  // Which source global sample k of the train split comes from, and its index within that source's
+  // samples (the nested Bresenham assignment above); (0, k) for one source.
+  std::pair<size_t, int64_t> source_of_sample(int64_t sample) const;
 
  private:
   struct Impl;

@@ -83,8 +83,28 @@ nlohmann::json corpus_identity(const TokenCorpus& corpus) {
   return {{"tokens", corpus.size()}, {"shards", shards}, {"folders", folders}};
 }
 
+nlohmann::json mixture_identity(const std::string& spec) {
+  nlohmann::json sources = nlohmann::json::array();
+  for (const DataSource& source : data_sources(spec))
+    sources.push_back({{"weight", source.weight}, {"shards", expand_data_spec(source.spec).size()}});
+  return sources;
+}
+
 std::string identity_difference(const nlohmann::json& then, const nlohmann::json& now) {
   if (!then.is_object() || !then.contains("shards")) return "";
+  const nlohmann::json no_mixture = nlohmann::json::array();
+  const nlohmann::json mixture_then = then.value("mixture", no_mixture), mixture_now = now.value("mixture", no_mixture);
+  if (mixture_then != mixture_now) {
+    auto words = [](const nlohmann::json& mixture) {
+      if (mixture.empty()) return std::string("one corpus");
+      std::string text;
+      for (const nlohmann::json& source : mixture)
+        text += (text.empty() ? "" : ", ") + source.value("shards", nlohmann::json()).dump() + " shard(s) at weight " +
+                source.value("weight", nlohmann::json()).dump();
+      return text;
+    };
+    return "its sources were " + words(mixture_then) + "; now " + words(mixture_now);
+  }
   const nlohmann::json& a = then.at("shards");
   const nlohmann::json& b = now.value("shards", nlohmann::json::array());
   if (a.size() != b.size()) {

@@ -20,7 +20,11 @@ namespace llm {
 // Throws UserError naming the shard if one cannot be read.
 nlohmann::json corpus_identity(const TokenCorpus& corpus);
 
-// "" when `now` is the corpus `then` recorded; else the first difference in words, e.g.
+// A mixture's sources (--data ITEM:WEIGHT,...) as a checkpoint records them beside the shards, in
+// order: [{"weight": w, "shards": n}, ...].
+nlohmann::json mixture_identity(const std::string& spec);
+
+// "" when `now` is the corpus `then` recorded (its mixture's weights and sources too); else the first difference in words, e.g.
 // "shard 3 of 8, web-00003.bin: 1000000 tokens then, 900000 now" or "12 shards then, 13 now (added:
 // web-00012.bin)". `then` from an older checkpoint without an identity is never a difference.
 std::string identity_difference(const nlohmann::json& then, const nlohmann::json& now);

@@ -4,7 +4,9 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <optional>
 #include <set>
 
 #include "common/errors.h"
@@ -72,9 +74,53 @@ std::vector<std::string> glob_matches(const std::string& pattern, const std::str
 
 }  // namespace
 
+namespace {
+
+// ITEM:WEIGHT -> (ITEM, WEIGHT) when what follows the last ':' is a number (and ITEM is not empty).
+std::optional<std::pair<std::string, std::string>> weighted_item(const std::string& item) {
+  const size_t colon = item.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == item.size()) return std::nullopt;
+  const std::string weight = item.substr(colon + 1);
+  if (weight.find_first_not_of("0123456789.eE+-") != std::string::npos) return std::nullopt;
+  return std::pair{item.substr(0, colon), weight};
+}
+
+}  // namespace
+
+bool is_mixture(const std::string& spec) {
+  for (const std::string& item : items_of(spec))
+    if (weighted_item(item)) return true;
+  return false;
+}
+
+std::vector<DataSource> data_sources(const std::string& spec, const std::string& flag) {
+  if (!is_mixture(spec)) return {{spec, 1.0}};
+  std::vector<DataSource> sources;
+  for (const std::string& item : items_of(spec)) {
+    const auto weighted = weighted_item(item);
+    LLM_REQUIRE(weighted.has_value(), kSource, flag,
+                "\"" + item + "\" has no weight while other items have one: give every item a weight (a mixture, "
+                "e.g. --data web/*.bin:0.7,code/:0.3) or none (one corpus)");
+    double weight = 0;
+    size_t used = 0;
+    try {
+      weight = std::stod(weighted->second, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    LLM_REQUIRE(used == weighted->second.size() && std::isfinite(weight) && weight > 0, kSource, flag,
+                "\"" + item + "\": the weight " + weighted->second + " is not a positive number");
+    sources.push_back({weighted->first, weight});
+  }
+  return sources;
+}
+
 std::vector<std::string> expand_data_spec(const std::string& spec, const std::string& flag) {
   std::vector<std::string> files;
-  for (const std::string& item : items_of(spec)) {
+  std::vector<std::string> items;
+  for (const DataSource& source : data_sources(spec, flag))
+    for (const std::string& item : items_of(source.spec)) items.push_back(item);
+  for (const std::string& item : items) {
     LLM_REQUIRE(!item.empty(), kSource, flag,
                 "\"" + spec + "\" has an empty item in its comma-separated list; give files, folders or glob patterns, e.g. "
                 "--data shards/train_*.bin,extra.npy");
@@ -105,8 +151,12 @@ std::vector<std::string> expand_data_spec(const std::string& spec, const std::st
 
 std::string absolute_data_spec(const std::string& spec) {
   std::string absolute;
-  for (const std::string& item : items_of(spec))
-    absolute += (absolute.empty() ? "" : ",") + (item.empty() ? item : fs::absolute(item).string());
+  for (const std::string& item : items_of(spec)) {
+    const auto weighted = weighted_item(item);
+    const std::string path = weighted ? weighted->first : item;
+    absolute += (absolute.empty() ? "" : ",") + (path.empty() ? path : fs::absolute(path).string()) +
+                (weighted ? ":" + weighted->second : "");
+  }
   return absolute;
 }
 

@@ -23,12 +23,25 @@
 
 namespace llm {
 
-// The files --data (or `flag`, e.g. --eval_data) names, in order: each item expanded (a folder to its token files, a glob to its
+// --data as weighted sources (a mixture): "web/*.bin:0.7,code/:0.3" gives each item its own source
+// with its weight, a positive number after the item's last ':'; without weights the whole spec is one
+// source of weight 1. Sources are sampled in proportion to their weights, each through its own window
+// order (data/batches.h). Throws UserError naming `flag` for a weight that is not a positive number,
+// or weights on some items and not others.
+struct DataSource {
+  std::string spec;   // a file, folder or glob (the whole list when unweighted)
+  double weight = 1;
+};
+std::vector<DataSource> data_sources(const std::string& spec, const std::string& flag = "--data");
+bool is_mixture(const std::string& spec);  // some item carries a weight
+
+// The files --data (or `flag`, e.g. --eval_data) names, in order (weights dropped): each item expanded (a folder to its token files, a glob to its
 // matches), without opening them. Throws UserError naming the item for one that names nothing
 // (a missing file, an empty folder, a glob without matches) or a file listed twice.
 std::vector<std::string> expand_data_spec(const std::string& spec, const std::string& flag = "--data");
 
-// --data with each item made absolute (for the checkpoint's record): a single file's absolute path.
+// --data with each item made absolute, weights kept (for the checkpoint's record): a single file's
+// absolute path.
 std::string absolute_data_spec(const std::string& spec);
 
 class TokenCorpus {

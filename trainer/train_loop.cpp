@@ -51,7 +51,15 @@ std::shared_ptr<TokenCorpus> open_held_out(const RunConfig& run, const ModelConf
 
 Corpus open_corpus(const RunConfig& run, const ModelConfig& model, const RuntimeContext& context) {
   StallWatchdog::mark("start-up: opening the data");
-  if (run.data.source != "synthetic") return {open_data(run.data.source, "--data", model)};
+  if (run.data.source != "synthetic") {
+    Corpus corpus;
+    corpus.tokens = open_data(run.data.source, "--data", model);
+    for (const DataSource& source : data_sources(run.data.source))
+      corpus.sources.push_back({is_mixture(run.data.source) ? TokenCorpus::open(source.spec, model.vocab_size)
+                                                            : corpus.tokens,
+                                source.weight});
+    return corpus;
+  }
   SyntheticCorpusSpec spec;
   spec.vocab_size = model.vocab_size;
   spec.seed = kSyntheticCorpusSeed;
@@ -62,8 +70,8 @@ Corpus open_corpus(const RunConfig& run, const ModelConfig& model, const Runtime
   write_token_file(path, corpus.tokens, model.vocab_size);
   log::info("synthetic corpus: {} tokens, unigram entropy {:.3f} nats, entropy floor {:.3f} nats",
             corpus.tokens.size(), corpus.unigram_entropy_nats, corpus.entropy_rate_nats);
-  return {TokenCorpus::open(path, model.vocab_size), corpus.unigram_entropy_nats,
-          corpus.entropy_rate_nats};
+  std::shared_ptr<TokenCorpus> tokens = TokenCorpus::open(path, model.vocab_size);
+  return {tokens, corpus.unigram_entropy_nats, corpus.entropy_rate_nats, {{tokens, 1.0}}};
 }
 
 // Before anything is written: --memory_snapshot on a CPU rank is a UserError, and the run folder exists.
@@ -102,9 +110,9 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
       ledger_(records_.ledger()),
       corpus_(open_corpus(run, model_config, context)),
       held_out_(open_held_out(run, model_config)),
-      train_batches_(corpus_.tokens, Split::train, run.data.max_length, run.data.eval_fraction, run.seed, context.rank,
+      train_batches_(corpus_.sources, Split::train, run.data.max_length, run.data.eval_fraction, run.seed, context.rank,
                      context.world_size, run.data.batch_size, /*whole_corpus=*/held_out_ != nullptr),
-      eval_batches_(held_out_ ? held_out_ : corpus_.tokens, Split::eval, run.data.max_length, run.data.eval_fraction,
+      eval_batches_(held_out_ ? std::vector<WeightedCorpus>{{held_out_, 1.0}} : corpus_.sources, Split::eval, run.data.max_length, run.data.eval_fraction,
                     run.seed, context.rank, context.world_size, run.data.batch_size,
                     /*whole_corpus=*/held_out_ != nullptr),
       timer_(device_),
@@ -177,6 +185,7 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
   // that reads that file by name is on the same data.
   nlohmann::json identity = corpus_identity(*corpus_.tokens);
   if (run.data.source == "synthetic") identity["synthetic"] = true;
+  if (is_mixture(run.data.source)) identity["mixture"] = mixture_identity(run.data.source);
   checkpoints_->set_data_identity(std::move(identity));
   checkpoints_->agree_on_run_id();
   start_step_ = state_.step;

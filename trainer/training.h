@@ -26,9 +26,10 @@ namespace llm {
 
 // The token file the run reads, and for synthetic data its entropies (the loss's floor).
 struct Corpus {
-  std::shared_ptr<TokenCorpus> tokens;
+  std::shared_ptr<TokenCorpus> tokens;  // every shard of --data, in order
   double unigram_entropy = 0;
   double entropy_rate = 0;
+  std::vector<WeightedCorpus> sources;  // what the sampler draws from: `tokens` alone, or a mixture's sources
 };
 
 // One optimizer step's outcome, for the step line and metrics.jsonl.
