@@ -29,6 +29,7 @@
 #include "common/log.h"
 #include <nlohmann/json.hpp>
 
+#include "data/hf_tokenizer.h"
 #include "data/text_input.h"
 #include "data/token_file.h"
 
@@ -531,9 +532,19 @@ class Progress {
 // Encodes one text file into the writer and returns its token count. Pieces are read in batches
 // of about kEncodeBatchBytes and encoded in parallel (the processor is const and thread-safe), then
 // appended in file order, so the result is the same as a sequential pass.
-int64_t encode_file(const sentencepiece::SentencePieceProcessor& processor, const std::string& input,
+// The tokenizer prepare encodes with: a SentencePiece model (encoded here, in parallel across the
+// threads) or a Hugging Face tokenizer.json (encoded by the tokenizers library in its helper).
+struct Encoder {
+  const sentencepiece::SentencePieceProcessor* sentencepiece = nullptr;
+  HfTokenizer* hugging_face = nullptr;
+  int end_of_document() const {
+    return sentencepiece ? sentencepiece->eos_id() : static_cast<int>(hugging_face->end_of_document());
+  }
+};
+
+int64_t encode_file(const Encoder& encoder, const std::string& input,
                     const std::string& text_key, PreparedOutput& writer, Progress& progress) {
-  const int end_of_document = processor.eos_id();  // -1 when the model has none
+  const int end_of_document = encoder.end_of_document();  // -1 when the tokenizer has none
   const int64_t tokens_before = writer.num_tokens();
   DocumentReader reader(input, kEncodePieceBytes, text_key);
   int64_t reported_bytes = 0;
@@ -558,9 +569,11 @@ int64_t encode_file(const sentencepiece::SentencePieceProcessor& processor, cons
     const auto count = static_cast<int64_t>(pieces.size());
     piece_ids.resize(pieces.size());
     piece_errors.assign(pieces.size(), std::string());
+    if (encoder.hugging_face != nullptr) piece_ids = encoder.hugging_face->encode(pieces);
+    const sentencepiece::SentencePieceProcessor* processor = encoder.sentencepiece;
 #pragma omp parallel for schedule(dynamic, 64)
-    for (int64_t i = 0; i < count; ++i) {
-      const auto encoded = processor.Encode(pieces[i], &piece_ids[i]);
+    for (int64_t i = 0; i < (processor != nullptr ? count : 0); ++i) {
+      const auto encoded = processor->Encode(pieces[i], &piece_ids[i]);
       if (!encoded.ok()) {
         const std::string text = sentencepiece_text(encoded);
         piece_errors[i] = text.empty() ? "its encoder failed" : text;
@@ -568,7 +581,7 @@ int64_t encode_file(const sentencepiece::SentencePieceProcessor& processor, cons
     }
     for (int64_t i = 0; i < count; ++i) {
       if (!piece_errors[i].empty())
-        fail_user(input, "--input", "SentencePiece cannot encode it (" + piece_errors[i] +
+        fail_user(input, "--input", "the tokenizer cannot encode it (" + piece_errors[i] +
                                         "); is the file UTF-8 text?");
       pending.insert(pending.end(), piece_ids[i].begin(), piece_ids[i].end());
       document_has_tokens = document_has_tokens || !piece_ids[i].empty();
@@ -598,19 +611,30 @@ PrepareResult prepare_token_file(const PrepareOptions& given) {
 
   const std::string& tokenizer_path = result.tokenizer_path;
   sentencepiece::SentencePieceProcessor processor;
-  const auto loaded = processor.Load(tokenizer_path);
-  if (!loaded.ok())
-    fail_user(tokenizer_path, "--tokenizer",
-              "is not a SentencePiece model" +
-                  (sentencepiece_text(loaded).empty() ? "" : " (" + sentencepiece_text(loaded) + ")") +
-                  "; pass a "
-              "SentencePiece .model file (a HF tokenizer.json is not one), or --vocab_size N to "
-              "train one");
-  result.vocab_size = processor.GetPieceSize();
+  std::unique_ptr<HfTokenizer> hugging_face;
+  Encoder encoder;
+  if (is_hf_tokenizer(tokenizer_path)) {
+    hugging_face = std::make_unique<HfTokenizer>(tokenizer_path);
+    encoder.hugging_face = hugging_face.get();
+    result.vocab_size = hugging_face->vocab_size();
+    if (hugging_face->end_of_document() < 0)
+      log::warn("prepare: " + tokenizer_path + " has none of </s>, <|end_of_text|>, <|endoftext|>, <eos>: documents "
+                "are not separated in the token file");
+  } else {
+    const auto loaded = processor.Load(tokenizer_path);
+    if (!loaded.ok())
+      fail_user(tokenizer_path, "--tokenizer",
+                "is not a SentencePiece model" +
+                    (sentencepiece_text(loaded).empty() ? "" : " (" + sentencepiece_text(loaded) + ")") +
+                    "; pass a SentencePiece .model file or a Hugging Face tokenizer.json, or --vocab_size N to "
+                    "train one");
+    encoder.sentencepiece = &processor;
+    result.vocab_size = processor.GetPieceSize();
+  }
   PreparedOutput writer(options, result.vocab_size);
   Progress progress(options.inputs);
   for (const std::string& input : options.inputs) {
-    const int64_t tokens_of_input = encode_file(processor, input, options.text_key, writer, progress);
+    const int64_t tokens_of_input = encode_file(encoder, input, options.text_key, writer, progress);
     LLM_REQUIRE(tokens_of_input > 0, input, "--input",
                 "holds no text (only blank lines); remove it from the inputs or fill it with text");
     log::info("prepare: " + input + ": " + std::to_string(tokens_of_input) + " tokens");
