@@ -17,8 +17,8 @@ extern char** environ;
 
 namespace llm {
 namespace fs = std::filesystem;
-namespace {
 
+// Where the build was configured (CMakeLists.txt sets both for this file).
 #ifndef TRAINER_DEFAULT_PYTHON
 #define TRAINER_DEFAULT_PYTHON ""
 #endif
@@ -26,23 +26,24 @@ namespace {
 #define TRAINER_SOURCE_DIR ""
 #endif
 
-std::string python_for_helper() {
+std::string project_python() {
   if (const char* chosen = std::getenv("TRAINER_PYTHON"); chosen != nullptr && *chosen != '\0') return chosen;
   std::error_code error;
   if (*TRAINER_DEFAULT_PYTHON != '\0' && fs::exists(TRAINER_DEFAULT_PYTHON, error)) return TRAINER_DEFAULT_PYTHON;
   return "python3";
 }
 
-// data/hf_encode.py: in the source tree the build was made from, else beside the binary's tree.
-std::string helper_script() {
+std::string project_script(const std::string& relative) {
   std::error_code error;
-  const fs::path built = fs::path(TRAINER_SOURCE_DIR) / "data" / "hf_encode.py";
+  const fs::path built = fs::path(TRAINER_SOURCE_DIR) / relative;
   if (*TRAINER_SOURCE_DIR != '\0' && fs::exists(built, error)) return built.string();
   const fs::path exe = fs::read_symlink("/proc/self/exe", error);
   for (fs::path folder = exe.parent_path(); !folder.empty() && folder != folder.root_path(); folder = folder.parent_path())
-    if (fs::exists(folder / "data" / "hf_encode.py", error)) return (folder / "data" / "hf_encode.py").string();
+    if (fs::exists(folder / relative, error)) return (folder / relative).string();
   return built.string();
 }
+
+namespace {
 
 uint32_t load_u32(const unsigned char* bytes) {
   uint32_t value = 0;
@@ -61,7 +62,7 @@ bool is_hf_tokenizer(const std::string& path) {
 }
 
 HfTokenizer::HfTokenizer(const std::string& path) : path_(path) {
-  const std::string python = python_for_helper(), script = helper_script();
+  const std::string python = project_python(), script = project_script("data/hf_encode.py");
   LLM_REQUIRE(fs::exists(script), path, "--tokenizer",
               "a tokenizer.json is encoded by " + script + ", which is missing; run the trainer from its source tree");
   int down[2], up[2];

@@ -12,6 +12,13 @@
 
 namespace llm {
 
+// The project's Python for helper scripts: TRAINER_PYTHON from the environment, else the one the
+// build was configured with (if it exists), else python3.
+std::string project_python();
+// A script of the source tree (e.g. "data/hf_encode.py"): in the tree the build was made from, else
+// in the nearest folder above the running binary that holds it.
+std::string project_script(const std::string& relative);
+
 // Whether `path` is a tokenizer.json (its first non-blank byte is '{') rather than a SentencePiece model.
 bool is_hf_tokenizer(const std::string& path);
 

@@ -136,7 +136,7 @@ std::string why_not_text(const std::string& bytes, bool whole_file) {
   return "";
 }
 
-void check_input(const std::string& input) {
+void check_input(const std::string& input, const std::string& text_key) {
   namespace fs = std::filesystem;
   std::error_code error;
   const auto status = fs::status(input, error);
@@ -152,7 +152,7 @@ void check_input(const std::string& input) {
   in.close();
   // The first bytes as the encoder will see them: through gzip or zstd when the file is compressed.
   const TextCompression compression = compression_of(input);
-  const std::unique_ptr<ByteSource> source = ByteSource::open(input, "--input");
+  const std::unique_ptr<ByteSource> source = ByteSource::open(input, "--input", text_key);
   std::string head(kTextProbeBytes, '\0');
   size_t got = 0;
   while (got < head.size()) {
@@ -163,7 +163,9 @@ void check_input(const std::string& input) {
   const bool whole_file = got < head.size();
   head.resize(got);
   const std::string why = why_not_text(head, whole_file);
-  const std::string what = compression == TextCompression::none ? "" : std::string(" (") + to_string(compression) + "-compressed)";
+  const std::string what = compression == TextCompression::none      ? ""
+                           : compression == TextCompression::parquet ? std::string(" (its \"") + text_key + "\" column)"
+                                                                     : std::string(" (") + to_string(compression) + "-compressed)";
   LLM_REQUIRE(why.empty(), input, "--input",
               "is not UTF-8 text" + what + ": " + why + " in its first " + std::to_string(head.size()) +
                   " bytes; pass text (one document per line) or JSON Lines files, plain, gzip or zstd");
@@ -266,7 +268,7 @@ void check_inputs(const PrepareOptions& options) {
               "no input text files were given; pass one or more text files");
   LLM_REQUIRE(!options.output.empty(), "prepare", "--output",
               "no output path was given; pass the token file to write, e.g. data/train.bin");
-  for (const std::string& input : options.inputs) check_input(input);
+  for (const std::string& input : options.inputs) check_input(input, options.text_key);
   LLM_REQUIRE(options.format == "trainer" || options.format == "llmc", "prepare", "--format",
               "\"" + options.format + "\" is not a format prepare writes; use trainer (ours, .tok) or llmc (llm.c's .bin)");
   LLM_REQUIRE(options.shard_tokens == 0 ||

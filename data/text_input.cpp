@@ -1,5 +1,9 @@
 #include "data/text_input.h"
 
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <zlib.h>
 #include <zstd.h>
 
@@ -12,6 +16,9 @@
 #include <nlohmann/json.hpp>
 
 #include "common/errors.h"
+#include "data/hf_tokenizer.h"  // project_python, project_script
+
+extern char** environ;
 
 namespace llm {
 namespace {
@@ -102,6 +109,73 @@ class ZstdSource final : public ByteSource {
   bool frame_done_ = true;
 };
 
+// A Parquet file's text column, as JSON Lines from data/parquet_text.py's stdout; its stderr goes to a
+// temporary file, which names what went wrong when it ends with a non-zero status.
+class ParquetSource final : public ByteSource {
+ public:
+  ParquetSource(const std::string& path, const std::string& flag, const std::string& column)
+      : path_(path), flag_(flag) {
+    const std::string python = project_python(), script = project_script("data/parquet_text.py");
+    char errors_path[] = "/tmp/trainer_parquet_XXXXXX";
+    const int errors = ::mkstemp(errors_path);
+    LLM_REQUIRE(errors >= 0, path, flag, "cannot make a temporary file (" + std::string(std::strerror(errno)) + ")");
+    errors_path_ = errors_path;
+    int up[2];
+    LLM_REQUIRE(::pipe(up) == 0, path, flag, "cannot make a pipe (" + std::string(std::strerror(errno)) + ")");
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, up[1], 1);
+    posix_spawn_file_actions_adddup2(&actions, errors, 2);
+    posix_spawn_file_actions_addclose(&actions, up[0]);
+    std::vector<std::string> arguments = {python, script, path, column};
+    std::vector<char*> argv;
+    for (std::string& argument : arguments) argv.push_back(argument.data());
+    argv.push_back(nullptr);
+    const int spawned = ::posix_spawnp(&child_, python.c_str(), &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    ::close(up[1]);
+    ::close(errors);
+    from_child_ = up[0];
+    if (spawned != 0) {
+      child_ = -1;
+      fail_user(path, flag, "cannot start " + python + " to read Parquet through pyarrow (" + std::strerror(spawned) +
+                                "); set TRAINER_PYTHON to the project's Python");
+    }
+  }
+  ~ParquetSource() override {
+    if (from_child_ >= 0) ::close(from_child_);
+    if (child_ > 0) {
+      ::kill(child_, SIGTERM);
+      int status = 0;
+      ::waitpid(child_, &status, 0);
+    }
+    ::unlink(errors_path_.c_str());
+  }
+  size_t read(char* out, size_t bytes) override {
+    for (;;) {
+      const ssize_t got = ::read(from_child_, out, bytes);
+      if (got < 0 && errno == EINTR) continue;
+      LLM_REQUIRE(got >= 0, path_, flag_, "reading the Parquet reader's output failed (" + std::string(std::strerror(errno)) + ")");
+      if (got > 0) return static_cast<size_t>(got);
+      int status = 0;
+      ::waitpid(child_, &status, 0);
+      child_ = -1;
+      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        std::ifstream in(errors_path_);
+        std::string why((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        while (!why.empty() && (why.back() == '\n' || why.back() == ' ')) why.pop_back();
+        fail_user(path_, flag_, why.empty() ? "the Parquet reader (data/parquet_text.py) failed" : why);
+      }
+      return 0;
+    }
+  }
+
+ private:
+  std::string path_, flag_, errors_path_;
+  pid_t child_ = -1;
+  int from_child_ = -1;
+};
+
 bool ends_with(const std::string& text, const std::string& suffix) {
   return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
@@ -121,8 +195,10 @@ void cut_at_boundary(std::string& piece, std::string& carry) {
 
 }  // namespace
 
-std::unique_ptr<ByteSource> ByteSource::open(const std::string& path, const std::string& flag) {
+std::unique_ptr<ByteSource> ByteSource::open(const std::string& path, const std::string& flag,
+                                             const std::string& text_key) {
   switch (compression_of(path)) {
+    case TextCompression::parquet: return std::make_unique<ParquetSource>(path, flag, text_key);
     case TextCompression::gzip: return std::make_unique<GzipSource>(path, flag);
     case TextCompression::zstd: return std::make_unique<ZstdSource>(path, flag);
     case TextCompression::none: break;
@@ -137,10 +213,12 @@ TextCompression compression_of(const std::string& path) {
   const std::streamsize got = in.gcount();
   if (got >= 2 && magic[0] == 0x1f && magic[1] == 0x8b) return TextCompression::gzip;
   if (got >= 4 && magic[0] == 0x28 && magic[1] == 0xb5 && magic[2] == 0x2f && magic[3] == 0xfd) return TextCompression::zstd;
+  if (got >= 4 && std::memcmp(magic, "PAR1", 4) == 0) return TextCompression::parquet;
   return TextCompression::none;
 }
 
 TextLayout layout_of(const std::string& path) {
+  if (compression_of(path) == TextCompression::parquet) return TextLayout::json_lines;
   std::string name = path;
   for (const std::string suffix : {".gz", ".zst", ".zstd"})
     if (ends_with(name, suffix)) name = name.substr(0, name.size() - suffix.size());
@@ -152,6 +230,7 @@ const char* to_string(TextCompression compression) {
   switch (compression) {
     case TextCompression::gzip: return "gzip";
     case TextCompression::zstd: return "zstd";
+    case TextCompression::parquet: return "Parquet";
     case TextCompression::none: break;
   }
   return "plain";
@@ -284,7 +363,7 @@ DocumentReader::DocumentReader(const std::string& path, size_t max_piece_bytes, 
   impl_->text_key = text_key;
   impl_->max_piece_bytes = max_piece_bytes;
   impl_->layout = layout_of(path);
-  impl_->source = ByteSource::open(path, flag);
+  impl_->source = ByteSource::open(path, flag, text_key);
 }
 
 DocumentReader::~DocumentReader() = default;

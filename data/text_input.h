@@ -1,8 +1,10 @@
 // What `trainer prepare` reads: text as corpora are published, one document at a time.
 //
 // A file is read through its compression, told by its first bytes (not its name): gzip (C4's
-// .json.gz; zlib) and zstd (Dolma's and the Pile's .jsonl.zst; libzstd), else plain. Its documents
-// are, by its name with any .gz/.zst left out:
+// .json.gz; zlib) and zstd (Dolma's and the Pile's .jsonl.zst; libzstd), else plain; a Parquet file
+// (magic PAR1: FineWeb) is read through pyarrow by data/parquet_text.py, run by the project's Python,
+// which streams its `text_key` column as JSON Lines. Its documents are, by its name with any
+// .gz/.zst left out:
 //   - JSON Lines (*.jsonl, *.json): one JSON object a line, the document its `text_key` string (C4,
 //     Dolma, the Pile and FineWeb's JSON exports call it "text"); a record without it, or a line that
 //     is not JSON, is a UserError naming the file and line;
@@ -19,7 +21,7 @@
 
 namespace llm {
 
-enum class TextCompression { none, gzip, zstd };
+enum class TextCompression { none, gzip, zstd, parquet };
 enum class TextLayout { lines, json_lines };
 
 // Reads the decompressed bytes of a file. Throws UserError naming the file (and `flag`) for a file
@@ -28,11 +30,13 @@ class ByteSource {
  public:
   virtual ~ByteSource() = default;
   virtual size_t read(char* out, size_t bytes) = 0;  // 0 at the end
-  static std::unique_ptr<ByteSource> open(const std::string& path, const std::string& flag);
+  // text_key: the column a Parquet file is read by.
+  static std::unique_ptr<ByteSource> open(const std::string& path, const std::string& flag,
+                                          const std::string& text_key = "text");
 };
 
 TextCompression compression_of(const std::string& path);  // by the first bytes; none if unreadable
-TextLayout layout_of(const std::string& path);            // by the name, .gz/.zst left out
+TextLayout layout_of(const std::string& path);            // by the name, .gz/.zst left out; Parquet: JSON Lines
 const char* to_string(TextCompression compression);       // "plain", "gzip", "zstd"
 
 class DocumentReader {

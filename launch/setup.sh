@@ -40,8 +40,10 @@ else
     mkdir -p "$CACHE"
     python3 -m venv "$VENV"
     "$VENV/bin/pip" install -q --upgrade pip
-    "$VENV/bin/pip" install -q "torch==$TORCH_VERSION" transformers galore-torch numpy sentencepiece
+    "$VENV/bin/pip" install -q "torch==$TORCH_VERSION" transformers galore-torch numpy sentencepiece pyarrow
   fi
+  # Added later: `trainer prepare` reads Parquet through pyarrow (data/parquet_text.py).
+  "$PYTHON" -c "import pyarrow" >/dev/null 2>&1 || "$VENV/bin/pip" install -q pyarrow
 fi
 TORCH_CMAKE=$("$PYTHON" -c "import torch; print(torch.utils.cmake_prefix_path)" 2>/dev/null)
 log "torch $("$PYTHON" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)' 2>/dev/null)"

@@ -264,6 +264,33 @@ TEST_F(PrepareInputs, AShardFolderIsReplacedOnlyWithOverwrite) {
   expect_user_error([&] { prepare_token_file(options); }, {"--shard_tokens", "expected 0 (one file) or an integer in [1024"});
 }
 
+// Parquet (FineWeb's form) through pyarrow: the same documents as JSON Lines give the same ids; a
+// missing column or a damaged file is a UserError naming the file. Skipped without pyarrow.
+TEST_F(PrepareInputs, ParquetIsReadThroughPyarrow) {
+#ifdef TRAINER_PYTHON
+  const std::string python = testing::python().string();
+  if (testing::run_command(python + " -c 'import pyarrow'").exit_code != 0) GTEST_SKIP() << "no pyarrow in " << python;
+  write_bytes(scratch_ / "docs.jsonl", json_lines(documents(700, 11)));
+  write_bytes(scratch_ / "make.py", "import json, sys\nimport pyarrow as pa, pyarrow.parquet as pq\n"
+                                    "docs = [json.loads(line)['text'] for line in open(sys.argv[1])]\n"
+                                    "pq.write_table(pa.table({'id': list(range(len(docs))), 'text': docs}), sys.argv[2], "
+                                    "row_group_size=100)\n");
+  const auto made = testing::run_command(python + " " + (scratch_ / "make.py").string() + " " +
+                                         (scratch_ / "docs.jsonl").string() + " " + (scratch_ / "docs.parquet").string());
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  EXPECT_EQ(compression_of(scratch_ / "docs.parquet"), TextCompression::parquet);
+  EXPECT_EQ(prepare({scratch_ / "docs.parquet"}, "parquet.tok"), prepare({scratch_ / "docs.jsonl"}, "jsonl.tok"));
+  expect_user_error([&] { prepare({scratch_ / "docs.parquet"}, "content.tok", "content"); },
+                    {(scratch_ / "docs.parquet").string(), "--input", "has no column \"content\" (its columns: id, text)",
+                     "pass --text_key"});
+  write_bytes(scratch_ / "bad.parquet", std::string("PAR1") + std::string(200, 'x') + "PAR1");
+  expect_user_error([&] { prepare({scratch_ / "bad.parquet"}, "bad.tok"); },
+                    {(scratch_ / "bad.parquet").string(), "--input", "is not a Parquet file pyarrow reads"});
+#else
+  GTEST_SKIP() << "this build names no TRAINER_PYTHON";
+#endif
+}
+
 // Through the binary: a compressed JSON Lines corpus in, a progress line with MB/s and tokens/s out.
 TEST(PrepareInputsCommand, ReadsZstdJsonLinesAndReportsThroughput) {
   ScratchDir scratch("prepare_inputs_command");
