@@ -124,6 +124,23 @@ def cases(device):
 # device: the card, its published peak, a measured bf16 GEMM
 
 
+def fastest_product(torch, m, k, n, device):
+    """Seconds of the fastest of 10 bf16 products (m x k) @ (k x n) on `device`, after 3 warm-ups."""
+    a = torch.randn(m, k, dtype=torch.bfloat16, device=device)
+    b = torch.randn(k, n, dtype=torch.bfloat16, device=device)
+    best = float("inf")
+    for repeat in range(13):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        torch.mm(a, b)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        if repeat >= 3:
+            best = min(best, time.perf_counter() - started)
+    return best
+
+
 def run_device(args):
     import torch
 
@@ -140,36 +157,13 @@ def run_device(args):
     published = next(((tflops, source) for part, tflops, source in PUBLISHED_BF16_DENSE_TFLOPS if part in name),
                      (None, f"no published dense bf16 peak known for {name!r}: MFU not computed"))
     # The ceiling as this card delivers it: the best of 10 bf16 products of n x n x n after 3.
-    a = torch.randn(n, n, dtype=torch.bfloat16, device=args.device)
-    b = torch.randn(n, n, dtype=torch.bfloat16, device=args.device)
-    best = float("inf")
-    for repeat in range(13):
-        if args.device == "cuda":
-            torch.cuda.synchronize()
-        started = time.perf_counter()
-        torch.mm(a, b)
-        if args.device == "cuda":
-            torch.cuda.synchronize()
-        if repeat >= 3:
-            best = min(best, time.perf_counter() - started)
+    best = fastest_product(torch, n, n, n, args.device)
     # llama_1b's MLP products at 8 x 1024 tokens, with GaLore's intermediate size 5461 (not a multiple
     # of 64) beside 5504 and 5632: does the odd width keep cuBLAS off its best tiles?
     tokens, hidden = (8192, 2048) if args.device == "cuda" else (256, 64)
     mlp = {}
     for width in ((5461, 5504, 5632) if args.device == "cuda" else (171, 176)):
-        x = torch.randn(tokens, hidden, dtype=torch.bfloat16, device=args.device)
-        w = torch.randn(hidden, width, dtype=torch.bfloat16, device=args.device)
-        fastest = float("inf")
-        for repeat in range(13):
-            if args.device == "cuda":
-                torch.cuda.synchronize()
-            started = time.perf_counter()
-            torch.mm(x, w)
-            if args.device == "cuda":
-                torch.cuda.synchronize()
-            if repeat >= 3:
-                fastest = min(fastest, time.perf_counter() - started)
-        mlp[str(width)] = 2 * tokens * hidden * width / fastest / 1e12
+        mlp[str(width)] = 2 * tokens * hidden * width / fastest_product(torch, tokens, hidden, width, args.device) / 1e12
     print(json.dumps({
         "mlp_gemm_tflops": mlp, "mlp_gemm": f"({tokens} x {hidden}) @ ({hidden} x N) bf16, best of 10",
         "device": args.device, "name": name, "memory_bytes": memory, "multiprocessors": multiprocessors,

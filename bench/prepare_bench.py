@@ -78,17 +78,8 @@ def run_python(model, corpus, out, threads):
     processor = spm.SentencePieceProcessor(model_file=model)
     eos = processor.eos_id()
     pieces = []
-    with open(corpus, encoding="utf-8") as f:
-        batch = []
-        for line in f:
-            line = line.rstrip("\n")
-            if line.strip():
-                batch.append(line)
-            if len(batch) == 20000:
-                pieces.extend(encode_batch(processor, batch, eos, threads))
-                batch = []
-        if batch:
-            pieces.extend(encode_batch(processor, batch, eos, threads))
+    for batch in line_batches(corpus):
+        pieces.extend(encode_batch(processor, batch, eos, threads))
     ids = np.concatenate(pieces).astype(np.uint16)
     ids.tofile(out)
     return time.perf_counter() - started
@@ -112,24 +103,26 @@ def run_python_hf(model, corpus, out, threads):
     tokenizer = Tokenizer.from_file(model)
     eos = tokenizer.token_to_id("</s>")
     pieces = []
-
-    def flush(batch):
+    for batch in line_batches(corpus):
         for encoding in tokenizer.encode_batch(batch, add_special_tokens=False):
             pieces.append(np.asarray(encoding.ids + [eos], dtype=np.int64))
+    np.concatenate(pieces).astype(np.uint16).tofile(out)
+    return time.perf_counter() - started
 
+
+def line_batches(corpus, size=20000):
+    """The corpus's non-blank lines (documents), newline dropped, in lists of `size`."""
     with open(corpus, encoding="utf-8") as f:
         batch = []
         for line in f:
             line = line.rstrip("\n")
             if line.strip():
                 batch.append(line)
-            if len(batch) == 20000:
-                flush(batch)
+            if len(batch) == size:
+                yield batch
                 batch = []
         if batch:
-            flush(batch)
-    np.concatenate(pieces).astype(np.uint16).tofile(out)
-    return time.perf_counter() - started
+            yield batch
 
 
 def encode_batch(processor, lines, eos, threads):

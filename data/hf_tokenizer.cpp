@@ -43,6 +43,25 @@ std::string project_script(const std::string& relative) {
   return built.string();
 }
 
+pid_t spawn_helper(std::vector<std::string> arguments, int in, int out, int err,
+                   const std::vector<int>& close_in_child, std::string* why) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  if (in >= 0) posix_spawn_file_actions_adddup2(&actions, in, 0);
+  if (out >= 0) posix_spawn_file_actions_adddup2(&actions, out, 1);
+  if (err >= 0) posix_spawn_file_actions_adddup2(&actions, err, 2);
+  for (int descriptor : close_in_child) posix_spawn_file_actions_addclose(&actions, descriptor);
+  std::vector<char*> argv;
+  for (std::string& argument : arguments) argv.push_back(argument.data());
+  argv.push_back(nullptr);
+  pid_t child = -1;
+  const int spawned = ::posix_spawnp(&child, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (spawned == 0) return child;
+  *why = std::strerror(spawned);
+  return -1;
+}
+
 namespace {
 
 uint32_t load_u32(const unsigned char* bytes) {
@@ -68,27 +87,15 @@ HfTokenizer::HfTokenizer(const std::string& path) : path_(path) {
   int down[2], up[2];
   LLM_REQUIRE(::pipe(down) == 0 && ::pipe(up) == 0, path, "--tokenizer", "cannot make a pipe to the encoder (" +
                                                                                std::string(std::strerror(errno)) + ")");
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, down[0], 0);
-  posix_spawn_file_actions_adddup2(&actions, up[1], 1);
-  posix_spawn_file_actions_addclose(&actions, down[1]);
-  posix_spawn_file_actions_addclose(&actions, up[0]);
-  std::vector<std::string> arguments = {python, script, path};
-  std::vector<char*> argv;
-  for (std::string& argument : arguments) argv.push_back(argument.data());
-  argv.push_back(nullptr);
-  const int spawned = ::posix_spawnp(&child_, python.c_str(), &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
+  std::string why;
+  child_ = spawn_helper({python, script, path}, down[0], up[1], -1, {down[1], up[0]}, &why);
   ::close(down[0]);
   ::close(up[1]);
   to_child_ = down[1];
   from_child_ = up[0];
-  if (spawned != 0) {
-    child_ = -1;
-    fail_user(path, "--tokenizer", "cannot start " + python + " to encode with the tokenizers library (" +
-                                       std::strerror(spawned) + "); set TRAINER_PYTHON to the project's Python");
-  }
+  if (child_ < 0)
+    fail_user(path, "--tokenizer", "cannot start " + python + " to encode with the tokenizers library (" + why +
+                                       "); set TRAINER_PYTHON to the project's Python");
   ::signal(SIGPIPE, SIG_IGN);  // a helper that died is a failed write, said below, not a killed trainer
   unsigned char handshake[12];
   std::string failure;

@@ -1,7 +1,6 @@
 #include "data/text_input.h"
 
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -16,9 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/errors.h"
-#include "data/hf_tokenizer.h"  // project_python, project_script
-
-extern char** environ;
+#include "data/hf_tokenizer.h"  // project_python, project_script, spawn_helper
 
 namespace llm {
 namespace {
@@ -122,25 +119,14 @@ class ParquetSource final : public ByteSource {
     errors_path_ = errors_path;
     int up[2];
     LLM_REQUIRE(::pipe(up) == 0, path, flag, "cannot make a pipe (" + std::string(std::strerror(errno)) + ")");
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, up[1], 1);
-    posix_spawn_file_actions_adddup2(&actions, errors, 2);
-    posix_spawn_file_actions_addclose(&actions, up[0]);
-    std::vector<std::string> arguments = {python, script, path, column};
-    std::vector<char*> argv;
-    for (std::string& argument : arguments) argv.push_back(argument.data());
-    argv.push_back(nullptr);
-    const int spawned = ::posix_spawnp(&child_, python.c_str(), &actions, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
+    std::string why;
+    child_ = spawn_helper({python, script, path, column}, -1, up[1], errors, {up[0]}, &why);
     ::close(up[1]);
     ::close(errors);
     from_child_ = up[0];
-    if (spawned != 0) {
-      child_ = -1;
-      fail_user(path, flag, "cannot start " + python + " to read Parquet through pyarrow (" + std::strerror(spawned) +
+    if (child_ < 0)
+      fail_user(path, flag, "cannot start " + python + " to read Parquet through pyarrow (" + why +
                                 "); set TRAINER_PYTHON to the project's Python");
-    }
   }
   ~ParquetSource() override {
     if (from_child_ >= 0) ::close(from_child_);
