@@ -41,12 +41,6 @@ fs::path parent_folder(const fs::path& path) { return path.has_parent_path() ? p
 
 std::string rank_file(int rank, const char* extension) { return "rank" + std::to_string(rank) + extension; }
 
-std::string crc_text(uint32_t crc) {
-  char text[9];
-  std::snprintf(text, sizeof(text), "%08x", crc);
-  return text;
-}
-
 namespace {
 
 constexpr const char* kNotSaved =

@@ -22,7 +22,6 @@ constexpr int kFormatVersion = 1;
 // Defined in checkpoint.cpp.
 std::filesystem::path parent_folder(const std::filesystem::path& path);  // "." for a bare name
 std::string rank_file(int rank, const char* extension);                  // "rank3" + ".json"
-std::string crc_text(uint32_t crc);                                      // 8 hex digits
 
 // Defined in checkpoint_folders.cpp, where each one's comment says more.
 // An intact checkpoint's manifest; null with the reason in `problem` for any other folder.

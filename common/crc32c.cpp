@@ -1,6 +1,7 @@
 #include "common/crc32c.h"
 
 #include <array>
+#include <cstdio>
 #include <cstring>
 
 namespace llm {
@@ -48,6 +49,12 @@ uint32_t crc32c(const void* data, size_t size, uint32_t crc) {
   if (have_sse42) return ~crc_sse42(bytes, size, state);
 #endif
   return ~crc_table(bytes, size, state);
+}
+
+std::string crc_text(uint32_t crc) {
+  char text[9];
+  std::snprintf(text, sizeof(text), "%08x", crc);
+  return text;
 }
 
 }  // namespace llm

@@ -6,11 +6,15 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace llm {
 
 // The CRC-32C of `size` bytes at `data`, continuing from `crc` (the value of the bytes before them;
 // 0 to start): crc32c(b, crc32c(a)) == crc32c(a + b).
 uint32_t crc32c(const void* data, size_t size, uint32_t crc = 0);
+
+// A CRC as checkpoints and data identities write it: 8 lower-case hex digits.
+std::string crc_text(uint32_t crc);
 
 }  // namespace llm

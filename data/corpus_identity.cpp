@@ -1,7 +1,6 @@
 #include "data/corpus_identity.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -28,12 +27,6 @@ uint32_t head_crc(const std::string& path, uint32_t crc, uint64_t* bytes) {
               "cannot read the file's first bytes");
   *bytes += size;
   return crc32c(head.data(), head.size(), crc);
-}
-
-std::string hex(uint32_t value) {
-  char text[9];
-  std::snprintf(text, sizeof(text), "%08x", value);
-  return text;
 }
 
 std::vector<std::string> files_of(const nlohmann::json& identity) {
@@ -78,7 +71,7 @@ nlohmann::json corpus_identity(const TokenCorpus& corpus) {
                       {"format", to_string(shard->format())},
                       {"tokens", shard->size()},
                       {"bytes", bytes},
-                      {"head_crc32c", hex(crc)}});
+                      {"head_crc32c", crc_text(crc)}});
   }
   return {{"tokens", corpus.size()}, {"shards", shards}, {"folders", folders}};
 }
