@@ -235,8 +235,6 @@ void commit_save(const SaveFolders& save, const WrittenPart& part, nlohmann::jso
       manifest["format"] = kFormat;
       manifest["format_version"] = kFormatVersion;
       manifest["files"] = listed;
-      if (const nlohmann::json data = data_fingerprint(manifest.value("data", nlohmann::json())); !data.is_null())
-        manifest["data_file"] = data;
       const std::string text = manifest.dump(2) + "\n";
       write_checked(save.staging / "manifest.json", text.data(), text.size());
       // The files' entries before the rename, the rename itself after it: a power loss then leaves

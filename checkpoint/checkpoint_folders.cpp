@@ -205,22 +205,6 @@ nlohmann::json intact_manifest(const fs::path& root, std::string* problem) {
   return manifest;
 }
 
-// The data file's size and the CRC-32C of its first MiB, recorded beside "data" so that a resume can
-// tell a file changed in place (`trainer prepare` run again with another tokenizer or text) from
-// the same file; null for synthetic data or a file that cannot be read. One MiB, not the whole
-// file: a save must not read tens of GB, and a re-made token file differs in its size or its start.
-nlohmann::json data_fingerprint(const nlohmann::json& data) {
-  if (!data.is_string() || data.get<std::string>() == "synthetic") return nullptr;
-  const fs::path path = data.get<std::string>();
-  std::error_code error;
-  if (!fs::is_regular_file(path, error)) return nullptr;
-  const uint64_t bytes = fs::file_size(path, error);
-  std::ifstream in(path, std::ios::binary);
-  std::string head(static_cast<size_t>(std::min<uint64_t>(bytes, 1 << 20)), '\0');
-  if (error || !in.read(head.data(), static_cast<std::streamsize>(head.size()))) return nullptr;
-  return {{"bytes", bytes}, {"crc32c_first_mib", crc_text(crc32c(head.data(), head.size()))}};
-}
-
 // Why a save of run `run_id` may not put its folder at `final_path` (replacing what is there); ""
 // when nothing is there or an intact checkpoint of that same run is (a step saved again, as when a
 // run resumed from an earlier step). Never replaced: a link, a file, a folder that is not an intact
@@ -412,6 +396,21 @@ void refuse_what_the_saves_would_replace(const RunConfig& run, const CheckpointS
                     " stages its files there and would wipe it first (it wipes only what a killed save left)" +
                     what_to_do);
   }
+}
+
+// The data file's size and the CRC-32C of its first MiB, as checkpoints saved before data_identity
+// recorded it beside "data" ("data_file"), so that a resume from one can still tell a file changed in
+// place from the same file; null for synthetic data or a file that cannot be read.
+nlohmann::json data_fingerprint(const nlohmann::json& data) {
+  if (!data.is_string() || data.get<std::string>() == "synthetic") return nullptr;
+  const fs::path path = data.get<std::string>();
+  std::error_code error;
+  if (!fs::is_regular_file(path, error)) return nullptr;
+  const uint64_t bytes = fs::file_size(path, error);
+  std::ifstream in(path, std::ios::binary);
+  std::string head(static_cast<size_t>(std::min<uint64_t>(bytes, 1 << 20)), '\0');
+  if (error || !in.read(head.data(), static_cast<std::streamsize>(head.size()))) return nullptr;
+  return {{"bytes", bytes}, {"crc32c_first_mib", crc_text(crc32c(head.data(), head.size()))}};
 }
 
 // Resuming on other data than the checkpoint's is sometimes meant (a new mix, a cleaned file) and

@@ -32,7 +32,5 @@ std::string replace_problem(const std::filesystem::path& final_path, const std::
 std::string staging_problem(const std::filesystem::path& staging);
 // A manifest's run id; "" when it has none.
 std::string run_id_of(const nlohmann::json& trainer_state);
-// The data file's size and its first MiB's CRC-32C; null for synthetic data or an unreadable file.
-nlohmann::json data_fingerprint(const nlohmann::json& data);
 
 }  // namespace llm
