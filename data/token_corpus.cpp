@@ -181,6 +181,12 @@ void allow_open_files(size_t shards, const std::string& flag) {
               "limit, or join shards");
 }
 
+// For messages: the one shard's path, or "--data SPEC (N shards)".
+std::string corpus_name(const std::vector<std::shared_ptr<TokenFile>>& shards, const std::string& spec,
+                        const std::string& flag) {
+  return shards.size() == 1 ? shards.front()->path() : flag + " " + spec + " (" + std::to_string(shards.size()) + " shards)";
+}
+
 }  // namespace
 
 std::shared_ptr<TokenCorpus> TokenCorpus::open(const std::string& spec, int64_t model_vocab_size,
@@ -189,9 +195,25 @@ std::shared_ptr<TokenCorpus> TokenCorpus::open(const std::string& spec, int64_t 
   allow_open_files(files.size(), flag);
   std::vector<std::shared_ptr<TokenFile>> shards;
   for (const std::string& file : files) shards.push_back(TokenFile::open(file, model_vocab_size));
-  const std::string name = shards.size() == 1 ? shards.front()->path()
-                                              : flag + " " + spec + " (" + std::to_string(shards.size()) + " shards)";
+  const std::string name = corpus_name(shards, spec, flag);
   return std::make_shared<TokenCorpus>(std::move(shards), name);
+}
+
+std::vector<std::shared_ptr<TokenCorpus>> TokenCorpus::split_sources(const std::shared_ptr<TokenCorpus>& all,
+                                                                     const std::string& spec, const std::string& flag) {
+  const std::vector<DataSource> sources = data_sources(spec, flag);
+  if (sources.size() == 1) return {all};
+  std::vector<std::shared_ptr<TokenCorpus>> corpora;
+  auto next = all->shards().begin();
+  for (const DataSource& source : sources) {
+    const auto count = static_cast<std::ptrdiff_t>(expand_data_spec(source.spec, flag).size());
+    LLM_REQUIRE(count <= all->shards().end() - next, kSource, flag, "the sources name more shards than " + spec);
+    std::vector<std::shared_ptr<TokenFile>> shards(next, next + count);
+    next += count;
+    const std::string name = corpus_name(shards, source.spec, flag);
+    corpora.push_back(std::make_shared<TokenCorpus>(std::move(shards), name));
+  }
+  return corpora;
 }
 
 TokenCorpus::TokenCorpus(std::vector<std::shared_ptr<TokenFile>> shards, std::string name)

@@ -49,6 +49,12 @@ class TokenCorpus {
   // Expands `spec` and opens every shard. Throws UserError as expand_data_spec and TokenFile::open.
   static std::shared_ptr<TokenCorpus> open(const std::string& spec, int64_t model_vocab_size,
                                            const std::string& flag = "--data");
+  // `all` (TokenCorpus::open of the whole `spec`) cut into data_sources(spec)'s sources, in order,
+  // over the same open shards: source s holds the shards its item expands to, which follow one
+  // another in `all`. One source: `all` itself.
+  static std::vector<std::shared_ptr<TokenCorpus>> split_sources(const std::shared_ptr<TokenCorpus>& all,
+                                                                 const std::string& spec,
+                                                                 const std::string& flag = "--data");
   explicit TokenCorpus(std::vector<std::shared_ptr<TokenFile>> shards, std::string name = "");
 
   int64_t size() const { return total_; }

@@ -54,10 +54,9 @@ Corpus open_corpus(const RunConfig& run, const ModelConfig& model, const Runtime
   if (run.data.source != "synthetic") {
     Corpus corpus;
     corpus.tokens = open_data(run.data.source, "--data", model);
-    for (const DataSource& source : data_sources(run.data.source))
-      corpus.sources.push_back({is_mixture(run.data.source) ? TokenCorpus::open(source.spec, model.vocab_size)
-                                                            : corpus.tokens,
-                                source.weight});
+    const std::vector<DataSource> sources = data_sources(run.data.source);
+    const auto corpora = TokenCorpus::split_sources(corpus.tokens, run.data.source);
+    for (size_t s = 0; s < sources.size(); ++s) corpus.sources.push_back({corpora[s], sources[s].weight});
     return corpus;
   }
   SyntheticCorpusSpec spec;
