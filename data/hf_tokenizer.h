@@ -12,19 +12,6 @@
 
 namespace llm {
 
-// The project's Python for helper scripts: TRAINER_PYTHON from the environment, else the one the
-// build was configured with (if it exists), else python3.
-std::string project_python();
-// A script of the source tree (e.g. "data/hf_encode.py"): in the tree the build was made from, else
-// in the nearest folder above the running binary that holds it.
-std::string project_script(const std::string& relative);
-
-// Starts `arguments` (the first looked up on PATH) with `in`, `out` and `err` as its standard
-// streams (-1: this process's) and `close_in_child` closed in it. Returns its pid, or -1 with the
-// reason in *why.
-pid_t spawn_helper(std::vector<std::string> arguments, int in, int out, int err,
-                   const std::vector<int>& close_in_child, std::string* why);
-
 // Whether `path` is a tokenizer.json (its first non-blank byte is '{') rather than a SentencePiece model.
 bool is_hf_tokenizer(const std::string& path);
 

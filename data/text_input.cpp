@@ -15,7 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/errors.h"
-#include "data/hf_tokenizer.h"  // project_python, project_script, spawn_helper
+#include "data/python_helper.h"
 
 namespace llm {
 namespace {
