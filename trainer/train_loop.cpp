@@ -236,8 +236,10 @@ TrainingOutcome Training::run() {
     watchdog_->progress(step, "step start");
     const auto started = std::chrono::steady_clock::now();
     const StepResult result = train_step(step);
-    if (step == start_step_ + 1) records_.sharded_state(sharded_, optimizer(), communicator_);
+    // The step's time is the step's span: the one-off record of the sharded state below (a file
+    // written after the first step) is not part of it, so the phases add up to it.
     const double seconds = seconds_since(started);
+    if (step == start_step_ + 1) records_.sharded_state(sharded_, optimizer(), communicator_);
     outcome.steps = step;
     outcome.final_loss = result.loss;
     const bool last = step == run_.num_training_steps;
