@@ -17,6 +17,10 @@
 //                arrays read, three written back in place) three ways: STREAM's (each thread one
 //                contiguous block, ordinary stores), our kernel's (dynamic chunks, software
 //                prefetch), and with non-temporal stores; the best time of any over all reps
+//   ours bf16    ours with bf16 moments (--optimizer_state_dtype bfloat16: read exactly, stepped in
+//                fp32, stored with stochastic rounding; optim/state_rounding.h): 20 bytes per element
+//                (p 4 + 4, g 4, m 2 + 2, v 2 + 2). Its bound is the measured bound's GB/s over its 20
+//                bytes; "bf16 vs best peer" is the faster fp32 peer's time over its time.
 // Each rep runs one step of every side in turn (ours, torch fused, deepspeed, libtorch, scalar,
 // the three bound passes), each after a 20 ms pause, so load from other processes falls on all
 // of them; a side's figure is its median over the reps (the bound's, its best). GB/s counts 28 bytes per element (read p,
@@ -63,6 +67,7 @@
 #include "optim/adamw.h"
 #include "optim/adamw_host.h"
 #include "optim/shard_optimizer.h"
+#include "optim/state_rounding.h"
 
 namespace {
 
@@ -70,6 +75,7 @@ using nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 constexpr double kBytesPerElement = 28.0;  // read p, g, m, v (16 B); write p, m, v (12 B)
+constexpr double kBf16StateBytesPerElement = 20.0;  // the same with m and v in bf16
 constexpr double kLearningRate = 1e-3;
 constexpr double kWeightDecay = 0.1;
 constexpr int64_t kSamples = 4096;
@@ -207,7 +213,8 @@ json measure_adamw(int64_t n, int reps, int threads, Peers& peers) {
 
   at::Tensor param = make_param(), exp_avg = at::zeros({n}), exp_avg_sq = at::zeros({n});
   at::Tensor scalar_param = make_param(), scalar_m = at::zeros({n}), scalar_v = at::zeros({n});
-  int64_t our_step = 0, scalar_step = 0;
+  at::Tensor bf16_param = make_param(), bf16_m = at::zeros({n}, at::kBFloat16), bf16_v = at::zeros({n}, at::kBFloat16);
+  int64_t our_step = 0, scalar_step = 0, bf16_step = 0;
 
   at::Tensor libtorch_param = make_param().requires_grad_(true);
   libtorch_param.mutable_grad() = grad.clone();
@@ -225,6 +232,14 @@ json measure_adamw(int64_t n, int reps, int threads, Peers& peers) {
                      return seconds_of([&] {
                        llm::adamw_update(param, grad, exp_avg, exp_avg_sq, kLearningRate, options,
                                          kWeightDecay, ++our_step);
+                     });
+                   }});
+  sides.push_back({"ours_bf16_state", [&] {
+                     return seconds_of([&] {
+                       at::Tensor none;
+                       ++bf16_step;
+                       llm::adamw_update(bf16_param, grad, bf16_m, bf16_v, kLearningRate, options, kWeightDecay,
+                                         bf16_step, none, {llm::rounding_key(0, bf16_step, 0), 0});
                      });
                    }});
   for (const char* peer : {"torch_fused", "deepspeed"}) {
@@ -303,6 +318,15 @@ json measure_adamw(int64_t n, int reps, int threads, Peers& peers) {
       best_peer_ms = row[peer];
   row["ratio_vs_best_peer"] =
       best_peer_ms.is_null() ? json(nullptr) : json(best_peer_ms.get<double>() / row["ours_ms"].get<double>());
+  // bf16 state: its own bytes at the same measured bandwidth bound.
+  row["ours_bf16_state_ms"] = ms_or_null(find(sides, "ours_bf16_state"));
+  row["ours_bf16_state_gbs"] =
+      kBf16StateBytesPerElement * static_cast<double>(n) / (row["ours_bf16_state_ms"].get<double>() * 1e-3) / 1e9;
+  row["ours_bf16_state_fraction_of_bound"] = row["ours_bf16_state_gbs"].get<double>() / row["bound_gbs"].get<double>();
+  row["bf16_state_ratio_vs_best_peer"] =
+      best_peer_ms.is_null() ? json(nullptr)
+                             : json(best_peer_ms.get<double>() / row["ours_bf16_state_ms"].get<double>());
+  row["bf16_state_max_abs_diff_vs_ours"] = max_abs_difference(bf16_param, indices, samples_of(param, indices));
   row["max_abs_diff"] = diff;
   row["scalar_bit_identical"] = scalar_identical;
   return row;
@@ -392,7 +416,9 @@ void print_adamw_header(int threads, int reps, const Peers& peers) {
       "  libtorch   torch::optim::AdamW (C++, one ATen op per term)\n"
       "  bound      best pass of AdamW's streams (4 arrays read, 3 written in place) over all reps: "
       "per-thread blocks, chunks + prefetch, or non-temporal stores\n"
-      "  ratio      the faster of fused and deepspeed over ours (> 1: ours is faster)\n",
+      "  ratio      the faster of fused and deepspeed over ours (> 1: ours is faster)\n"
+      "  bf16 state ours with bf16 moments (stochastic rounding), 20 bytes/element; ours/bound at the bound's GB/s, "
+      "ratio: the faster fp32 peer over it\n",
       threads, reps, llm::to_string(llm::best_host_isa()),
       peers.torch ? peers.process->greeting()["torch"].get<std::string>().c_str() : "(not run)",
       peers.deepspeed ? peers.process->greeting()["deepspeed"].get<std::string>().c_str() : "(not installed)");
@@ -421,6 +447,12 @@ void print_adamw_row(const json& row) {
               cell(vs("torch_fused_ms"), "%.2fx").c_str(), cell(vs("deepspeed_ms"), "%.2fx").c_str(),
               cell(diff["torch_fused"], "%.1e").c_str(), cell(diff["deepspeed"], "%.1e").c_str(),
               cell(diff["libtorch"], "%.1e").c_str(), row["scalar_bit_identical"].get<bool>() ? "yes" : "NO");
+  std::printf("%10s %8s %8s %8s %8s %9s | %6s %6s %6s %6s %6s | %6s %6s | %6s %6s | max |bf16 - ours| %s\n",
+              "bf16 state", cell(row["ours_bf16_state_ms"], "%.2f").c_str(), "", "", "", "",
+              cell(row["ours_bf16_state_gbs"], "%.1f").c_str(), "", "", "", "",
+              cell(row["ours_bf16_state_fraction_of_bound"], "%.2f").c_str(),
+              cell(row["bf16_state_ratio_vs_best_peer"], "%.2fx").c_str(), "", "",
+              cell(row["bf16_state_max_abs_diff_vs_ours"], "%.1e").c_str());
   std::fflush(stdout);
 }
 

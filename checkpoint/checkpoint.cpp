@@ -128,7 +128,7 @@ std::array<int64_t, 4> write_rank_files(const fs::path& staging, int rank, int w
                                         const std::vector<StatePiece>& pieces,
                                         const std::atomic<bool>* cancelled = nullptr) {
   std::vector<SafetensorsEntry> entries;
-  for (const StatePiece& piece : pieces) entries.push_back({piece.key, at::kFloat, {piece.values.numel()}});
+  for (const StatePiece& piece : pieces) entries.push_back({piece.key, piece.values.scalar_type(), {piece.values.numel()}});
   SafetensorsWriter writer((staging / rank_file(rank, ".safetensors")).string(), entries);
   nlohmann::json tensors = nlohmann::json::object();
   for (const StatePiece& piece : pieces) {

@@ -133,10 +133,13 @@ void CheckpointReader::read(const std::string& key, int64_t begin, const at::Ten
     const int64_t from = std::max(begin, part.begin), to = std::min(end, part.begin + part.count);
     if (from >= to) continue;
     const SafetensorsFile& source = file(part.file);
-    LLM_REQUIRE(source.contains(key) && source.entries().at(key).dtype == at::kFloat &&
+    // Optimizer state may be bf16 (--optimizer_state_dtype); the copy below converts to the
+    // destination's dtype (bf16 -> fp32 exactly; fp32 -> bf16 to nearest even).
+    LLM_REQUIRE(source.contains(key) &&
+                    (source.entries().at(key).dtype == at::kFloat || source.entries().at(key).dtype == at::kBFloat16) &&
                     source.entries().at(key).shape == std::vector<int64_t>{part.count},
                 source.path(), key,
-                "expected a float32 part of " + std::to_string(part.count) +
+                "expected a float32 or bfloat16 part of " + std::to_string(part.count) +
                     " elements, as its index says; the file is damaged: resume from an earlier step_<N> folder");
     const at::Tensor values = source.read(key);
     const uint32_t crc = crc32c(values.data_ptr(), values.nbytes());

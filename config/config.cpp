@@ -105,6 +105,7 @@ json RunConfig::to_json() const {
       {"galore_stagger", optimizer.galore_stagger},
       {"galore_projector", optimizer.galore_projector},
       {"subspace_iterations", optimizer.subspace_iterations},
+      {"optimizer_state_dtype", optimizer.state_dtype},
       {"seed", seed},
       {"data", data.source},
       {"eval_data", data.eval_source},
@@ -209,6 +210,7 @@ RunConfig run_config_from_json(const json& object, const std::string& source) {
   read("galore_stagger", run.optimizer.galore_stagger);
   read("galore_projector", run.optimizer.galore_projector);
   read("subspace_iterations", run.optimizer.subspace_iterations);
+  read("optimizer_state_dtype", run.optimizer.state_dtype);
   read("seed", run.seed);
   read("data", run.data.source);
   read("eval_data", run.data.eval_source);

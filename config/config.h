@@ -46,6 +46,7 @@ inline constexpr std::array kShardingValues = {ShardingStrategy::full_shard, Sha
 inline constexpr std::array<const char*, 2> kSubsetNormParamsChoices = {"linear", "all"};        // --subset_norm_params
 inline constexpr std::array<const char*, 4> kProjTypeChoices = {"std", "reverse_std", "left", "right"};  // --proj_type
 inline constexpr std::array<const char*, 2> kGaloreProjectorChoices = {"svd", "subspace"};       // --galore_projector
+inline constexpr std::array<const char*, 2> kOptimizerStateDtypeChoices = {"float32", "bfloat16"};  // --optimizer_state_dtype
 inline constexpr std::array<const char*, 2> kWriteErrorChoices = {"stop", "warn"};               // --on_write_error
 
 // Whether TEXT is one of a string setting's CHOICES (a list above).
@@ -127,6 +128,9 @@ struct OptimizerConfig {
   bool galore_stagger = false;       // spread projector refreshes over the gap (no all-SVD step)
   std::string galore_projector = "svd";  // svd (the reference) | subspace (no gathered gradient)
   int64_t subspace_iterations = 2;
+  // The moments' dtype: float32, or bfloat16 (stochastic rounding seeded by --seed; masters and
+  // GaLore's projectors stay fp32; optim/state_rounding.h).
+  std::string state_dtype = "float32";
 };
 
 // How the units are spread over the ranks.

@@ -29,6 +29,8 @@ OptimizerSettings optimizer_settings(const RunConfig& run) {
   settings.stagger_projectors = run.optimizer.galore_stagger;
   settings.projector_method = run.optimizer.galore_projector;
   settings.subspace_iterations = run.optimizer.subspace_iterations;
+  settings.state_dtype = run.optimizer.state_dtype;
+  settings.state_rounding_seed = static_cast<uint64_t>(run.seed);
   return settings;
 }
 

@@ -267,6 +267,8 @@ void resolve_optimizer(RunConfig& run, const ModelConfig& model) {
                "--subspace_iterations",
                "an integer from 1 to " + std::to_string(kInt64Max / 3) + " (the first refresh runs 3 times as many)",
                run.optimizer.subspace_iterations);
+  require_flag(is_choice(run.optimizer.state_dtype, kOptimizerStateDtypeChoices), "--optimizer_state_dtype",
+               "float32 or bfloat16", "\"" + run.optimizer.state_dtype + "\"");
   require_flag(is_choice(run.optimizer.proj_type, kProjTypeChoices), "--proj_type", "one of std, reverse_std, left, right",
                "\"" + run.optimizer.proj_type + "\"");
   if (run.optimizer.name == "galore_adamw") {

@@ -13,8 +13,9 @@
 # tokens at every world size: BATCH / ranks per rank where the ranks divide it, else BATCH per rank.
 # Technique runs (each at 1 and RANKS ranks, the first the baseline of the shares): fp32 AdamW;
 # bf16 mixed; bf16 pure; activation checkpointing; the fused optimizer step; the optimizer offloaded;
-# AdamW-SN; GaLore; checkpointing + fused; bf16 pure + checkpointing + fused; and all savers together,
-# once with the fused step and GaLore and once with offload and GaLore (the fused step and offload do
+# bf16 optimizer state; AdamW-SN; GaLore; checkpointing + fused; bf16 pure + checkpointing + fused;
+# and all savers together, once with the fused step and GaLore, once with offload and GaLore and once
+# with the fused step and bf16 AdamW state (the fused step and offload do
 # not combine: offload already steps each unit on the host as its gradient lands). Clipping is off in
 # every run, so that the fused step's runs do the same maths as the others. Compilation has no
 # LibTorch counterpart: the report says so.
@@ -72,12 +73,14 @@ techniques=(
   "checkpointing|--activation_checkpointing"
   "fused_step|--fuse_optimizer_with_backward"
   "offload|--offload optimizer"
+  "bf16_state|--optimizer_state_dtype bfloat16"
   "adamw_sn|--optimizer adamw_sn"
   "galore|${galore[*]}"
   "checkpointing_fused|--activation_checkpointing --fuse_optimizer_with_backward"
   "bf16_pure_checkpointing_fused|--dtype bfloat16 --precision pure --activation_checkpointing --fuse_optimizer_with_backward"
   "all_savers_fused_galore|--dtype bfloat16 --precision pure --activation_checkpointing --fuse_optimizer_with_backward ${galore[*]}"
   "all_savers_offload_galore|--dtype bfloat16 --precision pure --activation_checkpointing --offload optimizer ${galore[*]}"
+  "all_savers_fused_bf16_state|--dtype bfloat16 --precision pure --activation_checkpointing --fuse_optimizer_with_backward --optimizer_state_dtype bfloat16"
 )
 
 started=$(date +%s)

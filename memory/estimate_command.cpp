@@ -100,7 +100,9 @@ std::string run_estimate_command(const ModelConfig& model, const RunConfig& run,
   const ByteUnit unit = byte_unit_for(std::max(largest, largest_checkpoint));
   std::ostringstream out;
   out << "Estimate for " << model.name << " (" << model.num_parameters() << " parameters), --optimizer "
-      << run.optimizer.name << ", --dtype " << to_string(run.precision.dtype);
+      << run.optimizer.name
+      << (run.optimizer.state_dtype == "bfloat16" ? " --optimizer_state_dtype bfloat16" : "")
+      << ", --dtype " << to_string(run.precision.dtype);
   if (run.precision.dtype == DType::bfloat16) out << " --precision " << to_string(run.precision.mode);
   out << ", --sharding " << to_string(run.sharding.strategy) << ", " << options.world_size << " rank(s) on "
       << estimate.device << ", micro-batch " << run.data.batch_size << " x " << run.data.max_length << " tokens"

@@ -21,6 +21,7 @@ std::string techniques_of(const RunConfig& run) {
   if (run.precision.dtype == DType::bfloat16) parts.push_back(std::string("bf16 ") + to_string(run.precision.mode));
   if (run.optimizer.name == "adamw_sn") parts.push_back("AdamW-SN");
   if (run.optimizer.name == "galore_adamw") parts.push_back("GaLore r=" + std::to_string(run.optimizer.galore_rank));
+  if (run.optimizer.state_dtype == "bfloat16") parts.push_back("bf16 optimizer state");
   if (run.activation_checkpointing_every == 1) parts.push_back("checkpointing");
   if (run.activation_checkpointing_every > 1)
     parts.push_back("checkpointing every " + std::to_string(run.activation_checkpointing_every));

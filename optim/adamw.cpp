@@ -52,12 +52,15 @@ void check_update_arguments(const at::Tensor& param, const at::Tensor& grad,
                 "is on " + tensor->device().str() + " but param is on " + param.device().str() +
                     "; all four tensors must live on one device");
     const bool is_grad = tensor == &grad;
+    const bool is_state = tensor == &exp_avg || tensor == &exp_avg_sq;
     const bool dtype_ok = tensor->scalar_type() == at::kFloat ||
-                          (is_grad && tensor->scalar_type() == at::kBFloat16);
+                          ((is_grad || is_state) && tensor->scalar_type() == at::kBFloat16);
     LLM_REQUIRE(dtype_ok, "adamw_update", name,
-                std::string("must be float32") + (is_grad ? " or bfloat16" : "") + ", got " +
+                std::string("must be float32") + (is_grad || is_state ? " or bfloat16" : "") + ", got " +
                     describe(*tensor));
   }
+  LLM_REQUIRE(exp_avg.scalar_type() == exp_avg_sq.scalar_type(), "adamw_update", "exp_avg_sq",
+              "must have exp_avg's dtype, got " + describe(exp_avg_sq) + " and " + describe(exp_avg));
   const auto device_type = param.device().type();
   LLM_REQUIRE(device_type == at::kCPU || device_type == at::kCUDA, "adamw_update", "param",
               "lives on " + param.device().str() + "; only cpu and cuda are supported");
@@ -85,15 +88,15 @@ void check_adamw_options(const AdamWOptions& options) {
 namespace {
 
 void update_on_cuda(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
-                    at::Tensor& exp_avg_sq, const AdamWScalars& scalars) {
+                    at::Tensor& exp_avg_sq, const AdamWScalars& scalars, const StateRounding& rounding) {
 #ifdef TRAINER_HAVE_CUDA
   const c10::cuda::CUDAGuard device_guard(param.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream(param.device().index()).stream();
   const auto gradient_type = grad.scalar_type() == at::kBFloat16 ? GradientElementType::kBfloat16
                                                                   : GradientElementType::kFloat32;
-  launch_adamw_update_cuda(param.data_ptr<float>(), grad.const_data_ptr(), gradient_type,
-                           exp_avg.data_ptr<float>(), exp_avg_sq.data_ptr<float>(), param.numel(),
-                           scalars, stream);
+  launch_adamw_update_cuda(param.data_ptr<float>(), grad.const_data_ptr(), gradient_type, exp_avg.data_ptr(),
+                           exp_avg_sq.data_ptr(), exp_avg.scalar_type() == at::kBFloat16, rounding,
+                           param.numel(), scalars, stream);
 #else
   throw SystemError("adamw_update: param is on " + param.device().str() +
                     " but this build has no CUDA kernels (configured without the CUDA toolkit or "
@@ -112,7 +115,7 @@ void adamw_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg
 
 void adamw_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
                   at::Tensor& exp_avg_sq, double lr, const AdamWOptions& options,
-                  double weight_decay, int64_t step, at::Tensor& compute_out) {
+                  double weight_decay, int64_t step, at::Tensor& compute_out, const StateRounding& rounding) {
   check_update_arguments(param, grad, exp_avg, exp_avg_sq, lr, weight_decay, step);
   if (compute_out.defined()) {
     LLM_REQUIRE(compute_out.is_contiguous() && compute_out.numel() == param.numel() &&
@@ -125,20 +128,20 @@ void adamw_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg
   const bool fused_copy = compute_out.defined() && !param.device().is_cuda() &&
                           compute_out.scalar_type() == at::kBFloat16;
   if (param.device().is_cuda()) {
-    update_on_cuda(param, grad, exp_avg, exp_avg_sq, scalars);
+    update_on_cuda(param, grad, exp_avg, exp_avg_sq, scalars, rounding);
   } else {
-    at::BFloat16* out = fused_copy ? compute_out.data_ptr<at::BFloat16>() : nullptr;
-    const int64_t numel = param.numel();
-    const int threads = at::get_num_threads();
-    if (grad.scalar_type() == at::kBFloat16) {
-      adamw_update_host(param.data_ptr<float>(), grad.const_data_ptr<at::BFloat16>(),
-                        exp_avg.data_ptr<float>(), exp_avg_sq.data_ptr<float>(), numel, scalars,
-                        out, threads);
+    AdamWHostArrays arrays{param.data_ptr<float>(), grad.const_data_ptr(), grad.scalar_type() == at::kBFloat16,
+                           nullptr, nullptr,
+                           fused_copy ? reinterpret_cast<uint16_t*>(compute_out.data_ptr<at::BFloat16>()) : nullptr};
+    if (exp_avg.scalar_type() == at::kBFloat16) {
+      arrays.exp_avg_bf16 = reinterpret_cast<uint16_t*>(exp_avg.data_ptr<at::BFloat16>());
+      arrays.exp_avg_sq_bf16 = reinterpret_cast<uint16_t*>(exp_avg_sq.data_ptr<at::BFloat16>());
+      arrays.rounding = rounding;
     } else {
-      adamw_update_host(param.data_ptr<float>(), grad.const_data_ptr<float>(),
-                        exp_avg.data_ptr<float>(), exp_avg_sq.data_ptr<float>(), numel, scalars,
-                        out, threads);
+      arrays.exp_avg = exp_avg.data_ptr<float>();
+      arrays.exp_avg_sq = exp_avg_sq.data_ptr<float>();
     }
+    adamw_host_update(arrays, param.numel(), scalars, at::get_num_threads());
   }
   if (compute_out.defined() && !fused_copy) compute_out.copy_(param);
 }

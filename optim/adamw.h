@@ -27,17 +27,21 @@ struct AdamWOptions {
 void check_adamw_options(const AdamWOptions& options);
 
 // One fused AdamW update in place. p, g, m, v: contiguous, same numel and device; p, m, v fp32;
-// g fp32 or bf16. step is 1-based (bias correction uses it). Decoupled decay: p *= 1 - lr * wd.
+// g fp32 or bf16 (m, v may be bf16: the overload below). step is 1-based (bias correction uses it). Decoupled decay: p *= 1 - lr * wd.
 void adamw_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
                   at::Tensor& exp_avg_sq, double lr, const AdamWOptions& options,
                   double weight_decay, int64_t step);
 
 // adamw_update, then the updated param rounded into compute_out (contiguous, param's numel, on its
-// device; bf16 or fp32). On the host with a bf16 compute_out the one pass writes it (CPU offload's
-// copy for the device, no second read of the master); elsewhere it is copied after the update.
+// device; bf16 or fp32), unless compute_out is undefined. On the host with a bf16 compute_out the
+// one pass writes it (CPU offload's copy for the device, no second read of the master); elsewhere it
+// is copied after the update. exp_avg and exp_avg_sq may both be bf16 (--optimizer_state_dtype
+// bfloat16): read exactly, the step computed in fp32, stored rounded stochastically by `rounding`
+// (optim/state_rounding.h).
 void adamw_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
                   at::Tensor& exp_avg_sq, double lr, const AdamWOptions& options,
-                  double weight_decay, int64_t step, at::Tensor& compute_out);
+                  double weight_decay, int64_t step, at::Tensor& compute_out,
+                  const StateRounding& rounding = {});
 
 // The scalars of one update (lr >= 0, weight_decay >= 0, step >= 1: the caller checked them).
 AdamWScalars adamw_scalars(double lr, const AdamWOptions& options, double weight_decay,

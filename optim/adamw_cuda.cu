@@ -18,43 +18,56 @@
 namespace llm {
 namespace {
 
-template <typename GradElement, bool kLerpFromStart>
-void for_each_element_with_lerp_form(float* param, const GradElement* grad, float* exp_avg,
-                                     float* exp_avg_sq, int64_t numel,
+template <typename GradElement, bool kLerpFromStart, typename StateElement>
+void for_each_element_with_lerp_form(float* param, const GradElement* grad, void* exp_avg,
+                                     void* exp_avg_sq, const StateRounding& rounding, int64_t numel,
                                      const AdamWScalars& scalars, cudaStream_t stream) {
-  const AdamWElementUpdate<GradElement, kLerpFromStart> update{param, grad, exp_avg, exp_avg_sq,
-                                                               scalars};
+  const AdamWElementUpdate<GradElement, kLerpFromStart, StateElement> update{
+      param, grad, static_cast<StateElement*>(exp_avg), static_cast<StateElement*>(exp_avg_sq), scalars,
+      rounding};
   const thrust::counting_iterator<int64_t> first(0);
   // par_nosync: the step is enqueued on the caller's stream and the host does not wait for it;
   // plain par would synchronise the stream after every tensor.
   thrust::for_each(thrust::cuda::par_nosync.on(stream), first, first + numel, update);
 }
 
-template <typename GradElement>
-void for_each_element(float* param, const GradElement* grad, float* exp_avg, float* exp_avg_sq,
-                      int64_t numel, const AdamWScalars& scalars, cudaStream_t stream) {
+template <typename GradElement, typename StateElement>
+void for_each_element(float* param, const GradElement* grad, void* exp_avg, void* exp_avg_sq,
+                      const StateRounding& rounding, int64_t numel, const AdamWScalars& scalars,
+                      cudaStream_t stream) {
   if (scalars.exp_avg_lerp_from_start) {
-    for_each_element_with_lerp_form<GradElement, true>(param, grad, exp_avg, exp_avg_sq, numel,
-                                                       scalars, stream);
+    for_each_element_with_lerp_form<GradElement, true, StateElement>(param, grad, exp_avg, exp_avg_sq, rounding,
+                                                                     numel, scalars, stream);
   } else {
-    for_each_element_with_lerp_form<GradElement, false>(param, grad, exp_avg, exp_avg_sq, numel,
-                                                        scalars, stream);
+    for_each_element_with_lerp_form<GradElement, false, StateElement>(param, grad, exp_avg, exp_avg_sq, rounding,
+                                                                      numel, scalars, stream);
   }
+}
+
+template <typename GradElement>
+void for_each_element_state(float* param, const GradElement* grad, void* exp_avg, void* exp_avg_sq,
+                            bool state_is_bf16, const StateRounding& rounding, int64_t numel,
+                            const AdamWScalars& scalars, cudaStream_t stream) {
+  if (state_is_bf16)
+    for_each_element<GradElement, uint16_t>(param, grad, exp_avg, exp_avg_sq, rounding, numel, scalars, stream);
+  else
+    for_each_element<GradElement, float>(param, grad, exp_avg, exp_avg_sq, rounding, numel, scalars, stream);
 }
 
 }  // namespace
 
 void launch_adamw_update_cuda(float* param, const void* grad, GradientElementType gradient_type,
-                              float* exp_avg, float* exp_avg_sq, int64_t numel,
+                              void* exp_avg, void* exp_avg_sq, bool state_is_bf16,
+                              const StateRounding& rounding, int64_t numel,
                               const AdamWScalars& scalars, cudaStream_t stream) {
   if (numel == 0) return;
   try {
     if (gradient_type == GradientElementType::kBfloat16) {
-      for_each_element(param, static_cast<const __nv_bfloat16*>(grad), exp_avg, exp_avg_sq,
-                       numel, scalars, stream);
+      for_each_element_state(param, static_cast<const __nv_bfloat16*>(grad), exp_avg, exp_avg_sq,
+                             state_is_bf16, rounding, numel, scalars, stream);
     } else {
-      for_each_element(param, static_cast<const float*>(grad), exp_avg, exp_avg_sq, numel,
-                       scalars, stream);
+      for_each_element_state(param, static_cast<const float*>(grad), exp_avg, exp_avg_sq, state_is_bf16,
+                             rounding, numel, scalars, stream);
     }
   } catch (const thrust::system_error& error) {
     fail_system_call("thrust::for_each(AdamWElementUpdate)", __FILE__, __LINE__, error.what(),

@@ -23,6 +23,8 @@
 #include <cmath>
 #include <cstdint>
 
+#include "optim/state_rounding.h"
+
 #ifdef __CUDACC__
 #include <cuda_bf16.h>
 #endif
@@ -91,29 +93,45 @@ LLM_HOST_DEVICE float lerp_like_torch(float start, float end, float lerp_coeffic
   return (kLerpFromStart ? start : end) + lerp_coefficient * (end - start);
 }
 
-// The update of element i of four flat arrays: param, exp_avg, exp_avg_sq (fp32, updated in place)
-// and grad (fp32 or bf16, read only). A plain aggregate so Thrust can copy it to the device.
-// kLerpFromStart must equal scalars.exp_avg_lerp_from_start (see lerp_like_torch).
-template <typename GradElement, bool kLerpFromStart>
+// A state element as fp32, and back: fp32 state passes through; bf16 state (its 16 bits) widens
+// exactly and is stored rounded stochastically with the given 16 random bits (optim/state_rounding.h).
+LLM_HOST_DEVICE float state_to_float(float value) { return value; }
+LLM_HOST_DEVICE float state_to_float(uint16_t bits) { return bfloat16_bits_to_float(bits); }
+LLM_HOST_DEVICE void store_state(float* to, float value, uint32_t) { *to = value; }
+LLM_HOST_DEVICE void store_state(uint16_t* to, float value, uint32_t random16) {
+  *to = stochastic_round_to_bfloat16(value, random16);
+}
+
+// The update of element i of four flat arrays: param (fp32), exp_avg and exp_avg_sq (StateElement:
+// float, or uint16_t for bf16 bits; updated in place) and grad (fp32 or bf16, read only). A plain
+// aggregate so Thrust can copy it to the device. kLerpFromStart must equal
+// scalars.exp_avg_lerp_from_start (see lerp_like_torch). With bf16 state the step uses the moments
+// in fp32 as computed and stores them rounded (the first moment with the low 16 of the element's
+// rounding bits, the second with the high 16); the parameter update is the fp32 one.
+template <typename GradElement, bool kLerpFromStart, typename StateElement = float>
 struct AdamWElementUpdate {
   float* param;                 // (numel) fp32
   const GradElement* grad;      // (numel) fp32 or bf16
-  float* exp_avg;               // (numel) fp32, first moment
-  float* exp_avg_sq;            // (numel) fp32, second moment
+  StateElement* exp_avg;        // (numel) first moment
+  StateElement* exp_avg_sq;     // (numel) second moment
   AdamWScalars scalars;
+  StateRounding rounding{};     // bf16 state only
 
   LLM_HOST_DEVICE void operator()(int64_t i) const {
     const float gradient = gradient_to_float(grad[i]);
     const float decayed_param = param[i] * scalars.decay_factor;
-    const float first_moment = lerp_like_torch<kLerpFromStart>(exp_avg[i], gradient,
+    const float first_moment = lerp_like_torch<kLerpFromStart>(state_to_float(exp_avg[i]), gradient,
                                                                scalars.exp_avg_lerp_coefficient);
     const float second_moment =
-        exp_avg_sq[i] * scalars.beta2 + (scalars.one_minus_beta2 * gradient) * gradient;
+        state_to_float(exp_avg_sq[i]) * scalars.beta2 + (scalars.one_minus_beta2 * gradient) * gradient;
     const float denominator =
         std::sqrt(second_moment) / scalars.bias_correction2_sqrt + scalars.eps;
     param[i] = decayed_param + (scalars.negative_step_size * first_moment) / denominator;
-    exp_avg[i] = first_moment;
-    exp_avg_sq[i] = second_moment;
+    uint32_t random = 0;
+    if constexpr (sizeof(StateElement) == 2)
+      random = rounding_bits(rounding.key, rounding.index_base + static_cast<uint32_t>(i));
+    store_state(exp_avg + i, first_moment, random & 0xFFFFu);
+    store_state(exp_avg_sq + i, second_moment, random >> 16);
   }
 };
 

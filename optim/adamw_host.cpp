@@ -41,12 +41,21 @@ uint16_t round_to_bfloat16(float value) {
 
 // The element functor over [begin, end). `omp simd`: GCC vectorises it for the baseline ISA (SSE2
 // on x86-64), which changes no bits (no FMA there, IEEE division and square root per lane).
-template <typename GradElement, bool kLerpFromStart, bool kWriteCompute>
+template <typename GradElement, bool kLerpFromStart, typename StateElement, bool kWriteCompute>
 void scalar_range(const AdamWHostArrays& arrays, const AdamWScalars& scalars, int64_t begin,
                   int64_t end) {
-  const AdamWElementUpdate<GradElement, kLerpFromStart> update{
-      arrays.param, static_cast<const GradElement*>(arrays.grad), arrays.exp_avg,
-      arrays.exp_avg_sq, scalars};
+  StateElement* exp_avg;
+  StateElement* exp_avg_sq;
+  if constexpr (sizeof(StateElement) == 2) {
+    exp_avg = arrays.exp_avg_bf16;
+    exp_avg_sq = arrays.exp_avg_sq_bf16;
+  } else {
+    exp_avg = arrays.exp_avg;
+    exp_avg_sq = arrays.exp_avg_sq;
+  }
+  const AdamWElementUpdate<GradElement, kLerpFromStart, StateElement> update{
+      arrays.param, static_cast<const GradElement*>(arrays.grad), exp_avg, exp_avg_sq, scalars,
+      arrays.rounding};
   uint16_t* compute_out = arrays.compute_out;
   const float* param = arrays.param;
 #pragma omp simd
@@ -56,22 +65,31 @@ void scalar_range(const AdamWHostArrays& arrays, const AdamWScalars& scalars, in
   }
 }
 
-template <typename GradElement, bool kLerpFromStart>
+template <typename GradElement, bool kLerpFromStart, typename StateElement>
 void scalar_range_output(const AdamWHostArrays& arrays, const AdamWScalars& scalars,
                          int64_t begin, int64_t end) {
   if (arrays.compute_out != nullptr)
-    scalar_range<GradElement, kLerpFromStart, true>(arrays, scalars, begin, end);
+    scalar_range<GradElement, kLerpFromStart, StateElement, true>(arrays, scalars, begin, end);
   else
-    scalar_range<GradElement, kLerpFromStart, false>(arrays, scalars, begin, end);
+    scalar_range<GradElement, kLerpFromStart, StateElement, false>(arrays, scalars, begin, end);
 }
 
-template <typename GradElement>
+template <typename GradElement, typename StateElement>
 void scalar_range_lerp(const AdamWHostArrays& arrays, const AdamWScalars& scalars, int64_t begin,
                        int64_t end) {
   if (scalars.exp_avg_lerp_from_start)
-    scalar_range_output<GradElement, true>(arrays, scalars, begin, end);
+    scalar_range_output<GradElement, true, StateElement>(arrays, scalars, begin, end);
   else
-    scalar_range_output<GradElement, false>(arrays, scalars, begin, end);
+    scalar_range_output<GradElement, false, StateElement>(arrays, scalars, begin, end);
+}
+
+template <typename GradElement>
+void scalar_range_state(const AdamWHostArrays& arrays, const AdamWScalars& scalars, int64_t begin,
+                        int64_t end) {
+  if (arrays.state_is_bf16())
+    scalar_range_lerp<GradElement, uint16_t>(arrays, scalars, begin, end);
+  else
+    scalar_range_lerp<GradElement, float>(arrays, scalars, begin, end);
 }
 
 using RangeKernel = void (*)(const AdamWHostArrays&, const AdamWScalars&, int64_t, int64_t);
@@ -159,9 +177,9 @@ void adamw_host_update(const AdamWHostArrays& arrays, int64_t numel, const AdamW
 void detail::adamw_host_range_scalar(const AdamWHostArrays& arrays, const AdamWScalars& scalars,
                                      int64_t begin, int64_t end) {
   if (arrays.grad_is_bf16)
-    scalar_range_lerp<Bfloat16Bits>(arrays, scalars, begin, end);
+    scalar_range_state<Bfloat16Bits>(arrays, scalars, begin, end);
   else
-    scalar_range_lerp<float>(arrays, scalars, begin, end);
+    scalar_range_state<float>(arrays, scalars, begin, end);
 }
 
 }  // namespace llm

@@ -41,6 +41,12 @@ struct AdamWHostArrays {
   float* exp_avg;                // fp32 first moment, updated in place
   float* exp_avg_sq;             // fp32 second moment, updated in place
   uint16_t* compute_out = nullptr;  // bf16 bits of the updated param, or nullptr for none
+  // bf16 state (--optimizer_state_dtype bfloat16): the moments as bf16 bits, in place of exp_avg and
+  // exp_avg_sq (null then), stored with stochastic rounding by `rounding` (optim/state_rounding.h).
+  uint16_t* exp_avg_bf16 = nullptr;
+  uint16_t* exp_avg_sq_bf16 = nullptr;
+  StateRounding rounding{};
+  bool state_is_bf16() const { return exp_avg_bf16 != nullptr; }
 };
 
 // Whether this build holds isa's kernel and this CPU can run it.

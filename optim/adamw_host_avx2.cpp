@@ -11,6 +11,7 @@ namespace {
 
 struct Vec {
   using Float = __m256;
+  using Int = __m256i;
   static constexpr int64_t kWidth = 8;
 
   static Float load(const float* from) { return _mm256_loadu_ps(from); }
@@ -31,8 +32,28 @@ struct Vec {
   static void store_bf16(uint16_t* to, Float value) {
     const __m256i bits = _mm256_castps_si256(value);
     const __m256i kept_lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
-    __m256i rounded = _mm256_srli_epi32(
-        _mm256_add_epi32(bits, _mm256_add_epi32(kept_lsb, _mm256_set1_epi32(0x7FFF))), 16);
+    store_shifted(to, value, _mm256_add_epi32(bits, _mm256_add_epi32(kept_lsb, _mm256_set1_epi32(0x7FFF))));
+  }
+  // optim/state_rounding.h's stochastic_round_to_bfloat16: (bits + random16) >> 16; NaN -> 0x7FC0.
+  static void store_bf16_stochastic(uint16_t* to, Float value, Int random16) {
+    store_shifted(to, value, _mm256_add_epi32(_mm256_castps_si256(value), random16));
+  }
+
+  // 32-bit lanes for the rounding bits (optim/state_rounding.h).
+  static Int lane_indices(uint32_t first) {
+    return _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(first)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  }
+  static Int broadcast_int(uint32_t value) { return _mm256_set1_epi32(static_cast<int>(value)); }
+  static Int bit_xor(Int a, Int b) { return _mm256_xor_si256(a, b); }
+  static Int bit_and(Int a, Int b) { return _mm256_and_si256(a, b); }
+  template <int kBits>
+  static Int shift_right(Int a) { return _mm256_srli_epi32(a, kBits); }
+  static Int multiply_low(Int a, Int b) { return _mm256_mullo_epi32(a, b); }
+
+ private:
+  // Stores the upper 16 bits of each lane of `sum` (NaN lanes of value: 0x7FC0).
+  static void store_shifted(uint16_t* to, Float value, __m256i sum) {
+    __m256i rounded = _mm256_srli_epi32(sum, 16);
     const __m256 ordered = _mm256_cmp_ps(value, value, _CMP_ORD_Q);
     rounded = _mm256_blendv_epi8(_mm256_set1_epi32(0x7FC0), rounded, _mm256_castps_si256(ordered));
     // Pack the eight 32-bit lanes (each < 2^16, so unsigned saturation is a plain narrowing) to

@@ -37,8 +37,30 @@ struct Vec {
   static void store_bf16(uint16_t* to, Float value) {
     const __m512i bits = _mm512_castps_si512(value);
     const __m512i kept_lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    const __m512i rounded = _mm512_srli_epi32(
-        _mm512_add_epi32(bits, _mm512_add_epi32(kept_lsb, _mm512_set1_epi32(0x7FFF))), 16);
+    store_shifted(to, value, _mm512_add_epi32(bits, _mm512_add_epi32(kept_lsb, _mm512_set1_epi32(0x7FFF))));
+  }
+  // optim/state_rounding.h's stochastic_round_to_bfloat16: (bits + random16) >> 16; NaN -> 0x7FC0.
+  static void store_bf16_stochastic(uint16_t* to, Float value, __m512i random16) {
+    store_shifted(to, value, _mm512_add_epi32(_mm512_castps_si512(value), random16));
+  }
+
+  // 32-bit lanes for the rounding bits (optim/state_rounding.h).
+  using Int = __m512i;
+  static Int lane_indices(uint32_t first) {
+    return _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(first)),
+                            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  }
+  static Int broadcast_int(uint32_t value) { return _mm512_set1_epi32(static_cast<int>(value)); }
+  static Int bit_xor(Int a, Int b) { return _mm512_xor_si512(a, b); }
+  static Int bit_and(Int a, Int b) { return _mm512_and_si512(a, b); }
+  template <int kBits>
+  static Int shift_right(Int a) { return _mm512_srli_epi32(a, kBits); }
+  static Int multiply_low(Int a, Int b) { return _mm512_mullo_epi32(a, b); }
+
+ private:
+  // Stores the upper 16 bits of each lane of `sum` (NaN lanes of value: 0x7FC0).
+  static void store_shifted(uint16_t* to, Float value, __m512i sum) {
+    const __m512i rounded = _mm512_srli_epi32(sum, 16);
     const __mmask16 ordered = _mm512_cmp_ps_mask(value, value, _CMP_ORD_Q);
     const __m512i result = _mm512_mask_blend_epi32(ordered, _mm512_set1_epi32(0x7FC0), rounded);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(to), _mm512_cvtepi32_epi16(result));  // vpmovdw

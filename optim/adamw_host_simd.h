@@ -17,8 +17,10 @@
 // FMA) and IEEE vdivps / vsqrtps, which round exactly as the scalar divss / sqrtss do: the same bits.
 //
 // A vector type provides, for kWidth floats: Float, load, store, broadcast, add, sub, mul, div,
-// sqrt, load_bf16 (bf16 bits -> fp32, exact) and store_bf16 (fp32 -> bf16 bits, round to nearest
-// even, NaN -> 0x7FC0: c10::BFloat16's rounding).
+// sqrt, load_bf16 (bf16 bits -> fp32, exact), store_bf16 (fp32 -> bf16 bits, round to nearest
+// even, NaN -> 0x7FC0: c10::BFloat16's rounding), store_bf16_stochastic (bf16 state: bits plus 16
+// random bits, shifted; optim/state_rounding.h), and for the random bits 32-bit lanes: Int,
+// lane_indices, broadcast_int, bit_xor, bit_and, shift_right<k>, multiply_low.
 #ifndef LLM_ADAMW_HOST_SIMD_KERNEL
 #error "optim/adamw_host_simd.h is the body of an ISA translation unit; include it from one"
 #endif
@@ -32,7 +34,20 @@ void prefetch(const void* from, uintptr_t bytes) {
   _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(from) + bytes), _MM_HINT_T0);
 }
 
-template <class Vec, bool kGradBf16, bool kLerpFromStart, bool kWriteCompute>
+// optim/state_rounding.h's rounding_bits for kWidth consecutive elements from `first`.
+template <class Vec>
+typename Vec::Int rounding_bits(const llm::StateRounding& rounding, int64_t first) {
+  using Int = typename Vec::Int;
+  Int x = Vec::bit_xor(Vec::lane_indices(rounding.index_base + static_cast<uint32_t>(first)),
+                       Vec::broadcast_int(rounding.key));
+  x = Vec::bit_xor(x, Vec::template shift_right<16>(x));
+  x = Vec::multiply_low(x, Vec::broadcast_int(0x7feb352du));
+  x = Vec::bit_xor(x, Vec::template shift_right<15>(x));
+  x = Vec::multiply_low(x, Vec::broadcast_int(0x846ca68bu));
+  return Vec::bit_xor(x, Vec::template shift_right<16>(x));
+}
+
+template <class Vec, bool kGradBf16, bool kLerpFromStart, bool kWriteCompute, bool kStateBf16>
 void update_range(const llm::AdamWHostArrays& arrays, const llm::AdamWScalars& scalars,
                   int64_t begin, int64_t end) {
   using Float = typename Vec::Float;
@@ -42,6 +57,8 @@ void update_range(const llm::AdamWHostArrays& arrays, const llm::AdamWScalars& s
   float* __restrict exp_avg = arrays.exp_avg;
   float* __restrict exp_avg_sq = arrays.exp_avg_sq;
   uint16_t* __restrict compute_out = arrays.compute_out;
+  uint16_t* __restrict exp_avg_bf16 = arrays.exp_avg_bf16;
+  uint16_t* __restrict exp_avg_sq_bf16 = arrays.exp_avg_sq_bf16;
 
   const Float decay_factor = Vec::broadcast(scalars.decay_factor);
   const Float lerp_coefficient = Vec::broadcast(scalars.exp_avg_lerp_coefficient);
@@ -53,8 +70,8 @@ void update_range(const llm::AdamWHostArrays& arrays, const llm::AdamWScalars& s
 
   const auto update_vector = [&](int64_t i) {
     const Float gradient = kGradBf16 ? Vec::load_bf16(grad_bf16 + i) : Vec::load(grad_fp32 + i);
-    const Float first = Vec::load(exp_avg + i);
-    const Float second = Vec::load(exp_avg_sq + i);
+    const Float first = kStateBf16 ? Vec::load_bf16(exp_avg_bf16 + i) : Vec::load(exp_avg + i);
+    const Float second = kStateBf16 ? Vec::load_bf16(exp_avg_sq_bf16 + i) : Vec::load(exp_avg_sq + i);
     const Float decayed_param = Vec::mul(Vec::load(param + i), decay_factor);
     const Float first_moment = Vec::add(kLerpFromStart ? first : gradient,
                                         Vec::mul(lerp_coefficient, Vec::sub(gradient, first)));
@@ -65,8 +82,14 @@ void update_range(const llm::AdamWHostArrays& arrays, const llm::AdamWScalars& s
     const Float updated =
         Vec::add(decayed_param, Vec::div(Vec::mul(negative_step_size, first_moment), denominator));
     Vec::store(param + i, updated);
-    Vec::store(exp_avg + i, first_moment);
-    Vec::store(exp_avg_sq + i, second_moment);
+    if constexpr (kStateBf16) {
+      const auto random = rounding_bits<Vec>(arrays.rounding, i);
+      Vec::store_bf16_stochastic(exp_avg_bf16 + i, first_moment, Vec::bit_and(random, Vec::broadcast_int(0xFFFFu)));
+      Vec::store_bf16_stochastic(exp_avg_sq_bf16 + i, second_moment, Vec::template shift_right<16>(random));
+    } else {
+      Vec::store(exp_avg + i, first_moment);
+      Vec::store(exp_avg_sq + i, second_moment);
+    }
     if (kWriteCompute) Vec::store_bf16(compute_out + i, updated);
   };
 
@@ -83,8 +106,13 @@ void update_range(const llm::AdamWHostArrays& arrays, const llm::AdamWScalars& s
   // Every array's element i + elements_ahead (the gradient's in its own width).
   const auto prefetch_arrays = [&](int64_t i, int64_t elements_ahead) {
     prefetch(param + i, elements_ahead * sizeof(float));
-    prefetch(exp_avg + i, elements_ahead * sizeof(float));
-    prefetch(exp_avg_sq + i, elements_ahead * sizeof(float));
+    if (kStateBf16) {
+      prefetch(exp_avg_bf16 + i, elements_ahead * sizeof(uint16_t));
+      prefetch(exp_avg_sq_bf16 + i, elements_ahead * sizeof(uint16_t));
+    } else {
+      prefetch(exp_avg + i, elements_ahead * sizeof(float));
+      prefetch(exp_avg_sq + i, elements_ahead * sizeof(float));
+    }
     if (kGradBf16)
       prefetch(grad_bf16 + i, elements_ahead * sizeof(uint16_t));
     else
@@ -100,14 +128,23 @@ void update_range(const llm::AdamWHostArrays& arrays, const llm::AdamWScalars& s
   if (i < end) llm::detail::adamw_host_range_scalar(arrays, scalars, i, end);
 }
 
-// The eight instantiations, picked from the arguments once per call.
+// The sixteen instantiations, picked from the arguments once per call.
+template <class Vec, bool kGradBf16, bool kLerpFromStart, bool kWriteCompute>
+void update_range_state(const llm::AdamWHostArrays& arrays, const llm::AdamWScalars& scalars,
+                        int64_t begin, int64_t end) {
+  if (arrays.exp_avg_bf16 != nullptr)  // not state_is_bf16(): no inline code shared across ISAs
+    update_range<Vec, kGradBf16, kLerpFromStart, kWriteCompute, true>(arrays, scalars, begin, end);
+  else
+    update_range<Vec, kGradBf16, kLerpFromStart, kWriteCompute, false>(arrays, scalars, begin, end);
+}
+
 template <class Vec, bool kGradBf16, bool kLerpFromStart>
 void update_range_output(const llm::AdamWHostArrays& arrays, const llm::AdamWScalars& scalars,
                          int64_t begin, int64_t end) {
   if (arrays.compute_out != nullptr)
-    update_range<Vec, kGradBf16, kLerpFromStart, true>(arrays, scalars, begin, end);
+    update_range_state<Vec, kGradBf16, kLerpFromStart, true>(arrays, scalars, begin, end);
   else
-    update_range<Vec, kGradBf16, kLerpFromStart, false>(arrays, scalars, begin, end);
+    update_range_state<Vec, kGradBf16, kLerpFromStart, false>(arrays, scalars, begin, end);
 }
 
 template <class Vec, bool kGradBf16>

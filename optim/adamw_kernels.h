@@ -16,9 +16,12 @@ enum class GradientElementType { kFloat32, kBfloat16 };
 
 // Applies one AdamW update in place to numel elements on the device that owns the pointers,
 // enqueued on stream without a host synchronisation. grad points at fp32 or bf16 elements as
-// gradient_type says. Launch failures throw SystemError.
+// gradient_type says; exp_avg and exp_avg_sq at fp32 elements, or at bf16 ones (stored with
+// stochastic rounding by `rounding`, optim/state_rounding.h) when state_is_bf16. Launch failures
+// throw SystemError.
 void launch_adamw_update_cuda(float* param, const void* grad, GradientElementType gradient_type,
-                              float* exp_avg, float* exp_avg_sq, int64_t numel,
+                              void* exp_avg, void* exp_avg_sq, bool state_is_bf16,
+                              const StateRounding& rounding, int64_t numel,
                               const AdamWScalars& scalars, cudaStream_t stream);
 
 }  // namespace llm

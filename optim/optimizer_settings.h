@@ -32,6 +32,13 @@ struct OptimizerSettings {
   // aligned to the old one so the carried moments keep their meaning.
   std::string projector_method = "svd";
   int64_t subspace_iterations = 2;  // per refresh after the first (the first runs 3x as many)
+  // The moments' dtype (--optimizer_state_dtype): "float32", or "bfloat16" (Adam's moments, AdamwSN's
+  // moment and subset state, GaLore's low-rank moments; GaLore's projectors and the masters stay
+  // fp32). bf16 state is read exactly, stepped in fp32 and stored with stochastic rounding whose bits
+  // come from state_rounding_seed (the run's --seed; optim/state_rounding.h).
+  std::string state_dtype = "float32";
+  uint64_t state_rounding_seed = 0;
+  bool state_is_bf16() const { return state_dtype == "bfloat16"; }
 };
 
 // Throws UserError naming the flag for a setting out of its range.

@@ -43,6 +43,8 @@ void check_optimizer_settings(const OptimizerSettings& settings) {
   LLM_REQUIRE(settings.projector_method == "svd" || settings.projector_method == "subspace", kSource,
               "--galore_projector", "expected svd or subspace (got \"" + settings.projector_method + "\")");
   LLM_REQUIRE(settings.subspace_iterations >= 1, kSource, "--subspace_iterations", "must be >= 1");
+  LLM_REQUIRE(settings.state_dtype == "float32" || settings.state_dtype == "bfloat16", "command line",
+              "--optimizer_state_dtype", "expected float32 or bfloat16 (got \"" + settings.state_dtype + "\")");
 }
 
 UnitShard single_parameter_unit(const std::string& name, const std::vector<int64_t>& full_shape,
@@ -64,6 +66,7 @@ ShardOptimizer::ShardOptimizer(const OptimizerSettings& settings, std::vector<Un
   // Each rule's parameters are numbered across the whole model (GaLore spreads its SVD owners and
   // staggers its refreshes by that number).
   std::map<UpdateRule, int64_t> count, index;
+  int64_t model_index = 0;
   for (const UnitShard& unit : units)
     for (UpdateRule rule : unit.rules) ++count[rule];
   for (UnitShard& unit : units) {
@@ -98,15 +101,24 @@ ShardOptimizer::ShardOptimizer(const OptimizerSettings& settings, std::vector<Un
       p.gradient = unit.gradient.narrow(0, parameter.shard_offset, parameter.shard_numel());
       const RulePosition position{index[rule]++, count[rule], layout.rank, layout.world_size};
       const StateShapes shapes = rule_of(rule).plan(p, settings_, position);
+      p.model_index = model_index++;
       exp_avg.push_back(shapes.exp_avg);
       exp_avg_sq.push_back(shapes.exp_avg_sq);
       projector.push_back(shapes.projector);
       state.parameters.push_back(std::move(p));
     }
     const at::TensorOptions options = unit.master.options();
-    state.exp_avg = allocate_views(state.parameters, exp_avg, &ParameterState::exp_avg, options);
-    state.exp_avg_sq = allocate_views(state.parameters, exp_avg_sq, &ParameterState::exp_avg_sq, options);
+    const at::TensorOptions moments = options.dtype(settings_.state_is_bf16() ? at::kBFloat16 : at::kFloat);
+    state.exp_avg = allocate_views(state.parameters, exp_avg, &ParameterState::exp_avg, moments);
+    state.exp_avg_sq = allocate_views(state.parameters, exp_avg_sq, &ParameterState::exp_avg_sq, moments);
     state.projector = allocate_views(state.parameters, projector, &ParameterState::projector, options);
+    // Where each moment's local elements start in its full tensor: the rounding bits are a function
+    // of the full tensor's index, so every world size rounds every element alike.
+    for (ParameterState& p : state.parameters)
+      for (const auto& [suffix, span] : rule_of(p.rule).spans(p)) {
+        if (suffix == ".exp_avg") p.exp_avg_rounding.index_base = static_cast<uint32_t>(span.needed_begin);
+        if (suffix == ".exp_avg_sq") p.exp_avg_sq_rounding.index_base = static_cast<uint32_t>(span.needed_begin);
+      }
     units_.push_back(std::move(state));
   }
 }
@@ -143,7 +155,10 @@ void ShardOptimizer::step_unit(size_t unit, double lr, at::Tensor& compute_out) 
   const double bias_correction2 = 1.0 - std::pow(settings_.beta2, static_cast<double>(t));
   const StepScalars scalars{lr, t, lr * std::sqrt(bias_correction2) / bias_correction1};
 
-  for (ParameterState& p : parameters) rule_of(p.rule).refresh(p, settings_, t, across_, &projector_seconds_);
+  for (ParameterState& p : parameters) {
+    rule_of(p.rule).refresh(p, settings_, t, across_, &projector_seconds_);
+    p.exp_avg_rounding.key = p.exp_avg_sq_rounding.key = rounding_key(settings_.state_rounding_seed, t, p.model_index);
+  }
 
   std::vector<MomentInputs> inputs;
   std::vector<size_t> summed;
@@ -262,7 +277,8 @@ std::map<std::string, at::Tensor> ShardOptimizer::full_state_dict() {
       const std::map<std::string, FullStateShape> shapes = rule.full_shapes(p);
       for (const auto& [suffix, span] : rule.spans(p)) {
         const at::Tensor local = state_tensor(p, suffix);
-        at::Tensor full = at::zeros(shapes.at(suffix).shape, local.options());
+        // fp32 whatever the state's dtype (bf16 widens exactly; loading rounds it back exactly).
+        at::Tensor full = at::zeros(shapes.at(suffix).shape, local.options().dtype(at::kFloat));
         if (span.owned_count > 0)
           full.view({-1}).narrow(0, span.owned_begin, span.owned_count).copy_(local.narrow(0, span.owned_local, span.owned_count));
         sum_over_ranks(full, across_);
@@ -291,7 +307,10 @@ int64_t optimizer_state_bytes(const OptimizerSettings& settings, const ShardedPa
   // The rank only moves a block subset's boundaries or picks GaLore's SVD owner; the parameter's
   // first_row already says which rows it holds.
   const RulePosition position{0, 1, 0, world_size};
-  return 4 * rule_of(rule).plan(state, settings, position).total_numel();
+  const StateShapes shapes = rule_of(rule).plan(state, settings, position);
+  const int64_t moment_bytes = settings.state_is_bf16() ? 2 : 4;
+  return moment_bytes * (StateShapes::numel(shapes.exp_avg) + StateShapes::numel(shapes.exp_avg_sq)) +
+         4 * StateShapes::numel(shapes.projector);
 }
 
 }  // namespace llm

@@ -51,15 +51,16 @@ class TorchAdamW final : public Rule {
   void update(ParameterState& state, const MomentInputs& inputs, const OptimizerSettings& settings,
               const StepScalars& scalars, Communicator*) const override {
     const AdamWOptions options{settings.beta1, settings.beta2, settings.eps, settings.weight_decay};
+    at::Tensor none;
     adamw_update(state.master, inputs.first, state.exp_avg, state.exp_avg_sq, scalars.lr, options,
-                 state.parameter.decay ? settings.weight_decay : 0.0, scalars.t);
+                 state.parameter.decay ? settings.weight_decay : 0.0, scalars.t, none, state.exp_avg_rounding);
   }
   // The host kernel writes the bf16 copy in its one pass (optim/adamw_host.h).
   void update_and_round(ParameterState& state, const MomentInputs& inputs, const OptimizerSettings& settings,
                         const StepScalars& scalars, Communicator*, at::Tensor& compute_out) const override {
     const AdamWOptions options{settings.beta1, settings.beta2, settings.eps, settings.weight_decay};
     adamw_update(state.master, inputs.first, state.exp_avg, state.exp_avg_sq, scalars.lr, options,
-                 state.parameter.decay ? settings.weight_decay : 0.0, scalars.t, compute_out);
+                 state.parameter.decay ? settings.weight_decay : 0.0, scalars.t, compute_out, state.exp_avg_rounding);
   }
 };
 
@@ -68,19 +69,27 @@ class TorchAdamW final : public Rule {
 // decay after the update (as the references apply it).
 class HfStyleRule : public Rule {
  public:
+  // bf16 state (--optimizer_state_dtype bfloat16) is stepped in fp32 copies and stored back rounded
+  // stochastically; the update uses the fp32 moments, as AdamW's fused kernel does.
   void update(ParameterState& state, const MomentInputs& inputs, const OptimizerSettings& settings,
               const StepScalars& scalars, Communicator* across) const final {
+    const bool bf16 = state.exp_avg_sq.scalar_type() == at::kBFloat16;
+    const auto in_fp32 = [bf16](const at::Tensor& moment) { return bf16 ? moment.to(at::kFloat) : moment; };
     const at::Tensor& x = inputs.first;
     at::Tensor numerator = x;
     if (settings.beta1 > 0) {
-      state.exp_avg.mul_(settings.beta1).add_(x, 1.0 - settings.beta1);
-      numerator = state.exp_avg;
+      at::Tensor exp_avg = in_fp32(state.exp_avg);
+      exp_avg.mul_(settings.beta1).add_(x, 1.0 - settings.beta1);
+      if (bf16) store_stochastically_rounded(state.exp_avg, exp_avg, state.exp_avg_rounding, false);
+      numerator = exp_avg;
     }
+    at::Tensor exp_avg_sq = in_fp32(state.exp_avg_sq);
     if (inputs.second.defined())
-      state.exp_avg_sq.mul_(settings.beta2).add_(inputs.second, 1.0 - settings.beta2);
+      exp_avg_sq.mul_(settings.beta2).add_(inputs.second, 1.0 - settings.beta2);
     else
-      state.exp_avg_sq.mul_(settings.beta2).addcmul_(x, x, 1.0 - settings.beta2);
-    const at::Tensor denominator = state.exp_avg_sq.sqrt().add_(settings.eps);
+      exp_avg_sq.mul_(settings.beta2).addcmul_(x, x, 1.0 - settings.beta2);
+    if (bf16) store_stochastically_rounded(state.exp_avg_sq, exp_avg_sq, state.exp_avg_sq_rounding, true);
+    const at::Tensor denominator = exp_avg_sq.sqrt().add_(settings.eps);
     apply(state, numerator, denominator, settings, scalars, across);
     if (state.parameter.decay && settings.weight_decay > 0)
       state.master.add_(state.master, -scalars.lr * settings.weight_decay);
@@ -261,6 +270,32 @@ const Rule& rule_of(UpdateRule rule) {
     case UpdateRule::galore: return galore;
   }
   throw std::logic_error("rule_of: unknown update rule");
+}
+
+void store_stochastically_rounded(const at::Tensor& destination, const at::Tensor& values,
+                                  const StateRounding& rounding, bool high_half) {
+  // 32-bit arithmetic in int64 lanes, masked after every multiply (optim/state_rounding.h's lowbias32).
+  static constexpr int64_t kMask = 0xFFFFFFFFll;
+  const at::Tensor flat = values.reshape({-1});
+  at::Tensor x = at::arange(static_cast<int64_t>(rounding.index_base),
+                            static_cast<int64_t>(rounding.index_base) + flat.numel(),
+                            at::TensorOptions().dtype(at::kLong).device(flat.device()))
+                     .bitwise_and_(kMask)
+                     .bitwise_xor_(static_cast<int64_t>(rounding.key));
+  // x * c mod 2^32 without leaving int64: x * (c's low 16 bits) + ((x * (c's high 16)) mod 2^16) << 16.
+  const auto multiply_low32 = [](const at::Tensor& x, int64_t c) {
+    return (x * (c & 0xFFFF)).add_((x * (c >> 16)).bitwise_and_(0xFFFF).bitwise_left_shift_(16)).bitwise_and_(kMask);
+  };
+  x = multiply_low32(x.bitwise_xor_(x.bitwise_right_shift(16)), 0x7feb352dll);
+  x = multiply_low32(x.bitwise_xor_(x.bitwise_right_shift(15)), 0x846ca68bll);
+  x.bitwise_xor_(x.bitwise_right_shift(16));
+  const at::Tensor random16 = high_half ? x.bitwise_right_shift(16) : x.bitwise_and(0xFFFF);
+  // fp32 bits as unsigned 32, plus the random bits, shifted: the upper half is the bf16 (NaN: 0x7FC0).
+  at::Tensor rounded = flat.contiguous().view(at::kInt).to(at::kLong).bitwise_and_(kMask).add_(random16).bitwise_right_shift(16);
+  rounded.masked_fill_(flat.isnan(), 0x7FC0);
+  // bf16 bits through int16: values at or above 2^15 are negative int16s of the same 16 bits.
+  rounded = at::where(rounded >= 32768, rounded - 65536, rounded).to(at::kShort);
+  destination.view({-1}).view(at::kShort).copy_(rounded);
 }
 
 }  // namespace llm

@@ -26,6 +26,7 @@
 #include "optim/galore.h"
 #include "optim/optimizer_settings.h"
 #include "optim/shard_state.h"
+#include "optim/state_rounding.h"
 #include "optim/subset_norm.h"
 #include "sharding/flat_layout.h"
 
@@ -81,6 +82,11 @@ struct ParameterState {
   GaLoreGeometry galore;       // galore
   int64_t refresh_offset = 0;  // galore: steps after 1 + jT at which this projector is recomputed
   uint64_t projector_seed = 0; // galore subspace: the cold start's Gaussian
+  // bf16 state: the parameter's index in the model (the same at any world size), and each moment's
+  // stochastic-rounding bits for the current step (the key set by the step, the index base where
+  // the rank's elements start in the full state tensor; optim/state_rounding.h).
+  int64_t model_index = 0;
+  StateRounding exp_avg_rounding, exp_avg_sq_rounding;
 };
 
 // One step's scalars, the same for every parameter.
@@ -131,5 +137,13 @@ class Rule {
 };
 
 const Rule& rule_of(UpdateRule rule);
+
+// bf16 state for the rules written in ATen operations (the HF rules): `values` (fp32, destination's
+// numel, on its device) stored into `destination` (bf16) rounded stochastically, element j with the
+// 16 random bits rounding_bits(rounding.key, rounding.index_base + j) gives (the high 16 when
+// high_half, else the low 16): the bits AdamW's fused kernel gives (optim/state_rounding.h). In
+// integer tensor operations, so it runs on any device.
+void store_stochastically_rounded(const at::Tensor& destination, const at::Tensor& values,
+                                  const StateRounding& rounding, bool high_half);
 
 }  // namespace llm

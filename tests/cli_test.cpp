@@ -105,6 +105,10 @@ TEST(CliTrain, OptimizerFlagsAreParsed) {
   EXPECT_EQ(general.optimizer.subset_norm_params, "all");
   EXPECT_EQ(parse({"--config", "c", "--optimizer", "adamw_sn", "--subset_size", "heuristics"}).run.optimizer.subset_size, 0);
   EXPECT_EQ(parse({"--config", "c", "--optimizer", "adamw_sn", "--subset_size", "512"}).run.optimizer.subset_size, 512);
+  EXPECT_EQ(parse({"--config", "c"}).run.optimizer.state_dtype, "float32");
+  for (const char* optimizer : {"adamw", "adamw_sn", "galore_adamw"})
+    EXPECT_EQ(parse({"--config", "c", "--optimizer", optimizer, "--optimizer_state_dtype", "bfloat16"}).run.optimizer.state_dtype,
+              "bfloat16");
 }
 
 TEST(CliTrain, BadOptimizerFlagsAreNamed) {
@@ -219,6 +223,8 @@ TEST(CliTrain, BadChoiceNamesTheFlag) {
   expect_mentions(parse_error({"--config", "c", "--precision", "half"}), {"--precision"});
   expect_mentions(parse_error({"--config", "c", "--device", "tpu"}), {"--device", "tpu"});
   expect_mentions(parse_error({"--config", "c", "--communicator", "gloo"}), {"--communicator", "gloo"});
+  expect_mentions(parse_error({"--config", "c", "--optimizer_state_dtype", "float16"}),
+                  {"--optimizer_state_dtype", "float16"});
 }
 
 TEST(CliTrain, BadNumberNamesTheFlag) {

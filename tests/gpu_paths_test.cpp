@@ -158,6 +158,9 @@ INSTANTIATE_TEST_SUITE_P(
         GpuCase{"activation_checkpointing", 1, "", "--dtype bfloat16 --activation_checkpointing", 2e-2},
         GpuCase{"fused_step", 1, "", "--fuse_optimizer_with_backward --grad_clipping 0", 1e-4},
         GpuCase{"adamw_sn", 1, "", "--optimizer adamw_sn", 1e-4},
+        // bf16 moments: the CUDA functor's rounding (AdamW) and the ATen rounding on the device (AdamwSN).
+        GpuCase{"bf16_state_adamw", 1, "", "--optimizer_state_dtype bfloat16", 1e-3},
+        GpuCase{"bf16_state_adamw_sn", 1, "", "--optimizer adamw_sn --optimizer_state_dtype bfloat16", 1e-3},
         GpuCase{"galore_cusolver", 1, "", "--optimizer galore_adamw --rank 8 --update_proj_gap 2", 1e-3},
         GpuCase{"offload", 1, "", "--dtype bfloat16 --precision pure --offload optimizer", 2e-2},
         GpuCase{"not_resident_prefetch", 1, "LLM_DEBUG_NO_RESIDENT_UNITS=1", "", 1e-4},

@@ -148,7 +148,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama_tiny", 2, "--batch_size 2 --max_length 32 --dtype bfloat16 --precision pure --activation_checkpointing_every 2 --sharding shard_grad_op"},
                       Case{"llama_9m", 1, "--batch_size 2 --max_length 64 --grad_clipping 0 --fuse_optimizer_with_backward"},
                       Case{"llama_tiny", 4, "--batch_size 2 --max_length 32 --total_batch_size 16 --grad_clipping 0 --fuse_optimizer_with_backward"},
-                      Case{"llama_micro", 2, "--batch_size 2 --max_length 32 --optimizer galore_adamw --rank 8 --grad_clipping 0 --fuse_optimizer_with_backward --dtype bfloat16 --precision pure"}),
+                      Case{"llama_micro", 2, "--batch_size 2 --max_length 32 --optimizer galore_adamw --rank 8 --grad_clipping 0 --fuse_optimizer_with_backward --dtype bfloat16 --precision pure"},
+                      Case{"llama_9m", 2, "--batch_size 2 --max_length 64 --optimizer_state_dtype bfloat16"},
+                      Case{"llama_tiny", 2, "--batch_size 2 --max_length 32 --offload optimizer --optimizer_state_dtype bfloat16"},
+                      Case{"llama_micro", 3, "--batch_size 2 --max_length 32 --optimizer galore_adamw --rank 8 --optimizer_state_dtype bfloat16"},
+                      Case{"llama_micro", 2, "--batch_size 2 --max_length 32 --optimizer adamw_sn --dtype bfloat16 --precision pure --optimizer_state_dtype bfloat16"}),
     case_name);
 
 TEST(EstimateCommand, BadInputIsExitTwo) {

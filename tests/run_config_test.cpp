@@ -170,6 +170,7 @@ TEST_F(ConfigRunValidation, OptimizerFlagsAreRangeChecked) {
       {"--galore_scale", [](RunConfig& r) { r.optimizer.name = "galore_adamw"; r.optimizer.galore_scale = 0; }, "got 0"},
       {"--proj_type", [](RunConfig& r) { r.optimizer.name = "galore_adamw"; r.optimizer.proj_type = "full"; }, "\"full\""},
       {"--subset_norm_params", [](RunConfig& r) { r.optimizer.name = "adamw_sn"; r.optimizer.subset_norm_params = "some"; }, "\"some\""},
+      {"--optimizer_state_dtype", [](RunConfig& r) { r.optimizer.state_dtype = "float16"; }, "\"float16\""},
   };
   for (const RangeCase& range_case : cases) {
     SCOPED_TRACE(std::string(range_case.flag) + " " + range_case.got);

@@ -61,6 +61,7 @@ RunCheckpoints::Checkpoint RunCheckpoints::checkpoint_of(int64_t step) {
   checkpoint.manifest["world_size"] = context_.world_size;
   checkpoint.manifest["optimizer"] = run_.optimizer.name;
   checkpoint.manifest["optimizer_step"] = state_.optimizer.steps_taken();
+  checkpoint.manifest["optimizer_state_dtype"] = run_.optimizer.state_dtype;  // the dtype its moments are saved in
   checkpoint.manifest["model"] = model_config_.to_json();
   checkpoint.manifest["run"] = run_.to_json();  // the settings that wrote it, for the record
   // `trainer export` looks for the tokenizer `trainer prepare` trained beside the token file.
@@ -98,21 +99,26 @@ void RunCheckpoints::saved(const std::string& folder, int64_t step, int64_t comp
 void RunCheckpoints::start_background_save(int64_t step) {
   const auto started = std::chrono::steady_clock::now();
   Checkpoint checkpoint = checkpoint_of(step);
-  int64_t elements = 0;
-  for (const StatePiece& piece : checkpoint.pieces) elements += piece.values.numel();
+  // One host buffer of bytes holds every piece in its own dtype (bf16 optimizer state is saved as
+  // bf16, as the synchronous save writes it), each at a 64-byte boundary.
+  const auto aligned = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };
+  int64_t bytes = 0;
+  for (const StatePiece& piece : checkpoint.pieces) bytes += aligned(static_cast<int64_t>(piece.values.nbytes()));
   std::exception_ptr failure;
   try {
     at::NoGradGuard no_grad;
-    if (!save_copy_.defined() || save_copy_.numel() < elements) {
+    if (!save_copy_.defined() || save_copy_.numel() < bytes) {
       save_copy_ = at::Tensor();  // the smaller one goes first
-      save_copy_ = exact_host_buffer(elements, at::kFloat, state_.offload ? c10::Device(c10::kCPU) : context_.device);
+      save_copy_ = exact_host_buffer(bytes, at::kByte, state_.offload ? c10::Device(c10::kCPU) : context_.device);
     }
     int64_t offset = 0;
     for (StatePiece& piece : checkpoint.pieces) {
-      at::Tensor copy = save_copy_.narrow(0, offset, piece.values.numel()).view(piece.values.sizes());
+      const int64_t piece_bytes = static_cast<int64_t>(piece.values.nbytes());
+      at::Tensor copy =
+          save_copy_.narrow(0, offset, piece_bytes).view(piece.values.scalar_type()).view(piece.values.sizes());
       copy.copy_(piece.values);
       piece.values = std::move(copy);
-      offset += piece.values.numel();
+      offset += aligned(piece_bytes);
     }
   } catch (...) {
     failure = std::current_exception();
@@ -123,7 +129,7 @@ void RunCheckpoints::start_background_save(int64_t step) {
   background_save_step_ = step;
   background_save_blocked_ = seconds_since(started);
   log::info("saving checkpoint {} in the background (a host copy of {} on this rank)", checkpoint.folder,
-            human_bytes(elements * 4));
+            human_bytes(bytes));
 }
 
 void RunCheckpoints::finish_background_save(int64_t completed_at) {
@@ -164,6 +170,13 @@ void RunCheckpoints::resume(const std::string& folder) {
     if (state_.offload) state_.offload->publish(u);
   }
   if (!state_.offload) model.publish_shards();
+  // Moments saved in another dtype convert as they are read (CheckpointReader::read): bf16 into fp32
+  // exactly, fp32 into bf16 rounded to nearest even.
+  const std::string saved_state_dtype = manifest.value("optimizer_state_dtype", std::string("float32"));
+  if (saved_state_dtype != run_.optimizer.state_dtype)
+    log::info("resuming {} optimizer state as {} (--optimizer_state_dtype){}", saved_state_dtype,
+              run_.optimizer.state_dtype,
+              run_.optimizer.state_dtype == "bfloat16" ? ": each moment rounded to the nearest bf16" : ": exact");
   state_.optimizer.load_state_pieces(
       [&](const std::string& key, int64_t begin, const at::Tensor& destination) { checkpoint.read(key, begin, destination); },
       manifest.at("optimizer_step").get<int64_t>());

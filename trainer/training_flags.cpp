@@ -173,6 +173,11 @@ void add_optimizer_flags(CLI::App& app, NumberFlags& numbers, TrainingFlags& fla
           ->check(CLI::Validator(
               [](std::string& name) { return unknown_optimizer_reason(name); }, "", "known optimizer"))
           ->capture_default_str());
+  flags.add(app.add_option("--optimizer_state_dtype", run.optimizer.state_dtype,
+                           "float32, or bfloat16: the optimizer's moments in bf16 (half their bytes), stepped in fp32 "
+                           "and stored with stochastic rounding seeded by --seed; masters stay fp32")
+          ->check(CLI::IsMember(kOptimizerStateDtypeChoices))
+          ->capture_default_str());
   flags.for_optimizer("adamw_sn",
       app.add_option_function<std::string>(
              "--subset_size",

@@ -201,3 +201,145 @@ TEST(GaLoreReference, SubspaceProjectorCapturesTheSvdsEnergyAtThisWorldSize) {
 
 }  // namespace
 }  // namespace llm
+
+namespace llm {
+namespace {
+
+// Bit for bit (fp32 or bf16 widened to fp32).
+void expect_same_bits(const at::Tensor& actual, const at::Tensor& expected, const std::string& what) {
+  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
+  const at::Tensor a = actual.to(at::kFloat).contiguous().view(at::kInt);
+  const at::Tensor e = expected.to(at::kFloat).contiguous().view(at::kInt);
+  const int64_t differing = (a != e).sum().item<int64_t>();
+  EXPECT_EQ(differing, 0) << what << ": " << differing << " of " << a.numel() << " elements differ";
+}
+
+// optim/state_rounding.h on a full fp32 tensor (element i of the flattened tensor takes index i).
+at::Tensor rounded_like_the_spec(const at::Tensor& full, uint32_t key, bool high_half) {
+  const at::Tensor values = full.to(at::kFloat).contiguous().view({-1});
+  at::Tensor out = at::empty({values.numel()}, at::kBFloat16);
+  const float* from = values.const_data_ptr<float>();
+  auto* to = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  for (int64_t i = 0; i < values.numel(); ++i) {
+    const uint32_t bits = rounding_bits(key, static_cast<uint32_t>(i));
+    to[i] = stochastic_round_to_bfloat16(from[i], high_half ? bits >> 16 : bits & 0xFFFFu);
+  }
+  return out.view(full.sizes());
+}
+
+// AdamW with bf16 moments on shards against tests/golden/make_adamw_bf16_state_golden.py (NumPy,
+// written from the specification of optim/state_rounding.h): the parameters and the bf16 moments
+// bit for bit after ten steps, at this world size. One optimizer per group of cases, so a case's
+// rounding key takes its index among the optimizer's parameters.
+TEST(Bf16StateReference, AdamWEqualsTheNumpySpecificationBitwiseAtThisWorldSize) {
+  const auto golden = testing::load_golden("adamw_bf16_state_golden.pt");
+  const Sharded group = shard_group();
+  const at::Tensor lrs = golden.at("lrs");
+  const std::vector<std::string> names = case_names(golden);
+  ASSERT_EQ(names.size(), 6u);
+  const std::pair<double, double> kGroupBetas[] = {{0.9, 0.999}, {0.3, 0.95}};
+  for (int64_t index = 0; index < 2; ++index) {
+    SCOPED_TRACE("group " + std::to_string(index) + " at world size " + std::to_string(group.world));
+    OptimizerSettings settings;
+    settings.kind = "adamw";
+    settings.beta1 = kGroupBetas[index].first;
+    settings.beta2 = kGroupBetas[index].second;
+    settings.eps = golden.at("meta.eps").item<double>();
+    settings.weight_decay = golden.at("meta.weight_decay").item<double>();
+    settings.state_dtype = "bfloat16";
+    settings.state_rounding_seed = static_cast<uint64_t>(golden.at("meta.seed").item<int64_t>());
+    std::vector<std::string> members;
+    std::vector<UnitShard> units;
+    for (const std::string& name : names) {
+      if (golden.at(name + ".group").item<int64_t>() != index) continue;
+      ASSERT_EQ(golden.at(name + ".parameter").item<int64_t>(), static_cast<int64_t>(members.size())) << name;
+      members.push_back(name);
+      units.push_back(shard_of(name, golden.at(name + ".initial"), UpdateRule::adamw,
+                               golden.at(name + ".decay").item<int64_t>() != 0, group));
+    }
+    auto optimizer = std::make_unique<ShardOptimizer>(settings, units, group.across);
+    EXPECT_EQ(optimizer->unit_state(0).exp_avg.scalar_type(), at::kBFloat16);
+    for (int64_t step = 0; step < lrs.size(0); ++step) {
+      for (size_t u = 0; u < units.size(); ++u) set_gradient(units[u], golden.at(members[u] + ".grads")[step]);
+      optimizer->step(lrs[step].item<double>());
+    }
+    const auto state = optimizer->full_state_dict();
+    for (size_t u = 0; u < units.size(); ++u) {
+      const std::string& name = members[u];
+      expect_same_bits(full_param(units[u], group.across), golden.at(name + ".final"), name + " param");
+      expect_same_bits(state.at(name + ".exp_avg"), golden.at(name + ".exp_avg"), name + " exp_avg");
+      expect_same_bits(state.at(name + ".exp_avg_sq"), golden.at(name + ".exp_avg_sq"), name + " exp_avg_sq");
+    }
+  }
+}
+
+// The rules written in ATen operations (AdamwSN's forms, GaLore's projections, the HF AdamW they
+// share) with bf16 moments, at this world size: each step equals the same rule's fp32 step from the
+// same state (the bf16 moments widened), with its moments then rounded as optim/state_rounding.h
+// specifies for their index in the full state tensor; the parameter bit for bit (the update uses the
+// fp32 moments). Three steps, GaLore's projector refreshed at the first.
+TEST(Bf16StateReference, AtenRulesRoundTheFp32StepAsSpecifiedAtThisWorldSize) {
+  const Sharded group = shard_group();
+  struct Case {
+    std::string name;
+    std::vector<int64_t> shape;
+    std::string kind;
+    UpdateRule rule;
+    double beta1;
+    int64_t subset_size;
+    std::string proj_type;
+  };
+  const std::vector<Case> cases = {
+      {"hf_vec_1023", {1023}, "adamw_sn", UpdateRule::adam_hf, 0.9, 0, ""},
+      {"sn_tall_48x20", {48, 20}, "adamw_sn", UpdateRule::subset_norm, 0.9, 0, ""},
+      {"sn_wide_20x48", {20, 48}, "adamw_sn", UpdateRule::subset_norm, 0.9, 0, ""},
+      {"sn_general_48x20", {48, 20}, "adamw_sn", UpdateRule::subset_norm, 0.9, -2, ""},
+      {"sn_rmsprop_40x12", {40, 12}, "adamw_sn", UpdateRule::subset_norm, 0.0, 0, ""},
+      {"galore_std_40x24", {40, 24}, "galore_adamw", UpdateRule::galore, 0.9, 0, "std"},
+      {"galore_left_24x40", {24, 40}, "galore_adamw", UpdateRule::galore, 0.9, 0, "left"},
+      {"galore_right_40x24", {40, 24}, "galore_adamw", UpdateRule::galore, 0.9, 0, "right"},
+  };
+  constexpr uint64_t kSeed = 99;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name + " at world size " + std::to_string(group.world));
+    OptimizerSettings settings;
+    settings.kind = c.kind;
+    settings.beta1 = c.beta1;
+    settings.weight_decay = 0.1;
+    settings.eps = 1e-6;
+    settings.subset_size = c.subset_size;
+    settings.galore_rank = 6;
+    if (!c.proj_type.empty()) settings.proj_type = c.proj_type;
+    settings.state_rounding_seed = kSeed;
+    OptimizerSettings bf16_settings = settings;
+    bf16_settings.state_dtype = "bfloat16";
+    at::manual_seed(7);  // the same full tensors on every rank
+    const at::Tensor initial = at::randn(c.shape);
+    UnitShard bf16_view = shard_of(c.name, initial, c.rule, true, group);
+    UnitShard fp32_view = shard_of(c.name, initial, c.rule, true, group);
+    ShardOptimizer bf16(bf16_settings, {bf16_view}, group.across);
+    ShardOptimizer fp32(settings, {fp32_view}, group.across);
+    for (int64_t t = 1; t <= 3; ++t) {
+      const at::Tensor grad = at::randn(c.shape) * (t == 2 ? 10.0 : 0.1);
+      set_gradient(bf16_view, grad);
+      set_gradient(fp32_view, grad);
+      fp32_view.master.copy_(bf16_view.master);
+      fp32.load_full_state_dict(bf16.full_state_dict());
+      bf16.step(1e-2);
+      fp32.step(1e-2);
+      expect_same_bits(full_param(bf16_view, group.across), full_param(fp32_view, group.across),
+                       "param at step " + std::to_string(t));
+      const uint32_t key = rounding_key(kSeed, t, 0);
+      const auto bf16_state = bf16.full_state_dict();
+      for (const auto& [name, moment] : fp32.full_state_dict()) {
+        const bool first = name == c.name + ".exp_avg", second = name == c.name + ".exp_avg_sq";
+        if (!first && !second) continue;
+        expect_same_bits(bf16_state.at(name), rounded_like_the_spec(moment, key, second),
+                         name + " at step " + std::to_string(t));
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace llm
