@@ -2,6 +2,8 @@
 
 #include <malloc.h>
 
+#include <cstdlib>
+
 #include <atomic>
 #include <limits>
 #include <mutex>
@@ -102,6 +104,9 @@ class CountingCPUAllocator final : public c10::Allocator {
 void install_host_memory_tracking() { CountingCPUAllocator::instance().install(); }
 
 void keep_freed_host_memory() {
+#if defined(__linux__)
+  setenv("THP_MEM_ALLOC_ENABLE", "1", /*overwrite=*/0);  // read by c10's alloc_cpu at its first use
+#endif
 #if defined(__GLIBC__)
   mallopt(M_MMAP_MAX, 0);  // no per-block mappings: every block from the heaps
   // Give the heap's top back only above 2 GiB free (mallopt takes an int: INT_MAX is the most).
