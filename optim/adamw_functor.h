@@ -23,18 +23,10 @@
 #include <cmath>
 #include <cstdint>
 
-#include "optim/state_rounding.h"
+#include "optim/state_rounding.h"  // also LLM_HOST_DEVICE
 
 #ifdef __CUDACC__
 #include <cuda_bf16.h>
-#endif
-
-#ifndef LLM_HOST_DEVICE
-#ifdef __CUDACC__
-#define LLM_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define LLM_HOST_DEVICE inline
-#endif
 #endif
 
 namespace llm {

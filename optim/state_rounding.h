@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <cstring>
 
+// Host and device functions (nvcc), plain inline functions elsewhere; optim/adamw_functor.h uses it too.
 #ifndef LLM_HOST_DEVICE
 #ifdef __CUDACC__
 #define LLM_HOST_DEVICE __host__ __device__ __forceinline__

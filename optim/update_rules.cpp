@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/util/accumulate.h>
 
 #include "optim/adamw.h"
@@ -274,6 +275,24 @@ const Rule& rule_of(UpdateRule rule) {
 
 void store_stochastically_rounded(const at::Tensor& destination, const at::Tensor& values,
                                   const StateRounding& rounding, bool high_half) {
+  if (destination.device().is_cpu()) {
+    // One pass of the specification's own functions (optim/state_rounding.h), on LibTorch's threads.
+    const at::Tensor flat = values.reshape({-1}).contiguous();
+    const float* from = flat.const_data_ptr<float>();
+    auto* to = reinterpret_cast<uint16_t*>(destination.data_ptr<at::BFloat16>());
+    at::parallel_for(0, flat.numel(), 1 << 15, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const uint32_t bits = rounding_bits(rounding.key, rounding.index_base + static_cast<uint32_t>(i));
+        to[i] = stochastic_round_to_bfloat16(from[i], high_half ? bits >> 16 : bits & 0xFFFFu);
+      }
+    });
+    return;
+  }
+  store_stochastically_rounded_by_tensor_ops(destination, values, rounding, high_half);
+}
+
+void store_stochastically_rounded_by_tensor_ops(const at::Tensor& destination, const at::Tensor& values,
+                                                const StateRounding& rounding, bool high_half) {
   // 32-bit arithmetic in int64 lanes, masked after every multiply (optim/state_rounding.h's lowbias32).
   static constexpr int64_t kMask = 0xFFFFFFFFll;
   const at::Tensor flat = values.reshape({-1});

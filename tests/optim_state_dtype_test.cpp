@@ -2,8 +2,9 @@
 //  * every host AdamW kernel this CPU runs (scalar, AVX2, AVX-512) with bf16 moments against the
 //    element functor, bit for bit: sizes around the vector widths, fp32 and bf16 gradients, both
 //    lerp forms, with and without the compute copy, an index base that wraps past 2^32, threaded;
-//  * the ATen rounding of the HF rules (store_stochastically_rounded) against the specification's
-//    scalar function (optim/state_rounding.h), bit for bit, with NaN, infinities, signed zeros,
+//  * the rounding of the HF rules (store_stochastically_rounded: the host pass, and the integer
+//    tensor operations a device runs) against the specification's scalar function
+//    (optim/state_rounding.h), bit for bit, with NaN, infinities, signed zeros,
 //    subnormals and the largest finite values;
 //  * the rounding is unbiased (the mean of many roundings is the value) and every bf16 value is
 //    kept exactly;
@@ -160,7 +161,11 @@ TEST(Bf16State, AtenRoundingEqualsTheSpecificationBitwise) {
       const llm::StateRounding rounding{llm::rounding_key(42, 17, 5), base};
       at::Tensor destination = at::empty({values.numel()}, at::kBFloat16);
       llm::store_stochastically_rounded(destination, values, rounding, high);
-      expect_same_bits(destination, spec_rounding(values, rounding, high), "rounded");
+      expect_same_bits(destination, spec_rounding(values, rounding, high), "rounded (host pass)");
+      // The device path's integer tensor operations, run here on the host.
+      at::Tensor by_ops = at::empty({values.numel()}, at::kBFloat16);
+      llm::store_stochastically_rounded_by_tensor_ops(by_ops, values, rounding, high);
+      expect_same_bits(by_ops, spec_rounding(values, rounding, high), "rounded (tensor operations)");
     }
 }
 
