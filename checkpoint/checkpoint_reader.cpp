@@ -135,11 +135,13 @@ void CheckpointReader::read(const std::string& key, int64_t begin, const at::Ten
     const SafetensorsFile& source = file(part.file);
     // Optimizer state may be bf16 (--optimizer_state_dtype); the copy below converts to the
     // destination's dtype (bf16 -> fp32 exactly; fp32 -> bf16 to nearest even).
+    const bool moment = key.ends_with(".exp_avg") || key.ends_with(".exp_avg_sq");
     LLM_REQUIRE(source.contains(key) &&
-                    (source.entries().at(key).dtype == at::kFloat || source.entries().at(key).dtype == at::kBFloat16) &&
+                    (source.entries().at(key).dtype == at::kFloat ||
+                     (moment && source.entries().at(key).dtype == at::kBFloat16)) &&
                     source.entries().at(key).shape == std::vector<int64_t>{part.count},
                 source.path(), key,
-                "expected a float32 or bfloat16 part of " + std::to_string(part.count) +
+                std::string("expected a float32 ") + (moment ? "or bfloat16 " : "") + "part of " + std::to_string(part.count) +
                     " elements, as its index says; the file is damaged: resume from an earlier step_<N> folder");
     const at::Tensor values = source.read(key);
     const uint32_t crc = crc32c(values.data_ptr(), values.nbytes());

@@ -25,7 +25,7 @@ read -r -a optimizer <<<"${OPTIMIZER:-}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 cores=$(nproc)
 [[ "$STEPS" =~ ^[1-9][0-9]*$ ]] && [ "$STEPS" -ge 40 ] || { echo "state_dtype_quality.sh: STEPS: expected an integer >= 40 (got '$STEPS')" >&2; exit 2; }
-[[ "$RANKS" =~ ^[1-9][0-9]*$ ]] || { echo "state_dtype_quality.sh: RANKS: expected a number of ranks >= 1 (got '$RANKS')" >&2; exit 2; }
+[[ "$RANKS" =~ ^[1-9][0-9]*$ ]] && [ $((8 % RANKS)) = 0 ] || { echo "state_dtype_quality.sh: RANKS: expected 1, 2, 4 or 8 (a share of the global batch of 8; got '$RANKS')" >&2; exit 2; }
 [ -f "$CONFIG" ] || { echo "state_dtype_quality.sh: $CONFIG: no such config file" >&2; exit 2; }
 
 started=$(date +%s)
@@ -39,8 +39,8 @@ for ranks in 1 "$RANKS"; do
     if ! OMP_NUM_THREADS=$((cores / ranks > 0 ? cores / ranks : 1)) \
         mpirun --oversubscribe -np "$ranks" "$TRAINER" --config "$CONFIG" --device cpu --run_dir "$dir" \
         --num_training_steps "$STEPS" --warmup_steps 30 --lr 3e-3 --weight_decay 0.1 --total_batch_size 8 \
-        --batch_size $((8 / ranks > 0 ? 8 / ranks : 1)) --max_length 128 --eval_every 50 --eval_sequences 16 \
-        --optimizer_state_dtype "$dtype" "${optimizer[@]}" >"$dir.log" 2>&1; then
+        --batch_size $((8 / ranks)) --max_length 128 --eval_every 50 --eval_sequences 16 \
+        --optimizer_state_dtype "$dtype" ${optimizer[@]+"${optimizer[@]}"} >"$dir.log" 2>&1; then
       echo "failed; the last lines of $dir.log:"
       tail -n 20 "$dir.log"
       exit 1

@@ -47,6 +47,14 @@ struct EstimateOptions {
   // list every layer up to 4096 layers; beyond, each pass's first and last few (which hold its
   // maxima). Tests lower it to check the extrapolation against the full simulation.
   int64_t simulate_layers_up_to = 256;
+  // --fit (memory/estimate_fit.h): the levers to add so the run fits memory_budget_gib per rank and
+  // host_budget_gib per node (0: node_memory_gib, else this machine's RAM), ranked by the seconds they
+  // add at these rates (device_tflops 0: 200 on CUDA, 0.07 on a CPU).
+  bool fit = false;
+  double host_budget_gib = 0;
+  double device_tflops = 0;
+  double pcie_gbs = 25;
+  double host_gbs = 50;
 };
 
 // One phase's window: the largest total inside it, and the categories at its closing point.

@@ -427,19 +427,23 @@ class StepSimulation {
     const UnitGeometry& unit = units_[u];
     int64_t refresh = 0, kept = 0, phase1 = 0, phase2 = 0;
     int64_t galore_index = unit.first_galore;
+    // bf16 state: the update steps fp32 copies of the moments (optim/update_rules.cpp).
+    const bool bf16 = settings.state_is_bf16();
+    const int64_t first_moment = settings.beta1 > 0 ? 1 : 0;
     for (size_t i = 0; i < unit.layout.parameters.size(); ++i) {
       const ShardedParameter& shard = unit.layout.parameters[i];
       const int64_t local = 4 * shard.rows_per_rank * shard.cols;
       switch (unit.rules[i]) {
         case UpdateRule::adam_hf:
-          phase2 = std::max(phase2, 2 * local);  // sqrt(v) + eps, m / denominator
+          phase2 = std::max(phase2, 2 * local + (bf16 ? (first_moment + 1) * local : 0));  // sqrt(v) + eps, m / denominator
           break;
         case UpdateRule::subset_norm: {
           const SubsetGeometry geometry = make_subset_geometry(shard, settings.subset_size, world);
           const int64_t state = 4 * product(geometry.local_state_shape);
           phase1 = std::max(phase1, kept + local);  // grad^2 before its sums
           kept += state;                             // the sums, kept for the update
-          phase2 = std::max(phase2, geometry.kind == SubsetKind::block ? 2 * local : state);
+          phase2 = std::max(phase2, (geometry.kind == SubsetKind::block ? 2 * local : state) +
+                                        (bf16 ? first_moment * local + state : 0));
           break;
         }
         case UpdateRule::galore: {
@@ -469,7 +473,7 @@ class StepSimulation {
           // before the scaling.
           int64_t back = 2 * lowrank + 2 * local;
           if (!geometry.right && world > 1) back = 2 * lowrank + std::max(4 * world * geometry.chunk + local, 2 * local);
-          phase2 = std::max(phase2, back);
+          phase2 = std::max(phase2, back + (bf16 ? (first_moment + 1) * lowrank : 0));
           ++galore_index;
           break;
         }

@@ -109,8 +109,11 @@ void update_on_cuda(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_a
 void adamw_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
                   at::Tensor& exp_avg_sq, double lr, const AdamWOptions& options,
                   double weight_decay, int64_t step) {
+  // bf16 moments need their rounding bits (a fixed key would round alike at every step: biased).
+  LLM_REQUIRE(!exp_avg.defined() || exp_avg.scalar_type() != at::kBFloat16, "adamw_update", "exp_avg",
+              "is bf16: pass its StateRounding (the overload with compute_out and rounding)");
   at::Tensor none;
-  adamw_update(param, grad, exp_avg, exp_avg_sq, lr, options, weight_decay, step, none);
+  adamw_update(param, grad, exp_avg, exp_avg_sq, lr, options, weight_decay, step, none, StateRounding{});
 }
 
 void adamw_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,

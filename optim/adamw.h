@@ -27,7 +27,7 @@ struct AdamWOptions {
 void check_adamw_options(const AdamWOptions& options);
 
 // One fused AdamW update in place. p, g, m, v: contiguous, same numel and device; p, m, v fp32;
-// g fp32 or bf16 (m, v may be bf16: the overload below). step is 1-based (bias correction uses it). Decoupled decay: p *= 1 - lr * wd.
+// g fp32 or bf16 (m, v fp32 here; bf16 moments need the overload below, with their rounding). step is 1-based (bias correction uses it). Decoupled decay: p *= 1 - lr * wd.
 void adamw_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
                   at::Tensor& exp_avg_sq, double lr, const AdamWOptions& options,
                   double weight_decay, int64_t step);
@@ -41,7 +41,7 @@ void adamw_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg
 void adamw_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
                   at::Tensor& exp_avg_sq, double lr, const AdamWOptions& options,
                   double weight_decay, int64_t step, at::Tensor& compute_out,
-                  const StateRounding& rounding = {});
+                  const StateRounding& rounding);
 
 // The scalars of one update (lr >= 0, weight_decay >= 0, step >= 1: the caller checked them).
 AdamWScalars adamw_scalars(double lr, const AdamWOptions& options, double weight_decay,

@@ -54,7 +54,32 @@ void for_each_element_state(float* param, const GradElement* grad, void* exp_avg
     for_each_element<GradElement, float>(param, grad, exp_avg, exp_avg_sq, rounding, numel, scalars, stream);
 }
 
+struct StochasticRoundElement {
+  const float* from;
+  uint16_t* to;
+  StateRounding rounding;
+  bool high_half;
+  LLM_HOST_DEVICE void operator()(int64_t i) const {
+    const uint32_t bits = rounding_bits(rounding.key, rounding.index_base + static_cast<uint32_t>(i));
+    to[i] = stochastic_round_to_bfloat16(from[i], high_half ? bits >> 16 : bits & 0xFFFFu);
+  }
+};
+
 }  // namespace
+
+void launch_stochastic_round_cuda(const float* from, uint16_t* to, int64_t numel, const StateRounding& rounding,
+                                  bool high_half, cudaStream_t stream) {
+  if (numel == 0) return;
+  try {
+    const thrust::counting_iterator<int64_t> first(0);
+    thrust::for_each(thrust::cuda::par_nosync.on(stream), first, first + numel,
+                     StochasticRoundElement{from, to, rounding, high_half});
+  } catch (const thrust::system_error& error) {
+    fail_system_call("thrust::for_each(StochasticRoundElement)", __FILE__, __LINE__, error.what(),
+                     "check that the tensors live on the current CUDA device");
+  }
+  LLM_CHECK_CUDA(cudaGetLastError());
+}
 
 void launch_adamw_update_cuda(float* param, const void* grad, GradientElementType gradient_type,
                               void* exp_avg, void* exp_avg_sq, bool state_is_bf16,

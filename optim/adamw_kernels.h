@@ -24,4 +24,10 @@ void launch_adamw_update_cuda(float* param, const void* grad, GradientElementTyp
                               const StateRounding& rounding, int64_t numel,
                               const AdamWScalars& scalars, cudaStream_t stream);
 
+// bf16 state for the rules written in ATen operations: `to[i]` = `from[i]` rounded stochastically
+// with the high or low 16 of rounding_bits(rounding.key, rounding.index_base + i)
+// (optim/state_rounding.h), for numel elements on the current device, enqueued on stream.
+void launch_stochastic_round_cuda(const float* from, uint16_t* to, int64_t numel, const StateRounding& rounding,
+                                  bool high_half, cudaStream_t stream);
+
 }  // namespace llm

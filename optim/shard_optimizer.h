@@ -116,7 +116,8 @@ class ShardOptimizer {
  // A unit's state: its three flat buffers (what offload moves as three blocks) and each
   // parameter's views into them.
   struct UnitState {
-    at::Tensor exp_avg, exp_avg_sq, projector;  // (elements of that kind) fp32, on the master's device
+    at::Tensor exp_avg, exp_avg_sq, projector;  // (elements of that kind) fp32 (the moments bf16 under
+                                                // --optimizer_state_dtype bfloat16), on the master's device
     std::vector<ParameterState> parameters;
   };
   const UnitState& unit_state(size_t unit) const { return units_.at(unit); }

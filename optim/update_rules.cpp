@@ -6,7 +6,15 @@
 #include <ATen/Parallel.h>
 #include <c10/util/accumulate.h>
 
+#include "common/errors.h"
 #include "optim/adamw.h"
+
+#ifdef TRAINER_HAVE_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "optim/adamw_kernels.h"
+#endif
 
 namespace llm {
 namespace {
@@ -275,46 +283,32 @@ const Rule& rule_of(UpdateRule rule) {
 
 void store_stochastically_rounded(const at::Tensor& destination, const at::Tensor& values,
                                   const StateRounding& rounding, bool high_half) {
-  if (destination.device().is_cpu()) {
-    // One pass of the specification's own functions (optim/state_rounding.h), on LibTorch's threads.
-    const at::Tensor flat = values.reshape({-1}).contiguous();
-    const float* from = flat.const_data_ptr<float>();
-    auto* to = reinterpret_cast<uint16_t*>(destination.data_ptr<at::BFloat16>());
-    at::parallel_for(0, flat.numel(), 1 << 15, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) {
-        const uint32_t bits = rounding_bits(rounding.key, rounding.index_base + static_cast<uint32_t>(i));
-        to[i] = stochastic_round_to_bfloat16(from[i], high_half ? bits >> 16 : bits & 0xFFFFu);
-      }
-    });
+  const at::Tensor flat = values.reshape({-1}).contiguous();
+  LLM_REQUIRE(destination.scalar_type() == at::kBFloat16 && destination.is_contiguous() &&
+                  flat.scalar_type() == at::kFloat && flat.numel() == destination.numel() &&
+                  flat.device() == destination.device(),
+              "store_stochastically_rounded", "destination",
+              "must be a contiguous bf16 tensor of values' numel on values' device (values: fp32)");
+  auto* to = reinterpret_cast<uint16_t*>(destination.data_ptr<at::BFloat16>());
+  if (destination.device().is_cuda()) {
+#ifdef TRAINER_HAVE_CUDA
+    const c10::cuda::CUDAGuard device_guard(destination.device());
+    launch_stochastic_round_cuda(flat.const_data_ptr<float>(), to, flat.numel(), rounding, high_half,
+                                 at::cuda::getCurrentCUDAStream(destination.device().index()).stream());
     return;
+#else
+    throw SystemError("store_stochastically_rounded: the state is on " + destination.device().str() +
+                      " but this build has no CUDA kernels");
+#endif
   }
-  store_stochastically_rounded_by_tensor_ops(destination, values, rounding, high_half);
-}
-
-void store_stochastically_rounded_by_tensor_ops(const at::Tensor& destination, const at::Tensor& values,
-                                                const StateRounding& rounding, bool high_half) {
-  // 32-bit arithmetic in int64 lanes, masked after every multiply (optim/state_rounding.h's lowbias32).
-  static constexpr int64_t kMask = 0xFFFFFFFFll;
-  const at::Tensor flat = values.reshape({-1});
-  at::Tensor x = at::arange(static_cast<int64_t>(rounding.index_base),
-                            static_cast<int64_t>(rounding.index_base) + flat.numel(),
-                            at::TensorOptions().dtype(at::kLong).device(flat.device()))
-                     .bitwise_and_(kMask)
-                     .bitwise_xor_(static_cast<int64_t>(rounding.key));
-  // x * c mod 2^32 without leaving int64: x * (c's low 16 bits) + ((x * (c's high 16)) mod 2^16) << 16.
-  const auto multiply_low32 = [](const at::Tensor& x, int64_t c) {
-    return (x * (c & 0xFFFF)).add_((x * (c >> 16)).bitwise_and_(0xFFFF).bitwise_left_shift_(16)).bitwise_and_(kMask);
-  };
-  x = multiply_low32(x.bitwise_xor_(x.bitwise_right_shift(16)), 0x7feb352dll);
-  x = multiply_low32(x.bitwise_xor_(x.bitwise_right_shift(15)), 0x846ca68bll);
-  x.bitwise_xor_(x.bitwise_right_shift(16));
-  const at::Tensor random16 = high_half ? x.bitwise_right_shift(16) : x.bitwise_and(0xFFFF);
-  // fp32 bits as unsigned 32, plus the random bits, shifted: the upper half is the bf16 (NaN: 0x7FC0).
-  at::Tensor rounded = flat.contiguous().view(at::kInt).to(at::kLong).bitwise_and_(kMask).add_(random16).bitwise_right_shift(16);
-  rounded.masked_fill_(flat.isnan(), 0x7FC0);
-  // bf16 bits through int16: values at or above 2^15 are negative int16s of the same 16 bits.
-  rounded = at::where(rounded >= 32768, rounded - 65536, rounded).to(at::kShort);
-  destination.view({-1}).view(at::kShort).copy_(rounded);
+  // One pass of the specification's own functions (optim/state_rounding.h), on LibTorch's threads.
+  const float* from = flat.const_data_ptr<float>();
+  at::parallel_for(0, flat.numel(), 1 << 15, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const uint32_t bits = rounding_bits(rounding.key, rounding.index_base + static_cast<uint32_t>(i));
+      to[i] = stochastic_round_to_bfloat16(from[i], high_half ? bits >> 16 : bits & 0xFFFFu);
+    }
+  });
 }
 
 }  // namespace llm

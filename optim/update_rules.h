@@ -142,12 +142,9 @@ const Rule& rule_of(UpdateRule rule);
 // numel, on its device) stored into `destination` (bf16) rounded stochastically, element j with the
 // 16 random bits rounding_bits(rounding.key, rounding.index_base + j) gives (the high 16 when
 // high_half, else the low 16): the bits AdamW's fused kernel gives (optim/state_rounding.h).
-// destination contiguous. On the host one pass of state_rounding.h's functions; on a device
-// store_stochastically_rounded_by_tensor_ops, which does the same in integer tensor operations (any
-// device; tests/optim_state_dtype_test.cpp runs both on CPU against the specification).
+// destination contiguous. One pass of state_rounding.h's functions: on the host's threads, or a
+// CUDA kernel (optim/adamw_cuda.cu) on the tensors' device.
 void store_stochastically_rounded(const at::Tensor& destination, const at::Tensor& values,
                                   const StateRounding& rounding, bool high_half);
-void store_stochastically_rounded_by_tensor_ops(const at::Tensor& destination, const at::Tensor& values,
-                                                const StateRounding& rounding, bool high_half);
 
 }  // namespace llm

@@ -429,3 +429,48 @@ TEST(EstimateCommand, HundredMillionLayersFinishesWithSaneFigures) {
 
 }  // namespace
 }  // namespace llm
+
+namespace llm {
+namespace {
+
+// `trainer estimate --fit`: for three budgets on llama_20m (4 x 256 tokens, one CPU rank, whose
+// fp32 AdamW peak is about 0.65 GiB) the flags it says to add make a run whose measured peak (the
+// ledger's) is within the budget; a budget nothing reaches is exit 2 naming the smallest peak.
+TEST(EstimateFit, TheSuggestedFlagsRunUnderTheBudget) {
+  const std::string base = " --config " + (testing::source_dir() / "configs/llama_20m.json").string() +
+                           " --device cpu --batch_size 4 --max_length 256 --warmup_steps 0 --eval_every 0 --eval_batches 1";
+  for (const double budget_gib : {0.62, 0.45, 0.35}) {
+    SCOPED_TRACE("budget " + std::to_string(budget_gib) + " GiB");
+    auto fit = run_command(testing::trainer_binary().string() + " estimate" + base + " --world_size 1 --fit --memory_budget_gib " +
+                           std::to_string(budget_gib));
+    ASSERT_EQ(fit.exit_code, 0) << fit.output;
+    const std::string marker = "Add to the command: ";
+    const size_t at = fit.output.find(marker);
+    ASSERT_NE(at, std::string::npos) << fit.output;
+    const std::string flags = fit.output.substr(at + marker.size(), fit.output.find('\n', at) - at - marker.size());
+    ASSERT_EQ(flags.find("(nothing"), std::string::npos) << "every budget here is below the command's own peak";
+    ScratchDir dir("fit");
+    auto trained = run_command("OMP_NUM_THREADS=1 " + testing::trainer_binary().string() + base +
+                               " --num_training_steps 2 " + flags + " --run_dir " + dir.path().string());
+    ASSERT_EQ(trained.exit_code, 0) << flags << "\n" << trained.output;
+    std::ifstream in(dir / "memory.rank0.jsonl");
+    double measured = 0;
+    for (std::string line; std::getline(in, line);) {
+      const nlohmann::json record = nlohmann::json::parse(line);
+      if (record.at("event") == "end") measured = record.at("summary").at("peak_bytes");
+    }
+    RecordProperty("peak_gib_at_" + std::to_string(budget_gib), std::to_string(measured / 1073741824.0));
+    EXPECT_GT(measured, 0) << "no end record";
+    EXPECT_LE(measured, budget_gib * 1073741824.0) << flags;
+  }
+  auto none = run_command(testing::trainer_binary().string() + " estimate" + base + " --world_size 1 --fit --memory_budget_gib 0.2");
+  EXPECT_EQ(none.exit_code, 2) << none.output;
+  EXPECT_NE(none.output.find("nothing fits 0.20 GiB per rank: the smallest peak the levers reach is"), std::string::npos)
+      << none.output;
+  auto no_budget = run_command(testing::trainer_binary().string() + " estimate" + base + " --world_size 1 --fit");
+  EXPECT_EQ(no_budget.exit_code, 2) << no_budget.output;
+  EXPECT_NE(no_budget.output.find("--fit: needs --memory_budget_gib"), std::string::npos) << no_budget.output;
+}
+
+}  // namespace
+}  // namespace llm

@@ -259,14 +259,14 @@ TEST(AdamWHost, UpdateWithComputeCopyEqualsUpdateThenRound) {
       at::Tensor copy = at::empty({numel}, dtype);
       for (int64_t step = 1; step <= kSteps; ++step) {
         llm::adamw_update(plain, grad, plain_m, plain_v, 1e-2, options, 0.1, step);
-        llm::adamw_update(fused, grad, fused_m, fused_v, 1e-2, options, 0.1, step, copy);
+        llm::adamw_update(fused, grad, fused_m, fused_v, 1e-2, options, 0.1, step, copy, llm::StateRounding{});
         expect_same_bits(copy, plain.to(dtype), "compute copy at step " + std::to_string(step));
       }
       expect_same_bits(fused, plain, "master");
       expect_same_bits(fused_m, plain_m, "exp_avg");
       expect_same_bits(fused_v, plain_v, "exp_avg_sq");
       at::Tensor short_copy = at::empty({numel - 1}, dtype);
-      EXPECT_THROW(llm::adamw_update(fused, grad, fused_m, fused_v, 1e-2, options, 0.1, kSteps + 1, short_copy),
+      EXPECT_THROW(llm::adamw_update(fused, grad, fused_m, fused_v, 1e-2, options, 0.1, kSteps + 1, short_copy, llm::StateRounding{}),
                    std::exception);
     }
   }

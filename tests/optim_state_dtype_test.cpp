@@ -2,9 +2,8 @@
 //  * every host AdamW kernel this CPU runs (scalar, AVX2, AVX-512) with bf16 moments against the
 //    element functor, bit for bit: sizes around the vector widths, fp32 and bf16 gradients, both
 //    lerp forms, with and without the compute copy, an index base that wraps past 2^32, threaded;
-//  * the rounding of the HF rules (store_stochastically_rounded: the host pass, and the integer
-//    tensor operations a device runs) against the specification's scalar function
-//    (optim/state_rounding.h), bit for bit, with NaN, infinities, signed zeros,
+//  * the rounding of the HF rules (store_stochastically_rounded: on the host, and with a GPU its CUDA
+//    kernel) against the specification's scalar function (optim/state_rounding.h), bit for bit, with NaN, infinities, signed zeros,
 //    subnormals and the largest finite values;
 //  * the rounding is unbiased (the mean of many roundings is the value) and every bf16 value is
 //    kept exactly;
@@ -20,6 +19,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include "common/errors.h"
 #include "optim/adamw.h"
 #include "optim/adamw_functor.h"
 #include "optim/adamw_host.h"
@@ -135,6 +135,14 @@ TEST(Bf16State, ThreadedTensorUpdateEqualsTheScalarFunctorBitwise) {
   }
 }
 
+// bf16 moments need their rounding: the overload without one refuses them (a fixed key would round
+// alike at every step, a bias).
+TEST(Bf16State, MomentsWithoutTheirRoundingAreRefused) {
+  Arrays a(64, false, 1);
+  EXPECT_THROW(llm::adamw_update(a.param, a.grad, a.exp_avg, a.exp_avg_sq, 1e-3, llm::AdamWOptions{}, 0.0, 1),
+               llm::UserError);
+}
+
 // The specification's rounding, element by element.
 at::Tensor spec_rounding(const at::Tensor& values, const llm::StateRounding& rounding, bool high_half) {
   at::Tensor out = at::empty({values.numel()}, at::kBFloat16);
@@ -161,11 +169,12 @@ TEST(Bf16State, AtenRoundingEqualsTheSpecificationBitwise) {
       const llm::StateRounding rounding{llm::rounding_key(42, 17, 5), base};
       at::Tensor destination = at::empty({values.numel()}, at::kBFloat16);
       llm::store_stochastically_rounded(destination, values, rounding, high);
-      expect_same_bits(destination, spec_rounding(values, rounding, high), "rounded (host pass)");
-      // The device path's integer tensor operations, run here on the host.
-      at::Tensor by_ops = at::empty({values.numel()}, at::kBFloat16);
-      llm::store_stochastically_rounded_by_tensor_ops(by_ops, values, rounding, high);
-      expect_same_bits(by_ops, spec_rounding(values, rounding, high), "rounded (tensor operations)");
+      expect_same_bits(destination, spec_rounding(values, rounding, high), "rounded");
+      if (at::hasCUDA()) {  // the CUDA kernel (optim/adamw_cuda.cu) on a GPU
+        at::Tensor on_device = at::empty({values.numel()}, at::TensorOptions().dtype(at::kBFloat16).device(at::kCUDA));
+        llm::store_stochastically_rounded(on_device, values.cuda(), rounding, high);
+        expect_same_bits(on_device.cpu(), spec_rounding(values, rounding, high), "rounded on the GPU");
+      }
     }
 }
 

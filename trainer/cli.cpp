@@ -130,6 +130,23 @@ void add_estimate_verb(CLI::App& app, NumberFlags& numbers, EstimateOptions& est
               NumberRange<double>{smallest_gib, kMaxEstimateGib,
                                   gib_range + ": one node's RAM (leave it out for this machine's)"});
   estimate_app->add_flag("--json", estimate.json, "print the estimate (every phase of every rank) as JSON");
+  estimate_app->add_flag("--fit", estimate.fit,
+                         "with --memory_budget_gib: the memory levers to add to this command so it fits, ranked by "
+                         "what they cost (memory/estimate_fit.h); exit 2 naming the smallest peak when nothing fits");
+  numbers.add(*estimate_app, "--host_budget_gib", estimate.host_budget_gib,
+              "--fit: host memory per node, GiB; default: --node_memory_gib, else this machine's RAM",
+              NumberRange<double>{smallest_gib, kMaxEstimateGib, gib_range + ": one node's host memory for --fit"});
+  const std::string rate_range = "a number above 0 and at most 1e6";
+  numbers.add(*estimate_app, "--device_tflops", estimate.device_tflops,
+              "--fit: the device's sustained TFLOP/s for recomputation; default 200 on CUDA, 0.07 on a CPU",
+              NumberRange<double>{smallest_gib, 1e6, rate_range + " (TFLOP/s)"});
+  numbers.add(*estimate_app, "--pcie_gbs", estimate.pcie_gbs, "--fit: host-device bandwidth, GB/s, for offload",
+              NumberRange<double>{smallest_gib, 1e6, rate_range + " (GB/s)"})
+      ->capture_default_str();
+  numbers.add(*estimate_app, "--host_gbs", estimate.host_gbs,
+              "--fit: host memory bandwidth, GB/s, for offload's host step (build/bench/adamw_bench measures it)",
+              NumberRange<double>{smallest_gib, 1e6, rate_range + " (GB/s)"})
+      ->capture_default_str();
   verbs.estimate = estimate_app;
 }
 

@@ -35,6 +35,7 @@
 #include "checkpoint/interchange/export.h"
 #include "checkpoint/interchange/pretrained.h"
 #include "memory/estimate.h"
+#include "memory/estimate_fit.h"
 #include "memory/report.h"
 #include "memory/techniques.h"
 #include "memory/startup_check.h"
@@ -203,7 +204,10 @@ int run_command(const llm::Command& command, const llm::World& world) {
   const llm::ModelConfig model = llm::load_model_config(run.config_path);
   if (command.kind == Kind::estimate) {
     llm::validate_run_config(run, model, command.estimate.world_size);
-    if (world.rank == 0) std::cout << llm::run_estimate_command(model, run, command.estimate) << std::flush;
+    if (world.rank == 0)
+      std::cout << (command.estimate.fit ? llm::run_fit_command(model, run, command.estimate)
+                                         : llm::run_estimate_command(model, run, command.estimate))
+                << std::flush;
     return 0;
   }
   llm::validate_run_config(run, model, world.world_size);

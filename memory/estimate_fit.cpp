@@ -1,0 +1,202 @@
+#include "memory/estimate_fit.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+#include <vector>
+
+#include "common/errors.h"
+#include "common/memory_stats.h"
+
+namespace llm {
+namespace {
+
+constexpr double kGiB = 1073741824.0;
+
+struct Candidate {
+  RunConfig run;
+  std::vector<std::string> flags;  // what to add to the command
+  int64_t device_bytes = 0;        // the largest rank's peak (+ the CUDA runtime's memory)
+  int64_t host_bytes = 0;          // the largest node's host memory
+  double added_seconds = 0;
+  bool fits = false;
+};
+
+std::string joined(const std::vector<std::string>& flags) {
+  std::string text;
+  for (const std::string& flag : flags) text += (text.empty() ? "" : " ") + flag;
+  return text.empty() ? "(nothing: the command as it is)" : text;
+}
+
+std::string gib(int64_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.2f", static_cast<double>(bytes) / kGiB);
+  return text;
+}
+
+double device_tflops(const EstimateOptions& options, const std::string& device) {
+  if (options.device_tflops > 0) return options.device_tflops;
+  return device == "cuda" ? 200.0 : 0.07;
+}
+
+// The seconds the levers add to a step (estimate_fit.h states the model).
+double added_seconds(const ModelConfig& model, const RunConfig& base, const RunConfig& run, int world,
+                     const EstimateOptions& options, const std::string& device) {
+  const double parameters = static_cast<double>(model.num_parameters());
+  const double tokens = static_cast<double>(run.data.total_batch_size * run.data.max_length) / world;
+  double seconds = 0;
+  if (run.activation_checkpointing_every > 0 && base.activation_checkpointing_every == 0)
+    seconds += 2.0 * parameters * tokens / (device_tflops(options, device) * 1e12);
+  if (run.sharding.offload == Offload::optimizer && base.sharding.offload != Offload::optimizer) {
+    const double compute_bytes = run.precision.dtype == DType::bfloat16 ? 2.0 : 4.0;
+    seconds += (4.0 + compute_bytes) * parameters / world / (options.pcie_gbs * 1e9);
+    const double step_bytes = run.optimizer.state_dtype == "bfloat16" ? 20.0 : 28.0;
+    seconds += step_bytes * parameters / world / (options.host_gbs * 1e9);
+  }
+  return seconds;
+}
+
+// Every combination of the levers the command leaves off.
+std::vector<Candidate> candidates(const RunConfig& run, int world, bool cuda) {
+  std::vector<Candidate> out;
+  const int64_t per_rank = run.data.total_batch_size / world;  // sequences a rank takes a step
+  std::vector<int64_t> micro_batches;
+  for (int64_t m = run.data.batch_size; m >= 1; --m)
+    if (per_rank % m == 0) micro_batches.push_back(m);
+  const bool state_lever = run.optimizer.state_dtype != "bfloat16";
+  const bool checkpointing_lever = run.activation_checkpointing_every == 0;
+  const bool offload_lever = cuda && run.sharding.offload != Offload::optimizer;
+  for (const bool state : {false, true}) {
+    if (state && !state_lever) continue;
+    for (const bool checkpointing : {false, true}) {
+      if (checkpointing && !checkpointing_lever) continue;
+      for (const bool offload : {false, true}) {
+        if (offload && !offload_lever) continue;
+        for (const bool fused : {false, true}) {
+          // The fused step cannot clip, and offload already steps each unit as its gradient lands.
+          if (fused && (run.fuse_optimizer_with_backward || run.optimizer.grad_clipping != 0 || offload ||
+                        run.sharding.offload == Offload::optimizer))
+            continue;
+          for (const int64_t micro : micro_batches) {
+            Candidate c{run, {}};
+            if (state) {
+              c.run.optimizer.state_dtype = "bfloat16";
+              c.flags.push_back("--optimizer_state_dtype bfloat16");
+            }
+            if (checkpointing) {
+              c.run.activation_checkpointing_every = 1;
+              c.flags.push_back("--activation_checkpointing");
+            }
+            if (offload) {
+              c.run.sharding.offload = Offload::optimizer;
+              c.flags.push_back("--offload optimizer");
+            }
+            if (fused) {
+              c.run.fuse_optimizer_with_backward = true;
+              c.flags.push_back("--fuse_optimizer_with_backward");
+            }
+            if (micro != run.data.batch_size) {
+              c.run.data.batch_size = micro;
+              c.run.data.gradient_accumulation_given = 0;  // the global batch stays --total_batch_size
+              c.flags.push_back("--batch_size " + std::to_string(micro) + " --total_batch_size " +
+                                std::to_string(run.data.total_batch_size));
+            }
+            out.push_back(std::move(c));
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string run_fit_command(const ModelConfig& model, const RunConfig& run, const EstimateOptions& options) {
+  LLM_REQUIRE(options.memory_budget_gib > 0, "command line", "--fit", "needs --memory_budget_gib (one rank's device memory)");
+  const int world = options.world_size;
+  const int64_t budget = static_cast<int64_t>(options.memory_budget_gib * kGiB);
+  const double node_gib = options.host_budget_gib > 0   ? options.host_budget_gib
+                          : options.node_memory_gib > 0 ? options.node_memory_gib
+                                                        : static_cast<double>(host_total_bytes()) / kGiB;
+  const int64_t host_budget = static_cast<int64_t>(node_gib * kGiB);
+  EstimateOptions quiet = options;
+  quiet.memory_budget_gib = 0;
+  quiet.json = false;
+
+  std::string device;
+  std::vector<Candidate> all = candidates(run, world, /*cuda=*/false);
+  {
+    // The device decides whether offload is a lever: ask the estimate once.
+    RunConfig first = run;
+    device = estimate_memory(model, first, quiet).device;
+    if (device == "cuda") all = candidates(run, world, /*cuda=*/true);
+  }
+  for (Candidate& c : all) {
+    try {
+      validate_run_config(c.run, model, world);
+    } catch (const UserError&) {
+      continue;  // a combination the trainer would refuse is no answer
+    }
+    const MemoryEstimate estimate = estimate_memory(model, c.run, quiet);
+    for (const RankEstimate& rank : estimate.ranks)
+      c.device_bytes = std::max(c.device_bytes, rank.peak_bytes + rank.runtime.total());
+    for (const NodeEstimate& node : estimate.nodes) c.host_bytes = std::max(c.host_bytes, node.host_bytes);
+    c.added_seconds = added_seconds(model, run, c.run, world, options, device);
+    c.fits = c.device_bytes > 0 && c.device_bytes <= budget && c.host_bytes <= host_budget;
+  }
+  std::vector<const Candidate*> fitting, estimated;
+  for (const Candidate& c : all) {
+    if (c.device_bytes == 0) continue;
+    estimated.push_back(&c);
+    if (c.fits) fitting.push_back(&c);
+  }
+  LLM_REQUIRE(!estimated.empty(), "command line", "--fit", "no combination of the levers passes validation");
+  if (fitting.empty()) {
+    const Candidate* smallest = *std::min_element(estimated.begin(), estimated.end(), [](const Candidate* a, const Candidate* b) {
+      return a->device_bytes < b->device_bytes;
+    });
+    throw UserError("command line: --fit: nothing fits " + gib(budget) + " GiB per rank" +
+                    (smallest->device_bytes <= budget ? " with " + gib(host_budget) + " GiB of host memory per node" : "") +
+                    ": the smallest peak the levers reach is " + gib(smallest->device_bytes) + " GiB per rank (host " +
+                    gib(smallest->host_bytes) + " GiB per node), adding " + joined(smallest->flags) +
+                    "; more ranks, bf16 (--dtype bfloat16 --precision pure) or a shorter --max_length lower it further");
+  }
+  // Cheapest first; among equals the larger micro-batch, then fewer levers.
+  std::stable_sort(fitting.begin(), fitting.end(), [](const Candidate* a, const Candidate* b) {
+    if (a->added_seconds != b->added_seconds) return a->added_seconds < b->added_seconds;
+    if (a->run.data.batch_size != b->run.data.batch_size) return a->run.data.batch_size > b->run.data.batch_size;
+    return a->flags.size() < b->flags.size();
+  });
+  std::ostringstream out;
+  char line[512];
+  std::snprintf(line, sizeof(line),
+                "Fit for %s on %d rank(s) (%s): budget %.2f GiB per rank, host %.2f GiB per node; %zu of %zu "
+                "combinations of the levers fit.\n",
+                model.name.c_str(), world, device.c_str(), options.memory_budget_gib, node_gib, fitting.size(),
+                estimated.size());
+  out << line;
+  std::snprintf(line, sizeof(line),
+                "Cost model (seconds a lever adds to a step): checkpointing 2 P T FLOPs at %.3g TFLOP/s "
+                "(--device_tflops); offload (4 + c) P / W bytes over PCIe at %.3g GB/s (--pcie_gbs) and the host "
+                "step's 28 P / W bytes (20 with bf16 state) at %.3g GB/s (--host_gbs); bf16 state, the fused step "
+                "and a smaller micro-batch are not costed (ties: the larger micro-batch, then fewer levers).\n",
+                device_tflops(options, device), options.pcie_gbs, options.host_gbs);
+  out << line;
+  const Candidate& best = *fitting.front();
+  out << "\nAdd to the command: " << joined(best.flags) << "\n";
+  std::snprintf(line, sizeof(line), "  peak %s GiB per rank, host %s GiB per node, +%.3f s a step\n",
+                gib(best.device_bytes).c_str(), gib(best.host_bytes).c_str(), best.added_seconds);
+  out << line;
+  out << "\n| # | add | peak per rank (GiB) | host per node (GiB) | added s/step |\n|---:|---|---:|---:|---:|\n";
+  for (size_t i = 0; i < fitting.size() && i < 10; ++i) {
+    std::snprintf(line, sizeof(line), "| %zu | %s | %s | %s | %.3f |\n", i + 1, joined(fitting[i]->flags).c_str(),
+                  gib(fitting[i]->device_bytes).c_str(), gib(fitting[i]->host_bytes).c_str(),
+                  fitting[i]->added_seconds);
+    out << line;
+  }
+  if (fitting.size() > 10) out << "(" << fitting.size() - 10 << " more fit)\n";
+  return out.str();
+}
+
+}  // namespace llm

@@ -1,0 +1,40 @@
+// `trainer estimate --fit --memory_budget_gib G [--host_budget_gib H]`: which memory levers to add to
+// a command so that it fits a budget, and what each choice costs.
+//
+// The search starts from the command as given and only adds levers it leaves off, so the answer is
+// always "your command, plus these flags" (a repeated flag takes its last value):
+//   --optimizer_state_dtype bfloat16   unless the state is bf16 already
+//   --activation_checkpointing         unless blocks are checkpointed already
+//   --offload optimizer                on CUDA, unless offloaded already
+//   --fuse_optimizer_with_backward     only with --grad_clipping 0 (the fused step cannot clip) and
+//                                      without offload
+//   --batch_size m                     any smaller micro-batch that divides the rank's share of the
+//                                      global batch (accumulation keeps --total_batch_size)
+// Precision is not searched: it changes the arithmetic and its speed is the device's.
+//
+// Each combination is estimated as `trainer estimate` would (estimate.h); it fits when every rank's
+// peak (on CUDA plus the runtime's memory beside the tensors) is within the device budget and every
+// node's host memory within the host budget (default: the node's RAM). The fitting ones are ranked by
+// the seconds they add to a step, a stated model (per rank, W ranks, T tokens a rank takes a step,
+// P parameters, c the compute dtype's bytes):
+//   checkpointing   the forward of every block again: 2 P T FLOPs at --device_tflops
+//   offload         (4 + c) P / W bytes over PCIe (gradients down, parameters up) at --pcie_gbs, and
+//                   the host step's 28 P / W bytes (20 with bf16 state) at --host_gbs, not overlapped
+//   bf16 state, the fused step: nothing
+//   a smaller micro-batch: not costed; among equal costs the larger micro-batch, then fewer levers,
+//                   rank first
+// The best is printed as the flags to add, the fitting runners-up as a table. When nothing fits, a
+// UserError (exit 2) names the budget and the smallest peak any combination reaches, with its flags.
+#pragma once
+
+#include <string>
+
+#include "config/config.h"
+#include "memory/estimate.h"
+
+namespace llm {
+
+// run validated for options.world_size; options.memory_budget_gib > 0.
+std::string run_fit_command(const ModelConfig& model, const RunConfig& run, const EstimateOptions& options);
+
+}  // namespace llm
