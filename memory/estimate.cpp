@@ -12,12 +12,12 @@
 #include "memory/estimate_simulation.h"
 
 namespace llm {
-namespace {
-
-std::string resolved_device(const RunConfig& run, const EstimateOptions& options) {
+std::string estimate_device(const RunConfig& run, const EstimateOptions& options) {
   if (!options.device.empty()) return options.device;
   return run.device == DeviceChoice::cpu ? "cpu" : "cuda";
 }
+
+namespace {
 
 // A rank's estimate from its step's phases: the peak is the first phase with the largest window,
 // each category its largest value at a point.
@@ -57,7 +57,7 @@ RankEstimate finish_rank(int rank, bool cuda, bool offload, std::vector<PhaseEst
 MemoryEstimate estimate_memory(const ModelConfig& model, const RunConfig& run, const EstimateOptions& options) {
   LLM_REQUIRE(options.world_size >= 1, "command line", "--world_size", "expected an integer >= 1");
   MemoryEstimate estimate;
-  estimate.device = resolved_device(run, options);
+  estimate.device = estimate_device(run, options);
   LLM_REQUIRE(estimate.device == "cpu" || estimate.device == "cuda", "command line", "--device",
               "the estimate is for cpu or cuda (got \"" + estimate.device + "\")");
   // The simulation counts bytes in int64: a run whose activations and weights pass an exbibyte (no

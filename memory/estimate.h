@@ -125,6 +125,9 @@ struct MemoryEstimate {
   std::vector<NodeEstimate> nodes;  // EstimateOptions::ranks_per_node ranks each, the last maybe fewer
 };
 
+// The device an estimate is for: options.device, else the run's --device ("cuda" for auto).
+std::string estimate_device(const RunConfig& run, const EstimateOptions& options);
+
 // run must be validated for options.world_size (validate_run_config), so gradient_accumulation
 // and total_batch_size are set.
 MemoryEstimate estimate_memory(const ModelConfig& model, const RunConfig& run, const EstimateOptions& options);

@@ -124,14 +124,8 @@ std::string run_fit_command(const ModelConfig& model, const RunConfig& run, cons
   quiet.memory_budget_gib = 0;
   quiet.json = false;
 
-  std::string device;
-  std::vector<Candidate> all = candidates(run, world, /*cuda=*/false);
-  {
-    // The device decides whether offload is a lever: ask the estimate once.
-    RunConfig first = run;
-    device = estimate_memory(model, first, quiet).device;
-    if (device == "cuda") all = candidates(run, world, /*cuda=*/true);
-  }
+  const std::string device = estimate_device(run, options);
+  std::vector<Candidate> all = candidates(run, world, /*cuda=*/device == "cuda");
   for (Candidate& c : all) {
     try {
       validate_run_config(c.run, model, world);

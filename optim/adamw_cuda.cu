@@ -60,8 +60,7 @@ struct StochasticRoundElement {
   StateRounding rounding;
   bool high_half;
   LLM_HOST_DEVICE void operator()(int64_t i) const {
-    const uint32_t bits = rounding_bits(rounding.key, rounding.index_base + static_cast<uint32_t>(i));
-    to[i] = stochastic_round_to_bfloat16(from[i], high_half ? bits >> 16 : bits & 0xFFFFu);
+    to[i] = round_moment_element(from[i], rounding, static_cast<uint32_t>(i), high_half);
   }
 };
 

@@ -122,8 +122,8 @@ struct AdamWElementUpdate {
     uint32_t random = 0;
     if constexpr (sizeof(StateElement) == 2)
       random = rounding_bits(rounding.key, rounding.index_base + static_cast<uint32_t>(i));
-    store_state(exp_avg + i, first_moment, random & 0xFFFFu);
-    store_state(exp_avg_sq + i, second_moment, random >> 16);
+    store_state(exp_avg + i, first_moment, moment_random16(random, false));
+    store_state(exp_avg_sq + i, second_moment, moment_random16(random, true));
   }
 };
 

@@ -22,12 +22,7 @@ constexpr int64_t kChunkElements = 1 << 16;
 // bf16 as its bits, converted the way c10::BFloat16 converts (exactly: the upper half of the fp32).
 struct Bfloat16Bits {
   uint16_t bits;
-  operator float() const {
-    const uint32_t widened = static_cast<uint32_t>(bits) << 16;
-    float value;
-    std::memcpy(&value, &widened, sizeof(value));
-    return value;
-  }
+  operator float() const { return bfloat16_bits_to_float(bits); }
 };
 static_assert(sizeof(Bfloat16Bits) == 2, "bf16 travels as 16 bits");
 

@@ -79,6 +79,19 @@ LLM_HOST_DEVICE uint16_t stochastic_round_to_bfloat16(float value, uint32_t rand
   return static_cast<uint16_t>((float_bits(value) + random16) >> 16);
 }
 
+// A moment's 16 random bits from its element's 32: the first moment takes the low half, the second
+// the high half.
+LLM_HOST_DEVICE uint32_t moment_random16(uint32_t bits, bool second_moment) {
+  return second_moment ? bits >> 16 : bits & 0xFFFFu;
+}
+
+// Element i of a moment (i counted from the rank's first element), stored under `rounding`.
+LLM_HOST_DEVICE uint16_t round_moment_element(float value, const StateRounding& rounding, uint32_t i,
+                                              bool second_moment) {
+  return stochastic_round_to_bfloat16(
+      value, moment_random16(rounding_bits(rounding.key, rounding.index_base + i), second_moment));
+}
+
 // splitmix64's finaliser.
 inline uint64_t splitmix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;

@@ -304,10 +304,8 @@ void store_stochastically_rounded(const at::Tensor& destination, const at::Tenso
   // One pass of the specification's own functions (optim/state_rounding.h), on LibTorch's threads.
   const float* from = flat.const_data_ptr<float>();
   at::parallel_for(0, flat.numel(), 1 << 15, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const uint32_t bits = rounding_bits(rounding.key, rounding.index_base + static_cast<uint32_t>(i));
-      to[i] = stochastic_round_to_bfloat16(from[i], high_half ? bits >> 16 : bits & 0xFFFFu);
-    }
+    for (int64_t i = begin; i < end; ++i)
+      to[i] = round_moment_element(from[i], rounding, static_cast<uint32_t>(i), high_half);
   });
 }
 

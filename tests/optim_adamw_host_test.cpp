@@ -28,10 +28,12 @@
 #include "optim/adamw_functor.h"
 #include "optim/adamw_host.h"
 #include "optim/host_threads.h"
+#include "tests/tensor_checks.h"
 
 namespace {
 
 using llm::HostIsa;
+using llm::testing::expect_same_bits;
 
 const std::vector<int64_t> kSizes = {1, 7, 15, 16, 17, 1023, 100003};
 constexpr int kSteps = 3;
@@ -94,20 +96,6 @@ void reference_step(State& s, const llm::AdamWScalars& scalars) {
 
 llm::AdamWScalars scalars_of(const Case& c, int step) {
   return llm::make_adamw_scalars(1e-3 * (1 + step), c.beta1, 0.999, 1e-8, c.weight_decay, step);
-}
-
-// Bitwise equality of two tensors (at::equal would call -0 and 0 equal and NaN unequal).
-void expect_same_bits(const at::Tensor& actual, const at::Tensor& expected, const std::string& what) {
-  ASSERT_EQ(actual.numel(), expected.numel()) << what;
-  ASSERT_EQ(actual.scalar_type(), expected.scalar_type()) << what;
-  const at::Tensor a = actual.contiguous(), e = expected.contiguous();
-  const size_t bytes = static_cast<size_t>(a.numel()) * a.element_size();
-  if (std::memcmp(a.const_data_ptr(), e.const_data_ptr(), bytes) == 0) return;
-  const at::Tensor af = a.to(at::kFloat), ef = e.to(at::kFloat);
-  const int64_t first = (af != ef).nonzero()[0][0].item<int64_t>();
-  ADD_FAILURE() << what << ": differs first at element " << first << " of " << a.numel() << " ("
-                << af[first].item<float>() << " vs " << ef[first].item<float>() << "), "
-                << (af != ef).sum().item<int64_t>() << " elements differ";
 }
 
 // Every array of an update after the steps: master, both moments, the bf16 copy.

@@ -12,7 +12,6 @@
 // tests/mpi/optim_reference_test.cpp (Bf16StateReference) at 1 to 4 ranks.
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -25,10 +24,12 @@
 #include "optim/adamw_host.h"
 #include "optim/state_rounding.h"
 #include "optim/update_rules.h"
+#include "tests/tensor_checks.h"
 
 namespace {
 
 using llm::HostIsa;
+using llm::testing::expect_same_bits;
 
 struct Arrays {
   at::Tensor param, grad, exp_avg, exp_avg_sq, compute;
@@ -71,16 +72,6 @@ void reference_step(Arrays& a, const llm::AdamWScalars& scalars, const llm::Stat
   if (bf16 && !scalars.exp_avg_lerp_from_start) functor_loop<c10::BFloat16, false>(a, scalars, rounding);
   if (!bf16 && scalars.exp_avg_lerp_from_start) functor_loop<float, true>(a, scalars, rounding);
   if (!bf16 && !scalars.exp_avg_lerp_from_start) functor_loop<float, false>(a, scalars, rounding);
-}
-
-void expect_same_bits(const at::Tensor& actual, const at::Tensor& expected, const std::string& what) {
-  ASSERT_EQ(actual.numel(), expected.numel()) << what;
-  ASSERT_EQ(actual.scalar_type(), expected.scalar_type()) << what;
-  const size_t bytes = static_cast<size_t>(actual.numel()) * actual.element_size();
-  if (std::memcmp(actual.contiguous().const_data_ptr(), expected.contiguous().const_data_ptr(), bytes) == 0) return;
-  const at::Tensor differ = actual.to(at::kFloat) != expected.to(at::kFloat);
-  ADD_FAILURE() << what << ": " << differ.sum().item<int64_t>() << " of " << actual.numel()
-                << " elements differ, the first at " << differ.nonzero()[0][0].item<int64_t>();
 }
 
 class EveryKernelBf16State : public ::testing::TestWithParam<HostIsa> {};

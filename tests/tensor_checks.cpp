@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <vector>
@@ -25,6 +26,21 @@ void expect_all_close(const at::Tensor& actual, const at::Tensor& expected, doub
       << a[worst].item<double>() << ", expected " << e[worst].item<double>() << " (|diff| "
       << std::abs(a[worst].item<double>() - e[worst].item<double>()) << ", tolerance "
       << absolute << " + " << relative << " * |expected|)";
+}
+
+void expect_same_bits(const at::Tensor& actual, const at::Tensor& expected, const std::string& what) {
+  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
+  ASSERT_EQ(actual.scalar_type(), expected.scalar_type()) << what;
+  const at::Tensor a = actual.detach().cpu().contiguous(), e = expected.detach().cpu().contiguous();
+  const size_t bytes = static_cast<size_t>(a.numel()) * a.element_size();
+  if (std::memcmp(a.const_data_ptr(), e.const_data_ptr(), bytes) == 0) return;
+  // The bit patterns as integers of the element's width, so -0 against 0 counts too.
+  const at::ScalarType bits = a.element_size() == 2 ? at::kShort : a.element_size() == 4 ? at::kInt : at::kLong;
+  const at::Tensor differ = a.view(bits).flatten() != e.view(bits).flatten();
+  const int64_t first = differ.nonzero()[0][0].item<int64_t>();
+  ADD_FAILURE() << what << ": differs first at element " << first << " of " << a.numel() << " ("
+                << a.flatten()[first].item<double>() << " vs " << e.flatten()[first].item<double>() << "), "
+                << differ.sum().item<int64_t>() << " elements differ";
 }
 
 std::map<std::string, at::Tensor> load_golden(const std::string& file_name) {

@@ -24,6 +24,7 @@ namespace llm {
 namespace {
 
 using testing::expect_all_close;
+using testing::expect_same_bits;
 
 struct Sharded {
   std::unique_ptr<Communicator> communicator;
@@ -205,15 +206,6 @@ TEST(GaLoreReference, SubspaceProjectorCapturesTheSvdsEnergyAtThisWorldSize) {
 namespace llm {
 namespace {
 
-// Bit for bit (fp32 or bf16 widened to fp32).
-void expect_same_bits(const at::Tensor& actual, const at::Tensor& expected, const std::string& what) {
-  ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
-  const at::Tensor a = actual.to(at::kFloat).contiguous().view(at::kInt);
-  const at::Tensor e = expected.to(at::kFloat).contiguous().view(at::kInt);
-  const int64_t differing = (a != e).sum().item<int64_t>();
-  EXPECT_EQ(differing, 0) << what << ": " << differing << " of " << a.numel() << " elements differ";
-}
-
 // optim/state_rounding.h on a full fp32 tensor (element i of the flattened tensor takes index i).
 at::Tensor rounded_like_the_spec(const at::Tensor& full, uint32_t key, bool high_half) {
   const at::Tensor values = full.to(at::kFloat).contiguous().view({-1});
@@ -334,7 +326,7 @@ TEST(Bf16StateReference, AtenRulesRoundTheFp32StepAsSpecifiedAtThisWorldSize) {
       for (const auto& [name, moment] : fp32.full_state_dict()) {
         const bool first = name == c.name + ".exp_avg", second = name == c.name + ".exp_avg_sq";
         if (!first && !second) continue;
-        expect_same_bits(bf16_state.at(name), rounded_like_the_spec(moment, key, second),
+        expect_same_bits(bf16_state.at(name), rounded_like_the_spec(moment, key, second).to(at::kFloat),
                          name + " at step " + std::to_string(t));
       }
     }
