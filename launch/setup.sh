@@ -18,7 +18,7 @@ BUILD_DIR=${BUILD_DIR:-build}
 log() { printf '[setup] %s\n' "$*"; }
 
 apt_packages=(cmake ninja-build g++ ccache pkg-config libopenmpi-dev openmpi-bin libspdlog-dev
-              nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev libsentencepiece-dev
+              nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev
               libexpat1-dev patchelf zlib1g-dev libzstd-dev)
 missing=()
 for package in "${apt_packages[@]}"; do
@@ -48,13 +48,17 @@ fi
 TORCH_CMAKE=$("$PYTHON" -c "import torch; print(torch.utils.cmake_prefix_path)" 2>/dev/null)
 log "torch $("$PYTHON" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)' 2>/dev/null)"
 
+# SentencePiece from its source release (launch/build_sentencepiece.sh: Debian's is two versions older).
+SENTENCEPIECE=$(bash launch/build_sentencepiece.sh "$PYTHON" "$CACHE/sentencepiece-0.2.1")
+log "sentencepiece 0.2.1 in $SENTENCEPIECE"
+
 CUDA_ARGS=()
 if [ -x "${CUDAToolkit_ROOT:-/usr/local/cuda}/bin/nvcc" ]; then
   CUDA_ARGS+=("-DCUDAToolkit_ROOT=${CUDAToolkit_ROOT:-/usr/local/cuda}")
 fi
 
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_PREFIX_PATH="$TORCH_CMAKE" \
-      -DTRAINER_PYTHON="$PYTHON" "${CUDA_ARGS[@]}" >/dev/null
+      -DTRAINER_PYTHON="$PYTHON" -DSENTENCEPIECE_ROOT="$SENTENCEPIECE" "${CUDA_ARGS[@]}" >/dev/null
 # Two compile jobs on two cores; LibTorch translation units take ~2 GB each.
 cmake --build "$BUILD_DIR" -j "${BUILD_JOBS:-$(nproc)}"
 log "built $BUILD_DIR/trainer"
