@@ -173,6 +173,7 @@ struct CheckpointStart {
   std::string resume_folder;  // --continue_from resolved to one checkpoint folder; "" for a fresh run
   int64_t resume_step = 0;    // its step
   std::string run_id;         // its run id; "" for a fresh run
+  nlohmann::json data_identity;  // this run's data as compared with the checkpoint's (run_data_identity); null if not read
 };
 
 // The start-up checks of --continue_from and --save_dir, on every rank (warnings logged when

@@ -448,26 +448,30 @@ void warn_of_other_data(const RunConfig& run, const std::string& folder, const n
 // are now, go on; other data (another shard list, a shard made again) is refused by name, unless
 // --allow_other_data says it is meant, and then it is said. Every rank decides alike (the same files),
 // so every rank stops alike. A checkpoint from before identities were recorded is only warned about.
-void check_same_data(const RunConfig& run, const ModelConfig& model, const std::string& folder,
-                     const nlohmann::json& manifest, bool log_warnings) {
+// Returns this run's identity where it was read (null otherwise), for the run to record.
+nlohmann::json check_same_data(const RunConfig& run, const ModelConfig& model, const std::string& folder,
+                               const nlohmann::json& manifest, bool log_warnings) {
   if (!manifest.is_object() || !manifest.contains("data_identity")) {
     if (log_warnings) warn_of_other_data(run, folder, manifest);
-    return;
+    return nullptr;
   }
   const nlohmann::json then = manifest.at("data_identity");
   const bool synthetic_then = then.is_object() && then.value("synthetic", false);
   const bool synthetic_now = run.data.source == "synthetic";
   std::string difference;
+  nlohmann::json now;
   if (synthetic_now) {
     if (!synthetic_then) difference = "it trained on token files, this run reads the synthetic corpus";
   } else if (synthetic_then && !then.contains("shards")) {
     difference = "it trained on the synthetic corpus, this run reads token files";
   } else {  // files, or the synthetic corpus's own token file (run_dir/synthetic.rank0.tok) read by name
-    nlohmann::json now = corpus_identity(*TokenCorpus::open(run.data.source, model.vocab_size));
-    if (is_mixture(run.data.source)) now["mixture"] = mixture_identity(run.data.source);
+    now = run_data_identity(*TokenCorpus::open(run.data.source, model.vocab_size, "--data",
+                                               memmap_bytes(run.data.memmap_dtype)),
+                            run.data.source,
+                            run.data.window_start);
     difference = identity_difference(then, now);
   }
-  if (difference.empty()) return;
+  if (difference.empty()) return now;
   const std::string saved = manifest.value("data", std::string("(not recorded)"));
   const std::string samples = std::to_string(manifest.value("samples_consumed", int64_t{0}));
   if (!run.data.allow_other_data)
@@ -479,6 +483,7 @@ void check_same_data(const RunConfig& run, const ModelConfig& model, const std::
     log::warn("--data: the checkpoint {} was trained on other data ({}; it read {}); --allow_other_data: the sampler "
               "goes on from the checkpoint's position ({} samples consumed) over this run's data",
               folder, difference, saved, samples);
+  return now;
 }
 
 }  // namespace
@@ -501,7 +506,7 @@ CheckpointStart check_checkpoints_at_start(const RunConfig& run, const ModelConf
     if (state.is_object() && state.contains("step") && state.at("step").is_number_integer())
       start.resume_step = state.at("step").get<int64_t>();
     start.run_id = run_id_of(state);
-    check_same_data(run, model, start.resume_folder, state, log_warnings);
+    start.data_identity = check_same_data(run, model, start.resume_folder, state, log_warnings);
     if (start.resume_step > run.num_training_steps)
       fail_user(kCommandLine, "--num_training_steps",
                 "the checkpoint " + start.resume_folder + " is at step " + std::to_string(start.resume_step) +

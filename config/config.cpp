@@ -110,6 +110,8 @@ json RunConfig::to_json() const {
       {"data", data.source},
       {"eval_data", data.eval_source},
       {"allow_other_data", data.allow_other_data},
+      {"window_start", data.window_start},
+      {"memmap_dtype", data.memmap_dtype},
       {"eval_fraction", data.eval_fraction},
       {"eval_every", data.eval_every},
       {"eval_sequences", data.eval_sequences},
@@ -215,6 +217,8 @@ RunConfig run_config_from_json(const json& object, const std::string& source) {
   read("data", run.data.source);
   read("eval_data", run.data.eval_source);
   read("allow_other_data", run.data.allow_other_data);
+  read("window_start", run.data.window_start);
+  read("memmap_dtype", run.data.memmap_dtype);
   read("eval_fraction", run.data.eval_fraction);
   read("eval_every", run.data.eval_every);
   read("eval_sequences", run.data.eval_sequences);

@@ -47,6 +47,12 @@ inline constexpr std::array<const char*, 2> kSubsetNormParamsChoices = {"linear"
 inline constexpr std::array<const char*, 4> kProjTypeChoices = {"std", "reverse_std", "left", "right"};  // --proj_type
 inline constexpr std::array<const char*, 2> kGaloreProjectorChoices = {"svd", "subspace"};       // --galore_projector
 inline constexpr std::array<const char*, 2> kOptimizerStateDtypeChoices = {"float32", "bfloat16"};  // --optimizer_state_dtype
+inline constexpr std::array<const char*, 2> kWindowStartChoices = {"anywhere", "document"};  // --window_start
+inline constexpr std::array<const char*, 2> kMemmapDtypeChoices = {"uint16", "uint32"};      // --memmap_dtype
+// --memmap_dtype's width in bytes: 2, 4, or 0 when not given.
+inline int memmap_bytes(const std::string& memmap_dtype) {
+  return memmap_dtype == "uint16" ? 2 : memmap_dtype == "uint32" ? 4 : 0;
+}
 inline constexpr std::array<const char*, 2> kWriteErrorChoices = {"stop", "warn"};               // --on_write_error
 
 // Whether TEXT is one of a string setting's CHOICES (a list above).
@@ -67,6 +73,12 @@ struct DataConfig {
   // --allow_other_data: resume from a checkpoint trained on other data (another shard list, or a
   // shard changed since: data/corpus_identity.h); without it such a resume is refused (exit 2).
   bool allow_other_data = false;
+  // --window_start: "anywhere" (the corpus cut every max_length + 1 tokens) or "document" (each window
+  // starts at a document: data/document_windows.h; Megatron datasets record where documents start).
+  std::string window_start = "anywhere";
+  // --memmap_dtype: "" or uint16 / uint32: read shards in no known format as headerless ids of that
+  // width (OLMo's token files: data/token_file.h).
+  std::string memmap_dtype;
   int64_t batch_size = 8;            // per-rank micro-batch, sequences
   int64_t total_batch_size = 0;      // sequences per optimizer step; 0 = batch_size * world
   int64_t gradient_accumulation = 1; // derived: total / (batch_size * world)

@@ -269,6 +269,10 @@ void resolve_optimizer(RunConfig& run, const ModelConfig& model) {
                run.optimizer.subspace_iterations);
   require_flag(is_choice(run.optimizer.state_dtype, kOptimizerStateDtypeChoices), "--optimizer_state_dtype",
                "float32 or bfloat16", "\"" + run.optimizer.state_dtype + "\"");
+  require_flag(is_choice(run.data.window_start, kWindowStartChoices), "--window_start", "anywhere or document",
+               "\"" + run.data.window_start + "\"");
+  require_flag(run.data.memmap_dtype.empty() || is_choice(run.data.memmap_dtype, kMemmapDtypeChoices), "--memmap_dtype",
+               "uint16 or uint32", "\"" + run.data.memmap_dtype + "\"");
   require_flag(is_choice(run.optimizer.proj_type, kProjTypeChoices), "--proj_type", "one of std, reverse_std, left, right",
                "\"" + run.optimizer.proj_type + "\"");
   if (run.optimizer.name == "galore_adamw") {
@@ -338,6 +342,9 @@ void check_data_source(const RunConfig& run, const ModelConfig& model) {
                   std::to_string(model.vocab_size) + "): raise vocab_size in the config, or train on a token file "
                   "with --data FILE (made by `trainer prepare`)");
   if (run.data.source != "synthetic") expand_data_spec(run.data.source);  // names an item that names nothing
+  LLM_REQUIRE(run.data.window_start != "document" || run.data.source != "synthetic", kCommandLine, "--window_start",
+              "document needs token files that record where documents start (Megatron datasets: `trainer prepare "
+              "--format megatron` writes them); the synthetic corpus records none");
   if (!run.data.eval_source.empty()) {
     LLM_REQUIRE(run.data.eval_source != "synthetic", kCommandLine, "--eval_data",
                 "the synthetic corpus has no held-out set of its own: leave --eval_data out (--eval_fraction holds "

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "data/document_windows.h"
 #include "data/window_order.h"
 
 namespace llm {
@@ -22,6 +23,7 @@ struct BatchSampler::Impl {
     uint64_t weight = 1;       // the weight times 10^6, rounded (at least 1)
     int64_t first_window = 0;  // index of this split's first window in the source
     int64_t num_windows = 0;   // this split's windows in the source
+    std::shared_ptr<DocumentWindows> documents;   // WindowStart::document: where each window starts
     std::optional<WindowOrder> order;             // train only
     int64_t cached_epoch = -1;
     std::optional<KeyedPermutation> epoch_order;  // the cached epoch's: its round keys, O(1) bytes
@@ -85,13 +87,13 @@ std::pair<size_t, int64_t> BatchSampler::Impl::window_of_sample(int64_t sample) 
 
 BatchSampler::BatchSampler(std::shared_ptr<const TokenCorpus> tokens, Split split, int64_t max_length,
                            double eval_fraction, uint64_t seed, int rank, int world_size, int64_t batch_size,
-                           bool whole_corpus)
+                           bool whole_corpus, WindowStart window_start)
     : BatchSampler(std::vector<WeightedCorpus>{{std::move(tokens), 1.0}}, split, max_length, eval_fraction, seed,
-                   rank, world_size, batch_size, whole_corpus) {}
+                   rank, world_size, batch_size, whole_corpus, window_start) {}
 
 BatchSampler::BatchSampler(std::vector<WeightedCorpus> sources, Split split, int64_t max_length,
                            double eval_fraction, uint64_t seed, int rank, int world_size, int64_t batch_size,
-                           bool whole_corpus)
+                           bool whole_corpus, WindowStart window_start)
     : impl_(std::make_shared<Impl>()) {
   LLM_REQUIRE(!sources.empty(), "data", "token file", "no token file was opened");
   for (const WeightedCorpus& source : sources)
@@ -114,11 +116,15 @@ BatchSampler::BatchSampler(std::vector<WeightedCorpus> sources, Split split, int
   int64_t total_windows = 0, eval_windows = 0, train_windows = 0;
   for (size_t s = 0; s < sources.size(); ++s) {
     const TokenCorpus& tokens = *sources[s].tokens;
-    const int64_t windows = tokens.size() / window_tokens;
+    std::shared_ptr<DocumentWindows> documents;
+    if (window_start == WindowStart::document)
+      documents = std::make_shared<DocumentWindows>(sources[s].tokens, window_tokens, whole_corpus && split == Split::eval ? "--eval_data" : "--data");
+    const int64_t windows = documents ? documents->size() : tokens.size() / window_tokens;
     LLM_REQUIRE(windows >= 1, tokens.name(), "length",
-                "has " + std::to_string(tokens.size()) + " tokens, shorter than one window of "
-                "max_length + 1 = " + std::to_string(window_tokens) + " tokens; lower --max_length "
-                "or use more data");
+                "has " + std::to_string(tokens.size()) + " tokens, " +
+                    (documents ? "no document with " : "shorter than one window of ") + "max_length + 1 = " +
+                    std::to_string(window_tokens) + " tokens" + (documents ? " after its start left in the corpus" : "") +
+                    "; lower --max_length or use more data");
     const int64_t held_out =
         whole_corpus ? (split == Split::eval ? windows : 0)
                      : std::max<int64_t>(1, static_cast<int64_t>(std::floor(eval_fraction * static_cast<double>(windows))));
@@ -129,6 +135,7 @@ BatchSampler::BatchSampler(std::vector<WeightedCorpus> sources, Split split, int
                       " tokens, " + std::to_string(held_out) + " held out): give this source more data");
     Impl::Source source;
     source.tokens = sources[s].tokens;
+    source.documents = std::move(documents);
     source.weight = std::max<uint64_t>(1, static_cast<uint64_t>(std::llround(sources[s].weight * kWeightScale)));
     source.first_window = split == Split::train ? 0 : trained;
     source.num_windows = split == Split::train ? trained : held_out;
@@ -179,7 +186,8 @@ Batch BatchSampler::next() {
   const int64_t first_sample = state.samples_consumed + state.rank * state.batch_size;
   for (int64_t row = 0; row < state.batch_size; ++row) {
     const auto [source, window_index] = state.window_of_sample(first_sample + row);
-    state.sources[source].tokens->read(window_index * (length + 1), state.window);
+    Impl::Source& from = state.sources[source];
+    from.tokens->read(from.documents ? from.documents->start(window_index) : window_index * (length + 1), state.window);
     std::copy(state.window.begin(), state.window.end() - 1, inputs + row * length);
     std::copy(state.window.begin() + 1, state.window.end(), labels + row * length);
   }

@@ -2,7 +2,8 @@
 // deterministically.
 //
 // The corpus is cut into non-overlapping windows of max_length + 1 tokens (inputs and shifted labels);
-// a window may span two shards. The last `eval_fraction` of the windows (at least one) is the
+// a window may span two shards. With WindowStart::document, the windows are those of
+// data/document_windows.h (each starts at a document), numbered in corpus order, and all below is the same. The last `eval_fraction` of the windows (at least one) is the
 // held-out split; the rest, n windows, is train.
 // Order (documented so a run can be replayed): epoch e visits the n train windows in the keyed
 // permutation of data/window_order.h, WindowOrder(n, seed): 8 Feistel rounds over the smallest
@@ -43,6 +44,10 @@ struct Batch {
 
 enum class Split { train, eval };
 
+// Where windows start: anywhere (the corpus cut every max_length + 1 tokens, across documents), or at
+// documents (data/document_windows.h: shards that record them).
+enum class WindowStart { anywhere, document };
+
 struct WeightedCorpus {
   std::shared_ptr<const TokenCorpus> tokens;
   double weight = 1;
@@ -56,10 +61,11 @@ class BatchSampler {
   // the held-out corpus is a corpus of its own, and --data is all train).
   BatchSampler(std::shared_ptr<const TokenCorpus> tokens, Split split, int64_t max_length,
                double eval_fraction, uint64_t seed, int rank, int world_size, int64_t batch_size,
-               bool whole_corpus = false);
+               bool whole_corpus = false, WindowStart window_start = WindowStart::anywhere);
   // A mixture: the sources in order with their weights (one source of any weight: as above).
   BatchSampler(std::vector<WeightedCorpus> sources, Split split, int64_t max_length, double eval_fraction,
-               uint64_t seed, int rank, int world_size, int64_t batch_size, bool whole_corpus = false);
+               uint64_t seed, int rank, int world_size, int64_t batch_size, bool whole_corpus = false,
+               WindowStart window_start = WindowStart::anywhere);
 
   Batch next();                        // this rank's next micro-batch
   int64_t samples_consumed() const;    // global samples consumed so far (all ranks)

@@ -83,8 +83,19 @@ nlohmann::json mixture_identity(const std::string& spec) {
   return sources;
 }
 
+nlohmann::json run_data_identity(const TokenCorpus& corpus, const std::string& spec, const std::string& window_start) {
+  nlohmann::json identity = corpus_identity(corpus);
+  if (is_mixture(spec)) identity["mixture"] = mixture_identity(spec);
+  if (window_start != "anywhere") identity["window_start"] = window_start;
+  return identity;
+}
+
 std::string identity_difference(const nlohmann::json& then, const nlohmann::json& now) {
   if (!then.is_object() || !then.contains("shards")) return "";
+  const std::string windows_then = then.value("window_start", "anywhere"), windows_now = now.value("window_start", "anywhere");
+  if (windows_then != windows_now)
+    return "its windows started " + std::string(windows_then == "document" ? "at documents" : "anywhere") + ", now " +
+           (windows_now == "document" ? "at documents" : "anywhere") + " (--window_start: another set of windows)";
   const nlohmann::json no_mixture = nlohmann::json::array();
   const nlohmann::json mixture_then = then.value("mixture", no_mixture), mixture_now = now.value("mixture", no_mixture);
   if (mixture_then != mixture_now) {

@@ -24,6 +24,11 @@ nlohmann::json corpus_identity(const TokenCorpus& corpus);
 // order: [{"weight": w, "shards": n}, ...].
 nlohmann::json mixture_identity(const std::string& spec);
 
+// What a run records of its data: corpus_identity(corpus), with "mixture" (mixture_identity) when
+// `spec` is a mixture and "window_start": "document" when its windows start at documents
+// (--window_start; absent: anywhere, as every checkpoint before the flag).
+nlohmann::json run_data_identity(const TokenCorpus& corpus, const std::string& spec, const std::string& window_start);
+
 // "" when `now` is the corpus `then` recorded (its mixture's weights and sources too); else the first difference in words, e.g.
 // "shard 3 of 8, web-00003.bin: 1000000 tokens then, 900000 now" or "12 shards then, 13 now (added:
 // web-00012.bin)". `then` from an older checkpoint without an identity is never a difference.

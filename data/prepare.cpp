@@ -236,6 +236,8 @@ void check_outputs(const PrepareOptions& options) {
   if (options.shard_tokens > 0) return check_shard_folder(options);
   std::vector<std::string> outputs = {options.output};
   if (options.tokenizer.empty()) outputs.push_back(trained_tokenizer_path(options));
+  if (options.format == "megatron" && options.output.ends_with(".bin"))
+    outputs.push_back(options.output.substr(0, options.output.size() - 4) + ".idx");
   const fs::path folder = fs::path(options.output).parent_path();
   std::error_code error;
   LLM_REQUIRE(folder.empty() || fs::is_directory(folder, error), options.output, "--output",
@@ -269,8 +271,11 @@ void check_inputs(const PrepareOptions& options) {
   LLM_REQUIRE(!options.output.empty(), "prepare", "--output",
               "no output path was given; pass the token file to write, e.g. data/train.bin");
   for (const std::string& input : options.inputs) check_input(input, options.text_key);
-  LLM_REQUIRE(options.format == "trainer" || options.format == "llmc", "prepare", "--format",
-              "\"" + options.format + "\" is not a format prepare writes; use trainer (ours, .tok) or llmc (llm.c's .bin)");
+  LLM_REQUIRE(options.format == "trainer" || options.format == "llmc" || options.format == "megatron", "prepare", "--format",
+              "\"" + options.format + "\" is not a format prepare writes; use trainer (ours, .tok), llmc (llm.c's .bin) or "
+              "megatron (Megatron-LM's .bin and .idx, which records documents)");
+  LLM_REQUIRE(options.format != "megatron" || options.shard_tokens > 0 || options.output.ends_with(".bin"), options.output,
+              "--output", "a Megatron dataset is PREFIX.bin with PREFIX.idx beside it: name the .bin (e.g. data/train.bin)");
   LLM_REQUIRE(options.shard_tokens == 0 ||
                   (options.shard_tokens >= kMinShardTokens && options.shard_tokens <= kMaxShardTokens),
               "prepare", "--shard_tokens",
@@ -402,8 +407,24 @@ class PreparedOutput {
  public:
   PreparedOutput(const PrepareOptions& options, int64_t vocab_size)
       : options_(options), vocab_size_(vocab_size),
-        format_(options.format == "llmc" ? TokenFormat::llmc : TokenFormat::trainer) {
+        format_(options.format == "llmc"       ? TokenFormat::llmc
+                : options.format == "megatron" ? TokenFormat::megatron
+                                               : TokenFormat::trainer) {
     if (options.shard_tokens == 0) writer_ = std::make_unique<TokenFileWriter>(options.output, vocab_size, format_);
+  }
+  // `ids` with the ends of the documents in it (offsets into ids, rising): Megatron's shards record
+  // them and close at the first document end at or past --shard_tokens (whole documents a shard); the
+  // other formats' shards hold exactly --shard_tokens ids.
+  void append(std::span<const int64_t> ids, std::span<const size_t> document_ends) {
+    if (format_ != TokenFormat::megatron) return append(ids);
+    size_t done = 0;
+    for (size_t end : document_ends) {
+      append_to_shard(ids.subspan(done, end - done));
+      writer_->end_document();
+      done = end;
+      if (options_.shard_tokens > 0 && writer_->num_tokens() >= options_.shard_tokens) close_shard();
+    }
+    if (done < ids.size()) append_to_shard(ids.subspan(done));  // a document that goes on in the next batch
   }
   void append(std::span<const int64_t> ids) {
     while (!ids.empty()) {
@@ -460,14 +481,21 @@ class PreparedOutput {
     for (const std::string& file : earlier)
       if (std::none_of(shards_.begin(), shards_.end(), [&](const auto& shard) { return shard.first == file; }) &&
           file.find('/') == std::string::npos && !file.empty())
+      {
         fs::remove(folder / file, error);  // an earlier prepare's shard this one did not write again
+        if (file.ends_with(".bin")) fs::remove(fs::path(folder / file).replace_extension(".idx"), error);  // and its Megatron index
+      }
     return files;
   }
 
  private:
+  void append_to_shard(std::span<const int64_t> ids) {
+    if (writer_ == nullptr) open_shard();
+    writer_->append(ids);
+  }
   void open_shard() {
     char name[32];
-    std::snprintf(name, sizeof(name), "shard_%06zu.%s", shards_.size(), format_ == TokenFormat::llmc ? "bin" : "tok");
+    std::snprintf(name, sizeof(name), "shard_%06zu.%s", shards_.size(), format_ == TokenFormat::trainer ? "tok" : "bin");
     shards_.emplace_back(name, 0);
     writer_ = std::make_unique<TokenFileWriter>((std::filesystem::path(options_.output) / name).string(), vocab_size_,
                                                 format_);
@@ -555,6 +583,7 @@ int64_t encode_file(const Encoder& encoder, const std::string& input,
   std::vector<std::vector<int>> piece_ids;
   std::vector<std::string> piece_errors;
   std::vector<int64_t> pending;
+  std::vector<size_t> pending_document_ends;  // offsets into pending
   bool document_has_tokens = false;
   bool more = true;
   while (more) {
@@ -589,11 +618,13 @@ int64_t encode_file(const Encoder& encoder, const std::string& input,
       document_has_tokens = document_has_tokens || !piece_ids[i].empty();
       if (piece_ends_line[i] && document_has_tokens) {
         if (end_of_document >= 0) pending.push_back(end_of_document);
+        pending_document_ends.push_back(pending.size());
         document_has_tokens = false;
       }
     }
-    writer.append(pending);
+    writer.append(pending, pending_document_ends);
     pending.clear();
+    pending_document_ends.clear();
     progress.add(reader.bytes_read() - reported_bytes, writer.num_tokens());
     reported_bytes = reader.bytes_read();
   }
@@ -646,7 +677,7 @@ PrepareResult prepare_token_file(const PrepareOptions& given) {
   progress.finish(result.num_tokens);
   log::info("prepare: wrote " + (options.shard_tokens > 0 ? std::to_string(result.shards.size()) + " shard(s) and index.json in " : std::string()) +
             options.output + " (" + std::to_string(result.num_tokens) + " tokens, vocab " +
-            std::to_string(result.vocab_size) + ", " + (options.format == "llmc" ? "llm.c's format" : "our format") +
+            std::to_string(result.vocab_size) + ", " + (options.format == "llmc" ? "llm.c's format" : options.format == "megatron" ? "Megatron's format" : "our format") +
             ", tokenizer " + tokenizer_path + ")");
   return result;
 }

@@ -33,8 +33,11 @@ struct PrepareOptions {
   // 0: one token file at `output`. N: `output` is a folder of shards of N tokens each (the last
   // shorter), shard_000000.tok (or .bin), ..., with index.json listing them; written one at a time,
   // each atomically, and the index last. A trained tokenizer goes to FOLDER/tokenizer.model.
+  // Megatron's shards hold whole documents: each ends at the first document end at or past N.
   int64_t shard_tokens = 0;
-  std::string format = "trainer";   // "trainer" (ours, .tok) or "llmc" (llm.c's .bin)
+  // "trainer" (ours, .tok), "llmc" (llm.c's .bin) or "megatron" (PREFIX.bin and PREFIX.idx, a
+  // sequence per document: the format that records documents, for --window_start document).
+  std::string format = "trainer";
 };
 
 // --shard_tokens: at least this many (a shard is a few windows at least), at most llm.c's int32 count.

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "common/errors.h"
+#include "common/json_file.h"
 #include "data/token_formats.h"
 
 namespace llm {
@@ -87,13 +88,75 @@ std::optional<std::pair<std::string, std::string>> weighted_item(const std::stri
 
 }  // namespace
 
+bool is_mixture_file(const std::string& spec) {
+  return spec.ends_with(".json") && spec.find(',') == std::string::npos;
+}
+
+namespace {
+
+constexpr char kMixtureExample[] =
+    "a mixture file is {\"sources\": [{\"data\": \"web/*.bin\", \"weight\": 0.7}, {\"data\": [\"code/a.bin\", "
+    "\"code/b/\"], \"weight\": 0.3}]}";
+
+// One source's "data": a file, folder or glob, or a list of them; relative paths are the mixture
+// file's folder's.
+std::string mixture_source_spec(const nlohmann::json& data, const std::string& path, const std::string& where) {
+  std::vector<std::string> items;
+  if (data.is_string()) items.push_back(data.get<std::string>());
+  if (data.is_array())
+    for (const nlohmann::json& item : data) {
+      LLM_REQUIRE(item.is_string(), path, where + ".data", "lists " + item.dump() + ", not a path; " + kMixtureExample);
+      items.push_back(item.get<std::string>());
+    }
+  LLM_REQUIRE(data.is_string() || data.is_array(), path, where + ".data",
+              "is " + data.dump() + ": give a file, folder or glob, or a list of them; " + kMixtureExample);
+  LLM_REQUIRE(!items.empty(), path, where + ".data", "is an empty list; name the source's shards");
+  std::string spec;
+  for (const std::string& item : items) {
+    LLM_REQUIRE(!is_mixture_file(item), path, where + ".data", "\"" + item + "\" is a JSON file: a mixture names shards, not other mixtures");
+    LLM_REQUIRE(!item.empty() && item.find(',') == std::string::npos && !weighted_item(item), path, where + ".data",
+                "\"" + item + "\": give one file, folder or glob per entry (no commas, no :WEIGHT suffix: the "
+                "source's weight is its \"weight\")");
+    const fs::path file = item;
+    spec += (spec.empty() ? "" : ",") + (file.is_absolute() ? item : (fs::path(path).parent_path() / file).string());
+  }
+  return spec;
+}
+
+std::vector<DataSource> read_mixture_file(const std::string& path, const std::string& flag) {
+  const nlohmann::json mixture = read_json_file(path, std::string("give ") + flag + " shards, or " + kMixtureExample);
+  LLM_REQUIRE(mixture.is_object() && mixture.contains("sources") && mixture.at("sources").is_array(), path, "sources",
+              std::string("the file has no \"sources\" list; ") + kMixtureExample);
+  for (const auto& [key, value] : mixture.items())
+    LLM_REQUIRE(key == "sources", path, key, std::string("is not a mixture file's key (it has \"sources\" only); ") + kMixtureExample);
+  LLM_REQUIRE(!mixture.at("sources").empty(), path, "sources", std::string("is empty; ") + kMixtureExample);
+  std::vector<DataSource> sources;
+  for (const nlohmann::json& entry : mixture.at("sources")) {
+    const std::string where = "sources[" + std::to_string(sources.size()) + "]";
+    LLM_REQUIRE(entry.is_object() && entry.contains("data") && entry.contains("weight"), path, where,
+                "is " + entry.dump() + ": each source is {\"data\": ..., \"weight\": ...}; " + kMixtureExample);
+    for (const auto& [key, value] : entry.items())
+      LLM_REQUIRE(key == "data" || key == "weight", path, where + "." + key,
+                  "is not a source's key (it has \"data\" and \"weight\")");
+    const nlohmann::json& weight = entry.at("weight");
+    LLM_REQUIRE(weight.is_number() && std::isfinite(weight.get<double>()) && weight.get<double>() > 0, path,
+                where + ".weight", "is " + weight.dump() + ", not a positive number");
+    sources.push_back({mixture_source_spec(entry.at("data"), path, where), weight.get<double>()});
+  }
+  return sources;
+}
+
+}  // namespace
+
 bool is_mixture(const std::string& spec) {
+  if (is_mixture_file(spec)) return true;
   for (const std::string& item : items_of(spec))
     if (weighted_item(item)) return true;
   return false;
 }
 
 std::vector<DataSource> data_sources(const std::string& spec, const std::string& flag) {
+  if (is_mixture_file(spec)) return read_mixture_file(spec, flag);
   if (!is_mixture(spec)) return {{spec, 1.0}};
   std::vector<DataSource> sources;
   for (const std::string& item : items_of(spec)) {
@@ -190,11 +253,11 @@ std::string corpus_name(const std::vector<std::shared_ptr<TokenFile>>& shards, c
 }  // namespace
 
 std::shared_ptr<TokenCorpus> TokenCorpus::open(const std::string& spec, int64_t model_vocab_size,
-                                               const std::string& flag) {
+                                               const std::string& flag, int memmap_bytes) {
   const std::vector<std::string> files = expand_data_spec(spec, flag);
   allow_open_files(files.size(), flag);
   std::vector<std::shared_ptr<TokenFile>> shards;
-  for (const std::string& file : files) shards.push_back(TokenFile::open(file, model_vocab_size));
+  for (const std::string& file : files) shards.push_back(TokenFile::open(file, model_vocab_size, memmap_bytes));
   const std::string name = corpus_name(shards, spec, flag);
   return std::make_shared<TokenCorpus>(std::move(shards), name);
 }
@@ -228,6 +291,33 @@ TokenCorpus::TokenCorpus(std::vector<std::shared_ptr<TokenFile>> shards, std::st
   }
   total_ = offsets_.back();
   if (name_.empty() && shards_.size() == 1) name_ = shards_.front()->path();
+  document_offsets_.push_back(0);
+  for (const std::shared_ptr<TokenFile>& shard : shards_) {
+    if (shard->num_documents() < 0 && without_documents_ == nullptr) without_documents_ = shard.get();
+    document_offsets_.push_back(document_offsets_.back() + std::max<int64_t>(0, shard->num_documents()));
+  }
+}
+
+void TokenCorpus::document_starts(int64_t first, std::span<int64_t> out) const {
+  const auto count = static_cast<int64_t>(out.size());
+  const int64_t documents = std::max<int64_t>(0, num_documents());
+  if (first < 0 || count > documents || first > documents - count)
+    throw std::out_of_range(name_ + ": documents [" + std::to_string(first) + ", " + std::to_string(first + count) +
+                            ") outside [0, " + std::to_string(documents) + ")");
+  size_t shard = static_cast<size_t>(std::upper_bound(document_offsets_.begin(), document_offsets_.end(), first) -
+                                     document_offsets_.begin()) - 1;
+  int64_t done = 0;
+  while (done < count) {
+    const int64_t at = first + done - document_offsets_[shard];
+    const int64_t take = std::max<int64_t>(0, std::min(count - done, shards_[shard]->num_documents() - at));
+    if (take > 0) {
+      const std::span<int64_t> piece = out.subspan(static_cast<size_t>(done), static_cast<size_t>(take));
+      shards_[shard]->document_starts(at, piece);
+      for (int64_t& start : piece) start += offsets_[shard];
+    }
+    done += take;
+    ++shard;
+  }
 }
 
 void TokenCorpus::read(int64_t start, std::span<int64_t> out) const {

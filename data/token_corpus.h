@@ -32,8 +32,16 @@ struct DataSource {
   std::string spec;   // a file, folder or glob (the whole list when unweighted)
   double weight = 1;
 };
+//
+// Or --data names a mixture file (one item ending in .json), the same sources written out:
+//   {"sources": [{"data": "web/*.bin", "weight": 0.7}, {"data": ["code/a.bin", "code/b/"], "weight": 0.3}]}
+// "data" is a file, folder or glob, or a list of them; a relative path is taken from the mixture
+// file's folder (the file travels with its shards). Read strictly (common/json_file.h): an unknown
+// key, a missing "data" or "weight", a weight that is not a positive number or an entry with a comma
+// is a UserError naming the file and the entry ("sources[1].weight").
 std::vector<DataSource> data_sources(const std::string& spec, const std::string& flag = "--data");
-bool is_mixture(const std::string& spec);  // some item carries a weight
+bool is_mixture(const std::string& spec);  // some item carries a weight, or spec is a mixture file
+bool is_mixture_file(const std::string& spec);  // one item ending in .json
 
 // The files --data (or `flag`, e.g. --eval_data) names, in order (weights dropped): each item expanded (a folder to its token files, a glob to its
 // matches), without opening them. Throws UserError naming the item for one that names nothing
@@ -47,8 +55,9 @@ std::string absolute_data_spec(const std::string& spec);
 class TokenCorpus {
  public:
   // Expands `spec` and opens every shard. Throws UserError as expand_data_spec and TokenFile::open.
+  // memmap_bytes: TokenFile::open's (--memmap_dtype: 2 or 4; 0: none).
   static std::shared_ptr<TokenCorpus> open(const std::string& spec, int64_t model_vocab_size,
-                                           const std::string& flag = "--data");
+                                           const std::string& flag = "--data", int memmap_bytes = 0);
   // `all` (TokenCorpus::open of the whole `spec`) cut into data_sources(spec)'s sources, in order,
   // over the same open shards: source s holds the shards its item expands to, which follow one
   // another in `all`. One source: `all` itself.
@@ -61,12 +70,20 @@ class TokenCorpus {
   // Copies corpus tokens [start, start + out.size()) into out, across shard boundaries.
   void read(int64_t start, std::span<int64_t> out) const;
   const std::vector<std::shared_ptr<TokenFile>>& shards() const { return shards_; }
+  // The documents its shards record (TokenFile::num_documents), in shard order: -1 when a shard
+  // records none (the first such: shard_without_documents()). Corpus document i starts at token
+  // document_starts(i); a shard's first document starts at the shard's first token.
+  int64_t num_documents() const { return without_documents_ == nullptr ? document_offsets_.back() : -1; }
+  const TokenFile* shard_without_documents() const { return without_documents_; }
+  void document_starts(int64_t first, std::span<int64_t> out) const;
   // For messages: the one shard's path, or "--data <spec> (N shards)".
   const std::string& name() const { return name_; }
 
  private:
   std::vector<std::shared_ptr<TokenFile>> shards_;
   std::vector<int64_t> offsets_;  // offsets_[s]: the corpus index of shard s's first token; back() = total
+  std::vector<int64_t> document_offsets_;  // the same for documents
+  const TokenFile* without_documents_ = nullptr;
   int64_t total_ = 0;
   std::string name_;
 };

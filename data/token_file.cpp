@@ -56,11 +56,12 @@ const char* to_string(TokenFormat format) {
     case TokenFormat::llmc: return "llm.c";
     case TokenFormat::megatron: return "megatron";
     case TokenFormat::numpy: return "npy";
+    case TokenFormat::raw: return "raw";
   }
   return "?";
 }
 
-std::shared_ptr<TokenFile> TokenFile::open(const std::string& path, int64_t model_vocab_size) {
+std::shared_ptr<TokenFile> TokenFile::open(const std::string& path, int64_t model_vocab_size, int memmap_bytes) {
   LLM_REQUIRE(model_vocab_size > 0, path, "model vocab",
               "the model's vocab_size is " + std::to_string(model_vocab_size) +
                   "; set a positive vocab_size in the model config");
@@ -78,7 +79,7 @@ std::shared_ptr<TokenFile> TokenFile::open(const std::string& path, int64_t mode
   LLM_REQUIRE(S_ISREG(info.st_mode), ids_path, "token file",
               "is not a regular file; pass the path of a token file written by `trainer prepare`");
   const size_t file_bytes = static_cast<size_t>(info.st_size);
-  const TokenLayout layout = read_token_layout(path, file.fd, file_bytes, model_vocab_size);
+  const TokenLayout layout = read_token_layout(path, file.fd, file_bytes, model_vocab_size, memmap_bytes);
 
   std::shared_ptr<TokenFile> result(new TokenFile());
   result->path_ = layout.ids_path;
@@ -89,6 +90,11 @@ std::shared_ptr<TokenFile> TokenFile::open(const std::string& path, int64_t mode
   result->num_tokens_ = layout.num_tokens;
   result->vocab_size_ = layout.vocab_size;
   result->bytes_per_token_ = layout.bytes_per_token;
+  if (layout.format == TokenFormat::megatron) {
+    result->index_path_ = layout.index_path;
+    result->sequences_ = layout.sequences;
+    result->num_documents_ = layout.document_entries == 0 ? 0 : static_cast<int64_t>(layout.document_entries) - 1;
+  }
   ::posix_fadvise(file.fd, 0, 0, POSIX_FADV_RANDOM);  // training reads windows in shuffled order
   result->descriptor_ = file.fd;
   file.fd = -1;  // the object's now
@@ -104,6 +110,36 @@ void TokenFile::fail_changed(const std::string& what) const {
             "the file changed while this run reads it: " + what +
                 ". Training cannot go on with it: restore the file (or write a new one under another name and "
                 "rename it over this one, which a run never sees), then resume from the newest checkpoint");
+}
+
+void TokenFile::document_starts(int64_t first, std::span<int64_t> out) const {
+  const auto count = static_cast<int64_t>(out.size());
+  if (first < 0 || count > num_documents_ || first > num_documents_ - count)
+    throw std::out_of_range(path_ + ": documents [" + std::to_string(first) + ", " + std::to_string(first + count) +
+                            ") outside [0, " + std::to_string(std::max<int64_t>(num_documents_, 0)) + ")");
+  if (count == 0) return;
+  FileDescriptor index;
+  index.fd = ::open(index_path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (index.fd < 0) fail_changed("its index " + index_path_ + " cannot be opened (" + errno_text() + ")");
+  // Document d starts at sequence entries[d]: the token its byte pointer names (the end of the file
+  // for the sequence count itself). Documents are one sequence each in practice, so the pointers
+  // asked for lie together and are read in one piece.
+  std::vector<int64_t> sequence(out.size());
+  read_exactly(index.fd, index_path_, megatron_documents_offset(sequences_) + static_cast<size_t>(first) * 8,
+               sequence.data(), out.size() * 8);
+  for (size_t d = 0; d < out.size(); ++d)  // as checked on open, unless the index changed since
+    if (sequence[d] < 0 || static_cast<uint64_t>(sequence[d]) > sequences_ || (d > 0 && sequence[d] < sequence[d - 1]))
+      fail_changed("its index " + index_path_ + " no longer holds the document index checked on open");
+  const int64_t low = sequence.front();
+  const int64_t high = std::min<int64_t>(sequence.back(), static_cast<int64_t>(sequences_) - 1);
+  std::vector<int64_t> pointers(static_cast<size_t>(std::max<int64_t>(0, high - low + 1)));
+  if (!pointers.empty())
+    read_exactly(index.fd, index_path_, megatron_pointers_offset(sequences_) + static_cast<size_t>(low) * 8,
+                 pointers.data(), pointers.size() * 8);
+  for (size_t d = 0; d < out.size(); ++d)
+    out[d] = static_cast<uint64_t>(sequence[d]) >= sequences_
+                 ? num_tokens_
+                 : pointers[static_cast<size_t>(sequence[d] - low)] / bytes_per_token_;
 }
 
 int64_t TokenFile::token(int64_t index) const {
@@ -151,9 +187,17 @@ void TokenFile::read(int64_t start, std::span<int64_t> out) const {
 
 TokenFileWriter::TokenFileWriter(const std::string& path, int64_t vocab_size, TokenFormat format)
     : path_(path), temporary_path_(path + ".tmp"), format_(format), vocab_size_(vocab_size) {
-  LLM_REQUIRE(format == TokenFormat::trainer || format == TokenFormat::llmc, path, "--format",
-              std::string("writes ours or llm.c's format, not ") + to_string(format));
-  header_bytes_ = format == TokenFormat::llmc ? kLlmcHeaderBytes : kTokenFileHeaderBytes;
+  LLM_REQUIRE(format != TokenFormat::numpy && format != TokenFormat::raw, path, "--format",
+              std::string("writes ours, llm.c's or Megatron's format, not ") + to_string(format));
+  header_bytes_ = format == TokenFormat::llmc ? kLlmcHeaderBytes : format == TokenFormat::megatron ? 0 : kTokenFileHeaderBytes;
+  if (format == TokenFormat::megatron) {
+    LLM_REQUIRE(path.ends_with(".bin"), path, "--output",
+                "a Megatron dataset is PREFIX.bin with PREFIX.idx beside it: name the .bin (e.g. data/train.bin)");
+    LLM_REQUIRE(vocab_size <= std::numeric_limits<int32_t>::max(), path, "vocab",
+                "vocab_size " + std::to_string(vocab_size) + " does not fit Megatron's int32 ids");
+    index_path_ = path.substr(0, path.size() - 4) + ".idx";
+    refuse_unless_absent_or(index_path_, OutputKind::file, "token file's index");
+  }
   LLM_REQUIRE(vocab_size > 0 && vocab_size <= (int64_t{1} << 32), path, "vocab",
               "vocab_size " + std::to_string(vocab_size) + " must be in [1, 2^32]");
   bytes_per_token_ = vocab_size <= 65536 ? 2 : 4;
@@ -174,10 +218,54 @@ TokenFileWriter::TokenFileWriter(const std::string& path, int64_t vocab_size, To
 }
 
 TokenFileWriter::~TokenFileWriter() {
+  if (!index_path_.empty()) std::remove((index_path_ + ".tmp").c_str());
   if (file_ == nullptr) return;
   std::fclose(file_);
   std::remove(temporary_path_.c_str());
 }
+
+void TokenFileWriter::end_document() {
+  const int64_t length = num_tokens_ - documented_tokens_;
+  if (format_ != TokenFormat::megatron || length == 0) return;
+  LLM_REQUIRE(length <= std::numeric_limits<int32_t>::max(), path_, "document " + std::to_string(sequence_lengths_.size()),
+              std::to_string(length) + " tokens do not fit Megatron's int32 sequence length");
+  sequence_lengths_.push_back(static_cast<int32_t>(length));
+  documented_tokens_ = num_tokens_;
+}
+
+namespace {
+
+// Megatron-LM's index (megatron/core/datasets/indexed_dataset.py, _IndexWriter), one sequence per
+// document, written to PATH.tmp then renamed.
+void write_megatron_index(const std::string& path, int bytes_per_token, const std::vector<int32_t>& lengths) {
+  const std::string temporary = path + ".tmp";
+  std::FILE* file = std::fopen(temporary.c_str(), "wb");
+  if (file == nullptr) fail_user(temporary, "write", "cannot create the file (" + errno_text() + ")");
+  std::vector<unsigned char> bytes(9 + 8 + 1 + 8 + 8);
+  std::memcpy(bytes.data(), "MMIDIDX\0\0", 9);
+  store_little_endian<uint64_t>(bytes.data() + 9, 1);
+  bytes[17] = bytes_per_token == 2 ? 8 : 4;  // uint16, int32
+  store_little_endian<uint64_t>(bytes.data() + 18, lengths.size());
+  store_little_endian<uint64_t>(bytes.data() + 26, lengths.size() + 1);
+  std::vector<int64_t> pointers(lengths.size()), documents(lengths.size() + 1);
+  int64_t at = 0;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    pointers[i] = at;
+    at += static_cast<int64_t>(lengths[i]) * bytes_per_token;
+    documents[i + 1] = static_cast<int64_t>(i + 1);
+  }
+  const bool written = std::fwrite(bytes.data(), 1, bytes.size(), file) == bytes.size() &&
+                       std::fwrite(lengths.data(), 4, lengths.size(), file) == lengths.size() &&
+                       std::fwrite(pointers.data(), 8, pointers.size(), file) == pointers.size() &&
+                       std::fwrite(documents.data(), 8, documents.size(), file) == documents.size();
+  const std::string reason = errno_text();
+  if (std::fclose(file) != 0 || !written) {
+    std::remove(temporary.c_str());
+    fail_user(temporary, "write", "writing failed (" + reason + "); is the disk full?");
+  }
+}
+
+}  // namespace
 
 void TokenFileWriter::append(std::span<const int64_t> tokens) {
   LLM_REQUIRE(file_ != nullptr, path_, "write", "append after finish()");
@@ -210,6 +298,9 @@ void TokenFileWriter::finish() {
     store_little_endian<int32_t>(header, narrow ? kLlmcGpt2Magic : kLlmcLlama3Magic);
     store_little_endian<int32_t>(header + 4, narrow ? 1 : 7);
     store_little_endian<int32_t>(header + 8, static_cast<int32_t>(num_tokens_));
+  } else if (format_ == TokenFormat::megatron) {
+    end_document();  // a last document without its end
+    write_megatron_index(index_path_, bytes_per_token_, sequence_lengths_);
   } else {
     std::memcpy(header + kMagicOffset, kTokenFileMagic, sizeof(kTokenFileMagic));
     store_little_endian<uint32_t>(header + kVersionOffset, kTokenFileVersion);
@@ -234,6 +325,10 @@ void TokenFileWriter::finish() {
     std::filesystem::remove(temporary_path_, error);
     fail_user(path_, "write",
               "cannot rename " + temporary_path_ + " to it (" + rename_reason + ")");
+  }
+  if (!index_path_.empty()) {  // the .bin first: until its .idx is there, no reader takes it for a dataset
+    std::filesystem::rename(index_path_ + ".tmp", index_path_, error);
+    LLM_REQUIRE(!error, index_path_, "write", "cannot rename " + index_path_ + ".tmp to it (" + error.message() + ")");
   }
 }
 

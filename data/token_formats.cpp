@@ -184,7 +184,7 @@ TokenLayout megatron(const std::string& bin_path, const std::string& idx_path) {
   for (uint64_t first = 0; first < sequences; first += kBlock) {
     const uint64_t n = std::min(kBlock, sequences - first);
     read_exactly(idx.fd, idx_path, kMegatronHeaderBytes + first * 4, lengths.data(), n * 4);
-    read_exactly(idx.fd, idx_path, kMegatronHeaderBytes + sequences * 4 + first * 8, pointers.data(), n * 8);
+    read_exactly(idx.fd, idx_path, megatron_pointers_offset(sequences) + first * 8, pointers.data(), n * 8);
     for (uint64_t i = 0; i < n; ++i) {
       LLM_REQUIRE(lengths[i] >= 0 && static_cast<uint64_t>(pointers[i]) == tokens * static_cast<uint64_t>(width),
                   idx_path, "sequence " + std::to_string(first + i),
@@ -193,6 +193,24 @@ TokenLayout megatron(const std::string& bin_path, const std::string& idx_path) {
                       std::to_string(tokens * static_cast<uint64_t>(width)) + "): the index and " + bin_path +
                       " do not belong together, or the index is damaged; " + remedy);
       tokens += static_cast<uint64_t>(lengths[i]);
+    }
+  }
+  // The document index: [0], then each document's end as a sequence index, never falling, ending at
+  // the sequence count (IndexedDatasetBuilder's). Read in blocks too.
+  std::vector<int64_t> ends(kBlock);
+  int64_t previous = 0;
+  for (uint64_t first = 0; first < documents; first += kBlock) {
+    const uint64_t n = std::min(kBlock, documents - first);
+    read_exactly(idx.fd, idx_path, megatron_documents_offset(sequences) + first * 8, ends.data(), n * 8);
+    for (uint64_t i = 0; i < n; ++i) {
+      const uint64_t entry = first + i;
+      const bool ok = entry == 0 ? ends[i] == 0
+                                 : ends[i] >= previous && static_cast<uint64_t>(ends[i]) <= sequences &&
+                                       (entry + 1 < documents || static_cast<uint64_t>(ends[i]) == sequences);
+      LLM_REQUIRE(ok, idx_path, "document index " + std::to_string(entry),
+                  "is " + std::to_string(ends[i]) + "; a document index starts at 0, never falls and ends at the sequence "
+                  "count " + std::to_string(sequences) + ": the index is damaged; " + remedy);
+      previous = ends[i];
     }
   }
   struct stat bin_info {};
@@ -204,8 +222,15 @@ TokenLayout megatron(const std::string& bin_path, const std::string& idx_path) {
                   std::to_string(bin_bytes) + " bytes: " +
                   (tokens * static_cast<uint64_t>(width) > bin_bytes ? "it is truncated" : "it has trailing bytes") +
                   ", or the two files do not belong together; " + remedy);
-  return {TokenFormat::megatron, 0, width, static_cast<int64_t>(tokens), 0, bin_path};
+  return {TokenFormat::megatron, 0, width, static_cast<int64_t>(tokens), 0, bin_path, idx_path, sequences, documents};
 }
+
+}  // namespace
+
+size_t megatron_pointers_offset(uint64_t sequences) { return kMegatronHeaderBytes + sequences * 4; }
+size_t megatron_documents_offset(uint64_t sequences) { return kMegatronHeaderBytes + sequences * 12; }
+
+namespace {
 
 bool ends_with(const std::string& text, const std::string& suffix) {
   return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -240,7 +265,8 @@ std::pair<std::string, std::string> megatron_pair(const std::string& path) {
   return {prefix + ".bin", prefix + ".idx"};
 }
 
-TokenLayout read_token_layout(const std::string& path, int descriptor, size_t file_bytes, int64_t model_vocab_size) {
+TokenLayout read_token_layout(const std::string& path, int descriptor, size_t file_bytes, int64_t model_vocab_size,
+                              int memmap_bytes) {
   if (const auto [bin, idx] = megatron_pair(path); !bin.empty()) return megatron(bin, idx);
   unsigned char head[kTokenFileHeaderBytes] = {};
   read_exactly(descriptor, path, 0, head, std::min(file_bytes, sizeof(head)));
@@ -249,13 +275,24 @@ TokenLayout read_token_layout(const std::string& path, int descriptor, size_t fi
   if (file_bytes >= 4 && (little_endian<int32_t>(head) == kLlmcGpt2Magic || little_endian<int32_t>(head) == kLlmcLlama3Magic))
     return llmc(path, head, file_bytes);
   if (file_bytes >= 6 && std::memcmp(head, "\x93NUMPY", 6) == 0) return npy(path, descriptor, file_bytes);
+  if (memmap_bytes > 0) {  // OLMo's headerless ids, --memmap_dtype
+    LLM_REQUIRE(file_bytes > 0 && file_bytes % static_cast<size_t>(memmap_bytes) == 0, path, "size",
+                "the file has " + std::to_string(file_bytes) + " bytes, " +
+                    (file_bytes == 0 ? std::string("no ids") : "not a whole number of " + std::to_string(memmap_bytes) + "-byte ids") +
+                    " (--memmap_dtype uint" + std::to_string(8 * memmap_bytes) + "): it is truncated, or its ids are of "
+                    "another width");
+    return {TokenFormat::raw, 0, memmap_bytes, static_cast<int64_t>(file_bytes / static_cast<size_t>(memmap_bytes)), 0, path};
+  }
   const bool bin = path.size() >= 4 && path.compare(path.size() - 4, 4, ".bin") == 0;
+  const bool npy_name = path.size() >= 4 && path.compare(path.size() - 4, 4, ".npy") == 0;
   fail_user(path, "header",
             "wrong magic: its first bytes are no token-file format we read (" + std::string(kFormatsWeRead) +
                 "; the file has " + std::to_string(file_bytes) + " bytes)" +
                 (bin ? "; if it is a Megatron dataset's .bin, its .idx is missing beside it (" +
                            path.substr(0, path.size() - 4) + ".idx)"
                      : std::string()) +
+                (npy_name ? "; if it is OLMo's headerless token array (numpy.memmap), pass --memmap_dtype uint16 or uint32"
+                          : std::string()) +
                 "; regenerate it with `trainer prepare`");
 }
 

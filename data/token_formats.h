@@ -31,11 +31,22 @@ struct TokenLayout {
   int64_t num_tokens = 0;
   int64_t vocab_size = 0;     // the header's (ours), else 0
   std::string ids_path;       // the file the ids are in: `path`, or a Megatron .idx's .bin
+  // Megatron's document index (the only format here that records documents): the .idx, its sequence
+  // count and its document index's entries (documents + 1: [0], then each document's end).
+  std::string index_path;
+  uint64_t sequences = 0;
+  uint64_t document_entries = 0;
 };
+
+// The byte offsets of a Megatron .idx's arrays, for `sequences` sequences.
+size_t megatron_pointers_offset(uint64_t sequences);
+size_t megatron_documents_offset(uint64_t sequences);
 
 // `path` is open as `descriptor` with `file_bytes` bytes. Throws UserError naming the file for a
 // format it does not know or a header, size or index that is wrong.
-TokenLayout read_token_layout(const std::string& path, int descriptor, size_t file_bytes, int64_t model_vocab_size);
+// memmap_bytes (2, 4 or 0): how a file in none of the formats is read (TokenFile::open).
+TokenLayout read_token_layout(const std::string& path, int descriptor, size_t file_bytes, int64_t model_vocab_size,
+                              int memmap_bytes = 0);
 
 // The Megatron pair `path` belongs to, as (the .bin, the .idx): for PREFIX.bin with a PREFIX.idx
 // beside it, or for PREFIX.idx itself; ("", "") when `path` is neither.

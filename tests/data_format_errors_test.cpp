@@ -102,6 +102,7 @@ const BadShard kBadShards[] = {
     {"megatron_idx_sizes", "megatron", "x.bin", "--damage idx_sizes", true, {}},
     {"megatron_idx_pointers", "megatron", "x.bin", "--damage idx_pointers", true, {"pointer"}},
     {"megatron_idx_cut", "megatron", "x.bin", "--damage truncate_header", true, {}},
+    {"megatron_idx_documents", "megatron", "x.bin", "--damage idx_documents", true, {"document index 2", "ends at the sequence count 2"}},
     {"megatron_idx_dtype", "megatron", "x.bin", "--damage wrong_dtype", true, {}},
     {"megatron_int32_bin_shorter", "megatron", "x.bin", "--dtype int32 --damage truncate", true, {}},
     {"megatron_without_idx", "megatron", "x.bin", "--damage missing_idx", false, {}},
@@ -286,6 +287,24 @@ TEST(TrainerData, AGlobOfMixedFormatShardsTrains) {
   const auto steps = testing::read_metrics_events(dir / "run", "train");
   ASSERT_EQ(steps.size(), 3u) << result.output;
   for (const auto& step : steps) EXPECT_TRUE(std::isfinite(step.at("loss").get<double>())) << step.dump();
+}
+
+// OLMo's headerless arrays beside a NumPy one: --memmap_dtype reads them; without it, exit 2 naming
+// the file and the flag.
+TEST(TrainerData, OlmoHeaderlessArraysTrainWithTheirDtype) {
+  SKIP_WITHOUT_SHARD_WRITER();
+  ScratchDir dir("train_olmo");
+  write_shard("olmo", dir / "data" / "part-0-00000.npy", known_tokens(700, 128, 6), "--dtype uint32");
+  write_shard("olmo", dir / "data" / "part-1-00000.npy", known_tokens(500, 128, 7), "--dtype uint32");
+  write_shard("npy", dir / "data" / "saved.npy", known_tokens(300, 128, 8));
+  const std::string data = (dir / "data").string();
+  const auto trained = run_command(trainer_command(data, dir / "run", "--num_training_steps 3 --batch_size 2 --memmap_dtype uint32"));
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  EXPECT_EQ(testing::read_metrics_events(dir / "run", "train").size(), 3u);
+  const auto refused = run_command(trainer_command(data, dir / "run2", "--num_training_steps 3 --batch_size 2"));
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_NE(refused.output.find("part-0-00000.npy"), std::string::npos) << refused.output;
+  EXPECT_NE(refused.output.find("pass --memmap_dtype uint16 or uint32"), std::string::npos) << refused.output;
 }
 
 // The bad id sits in the second shard; the run reads every window (12 windows of 17 tokens, 30 steps of

@@ -84,6 +84,7 @@ struct FormatCase {
   std::string file;       // megatron: the .bin (the .idx beside it)
   std::string reported;   // to_string(format())
   int bytes_per_token;
+  int memmap_bytes = 0;   // --memmap_dtype's width (OLMo's headerless arrays)
 };
 
 const FormatCase kFormats[] = {
@@ -95,6 +96,8 @@ const FormatCase kFormats[] = {
     {"megatron_int32", "megatron", "int32", kLlama3Vocab, "c4_en_text_document.bin", "megatron", 4},
     {"trainer_uint16", "trainer", "uint16", 65536, "corpus.tok", "trainer", 2},
     {"trainer_uint32", "trainer", "uint32", kLlama3Vocab, "corpus.tok", "trainer", 4},
+    {"olmo_uint16", "olmo", "uint16", 65536, "part-0-00000.npy", "raw", 2, 2},
+    {"olmo_uint32", "olmo", "uint32", kLlama3Vocab, "part-0-00000.npy", "raw", 4, 4},
 };
 
 class FormatRoundTrip : public ::testing::TestWithParam<FormatCase> {};
@@ -113,7 +116,7 @@ TEST_P(FormatRoundTrip, ReadsBackTheIdsItsReferenceWriterWrote) {
   if (c.format == "megatron") names.push_back(fs::path(path).replace_extension(".idx"));
   for (const fs::path& name : names) {
     SCOPED_TRACE(name.string());
-    const auto file = TokenFile::open(name.string(), c.vocab);
+    const auto file = TokenFile::open(name.string(), c.vocab, c.memmap_bytes);
     EXPECT_STREQ(to_string(file->format()), c.reported.c_str());
     EXPECT_EQ(file->bytes_per_token(), c.bytes_per_token);
     EXPECT_EQ(file->vocab_size(), c.format == "trainer" ? c.vocab : 0) << "only ours records its vocabulary";
@@ -127,6 +130,27 @@ TEST_P(FormatRoundTrip, ReadsBackTheIdsItsReferenceWriterWrote) {
 
 INSTANTIATE_TEST_SUITE_P(Formats, FormatRoundTrip, ::testing::ValuesIn(kFormats),
                          [](const auto& info) { return info.param.name; });
+
+// OLMo's headerless arrays need --memmap_dtype (their files say nothing of their width): without it
+// they are a wrong magic naming the flag; with it a size that is no whole number of ids is refused,
+// and a file with a header is still read by its header.
+TEST(TokenFileFormats, HeaderlessArraysNeedTheirDtypeAndAHeaderStillDecides) {
+  SKIP_WITHOUT_SHARD_WRITER();
+  ScratchDir dir("format_olmo");
+  const std::vector<int64_t> tokens = known_tokens(3001, 1000, 5);
+  write_shard("olmo", dir / "olmo.npy", tokens, "--dtype uint16");
+  testing::expect_user_error([&] { TokenFile::open((dir / "olmo.npy").string(), 1000); },
+                             {(dir / "olmo.npy").string(), "wrong magic", "--memmap_dtype uint16 or uint32"});
+  testing::expect_user_error([&] { TokenFile::open((dir / "olmo.npy").string(), 1000, 4); },
+                             {(dir / "olmo.npy").string(), "6002 bytes, not a whole number of 4-byte ids"});
+  const auto file = TokenFile::open((dir / "olmo.npy").string(), 1000, 2);
+  EXPECT_EQ(file->size(), 3001);
+  write_shard("npy", dir / "saved.npy", tokens, "--dtype uint32");
+  const auto saved = TokenFile::open((dir / "saved.npy").string(), 1000, 2);
+  EXPECT_EQ(saved->format(), TokenFormat::numpy);
+  EXPECT_EQ(saved->bytes_per_token(), 4);
+  EXPECT_EQ(saved->token(3000), tokens.back());
+}
 
 // The header says the formats are told apart by their first bytes: a file's name does not decide.
 TEST(TokenFileFormats, AreToldApartByTheirFirstBytesNotTheirNames) {

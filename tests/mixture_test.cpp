@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <numeric>
 #include <vector>
 
@@ -115,6 +116,64 @@ TEST(Mixture, SpecsWithWeightsAndTheirErrors) {
   expect_user_error([&] { data_sources(a + ":1e400," + code + ":1"); }, {"--data", "is not a positive number"});
 }
 
+// A mixture file (--data mixture.json) is the same sources as ITEM:WEIGHT, its relative paths taken
+// from its own folder; every malformed file is a UserError naming the file and the entry.
+TEST(Mixture, AMixtureFileIsTheSameSourcesAndItsErrorsNameTheEntry) {
+  ScratchDir scratch("mixture_file");
+  const auto a = banded_corpus(scratch / "a.tok", 60, 0);
+  fs::create_directories(scratch / "code");
+  const auto b = banded_corpus(scratch / "code" / "b.tok", 60, 40);
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(scratch / name) << text;
+    return (scratch / name).string();
+  };
+  const std::string file =
+      write("mix.json", R"({"sources": [{"data": "a.tok", "weight": 0.7}, {"data": ["code"], "weight": 0.3}]})");
+  EXPECT_TRUE(is_mixture(file));
+  const std::vector<DataSource> sources = data_sources(file);
+  ASSERT_EQ(sources.size(), 2u);
+  EXPECT_EQ(sources[0].spec, (scratch / "a.tok").string());
+  EXPECT_EQ(sources[1].spec, (scratch / "code").string());
+  EXPECT_DOUBLE_EQ(sources[0].weight, 0.7);
+  EXPECT_DOUBLE_EQ(sources[1].weight, 0.3);
+  const std::string inline_spec = (scratch / "a.tok").string() + ":0.7," + (scratch / "code").string() + ":0.3";
+  EXPECT_EQ(expand_data_spec(file), expand_data_spec(inline_spec));
+  // The same batches as the inline spec, through split_sources.
+  auto sampler = [&](const std::string& spec) {
+    const auto all = TokenCorpus::open(spec, 128);
+    std::vector<WeightedCorpus> weighted;
+    const auto corpora = TokenCorpus::split_sources(all, spec);
+    for (size_t s = 0; s < corpora.size(); ++s) weighted.push_back({corpora[s], data_sources(spec)[s].weight});
+    return BatchSampler(weighted, Split::train, kMaxLength, 0.1, 7, 0, 1, 4);
+  };
+  BatchSampler from_file = sampler(file), from_flag = sampler(inline_spec);
+  for (int step = 0; step < 20; ++step) EXPECT_TRUE(at::equal(from_file.next().input_ids, from_flag.next().input_ids));
+
+  const std::vector<std::pair<std::string, std::vector<std::string>>> bad = {
+      {R"({"sources": [{"data": "a.tok", "weight": 0.7}], "weights": 1})", {"weights", "is not a mixture file's key"}},
+      {R"({"sources": [{"data": "a.tok"}]})", {"sources[0]", "each source is {\"data\": ..., \"weight\": ...}"}},
+      {R"({"sources": [{"data": "a.tok", "weight": -1}]})", {"sources[0].weight", "is -1, not a positive number"}},
+      {R"({"sources": [{"data": "a.tok", "weight": "0.5"}]})", {"sources[0].weight", "not a positive number"}},
+      {R"({"sources": [{"data": "a.tok", "weight": 1, "wieght": 2}]})", {"sources[0].wieght", "is not a source's key"}},
+      {R"({"sources": [{"data": "a.tok,code", "weight": 1}]})", {"sources[0].data", "no commas"}},
+      {R"({"sources": [{"data": [], "weight": 1}]})", {"sources[0].data", "is an empty list"}},
+      {R"({"sources": [{"data": 3, "weight": 1}]})", {"sources[0].data", "is 3: give a file, folder or glob"}},
+      {R"({"sources": [{"data": "other.json", "weight": 1}]})", {"sources[0].data", "a mixture names shards, not other mixtures"}},
+      {R"({"sources": []})", {"sources", "is empty"}},
+      {R"([1, 2])", {"the file has no \"sources\" list"}},
+      {R"({"sources": [{"data": "a.tok", "weight": 1, "weight": 2}]})", {"weight", "given twice"}},
+      {R"({"sources": [)", {"invalid JSON"}},
+      {"", {"is empty"}},
+  };
+  for (const auto& [text, words] : bad) {
+    const std::string path = write("bad.json", text);
+    std::vector<std::string> expected = {path};
+    expected.insert(expected.end(), words.begin(), words.end());
+    expect_user_error([&] { data_sources(path); }, expected);
+  }
+  expect_user_error([&] { data_sources((scratch / "missing.json").string()); }, {"missing.json", "no such file"});
+}
+
 // Through the trainer: a mixture trains and records its weights; a resume with other weights is
 // refused naming both.
 TEST(Mixture, TrainsRecordsItsWeightsAndRefusesAResumeWithOthers) {
@@ -143,6 +202,13 @@ TEST(Mixture, TrainsRecordsItsWeightsAndRefusesAResumeWithOthers) {
       << refused.output;
   const auto same = run_command(command(mixture, "c", "--num_training_steps 4 --continue_from " + (dir / "ckpt").string()));
   EXPECT_EQ(same.exit_code, 0) << same.output;
+  // The same sources as a mixture file are the same data: its resume goes on.
+  std::ofstream(dir / "mixture.json") << R"({"sources": [{"data": "web.tok", "weight": 0.7}, {"data": "code", "weight": 0.3}]})";
+  const auto from_file = run_command(command((dir / "mixture.json").string(), "d",
+                                             "--num_training_steps 4 --continue_from " + (dir / "ckpt" / "step_3").string() +
+                                                 " --save_dir " + (dir / "ckpt_d").string()));
+  EXPECT_EQ(from_file.exit_code, 0) << from_file.output;
+  EXPECT_FALSE(mentions(from_file.output, "other data")) << from_file.output;
 }
 
 }  // namespace

@@ -54,8 +54,10 @@ void add_prepare_verb(CLI::App& app, NumberFlags& numbers, PrepareOptions& prepa
               NumberRange<int64_t>{0, kMaxShardTokens, "0 (one file) or an integer in [" + std::to_string(kMinShardTokens) +
                                                            ", " + std::to_string(kMaxShardTokens) + "]"});
   prepare_app->add_option("--format", prepare.format,
-                          "trainer (ours, .tok) or llmc (llm.c's .bin: uint16 ids up to a 65,536 vocabulary, else uint32)")
-      ->check(CLI::IsMember({"trainer", "llmc"}))
+                          "trainer (ours, .tok), llmc (llm.c's .bin: uint16 ids up to a 65,536 vocabulary, else uint32) "
+                          "or megatron (Megatron-LM's .bin and .idx: a sequence per document, for --window_start "
+                          "document; shards end at the first document end past --shard_tokens)")
+      ->check(CLI::IsMember({"trainer", "llmc", "megatron"}))
       ->capture_default_str();
   verbs.tokenizer = prepare_app->add_option(
       "--tokenizer", prepare.tokenizer, "existing SentencePiece model to encode with");

@@ -146,6 +146,7 @@ int train_command(const llm::ModelConfig& model, const llm::RunConfig& run, cons
   }
   llm::RuntimeContext context;
   context.resume_folder = checkpoints.resume_folder;
+  context.data_identity = checkpoints.data_identity;
   context.watchdog = watchdog.get();
   watchdog->progress("start-up: reading --init_from");
   // --init_from: the folder's config.json and tensors are checked here, before anything is built.

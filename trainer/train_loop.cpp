@@ -29,8 +29,9 @@ constexpr int64_t kSnapshotSteps = 2;            // --memory_snapshot: history t
 
 // --data's (or --eval_data's) shards. Every rank must read the same corpus: were a glob or folder to
 // list other files on another node, the ranks' window orders would differ and their windows overlap.
-std::shared_ptr<TokenCorpus> open_data(const std::string& spec, const std::string& flag, const ModelConfig& model) {
-  std::shared_ptr<TokenCorpus> corpus = TokenCorpus::open(spec, model.vocab_size, flag);
+std::shared_ptr<TokenCorpus> open_data(const std::string& spec, const std::string& flag, const ModelConfig& model,
+                                       const RunConfig& run) {
+  std::shared_ptr<TokenCorpus> corpus = TokenCorpus::open(spec, model.vocab_size, flag, memmap_bytes(run.data.memmap_dtype));
   const std::string mine =
       std::to_string(corpus->shards().size()) + " shard(s) of " + std::to_string(corpus->size()) + " tokens";
   const std::vector<std::string> every_rank = all_gather_text(mine);
@@ -46,14 +47,14 @@ std::shared_ptr<TokenCorpus> open_data(const std::string& spec, const std::strin
 std::shared_ptr<TokenCorpus> open_held_out(const RunConfig& run, const ModelConfig& model) {
   if (run.data.eval_source.empty()) return nullptr;
   StallWatchdog::mark("start-up: opening the data");
-  return open_data(run.data.eval_source, "--eval_data", model);
+  return open_data(run.data.eval_source, "--eval_data", model, run);
 }
 
 Corpus open_corpus(const RunConfig& run, const ModelConfig& model, const RuntimeContext& context) {
   StallWatchdog::mark("start-up: opening the data");
   if (run.data.source != "synthetic") {
     Corpus corpus;
-    corpus.tokens = open_data(run.data.source, "--data", model);
+    corpus.tokens = open_data(run.data.source, "--data", model, run);
     const std::vector<DataSource> sources = data_sources(run.data.source);
     const auto corpora = TokenCorpus::split_sources(corpus.tokens, run.data.source);
     for (size_t s = 0; s < sources.size(); ++s) corpus.sources.push_back({corpora[s], sources[s].weight});
@@ -71,6 +72,10 @@ Corpus open_corpus(const RunConfig& run, const ModelConfig& model, const Runtime
             corpus.tokens.size(), corpus.unigram_entropy_nats, corpus.entropy_rate_nats);
   std::shared_ptr<TokenCorpus> tokens = TokenCorpus::open(path, model.vocab_size);
   return {tokens, corpus.unigram_entropy_nats, corpus.entropy_rate_nats, {{tokens, 1.0}}};
+}
+
+WindowStart window_start(const RunConfig& run) {
+  return run.data.window_start == "document" ? WindowStart::document : WindowStart::anywhere;
 }
 
 // Before anything is written: --memory_snapshot on a CPU rank is a UserError, and the run folder exists.
@@ -110,10 +115,10 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
       corpus_(open_corpus(run, model_config, context)),
       held_out_(open_held_out(run, model_config)),
       train_batches_(corpus_.sources, Split::train, run.data.max_length, run.data.eval_fraction, run.seed, context.rank,
-                     context.world_size, run.data.batch_size, /*whole_corpus=*/held_out_ != nullptr),
+                     context.world_size, run.data.batch_size, /*whole_corpus=*/held_out_ != nullptr, window_start(run)),
       eval_batches_(held_out_ ? std::vector<WeightedCorpus>{{held_out_, 1.0}} : corpus_.sources, Split::eval, run.data.max_length, run.data.eval_fraction,
                     run.seed, context.rank, context.world_size, run.data.batch_size,
-                    /*whole_corpus=*/held_out_ != nullptr),
+                    /*whole_corpus=*/held_out_ != nullptr, window_start(run)),
       timer_(device_),
       sharded_(communicator_,
                {run.sharding.strategy, run.sharding.prefetch,
@@ -182,9 +187,11 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
                                                        : context.resume_folder);
   // The synthetic corpus is recorded as the token file it was written to (marked synthetic): a resume
   // that reads that file by name is on the same data.
-  nlohmann::json identity = corpus_identity(*corpus_.tokens);
+  // A resume's start-up check has read it already (check_checkpoints_at_start).
+  nlohmann::json identity = context.data_identity.is_null()
+                                ? run_data_identity(*corpus_.tokens, run.data.source, run.data.window_start)
+                                : context.data_identity;
   if (run.data.source == "synthetic") identity["synthetic"] = true;
-  if (is_mixture(run.data.source)) identity["mixture"] = mixture_identity(run.data.source);
   checkpoints_->set_data_identity(std::move(identity));
   checkpoints_->agree_on_run_id();
   start_step_ = state_.step;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include <c10/core/Device.h>
+#include <nlohmann/json.hpp>
 
 #include "config/config.h"
 
@@ -39,6 +40,9 @@ struct RuntimeContext {
   // The checkpoint --continue_from resolved to at start-up (check_checkpoints_at_start,
   // checkpoint/checkpoint.h); "" for a fresh run, or to resolve it in train().
   std::string resume_folder;
+  // This run's data identity when check_checkpoints_at_start read it (a resume on token files); null:
+  // read at start-up (data/corpus_identity.h's run_data_identity).
+  nlohmann::json data_identity;
   // --init_from opened and checked at start-up (checkpoint/interchange/pretrained.h): each unit's weights
   // are read from it as the unit is built, before it is sharded. nullptr: the seeded init.
   const PretrainedFolder* init_from = nullptr;

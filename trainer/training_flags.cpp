@@ -236,11 +236,21 @@ void add_data_flags(CLI::App& app, NumberFlags& numbers, TrainingFlags& flags, R
   flags.add(numbers.add(app, "--seed", run.seed, "seed for initialisation and data order")
           ->capture_default_str());
   flags.add(app.add_option("--data", run.data.source,
-                           "\"synthetic\", or token files: a comma-separated list of files (`trainer prepare`'s, llm.c .bin, Megatron .bin/.idx, NumPy .npy), folders and glob patterns")
+                           "\"synthetic\", or token files: a comma-separated list of files (`trainer prepare`'s, llm.c .bin, Megatron .bin/.idx, NumPy .npy), folders and glob patterns; ITEM:WEIGHT items for a weighted mixture, or a mixture file (.json)")
           ->capture_default_str());
   flags.add(app.add_option("--eval_data", run.data.eval_source,
                            "a held-out corpus of its own for evaluation (token shards, as --data); without it the "
                            "last --eval_fraction of --data's windows"));
+  flags.add(app.add_option("--window_start", run.data.window_start,
+                           "anywhere: windows of max_length + 1 tokens cut end to end, across documents; document: "
+                           "each window starts at a document (Megatron datasets record where; the rest of a longer "
+                           "document is not read)")
+          ->check(CLI::IsMember(kWindowStartChoices))
+          ->capture_default_str());
+  flags.add(app.add_option("--memmap_dtype", run.data.memmap_dtype,
+                           "uint16 or uint32: read token files in no known format as headerless ids of that width "
+                           "(OLMo's .npy token arrays, written through numpy.memmap; OLMo's data.memmap_dtype)")
+          ->check(CLI::IsMember(kMemmapDtypeChoices)));
   flags.add(app.add_flag("--allow_other_data", run.data.allow_other_data,
                          "resume from a checkpoint trained on other data (another shard list, or a shard changed "
                          "since it was saved); without it such a resume is refused, naming the difference"));

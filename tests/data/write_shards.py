@@ -11,6 +11,9 @@ a reader test compares our C++ with the published layouts:
             (8 uint16, 4 int32), <Q sequence count, <Q document count, int32 sequence lengths, int64
             byte pointers, int64 document indices ([0] then the sequence count at each document's end,
             as IndexedDatasetBuilder keeps them). One sequence per document (--docs gives the lengths).
+  olmo      OLMo's headerless token arrays (dolma's tokenizer output, read by OLMo's MemMapDataset with
+            data.memmap_dtype): numpy.memmap(path, dtype, mode="w+", shape=(count,)) filled with the ids,
+            nothing else in the file: uint16 or uint32.
   trainer   ours (data/token_file.h): a 64-byte header "LLMTOKv1", <I version 1, <I bytes per token,
             <Q token count, <Q vocabulary size, zeros; then the ids.
 
@@ -51,7 +54,7 @@ import sys
 
 import numpy as np
 
-FORMATS = ("npy", "llmc", "megatron", "trainer")
+FORMATS = ("npy", "llmc", "megatron", "trainer", "olmo")
 DTYPES = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4"), "int32": np.dtype("<i4")}
 # The widths each format can hold (the first is its default for a vocabulary up to 65536).
 FORMAT_DTYPES = {
@@ -59,6 +62,7 @@ FORMAT_DTYPES = {
     "llmc": ("uint16", "uint32"),
     "megatron": ("uint16", "int32"),
     "trainer": ("uint16", "uint32"),
+    "olmo": ("uint16", "uint32"),
 }
 LLMC_HEADERS = {"uint16": (20240520, 1), "uint32": (20240801, 7)}  # llm.c's HEADERS_INFO
 MEGATRON_DTYPE_CODES = {"uint16": 8, "int32": 4}  # Megatron's DType enum
@@ -207,6 +211,19 @@ def write_llmc(path, ids, dtype, count, sparse, damage):
     return [path], header.nbytes, DTYPES[dtype].itemsize
 
 
+def write_olmo(path, ids, dtype, count, sparse, damage):
+    """OLMo's (dolma's) memmap: the ids and nothing else; the reader is told the dtype."""
+    if sparse:
+        with open(path, "wb") as file:
+            write_sparse_ids(file, count, DTYPES[dtype].itemsize)
+    else:
+        array = np.memmap(path, dtype=DTYPES[dtype], mode="w+", shape=(count,))
+        array[:] = ids
+        array.flush()
+        del array
+    return [path], 0, DTYPES[dtype].itemsize
+
+
 def write_trainer(path, ids, dtype, count, sparse, damage, vocab):
     """Ours: the 64-byte header of data/token_file.h, then the ids."""
     itemsize = DTYPES[dtype].itemsize
@@ -303,6 +320,8 @@ def write(args):
         files, payload, itemsize = write_npy(args.path, ids, dtype, count, args.sparse, damage)
     elif args.format == "llmc":
         files, payload, itemsize = write_llmc(args.path, ids, dtype, count, args.sparse, damage)
+    elif args.format == "olmo":
+        files, payload, itemsize = write_olmo(args.path, ids, dtype, count, args.sparse, damage)
     elif args.format == "trainer":
         files, payload, itemsize = write_trainer(args.path, ids, dtype, count, args.sparse, damage, args.vocab)
     else:

@@ -1,0 +1,100 @@
+#include "common/json_file.h"
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <set>
+#include <vector>
+
+#include "common/errors.h"
+
+namespace llm {
+namespace fs = std::filesystem;
+using nlohmann::json;
+namespace {
+
+// Where "key" is written as a key in text: "line 3", "lines 2 and 17", or "" when not found.
+std::string lines_naming_key(const std::string& text, const std::string& key) {
+  std::vector<int> lines;
+  const std::string quoted = "\"" + key + "\"";
+  int line = 1;
+  for (size_t at = 0; at < text.size(); ++at) {
+    if (text[at] == '\n') ++line;
+    if (text.compare(at, quoted.size(), quoted) != 0) continue;
+    const size_t colon = text.find_first_not_of(" \t\r\n", at + quoted.size());
+    if (colon != std::string::npos && text[colon] == ':' && (lines.empty() || lines.back() != line))
+      lines.push_back(line);
+  }
+  std::string where;
+  for (size_t i = 0; i < lines.size(); ++i)
+    where += (i == 0 ? "" : i + 1 == lines.size() ? " and " : ", ") + std::to_string(lines[i]);
+  return lines.empty() ? "" : (lines.size() == 1 ? "line " : "lines ") + where;
+}
+
+// nlohmann's parser keeps the last of two equal keys without a word, so a config edited by hand
+// could hold "hidden_size" twice and silently train the second. The parser's callback sees every
+// key of every object: a key seen twice in one object is a UserError naming it (nested keys as
+// "rope_scaling.type") and, where they can be found, the lines it is on.
+json parse_rejecting_duplicate_keys(const std::string& text, const std::string& path) {
+  struct OpenObject {
+    std::set<std::string> keys;
+    std::string last_key;
+  };
+  std::vector<OpenObject> open;
+  const json::parser_callback_t callback = [&](int, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::object_start) open.emplace_back();
+    if (event == json::parse_event_t::object_end && !open.empty()) open.pop_back();
+    if (event != json::parse_event_t::key || open.empty()) return true;
+    const std::string key = parsed.get<std::string>();
+    if (!open.back().keys.insert(key).second) {
+      std::string dotted;
+      for (size_t i = 0; i + 1 < open.size(); ++i) dotted += open[i].last_key + ".";
+      const std::string where = lines_naming_key(text, key);
+      fail_user(path, dotted + key,
+                "given twice" + (where.empty() ? "" : " (" + where + ")") +
+                    "; JSON readers keep only one of them, so delete the one you did not mean");
+    }
+    open.back().last_key = key;
+    return true;
+  };
+  return json::parse(text, callback);
+}
+
+}  // namespace
+
+json read_json_file(const std::string& path, const std::string& what_to_pass) {
+  std::error_code error;
+  const fs::file_status status = fs::status(path, error);
+  if (!fs::exists(status)) fail_user(path, "", std::string("no such file: ") + what_to_pass);
+  if (fs::is_directory(status))
+    fail_user(path, "", std::string("is a folder, not a JSON file: ") + what_to_pass);
+  // A device, FIFO or socket: /dev/null reads as nothing and a FIFO would block start-up forever.
+  if (!fs::is_regular_file(status))
+    fail_user(path, "",
+              std::string("is not a regular file (") +
+                  (fs::is_character_file(status) || fs::is_block_file(status) ? "a device"
+                   : fs::is_fifo(status)                                       ? "a FIFO"
+                   : fs::is_socket(status)                                     ? "a socket"
+                                                                               : "not a file") +
+                  "): " + what_to_pass);
+  std::ifstream stream(path);
+  if (!stream) fail_user(path, "", "cannot be opened for reading: check its permissions");
+  const std::string text((std::istreambuf_iterator<char>(stream)), std::istreambuf_iterator<char>());
+  if (text.find_first_not_of(" \t\r\n") == std::string::npos)
+    fail_user(path, "", std::string("is empty: ") + what_to_pass);
+
+  json object;
+  try {
+    object = parse_rejecting_duplicate_keys(text, path);
+  } catch (const json::parse_error& parse_error) {
+    // nlohmann's text is "[json.exception.parse_error.101] parse error at line L, column C: ...".
+    std::string detail = parse_error.what();
+    if (const size_t tag_end = detail.find("] "); detail.rfind("[json.exception", 0) == 0 &&
+                                                  tag_end != std::string::npos)
+      detail = detail.substr(tag_end + 2);
+    fail_user(path, "", "invalid JSON: " + detail);
+  }
+  return object;
+}
+
+}  // namespace llm
