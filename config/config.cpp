@@ -111,6 +111,7 @@ json RunConfig::to_json() const {
       {"eval_data", data.eval_source},
       {"allow_other_data", data.allow_other_data},
       {"window_start", data.window_start},
+      {"recompute", recompute},
       {"memmap_dtype", data.memmap_dtype},
       {"eval_fraction", data.eval_fraction},
       {"eval_every", data.eval_every},
@@ -218,6 +219,7 @@ RunConfig run_config_from_json(const json& object, const std::string& source) {
   read("eval_data", run.data.eval_source);
   read("allow_other_data", run.data.allow_other_data);
   read("window_start", run.data.window_start);
+  read("recompute", run.recompute);
   read("memmap_dtype", run.data.memmap_dtype);
   read("eval_fraction", run.data.eval_fraction);
   read("eval_every", run.data.eval_every);

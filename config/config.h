@@ -208,6 +208,9 @@ struct RunConfig {
   // Activation checkpointing: every K-th transformer block (blocks 0, K, 2K, ...) recomputes its
   // forward in backward; 0: none. --activation_checkpointing is K = 1.
   int64_t activation_checkpointing_every = 0;
+  // --recompute: "" or a comma-separated set of norm, swiglu, mlp, attention (model/recompute.h) or
+  // block (every block, as --activation_checkpointing: validation sets activation_checkpointing_every).
+  std::string recompute;
   // Each unit's optimizer step as soon as its gradient shard is reduced, in backward, its gradient
   // shard freed right after (--fuse_optimizer_with_backward); needs --grad_clipping 0.
   bool fuse_optimizer_with_backward = false;

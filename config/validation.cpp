@@ -12,11 +12,13 @@
 #include <filesystem>
 #include <limits>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <string>
 
 #include "common/errors.h"
 #include "common/watchdog.h"
+#include "model/recompute.h"
 #include "config/optimizer_setup.h"
 #include "data/synthetic.h"
 #include "data/token_corpus.h"
@@ -142,6 +144,44 @@ void resolve_training_steps(RunConfig& run, int64_t tokens_per_step) {
 }
 
 // Activation checkpointing and the fused optimizer step, and what the fused step cannot combine with.
+// --recompute: known items, each once; "block" alone (it recomputes the whole layer, the others
+// included) and then activation_checkpointing_every 1; the others not with block checkpointing.
+void resolve_recompute(RunConfig& run) {
+  if (run.recompute.empty()) return;
+  std::set<std::string> items;
+  size_t begin = 0;
+  while (begin <= run.recompute.size()) {
+    const size_t comma = std::min(run.recompute.find(',', begin), run.recompute.size());
+    const std::string item = run.recompute.substr(begin, comma - begin);
+    const bool known = std::any_of(std::begin(kRecomputeChoices), std::end(kRecomputeChoices),
+                                   [&](const char* choice) { return item == choice; });
+    if (!known)
+      fail_user(kCommandLine, "--recompute",
+                "\"" + item + "\" is not an operation it recomputes; give a comma-separated set of norm, swiglu, mlp, "
+                "attention, or block (the whole layer, as --activation_checkpointing), e.g. --recompute norm,swiglu");
+    if (!items.insert(item).second)
+      fail_user(kCommandLine, "--recompute", "names \"" + item + "\" twice (" + run.recompute + ")");
+    begin = comma + 1;
+  }
+  if (items.contains("block")) {
+    if (items.size() > 1)
+      fail_user(kCommandLine, "--recompute",
+                "block recomputes the whole layer, the operations beside it (" + run.recompute +
+                    ") included: give block alone, or the operations alone");
+    if (run.activation_checkpointing_every > 1)
+      fail_user(kCommandLine, "--recompute",
+                "block recomputes every block, and --activation_checkpointing_every " +
+                    std::to_string(run.activation_checkpointing_every) + " every " +
+                    std::to_string(run.activation_checkpointing_every) + "th: give one");
+    run.activation_checkpointing_every = 1;
+    return;
+  }
+  if (run.activation_checkpointing_every > 0)
+    fail_user(kCommandLine, "--recompute",
+              run.recompute + " recomputes operations inside every layer, and --activation_checkpointing whole "
+              "layers: give one (a recomputed layer would recompute its operations twice)");
+}
+
 void check_memory_flags(const RunConfig& run, const ModelConfig& model) {
   require_flag(run.activation_checkpointing_every >= 0 && run.activation_checkpointing_every <= model.num_hidden_layers,
                "--activation_checkpointing_every",
@@ -366,6 +406,7 @@ void validate_run_config(RunConfig& run, const ModelConfig& model, int world_siz
   check_headline_flags(run, model);
   const int64_t tokens_per_step = resolve_batch_sizes(run, world_size);
   resolve_training_steps(run, tokens_per_step);
+  resolve_recompute(run);
   check_memory_flags(run, model);
   check_safeguard_flags(run);
   resolve_schedule(run);

@@ -12,7 +12,8 @@
 # The global batch is BATCH (default 4) sequences of LENGTH (default 256, at most the config's maximum)
 # tokens at every world size: BATCH / ranks per rank where the ranks divide it, else BATCH per rank.
 # Technique runs (each at 1 and RANKS ranks, the first the baseline of the shares): fp32 AdamW;
-# bf16 mixed; bf16 pure; activation checkpointing; the fused optimizer step; the optimizer offloaded;
+# bf16 mixed; bf16 pure; activation checkpointing; recompute by operation (norm and SwiGLU; norm, MLP
+# and attention); the fused optimizer step; the optimizer offloaded;
 # bf16 optimizer state; AdamW-SN; GaLore; checkpointing + fused; bf16 pure + checkpointing + fused;
 # and all savers together, once with the fused step and GaLore, once with offload and GaLore and once
 # with the fused step and bf16 AdamW state (the fused step and offload do
@@ -71,6 +72,8 @@ techniques=(
   "bf16_mixed|--dtype bfloat16 --precision mixed"
   "bf16_pure|--dtype bfloat16 --precision pure"
   "checkpointing|--activation_checkpointing"
+  "recompute_norm_swiglu|--recompute norm,swiglu"
+  "recompute_mlp_attention|--recompute norm,mlp,attention"
   "fused_step|--fuse_optimizer_with_backward"
   "offload|--offload optimizer"
   "bf16_state|--optimizer_state_dtype bfloat16"

@@ -17,6 +17,7 @@
 #include "config/config.h"
 #include "memory/categories.h"
 #include "memory/estimate.h"
+#include "model/recompute.h"
 #include "model/units.h"
 
 namespace llm {
@@ -146,6 +147,7 @@ struct ModelShape {
   Mode mode;
   int64_t tokens;  // per micro-batch on this rank: batch_size x max_length
   int64_t h, I, V, kv, heads;
+  RecomputeSet recompute;  // --recompute's operations
 
   ModelShape(const ModelConfig& model, const RunConfig& run_config)
       : config(model), run(run_config),
@@ -153,7 +155,8 @@ struct ModelShape {
              : run_config.precision.mode == Precision::mixed ? Mode::mixed : Mode::pure),
         tokens(run_config.data.batch_size * run_config.data.max_length),
         h(model.hidden_size), I(model.intermediate_size), V(model.vocab_size),
-        kv(model.num_key_value_heads * model.head_dim()), heads(model.num_attention_heads) {}
+        kv(model.num_key_value_heads * model.head_dim()), heads(model.num_attention_heads),
+        recompute(recompute_set(run_config.recompute)) {}
 
   int64_t compute_bytes() const { return mode == Mode::pure ? 2 : 4; }      // compute copy element
   int64_t hidden_bytes() const { return mode == Mode::pure ? 2 : 4; }       // unit boundary element
@@ -180,20 +183,45 @@ struct ModelShape {
   //         = 22h + 4kv + 8I + 8 + 4 heads
   int64_t layer_saved_per_token() const {
     switch (mode) {
-      case Mode::fp32: return 4 * (8 * h + 2 * kv + 4 * I + heads + 2);
-      case Mode::mixed: return 30 * h + 4 * kv + 8 * I + 8 + 4 * heads;
-      case Mode::pure: return 22 * h + 4 * kv + 8 * I + 8 + 4 * heads;
+      case Mode::fp32: return 4 * (8 * h + 2 * kv + 4 * I + heads + 2) - layer_recompute_frees_per_token();
+      case Mode::mixed: return 30 * h + 4 * kv + 8 * I + 8 + 4 * heads - layer_recompute_frees_per_token();
+      case Mode::pure: return 22 * h + 4 * kv + 8 * I + 8 + 4 * heads - layer_recompute_frees_per_token();
     }
     return 0;
+  }
+  // What --recompute frees of the above (model/recompute.h: an operation keeps only its inputs):
+  //   norm       fp32: rsqrt and x * rsqrt of each norm, 4 (2h + 2); mixed: the fp32 normed x and
+  //              rsqrt of each (8h + 8; the norms' outputs are saved by no one, the linears keep their
+  //              casts); pure: each norm's fp32 copy, rsqrt and normed x (2 (6h + 4)), less the
+  //              residual sum the post-attention norm now keeps as its input (2h): 10h + 8
+  //   swiglu     silu(gate): fp32 4I, bf16 2I
+  //   mlp        gate, up, silu, product: fp32 16I; pure 8I; mixed 8I and gate's and up's casts of
+  //              the input (4h), less the fp32 input the operation keeps (4h): 8I
+  //   attention  q_rot, k_rot, v, SDPA's output and logsumexp: fp32 4 (2h + 2kv + heads); pure
+  //              4h + 4kv + 4 heads; mixed also q's, k's, v's casts of the input (6h) less the fp32
+  //              input kept (4h): 6h + 4kv + 4 heads
+  int64_t layer_recompute_frees_per_token() const {
+    int64_t frees = 0;
+    if (recompute.norm) frees += mode == Mode::fp32 ? 4 * (2 * h + 2) : mode == Mode::mixed ? 8 * h + 8 : 10 * h + 8;
+    if (recompute.mlp)
+      frees += mode == Mode::fp32 ? 16 * I : 8 * I;
+    else if (recompute.swiglu)
+      frees += mode == Mode::fp32 ? 4 * I : 2 * I;
+    if (recompute.attention)
+      frees += mode == Mode::fp32 ? 4 * (2 * h + 2 * kv + heads) : mode == Mode::mixed ? 6 * h + 4 * kv + 4 * heads
+                                                                  : 4 * h + 4 * kv + 4 * heads;
+    return frees;
   }
   // The head: final norm (rsqrt, normed, the lm_head input) and the logits.
   //   fp32 4 (2h + 1) + 4V; mixed 4 + 4h + 2h (the bf16 cast) + 2V, plus the bf16 cast of lm_head's
   //   weight; pure 4h (fp32 copy) + 4 + 2h + 2h + 2V.
+  // --recompute norm frees the final norm's rsqrt and normed x (fp32 4 (h + 1), mixed 4h + 4, pure
+  // its fp32 copy too: 6h + 4).
   int64_t head_saved_per_token() const {
     switch (mode) {
-      case Mode::fp32: return 4 * (2 * h + 1) + 4 * V;
-      case Mode::mixed: return 4 + 6 * h + 2 * V;
-      case Mode::pure: return 8 * h + 4 + 2 * V;
+      case Mode::fp32: return 4 * (2 * h + 1) + 4 * V - (recompute.norm ? 4 * (h + 1) : 0);
+      case Mode::mixed: return 4 + 6 * h + 2 * V - (recompute.norm ? 4 * h + 4 : 0);
+      case Mode::pure: return 8 * h + 4 + 2 * V - (recompute.norm ? 6 * h + 4 : 0);
     }
     return 0;
   }

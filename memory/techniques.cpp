@@ -25,6 +25,7 @@ std::string techniques_of(const RunConfig& run) {
   if (run.activation_checkpointing_every == 1) parts.push_back("checkpointing");
   if (run.activation_checkpointing_every > 1)
     parts.push_back("checkpointing every " + std::to_string(run.activation_checkpointing_every));
+  if (!run.recompute.empty() && run.recompute != "block") parts.push_back("recompute " + run.recompute);
   if (run.fuse_optimizer_with_backward) parts.push_back("fused step");
   if (run.sharding.offload == Offload::optimizer) parts.push_back("offload optimizer");
   if (parts.empty()) return "fp32, AdamW";

@@ -87,9 +87,43 @@ DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& config) {
 }
 
 at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos,
-                                     const at::Tensor& sin) {
-  at::Tensor h = x + self_attn(input_layernorm(x), cos, sin);
-  return h + mlp(post_attention_layernorm(h));
+                                     const at::Tensor& sin, const RecomputeSet& recompute) {
+  if (!recompute.any()) {
+    at::Tensor h = x + self_attn(input_layernorm(x), cos, sin);
+    return h + mlp(post_attention_layernorm(h));
+  }
+  // The same operations in the same order, some of them recomputed (model/recompute.h).
+  // The modules travel into the recomputations as shared pointers (ModuleHolder's -> is const).
+  auto norm = [&recompute](const RMSNorm& module, const at::Tensor& input) -> std::pair<at::Tensor, at::Tensor> {
+    const std::shared_ptr<RMSNormImpl> impl = module.ptr();
+    if (!recompute.norm) return {input, impl->forward(input)};
+    return recompute_norm([impl](const at::Tensor& t) { return impl->forward(t); }, input);
+  };
+  auto [residual, normed] = norm(input_layernorm, x);
+  const std::shared_ptr<AttentionImpl> attention = self_attn.ptr();
+  at::Tensor attended =
+      recompute.attention
+          ? llm::recompute([attention, cos, sin](const std::vector<at::Tensor>& in) {
+              return std::vector<at::Tensor>{attention->forward(in[0], cos, sin)};
+            }, {normed})[0]
+          : self_attn(normed, cos, sin);
+  at::Tensor h = residual + attended;
+  auto [h_residual, h_normed] = norm(post_attention_layernorm, h);
+  const std::shared_ptr<MLPImpl> feed_forward = mlp.ptr();
+  at::Tensor projected;
+  if (recompute.mlp) {
+    projected = llm::recompute([feed_forward](const std::vector<at::Tensor>& in) {
+      return std::vector<at::Tensor>{feed_forward->forward(in[0])};
+    }, {h_normed})[0];
+  } else if (recompute.swiglu) {
+    at::Tensor product = llm::recompute([](const std::vector<at::Tensor>& in) {
+      return std::vector<at::Tensor>{torch::nn::functional::silu(in[0]) * in[1]};
+    }, {mlp->gate_proj(h_normed), mlp->up_proj(h_normed)})[0];
+    projected = mlp->down_proj(product);
+  } else {
+    projected = mlp(h_normed);
+  }
+  return h_residual + projected;
 }
 
 LlamaBackboneImpl::LlamaBackboneImpl() {
@@ -189,9 +223,14 @@ at::Tensor LlamaForCausalLMImpl::forward_unit(size_t unit, const at::Tensor& inp
     }
     case UnitKind::decoder_layer:
       return layers_[spec.layer]->forward(input, context.cos.to(input.scalar_type()),
-                                          context.sin.to(input.scalar_type()));
-    case UnitKind::head:
-      return lm_head(model->norm(input));  // (B, T, vocab)
+                                          context.sin.to(input.scalar_type()), recompute_);
+    case UnitKind::head: {
+      if (!recompute_.norm) return lm_head(model->norm(input));  // (B, T, vocab)
+      const std::shared_ptr<RMSNormImpl> norm = model->norm.ptr();  // its input has no other reader: no pass-through
+      return lm_head(recompute([norm](const std::vector<at::Tensor>& in) {
+        return std::vector<at::Tensor>{norm->forward(in[0])};
+      }, {input})[0]);
+    }
   }
   return {};
 }

@@ -24,6 +24,7 @@
 
 #include "model/cross_entropy.h"
 #include "model/model_config.h"
+#include "model/recompute.h"
 #include "model/units.h"
 
 namespace llm {
@@ -81,7 +82,9 @@ TORCH_MODULE(MLP);
 class DecoderLayerImpl : public torch::nn::Module {
  public:
   explicit DecoderLayerImpl(const ModelConfig& config);
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  // `recompute`: the operations whose backward runs their forward again (model/recompute.h).
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                     const RecomputeSet& recompute = {});
   Attention self_attn{nullptr};
   MLP mlp{nullptr};
   RMSNorm input_layernorm{nullptr}, post_attention_layernorm{nullptr};
@@ -127,6 +130,9 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   void init_weights(uint64_t seed);
 
   const ModelConfig& config() const { return config_; }
+  // --recompute: the operations of every decoder layer (and the head's norm) recomputed in backward.
+  void set_recompute(const RecomputeSet& recompute) { recompute_ = recompute; }
+  const RecomputeSet& recompute_set() const { return recompute_; }
   // The cached cos and sin tables (undefined before the first forward): owned buffers, not parameters.
   const at::Tensor& rotary_cos_cache() const { return rotary_cos_; }
   const at::Tensor& rotary_sin_cache() const { return rotary_sin_; }
@@ -138,6 +144,7 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
 
   ModelConfig config_;
   std::vector<UnitSpec> units_;
+  RecomputeSet recompute_;
   std::vector<DecoderLayerImpl*> layers_;  // owned by model->layers
   at::Tensor rotary_cos_, rotary_sin_;
 };

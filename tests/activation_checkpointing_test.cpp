@@ -77,6 +77,16 @@ const CheckpointingCase kCases[] = {
     {"every_second_block_2ranks", 2, "", "--activation_checkpointing_every 2"},
     {"offload_2ranks", 2, "--offload optimizer"},
     {"galore_1rank", 1, "--optimizer galore_adamw --rank 8 --update_proj_gap 2"},
+    // Recompute by operation (--recompute, model/recompute.h): the same bits as none.
+    {"recompute_norm_swiglu_fp32_1rank", 1, "", "--recompute norm,swiglu"},
+    {"recompute_norm_fp32_2ranks", 2, "", "--recompute norm"},
+    {"recompute_mlp_attention_fp32_4ranks", 4, "", "--recompute mlp,attention"},
+    {"recompute_swiglu_mixed_2ranks", 2, "--dtype bfloat16 --precision mixed", "--recompute swiglu"},
+    {"recompute_norm_mlp_attention_mixed_2ranks", 2, "--dtype bfloat16 --precision mixed", "--recompute norm,mlp,attention"},
+    {"recompute_norm_swiglu_pure_2ranks", 2, "--dtype bfloat16 --precision pure", "--recompute norm,swiglu,attention"},
+    {"recompute_norm_swiglu_offload_2ranks", 2, "--offload optimizer", "--recompute norm,swiglu"},
+    {"recompute_norm_swiglu_galore_1rank", 1, "--optimizer galore_adamw --rank 8 --update_proj_gap 2", "--recompute norm,swiglu"},
+    {"recompute_block_1rank", 1, "", "--recompute block"},
 };
 
 INSTANTIATE_TEST_SUITE_P(Cases, ActivationCheckpointing, ::testing::ValuesIn(kCases),

@@ -171,6 +171,14 @@ TEST_F(ConfigRunValidation, OptimizerFlagsAreRangeChecked) {
       {"--proj_type", [](RunConfig& r) { r.optimizer.name = "galore_adamw"; r.optimizer.proj_type = "full"; }, "\"full\""},
       {"--subset_norm_params", [](RunConfig& r) { r.optimizer.name = "adamw_sn"; r.optimizer.subset_norm_params = "some"; }, "\"some\""},
       {"--optimizer_state_dtype", [](RunConfig& r) { r.optimizer.state_dtype = "float16"; }, "\"float16\""},
+      {"--window_start", [](RunConfig& r) { r.data.window_start = "sentence"; }, "\"sentence\""},
+      {"--memmap_dtype", [](RunConfig& r) { r.data.memmap_dtype = "int64"; }, "\"int64\""},
+      {"--recompute", [](RunConfig& r) { r.recompute = "norm,softmax"; }, "\"softmax\" is not an operation it recomputes"},
+      {"--recompute", [](RunConfig& r) { r.recompute = "norm,norm"; }, "names \"norm\" twice"},
+      {"--recompute", [](RunConfig& r) { r.recompute = "block,norm"; }, "give block alone"},
+      {"--recompute", [](RunConfig& r) { r.recompute = "norm,"; }, "\"\" is not an operation"},
+      {"--recompute", [](RunConfig& r) { r.recompute = "norm"; r.activation_checkpointing_every = 2; }, "give one"},
+      {"--recompute", [](RunConfig& r) { r.recompute = "block"; r.activation_checkpointing_every = 2; }, "give one"},
   };
   for (const RangeCase& range_case : cases) {
     SCOPED_TRACE(std::string(range_case.flag) + " " + range_case.got);

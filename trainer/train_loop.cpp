@@ -132,6 +132,7 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
       return model_->forward_unit(u, input, unit_context_);
     });
   sharded_.set_timer(&timer_);
+  model_->set_recompute(recompute_set(run.recompute));  // --recompute's operations (model/recompute.h)
   if (run.activation_checkpointing_every > 0) {
     // The recompute runs under the forward's autocast (bf16 mixed).
     sharded_.set_recomputed_units(recomputed_units(describe_units(model_config), run.activation_checkpointing_every));

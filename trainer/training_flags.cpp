@@ -113,6 +113,10 @@ void add_backward_flags(CLI::App& app, NumberFlags& numbers, TrainingFlags& flag
   flags.checkpoint_every_flag = flags.add(numbers.add(
       app, "--activation_checkpointing_every", flags.checkpoint_every,
       "recompute every K-th block only (blocks 0, K, 2K, ...): less memory saved, less recompute"));
+  flags.add(app.add_option("--recompute", run.recompute,
+                           "operations to recompute in backward, comma-separated: norm (the RMSNorms), swiglu "
+                           "(silu(gate) * up), mlp, attention, or block (the whole layer, as "
+                           "--activation_checkpointing); each keeps only its inputs, bitwise equal to none"));
 }
 
 // --warmup_steps, which --help lists here rather than with the schedule's flags; read into FLAGS, as
