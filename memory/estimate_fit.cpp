@@ -7,6 +7,7 @@
 
 #include "common/errors.h"
 #include "common/memory_stats.h"
+#include "model/recompute.h"
 
 namespace llm {
 namespace {
@@ -47,6 +48,18 @@ double added_seconds(const ModelConfig& model, const RunConfig& base, const RunC
   double seconds = 0;
   if (run.activation_checkpointing_every > 0 && base.activation_checkpointing_every == 0)
     seconds += 2.0 * parameters * tokens / (device_tflops(options, device) * 1e12);
+  if (run.recompute != base.recompute && run.activation_checkpointing_every == 0) {
+    const RecomputeSet set = recompute_set(run.recompute);
+    const double h = static_cast<double>(model.hidden_size), I = static_cast<double>(model.intermediate_size);
+    const double kv = static_cast<double>(model.num_key_value_heads * model.head_dim());
+    const double S = static_cast<double>(run.data.max_length);
+    double flops = 0;  // per layer and token
+    if (set.norm) flops += 2 * 4 * h;
+    if (set.mlp) flops += 6 * h * I;
+    else if (set.swiglu) flops += 4 * I;
+    if (set.attention) flops += 4 * h * h + 4 * h * kv + 4 * h * S;
+    seconds += flops * static_cast<double>(model.num_hidden_layers) * tokens / (device_tflops(options, device) * 1e12);
+  }
   if (run.sharding.offload == Offload::optimizer && base.sharding.offload != Offload::optimizer) {
     const double compute_bytes = run.precision.dtype == DType::bfloat16 ? 2.0 : 4.0;
     seconds += (4.0 + compute_bytes) * parameters / world / (options.pcie_gbs * 1e9);
@@ -64,12 +77,15 @@ std::vector<Candidate> candidates(const RunConfig& run, int world, bool cuda) {
   for (int64_t m = run.data.batch_size; m >= 1; --m)
     if (per_rank % m == 0) micro_batches.push_back(m);
   const bool state_lever = run.optimizer.state_dtype != "bfloat16";
-  const bool checkpointing_lever = run.activation_checkpointing_every == 0;
+  const bool checkpointing_lever = run.activation_checkpointing_every == 0 && run.recompute.empty();
+  // The recompute choices, least first: none, the memory-bound operations, the matmul-heavy ones too,
+  // whole blocks.
+  const std::vector<std::string> recompute_choices = {"", "norm,swiglu", "norm,mlp,attention", "block"};
   const bool offload_lever = cuda && run.sharding.offload != Offload::optimizer;
   for (const bool state : {false, true}) {
     if (state && !state_lever) continue;
-    for (const bool checkpointing : {false, true}) {
-      if (checkpointing && !checkpointing_lever) continue;
+    for (const std::string& recompute : recompute_choices) {
+      if (!recompute.empty() && !checkpointing_lever) continue;
       for (const bool offload : {false, true}) {
         if (offload && !offload_lever) continue;
         for (const bool fused : {false, true}) {
@@ -83,9 +99,12 @@ std::vector<Candidate> candidates(const RunConfig& run, int world, bool cuda) {
               c.run.optimizer.state_dtype = "bfloat16";
               c.flags.push_back("--optimizer_state_dtype bfloat16");
             }
-            if (checkpointing) {
+            if (recompute == "block") {
               c.run.activation_checkpointing_every = 1;
               c.flags.push_back("--activation_checkpointing");
+            } else if (!recompute.empty()) {
+              c.run.recompute = recompute;
+              c.flags.push_back("--recompute " + recompute);
             }
             if (offload) {
               c.run.sharding.offload = Offload::optimizer;
@@ -163,7 +182,7 @@ std::string run_fit_command(const ModelConfig& model, const RunConfig& run, cons
     return a->flags.size() < b->flags.size();
   });
   std::ostringstream out;
-  char line[512];
+  char line[1024];
   std::snprintf(line, sizeof(line),
                 "Fit for %s on %d rank(s) (%s): budget %.2f GiB per rank, host %.2f GiB per node; %zu of %zu "
                 "combinations of the levers fit.\n",
@@ -172,7 +191,7 @@ std::string run_fit_command(const ModelConfig& model, const RunConfig& run, cons
   out << line;
   std::snprintf(line, sizeof(line),
                 "Cost model (seconds a lever adds to a step): checkpointing 2 P T FLOPs at %.3g TFLOP/s "
-                "(--device_tflops); offload (4 + c) P / W bytes over PCIe at %.3g GB/s (--pcie_gbs) and the host "
+                "(--device_tflops), --recompute its operations' forward FLOPs at the same rate; offload (4 + c) P / W bytes over PCIe at %.3g GB/s (--pcie_gbs) and the host "
                 "step's 28 P / W bytes (20 with bf16 state) at %.3g GB/s (--host_gbs); bf16 state, the fused step "
                 "and a smaller micro-batch are not costed (ties: the larger micro-batch, then fewer levers).\n",
                 device_tflops(options, device), options.pcie_gbs, options.host_gbs);

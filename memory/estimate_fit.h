@@ -4,7 +4,9 @@
 // The search starts from the command as given and only adds levers it leaves off, so the answer is
 // always "your command, plus these flags" (a repeated flag takes its last value):
 //   --optimizer_state_dtype bfloat16   unless the state is bf16 already
-//   --activation_checkpointing         unless blocks are checkpointed already
+//   --recompute norm,swiglu            or --recompute norm,mlp,attention, or --activation_checkpointing
+//                                      (whole blocks): one of the three, unless the command recomputes
+//                                      already
 //   --offload optimizer                on CUDA, unless offloaded already
 //   --fuse_optimizer_with_backward     only with --grad_clipping 0 (the fused step cannot clip) and
 //                                      without offload
@@ -18,6 +20,9 @@
 // the seconds they add to a step, a stated model (per rank, W ranks, T tokens a rank takes a step,
 // P parameters, c the compute dtype's bytes):
 //   checkpointing   the forward of every block again: 2 P T FLOPs at --device_tflops
+//   recompute       the recomputed operations' forward FLOPs at --device_tflops, per layer and token:
+//                   norm 2 x 4h, SwiGLU 4I, MLP 6 h I, attention 4h^2 + 4 h kv + 4 h S (S the sequence
+//                   length); the norm and SwiGLU are memory-bound, which FLOPs undercount
 //   offload         (4 + c) P / W bytes over PCIe (gradients down, parameters up) at --pcie_gbs, and
 //                   the host step's 28 P / W bytes (20 with bf16 state) at --host_gbs, not overlapped
 //   bf16 state, the fused step: nothing
