@@ -171,8 +171,8 @@ void resolve_recompute(RunConfig& run) {
     if (run.activation_checkpointing_every > 1)
       fail_user(kCommandLine, "--recompute",
                 "block recomputes every block, and --activation_checkpointing_every " +
-                    std::to_string(run.activation_checkpointing_every) + " every " +
-                    std::to_string(run.activation_checkpointing_every) + "th: give one");
+                    std::to_string(run.activation_checkpointing_every) + " one block in " +
+                    std::to_string(run.activation_checkpointing_every) + ": give one");
     run.activation_checkpointing_every = 1;
     return;
   }
