@@ -51,6 +51,9 @@ struct EstimateOptions {
   // host_budget_gib per node (0: node_memory_gib, else this machine's RAM), ranked by the seconds they
   // add at these rates (device_tflops 0: 200 on CUDA, 0.07 on a CPU).
   bool fit = false;
+  // --fit_precision: --fit may also change an fp32 command to bf16 (mixed or pure); it changes the
+  // arithmetic, so only when asked.
+  bool fit_precision = false;
   double host_budget_gib = 0;
   double device_tflops = 0;
   double pcie_gbs = 25;

@@ -70,8 +70,14 @@ double added_seconds(const ModelConfig& model, const RunConfig& base, const RunC
 }
 
 // Every combination of the levers the command leaves off.
-std::vector<Candidate> candidates(const RunConfig& run, int world, bool cuda) {
+std::vector<Candidate> candidates(const RunConfig& run, int world, bool cuda, bool precision_lever) {
   std::vector<Candidate> out;
+  // The precisions, the command's first: with --fit_precision an fp32 command may become bf16.
+  std::vector<std::string> precisions = {""};
+  if (precision_lever && run.precision.dtype == DType::float32) {
+    precisions.push_back("mixed");
+    precisions.push_back("pure");
+  }
   const int64_t per_rank = run.data.total_batch_size / world;  // sequences a rank takes a step
   std::vector<int64_t> micro_batches;
   for (int64_t m = run.data.batch_size; m >= 1; --m)
@@ -82,6 +88,7 @@ std::vector<Candidate> candidates(const RunConfig& run, int world, bool cuda) {
   // whole blocks.
   const std::vector<std::string> recompute_choices = {"", "norm,swiglu", "norm,mlp,attention", "block"};
   const bool offload_lever = cuda && run.sharding.offload != Offload::optimizer;
+  for (const std::string& precision : precisions)
   for (const bool state : {false, true}) {
     if (state && !state_lever) continue;
     for (const std::string& recompute : recompute_choices) {
@@ -95,6 +102,11 @@ std::vector<Candidate> candidates(const RunConfig& run, int world, bool cuda) {
             continue;
           for (const int64_t micro : micro_batches) {
             Candidate c{run, {}};
+            if (!precision.empty()) {
+              c.run.precision.dtype = DType::bfloat16;
+              c.run.precision.mode = precision == "pure" ? Precision::pure : Precision::mixed;
+              c.flags.push_back("--dtype bfloat16 --precision " + precision);
+            }
             if (state) {
               c.run.optimizer.state_dtype = "bfloat16";
               c.flags.push_back("--optimizer_state_dtype bfloat16");
@@ -144,7 +156,7 @@ std::string run_fit_command(const ModelConfig& model, const RunConfig& run, cons
   quiet.json = false;
 
   const std::string device = estimate_device(run, options);
-  std::vector<Candidate> all = candidates(run, world, /*cuda=*/device == "cuda");
+  std::vector<Candidate> all = candidates(run, world, /*cuda=*/device == "cuda", options.fit_precision);
   for (Candidate& c : all) {
     try {
       validate_run_config(c.run, model, world);
@@ -173,11 +185,14 @@ std::string run_fit_command(const ModelConfig& model, const RunConfig& run, cons
                     (smallest->device_bytes <= budget ? " with " + gib(host_budget) + " GiB of host memory per node" : "") +
                     ": the smallest peak the levers reach is " + gib(smallest->device_bytes) + " GiB per rank (host " +
                     gib(smallest->host_bytes) + " GiB per node), adding " + joined(smallest->flags) +
-                    "; more ranks, bf16 (--dtype bfloat16 --precision pure) or a shorter --max_length lower it further");
+                    "; more ranks, " + std::string(options.fit_precision ? "" : "bf16 (--fit_precision tries it), ") +
+                    "or a shorter --max_length lower it further");
   }
   // Cheapest first; among equals the larger micro-batch, then fewer levers.
-  std::stable_sort(fitting.begin(), fitting.end(), [](const Candidate* a, const Candidate* b) {
+  std::stable_sort(fitting.begin(), fitting.end(), [&run](const Candidate* a, const Candidate* b) {
     if (a->added_seconds != b->added_seconds) return a->added_seconds < b->added_seconds;
+    const bool a_keeps = a->run.precision.dtype == run.precision.dtype, b_keeps = b->run.precision.dtype == run.precision.dtype;
+    if (a_keeps != b_keeps) return a_keeps;  // the command's arithmetic first
     if (a->run.data.batch_size != b->run.data.batch_size) return a->run.data.batch_size > b->run.data.batch_size;
     return a->flags.size() < b->flags.size();
   });
@@ -193,7 +208,8 @@ std::string run_fit_command(const ModelConfig& model, const RunConfig& run, cons
                 "Cost model (seconds a lever adds to a step): checkpointing 2 P T FLOPs at %.3g TFLOP/s "
                 "(--device_tflops), --recompute its operations' forward FLOPs at the same rate; offload (4 + c) P / W bytes over PCIe at %.3g GB/s (--pcie_gbs) and the host "
                 "step's 28 P / W bytes (20 with bf16 state) at %.3g GB/s (--host_gbs); bf16 state, the fused step "
-                "and a smaller micro-batch are not costed (ties: the larger micro-batch, then fewer levers).\n",
+                "and a smaller micro-batch are not costed (ties: the command's precision, the larger micro-batch, then "
+                "fewer levers).\n",
                 device_tflops(options, device), options.pcie_gbs, options.host_gbs);
   out << line;
   const Candidate& best = *fitting.front();

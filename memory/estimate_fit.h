@@ -12,7 +12,9 @@
 //                                      without offload
 //   --batch_size m                     any smaller micro-batch that divides the rank's share of the
 //                                      global batch (accumulation keeps --total_batch_size)
-// Precision is not searched: it changes the arithmetic and its speed is the device's.
+// Precision only with --fit_precision (it changes the arithmetic): an fp32 command may then take
+//   --dtype bfloat16 --precision mixed or pure; not costed, and among equal costs the choices that keep
+//   the command's precision rank first.
 //
 // Each combination is estimated as `trainer estimate` would (estimate.h); it fits when every rank's
 // peak (on CUDA plus the runtime's memory beside the tensors) is within the device budget and every

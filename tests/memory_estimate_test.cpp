@@ -481,5 +481,35 @@ TEST(EstimateFit, TheSuggestedFlagsRunUnderTheBudget) {
   EXPECT_NE(no_budget.output.find("--fit: needs --memory_budget_gib"), std::string::npos) << no_budget.output;
 }
 
+// Precision is a lever only when asked (--fit_precision): at 0.305 GiB nothing in fp32 fits (0.31 the
+// least), and with it the suggested bf16 command runs under the budget.
+TEST(EstimateFit, PrecisionIsALeverOnlyWhenAllowed) {
+  const std::string base = " --config " + (testing::source_dir() / "configs/llama_20m.json").string() +
+                           " --device cpu --batch_size 4 --max_length 256 --warmup_steps 0 --eval_every 0 --eval_batches 1";
+  const std::string fit = testing::trainer_binary().string() + " estimate" + base + " --world_size 1 --fit --memory_budget_gib 0.305";
+  auto refused = run_command(fit);
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_NE(refused.output.find("bf16 (--fit_precision tries it)"), std::string::npos) << refused.output;
+  auto allowed = run_command(fit + " --fit_precision");
+  ASSERT_EQ(allowed.exit_code, 0) << allowed.output;
+  const std::string marker = "Add to the command: ";
+  const size_t at = allowed.output.find(marker);
+  ASSERT_NE(at, std::string::npos) << allowed.output;
+  const std::string flags = allowed.output.substr(at + marker.size(), allowed.output.find('\n', at) - at - marker.size());
+  EXPECT_NE(flags.find("--dtype bfloat16"), std::string::npos) << flags;
+  ScratchDir dir("fit_precision");
+  auto trained = run_command("OMP_NUM_THREADS=1 " + testing::trainer_binary().string() + base + " --num_training_steps 2 " +
+                             flags + " --run_dir " + dir.path().string());
+  ASSERT_EQ(trained.exit_code, 0) << flags << "\n" << trained.output;
+  std::ifstream in(dir / "memory.rank0.jsonl");
+  double measured = 0;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json record = nlohmann::json::parse(line);
+    if (record.at("event") == "end") measured = record.at("summary").at("peak_bytes");
+  }
+  EXPECT_GT(measured, 0) << "no end record";
+  EXPECT_LE(measured, 0.305 * 1073741824.0) << flags;
+}
+
 }  // namespace
 }  // namespace llm

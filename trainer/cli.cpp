@@ -135,6 +135,9 @@ void add_estimate_verb(CLI::App& app, NumberFlags& numbers, EstimateOptions& est
   estimate_app->add_flag("--fit", estimate.fit,
                          "with --memory_budget_gib: the memory levers to add to this command so it fits, ranked by "
                          "what they cost (memory/estimate_fit.h); exit 2 naming the smallest peak when nothing fits");
+  estimate_app->add_flag("--fit_precision", estimate.fit_precision,
+                         "--fit: also try bf16 (--dtype bfloat16 --precision mixed, and pure) on an fp32 command; it "
+                         "changes the arithmetic, so it ranks after every choice that keeps fp32 at the same cost");
   numbers.add(*estimate_app, "--host_budget_gib", estimate.host_budget_gib,
               "--fit: host memory per node, GiB; default: --node_memory_gib, else this machine's RAM",
               NumberRange<double>{smallest_gib, kMaxEstimateGib, gib_range + ": one node's host memory for --fit"});
