@@ -442,6 +442,25 @@ TEST(EstimateCommand, HundredMillionLayersFinishesWithSaneFigures) {
 namespace llm {
 namespace {
 
+// The flags `trainer estimate --fit` says to add ("Add to the command: ..."), "" when it printed none.
+std::string suggested_flags(const std::string& output) {
+  const std::string marker = "Add to the command: ";
+  const size_t at = output.find(marker);
+  if (at == std::string::npos) return "";
+  return output.substr(at + marker.size(), output.find('\n', at) - at - marker.size());
+}
+
+// The peak of a finished run, from its ledger's end record (0 when there is none).
+double measured_peak_bytes(const std::filesystem::path& run_dir) {
+  std::ifstream in(run_dir / "memory.rank0.jsonl");
+  double measured = 0;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json record = nlohmann::json::parse(line);
+    if (record.at("event") == "end") measured = record.at("summary").at("peak_bytes");
+  }
+  return measured;
+}
+
 // `trainer estimate --fit`: for three budgets on llama_20m (4 x 256 tokens, one CPU rank, whose
 // fp32 AdamW peak is about 0.65 GiB) the flags it says to add make a run whose measured peak (the
 // ledger's) is within the budget; a budget nothing reaches is exit 2 naming the smallest peak.
@@ -453,21 +472,14 @@ TEST(EstimateFit, TheSuggestedFlagsRunUnderTheBudget) {
     auto fit = run_command(testing::trainer_binary().string() + " estimate" + base + " --world_size 1 --fit --memory_budget_gib " +
                            std::to_string(budget_gib));
     ASSERT_EQ(fit.exit_code, 0) << fit.output;
-    const std::string marker = "Add to the command: ";
-    const size_t at = fit.output.find(marker);
-    ASSERT_NE(at, std::string::npos) << fit.output;
-    const std::string flags = fit.output.substr(at + marker.size(), fit.output.find('\n', at) - at - marker.size());
+    const std::string flags = suggested_flags(fit.output);
+    ASSERT_FALSE(flags.empty()) << fit.output;
     ASSERT_EQ(flags.find("(nothing"), std::string::npos) << "every budget here is below the command's own peak";
     ScratchDir dir("fit");
     auto trained = run_command("OMP_NUM_THREADS=1 " + testing::trainer_binary().string() + base +
                                " --num_training_steps 2 " + flags + " --run_dir " + dir.path().string());
     ASSERT_EQ(trained.exit_code, 0) << flags << "\n" << trained.output;
-    std::ifstream in(dir / "memory.rank0.jsonl");
-    double measured = 0;
-    for (std::string line; std::getline(in, line);) {
-      const nlohmann::json record = nlohmann::json::parse(line);
-      if (record.at("event") == "end") measured = record.at("summary").at("peak_bytes");
-    }
+    const double measured = measured_peak_bytes(dir.path());
     RecordProperty("peak_gib_at_" + std::to_string(budget_gib), std::to_string(measured / 1073741824.0));
     EXPECT_GT(measured, 0) << "no end record";
     EXPECT_LE(measured, budget_gib * 1073741824.0) << flags;
@@ -492,21 +504,13 @@ TEST(EstimateFit, PrecisionIsALeverOnlyWhenAllowed) {
   EXPECT_NE(refused.output.find("bf16 (--fit_precision tries it)"), std::string::npos) << refused.output;
   auto allowed = run_command(fit + " --fit_precision");
   ASSERT_EQ(allowed.exit_code, 0) << allowed.output;
-  const std::string marker = "Add to the command: ";
-  const size_t at = allowed.output.find(marker);
-  ASSERT_NE(at, std::string::npos) << allowed.output;
-  const std::string flags = allowed.output.substr(at + marker.size(), allowed.output.find('\n', at) - at - marker.size());
+  const std::string flags = suggested_flags(allowed.output);
   EXPECT_NE(flags.find("--dtype bfloat16"), std::string::npos) << flags;
   ScratchDir dir("fit_precision");
   auto trained = run_command("OMP_NUM_THREADS=1 " + testing::trainer_binary().string() + base + " --num_training_steps 2 " +
                              flags + " --run_dir " + dir.path().string());
   ASSERT_EQ(trained.exit_code, 0) << flags << "\n" << trained.output;
-  std::ifstream in(dir / "memory.rank0.jsonl");
-  double measured = 0;
-  for (std::string line; std::getline(in, line);) {
-    const nlohmann::json record = nlohmann::json::parse(line);
-    if (record.at("event") == "end") measured = record.at("summary").at("peak_bytes");
-  }
+  const double measured = measured_peak_bytes(dir.path());
   EXPECT_GT(measured, 0) << "no end record";
   EXPECT_LE(measured, 0.305 * 1073741824.0) << flags;
 }
