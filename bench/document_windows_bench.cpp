@@ -134,7 +134,8 @@ int main(int argc, char** argv) {
       open_s.push_back(seconds_since(started));
       const int64_t rss_before = llm::current_resident_bytes();
       started = Clock::now();
-      auto document_windows = std::make_shared<llm::DocumentWindows>(corpus, max_length + 1);
+      auto document_windows = std::make_shared<const llm::DocumentWindows>(corpus, max_length + 1);
+      llm::DocumentWindows::Reader reader(document_windows);
       windows_s.push_back(seconds_since(started));
       rss_mib.push_back(static_cast<double>(llm::current_resident_bytes() - rss_before) / (1 << 20));
       windows = document_windows->size();
@@ -143,7 +144,7 @@ int main(int argc, char** argv) {
       for (int i = 0; i < 2000; ++i) {
         const auto window = static_cast<int64_t>(random() % static_cast<uint64_t>(windows));
         started = Clock::now();
-        volatile int64_t start = document_windows->start(window);
+        volatile int64_t start = reader.start(window);
         (void)start;
         each.push_back(seconds_since(started) * 1e6);
       }

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "common/errors.h"
+#include "common/split.h"
 #include "common/watchdog.h"
 #include "model/recompute.h"
 #include "config/optimizer_setup.h"
@@ -149,10 +150,7 @@ void resolve_training_steps(RunConfig& run, int64_t tokens_per_step) {
 void resolve_recompute(RunConfig& run) {
   if (run.recompute.empty()) return;
   std::set<std::string> items;
-  size_t begin = 0;
-  while (begin <= run.recompute.size()) {
-    const size_t comma = std::min(run.recompute.find(',', begin), run.recompute.size());
-    const std::string item = run.recompute.substr(begin, comma - begin);
+  for (const std::string& item : split_list(run.recompute)) {
     const bool known = std::any_of(std::begin(kRecomputeChoices), std::end(kRecomputeChoices),
                                    [&](const char* choice) { return item == choice; });
     if (!known)
@@ -161,7 +159,6 @@ void resolve_recompute(RunConfig& run) {
                 "attention, or block (the whole layer, as --activation_checkpointing), e.g. --recompute norm,swiglu");
     if (!items.insert(item).second)
       fail_user(kCommandLine, "--recompute", "names \"" + item + "\" twice (" + run.recompute + ")");
-    begin = comma + 1;
   }
   if (items.contains("block")) {
     if (items.size() > 1)
@@ -309,10 +306,6 @@ void resolve_optimizer(RunConfig& run, const ModelConfig& model) {
                run.optimizer.subspace_iterations);
   require_flag(is_choice(run.optimizer.state_dtype, kOptimizerStateDtypeChoices), "--optimizer_state_dtype",
                "float32 or bfloat16", "\"" + run.optimizer.state_dtype + "\"");
-  require_flag(is_choice(run.data.window_start, kWindowStartChoices), "--window_start", "anywhere or document",
-               "\"" + run.data.window_start + "\"");
-  require_flag(run.data.memmap_dtype.empty() || is_choice(run.data.memmap_dtype, kMemmapDtypeChoices), "--memmap_dtype",
-               "uint16 or uint32", "\"" + run.data.memmap_dtype + "\"");
   require_flag(is_choice(run.optimizer.proj_type, kProjTypeChoices), "--proj_type", "one of std, reverse_std, left, right",
                "\"" + run.optimizer.proj_type + "\"");
   if (run.optimizer.name == "galore_adamw") {
@@ -374,6 +367,10 @@ void check_checkpoint_flags(const RunConfig& run) {
 
 // --data: the synthetic corpus against the model's vocabulary, or token files that exist (data/token_corpus.h).
 void check_data_source(const RunConfig& run, const ModelConfig& model) {
+  require_flag(is_choice(run.data.window_start, kWindowStartChoices), "--window_start", "anywhere or document",
+               "\"" + run.data.window_start + "\"");
+  require_flag(run.data.memmap_dtype.empty() || is_choice(run.data.memmap_dtype, kMemmapDtypeChoices), "--memmap_dtype",
+               "uint16 or uint32", "\"" + run.data.memmap_dtype + "\"");
   if (run.data.source == "synthetic" && model.vocab_size < SyntheticCorpusSpec{}.min_vocab_size())
     fail_user(run.config_path.empty() ? model.name : run.config_path, "vocab_size",
               "the synthetic corpus (--data synthetic, the default) needs a vocabulary of at least " +

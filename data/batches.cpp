@@ -23,7 +23,7 @@ struct BatchSampler::Impl {
     uint64_t weight = 1;       // the weight times 10^6, rounded (at least 1)
     int64_t first_window = 0;  // index of this split's first window in the source
     int64_t num_windows = 0;   // this split's windows in the source
-    std::shared_ptr<DocumentWindows> documents;   // WindowStart::document: where each window starts
+    std::optional<DocumentWindows::Reader> documents;  // WindowStart::document: where each window starts
     std::optional<WindowOrder> order;             // train only
     int64_t cached_epoch = -1;
     std::optional<KeyedPermutation> epoch_order;  // the cached epoch's: its round keys, O(1) bytes
@@ -116,9 +116,13 @@ BatchSampler::BatchSampler(std::vector<WeightedCorpus> sources, Split split, int
   int64_t total_windows = 0, eval_windows = 0, train_windows = 0;
   for (size_t s = 0; s < sources.size(); ++s) {
     const TokenCorpus& tokens = *sources[s].tokens;
-    std::shared_ptr<DocumentWindows> documents;
-    if (window_start == WindowStart::document)
-      documents = std::make_shared<DocumentWindows>(sources[s].tokens, window_tokens, whole_corpus && split == Split::eval ? "--eval_data" : "--data");
+    std::shared_ptr<const DocumentWindows> documents;
+    if (window_start == WindowStart::document) {
+      documents = sources[s].documents;
+      if (documents == nullptr || documents->window_tokens() != window_tokens || &documents->corpus() != &tokens)
+        documents = std::make_shared<const DocumentWindows>(sources[s].tokens, window_tokens,
+                                                            whole_corpus && split == Split::eval ? "--eval_data" : "--data");
+    }
     const int64_t windows = documents ? documents->size() : tokens.size() / window_tokens;
     LLM_REQUIRE(windows >= 1, tokens.name(), "length",
                 "has " + std::to_string(tokens.size()) + " tokens, " +
@@ -135,7 +139,7 @@ BatchSampler::BatchSampler(std::vector<WeightedCorpus> sources, Split split, int
                       " tokens, " + std::to_string(held_out) + " held out): give this source more data");
     Impl::Source source;
     source.tokens = sources[s].tokens;
-    source.documents = std::move(documents);
+    if (documents) source.documents.emplace(std::move(documents));
     source.weight = std::max<uint64_t>(1, static_cast<uint64_t>(std::llround(sources[s].weight * kWeightScale)));
     source.first_window = split == Split::train ? 0 : trained;
     source.num_windows = split == Split::train ? trained : held_out;

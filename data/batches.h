@@ -30,12 +30,15 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 
 #include <ATen/core/Tensor.h>
 
 #include "data/token_corpus.h"
 
 namespace llm {
+
+class DocumentWindows;
 
 struct Batch {
   at::Tensor input_ids;  // (batch, max_length) int64
@@ -49,8 +52,15 @@ enum class Split { train, eval };
 enum class WindowStart { anywhere, document };
 
 struct WeightedCorpus {
+  WeightedCorpus(std::shared_ptr<const TokenCorpus> tokens_, double weight_ = 1,
+                 std::shared_ptr<const DocumentWindows> documents_ = nullptr)
+      : tokens(std::move(tokens_)), weight(weight_), documents(std::move(documents_)) {}
+
   std::shared_ptr<const TokenCorpus> tokens;
   double weight = 1;
+  // WindowStart::document: the windows of `tokens`, built once and shared by the train and eval
+  // samplers; a sampler builds them itself when this is null (or was built for another length).
+  std::shared_ptr<const DocumentWindows> documents;
 };
 
 class BatchSampler {

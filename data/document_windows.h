@@ -14,7 +14,9 @@
 // Memory: the start of every kStride-th window (and its document) is kept, 16 bytes per 1,024
 // windows (15 MiB for 10^12 tokens in windows of 1,025); opening walks every document once, a
 // block at a time. Window k's start is found from the kept start below it, walking at most
-// kStride - 1 windows through the document index.
+// kStride - 1 windows through the document index. The kept starts do not change once built, so
+// the train and eval samplers of one corpus share them (WeightedCorpus::documents); each sampler
+// reads through its own Reader, which holds one block of the document index.
 #pragma once
 
 #include <cstdint>
@@ -33,28 +35,42 @@ class DocumentWindows {
   DocumentWindows(std::shared_ptr<const TokenCorpus> corpus, int64_t window_tokens, const std::string& flag = "--data");
 
   int64_t size() const { return num_windows_; }
-  // The first token (an index into the corpus) of window `window` < size().
-  int64_t start(int64_t window);
+  int64_t window_tokens() const { return window_tokens_; }
+  const TokenCorpus& corpus() const { return *corpus_; }
+
+  // Where windows start, read through a cache of one block of the document index (one per reader:
+  // it is not shared between threads).
+  class Reader {
+   public:
+    explicit Reader(std::shared_ptr<const DocumentWindows> windows);
+    // The first token (an index into the corpus) of window `window` < size().
+    int64_t start(int64_t window);
+
+   private:
+    friend class DocumentWindows;
+    Reader(const DocumentWindows& windows, int);  // the constructor's own walk
+    int64_t document_start(int64_t document);
+    // The window after the one at `mark`: the first document at or after its end; false when none
+    // starts there with W tokens left in the corpus.
+    struct Mark {
+      int64_t document = 0;  // the document the window starts at
+      int64_t start = 0;     // its first token
+    };
+    bool next(Mark& mark);
+
+    std::shared_ptr<const DocumentWindows> owner_;
+    const DocumentWindows* windows_;
+    static constexpr int64_t kBlock = 4096;
+    int64_t block_first_ = -1;
+    std::vector<int64_t> block_;
+  };
 
  private:
-  struct Mark {
-    int64_t document = 0;  // the document the window starts at
-    int64_t start = 0;     // its first token
-  };
-  // The document starts, read a block at a time through a cache of one block.
-  int64_t document_start(int64_t document);
-  // The window after the one at `mark`: the first document at or after its end; false when none
-  // starts there with W tokens left in the corpus.
-  bool next(Mark& mark);
-
   std::shared_ptr<const TokenCorpus> corpus_;
   int64_t window_tokens_ = 0;
   int64_t num_documents_ = 0;
   int64_t num_windows_ = 0;
-  std::vector<Mark> marks_;  // marks_[i]: window i * kStride
-  static constexpr int64_t kBlock = 4096;
-  int64_t block_first_ = -1;
-  std::vector<int64_t> block_;
+  std::vector<Reader::Mark> marks_;  // marks_[i]: window i * kStride
 };
 
 }  // namespace llm

@@ -11,6 +11,7 @@
 
 #include "common/errors.h"
 #include "common/json_file.h"
+#include "common/split.h"
 #include "data/token_formats.h"
 
 namespace llm {
@@ -19,17 +20,6 @@ namespace {
 
 // Where --data comes from, for messages: "command line: --data: ITEM ...".
 constexpr char kSource[] = "command line";
-
-std::vector<std::string> items_of(const std::string& spec) {
-  std::vector<std::string> items;
-  size_t begin = 0;
-  for (;;) {
-    const size_t comma = spec.find(',', begin);
-    items.push_back(spec.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin));
-    if (comma == std::string::npos) return items;
-    begin = comma + 1;
-  }
-}
 
 bool has_extension(const fs::path& path, std::initializer_list<const char*> extensions) {
   const std::string extension = path.extension().string();
@@ -150,7 +140,7 @@ std::vector<DataSource> read_mixture_file(const std::string& path, const std::st
 
 bool is_mixture(const std::string& spec) {
   if (is_mixture_file(spec)) return true;
-  for (const std::string& item : items_of(spec))
+  for (const std::string& item : split_list(spec))
     if (weighted_item(item)) return true;
   return false;
 }
@@ -159,7 +149,7 @@ std::vector<DataSource> data_sources(const std::string& spec, const std::string&
   if (is_mixture_file(spec)) return read_mixture_file(spec, flag);
   if (!is_mixture(spec)) return {{spec, 1.0}};
   std::vector<DataSource> sources;
-  for (const std::string& item : items_of(spec)) {
+  for (const std::string& item : split_list(spec)) {
     const auto weighted = weighted_item(item);
     LLM_REQUIRE(weighted.has_value(), kSource, flag,
                 "\"" + item + "\" has no weight while other items have one: give every item a weight (a mixture, "
@@ -182,7 +172,7 @@ std::vector<std::string> expand_data_spec(const std::string& spec, const std::st
   std::vector<std::string> files;
   std::vector<std::string> items;
   for (const DataSource& source : data_sources(spec, flag))
-    for (const std::string& item : items_of(source.spec)) items.push_back(item);
+    for (const std::string& item : split_list(source.spec)) items.push_back(item);
   for (const std::string& item : items) {
     LLM_REQUIRE(!item.empty(), kSource, flag,
                 "\"" + spec + "\" has an empty item in its comma-separated list; give files, folders or glob patterns, e.g. "
@@ -214,7 +204,7 @@ std::vector<std::string> expand_data_spec(const std::string& spec, const std::st
 
 std::string absolute_data_spec(const std::string& spec) {
   std::string absolute;
-  for (const std::string& item : items_of(spec)) {
+  for (const std::string& item : split_list(spec)) {
     const auto weighted = weighted_item(item);
     const std::string path = weighted ? weighted->first : item;
     absolute += (absolute.empty() ? "" : ",") + (path.empty() ? path : fs::absolute(path).string()) +

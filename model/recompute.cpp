@@ -7,40 +7,11 @@
 #include <torch/autograd.h>
 #include <torch/custom_class.h>
 
+#include "common/autocast.h"
+#include "common/split.h"
+
 namespace llm {
 namespace {
-
-// The recomputation runs under the autocast state the forward ran under (backward runs outside
-// the training's autocast region), as torch.utils.checkpoint restores it, with autocast's cast
-// cache off: the recomputation's inputs are leaves that require grad, which autocast would cast
-// once and share between their readers (q, k and v; gate and up), summing their gradients in bf16
-// before the cast back, where without recomputation each reader's cast sends its own fp32 gradient.
-class AutocastAsInForward {
- public:
-  AutocastAsInForward(c10::DeviceType device_type, bool enabled, at::ScalarType dtype) : device_type_(device_type) {
-    previous_enabled_ = at::autocast::is_autocast_enabled(device_type_);
-    previous_dtype_ = at::autocast::get_autocast_dtype(device_type_);
-    at::autocast::set_autocast_enabled(device_type_, enabled);
-    at::autocast::set_autocast_dtype(device_type_, dtype);
-    previous_cache_ = at::autocast::is_autocast_cache_enabled();
-    at::autocast::set_autocast_cache_enabled(false);
-    at::autocast::increment_nesting();
-  }
-  ~AutocastAsInForward() {
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_autocast_enabled(device_type_, previous_enabled_);
-    at::autocast::set_autocast_dtype(device_type_, previous_dtype_);
-    at::autocast::set_autocast_cache_enabled(previous_cache_);
-  }
-  AutocastAsInForward(const AutocastAsInForward&) = delete;
-  AutocastAsInForward& operator=(const AutocastAsInForward&) = delete;
-
- private:
-  c10::DeviceType device_type_;
-  bool previous_enabled_ = false;
-  bool previous_cache_ = true;
-  at::ScalarType previous_dtype_ = at::kBFloat16;
-};
 
 // The operation travels to backward in the context, as a capsule (no class registration needed).
 struct OperationHolder : torch::CustomClassHolder {
@@ -78,9 +49,11 @@ class Recomputed : public torch::autograd::Function<Recomputed> {
     std::vector<at::Tensor> outputs;
     {
       at::AutoGradMode with_graph(true);
-      AutocastAsInForward autocast(static_cast<c10::DeviceType>(context->saved_data["device_type"].toInt()),
-                                   context->saved_data["autocast"].toBool(),
-                                   static_cast<at::ScalarType>(context->saved_data["autocast_dtype"].toInt()));
+      // The autocast state the forward ran under (backward runs outside the training's region), as
+      // torch.utils.checkpoint restores it, with the cast cache off (common/autocast.h says why).
+      AutocastRegion autocast(static_cast<c10::DeviceType>(context->saved_data["device_type"].toInt()),
+                              static_cast<at::ScalarType>(context->saved_data["autocast_dtype"].toInt()),
+                              context->saved_data["autocast"].toBool(), AutocastCache::off);
       outputs = holder->operation(inputs);
     }
     std::vector<at::Tensor> roots, grads;
@@ -100,15 +73,11 @@ class Recomputed : public torch::autograd::Function<Recomputed> {
 
 RecomputeSet recompute_set(const std::string& list) {
   RecomputeSet set;
-  size_t begin = 0;
-  while (begin <= list.size()) {
-    const size_t comma = std::min(list.find(',', begin), list.size());
-    const std::string item = list.substr(begin, comma - begin);
+  for (const std::string& item : split_list(list)) {
     set.norm = set.norm || item == "norm";
     set.swiglu = set.swiglu || item == "swiglu";
     set.mlp = set.mlp || item == "mlp";
     set.attention = set.attention || item == "attention";
-    begin = comma + 1;
   }
   return set;
 }

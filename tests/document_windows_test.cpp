@@ -104,10 +104,11 @@ TEST(DocumentWindows, AreTheSpecifiedWalkWindowByWindow) {
 
   for (int64_t window : {8, 17, 64}) {
     const std::vector<int64_t> expected = reference_windows(starts, corpus->size(), window);
-    DocumentWindows windows(corpus, window);
-    ASSERT_EQ(windows.size(), static_cast<int64_t>(expected.size())) << window;
+    const auto shared = std::make_shared<const DocumentWindows>(corpus, window);
+    DocumentWindows::Reader windows(shared);
+    ASSERT_EQ(shared->size(), static_cast<int64_t>(expected.size())) << window;
     if (window == 8) {
-      ASSERT_GT(windows.size(), 2 * DocumentWindows::kStride);  // past several marks
+      ASSERT_GT(shared->size(), 2 * DocumentWindows::kStride);  // past several marks
     }
     // In a scattered order, as the sampler asks.
     std::mt19937_64 random(window);
@@ -115,7 +116,7 @@ TEST(DocumentWindows, AreTheSpecifiedWalkWindowByWindow) {
       const auto k = static_cast<int64_t>(random() % expected.size());
       ASSERT_EQ(windows.start(k), expected[static_cast<size_t>(k)]) << "window " << k << " of " << window;
     }
-    EXPECT_EQ(windows.start(windows.size() - 1), expected.back());
+    EXPECT_EQ(windows.start(shared->size() - 1), expected.back());
   }
 }
 
@@ -219,7 +220,9 @@ TEST(PrepareMegatron, WritesTheReferenceBytesAndShardsOfWholeDocuments) {
   ASSERT_GT(result.shards.size(), 2u);
   for (size_t s = 0; s < result.shards.size(); ++s) {
     const auto shard = TokenFile::open(result.shards[s], 40);
-    if (s + 1 < result.shards.size()) EXPECT_GE(shard->size(), 1024);
+    if (s + 1 < result.shards.size()) {
+      EXPECT_GE(shard->size(), 1024);
+    }
     EXPECT_EQ(shard->token(shard->size() - 1), eos) << result.shards[s];
     EXPECT_TRUE(fs::exists(fs::path(result.shards[s]).replace_extension(".idx")));
   }

@@ -14,9 +14,10 @@
 #include "common/output_files.h"
 #include "config/optimizer_setup.h"
 #include "data/corpus_identity.h"
+#include "data/document_windows.h"
 #include "data/synthetic.h"
 #include "sharding/world.h"
-#include "trainer/autocast.h"
+#include "common/autocast.h"
 #include "trainer/preemption.h"
 #include "trainer/training.h"
 
@@ -57,7 +58,12 @@ Corpus open_corpus(const RunConfig& run, const ModelConfig& model, const Runtime
     corpus.tokens = open_data(run.data.source, "--data", model, run);
     const std::vector<DataSource> sources = data_sources(run.data.source);
     const auto corpora = TokenCorpus::split_sources(corpus.tokens, run.data.source);
-    for (size_t s = 0; s < sources.size(); ++s) corpus.sources.push_back({corpora[s], sources[s].weight});
+    for (size_t s = 0; s < sources.size(); ++s) {
+      corpus.sources.push_back({corpora[s], sources[s].weight});
+      // Built once here, read by both the train and the eval sampler.
+      if (run.data.window_start == "document")
+        corpus.sources.back().documents = std::make_shared<const DocumentWindows>(corpora[s], run.data.max_length + 1);
+    }
     return corpus;
   }
   SyntheticCorpusSpec spec;

@@ -8,7 +8,7 @@
 #include "common/device.h"
 #include "common/errors.h"
 #include "sharding/world.h"
-#include "trainer/autocast.h"
+#include "common/autocast.h"
 #include "trainer/schedule.h"
 #include "trainer/training.h"
 
