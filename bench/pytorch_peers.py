@@ -436,8 +436,11 @@ def side_summary(paths, label):
                 for key, value in phase_fields(s).items():
                     phases.setdefault(key, []).append(value)
     phase_medians = {k: statistics.median(v) for k, v in phases.items() if any(x != 0 for x in v)}
+    # The trainer's own MFU (trainer/model_flops.h) of the kept steps; the peers record none.
+    mfus = [s["mfu"] for path in paths for s in train_records(path)[1] if s["step"] > WARMUP_STEPS and "mfu" in s]
     return {"median": statistics.median(kept), "round_medians": round_medians, "kept_steps": len(kept),
-            "phases": phase_medians, "first_loss": statistics.median(first_losses), "start": start}
+            "phases": phase_medians, "first_loss": statistics.median(first_losses), "start": start,
+            "mfu_median": statistics.median(mfus) if mfus else None}
 
 
 def model_flops_per_token(config_path, parameters, length):
@@ -482,6 +485,14 @@ def run_summarize(args):
         "first_loss_pytorch": theirs["first_loss"], "ln_vocab": ln_vocab, "first_losses_sane": agree,
         "machine": json.loads(args.machine) if args.machine else {},
     }
+    # The same figure as the trainer's step line: this script's FLOPs per token on the trainer's own
+    # peak (its start record) and the median step time, beside the trainer's median per-step MFU.
+    trainer_peak = ours["start"].get("peak_flops") or 0
+    record.update({"trainer_flops_per_token": ours["start"].get("model_flops_per_token"),
+                   "bench_flops_per_token": model_flops_per_token(args.config, parameters, length),
+                   "trainer_peak_flops": trainer_peak, "trainer_peak_source": ours["start"].get("peak_flops_source"),
+                   "ours_mfu_trainer": ours["mfu_median"],
+                   "ours_mfu_bench": (flops / ours["median"] / (trainer_peak * ranks)) if trainer_peak else None})
     if tuned:
         record.update({"pytorch_tuned_s": tuned["median"], "ratio_vs_tuned": tuned["median"] / ours["median"],
                        "pytorch_tuned_round_medians": tuned["round_medians"],
@@ -515,6 +526,10 @@ def run_summarize(args):
     peak = (f"measured fp32 GEMM peak {args.peak_gflops:.1f} GFLOP/s at {args.peak_threads} thread(s)"
             if args.peak_gflops else "no GEMM peak given (--peak_gflops)")
     print(f"   bound: {flops / 1e9:.1f} GFLOP per step (6N + 12LHT); {peak}")
+    if record["ours_mfu_bench"] is not None and record["ours_mfu_trainer"] is not None:
+        print(f"   MFU against the trainer's peak ({record['trainer_peak_source']}): the trainer's median "
+              f"{record['ours_mfu_trainer']:.2%}, this script's formula {record['ours_mfu_bench']:.2%}; FLOPs per "
+              f"token {record['trainer_flops_per_token']:.0f} (trainer) and {record['bench_flops_per_token']:.0f} (here)")
     # Phases as each side records them (a side that does not split its step shows "-").
     names = sorted(set(ours["phases"]) | set(theirs["phases"]))
     if names:

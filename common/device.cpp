@@ -46,6 +46,17 @@ std::string gpu_bus_id(c10::Device device) {
 #endif
 }
 
+std::string gpu_name(c10::Device device) {
+  if (!device.is_cuda()) return "";
+#ifdef TRAINER_HAVE_CUDA
+  cudaDeviceProp properties{};
+  LLM_CHECK_CUDA(cudaGetDeviceProperties(&properties, device.index()));
+  return properties.name;
+#else
+  return "";
+#endif
+}
+
 double read_to_host(const at::Tensor& scalar) {
   reads.fetch_add(1, std::memory_order_relaxed);
   return scalar.item<double>();

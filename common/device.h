@@ -30,6 +30,8 @@ int visible_gpu_count();
 // The PCI bus id of a CUDA device ("0000:3B:00.0"): one physical GPU, whatever index or
 // CUDA_VISIBLE_DEVICES a rank names it by. "" on CPU.
 std::string gpu_bus_id(c10::Device device);
+// A CUDA device's name (cudaDeviceProp::name, "NVIDIA H100 80GB HBM3"); "" on CPU.
+std::string gpu_name(c10::Device device);
 
 // The value of a one-element tensor as a double, read on the host: one synchronisation on a GPU.
 double read_to_host(const at::Tensor& scalar);

@@ -154,9 +154,13 @@ void RunFile::open(const fs::path& path, bool append) {
 }
 
 void RunFile::write_line(std::string_view line) {
-  if (descriptor_ < 0 || failed_) return;
   std::string text(line);
   text += '\n';
+  write_record(text);
+}
+
+void RunFile::write_record(std::string_view text) {
+  if (descriptor_ < 0 || failed_) return;
   size_t written = 0;
   int error_number = 0;
   while (written < text.size()) {
@@ -172,7 +176,7 @@ void RunFile::write_line(std::string_view line) {
     size_ += static_cast<off_t>(written);
     return;
   }
-  // Part of the line may be in: cut it off, so the file ends with the last whole line.
+  // Part of the record may be in: cut it off, so the file ends with the last whole one.
   const int cut = ::ftruncate(descriptor_, size_);
   (void)cut;  // a file that cannot be cut back ends mid-line; the message below is what matters
   failed_ = true;

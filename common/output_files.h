@@ -91,6 +91,9 @@ class RunFile {
   void open(const std::filesystem::path& path, bool append);
   bool is_open() const { return descriptor_ >= 0; }
   void write_line(std::string_view line);  // adds the newline
+  // Bytes written as one record (a binary file's, such as TensorBoard's events): one write(2),
+  // checked, cut back off when it fails, as a line is.
+  void write_record(std::string_view bytes);
   // Flushes to disk and closes, checked (a write the disk could not take shows here, at the latest).
   void close();
   const std::filesystem::path& path() const { return path_; }

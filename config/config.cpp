@@ -136,6 +136,8 @@ json RunConfig::to_json() const {
       {"on_write_error", logging.on_write_error},
       {"name", logging.name},
       {"tags", logging.tags},
+      {"tensorboard_dir", logging.tensorboard_dir},
+      {"peak_tflops", logging.peak_tflops},
   };
 }
 
@@ -246,6 +248,8 @@ RunConfig run_config_from_json(const json& object, const std::string& source) {
     fail_user(source, "on_write_error", "expected \"stop\" or \"warn\" (got \"" + run.logging.on_write_error + "\")");
   read("name", run.logging.name);
   read("tags", run.logging.tags);
+  read("tensorboard_dir", run.logging.tensorboard_dir);
+  read("peak_tflops", run.logging.peak_tflops);
   return run;
 }
 

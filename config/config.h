@@ -185,10 +185,21 @@ struct LoggingConfig {
   // the run with exit 2 naming the file ("stop"), or is logged once per file and the run goes on
   // ("warn"); common/output_files.h.
   std::string on_write_error = "stop";
-  // GaLore's wandb run name and tags (--name, --tags a,b): recorded in the run's settings only.
+  // GaLore's wandb run name and tags (--name, --tags a,b): recorded in the run's settings (and the
+  // TensorBoard text of the configuration, which `wandb sync --sync-tensorboard` carries).
   std::string name;
   std::vector<std::string> tags;
+  // --tensorboard_dir [DIR]: rank 0 writes TensorBoard event files there (trainer/tensorboard.h);
+  // "" = off. The flag without a value means {run_dir}/tensorboard; "{run_dir}" at the start of the
+  // value stands for --run_dir, resolved by validate_run_config.
+  std::string tensorboard_dir;
+  // --peak_tflops: the device's dense peak for the compute dtype, per rank, for MFU
+  // (trainer/model_flops.h); 0 = the table of known GPUs, or the measured GEMM peak on CPU.
+  double peak_tflops = 0;
 };
+
+// What --tensorboard_dir without a value means, before validation resolves it.
+inline constexpr char kTensorboardInRunDir[] = "{run_dir}/tensorboard";
 
 // The run's settings, grouped by concern; each flag fills one field (README's flag table). JSON
 // (metrics.jsonl's "run" record, --print_config) keeps one flat object keyed by the flags' names.

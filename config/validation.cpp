@@ -9,6 +9,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <optional>
@@ -279,6 +280,9 @@ void check_save_and_log_flags(const RunConfig& run) {
                run.checkpoint.keep_last);
   require_flag(run.logging.log_every >= 1, "--log_every", "an integer >= 1", run.logging.log_every);
   require_flag(!run.logging.run_dir.empty(), "--run_dir", "a folder path", std::string("\"\""));
+  require_flag(std::isfinite(run.logging.peak_tflops) && run.logging.peak_tflops >= 0, "--peak_tflops",
+               "the device's dense peak in TFLOP/s (> 0), or 0 for the table of known GPUs / the measured CPU peak",
+               run.logging.peak_tflops);
 }
 
 // The optimizer's name and its own flags (adam_eps filled in when not given); galore_adamw's rank
@@ -409,6 +413,9 @@ void validate_run_config(RunConfig& run, const ModelConfig& model, int world_siz
   resolve_schedule(run);
   check_evaluation_flags(run, world_size);
   check_save_and_log_flags(run);
+  // "{run_dir}" at the start of --tensorboard_dir (the flag without a value) stands for --run_dir.
+  if (run.logging.tensorboard_dir.rfind("{run_dir}", 0) == 0)
+    run.logging.tensorboard_dir = run.logging.run_dir + run.logging.tensorboard_dir.substr(std::strlen("{run_dir}"));
   resolve_optimizer(run, model);
   if (model.tie_word_embeddings)
     fail_user(run.config_path, "tie_word_embeddings",

@@ -19,7 +19,7 @@ log() { printf '[setup] %s\n' "$*"; }
 
 apt_packages=(cmake ninja-build g++ ccache pkg-config libopenmpi-dev openmpi-bin libspdlog-dev
               nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev
-              libexpat1-dev patchelf zlib1g-dev libzstd-dev)
+              libexpat1-dev patchelf zlib1g-dev libzstd-dev libprotobuf-dev protobuf-compiler)
 missing=()
 for package in "${apt_packages[@]}"; do
   dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
@@ -44,12 +44,15 @@ else
   fi
   # Added later: `trainer prepare` reads Parquet through pyarrow (data/parquet_text.py).
   "$PYTHON" -c "import pyarrow" >/dev/null 2>&1 || "$VENV/bin/pip" install -q pyarrow
+  # Added later: tests/tensorboard_test.py reads the run's event files with TensorBoard's own reader.
+  # and launch/tensorboard_to_wandb.py sends them to Weights & Biases (tested offline).
+  "$PYTHON" -c "import tensorboard, wandb" >/dev/null 2>&1 || "$VENV/bin/pip" install -q tensorboard wandb
 fi
 TORCH_CMAKE=$("$PYTHON" -c "import torch; print(torch.utils.cmake_prefix_path)" 2>/dev/null)
 log "torch $("$PYTHON" -c 'import torch; print(torch.__version__, "cuda", torch.version.cuda)' 2>/dev/null)"
 
 # SentencePiece from its source release (launch/build_sentencepiece.sh: Debian's is two versions older).
-SENTENCEPIECE=$(bash launch/build_sentencepiece.sh "$PYTHON" "$CACHE/sentencepiece-0.2.1")
+SENTENCEPIECE=$(bash launch/build_sentencepiece.sh "$PYTHON" "$CACHE/sentencepiece-0.2.1-system-protobuf")
 log "sentencepiece 0.2.1 in $SENTENCEPIECE"
 
 CUDA_ARGS=()

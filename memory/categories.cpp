@@ -165,17 +165,17 @@ struct Figure {
 
 const std::vector<Figure>& figures() {
   static const std::vector<Figure> list = {
-      {"peak (tracked)", [](const RankMemorySummary& r) { return r.peak_bytes; }, false},
+      {"peak (tracked tensors)", [](const RankMemorySummary& r) { return r.peak_bytes; }, false},
       {"parameters", [](const RankMemorySummary& r) { return r.max.parameters; }, false},
       {"gradients", [](const RankMemorySummary& r) { return r.max.gradients; }, false},
       {"optimizer (device)", [](const RankMemorySummary& r) { return r.max.optimizer_device; }, false},
       {"optimizer (host)", [](const RankMemorySummary& r) { return r.max.optimizer_host; }, false},
       {"activations", [](const RankMemorySummary& r) { return r.max.activations; }, false},
       {"other", [](const RankMemorySummary& r) { return r.max.other; }, false},
-      {"host allocator peak", [](const RankMemorySummary& r) { return r.host_peak_bytes; }, false},
-      {"peak RSS", [](const RankMemorySummary& r) { return r.rss_peak_bytes; }, false},
-      {"reserved peak", [](const RankMemorySummary& r) { return r.reserved_peak_bytes; }, true},
-      {"pinned peak", [](const RankMemorySummary& r) { return r.pinned_peak_bytes; }, true},
+      {"peak (host allocator)", [](const RankMemorySummary& r) { return r.host_peak_bytes; }, false},
+      {"peak (RSS)", [](const RankMemorySummary& r) { return r.rss_peak_bytes; }, false},
+      {"peak (CUDA reserved)", [](const RankMemorySummary& r) { return r.reserved_peak_bytes; }, true},
+      {"peak (pinned host)", [](const RankMemorySummary& r) { return r.pinned_peak_bytes; }, true},
   };
   return list;
 }

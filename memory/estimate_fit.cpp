@@ -228,4 +228,35 @@ std::string run_fit_command(const ModelConfig& model, const RunConfig& run, cons
   return out.str();
 }
 
+std::vector<LeverAdvice> lowest_peak_levers(const ModelConfig& model, const RunConfig& run, const EstimateOptions& options) {
+  EstimateOptions quiet = options;
+  quiet.memory_budget_gib = 0;
+  quiet.json = false;
+  const int world = options.world_size;
+  const std::string device = estimate_device(run, options);
+  const MemoryEstimate as_is = estimate_memory(model, run, quiet);
+  std::vector<LeverAdvice> advice(as_is.ranks.size());
+  for (size_t r = 0; r < as_is.ranks.size(); ++r) advice[r].peak_bytes = advice[r].lowered_bytes = as_is.ranks[r].peak_bytes;
+  for (Candidate& c : candidates(run, world, /*cuda=*/device == "cuda", /*precision_lever=*/false)) {
+    if (c.flags.size() != 1) continue;  // one lever at a time
+    try {
+      validate_run_config(c.run, model, world);
+    } catch (const UserError&) {
+      continue;
+    }
+    const MemoryEstimate estimate = estimate_memory(model, c.run, quiet);
+    const double seconds = added_seconds(model, run, c.run, world, options, device);
+    for (size_t r = 0; r < advice.size() && r < estimate.ranks.size(); ++r) {
+      LeverAdvice& best = advice[r];
+      const int64_t peak = estimate.ranks[r].peak_bytes;
+      if (peak < best.lowered_bytes || (peak == best.lowered_bytes && !best.flags.empty() && seconds < best.added_seconds)) {
+        best.flags = c.flags.front();
+        best.lowered_bytes = peak;
+        best.added_seconds = seconds;
+      }
+    }
+  }
+  return advice;
+}
+
 }  // namespace llm

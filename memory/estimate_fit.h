@@ -34,7 +34,9 @@
 // UserError (exit 2) names the budget and the smallest peak any combination reaches, with its flags.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "config/config.h"
 #include "memory/estimate.h"
@@ -43,5 +45,17 @@ namespace llm {
 
 // run validated for options.world_size; options.memory_budget_gib > 0.
 std::string run_fit_command(const ModelConfig& model, const RunConfig& run, const EstimateOptions& options);
+
+// For the end-of-run summary: per rank, the one lever of those above (bf16 state, a recompute choice,
+// offload on CUDA, the fused step, a smaller micro-batch; precision not) that lowers that rank's
+// estimated peak the most, ties to the cheaper. `flags` is empty where none lowers it. run validated
+// for options.world_size.
+struct LeverAdvice {
+  std::string flags;            // what to add to the command
+  int64_t peak_bytes = 0;       // the estimate's peak of the command as it is
+  int64_t lowered_bytes = 0;    // ... and with the lever
+  double added_seconds = 0;     // the cost model's seconds a step
+};
+std::vector<LeverAdvice> lowest_peak_levers(const ModelConfig& model, const RunConfig& run, const EstimateOptions& options);
 
 }  // namespace llm

@@ -240,7 +240,7 @@ std::vector<RankMemorySummary> MemoryLedger::finish(Communicator& communicator, 
     std::ostringstream report;
     report << "# " << title << "\n\n" << description << "\n\n"
            << "## Peak per rank, by category\n\n"
-           << "Each category's largest value at any timeline point of the run; *peak (tracked)* is the "
+           << "Each category's largest value at any timeline point of the run; *peak (tracked tensors)* is the "
            << (cuda ? "CUDA caching allocator's" : "CPU allocator's")
            << " peak over the training steps, transients inside a phase included, so the categories do "
               "not add up to it (docs/memory.md).\n\n"

@@ -66,6 +66,8 @@ class MemoryLedger {
   // the allocator's own peak at every point), the process's peak RSS on CPU.
   int64_t step_line_peak_bytes() const;
   RankMemorySummary summary() const;
+  // The last step's figures (its tracked peak, the categories at it, where it was), once end_step ran.
+  const RankMemorySummary& last_step_summary() const { return step_summary_; }
   // Collective: every rank's summary, gathered with one all-reduce of a table (ranks x figures).
   // Rank 0 writes RUN_DIR/memory_report.md under `title` and prints the across-ranks table. Every rank writes its
   // end record. Returns the summaries of all ranks on every rank.

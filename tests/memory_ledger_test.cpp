@@ -178,7 +178,7 @@ TEST(LedgerReport, EndOfRunTableIsGatheredToRankZero) {
     EXPECT_EQ(node.at(figure).get<int64_t>(), summed) << figure;
   }
   EXPECT_GT(node.at("rss_peak_bytes").get<int64_t>(), 0);
-  for (const char* expected : {"## Peak per rank, by category", "## Across ranks", "| peak (tracked) |", "max / mean",
+  for (const char* expected : {"## Peak per rank, by category", "## Across ranks", "| peak (tracked tensors) |", "max / mean",
                                "| 0 |", "| 1 |", "## Host memory per node", "| 0 | 0, 1 |"})
     EXPECT_NE(report.find(expected), std::string::npos) << expected << "\n" << report;
 }

@@ -41,19 +41,38 @@ void MetricsLog::log_step(const StepRecord& r) {
     return phases;
   };
   nlohmann::json record = {{"event", "train"}, {"step", r.step}, {"loss", r.loss}, {"lr", r.lr},
-                           {"grad_norm", r.grad_norm}, {"tokens_per_s", r.tokens_per_second},
+                           {"grad_norm", r.grad_norm}, {"tokens_per_s", r.tokens_per_second}, {"mfu", r.mfu},
                            {"step_time_s", r.step_seconds}, {"tokens_seen", r.tokens_seen},
-                           {"peak_memory_bytes", r.peak_memory_bytes}, {"projector_s", r.projector_seconds},
+                           {"peak_rss_bytes", r.peak_rss_bytes},
+                           {"peak_memory_bytes", r.peak_memory_bytes},
+                           {"peak_memory_source", r.peak_on_cuda ? "cuda_allocated" : "rss"},
+                           {"projector_s", r.projector_seconds},
                            {"phase_s", by_phase(r.phase_seconds)}, {"host_phase_s", by_phase(r.host_phase_seconds)},
                            {"host_reads", r.host_reads}};
+  if (r.peak_on_cuda) record["peak_cuda_allocated_bytes"] = r.peak_memory_bytes;
   if (r.offloaded)
     record["offload"] = {{"host_step_s", r.offload_host_step_seconds}, {"wait_s", r.offload_wait_seconds}};
   write(record);
+  if (tensorboard_) {
+    std::vector<std::pair<std::string, double>> scalars = {
+        {"train/loss", r.loss}, {"train/lr", r.lr}, {"train/grad_norm", r.grad_norm},
+        {"train/tokens_per_s", r.tokens_per_second}, {"train/mfu", r.mfu}, {"train/step_time_s", r.step_seconds},
+        {"train/tokens_seen", static_cast<double>(r.tokens_seen)},
+        {r.peak_on_cuda ? "memory/peak_cuda_allocated_bytes" : "memory/peak_rss_bytes", static_cast<double>(r.peak_memory_bytes)}};
+    for (int phase = 0; phase < kStepPhases; ++phase)
+      scalars.emplace_back("time/" + std::string(to_string(static_cast<StepPhase>(phase))) + "_s",
+                           r.phase_seconds[static_cast<size_t>(phase)]);
+    tensorboard_->scalars(r.step, scalars);
+  }
+  // Each memory figure names its source: the CUDA allocator's peak allocated bytes, or the peak RSS.
+  char mfu[32] = "";
+  if (r.mfu > 0) std::snprintf(mfu, sizeof(mfu), " | mfu %.1f%%", 100 * r.mfu);
   char line[256];
   std::snprintf(line, sizeof(line),
-                "step %6lld/%lld | loss %.4f | lr %.3e | grad_norm %.3f | tok/s %.0f | peak_mem %s",
+                "step %6lld/%lld | loss %.4f | lr %.3e | grad_norm %.3f | tok/s %.0f%s | %s %s",
                 static_cast<long long>(r.step), static_cast<long long>(r.total_steps), r.loss, r.lr,
-                r.grad_norm, r.tokens_per_second, human_bytes(r.peak_memory_bytes).c_str());
+                r.grad_norm, r.tokens_per_second, mfu, r.peak_on_cuda ? "peak_allocated" : "peak_rss",
+                human_bytes(r.peak_memory_bytes).c_str());
   log_line(line);
   if (interactive_) draw_progress(r.step, r.total_steps);
 }
@@ -61,10 +80,19 @@ void MetricsLog::log_step(const StepRecord& r) {
 void MetricsLog::log_eval(int64_t step, double eval_loss, int64_t eval_tokens) {
   if (!is_writer_) return;
   write({{"event", "eval"}, {"step", step}, {"eval_loss", eval_loss}, {"eval_tokens", eval_tokens}});
+  if (tensorboard_) tensorboard_->scalars(step, {{"eval/loss", eval_loss}});
   char line[160];
   std::snprintf(line, sizeof(line), "eval @ step %lld | eval_loss %.4f | %lld tokens",
                 static_cast<long long>(step), eval_loss, static_cast<long long>(eval_tokens));
   log_line(line);
+}
+
+void MetricsLog::attach_tensorboard(std::unique_ptr<TensorBoardWriter> writer) {
+  if (is_writer_) tensorboard_ = std::move(writer);
+}
+
+void MetricsLog::checkpoint_written(int64_t step, const std::string& folder) {
+  if (tensorboard_) tensorboard_->checkpoint(step, folder);
 }
 
 void MetricsLog::draw_progress(int64_t step, int64_t total) {

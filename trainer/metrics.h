@@ -4,9 +4,12 @@
 //
 // metrics.jsonl records, one per line, each with an "event" field:
 //   {"event":"start", "model":{...}, "run":{...}, "world_size":N, "device":"cpu", ...}
-//   {"event":"train", "step", "loss", "lr", "grad_norm", "tokens_per_s", "step_time_s",
-//    "tokens_seen", "peak_memory_bytes", "projector_s", "phase_s": {"forward", "backward",
-//    "collectives", "optimizer", "other"}}  (phase_s: where the step's time went, common/step_timer.h)
+//   {"event":"train", "step", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "step_time_s",
+//    "tokens_seen", "peak_rss_bytes", ["peak_cuda_allocated_bytes",] "peak_memory_bytes",
+//    "peak_memory_source", "projector_s", "phase_s": {"forward", "backward", "collectives",
+//    "optimizer", "other"}}  (phase_s: where the step's time went, common/step_timer.h; mfu:
+//    trainer/model_flops.h, 0 when the device's peak is unknown; peak_memory_bytes is the step
+//    line's figure, named by peak_memory_source: "rss" on CPU, "cuda_allocated" on CUDA)
 //   {"event":"eval", "step", "eval_loss", "eval_tokens"}
 //   {"event":"memory", "ranks":[{...}]}  every rank's memory summary (memory/ledger.h)
 //   {"event":"gather_schedule", "strategy", "prefetch", "side_stream", "units",
@@ -21,6 +24,7 @@
 #include <chrono>
 #include <cstdint>
 #include <fstream>
+#include <memory>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -28,6 +32,7 @@
 #include "common/output_files.h"
 
 #include "common/step_timer.h"
+#include "trainer/tensorboard.h"
 
 namespace llm {
 
@@ -40,7 +45,10 @@ struct StepRecord {
   double tokens_per_second = 0;
   double step_seconds = 0;
   int64_t tokens_seen = 0;
-  int64_t peak_memory_bytes = 0;
+  int64_t peak_memory_bytes = 0;  // the step line's figure: the CUDA allocator's peak, or the peak RSS on CPU
+  bool peak_on_cuda = false;      // which of the two peak_memory_bytes is
+  int64_t peak_rss_bytes = 0;     // the process's peak resident set
+  double mfu = 0;                 // model FLOPs utilisation (trainer/model_flops.h); 0: peak unknown
   double projector_seconds = 0;  // GaLore projector recomputation within the step (0 otherwise)
   PhaseSeconds phase_seconds{};  // the step's time by phase; they add up to step_seconds
   int64_t host_reads = 0;        // reads of device values in the step: each drains a GPU (common/device.h)
@@ -64,12 +72,19 @@ class MetricsLog {
   void log_eval(int64_t step, double eval_loss, int64_t eval_tokens);
   void log_line(const std::string& text);  // a human line that keeps the progress bar intact
 
+  // TensorBoard (--tensorboard_dir): once attached, every train and eval record is also written as
+  // scalars (the tags are listed in the README), and these add what has no JSONL line of its own.
+  void attach_tensorboard(std::unique_ptr<TensorBoardWriter> writer);
+  TensorBoardWriter* tensorboard() { return tensorboard_.get(); }
+  void checkpoint_written(int64_t step, const std::string& folder);
+
  private:
   void draw_progress(int64_t step, int64_t total);
   bool is_writer_;
   bool interactive_;
   bool bar_drawn_ = false;
   RunFile jsonl_;  // every line checked (common/output_files.h)
+  std::unique_ptr<TensorBoardWriter> tensorboard_;  // rank 0 with --tensorboard_dir, else null
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 

@@ -83,6 +83,7 @@ std::string RunCheckpoints::save(int64_t step) {
 void RunCheckpoints::saved(const std::string& folder, int64_t step, int64_t completed_at, double blocked_seconds) {
   metrics_.write({{"event", "checkpoint"}, {"step", step}, {"folder", folder}, {"completed_at_step", completed_at},
                   {"background", completed_at != step}, {"blocked_s", blocked_seconds}});
+  metrics_.checkpoint_written(step, folder);
   if (context_.rank != 0) return;
   if (completed_at == step)
     log::info("saved checkpoint {}", folder);

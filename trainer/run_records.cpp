@@ -2,6 +2,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <sstream>
 #include <vector>
@@ -9,6 +10,7 @@
 #include "checkpoint/interchange/pretrained.h"
 #include "common/log.h"
 #include "memory/categories.h"
+#include "memory/estimate_fit.h"
 #include "optim/shard_optimizer.h"
 #include "sharding/communicator.h"
 #include "sharding/sharded_model.h"
@@ -50,7 +52,15 @@ RunRecords::RunRecords(const ModelConfig& model_config, const RunConfig& run, co
 
 void RunRecords::start(const RunStart& start) {
   const c10::Device device = context_.device;
+  flops_per_token_ = model_flops_per_token(model_config_, run_.data.max_length);
+  if (context_.rank == 0) {
+    peak_ = device_peak_flops(device, run_.precision.dtype == DType::bfloat16 ? at::kBFloat16 : at::kFloat,
+                              at::get_num_threads(), run_.logging.peak_tflops);
+    log::info("MFU against {}", peak_.flops_per_second > 0 ? peak_.source : "nothing (" + peak_.source + ")");
+  }
   metrics_.write({{"event", "start"}, {"model", model_config_.to_json()}, {"run", run_.to_json()},
+                  {"model_flops_per_token", flops_per_token_}, {"peak_flops", peak_.flops_per_second},
+                  {"peak_flops_source", peak_.source},
                   {"world_size", context_.world_size}, {"device", device.str()},
                   {"host_threads", at::get_num_threads()}, {"communicator", start.communicator}, {"sharding", to_string(run_.sharding.strategy)},
                   {"parameters", model_config_.num_parameters()}, {"shard_parameter_bytes", start.shard_parameter_bytes},
@@ -67,6 +77,17 @@ void RunRecords::start(const RunStart& start) {
             run_.data.max_length);
   log::info("optimizer {}: {} of state on this rank{}", run_.optimizer.name, human_bytes(start.optimizer_state_bytes),
             start.offloaded ? ", in host memory with the fp32 masters (--offload optimizer)" : "");
+  if (context_.rank == 0 && !run_.logging.tensorboard_dir.empty()) {
+    metrics_.attach_tensorboard(std::make_unique<TensorBoardWriter>(run_.logging.tensorboard_dir, start.start_step + 1));
+    if (TensorBoardWriter* tensorboard = metrics_.tensorboard()) {
+      // The resolved settings, as `--print_config` prints them (GaLore's --name and --tags among them).
+      const nlohmann::json config = {{"model", model_config_.to_json()}, {"run", run_.to_json()},
+                                     {"world_size", context_.world_size}, {"device", device.str()},
+                                     {"peak_flops_source", peak_.source}};
+      tensorboard->text("config", start.start_step, "```json\n" + config.dump(2) + "\n```");
+      log::info("TensorBoard events in {}", tensorboard->path().string());
+    }
+  }
   if (context_.init_from != nullptr)
     log::info("--init_from {}: read this rank's rows, {} bytes ({}) of the folder's {} bytes of weights",
               context_.init_from->folder(), start.init_from_bytes, human_bytes(start.init_from_bytes),
@@ -98,6 +119,38 @@ void RunRecords::sharded_state(const ShardedModel& sharded, const ShardOptimizer
   metrics_.write({{"event", "sharded_state"}, {"ranks", ranks}});
 }
 
+double RunRecords::model_flops_utilisation(double tokens_per_second) const {
+  return llm::model_flops_utilisation(flops_per_token_, tokens_per_second, peak_, context_.world_size);
+}
+
+void RunRecords::step_memory(int64_t step, Communicator& communicator) {
+  if (run_.logging.tensorboard_dir.empty()) return;
+  // One row per rank (the tracked peak, then the categories at it), summed into place on every rank.
+  constexpr int kFigures = MemoryCategories::kCount + 1;
+  const RankMemorySummary& mine = ledger_.last_step_summary();
+  const int world = context_.world_size;
+  at::Tensor table = at::zeros({world, kFigures}, at::kLong);
+  std::vector<int64_t> row = {mine.peak_bytes};
+  for (int i = 0; i < MemoryCategories::kCount; ++i) row.push_back(mine.at_peak.at(i));
+  table[context_.rank].copy_(at::tensor(row, at::kLong));
+  if (world > 1) {
+    at::Tensor on_device = table.to(communicator.device());
+    communicator.all_reduce(on_device, ReduceOp::sum);
+    table = on_device.to(at::kCPU);
+  }
+  TensorBoardWriter* tensorboard = metrics_.tensorboard();
+  if (tensorboard == nullptr) return;
+  const at::Tensor largest = std::get<0>(table.max(0));
+  std::vector<std::pair<std::string, double>> scalars;
+  for (const auto& [scope, values] : {std::pair<std::string, at::Tensor>{"rank0", table[0]}, {"max_over_ranks", largest}}) {
+    scalars.emplace_back("memory/" + scope + "/peak_tracked_bytes", static_cast<double>(values[0].item<int64_t>()));
+    for (int i = 0; i < MemoryCategories::kCount; ++i)
+      scalars.emplace_back("memory/" + scope + "/" + MemoryCategories::keys()[static_cast<size_t>(i)] + "_bytes",
+                           static_cast<double>(values[i + 1].item<int64_t>()));
+  }
+  tensorboard->scalars(step, scalars);
+}
+
 void RunRecords::preempted_before_first_step(int64_t start_step, int signal) {
   metrics_.write({{"event", "preempted"}, {"step", start_step}, {"signal", signal_name(signal)},
                   {"checkpoint", nlohmann::json()}, {"before_first_step", true}});
@@ -116,6 +169,37 @@ void RunRecords::finish(int64_t steps, int64_t steps_run, const ShardedModel& mo
                     {"final_eval_loss", final_eval_loss}, {"peak_memory_bytes", ledger_.step_line_peak_bytes()}});
 }
 
+// Per rank, the lever that lowers the estimated peak most (memory/estimate_fit.h); none when the
+// estimate cannot be made (its reason logged).
+std::vector<LeverAdvice> RunRecords::lever_advice() const {
+  EstimateOptions options;
+  options.world_size = context_.world_size;
+  options.device = context_.device.is_cuda() ? "cuda" : "cpu";
+  try {
+    return lowest_peak_levers(model_config_, run_, options);
+  } catch (const std::exception& error) {
+    log::warn("no estimate of what would lower the peak: {}", error.what());
+    return {};
+  }
+}
+
+// One line per rank: where its peak was and what would lower it most.
+std::string RunRecords::peak_line(const RankMemorySummary& rank, const LeverAdvice* lever) const {
+  int largest = 0;
+  for (int i = 1; i < MemoryCategories::kCount; ++i)
+    if (rank.at_peak.at(i) > rank.at_peak.at(largest)) largest = i;
+  std::string line = "rank " + std::to_string(rank.rank) + ": peak " + human_bytes(rank.peak_bytes) +
+                     " of tracked tensors at step " + std::to_string(rank.peak_step) + ", " + rank.peak_phase + " (" +
+                     MemoryCategories::titles()[static_cast<size_t>(largest)] + " " + human_bytes(rank.at_peak.at(largest)) +
+                     " of it); ";
+  if (lever == nullptr) return line + "no estimate of what would lower it";
+  if (lever->flags.empty()) return line + "no single lever lowers its estimated peak";
+  char cost[64];
+  std::snprintf(cost, sizeof(cost), "%+.3f s a step", lever->added_seconds);
+  return line + "lowers it most: " + lever->flags + " (estimate " + human_bytes(lever->peak_bytes) + " -> " +
+         human_bytes(lever->lowered_bytes) + ", " + cost + ")";
+}
+
 // The end of the run's ledger (collective): rank 0 writes RUN_DIR/memory_report.md, and every rank's
 // summary and every node's host figures go into metrics.jsonl as one "memory" record.
 void RunRecords::finish_memory_ledger(int64_t steps_run, Communicator& communicator) {
@@ -126,8 +210,18 @@ void RunRecords::finish_memory_ledger(int64_t steps_run, Communicator& communica
               << to_string(run_.sharding.strategy) << ", " << context_.world_size << " rank(s) on " << context_.device.str()
               << ", batch " << run_.data.batch_size << " x " << run_.data.max_length << " tokens, " << steps_run << " step(s).";
   const std::vector<RankMemorySummary> summaries = ledger_.finish(communicator, "Memory report", description.str());
+  const std::vector<LeverAdvice> advice = context_.rank == 0 ? lever_advice() : std::vector<LeverAdvice>();
   nlohmann::json ranks = nlohmann::json::array(), nodes = nlohmann::json::array();
-  for (const RankMemorySummary& rank : summaries) ranks.push_back(rank.to_json());
+  for (const RankMemorySummary& rank : summaries) {
+    ranks.push_back(rank.to_json());
+    if (static_cast<size_t>(rank.rank) < advice.size()) {
+      const LeverAdvice& lever = advice[static_cast<size_t>(rank.rank)];
+      ranks.back()["lowers_peak_most"] = {{"flags", lever.flags}, {"estimated_peak_bytes", lever.peak_bytes},
+                                          {"estimated_lowered_bytes", lever.lowered_bytes},
+                                          {"added_seconds", lever.added_seconds}};
+    }
+    if (context_.rank == 0) log::info("{}", peak_line(rank, static_cast<size_t>(rank.rank) < advice.size() ? &advice[static_cast<size_t>(rank.rank)] : nullptr));
+  }
   for (const NodeMemorySummary& node : by_node(summaries)) nodes.push_back(node.to_json());
   metrics_.write({{"event", "memory"}, {"ranks", ranks}, {"nodes", nodes}});
 }

@@ -9,13 +9,16 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include <c10/core/Device.h>
 #include <nlohmann/json.hpp>
 
 #include "config/config.h"
+#include "memory/estimate_fit.h"
 #include "memory/ledger.h"
 #include "trainer/metrics.h"
+#include "trainer/model_flops.h"
 
 namespace llm {
 
@@ -48,8 +51,14 @@ class RunRecords {
   MetricsLog& metrics() { return metrics_; }
   MemoryLedger& ledger() { return ledger_; }
 
-  // The "start" record and the start-up log lines.
+  // The "start" record and the start-up log lines; on rank 0 the device's peak for the MFU figure
+  // (trainer/model_flops.h) and, with --tensorboard_dir, the event file and the configuration as text.
   void start(const RunStart& start);
+  // The step's MFU from its tokens per second (all ranks'); 0 where the peak is unknown or off rank 0.
+  double model_flops_utilisation(double tokens_per_second) const;
+  // With --tensorboard_dir, after the ledger's end of a logged step (a collective, on every rank): the
+  // step's tracked peak and the categories at it, on rank 0 and the largest over ranks.
+  void step_memory(int64_t step, Communicator& communicator);
   // Every rank's persistent training state, counted from the buffers that exist after a step (a
   // collective): one "sharded_state" record with a row per rank.
   void sharded_state(const ShardedModel& model, const ShardOptimizer& optimizer, Communicator& communicator);
@@ -63,12 +72,16 @@ class RunRecords {
 
  private:
   void finish_memory_ledger(int64_t steps_run, Communicator& communicator);
+  std::vector<LeverAdvice> lever_advice() const;
+  std::string peak_line(const RankMemorySummary& rank, const LeverAdvice* lever) const;
 
   const ModelConfig& model_config_;
   const RunConfig& run_;
   const RuntimeContext& context_;
   MetricsLog metrics_;
   MemoryLedger ledger_;
+  double flops_per_token_ = 0;
+  PeakFlops peak_;  // rank 0's; 0 elsewhere
 };
 
 }  // namespace llm

@@ -264,6 +264,7 @@ TrainingOutcome Training::run() {
     if (!last) outcome.preempted_by = end.signal;  // at the last step the run ends anyway: only the write failures count
     save_at_step_end(step, last, end, outcome);
     ledger_.end_step();
+    if (step % run_.logging.log_every == 0 || last) records_.step_memory(step, communicator_);
     // Once: after the second step (or the last, if fewer). Recording stops there, so a later
     // snapshot would replace this one with one whose history is gone.
     if (run_.logging.memory_snapshot && step == std::min(start_step_ + kSnapshotSteps, run_.num_training_steps)) {
@@ -286,10 +287,23 @@ TrainingOutcome Training::run() {
 
 void Training::log_step(int64_t step, const StepResult& result, double seconds) {
   const int64_t tokens_per_step = run_.data.total_batch_size * run_.data.max_length;
-  StepRecord record{step, run_.num_training_steps, result.loss, result.lr, result.grad_norm,
-                    static_cast<double>(tokens_per_step) / seconds, seconds, state_.tokens_seen,
-                    ledger_.step_line_peak_bytes(), optimizer().last_projector_seconds(), result.phase_seconds,
-                    result.host_reads, timer_.host_seconds()};
+  StepRecord record;
+  record.step = step;
+  record.total_steps = run_.num_training_steps;
+  record.loss = result.loss;
+  record.lr = result.lr;
+  record.grad_norm = result.grad_norm;
+  record.tokens_per_second = static_cast<double>(tokens_per_step) / seconds;
+  record.step_seconds = seconds;
+  record.tokens_seen = state_.tokens_seen;
+  record.peak_memory_bytes = ledger_.step_line_peak_bytes();
+  record.peak_on_cuda = device_.is_cuda();
+  record.peak_rss_bytes = peak_resident_bytes();
+  record.mfu = records_.model_flops_utilisation(record.tokens_per_second);
+  record.projector_seconds = optimizer().last_projector_seconds();
+  record.phase_seconds = result.phase_seconds;
+  record.host_reads = result.host_reads;
+  record.host_phase_seconds = timer_.host_seconds();
   if (offload_) {
     const OffloadTimes times = offload_->take_times();
     record.offloaded = true;

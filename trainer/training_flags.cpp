@@ -302,6 +302,18 @@ void add_output_flags(CLI::App& app, NumberFlags& numbers, TrainingFlags& flags,
   flags.add(flags.device.add(app, "--device", "auto = this rank's GPU when there is one, else the CPU"));
   flags.add(numbers.add(app, "--log_every", run.logging.log_every, "log a line every N steps")
           ->capture_default_str());
+  flags.add(app.add_option_function<std::string>(
+                   "--tensorboard_dir",
+                   [&run](const std::string& text) {
+                     run.logging.tensorboard_dir = text.empty() ? std::string(kTensorboardInRunDir) : text;
+                   },
+                   "rank 0 writes TensorBoard event files here as the run goes (without a value: "
+                   "RUN_DIR/tensorboard); `tensorboard --logdir DIR`, or `wandb sync --sync-tensorboard DIR`")
+                ->expected(0, 1));
+  flags.add(numbers.add(app, "--peak_tflops", run.logging.peak_tflops,
+                        "the device's dense peak (TFLOP/s per rank) for the MFU figure; 0: the table of known GPUs, "
+                        "or this CPU's measured GEMM peak")
+                ->capture_default_str());
   flags.add(app.add_flag("--print_config", run.logging.print_config,
                          "print the resolved model and run config as JSON and exit"));
   flags.add(app.add_flag("--memory_snapshot", run.logging.memory_snapshot,

@@ -1,0 +1,72 @@
+// The MFU figure (trainer/model_flops.h) against hand computations, and where its peak comes from.
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "model/model_config.h"
+#include "test_util.h"
+#include "trainer/model_flops.h"
+
+namespace llm {
+namespace {
+
+ModelConfig config(const std::string& name) {
+  return load_model_config((testing::source_dir() / "configs" / (name + ".json")).string());
+}
+
+TEST(ModelFlops, PerTokenIsSixTimesTheMatmulParametersPlusTheAttentionTermByHand) {
+  // llama_20m: h 256, i 688, 4 layers, vocab 32000. Per layer q, k, v, o: 4 x 256^2 = 262,144; the MLP
+  // 3 x 256 x 688 = 528,384; 4 layers 3,162,112; the head 32,000 x 256 = 8,192,000: 11,354,112 matmul
+  // parameters. At length 128: 6 x 11,354,112 + 12 x 4 x 256 x 128 = 68,124,672 + 1,572,864.
+  EXPECT_DOUBLE_EQ(model_flops_per_token(config("llama_20m"), 128), 69'697'536.0);
+  // llama_7b: per layer 4 x 4096^2 + 3 x 4096 x 11008 = 202,375,168; 32 layers 6,476,005,376; the head
+  // 131,072,000: 6,607,077,376 (6,738,415,616 parameters less the embedding and 65 norms of 4,096). At
+  // length 2048: 6 x 6,607,077,376 + 12 x 32 x 4096 x 2048 = 39,642,464,256 + 3,221,225,472.
+  const ModelConfig seven_b = config("llama_7b");
+  ASSERT_EQ(seven_b.num_parameters(), 6'738'415'616);
+  EXPECT_DOUBLE_EQ(model_flops_per_token(seven_b, 2048), 42'863'689'728.0);
+}
+
+TEST(ModelFlops, UtilisationIsTheModelsRateOverThePeakOfEveryRank) {
+  // llama_7b on 8 H100 SXM in bf16 at 3,000 tokens/s in all: 42,863,689,728 x 3,000 / (989.4e12 x 8).
+  const PeakFlops h100 = cuda_table_peak("NVIDIA H100 80GB HBM3", at::kBFloat16);
+  ASSERT_DOUBLE_EQ(h100.flops_per_second, 989.4e12);
+  EXPECT_NEAR(model_flops_utilisation(42'863'689'728.0, 3000, h100, 8), 0.016246, 1e-6);
+  // llama_20m on one CPU rank with a measured 100 GFLOP/s at 1,000 tokens/s: 69,697,536 x 1,000 / 1e11.
+  EXPECT_NEAR(model_flops_utilisation(69'697'536.0, 1000, PeakFlops{100e9, "test"}, 1), 0.69697536, 1e-12);
+  EXPECT_EQ(model_flops_utilisation(69'697'536.0, 1000, PeakFlops{0, "unknown"}, 1), 0.0);
+}
+
+TEST(ModelFlops, TheTableKnowsDevicesByNameAndSaysWhenItDoesNot) {
+  EXPECT_DOUBLE_EQ(cuda_table_peak("NVIDIA H100 PCIe", at::kBFloat16).flops_per_second, 756.5e12);
+  EXPECT_DOUBLE_EQ(cuda_table_peak("NVIDIA H100 80GB HBM3", at::kFloat).flops_per_second, 66.9e12);
+  EXPECT_DOUBLE_EQ(cuda_table_peak("NVIDIA H200", at::kBFloat16).flops_per_second, 989.4e12);
+  EXPECT_DOUBLE_EQ(cuda_table_peak("NVIDIA A100-SXM4-80GB", at::kBFloat16).flops_per_second, 312e12);
+  EXPECT_DOUBLE_EQ(cuda_table_peak("NVIDIA L40S", at::kBFloat16).flops_per_second, 362.05e12);
+  EXPECT_DOUBLE_EQ(cuda_table_peak("NVIDIA L4", at::kBFloat16).flops_per_second, 121e12);  // not L40S's
+  EXPECT_DOUBLE_EQ(cuda_table_peak("NVIDIA GeForce RTX 4090", at::kBFloat16).flops_per_second, 165.2e12);
+  const PeakFlops unknown = cuda_table_peak("NVIDIA Quadro K620", at::kBFloat16);
+  EXPECT_EQ(unknown.flops_per_second, 0);
+  EXPECT_NE(unknown.source.find("not in the table"), std::string::npos) << unknown.source;
+}
+
+TEST(ModelFlops, TheFlagOverridesAndTheCpuPeakIsMeasuredOnceThenCached) {
+  EXPECT_DOUBLE_EQ(device_peak_flops(c10::Device("cpu"), at::kFloat, 1, 2.5).flops_per_second, 2.5e12);
+  testing::ScratchDir cache("peak_cache");
+  const char* before = std::getenv("TRAINER_CACHE");
+  const std::string saved = before != nullptr ? before : "";
+  ::setenv("TRAINER_CACHE", cache.path().c_str(), 1);
+  const PeakFlops measured = device_peak_flops(c10::Device("cpu"), at::kFloat, 1, 0);
+  const PeakFlops cached = device_peak_flops(c10::Device("cpu"), at::kFloat, 1, 0);
+  if (before != nullptr) ::setenv("TRAINER_CACHE", saved.c_str(), 1); else ::unsetenv("TRAINER_CACHE");
+  EXPECT_GT(measured.flops_per_second, 1e8);  // any CPU of this decade: 100 MFLOP/s and more
+  EXPECT_NE(measured.source.find("measured now"), std::string::npos) << measured.source;
+  EXPECT_EQ(cached.flops_per_second, measured.flops_per_second);
+  EXPECT_NE(cached.source.find("cached in"), std::string::npos) << cached.source;
+  EXPECT_TRUE(std::filesystem::exists(cache / "peak_flops.json"));
+}
+
+}  // namespace
+}  // namespace llm
