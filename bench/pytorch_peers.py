@@ -438,7 +438,7 @@ def side_summary(paths, label):
     phase_medians = {k: statistics.median(v) for k, v in phases.items() if any(x != 0 for x in v)}
     # The trainer's own MFU (trainer/model_flops.h) of the kept steps; the peers record none.
     mfus = [s["mfu"] for path in paths for s in train_records(path)[1] if s["step"] > WARMUP_STEPS and "mfu" in s]
-    return {"median": statistics.median(kept), "round_medians": round_medians, "kept_steps": len(kept),
+    return {"median": statistics.median(kept), "times": kept, "round_medians": round_medians, "kept_steps": len(kept),
             "phases": phase_medians, "first_loss": statistics.median(first_losses), "start": start,
             "mfu_median": statistics.median(mfus) if mfus else None}
 
@@ -486,13 +486,15 @@ def run_summarize(args):
         "machine": json.loads(args.machine) if args.machine else {},
     }
     # The same figure as the trainer's step line: this script's FLOPs per token on the trainer's own
-    # peak (its start record) and the median step time, beside the trainer's median per-step MFU.
+    # peak (its start record) over each kept step's time, beside the trainer's own per-step MFU (medians).
     trainer_peak = ours["start"].get("peak_flops") or 0
     record.update({"trainer_flops_per_token": ours["start"].get("model_flops_per_token"),
                    "bench_flops_per_token": model_flops_per_token(args.config, parameters, length),
                    "trainer_peak_flops": trainer_peak, "trainer_peak_source": ours["start"].get("peak_flops_source"),
                    "ours_mfu_trainer": ours["mfu_median"],
-                   "ours_mfu_bench": (flops / ours["median"] / (trainer_peak * ranks)) if trainer_peak else None})
+                   # step by step, as the trainer does, then the median (of an even count, the middle two's mean)
+                   "ours_mfu_bench": statistics.median(flops / t / (trainer_peak * ranks) for t in ours["times"])
+                   if trainer_peak else None})
     if tuned:
         record.update({"pytorch_tuned_s": tuned["median"], "ratio_vs_tuned": tuned["median"] / ours["median"],
                        "pytorch_tuned_round_medians": tuned["round_medians"],

@@ -4,6 +4,7 @@
 #include <string>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "model/model_config.h"
 #include "test_util.h"
@@ -66,6 +67,31 @@ TEST(ModelFlops, TheFlagOverridesAndTheCpuPeakIsMeasuredOnceThenCached) {
   EXPECT_EQ(cached.flops_per_second, measured.flops_per_second);
   EXPECT_NE(cached.source.find("cached in"), std::string::npos) << cached.source;
   EXPECT_TRUE(std::filesystem::exists(cache / "peak_flops.json"));
+}
+
+// bench/train_vs_pytorch.sh's summary (bench/pytorch_peers.py) gives the trainer's MFU with its own
+// formula: the same FLOPs per token, and on the trainer's peak the same median over the kept steps.
+TEST(ModelFlops, TheBenchPrintsTheSameFigureAsTheTrainer) {
+  const std::filesystem::path python = testing::python();
+  if (!std::filesystem::exists(python)) GTEST_SKIP() << "no Python environment at " << python;
+  testing::ScratchDir dir("mfu_bench");
+  const std::string config = (testing::source_dir() / "configs/llama_micro.json").string();
+  const auto run = testing::run_command("OMP_NUM_THREADS=1 " + testing::trainer_binary().string() + " --config " + config +
+                                        " --device cpu --batch_size 4 --max_length 16 --num_training_steps 7 --eval_every 0"
+                                        " --peak_tflops 0.05 --run_dir " + (dir / "run").string());
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const std::string metrics = (dir / "run" / "metrics.jsonl").string();
+  const auto summary = testing::run_command(python.string() + " " + (testing::source_dir() / "bench/pytorch_peers.py").string() +
+                                            " summarize --comparison mfu --config " + config +
+                                            " --ranks 1 --batch 4 --length 16 --threads 1 --steps 7 --ours " + metrics +
+                                            " --theirs " + metrics + " --json");
+  ASSERT_EQ(summary.exit_code, 0) << summary.output;
+  const nlohmann::json record = nlohmann::json::parse(summary.output.substr(summary.output.rfind("{\"comparison\"")));
+  EXPECT_EQ(record.at("trainer_flops_per_token").get<double>(), record.at("bench_flops_per_token").get<double>());
+  EXPECT_EQ(record.at("trainer_peak_flops").get<double>(), 0.05e12);
+  const double trainer = record.at("ours_mfu_trainer").get<double>(), bench = record.at("ours_mfu_bench").get<double>();
+  EXPECT_GT(trainer, 0);
+  EXPECT_NEAR(bench, trainer, 1e-9 * trainer);
 }
 
 }  // namespace

@@ -105,11 +105,40 @@ TEST(TensorBoard, FourRanksWriteOneFileFromRankZeroWithTheLargestMemoryOverRanks
                                         run_dir.string() + " --tensorboard_dir " + (dir / "events").string());
   ASSERT_EQ(run.exit_code, 0) << run.output;
   EXPECT_EQ(event_files(dir / "events").size(), 1u);
+  // The step line names its memory figure's source and gives the MFU.
+  EXPECT_NE(run.output.find("| mfu "), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("| peak_rss "), std::string::npos) << run.output;
+  // The end: a line per rank, where its peak was and the lever that lowers it most (the estimate's),
+  // and the same in the memory record.
+  for (int rank = 0; rank < 4; ++rank)
+    EXPECT_NE(run.output.find("rank " + std::to_string(rank) + ": peak "), std::string::npos) << run.output;
+  const auto memory = testing::read_metrics_events(run_dir, "memory");
+  ASSERT_EQ(memory.size(), 1u);
+  ASSERT_EQ(memory[0].at("ranks").size(), 4u);
+  for (const auto& rank : memory[0].at("ranks")) {
+    const auto& lever = rank.at("lowers_peak_most");
+    EXPECT_FALSE(lever.at("flags").get<std::string>().empty()) << rank.dump();
+    EXPECT_LT(lever.at("estimated_lowered_bytes").get<int64_t>(), lever.at("estimated_peak_bytes").get<int64_t>()) << rank.dump();
+  }
   EXPECT_FALSE(fs::exists(run_dir / "tensorboard"));
   const auto checked = testing::run_command(python + " " + (testing::source_dir() / "tests/tensorboard_check.py").string() +
                                             " --run_dir " + run_dir.string() + " --events " + (dir / "events").string() +
                                             " --steps 3 --ranks 4");
   EXPECT_EQ(checked.exit_code, 0) << checked.output;
+}
+
+TEST(TensorBoard, ABadFolderOrPeakIsExitTwoNamingTheFlag) {
+  testing::ScratchDir dir("tensorboard_bad");
+  const fs::path file = dir / "a_file";
+  testing::run_command("touch " + file.string());
+  const std::string base = testing::trainer_launcher(1) + micro_flags() + " --batch_size 4 --eval_every 0 --num_training_steps 1 --run_dir " +
+                           (dir / "run").string();
+  const auto on_a_file = testing::run_command(base + " --tensorboard_dir " + file.string());
+  EXPECT_EQ(on_a_file.exit_code, 2) << on_a_file.output;
+  EXPECT_NE(on_a_file.output.find("--tensorboard_dir"), std::string::npos) << on_a_file.output;
+  const auto negative = testing::run_command(base + " --peak_tflops -1");
+  EXPECT_EQ(negative.exit_code, 2) << negative.output;
+  EXPECT_NE(negative.output.find("--peak_tflops"), std::string::npos) << negative.output;
 }
 
 }  // namespace

@@ -185,13 +185,17 @@ std::vector<LeverAdvice> RunRecords::lever_advice() const {
 
 // One line per rank: where its peak was and what would lower it most.
 std::string RunRecords::peak_line(const RankMemorySummary& rank, const LeverAdvice* lever) const {
+  // What held most of it: the largest category at the peak, or the temporaries of the phase.
   int largest = 0;
   for (int i = 1; i < MemoryCategories::kCount; ++i)
     if (rank.at_peak.at(i) > rank.at_peak.at(largest)) largest = i;
+  const bool transient = rank.transient_at_peak > rank.at_peak.at(largest);
+  const std::string most = transient ? "temporaries inside the phase " + human_bytes(rank.transient_at_peak)
+                                     : std::string(MemoryCategories::titles()[static_cast<size_t>(largest)]) + " " +
+                                           human_bytes(rank.at_peak.at(largest));
   std::string line = "rank " + std::to_string(rank.rank) + ": peak " + human_bytes(rank.peak_bytes) +
                      " of tracked tensors at step " + std::to_string(rank.peak_step) + ", " + rank.peak_phase + " (" +
-                     MemoryCategories::titles()[static_cast<size_t>(largest)] + " " + human_bytes(rank.at_peak.at(largest)) +
-                     " of it); ";
+                     most + " of it); ";
   if (lever == nullptr) return line + "no estimate of what would lower it";
   if (lever->flags.empty()) return line + "no single lever lowers its estimated peak";
   char cost[64];
