@@ -82,6 +82,8 @@ json RunConfig::to_json() const {
       {"divergence_patience", divergence_patience},
       {"collective_timeout", collective_timeout},
       {"preemption_grace_seconds", preemption_grace_seconds},
+      {"stop_at_step", stop_at_step},
+      {"max_runtime", max_runtime},
       {"skip_memory_check", skip_memory_check},
       {"activation_checkpointing_every", activation_checkpointing_every},
       {"fuse_optimizer_with_backward", fuse_optimizer_with_backward},
@@ -190,6 +192,8 @@ RunConfig run_config_from_json(const json& object, const std::string& source) {
   read("divergence_patience", run.divergence_patience);
   read("collective_timeout", run.collective_timeout);
   read("preemption_grace_seconds", run.preemption_grace_seconds);
+  read("stop_at_step", run.stop_at_step);
+  read("max_runtime", run.max_runtime);
   read("skip_memory_check", run.skip_memory_check);
   read("activation_checkpointing_every", run.activation_checkpointing_every);
   read("fuse_optimizer_with_backward", run.fuse_optimizer_with_backward);

@@ -214,6 +214,12 @@ struct RunConfig {
   double collective_timeout = 600;
   // Seconds from a preemption signal to the job's end (trainer/preemption.h); 0: no limit.
   double preemption_grace_seconds = 0;
+  // Stopping before the end, with a save and exit status 0 (trainer/train_loop.cpp): --stop_at_step N
+  // (0: none) after step N, the schedule still that of num_training_steps; --max_runtime (""
+  // none; common/run_deadline.h) at the first step boundary where one more step and a save would
+  // pass it.
+  int64_t stop_at_step = 0;
+  std::string max_runtime;
   int64_t divergence_patience = 10;  // steps of a dead or runaway run before it stops (trainer/divergence.h); 0: never
   bool skip_memory_check = false;    // --skip_memory_check: start even when the estimate says it does not fit
   // Activation checkpointing: every K-th transformer block (blocks 0, K, 2K, ...) recomputes its

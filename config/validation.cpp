@@ -18,6 +18,7 @@
 #include <string>
 
 #include "common/errors.h"
+#include "common/run_deadline.h"
 #include "common/split.h"
 #include "common/watchdog.h"
 #include "model/recompute.h"
@@ -200,6 +201,18 @@ void check_memory_flags(const RunConfig& run, const ModelConfig& model) {
 
 // When a run stops itself: the stall watchdog, the preemption grace, the divergence check.
 void check_safeguard_flags(const RunConfig& run) {
+  require_flag(run.stop_at_step >= 0 && run.stop_at_step < run.num_training_steps, "--stop_at_step",
+               "0 (none) or a step before the run's last, " + std::to_string(run.num_training_steps) +
+                   " (--num_training_steps): at the last step the run ends anyway",
+               run.stop_at_step);
+  if (!run.max_runtime.empty()) {
+    const std::optional<double> end = max_runtime_end_epoch(run.max_runtime, process_start_epoch());
+    require_flag(end.has_value(), "--max_runtime",
+                 "minutes from the start (a number > 0, e.g. 230 or 1.5) or an end time in local time, "
+                 "YYYY-MM-DDTHH:MM[:SS] (e.g. 2026-11-26T18:00)",
+                 "\"" + run.max_runtime + "\"");
+    require_flag(*end > now_epoch(), "--max_runtime", "an end that is still ahead", "\"" + run.max_runtime + "\", which has passed");
+  }
   require_flag(std::isfinite(run.collective_timeout) && run.collective_timeout >= 0 && run.collective_timeout <= 1e7,
                "--collective_timeout",
                "a number of seconds >= 0 and at most 1e7 (0 turns the stall watchdog off)", run.collective_timeout);

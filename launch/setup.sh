@@ -19,7 +19,8 @@ log() { printf '[setup] %s\n' "$*"; }
 
 apt_packages=(cmake ninja-build g++ ccache pkg-config libopenmpi-dev openmpi-bin libspdlog-dev
               nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev
-              libexpat1-dev patchelf zlib1g-dev libzstd-dev libprotobuf-dev protobuf-compiler)
+              libexpat1-dev patchelf zlib1g-dev libzstd-dev libprotobuf-dev protobuf-compiler
+              slurmctld slurmd slurm-client munge)  # the last four: tests/slurm (a one-host cluster)
 missing=()
 for package in "${apt_packages[@]}"; do
   dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")

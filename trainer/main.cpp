@@ -117,6 +117,15 @@ int exit_status(const llm::TrainingOutcome& outcome, const llm::RunConfig& run, 
                      signal, outcome.steps, outcome.preemption_checkpoint, run.checkpoint.save_dir);
     return 0;
   }
+  if (!outcome.stopped_by.empty()) {
+    if (world.rank == 0)
+      llm::log::info("stopped after step {} of {} ({}): {}", outcome.steps, run.num_training_steps, outcome.stopped_by,
+                     outcome.preemption_checkpoint.empty()
+                         ? std::string("nothing was saved (no --save_dir)")
+                         : "saved " + outcome.preemption_checkpoint + "; go on with the same flags and --continue_from " +
+                               run.checkpoint.save_dir);
+    return 0;
+  }
   llm::log::info("done: {} steps, final loss {:.4f}, final eval loss {:.4f}", outcome.steps,
                  outcome.final_loss, outcome.final_eval_loss);
   return 0;

@@ -91,25 +91,29 @@ void start_preemption_deadline(double grace_seconds) {
 
 int preemption_signal_received() { return received_signal.load(); }
 
-int preemption_agreed(Communicator& communicator, bool* written, bool* write_failed) {
+int preemption_agreed(Communicator& communicator, bool* written, bool* write_failed, bool* time_up) {
   const int mine = preemption_signal_received();
   // One slot per signal, summed over ranks: which signals any rank has seen; then, with `written`,
-  // how many ranks have not written their files yet; then, with `write_failed`, how many could not
-  // write a run file.
+  // how many ranks have not written their files yet; with `write_failed`, how many could not write a
+  // run file; with `time_up`, how many found --max_runtime reached.
   const int64_t signals = static_cast<int64_t>(kPreemptionSignals.size());
-  const int64_t failed_slot = signals + (written ? 1 : 0);
-  at::Tensor seen = at::zeros({failed_slot + (write_failed ? 1 : 0)}, at::kLong);
+  const int64_t written_slot = signals;
+  const int64_t failed_slot = written_slot + (written ? 1 : 0);
+  const int64_t time_slot = failed_slot + (write_failed ? 1 : 0);
+  at::Tensor seen = at::zeros({time_slot + (time_up ? 1 : 0)}, at::kLong);
   for (size_t i = 0; i < kPreemptionSignals.size(); ++i)
     if (mine == kPreemptionSignals[i]) seen[static_cast<int64_t>(i)] = 1;
-  if (written) seen[signals] = *written ? 0 : 1;
+  if (written) seen[written_slot] = *written ? 0 : 1;
   if (write_failed) seen[failed_slot] = *write_failed ? 1 : 0;
+  if (time_up) seen[time_slot] = *time_up ? 1 : 0;
   if (communicator.world_size() > 1) {
     seen = seen.to(communicator.device());
     communicator.all_reduce(seen, ReduceOp::sum);
     seen = seen.to(at::kCPU);
   }
-  if (written) *written = seen[signals].item<int64_t>() == 0;
+  if (written) *written = seen[written_slot].item<int64_t>() == 0;
   if (write_failed) *write_failed = seen[failed_slot].item<int64_t>() != 0;
+  if (time_up) *time_up = seen[time_slot].item<int64_t>() != 0;
   for (size_t i = 0; i < kPreemptionSignals.size(); ++i)
     if (seen[static_cast<int64_t>(i)].item<int64_t>() > 0) return kPreemptionSignals[i];
   return 0;

@@ -39,8 +39,11 @@ int preemption_signal_received();
 // asynchronous save in flight, checkpoint/checkpoint.h's BackgroundSave), the same all-reduce carries a
 // fourth counter: in, whether this rank's files are written; out, whether every rank's are. With
 // `write_failed` (every rank passes it or none), one more: in, whether this rank could not write a run
-// file (common/output_files.h, a pending failure); out, whether any rank could not.
-int preemption_agreed(Communicator& communicator, bool* written = nullptr, bool* write_failed = nullptr);
+// file (common/output_files.h, a pending failure); out, whether any rank could not. With `time_up`
+// (every rank or none), one more: in, whether this rank finds --max_runtime reached; out, whether any
+// rank does (their clocks may differ by a little: all stop after the same step).
+int preemption_agreed(Communicator& communicator, bool* written = nullptr, bool* write_failed = nullptr,
+                      bool* time_up = nullptr);
 
 // "SIGTERM", "SIGINT", "SIGUSR1", else "a signal".
 const char* signal_name(int signal);

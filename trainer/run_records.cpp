@@ -158,11 +158,16 @@ void RunRecords::preempted_before_first_step(int64_t start_step, int signal) {
 
 void RunRecords::finish(int64_t steps, int64_t steps_run, const ShardedModel& model, Communicator& communicator,
                         double final_loss, double final_eval_loss, int preempted_by,
-                        const std::string& preemption_checkpoint) {
+                        const std::string& preemption_checkpoint, const std::string& stopped_by) {
   finish_memory_ledger(steps_run, communicator);
   metrics_.write(gather_schedule_record(model));
   if (preempted_by != 0)
     metrics_.write({{"event", "preempted"}, {"step", steps}, {"signal", signal_name(preempted_by)},
+                    {"checkpoint", preemption_checkpoint.empty() ? nlohmann::json() : nlohmann::json(preemption_checkpoint)}});
+  else if (!stopped_by.empty())  // --stop_at_step or --max_runtime: an end before the last step, saved
+    metrics_.write({{"event", "end"}, {"steps", steps}, {"final_loss", final_loss},
+                    {"final_eval_loss", final_eval_loss}, {"peak_memory_bytes", ledger_.step_line_peak_bytes()},
+                    {"stopped_by", stopped_by},
                     {"checkpoint", preemption_checkpoint.empty() ? nlohmann::json() : nlohmann::json(preemption_checkpoint)}});
   else
     metrics_.write({{"event", "end"}, {"steps", steps}, {"final_loss", final_loss},

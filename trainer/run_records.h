@@ -68,7 +68,8 @@ class RunRecords {
   // RUN_DIR/memory_report.md), the gather order, and an "end" record, or a "preempted" one when
   // preempted_by is a signal.
   void finish(int64_t steps, int64_t steps_run, const ShardedModel& model, Communicator& communicator,
-              double final_loss, double final_eval_loss, int preempted_by, const std::string& preemption_checkpoint);
+              double final_loss, double final_eval_loss, int preempted_by, const std::string& preemption_checkpoint,
+              const std::string& stopped_by);
 
  private:
   void finish_memory_ledger(int64_t steps_run, Communicator& communicator);

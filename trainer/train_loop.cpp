@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "common/memory_stats.h"
 #include "common/output_files.h"
+#include "common/run_deadline.h"
 #include "config/optimizer_setup.h"
 #include "data/corpus_identity.h"
 #include "data/document_windows.h"
@@ -228,7 +229,10 @@ void Training::shard_when_built(const UnitSpec& unit, NamedTensors parameters) {
 }
 
 TrainingOutcome Training::run() {
-  TrainingOutcome outcome{start_step_, 0, 0, corpus_.unigram_entropy, corpus_.entropy_rate, 0, {}};
+  TrainingOutcome outcome;
+  outcome.steps = start_step_;
+  outcome.corpus_unigram_entropy = corpus_.unigram_entropy;
+  outcome.corpus_entropy_rate = corpus_.entropy_rate;
   watchdog_ = context_.watchdog;
   if (watchdog_ == nullptr) {
     own_watchdog_ = watch_for_stalls(run_, context_.rank, context_.world_size, process_identity().host);
@@ -242,6 +246,11 @@ TrainingOutcome Training::run() {
     records_.preempted_before_first_step(start_step_, signal);
     return outcome;
   }
+  LLM_REQUIRE(run_.stop_at_step == 0 || run_.stop_at_step > start_step_, "command line", "--stop_at_step",
+              std::to_string(run_.stop_at_step) + " is not after the step this run resumes from, " +
+                  std::to_string(start_step_) + ": give a later step, or leave the flag out");
+  if (!run_.max_runtime.empty())
+    run_end_epoch_ = max_runtime_end_epoch(run_.max_runtime, process_start_epoch()).value_or(0);
   // A run file that cannot be written stops every rank together at a step's end, after a last save
   // (common/output_files.h); not one rank alone mid-step.
   defer_write_failures(true);
@@ -260,8 +269,10 @@ TrainingOutcome Training::run() {
     if (step % run_.logging.log_every == 0 || last) log_step(step, result, seconds);
     if ((run_.data.eval_every > 0 && step % run_.data.eval_every == 0) || last)
       outcome.final_eval_loss = evaluate_and_record(step);
-    const StepEnd end = agree_at_step_end(step);
+    const StepEnd end = agree_at_step_end(step, seconds);
     if (!last) outcome.preempted_by = end.signal;  // at the last step the run ends anyway: only the write failures count
+    if (!last && outcome.preempted_by == 0 && (end.time_up || step == run_.stop_at_step))
+      outcome.stopped_by = end.time_up ? "--max_runtime" : "--stop_at_step";
     save_at_step_end(step, last, end, outcome);
     ledger_.end_step();
     if (step % run_.logging.log_every == 0 || last) records_.step_memory(step, communicator_);
@@ -273,13 +284,13 @@ TrainingOutcome Training::run() {
       stop_device_memory_history(device_);
     }
     if (end.write_failed) stop_for_write_failure(step, "", "");  // no --save_dir
-    if (outcome.preempted_by != 0) break;
+    if (outcome.preempted_by != 0 || !outcome.stopped_by.empty()) break;
   }
   defer_write_failures(false);
   if (offload_) offload_->wait_all();  // the masters hold the last step before anything reads them
   watchdog_->progress(outcome.steps, "finish");
   records_.finish(outcome.steps, outcome.steps - start_step_, sharded_, communicator_, outcome.final_loss,
-                  outcome.final_eval_loss, outcome.preempted_by, outcome.preemption_checkpoint);
+                  outcome.final_eval_loss, outcome.preempted_by, outcome.preemption_checkpoint, outcome.stopped_by);
   own_watchdog_.reset();  // training ended: its heartbeat file goes (main's goes when main ends)
   watchdog_ = nullptr;
   return outcome;
@@ -325,20 +336,30 @@ double Training::evaluate_and_record(int64_t step) {
 // after this step, saving it when there is a --save_dir. An asynchronous save completes at the first
 // boundary where every rank has written its files (the same all-reduce says so), or before the next
 // save, a preemption or the end.
-Training::StepEnd Training::agree_at_step_end(int64_t step) {
+Training::StepEnd Training::agree_at_step_end(int64_t step, double step_seconds) {
   watchdog_->progress(step, "step end");
   StepEnd end;
   end.save_written = checkpoints_->background_save_written();
   end.write_failed = write_failure_pending();
+  // --max_runtime: stop now when the next step and then a save would not end before the limit.
+  end.time_up = run_end_epoch_ > 0 && now_epoch() + step_seconds + save_seconds_estimate() >= run_end_epoch_;
   end.signal = preemption_agreed(host_communicator_, checkpoints_->saving_in_background() ? &end.save_written : nullptr,
-                                 &end.write_failed);
+                                 &end.write_failed, run_end_epoch_ > 0 ? &end.time_up : nullptr);
   return end;
+}
+
+double Training::save_seconds_estimate() const {
+  if (run_.checkpoint.save_dir.empty()) return 0;
+  if (last_save_seconds_ >= 0) return last_save_seconds_;
+  int64_t bytes = optimizer().state_bytes();
+  for (size_t u = 0; u < sharded_.unit_count(); ++u) bytes += static_cast<int64_t>(sharded_.unit(u).compute_parameter_bytes());
+  return static_cast<double>(bytes) / 200e6 + 1.0;
 }
 
 void Training::save_at_step_end(int64_t step, bool last, const StepEnd& end, TrainingOutcome& outcome) {
   const bool periodic_save = run_.checkpoint.save_every > 0 && step % run_.checkpoint.save_every == 0;
-  const bool save_now =
-      !run_.checkpoint.save_dir.empty() && (periodic_save || last || outcome.preempted_by != 0 || end.write_failed);
+  const bool stopping = outcome.preempted_by != 0 || !outcome.stopped_by.empty();
+  const bool save_now = !run_.checkpoint.save_dir.empty() && (periodic_save || last || stopping || end.write_failed);
   if (checkpoints_->saving_in_background() && (end.save_written || save_now)) {  // save_now covers the last step and a preemption
     watchdog_->progress(step, "checkpoint");
     checkpoints_->finish_background_save(current_step_);
@@ -346,7 +367,7 @@ void Training::save_at_step_end(int64_t step, bool last, const StepEnd& end, Tra
   if (!save_now) return;
   watchdog_->progress(step, "checkpoint");
   // The last step's save, a preemption's and a write failure's are waited for: nothing comes after them.
-  if (run_.checkpoint.async_save && !last && outcome.preempted_by == 0 && !end.write_failed) {
+  if (run_.checkpoint.async_save && !last && !stopping && !end.write_failed) {
     checkpoints_->start_background_save(step);
   } else if (end.write_failed) {
     std::string folder, problem;
@@ -357,8 +378,10 @@ void Training::save_at_step_end(int64_t step, bool last, const StepEnd& end, Tra
     }
     stop_for_write_failure(step, folder, problem);
   } else {
+    const auto started = std::chrono::steady_clock::now();
     const std::string folder = checkpoints_->save(step);
-    if (outcome.preempted_by != 0) outcome.preemption_checkpoint = folder;
+    last_save_seconds_ = seconds_since(started);
+    if (stopping) outcome.preemption_checkpoint = folder;
   }
   watchdog_->progress(step, "checkpoint");
   ledger_.point("checkpoint", "", owned_now());

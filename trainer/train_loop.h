@@ -60,7 +60,10 @@ struct TrainingOutcome {
   // Preempted (trainer/preemption.h): the signal the ranks agreed on after step `steps`, and the
   // checkpoint holding that step ("" without --save_dir). 0: the run went to its end.
   int preempted_by = 0;
-  std::string preemption_checkpoint;
+  std::string preemption_checkpoint;  // also the checkpoint of a run stopped by stopped_by
+  // Stopped before the end on purpose: "--stop_at_step" or "--max_runtime" ("" otherwise), after step
+  // `steps`, saved in preemption_checkpoint when there is a --save_dir.
+  std::string stopped_by;
   // The signal came during start-up: the run stopped before its first step (nothing trained, nothing
   // to save; `steps` is where it would have started).
   bool preempted_before_first_step = false;

@@ -67,8 +67,12 @@ class Training {
     int signal = 0;
     bool save_written = true;
     bool write_failed = false;
+    bool time_up = false;  // --max_runtime: one more step and a save would pass it (on some rank)
   };
-  StepEnd agree_at_step_end(int64_t step);
+  StepEnd agree_at_step_end(int64_t step, double step_seconds);
+  // --max_runtime's save estimate: the last waited save's seconds, or before any the checkpoint's
+  // bytes at 200 MB/s plus a second.
+  double save_seconds_estimate() const;
   // The step's checkpoint, when one is due (--save_every, the last step, a preemption or a write
   // failure), and the completion of a background save.
   void save_at_step_end(int64_t step, bool last, const StepEnd& end, TrainingOutcome& outcome);
@@ -109,6 +113,8 @@ class Training {
   std::unique_ptr<StallWatchdog> own_watchdog_;
   int64_t current_step_ = 0;
   int64_t start_step_ = 0;
+  double run_end_epoch_ = 0;        // --max_runtime's end (common/run_deadline.h); 0: none
+  double last_save_seconds_ = -1;   // the last save the loop waited for; < 0: none yet
   int64_t eval_sequences_ = 0;  // held-out sequences one evaluation reads, across the job (evaluate)
   int64_t live_batch_bytes_ = 0;
   DivergenceWatch divergence_;

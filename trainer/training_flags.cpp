@@ -97,6 +97,14 @@ void add_safeguard_flags(CLI::App& app, NumberFlags& numbers, TrainingFlags& fla
                         "and checkpoint have not finished by then ends itself (exit 128 + signal), saying so; 0: no "
                         "limit")
           ->capture_default_str());
+  flags.add(numbers.add(app, "--stop_at_step", run.stop_at_step,
+                        "stop after this step (saving it with --save_dir) and exit 0; the learning-rate schedule "
+                        "stays that of --num_training_steps, so --continue_from goes on as if never stopped; 0: none")
+          ->capture_default_str());
+  flags.add(app.add_option("--max_runtime", run.max_runtime,
+                           "minutes from the start (230, 1.5) or an end time (2026-11-26T18:00, local): stop at "
+                           "the first step boundary where one more step and a save would pass it, save (with "
+                           "--save_dir) and exit 0 (Megatron's --exit-duration-in-mins)"));
   flags.add(app.add_flag("--skip_memory_check", run.skip_memory_check,
                          "start even when the start-up memory check (this run's estimate against the GPU's free memory "
                          "and the node's available RAM) says it does not fit"));

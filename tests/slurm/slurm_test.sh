@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# Slurm for real on this one machine: a one-host cluster (slurmctld, slurmd and a munged of its own,
+# configured in a temporary folder, on loopback, without cgroups) and, on it:
+#   1. srun --mpi=pmix with 2 and 4 tasks: every step's loss, gradient norm and lr equal to mpirun's run;
+#   2. sbatch launch/slurm.sbatch: the job, sent USR1 as Slurm's --signal sends it, saves and exits 0,
+#      the script requeues it, and the requeued job resumes and ends with the uninterrupted run's losses.
+#
+#   bash tests/slurm/slurm_test.sh TRAINER MPIEXEC     (ctest: slurm_srun_and_sbatch)
+#
+# Exit 77 (ctest's skip) naming what is missing where Slurm or munge is not installed (launch/setup.sh
+# installs Debian's slurmctld, slurmd, slurm-client and munge) or the daemons cannot start here.
+set -u
+TRAINER=$(readlink -f "$1")
+MPIEXEC=$2
+cd "$(dirname "$0")/../.."
+SOURCE=$(pwd)
+PY=${PYTHON:-python3}
+
+skip() { echo "SKIP: $*"; exit 77; }
+fail() { echo "FAIL: $*"; [ -n "${work:-}" ] && tail -n 20 "$work"/log/*.log "$work"/job/*.out 2>/dev/null; exit 1; }
+for tool in slurmctld slurmd srun sbatch squeue scontrol scancel munged; do
+  command -v "$tool" >/dev/null || skip "no $tool here (Debian: apt-get install slurmctld slurmd slurm-client munge)"
+done
+
+work=$(mktemp -d /tmp/slurm_test.XXXXXX)
+cleanup() {
+  for daemon in slurmd slurmctld munged; do
+    [ -f "$work/$daemon.pid" ] && kill "$(cat "$work/$daemon.pid")" 2>/dev/null
+  done
+  sleep 1
+  rm -rf "$work"
+}
+trap cleanup EXIT
+[ -n "${KEEP_SLURM_TEST:-}" ] && trap - EXIT  # keep the folder to look into
+mkdir -p "$work"/{state,spool,log,munge,job}
+
+# munge: a daemon of our own, on its own socket, with a fresh key.
+dd if=/dev/urandom of="$work/munge/munge.key" bs=1024 count=1 status=none
+chmod 400 "$work/munge/munge.key"
+chmod 700 "$work/munge"
+munged --force --socket="$work/munge/munge.socket" --key-file="$work/munge/munge.key" \
+       --pid-file="$work/munged.pid" --log-file="$work/log/munged.log" --seed-file="$work/munge/seed" \
+  || skip "munged does not start here ($(tail -n 1 "$work/log/munged.log" 2>/dev/null))"
+
+host=$(hostname -s)
+port=$(( 20000 + $$ % 20000 ))
+cat > "$work/slurm.conf" <<CONF
+ClusterName=trainer-test
+SlurmctldHost=$host
+SlurmUser=$(id -un)
+SlurmdUser=$(id -un)
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$work/munge/munge.socket
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+MpiDefault=none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+StateSaveLocation=$work/state
+SlurmdSpoolDir=$work/spool
+SlurmctldPidFile=$work/slurmctld.pid
+SlurmdPidFile=$work/slurmd.pid
+SlurmctldLogFile=$work/log/slurmctld.log
+SlurmdLogFile=$work/log/slurmd.log
+SlurmctldPort=$port
+SlurmdPort=$((port + 1))
+SlurmdParameters=config_overrides
+ReturnToService=2
+NodeName=$host CPUs=4 Sockets=1 CoresPerSocket=4 ThreadsPerCore=1 State=UNKNOWN
+PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+CONF
+export SLURM_CONF="$work/slurm.conf"
+slurmctld -f "$SLURM_CONF" || skip "slurmctld does not start here"
+slurmd -f "$SLURM_CONF" || skip "slurmd does not start here"
+for _ in $(seq 1 30); do
+  [ "$(sinfo -h -o %t 2>/dev/null)" = idle ] && break
+  sleep 1
+done
+[ "$(sinfo -h -o %t 2>/dev/null)" = idle ] || skip "the one-host cluster's node is not idle: $(sinfo -h -o '%t %E' 2>&1)"
+echo "one-host cluster up: $host, ports $port-$((port + 1)), $(srun --version)"
+
+export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+flags=(--config "$SOURCE/configs/llama_micro.json" --device cpu --max_length 16 --total_batch_size 4
+       --eval_every 0 --eval_batches 1 --warmup_steps 2 --lr 1e-2)
+
+# The train records' loss, grad_norm and lr by step (the last record of a step), as JSON.
+records() {
+  "$PY" - "$1" <<'PY'
+import json, sys
+steps = {}
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if r.get("event") == "train":
+        steps[r["step"]] = [r["loss"], r["grad_norm"], r["lr"]]
+print(json.dumps(steps, sort_keys=True))
+PY
+}
+
+# 1. srun with 2 and 4 tasks against mpirun.
+for ranks in 2 4; do
+  "$MPIEXEC" --oversubscribe -np "$ranks" "$TRAINER" "${flags[@]}" --batch_size $((4 / ranks)) \
+    --num_training_steps 4 --run_dir "$work/mpirun_$ranks" > "$work/log/mpirun_$ranks.log" 2>&1 \
+    || fail "mpirun -np $ranks: $(tail -n 3 "$work/log/mpirun_$ranks.log")"
+  timeout 120 srun --mpi=pmix -n "$ranks" "$TRAINER" "${flags[@]}" --batch_size $((4 / ranks)) \
+    --num_training_steps 4 --run_dir "$work/srun_$ranks" > "$work/log/srun_$ranks.log" 2>&1 \
+    || fail "srun --mpi=pmix -n $ranks: $(tail -n 5 "$work/log/srun_$ranks.log")"
+  grep -q "world_size\":$ranks" "$work/srun_$ranks/metrics.jsonl" || fail "srun -n $ranks: not one world of $ranks"
+  [ "$(records "$work/mpirun_$ranks/metrics.jsonl")" = "$(records "$work/srun_$ranks/metrics.jsonl")" ] \
+    || fail "srun -n $ranks and mpirun -np $ranks differ: $(records "$work/srun_$ranks/metrics.jsonl") vs $(records "$work/mpirun_$ranks/metrics.jsonl")"
+  echo "srun --mpi=pmix -n $ranks: 4 steps, the same bits as mpirun -np $ranks"
+done
+
+# 2. sbatch: a signal mid-run, the save, the requeue, the resume.
+steps=60
+"$MPIEXEC" --oversubscribe -np 2 "$TRAINER" "${flags[@]}" --batch_size 2 --num_training_steps $steps \
+  --run_dir "$work/straight" > "$work/log/straight.log" 2>&1 || fail "the uninterrupted run: $(tail -n 3 "$work/log/straight.log")"
+job=$(cd "$work/job" && RUN_DIR="$work/job/run" SAVE_DIR="$work/job/ckpt" TRAINER="$TRAINER" \
+      sbatch --parsable -n 2 --output="$work/job/slurm-%j.out" "$SOURCE/launch/slurm.sbatch" \
+      "${flags[@]}" --batch_size 2 --num_training_steps $steps --log_every 1) || fail "sbatch refused the job"
+echo "submitted job $job"
+# Once it trains (a few steps in), the notice Slurm's --signal=USR1@120 would send.
+for _ in $(seq 1 600); do
+  n=$(grep -c '"event":"train"' "$work/job/run/metrics.jsonl" 2>/dev/null || true)
+  [ "${n:-0}" -ge 5 ] && break
+  sleep 0.1
+done
+[ "${n:-0}" -ge 5 ] || fail "job $job did not start training"
+scancel --signal=USR1 "$job" || fail "scancel --signal=USR1 $job"
+echo "sent USR1 to job $job at step ${n}"
+# The job saves and is requeued. Slurm holds a requeued batch job back for a while (its begin time,
+# about two minutes in 22.05): start it now instead, as an operator may.
+for _ in $(seq 1 300); do
+  grep -q "requeueing job $job" "$work"/job/slurm-*.out 2>/dev/null && break
+  sleep 0.2
+done
+sleep 1
+scontrol update JobId="$job" StartTime=now 2>/dev/null || true
+# The second start resumes and ends.
+for _ in $(seq 1 240); do
+  grep -q '"event":"end"' "$work/job/run/metrics.jsonl" 2>/dev/null && ! squeue -h -j "$job" 2>/dev/null | grep -q . && break
+  sleep 1
+done
+grep -q '"event":"preempted"' "$work/job/run/metrics.jsonl" || fail "job $job was not preempted by the signal"
+grep -q "requeueing job $job" "$work"/job/slurm-*.out || fail "job $job was not requeued"
+grep -q '"event":"end"' "$work/job/run/metrics.jsonl" || fail "job $job did not end after its requeue"
+[ "$(grep -c '"event":"start"' "$work/job/run/metrics.jsonl")" -ge 2 ] || fail "job $job did not start twice"
+[ "$(records "$work/job/run/metrics.jsonl")" = "$(records "$work/straight/metrics.jsonl")" ] \
+  || fail "the preempted and requeued job's steps differ from the uninterrupted run's"
+echo "sbatch launch/slurm.sbatch: USR1 at step $n -> saved, exit 0, requeued, resumed; all $steps steps equal to the uninterrupted run"
