@@ -1,0 +1,190 @@
+#!/usr/bin/env bash
+# Several nodes on this one machine: each "node" is a Linux network namespace joined to the others by a
+# bridge and veth links (10.78.0.K/24), with a host name of its own (a UTS namespace), and Open MPI
+# starts its daemons in them through a launch agent that enters the namespace in place of ssh
+# (tests/multinode/agent.sh), so `mpirun --hostfile` runs ranks on different nodes that talk over TCP.
+#   1. 2 nodes x 2 ranks: every step equal to 1 node x 4 ranks bitwise; the memory record groups the
+#      ranks by node ([0,1], [2,3]);
+#   2. a checkpoint written by 2 nodes resumes on 1 node and on 3, and ends within 1e-5 of the
+#      uninterrupted run's loss (other world sizes sum in another order);
+#   3. SIGTERM to launch/mpirun.sh preempts every node: each rank saves at the next step boundary,
+#      exit 0, and the job resumes from that checkpoint.
+#
+#   bash tests/multinode/multinode_test.sh TRAINER MPIEXEC    (ctest: multinode_namespaces)
+#
+# Needs root (ip netns, unshare): exit 77 (ctest's skip) naming what is missing otherwise.
+set -u
+TRAINER=$(readlink -f "$1")
+MPIEXEC=$2
+cd "$(dirname "$0")/../.."
+SOURCE=$(pwd)
+PY=${PYTHON:-python3}
+skip() { echo "SKIP: $*"; exit 77; }
+fail() { echo "FAIL: $*"; exit 1; }
+command -v ip >/dev/null && command -v unshare >/dev/null || skip "no ip or unshare here (iproute2, util-linux)"
+
+tag=$(( $$ % 1000 ))
+bridge=trbr$tag
+work=$(mktemp -d /tmp/multinode_test.XXXXXX)
+nodes=()
+cleanup() {
+  pkill -9 -f "lost-node-agent-$tag" 2>/dev/null
+  for ns in "${nodes[@]}"; do
+    ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null
+    ip netns del "$ns" 2>/dev/null
+  done
+  ip link del "$bridge" 2>/dev/null
+  [ -n "${KEEP_MULTINODE_TEST:-}" ] || rm -rf "$work"
+}
+trap cleanup EXIT
+
+ip link add "$bridge" type bridge 2>/dev/null || skip "cannot make a bridge here (ip link add type bridge: needs root or CAP_NET_ADMIN)"
+ip link set "$bridge" up
+ip addr add 10.78.0.254/24 dev "$bridge"
+for k in 1 2 3; do
+  ns=trn${tag}_$k
+  ip netns add "$ns" || skip "cannot make a network namespace here (ip netns add)"
+  nodes+=("$ns")
+  ip link add "trv${tag}_$k" type veth peer name eth0 netns "$ns" || skip "cannot make veth links here"
+  ip link set "trv${tag}_$k" master "$bridge"
+  ip link set "trv${tag}_$k" up
+  ip -n "$ns" addr add "10.78.0.$k/24" dev eth0
+  ip -n "$ns" link set eth0 up
+  ip -n "$ns" link set lo up
+done
+ip netns exec "${nodes[0]}" unshare --uts true 2>/dev/null || skip "cannot make a UTS namespace here (unshare --uts)"
+
+# The launch agent: Open MPI runs "AGENT HOST COMMAND..." where ssh would go.
+cat > "$work/agent.sh" <<AGENT
+#!/usr/bin/env bash
+host=\$1; shift
+k=\${host##*.}
+exec ip netns exec trn${tag}_\$k unshare --uts sh -c "hostname node\$k; exec \$*"
+AGENT
+# The same, with a folder of the node's own at $work/private (a mount namespace with a tmpfs there): a
+# --run_dir no other node sees. And as ssh to a machine that lost its power does, the agent does not
+# end when the node's processes are killed (ssh would wait for its connection's timeout, minutes):
+# mpirun learns nothing from it.
+mkdir -p "$work/private"
+cat > "$work/agent_private.sh" <<AGENT
+#!/usr/bin/env bash
+host=\$1; shift
+k=\${host##*.}
+ip netns exec trn${tag}_\$k unshare --uts --mount sh -c "hostname node\$k; mount -t tmpfs tmpfs $work/private; exec \$*" &
+wait \$!
+status=\$?
+[ "\$status" -eq 137 ] && exec -a "lost-node-agent-$tag" sleep 600  # killed with the node: the "connection" stays
+exit "\$status"
+AGENT
+chmod +x "$work/agent.sh" "$work/agent_private.sh"
+hostfile() {  # nodes ranks_per_node
+  for k in $(seq 1 "$1"); do echo "10.78.0.$k slots=$2"; done > "$work/hosts_$1"
+  echo "$work/hosts_$1"
+}
+export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+across=(--mca plm_rsh_agent "$work/agent.sh" --mca oob_tcp_if_include 10.78.0.0/24
+        --mca btl_tcp_if_include 10.78.0.0/24 --mca btl self,tcp,vader -x OMP_NUM_THREADS)
+flags=(--config "$SOURCE/configs/llama_micro.json" --device cpu --max_length 16 --total_batch_size 12
+       --eval_every 0 --eval_batches 1 --warmup_steps 2 --lr 1e-2)
+records() {  # the train records' loss and grad_norm by step, as JSON
+  "$PY" -c "
+import json, sys
+print(json.dumps({r['step']: [r['loss'], r['grad_norm']] for r in map(json.loads, open(sys.argv[1])) if r.get('event') == 'train'}, sort_keys=True))" "$1"
+}
+
+# 1. Two nodes of two ranks against one node of four.
+"$MPIEXEC" --oversubscribe -np 4 "$TRAINER" "${flags[@]}" --batch_size 3 --num_training_steps 6 \
+  --run_dir "$work/one_node" > "$work/one_node.log" 2>&1 || fail "mpirun -np 4: $(tail -n 3 "$work/one_node.log")"
+timeout 120 "$MPIEXEC" --hostfile "$(hostfile 2 2)" -np 4 "${across[@]}" "$TRAINER" "${flags[@]}" --batch_size 3 \
+  --num_training_steps 6 --run_dir "$work/two_nodes" --save_dir "$work/ckpt" --save_every 3 > "$work/two_nodes.log" 2>&1 \
+  || fail "mpirun across 2 nodes: $(tail -n 5 "$work/two_nodes.log")"
+[ "$(records "$work/one_node/metrics.jsonl")" = "$(records "$work/two_nodes/metrics.jsonl")" ] \
+  || fail "2 nodes x 2 ranks differ from 1 node x 4 ranks"
+"$PY" - "$work/two_nodes/metrics.jsonl" <<'PY' || fail "the memory record does not group the ranks by node"
+import json, sys
+memory = [r for r in map(json.loads, open(sys.argv[1])) if r.get("event") == "memory"][-1]
+nodes = sorted(n["ranks"] for n in memory["nodes"])
+assert nodes == [[0, 1], [2, 3]], nodes
+PY
+echo "2 nodes x 2 ranks over TCP: 6 steps, the same bits as 1 node x 4 ranks; ranks by node [0,1] [2,3]"
+
+# 2. The step-3 checkpoint of 2 nodes, resumed on 1 node (2 ranks) and on 3 nodes (1 rank each).
+final() { "$PY" -c "
+import json, sys
+print([r for r in map(json.loads, open(sys.argv[1])) if r.get('event') == 'train'][-1]['loss'])" "$1"; }
+for case in "1 2 6" "3 1 4"; do
+  set -- $case
+  timeout 120 "$MPIEXEC" --hostfile "$(hostfile "$1" "$2")" -np $(( $1 * $2 )) "${across[@]}" "$TRAINER" "${flags[@]}" \
+    --batch_size "$3" --num_training_steps 6 --continue_from "$work/ckpt/step_3" --run_dir "$work/resumed_$1" \
+    > "$work/resumed_$1.log" 2>&1 || fail "resume on $1 node(s): $(tail -n 5 "$work/resumed_$1.log")"
+  "$PY" -c "
+import sys
+a, b = float(sys.argv[1]), float(sys.argv[2])
+sys.exit(0 if abs(a - b) <= 1e-5 * abs(b) else 1)" "$(final "$work/resumed_$1/metrics.jsonl")" "$(final "$work/one_node/metrics.jsonl")" \
+    || fail "resumed on $1 node(s): final loss $(final "$work/resumed_$1/metrics.jsonl"), uninterrupted $(final "$work/one_node/metrics.jsonl")"
+  echo "the 2-node checkpoint resumed on $1 node(s) x $2 rank(s): final loss $(final "$work/resumed_$1/metrics.jsonl") (uninterrupted $(final "$work/one_node/metrics.jsonl"))"
+done
+
+# 3. SIGTERM to launch/mpirun.sh: every node saves and exits 0.
+MPIEXEC="$MPIEXEC" bash "$SOURCE/launch/mpirun.sh" --hostfile "$(hostfile 2 2)" -np 4 "${across[@]}" "$TRAINER" "${flags[@]}" \
+  --batch_size 3 --num_training_steps 100000 --run_dir "$work/preempted" --save_dir "$work/ckpt_preempted" \
+  > "$work/preempted.log" 2>&1 &
+launcher=$!
+for _ in $(seq 1 300); do
+  n=$(grep -c '"event":"train"' "$work/preempted/metrics.jsonl" 2>/dev/null)
+  [ "${n:-0}" -ge 3 ] && break
+  sleep 0.1
+done
+kill -TERM "$launcher"
+wait "$launcher"
+status=$?
+[ "$status" -eq 0 ] || fail "launch/mpirun.sh ended with $status after SIGTERM: $(tail -n 5 "$work/preempted.log")"
+grep -q '"event":"preempted"' "$work/preempted/metrics.jsonl" || fail "no preempted record"
+saved=$(ls -d "$work"/ckpt_preempted/step_* 2>/dev/null | head -n 1)
+[ -n "$saved" ] || fail "nothing saved after SIGTERM"
+# The save is whole (every rank's part): the job resumes from it on the same 2 nodes.
+timeout 120 "$MPIEXEC" --hostfile "$(hostfile 2 2)" -np 4 "${across[@]}" "$TRAINER" "${flags[@]}" --batch_size 3 \
+  --num_training_steps $(( ${saved##*_} + 1 )) --continue_from "$work/ckpt_preempted" --run_dir "$work/preempted" \
+  > "$work/after_preemption.log" 2>&1 || fail "the resume after SIGTERM: $(tail -n 5 "$work/after_preemption.log")"
+grep -q "resumed from $saved" "$work/after_preemption.log" || fail "the resume did not start from $saved"
+echo "SIGTERM to launch/mpirun.sh across 2 nodes: every rank saved $(basename "$saved"), exit 0; resumed from it"
+
+# 4. A node disappears (its link cut, then every process on it killed: no connection is closed, as when
+#    a machine loses power). The stall watchdog of the ranks left, each node with its own --run_dir,
+#    names the lost node's ranks and ends them with exit status 4 within the timeout. (mpirun itself
+#    then waits for the lost node's daemon until TCP gives up on it: docs/multinode.md.)
+private=(--mca plm_rsh_agent "$work/agent_private.sh" --mca oob_tcp_if_include 10.78.0.0/24
+         --mca btl_tcp_if_include 10.78.0.0/24 --mca btl self,tcp,vader -x OMP_NUM_THREADS)
+"$MPIEXEC" --hostfile "$(hostfile 2 2)" -np 4 "${private[@]}" "$TRAINER" "${flags[@]}" --batch_size 3 \
+  --num_training_steps 100000 --collective_timeout 5 --run_dir "$work/private/run" > "$work/lost_node.log" 2>&1 &
+job=$!
+for _ in $(seq 1 300); do
+  grep -q '^step ' "$work/lost_node.log" 2>/dev/null && break
+  sleep 0.1
+done
+ip -n "${nodes[1]}" link set eth0 down
+ip netns pids "${nodes[1]}" | xargs -r kill -9
+cut=$(date +%s)
+named=""
+for _ in $(seq 1 300); do
+  if grep -q "the rank holding the job up is on another node: node2: ranks 2, 3" "$work/lost_node.log"; then named=yes; break; fi
+  sleep 0.1
+done
+said=$(( $(date +%s) - cut ))
+# The ranks left (on node1) end themselves: only Open MPI's daemon stays in node1's namespace.
+left=""
+for _ in $(seq 1 100); do
+  left=$(ip netns pids "${nodes[0]}" | xargs -r ps -o comm= -p 2>/dev/null | grep -c trainer)
+  [ "$left" = 0 ] && break
+  sleep 0.1
+done
+kill -9 "$job" 2>/dev/null
+pkill -9 -f "$work/agent_private.sh" 2>/dev/null
+pkill -9 -f "lost-node-agent-$tag" 2>/dev/null
+wait "$job" 2>/dev/null
+[ -n "$named" ] || fail "no rank named the lost node: $(grep -E 'stall|error' "$work/lost_node.log" | head -n 3)"
+[ "$said" -le 15 ] || fail "the lost node was named $said s after it went (--collective_timeout 5)"
+[ "$left" = 0 ] || fail "$left rank(s) of node1 still run after naming the lost node"
+grep -q "exit code: 4\|exit status 4\|returned\s*a non-zero exit code" "$work/lost_node.log" || \
+  grep -q "non-zero exit code" "$work/lost_node.log" || fail "mpirun did not see the ranks end with an error"
+echo "a lost node (link cut, its processes killed), each node its own --run_dir: node1's ranks named node2's ranks 2, 3 within $said s (--collective_timeout 5) and ended"
