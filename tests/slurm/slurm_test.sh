@@ -150,3 +150,26 @@ grep -q '"event":"end"' "$work/job/run/metrics.jsonl" || fail "job $job did not 
 [ "$(records "$work/job/run/metrics.jsonl")" = "$(records "$work/straight/metrics.jsonl")" ] \
   || fail "the preempted and requeued job's steps differ from the uninterrupted run's"
 echo "sbatch launch/slurm.sbatch: USR1 at step $n -> saved, exit 0, requeued, resumed; all $steps steps equal to the uninterrupted run"
+
+# 3. A job's time limit: the script hands the trainer the job's end time (--max_runtime), and the run
+#    saves and exits 0 before Slurm ends the job; the script requeues it (and the test cancels it then).
+#    The script's USR1 notice 120 s ahead would come first in a 1-minute job: the test swaps it for a
+#    harmless SIGCONT (a command line's --signal overrides the script's), so the limit alone acts.
+job=$(cd "$work/job" && RUN_DIR="$work/job/timed" SAVE_DIR="$work/job/timed_ckpt" TRAINER="$TRAINER" \
+      sbatch --parsable -n 2 --time=1 --signal=CONT@1 --output="$work/job/timed-%j.out" "$SOURCE/launch/slurm.sbatch" \
+      "${flags[@]}" --batch_size 2 --num_training_steps 10000000 --log_every 50) || fail "sbatch refused the timed job"
+started=$(date +%s)
+for _ in $(seq 1 120); do
+  grep -q "requeueing job $job" "$work"/job/timed-*.out 2>/dev/null && break
+  sleep 1
+done
+elapsed=$(( $(date +%s) - started ))
+scancel "$job" 2>/dev/null
+grep -q -- "--max_runtime 20" "$work"/job/timed-*.out || fail "the script did not pass the job's end time: $(head -n 2 "$work"/job/timed-*.out)"
+grep -q '"stopped_by":"--max_runtime"' "$work/job/timed/metrics.jsonl" || fail "the timed job did not stop by --max_runtime: $(tail -n 3 "$work"/job/timed-*.out)"
+grep -q "requeueing job $job" "$work"/job/timed-*.out || fail "the timed job was not requeued"
+saved=$(ls -d "$work"/job/timed_ckpt/step_* 2>/dev/null | tail -n 1)
+[ -n "$saved" ] || fail "the timed job saved nothing"
+grep -q "Exceeded job memory\|DUE TO TIME LIMIT\|CANCELLED AT" "$work"/job/timed-*.out && fail "Slurm ended the timed job before the trainer did"
+echo "sbatch --time=1 launch/slurm.sbatch: the trainer stopped by --max_runtime (the job's end time), saved $(basename "$saved"), requeued after ${elapsed} s"
+
