@@ -13,14 +13,7 @@
 #   bash tests/multinode/multinode_test.sh TRAINER MPIEXEC    (ctest: multinode_namespaces)
 #
 # Needs root (ip netns, unshare): exit 77 (ctest's skip) naming what is missing otherwise.
-set -u
-TRAINER=$(readlink -f "$1")
-MPIEXEC=$2
-cd "$(dirname "$0")/../.."
-SOURCE=$(pwd)
-PY=${PYTHON:-python3}
-skip() { echo "SKIP: $*"; exit 77; }
-fail() { echo "FAIL: $*"; exit 1; }
+source "$(dirname "$0")/../cluster_test_lib.sh" "$1" "$2"
 command -v ip >/dev/null && command -v unshare >/dev/null || skip "no ip or unshare here (iproute2, util-linux)"
 
 tag=$(( $$ % 1000 ))
@@ -86,11 +79,6 @@ across=(--mca plm_rsh_agent "$work/agent.sh" --mca oob_tcp_if_include 10.78.0.0/
         --mca btl_tcp_if_include 10.78.0.0/24 --mca btl self,tcp,vader -x OMP_NUM_THREADS)
 flags=(--config "$SOURCE/configs/llama_micro.json" --device cpu --max_length 16 --total_batch_size 12
        --eval_every 0 --eval_batches 1 --warmup_steps 2 --lr 1e-2)
-records() {  # the train records' loss and grad_norm by step, as JSON
-  "$PY" -c "
-import json, sys
-print(json.dumps({r['step']: [r['loss'], r['grad_norm']] for r in map(json.loads, open(sys.argv[1])) if r.get('event') == 'train'}, sort_keys=True))" "$1"
-}
 
 # 1. Two nodes of two ranks against one node of four.
 "$MPIEXEC" --oversubscribe -np 4 "$TRAINER" "${flags[@]}" --batch_size 3 --num_training_steps 6 \

@@ -9,15 +9,8 @@
 #
 # Exit 77 (ctest's skip) naming what is missing where Slurm or munge is not installed (launch/setup.sh
 # installs Debian's slurmctld, slurmd, slurm-client and munge) or the daemons cannot start here.
-set -u
-TRAINER=$(readlink -f "$1")
-MPIEXEC=$2
-cd "$(dirname "$0")/../.."
-SOURCE=$(pwd)
-PY=${PYTHON:-python3}
-
-skip() { echo "SKIP: $*"; exit 77; }
-fail() { echo "FAIL: $*"; [ -n "${work:-}" ] && tail -n 20 "$work"/log/*.log "$work"/job/*.out 2>/dev/null; exit 1; }
+source "$(dirname "$0")/../cluster_test_lib.sh" "$1" "$2"
+on_fail() { [ -n "${work:-}" ] && tail -n 20 "$work"/log/*.log "$work"/job/*.out 2>/dev/null; }
 for tool in slurmctld slurmd srun sbatch squeue scontrol scancel munged; do
   command -v "$tool" >/dev/null || skip "no $tool here (Debian: apt-get install slurmctld slurmd slurm-client munge)"
 done
@@ -85,19 +78,6 @@ echo "one-host cluster up: $host, ports $port-$((port + 1)), $(srun --version)"
 export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 flags=(--config "$SOURCE/configs/llama_micro.json" --device cpu --max_length 16 --total_batch_size 4
        --eval_every 0 --eval_batches 1 --warmup_steps 2 --lr 1e-2)
-
-# The train records' loss, grad_norm and lr by step (the last record of a step), as JSON.
-records() {
-  "$PY" - "$1" <<'PY'
-import json, sys
-steps = {}
-for line in open(sys.argv[1]):
-    r = json.loads(line)
-    if r.get("event") == "train":
-        steps[r["step"]] = [r["loss"], r["grad_norm"], r["lr"]]
-print(json.dumps(steps, sort_keys=True))
-PY
-}
 
 # 1. srun with 2 and 4 tasks against mpirun.
 for ranks in 2 4; do
