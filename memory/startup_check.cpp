@@ -113,11 +113,11 @@ void check_memory_before_training(const ModelConfig& model, const RunConfig& run
     throw UserError(*failure);
   if (rank == 0) {
     const RankEstimate& first = estimate.ranks.front();
-    log::info("memory check: about {} per rank at the peak ({}){}; host {} per node of {} available",
+    log::info("memory check: about {} per rank at the peak ({}){}; host {} per node ({} rank(s) on this one) of {} available",
               gib(first.peak_bytes + first.runtime.total()),
               first.peak_phase,
               device.is_cuda() ? " of " + gib(available.device_free_bytes) + " free on the GPU" : std::string(),
-              gib(estimate.nodes.front().host_bytes), gib(available.host_available_bytes));
+              gib(estimate.nodes.front().host_bytes), estimate.nodes.front().ranks, gib(available.host_available_bytes));
   }
 }
 

@@ -94,7 +94,10 @@ memory = [r for r in map(json.loads, open(sys.argv[1])) if r.get("event") == "me
 nodes = sorted(n["ranks"] for n in memory["nodes"])
 assert nodes == [[0, 1], [2, 3]], nodes
 PY
-echo "2 nodes x 2 ranks over TCP: 6 steps, the same bits as 1 node x 4 ranks; ranks by node [0,1] [2,3]"
+# The start-up memory check adds up each node's ranks against that node's memory.
+grep -q "per node (2 rank(s) on this one)" "$work/two_nodes.log" || fail "the memory check did not count 2 ranks a node: $(grep 'memory check' "$work/two_nodes.log")"
+grep -q "per node (4 rank(s) on this one)" "$work/one_node.log" || fail "the memory check did not count 4 ranks on one node: $(grep 'memory check' "$work/one_node.log")"
+echo "2 nodes x 2 ranks over TCP: 6 steps, the same bits as 1 node x 4 ranks; ranks by node [0,1] [2,3]; the memory check counts 2 ranks a node"
 
 # 2. The step-3 checkpoint of 2 nodes, resumed on 1 node (2 ranks) and on 3 nodes (1 rank each).
 final() { "$PY" -c "
