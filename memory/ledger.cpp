@@ -187,11 +187,9 @@ std::vector<RankMemorySummary> MemoryLedger::finish(Communicator& communicator, 
                                  {"summary", mine.to_json()}}
                       .dump());
 
-  // One row per rank: every figure as an int64, the peak's phase as its index in phase_labels_
-  // (every rank meets the same labels in the same order). Rows are zero except this rank's; an
-  // all-reduce (sum) fills the table everywhere, as record_sharded_bytes does.
+  // One row per rank (gather_rows: one all-reduce): every figure as an int64, the peak's phase as its
+  // index in phase_labels_ (every rank meets the same labels in the same order).
   // The node travels as a hash of the host's name (ranks with the same name share its RAM).
-  constexpr int kFigures = 2 * MemoryCategories::kCount + 11;
   const int64_t host_key = static_cast<int64_t>(std::hash<std::string>{}(process_identity().host) >> 1);
   auto row_of = [&](const RankMemorySummary& s) {
     std::vector<int64_t> row = {s.peak_bytes, s.transient_at_peak, s.peak_step,
@@ -202,14 +200,7 @@ std::vector<RankMemorySummary> MemoryLedger::finish(Communicator& communicator, 
     for (int i = 0; i < MemoryCategories::kCount; ++i) row.push_back(s.at_peak.at(i));
     return row;
   };
-  const std::vector<int64_t> row = row_of(mine);
-  at::Tensor table = at::zeros({world_size_, kFigures}, at::kLong);
-  table[rank_].copy_(at::tensor(row, at::kLong));
-  if (world_size_ > 1) {
-    at::Tensor on_device = table.to(communicator.device());
-    communicator.all_reduce(on_device, ReduceOp::sum);
-    table = on_device.to(at::kCPU);
-  }
+  const at::Tensor table = gather_rows(communicator, row_of(mine));
   std::vector<RankMemorySummary> ranks;
   std::vector<int64_t> host_keys;  // in order of each node's lowest rank
   for (int r = 0; r < world_size_; ++r) {

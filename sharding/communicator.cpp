@@ -36,6 +36,15 @@ bool overlaps(const at::Tensor& a, const at::Tensor& b) {
 
 std::string reduce_op_name(ReduceOp op) { return op == ReduceOp::sum ? "sum" : "average"; }
 
+at::Tensor gather_rows(Communicator& communicator, const std::vector<int64_t>& row) {
+  at::Tensor table = at::zeros({communicator.world_size(), static_cast<int64_t>(row.size())}, at::kLong);
+  table[communicator.rank()].copy_(at::tensor(row, at::kLong));
+  if (communicator.world_size() == 1) return table;
+  at::Tensor on_device = table.to(communicator.device());
+  communicator.all_reduce(on_device, ReduceOp::sum);
+  return on_device.to(at::kCPU);
+}
+
 // --- argument checks ---------------------------------------------------------------------------
 
 void Communicator::check_tensor(const char* collective, const char* argument,

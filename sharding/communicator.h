@@ -46,6 +46,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "sharding/world.h"
 
@@ -119,5 +120,10 @@ std::unique_ptr<Communicator> make_mpi_communicator(const World& world);
 std::unique_ptr<Communicator> make_nccl_communicator(const World& world, c10::Device device);
 // MPI through page-locked host staging buffers, for tensors on `device` (cpu, or a GPU with index).
 std::unique_ptr<Communicator> make_staged_mpi_communicator(const World& world, c10::Device device);
+
+// Every rank's `row` of int64 figures (the same length on every rank), as a (world x row.size())
+// table on the CPU, row r rank r's: a table of zeros but this rank's row, summed by one all-reduce on
+// the communicator's device (a collective; no communication at one rank).
+at::Tensor gather_rows(Communicator& communicator, const std::vector<int64_t>& row);
 
 }  // namespace llm

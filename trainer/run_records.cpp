@@ -95,7 +95,7 @@ void RunRecords::start(const RunStart& start) {
 }
 
 void RunRecords::sharded_state(const ShardedModel& sharded, const ShardOptimizer& optimizer, Communicator& communicator) {
-  const int world = communicator.world_size(), rank = communicator.rank();
+  const int world = communicator.world_size();
   int64_t parameters = 0, gradients = 0, materialized = 0;
   for (size_t u = 0; u < sharded.unit_count(); ++u) {
     const ShardedUnit& unit = sharded.unit(u);
@@ -105,11 +105,7 @@ void RunRecords::sharded_state(const ShardedModel& sharded, const ShardOptimizer
     gradients += unit.gradient_shard().defined() ? static_cast<int64_t>(unit.gradient_shard().nbytes()) : 0;
     materialized += unit.compute_parameter_bytes();
   }
-  at::Tensor table = at::zeros({world, 4}, at::TensorOptions().dtype(at::kLong).device(communicator.device()));
-  table[rank] = at::tensor({parameters, gradients, optimizer.state_bytes(), materialized}, at::kLong)
-                    .to(communicator.device());
-  if (world > 1) communicator.all_reduce(table, ReduceOp::sum);
-  table = table.to(at::kCPU);
+  const at::Tensor table = gather_rows(communicator, {parameters, gradients, optimizer.state_bytes(), materialized});
   nlohmann::json ranks = nlohmann::json::array();
   for (int r = 0; r < world; ++r)
     ranks.push_back({{"rank", r}, {"parameter_shard_bytes", table[r][0].item<int64_t>()},
@@ -125,19 +121,11 @@ double RunRecords::model_flops_utilisation(double tokens_per_second) const {
 
 void RunRecords::step_memory(int64_t step, Communicator& communicator) {
   if (run_.logging.tensorboard_dir.empty()) return;
-  // One row per rank (the tracked peak, then the categories at it), summed into place on every rank.
-  constexpr int kFigures = MemoryCategories::kCount + 1;
+  // Every rank's row: the tracked peak, then the categories at it.
   const RankMemorySummary& mine = ledger_.last_step_summary();
-  const int world = context_.world_size;
-  at::Tensor table = at::zeros({world, kFigures}, at::kLong);
   std::vector<int64_t> row = {mine.peak_bytes};
   for (int i = 0; i < MemoryCategories::kCount; ++i) row.push_back(mine.at_peak.at(i));
-  table[context_.rank].copy_(at::tensor(row, at::kLong));
-  if (world > 1) {
-    at::Tensor on_device = table.to(communicator.device());
-    communicator.all_reduce(on_device, ReduceOp::sum);
-    table = on_device.to(at::kCPU);
-  }
+  const at::Tensor table = gather_rows(communicator, row);
   TensorBoardWriter* tensorboard = metrics_.tensorboard();
   if (tensorboard == nullptr) return;
   const at::Tensor largest = std::get<0>(table.max(0));
@@ -164,14 +152,15 @@ void RunRecords::finish(int64_t steps, int64_t steps_run, const ShardedModel& mo
   if (preempted_by != 0)
     metrics_.write({{"event", "preempted"}, {"step", steps}, {"signal", signal_name(preempted_by)},
                     {"checkpoint", preemption_checkpoint.empty() ? nlohmann::json() : nlohmann::json(preemption_checkpoint)}});
-  else if (!stopped_by.empty())  // --stop_at_step or --max_runtime: an end before the last step, saved
-    metrics_.write({{"event", "end"}, {"steps", steps}, {"final_loss", final_loss},
-                    {"final_eval_loss", final_eval_loss}, {"peak_memory_bytes", ledger_.step_line_peak_bytes()},
-                    {"stopped_by", stopped_by},
-                    {"checkpoint", preemption_checkpoint.empty() ? nlohmann::json() : nlohmann::json(preemption_checkpoint)}});
-  else
-    metrics_.write({{"event", "end"}, {"steps", steps}, {"final_loss", final_loss},
-                    {"final_eval_loss", final_eval_loss}, {"peak_memory_bytes", ledger_.step_line_peak_bytes()}});
+  else {
+    nlohmann::json end = {{"event", "end"}, {"steps", steps}, {"final_loss", final_loss},
+                          {"final_eval_loss", final_eval_loss}, {"peak_memory_bytes", ledger_.step_line_peak_bytes()}};
+    if (!stopped_by.empty()) {  // --stop_at_step or --max_runtime: an end before the last step, saved
+      end["stopped_by"] = stopped_by;
+      end["checkpoint"] = preemption_checkpoint.empty() ? nlohmann::json() : nlohmann::json(preemption_checkpoint);
+    }
+    metrics_.write(end);
+  }
 }
 
 // Per rank, the lever that lowers the estimated peak most (memory/estimate_fit.h); none when the
@@ -223,13 +212,12 @@ void RunRecords::finish_memory_ledger(int64_t steps_run, Communicator& communica
   nlohmann::json ranks = nlohmann::json::array(), nodes = nlohmann::json::array();
   for (const RankMemorySummary& rank : summaries) {
     ranks.push_back(rank.to_json());
-    if (static_cast<size_t>(rank.rank) < advice.size()) {
-      const LeverAdvice& lever = advice[static_cast<size_t>(rank.rank)];
-      ranks.back()["lowers_peak_most"] = {{"flags", lever.flags}, {"estimated_peak_bytes", lever.peak_bytes},
-                                          {"estimated_lowered_bytes", lever.lowered_bytes},
-                                          {"added_seconds", lever.added_seconds}};
-    }
-    if (context_.rank == 0) log::info("{}", peak_line(rank, static_cast<size_t>(rank.rank) < advice.size() ? &advice[static_cast<size_t>(rank.rank)] : nullptr));
+    const LeverAdvice* lever = static_cast<size_t>(rank.rank) < advice.size() ? &advice[static_cast<size_t>(rank.rank)] : nullptr;
+    if (lever != nullptr)
+      ranks.back()["lowers_peak_most"] = {{"flags", lever->flags}, {"estimated_peak_bytes", lever->peak_bytes},
+                                          {"estimated_lowered_bytes", lever->lowered_bytes},
+                                          {"added_seconds", lever->added_seconds}};
+    if (context_.rank == 0) log::info("{}", peak_line(rank, lever));
   }
   for (const NodeMemorySummary& node : by_node(summaries)) nodes.push_back(node.to_json());
   metrics_.write({{"event", "memory"}, {"ranks", ranks}, {"nodes", nodes}});
