@@ -150,6 +150,8 @@ grep -q '"stopped_by":"--max_runtime"' "$work/job/timed/metrics.jsonl" || fail "
 grep -q "requeueing job $job" "$work"/job/timed-*.out || fail "the timed job was not requeued"
 saved=$(ls -d "$work"/job/timed_ckpt/step_* 2>/dev/null | tail -n 1)
 [ -n "$saved" ] || fail "the timed job saved nothing"
-grep -q "Exceeded job memory\|DUE TO TIME LIMIT\|CANCELLED AT" "$work"/job/timed-*.out && fail "Slurm ended the timed job before the trainer did"
+# Slurm's own end of a job at its limit says DUE TO TIME LIMIT; not CANCELLED AT, which the test's own
+# scancel above writes into the same file when the requeued job has started again meanwhile.
+grep -q "Exceeded job memory\|DUE TO TIME LIMIT" "$work"/job/timed-*.out && fail "Slurm ended the timed job before the trainer did"
 echo "sbatch --time=1 launch/slurm.sbatch: the trainer stopped by --max_runtime (the job's end time), saved $(basename "$saved"), requeued after ${elapsed} s"
 
