@@ -48,6 +48,8 @@ const char* to_string(Offload value) {
   switch (value) {
     case Offload::none: return "none";
     case Offload::optimizer: return "optimizer";
+    case Offload::parameters: return "parameters";
+    case Offload::optimizer_and_parameters: return "optimizer,parameters";
   }
   return "?";
 }
@@ -242,7 +244,10 @@ RunConfig run_config_from_json(const json& object, const std::string& source) {
   read_enum("device", run.device, kDeviceChoiceValues);
   read_enum("sharding", run.sharding.strategy, kShardingValues);
   read("prefetch", run.sharding.prefetch);
-  read_enum("offload", run.sharding.offload, kOffloadValues);
+  if (object.contains("offload") && object["offload"] == kOffloadBothReversed)
+    run.sharding.offload = Offload::optimizer_and_parameters;
+  else
+    read_enum("offload", run.sharding.offload, kOffloadValues);
   read_enum("communicator", run.sharding.communicator, kCommunicatorValues);
   read("log_every", run.logging.log_every);
   read("print_config", run.logging.print_config);

@@ -23,9 +23,17 @@ enum class Scheduler { cosine, linear, constant };
 enum class DType { float32, bfloat16 };
 enum class DeviceChoice { auto_select, cpu, cuda };
 enum class Precision { pure, mixed };
-// --offload optimizer: fp32 masters and optimizer state in host memory, stepped there
-// (offload/optimizer_offload.h, docs/offload.md).
-enum class Offload { none, optimizer };  // bf16 only: pure bf16 weights (GaLore) or autocast + fp32 master
+// --offload: what lives in host memory instead of the device (docs/offload.md). optimizer: fp32
+// masters and optimizer state, stepped there (offload/optimizer_offload.h); parameters: each unit's
+// compute-dtype shard, page-locked, copied to the device ahead of its gather (sharding/fsdp_unit.h);
+// or both (spelled "optimizer,parameters"; "parameters,optimizer" reads the same).
+enum class Offload { none, optimizer, parameters, optimizer_and_parameters };
+inline bool offloads_optimizer(Offload offload) {
+  return offload == Offload::optimizer || offload == Offload::optimizer_and_parameters;
+}
+inline bool offloads_parameters(Offload offload) {
+  return offload == Offload::parameters || offload == Offload::optimizer_and_parameters;
+}
 // --communicator: what carries the collectives across ranks. auto: NCCL for GPUs, MPI for CPUs.
 // mpi on GPUs: CUDA tensors staged through page-locked host memory (sharding/communicator.h), so
 // several ranks can share one GPU (a test bed for every sharded path) or run where NCCL does not.
@@ -38,7 +46,10 @@ inline constexpr std::array kSchedulerValues = {Scheduler::cosine, Scheduler::li
 inline constexpr std::array kDTypeValues = {DType::float32, DType::bfloat16};
 inline constexpr std::array kDeviceChoiceValues = {DeviceChoice::auto_select, DeviceChoice::cpu, DeviceChoice::cuda};
 inline constexpr std::array kPrecisionValues = {Precision::pure, Precision::mixed};
-inline constexpr std::array kOffloadValues = {Offload::none, Offload::optimizer};
+inline constexpr std::array kOffloadValues = {Offload::none, Offload::optimizer, Offload::parameters,
+                                              Offload::optimizer_and_parameters};
+// The other order of the set, read as the canonical one (the command line and the JSON).
+inline constexpr const char* kOffloadBothReversed = "parameters,optimizer";
 inline constexpr std::array kCommunicatorValues = {CommunicatorChoice::auto_select, CommunicatorChoice::nccl,
                                                    CommunicatorChoice::mpi};
 inline constexpr std::array kShardingValues = {ShardingStrategy::full_shard, ShardingStrategy::shard_grad_op,

@@ -193,10 +193,11 @@ void check_memory_flags(const RunConfig& run, const ModelConfig& model) {
                   "): global-norm clipping scales every gradient by a factor known only once every unit's "
                   "gradient is reduced, and the fused step updates each unit as soon as its own is. Pass "
                   "--grad_clipping 0, or leave out --fuse_optimizer_with_backward to keep clipping");
-  if (run.fuse_optimizer_with_backward && run.sharding.offload == Offload::optimizer)
+  if (run.fuse_optimizer_with_backward && offloads_optimizer(run.sharding.offload))
     fail_user(kCommandLine, "--fuse_optimizer_with_backward",
-              "does not combine with --offload optimizer yet: the offloaded step already runs per unit on "
-              "the host as each unit's gradient lands; use one of the two");
+              std::string("does not combine with --offload ") + to_string(run.sharding.offload) +
+                  " yet: the offloaded step already runs per unit on the host as each unit's gradient lands; "
+                  "use one of the two (--offload parameters alone combines with it)");
 }
 
 // When a run stops itself: the stall watchdog, the preemption grace, the divergence check.

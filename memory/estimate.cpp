@@ -81,7 +81,7 @@ MemoryEstimate estimate_memory(const ModelConfig& model, const RunConfig& run, c
   const bool cuda = estimate.device == "cuda";
   for (int rank = 0; rank < options.world_size; ++rank) {
     SimulatedRank simulated = simulate_rank(shape, model, options, rank, cuda);
-    estimate.ranks.push_back(finish_rank(rank, cuda, run.sharding.offload == Offload::optimizer,
+    estimate.ranks.push_back(finish_rank(rank, cuda, offloads_optimizer(run.sharding.offload),
                                          std::move(simulated.phases), simulated.totals));
     estimate.gathered_units = static_cast<int>(simulated.totals.gathered_units);
     if (estimate.device == "cuda")

@@ -125,7 +125,7 @@ std::string run_estimate_command(const ModelConfig& model, const RunConfig& run,
     out << "--async_save: each rank also holds a host copy of what it saves, at most "
         << format_in(estimate.ranks.front().async_save_host_bytes, unit) << " " << unit.name
         << " on rank 0, kept from the first save on (in the host memory below"
-        << (estimate.device == "cuda" && run.sharding.offload != Offload::optimizer ? ", pinned" : "") << ").\n";
+        << (estimate.device == "cuda" &&  !offloads_optimizer(run.sharding.offload) ? ", pinned" : "") << ").\n";
   if (options.memory_budget_gib > 0) {
     const double budget = options.memory_budget_gib * 1073741824.0;
     const bool fits = static_cast<double>(largest) <= budget;

@@ -60,11 +60,21 @@ double added_seconds(const ModelConfig& model, const RunConfig& base, const RunC
     if (set.attention) flops += 4 * h * h + 4 * h * kv + 4 * h * S;
     seconds += flops * static_cast<double>(model.num_hidden_layers) * tokens / (device_tflops(options, device) * 1e12);
   }
-  if (run.sharding.offload == Offload::optimizer && base.sharding.offload != Offload::optimizer) {
-    const double compute_bytes = run.precision.dtype == DType::bfloat16 ? 2.0 : 4.0;
+  const double compute_bytes = run.precision.dtype == DType::bfloat16 && run.precision.mode == Precision::pure ? 2.0 : 4.0;
+  if (offloads_optimizer(run.sharding.offload) && !offloads_optimizer(base.sharding.offload)) {
     seconds += (4.0 + compute_bytes) * parameters / world / (options.pcie_gbs * 1e9);
     const double step_bytes = run.optimizer.state_dtype == "bfloat16" ? 20.0 : 28.0;
     seconds += step_bytes * parameters / world / (options.host_gbs * 1e9);
+  }
+  if (offloads_parameters(run.sharding.offload) && !offloads_parameters(base.sharding.offload)) {
+    // Each gather copies the unit's rows in: twice a micro-batch (forward, backward) but for
+    // shard_grad_op; the optimizer on the device also copies the updated rows out once a step.
+    const bool no_shard = run.sharding.strategy == ShardingStrategy::no_shard;
+    const double rows = compute_bytes * parameters / (no_shard ? 1 : world);
+    const double micro_batches =
+        static_cast<double>(std::max<int64_t>(1, run.data.total_batch_size / world / std::max<int64_t>(1, run.data.batch_size)));
+    const double gathers = (run.sharding.strategy == ShardingStrategy::shard_grad_op ? 1.0 : 2.0) * micro_batches;
+    seconds += (gathers + (offloads_optimizer(run.sharding.offload) ? 0.0 : 1.0)) * rows / (options.pcie_gbs * 1e9);
   }
   return seconds;
 }
@@ -87,18 +97,25 @@ std::vector<Candidate> candidates(const RunConfig& run, int world, bool cuda, bo
   // The recompute choices, least first: none, the memory-bound operations, the matmul-heavy ones too,
   // whole blocks.
   const std::vector<std::string> recompute_choices = {"", "norm,swiglu", "norm,mlp,attention", "block"};
-  const bool offload_lever = cuda && run.sharding.offload != Offload::optimizer;
+  // Offload adds to what the command offloads already, never takes it away; on a GPU only (on a CPU
+  // rank host memory is the device's).
+  std::vector<Offload> offload_choices = {run.sharding.offload};
+  if (cuda)
+    for (const Offload choice : {Offload::optimizer, Offload::parameters, Offload::optimizer_and_parameters})
+      if (choice != run.sharding.offload &&
+          (offloads_optimizer(choice) || !offloads_optimizer(run.sharding.offload)) &&
+          (offloads_parameters(choice) || !offloads_parameters(run.sharding.offload)))
+        offload_choices.push_back(choice);
   for (const std::string& precision : precisions)
   for (const bool state : {false, true}) {
     if (state && !state_lever) continue;
     for (const std::string& recompute : recompute_choices) {
       if (!recompute.empty() && !checkpointing_lever) continue;
-      for (const bool offload : {false, true}) {
-        if (offload && !offload_lever) continue;
+      for (const Offload offload : offload_choices) {
         for (const bool fused : {false, true}) {
-          // The fused step cannot clip, and offload already steps each unit as its gradient lands.
-          if (fused && (run.fuse_optimizer_with_backward || run.optimizer.grad_clipping != 0 || offload ||
-                        run.sharding.offload == Offload::optimizer))
+          // The fused step cannot clip, and the optimizer's offload already steps each unit as its
+          // gradient lands.
+          if (fused && (run.fuse_optimizer_with_backward || run.optimizer.grad_clipping != 0 || offloads_optimizer(offload)))
             continue;
           for (const int64_t micro : micro_batches) {
             Candidate c{run, {}};
@@ -118,9 +135,9 @@ std::vector<Candidate> candidates(const RunConfig& run, int world, bool cuda, bo
               c.run.recompute = recompute;
               c.flags.push_back("--recompute " + recompute);
             }
-            if (offload) {
-              c.run.sharding.offload = Offload::optimizer;
-              c.flags.push_back("--offload optimizer");
+            if (offload != run.sharding.offload) {
+              c.run.sharding.offload = offload;
+              c.flags.push_back(std::string("--offload ") + to_string(offload));
             }
             if (fused) {
               c.run.fuse_optimizer_with_backward = true;
@@ -206,8 +223,9 @@ std::string run_fit_command(const ModelConfig& model, const RunConfig& run, cons
   out << line;
   std::snprintf(line, sizeof(line),
                 "Cost model (seconds a lever adds to a step): checkpointing 2 P T FLOPs at %.3g TFLOP/s "
-                "(--device_tflops), --recompute its operations' forward FLOPs at the same rate; offload (4 + c) P / W bytes over PCIe at %.3g GB/s (--pcie_gbs) and the host "
-                "step's 28 P / W bytes (20 with bf16 state) at %.3g GB/s (--host_gbs); bf16 state, the fused step "
+                "(--device_tflops), --recompute its operations' forward FLOPs at the same rate; offload of the optimizer (4 + c) P / W bytes over PCIe at %.3g GB/s (--pcie_gbs) and the host "
+                "step's 28 P / W bytes (20 with bf16 state) at %.3g GB/s (--host_gbs); offload of the parameters c P / W bytes over PCIe per gather "
+                "(2 a micro-batch, 1 for shard_grad_op) and once more a step when the optimizer stays on the device; bf16 state, the fused step "
                 "and a smaller micro-batch are not costed (ties: the command's precision, the larger micro-batch, then "
                 "fewer levers).\n",
                 device_tflops(options, device), options.pcie_gbs, options.host_gbs);

@@ -7,9 +7,10 @@
 //   --recompute norm,swiglu            or --recompute norm,mlp,attention, or --activation_checkpointing
 //                                      (whole blocks): one of the three, unless the command recomputes
 //                                      already
-//   --offload optimizer                on CUDA, unless offloaded already
+//   --offload optimizer, parameters    on CUDA, or both (optimizer,parameters), adding to what the
+//                                      command offloads already
 //   --fuse_optimizer_with_backward     only with --grad_clipping 0 (the fused step cannot clip) and
-//                                      without offload
+//                                      without the optimizer's offload
 //   --batch_size m                     any smaller micro-batch that divides the rank's share of the
 //                                      global batch (accumulation keeps --total_batch_size)
 // Precision only with --fit_precision (it changes the arithmetic): an fp32 command may then take
@@ -25,8 +26,11 @@
 //   recompute       the recomputed operations' forward FLOPs at --device_tflops, per layer and token:
 //                   norm 2 x 4h, SwiGLU 4I, MLP 6 h I, attention 4h^2 + 4 h kv + 4 h S (S the sequence
 //                   length); the norm and SwiGLU are memory-bound, which FLOPs undercount
-//   offload         (4 + c) P / W bytes over PCIe (gradients down, parameters up) at --pcie_gbs, and
-//                   the host step's 28 P / W bytes (20 with bf16 state) at --host_gbs, not overlapped
+//   offload         of the optimizer: (4 + c) P / W bytes over PCIe (gradients down, parameters up)
+//                   at --pcie_gbs, and the host step's 28 P / W bytes (20 with bf16 state) at
+//                   --host_gbs; of the parameters: c P / W bytes in at each gather (2 a micro-batch,
+//                   1 for shard_grad_op; no_shard P, not P / W) and once out a step when the
+//                   optimizer stays on the device; none overlapped
 //   bf16 state, the fused step: nothing
 //   a smaller micro-batch: not costed; among equal costs the larger micro-batch, then fewer levers,
 //                   rank first

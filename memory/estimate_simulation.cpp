@@ -12,6 +12,7 @@
 #include <ATen/Parallel.h>
 
 #include "config/optimizer_setup.h"
+#include "sharding/sharded_model.h"
 #include "model/cross_entropy.h"
 #include "model/units.h"
 #include "optim/galore.h"
@@ -50,13 +51,15 @@ class StepSimulation {
  public:
   StepSimulation(const ModelShape& model, const std::vector<UnitSpec>& units, int world, int rank, bool cuda)
       : m_(model), world_(world), rank_(rank), cuda_(cuda),
-        offload_(model.run.sharding.offload == Offload::optimizer),
+        offload_(offloads_optimizer(model.run.sharding.offload)),
+        offload_parameters_(offloads_parameters(model.run.sharding.offload)),
         fused_(model.run.fuse_optimizer_with_backward),
         transient_gradient_(offload_ || fused_), timeline_(cuda) {
     const bool no_shard = m_.run.sharding.strategy == ShardingStrategy::no_shard;
     layout_world_ = no_shard ? 1 : world_;
-    // One rank or no_shard: each unit is its whole shard and stays resident (sharding/fsdp_unit.h).
-    resident_ = layout_world_ == 1;
+    // One rank or no_shard: each unit is its whole shard and stays resident (sharding/fsdp_unit.h),
+    // unless its parameters are offloaded.
+    resident_ = layout_world_ == 1 && !offload_parameters_;
     int64_t galore_matrices = 0;
     for (const UnitSpec& unit : units) {
       std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
@@ -74,8 +77,10 @@ class StepSimulation {
       units_.push_back(geometry);
     }
     gathered_.assign(units_.size(), false);
-    plan_ = StepPlan(static_cast<int64_t>(units_.size()),
-                     resident_ ? ShardingStrategy::no_shard : m_.run.sharding.strategy, m_.run.sharding.prefetch);
+    ShardingOptions options;
+    options.strategy = m_.run.sharding.strategy;
+    options.offload_parameters = offload_parameters_;
+    plan_ = StepPlan(static_cast<int64_t>(units_.size()), plan_strategy(options, resident_), m_.run.sharding.prefetch);
     plan_.set_recomputed(recomputed_units(units, m_.run.activation_checkpointing_every));  // as the trainer
   }
 
@@ -89,10 +94,14 @@ class StepSimulation {
     // in the compute dtype instead of the master and no gradient shard (each exists from its
     // reduction until its copy to the host: reduce_gradients below), and host memory holds the
     // masters, a landing buffer for each gradient shard, on CUDA a staging buffer in the compute
-    // dtype, and the state (offload/optimizer_offload.h).
+    // dtype, and the state (offload/optimizer_offload.h). With --offload parameters the compute-dtype
+    // rows are in host memory (page-locked on CUDA), and the device keeps the master alone, or nothing
+    // once the optimizer is offloaded too; on CUDA they take the staging buffer's place.
     for (const UnitGeometry& unit : units_) {
       shard_elements_ += unit.shard_numel;
-      if (offload_) {
+      if (offload_parameters_) {
+        if (!offload_) timeline_.add(kParameters, 4 * unit.shard_numel);
+      } else if (offload_) {
         timeline_.add(kParameters, m_.compute_bytes() * unit.shard_numel);
       } else {
         timeline_.add(kParameters, 4 * unit.shard_numel);
@@ -101,12 +110,19 @@ class StepSimulation {
       if (!transient_gradient_) timeline_.add(kGradients, 4 * unit.shard_numel);
     }
     if (resident_) gathered_.assign(units_.size(), true);
+    const int64_t compute_rows = m_.compute_bytes() * shard_elements_;
     if (offload_) {
-      offload_host_bytes_ = optimizer_state() + 8 * shard_elements_ + (cuda_ ? m_.compute_bytes() * shard_elements_ : 0);
-      offload_pinned_bytes_ = cuda_ ? (4 + m_.compute_bytes()) * shard_elements_ : 0;  // landing + staging
+      offload_host_bytes_ = optimizer_state() + 8 * shard_elements_ + (cuda_ || offload_parameters_ ? compute_rows : 0);
+      offload_pinned_bytes_ = cuda_ ? 4 * shard_elements_ + compute_rows : 0;  // landing + staging (or host rows)
       timeline_.add(kOptimizerHost, offload_host_bytes_);
-    } else
+    } else {
       timeline_.add(kOptimizerDevice, optimizer_state());
+      if (offload_parameters_) {
+        offload_host_bytes_ = compute_rows;
+        offload_pinned_bytes_ = cuda_ ? compute_rows : 0;
+        timeline_.add(kOptimizerHost, offload_host_bytes_);
+      }
+    }
     const int64_t head_dim = m_.config.head_dim();
     timeline_.add(kOther, 2 * m_.run.data.max_length * head_dim * 4);                  // cos, sin (fp32)
     if (m_.mode == Mode::pure) timeline_.add(kOther, 2 * m_.run.data.max_length * head_dim * 2);  // bf16 copies
@@ -159,7 +175,11 @@ class StepSimulation {
     if (gathered_[u]) return;
     const UnitGeometry& unit = units_[u];
     const int64_t element = m_.compute_bytes();
-    const int64_t send = m_.mode == Mode::pure && !offload_ ? 2 * unit.shard_numel : 0;  // offload keeps a compute shard
+    // The send buffer: parameter offload's copy of the host rows (a CPU rank sends them in place);
+    // else pure bf16's rounded master (optimizer offload keeps a compute shard on the device).
+    const int64_t send = offload_parameters_ ? (cuda_ ? element * unit.shard_numel : 0)
+                         : m_.mode == Mode::pure && !offload_ ? 2 * unit.shard_numel
+                                                              : 0;
     timeline_.add(kActivations, send);
     timeline_.add(kActivations, element * unit.gathered_numel);
     timeline_.remove(kActivations, send);
@@ -486,7 +506,7 @@ class StepSimulation {
 
   const ModelShape& m_;
   int world_, rank_;
-  bool cuda_, offload_, fused_, transient_gradient_;
+  bool cuda_, offload_, offload_parameters_, fused_, transient_gradient_;
   int layout_world_ = 1;
   bool resident_ = false;
   int64_t offload_host_bytes_ = 0, offload_pinned_bytes_ = 0;

@@ -35,10 +35,13 @@ std::string breakdown(const RankEstimate& rank) {
 
 // What a CUDA rank keeps in host memory, by the estimate (memory/estimate.h).
 std::string cuda_host_use(const RunConfig& run) {
-  const bool offload = run.sharding.offload == Offload::optimizer;
+  const bool offload = run.sharding.offload != Offload::none;
   if (!offload && !run.checkpoint.async_save) return "";
   return std::string(" for ") +
-         (offload ? "the offloaded optimizer (masters, state, landing and staging buffers)" : "") +
+         (offloads_optimizer(run.sharding.offload) && offloads_parameters(run.sharding.offload)
+              ? "the offloaded optimizer and parameters (masters, state, landing buffers, compute rows)"
+          : offloads_optimizer(run.sharding.offload) ? "the offloaded optimizer (masters, state, landing and staging buffers)"
+          : offload ? "the offloaded parameters (each unit's rows in the compute dtype)" : "") +
          (offload && run.checkpoint.async_save ? " and " : "") +
          (run.checkpoint.async_save ? "--async_save's copy of each rank's state" : "");
 }
@@ -47,7 +50,10 @@ std::string remedies(const RunConfig& run, bool cuda) {
   std::ostringstream out;
   out << "To fit: lower --batch_size (now " << run.data.batch_size << ") or --max_length (now " << run.data.max_length
       << "), run on more ranks or nodes (full_shard divides parameters, gradients and optimizer state among them)";
-  if (cuda && run.sharding.offload != Offload::optimizer) out << ", or --offload optimizer (state and masters in host memory)";
+  if (cuda && !offloads_optimizer(run.sharding.offload)) out << ", or --offload optimizer (state and masters in host memory)";
+  if (cuda && !offloads_parameters(run.sharding.offload))
+    out << ", or --offload " << (offloads_optimizer(run.sharding.offload) ? "optimizer,parameters" : "parameters")
+        << " (each unit's rows in host memory, copied in at its gather)";
   if (run.precision.dtype == DType::float32) out << ", or --dtype bfloat16 --precision pure";
   if (run.checkpoint.async_save) out << ", or drop --async_save (its host copy of each rank's state)";
   out << ". `trainer estimate` with the same flags shows where the memory goes; --skip_memory_check starts anyway";

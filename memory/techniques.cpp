@@ -27,7 +27,7 @@ std::string techniques_of(const RunConfig& run) {
     parts.push_back("checkpointing every " + std::to_string(run.activation_checkpointing_every));
   if (!run.recompute.empty() && run.recompute != "block") parts.push_back("recompute " + run.recompute);
   if (run.fuse_optimizer_with_backward) parts.push_back("fused step");
-  if (run.sharding.offload == Offload::optimizer) parts.push_back("offload optimizer");
+  if (run.sharding.offload != Offload::none) parts.push_back(std::string("offload ") + to_string(run.sharding.offload));
   if (parts.empty()) return "fp32, AdamW";
   std::string joined;
   for (const std::string& part : parts) joined += (joined.empty() ? "" : " + ") + part;

@@ -60,11 +60,15 @@ OptimizerOffload::OptimizerOffload(ShardedModel& model, const OptimizerSettings&
     // Exact sizes (common/memory_stats.h): the caching host allocator would round each up to a
     // power of two, up to twice the pinned memory the estimate counts.
     gradients_.push_back(exact_host_buffer(numel, at::kFloat, device));
-    if (on_cuda_) {
+    // With parameter offload the unit's compute shard is in host memory already: the step writes it.
+    if (on_cuda_ && !unit.parameters_offloaded()) {
       staging_.push_back(exact_host_buffer(numel, model.options().compute_dtype, device));
       staging_.back().copy_(masters_.back());  // the padding rows, which no step writes
-      pinned_bytes_ += static_cast<int64_t>(gradients_.back().nbytes() + staging_.back().nbytes());
+      pinned_bytes_ += static_cast<int64_t>(staging_.back().nbytes());
+    } else {
+      staging_.emplace_back();
     }
+    if (on_cuda_) pinned_bytes_ += static_cast<int64_t>(gradients_.back().nbytes());
     unit.offload_master();
     unit.make_gradient_transient();  // each step's shard is handed to gradient_ready(), then freed
     shards.push_back({unit.layout(), masters_.back(), gradients_.back(), std::move(rules[u])});
@@ -167,13 +171,18 @@ void OptimizerOffload::step_on_host(size_t unit) {
 }
 
 at::Tensor& OptimizerOffload::rounded_destination(size_t unit) {
+  ShardedUnit& sharded = model_.unit(unit);
+  if (sharded.parameters_offloaded()) {
+    sharded.wait_host_reads();  // every gather issued so far has copied the shard to the device
+    return sharded.compute_shard();
+  }
 #ifdef TRAINER_HAVE_CUDA
   if (on_cuda_) {
     copies_->update_landed.at(unit).synchronize();  // the staging buffer's last H2D copy is done
     return staging_.at(unit);
   }
 #endif
-  return model_.unit(unit).compute_shard();
+  return sharded.compute_shard();
 }
 
 void OptimizerOffload::publish(size_t unit) {
@@ -185,7 +194,8 @@ void OptimizerOffload::publish(size_t unit) {
 void OptimizerOffload::send_to_device(size_t unit) {
   ShardedUnit& sharded = model_.unit(unit);
 #ifdef TRAINER_HAVE_CUDA
-  if (on_cuda_) {
+  // A host compute shard (parameter offload) crosses at its next gather instead.
+  if (on_cuda_ && !sharded.parameters_offloaded()) {
     copies_->backward_done.block(copies_->to_device);
     c10::cuda::CUDAStreamGuard on_copy_stream(copies_->to_device);
     sharded.compute_shard().copy_(staging_.at(unit), /*non_blocking=*/true);
@@ -264,7 +274,8 @@ OwnedBytes OptimizerOffload::owned_bytes() const {
   OwnedBytes owned;
   owned.optimizer_host = optimizer_->state_bytes();
   for (const std::vector<at::Tensor>* buffers : {&masters_, &gradients_, &staging_})
-    for (const at::Tensor& buffer : *buffers) owned.optimizer_host += static_cast<int64_t>(buffer.nbytes());
+    for (const at::Tensor& buffer : *buffers)
+      if (buffer.defined()) owned.optimizer_host += static_cast<int64_t>(buffer.nbytes());
   return owned;
 }
 

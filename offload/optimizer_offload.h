@@ -11,7 +11,8 @@
 //   gradient    (shard_numel) fp32, host (pinned on CUDA): where the device's gradient shard lands
 //   staging     (shard_numel) compute dtype, host (pinned on CUDA): the updated rows, rounded, on
 //               their way to the device (CUDA only; on a CPU rank the worker writes the unit's
-//               compute shard directly)
+//               compute shard directly; with --offload parameters, none: the unit's compute shard
+//               is in host memory already, and the step writes it once the last gather has read it)
 //   optimizer state: the ShardOptimizer's flat buffers, built over the host masters and gradients
 // and, on CUDA, a device-to-host and a host-to-device copy stream and an event per unit and way.
 //

@@ -2,6 +2,8 @@
 
 #include <stdexcept>
 
+#include "common/memory_stats.h"
+
 #include <c10/core/StorageImpl.h>
 #ifdef TRAINER_HAVE_CUDA
 #include <c10/cuda/CUDAEvent.h>
@@ -19,6 +21,7 @@ struct ShardedUnit::GatherEvents {
   c10::cuda::CUDAEvent gathered;       // recorded on the gather stream after the last copy
   c10::cuda::CUDAEvent gradients_ready;  // on the compute stream: the flat gradient buffer is written
   c10::cuda::CUDAEvent reduced;          // on the reduce stream: the shard and its norm are final
+  c10::cuda::CUDAEvent host_read;        // parameter offload: the last copy of the host shard is done
 #endif
 };
 
@@ -52,7 +55,7 @@ const char* to_string(ShardingStrategy strategy) {
 
 ShardedUnit::ShardedUnit(std::string name, std::vector<std::pair<std::string, at::Tensor>> parameters,
                          Communicator& communicator, ShardingStrategy strategy,
-                         at::ScalarType compute_dtype, bool resident_when_whole)
+                         at::ScalarType compute_dtype, bool resident_when_whole, bool offload_parameters)
     : name_(std::move(name)),
       parameters_(std::move(parameters)),
       communicator_(communicator),
@@ -71,12 +74,19 @@ ShardedUnit::ShardedUnit(std::string name, std::vector<std::pair<std::string, at
     gradient_options_ = gradient_.options();
   }
   compute_dtype_ = compute_dtype;
-  resident_ = resident_when_whole && layout_.world_size == 1;
+  parameters_offloaded_ = offload_parameters;
+  resident_ = resident_when_whole && layout_.world_size == 1 && !offload_parameters;
+  gathers_ = !resident_ && (sharded || offload_parameters);
   // The compute shard persists only where something reads it between steps: fp32 (it is the master)
   // and a resident unit (its parameters are views of it). A gathered bf16 unit rounds its master rows
   // into a transient send buffer at each gather instead, as FSDP2 does: 2 bytes per shard element
-  // for the gather's duration rather than for the whole run.
-  if (compute_dtype == at::kFloat)
+  // for the gather's duration rather than for the whole run. With parameter offload it is a host
+  // buffer of its own (the header).
+  if (offload_parameters) {
+    at::NoGradGuard no_grad;
+    compute_ = exact_host_buffer(layout_.shard_numel, compute_dtype, master_.device());
+    compute_.copy_(master_);  // rounds to the compute dtype
+  } else if (compute_dtype == at::kFloat)
     compute_ = master_;
   else if (resident_) {
     at::NoGradGuard no_grad;
@@ -98,7 +108,7 @@ ShardedUnit::ShardedUnit(std::string name, std::vector<std::pair<std::string, at
     at::NoGradGuard no_grad;
     for (auto& [parameter_name, parameter] : parameters_) parameter.set_data(parameter.to(compute_dtype));
   }
-  if (sharded) release();
+  if (gathers_) release();
 }
 
 FlatShardLayout ShardedUnit::layout_for(const std::string& name,
@@ -114,8 +124,10 @@ void ShardedUnit::publish_shard() {
   at::NoGradGuard no_grad;
   const at::Tensor& source = master_.defined() ? master_ : compute_;
   if (master_.defined() && compute_.defined() && !compute_.is_same(master_))
-    compute_.copy_(master_);  // resident: its parameters see it
-  if (resident_ || strategy_ != ShardingStrategy::no_shard) return;
+    // resident: its parameters see it; parameter offload: device to host, ordered on the compute
+    // stream before the next gather's copy back (which waits on the compute stream)
+    compute_.copy_(master_, /*non_blocking=*/parameters_offloaded_ && master_.is_cuda());
+  if (resident_ || gathers_) return;
   for (size_t i = 0; i < parameters_.size(); ++i)  // copy_ rounds to the parameters' dtype
     parameters_[i].second.variable_data().copy_(layout_.full_from_gathered(layout_.parameters[i], source));
 }
@@ -139,9 +151,26 @@ void ShardedUnit::fill_compute_parameters(const CollectiveStream& stream) {
   at::NoGradGuard no_grad;
   // Allocated on the current stream (the gather stream for a prefetch), so the caching allocator
   // reuses the send buffer only after the collective that reads it.
-  at::Tensor send = compute_.defined() ? compute_ : master_.to(compute_dtype_);
+  at::Tensor send;
+  if (parameters_offloaded_) {
+    // The host shard to the device first (page-locked: an asynchronous copy on this stream; on a
+    // CPU rank the shard itself, no copy).
+    send = compute_.to(gradient_options_.device(), /*non_blocking=*/true);
+#ifdef TRAINER_HAVE_CUDA
+    if (send.is_cuda()) {
+      if (!events_) events_ = std::make_unique<GatherEvents>();
+      events_->host_read.record(c10::cuda::getCurrentCUDAStream(send.device().index()));
+    }
+#endif
+  } else {
+    send = compute_.defined() ? compute_ : master_.to(compute_dtype_);
+  }
   at::Tensor gathered = at::empty({layout_.world_size * layout_.shard_numel}, send.options());
-  communicator_.all_gather(send, gathered, stream);
+  // A whole-unit layout across several ranks is no_shard with parameter offload: the copy alone.
+  if (layout_.world_size == 1 && communicator_.world_size() > 1)
+    gathered.copy_(send);
+  else
+    communicator_.all_gather(send, gathered, stream);
   send = at::Tensor();
   for (size_t i = 0; i < parameters_.size(); ++i) {
     const at::Tensor& parameter = parameters_[i].second;
@@ -163,8 +192,10 @@ void ShardedUnit::gather() {
 void ShardedUnit::gather_async(const CollectiveStream& gather_stream) {
   if (gathered_ || resident_) return;
 #ifdef TRAINER_HAVE_CUDA
-  if (gather_stream && gradient_.is_cuda()) {
-    const c10::DeviceIndex device = gradient_.device().index();
+  // gradient_options_, not the gradient shard: a transient shard (offload, the fused step) does not
+  // exist between steps, when the next forward's prefetches are issued.
+  if (gather_stream && gradient_options_.device().is_cuda()) {
+    const c10::DeviceIndex device = gradient_options_.device().index();
     const c10::cuda::CUDAStream compute = c10::cuda::getCurrentCUDAStream(device);
     const c10::cuda::CUDAStream side(*gather_stream);
     if (!events_) events_ = std::make_unique<GatherEvents>();
@@ -189,13 +220,19 @@ void ShardedUnit::gather_async(const CollectiveStream& gather_stream) {
 void ShardedUnit::wait_gathered() {
   if (!gather_in_flight_) return;
 #ifdef TRAINER_HAVE_CUDA
-  events_->gathered.block(c10::cuda::getCurrentCUDAStream(gradient_.device().index()));
+  events_->gathered.block(c10::cuda::getCurrentCUDAStream(gradient_options_.device().index()));
 #endif
   gather_in_flight_ = false;
 }
 
+void ShardedUnit::wait_host_reads() {
+#ifdef TRAINER_HAVE_CUDA
+  if (parameters_offloaded_ && events_) events_->host_read.synchronize();
+#endif
+}
+
 void ShardedUnit::release() {
-  if (resident_ || strategy_ == ShardingStrategy::no_shard || !gathered_) return;
+  if (!gathers_ || !gathered_) return;
   // A prefetch released unused still reads the shard: the compute stream (the optimizer) must not
   // overwrite it before that gather is done. The schedule never does this; it costs nothing then.
   wait_gathered();
@@ -386,7 +423,10 @@ int64_t ShardedUnit::compute_parameter_bytes() const {
 
 OwnedBytes ShardedUnit::owned_bytes() const {
   OwnedBytes owned;
-  owned.parameters = distinct_storage_bytes({master_, compute_}) + compute_parameter_bytes();
+  // A host compute shard (parameter offload) is offloaded memory, counted with the optimizer's.
+  owned.parameters = distinct_storage_bytes({master_, parameters_offloaded_ ? at::Tensor() : compute_}) +
+                     compute_parameter_bytes();
+  if (parameters_offloaded_) owned.optimizer_host += static_cast<int64_t>(compute_.nbytes());
   owned.gradients = (gradient_.defined() ? static_cast<int64_t>(gradient_.nbytes()) : 0) + full_gradient_bytes();
   return owned;
 }

@@ -29,6 +29,15 @@
 //   reduce_gradients()  full gradients -> this rank's gradient shard: reduce-scatter (average) for the
 //                       sharded strategies, all-reduce (average) for no_shard; frees the full gradients
 //
+// Parameter offload (--offload parameters): the compute shard lives in host memory (page-locked
+// on CUDA, exactly its size) instead of the device, and every gather first copies it to the device
+// on the gather's stream, so a prefetch copies it as far ahead as it gathers. Such a unit is never
+// resident (it gathers and releases even where its shard is the whole unit: one rank, or no_shard,
+// whose "gather" is then the copy alone), so between steps the device holds none of its rows but
+// the fp32 master, and not that either once the optimizer is offloaded too. publish_shard() copies
+// the master into the host shard (device to host, on the compute stream); with the optimizer
+// offloaded the host step writes the rounded rows into it directly, after wait_host_reads().
+//
 // Storage is freed and re-allocated in place (StorageImpl reset / new DataPtr) and refilled through
 // variable_data(), which does not bump the version counter: autograd's saved references to a weight
 // stay valid across release() and gather(), as with FSDP's storage resize_(0).
@@ -68,7 +77,7 @@ class ShardedUnit {
   // shards (above); false gathers and releases it like any other (tests of the gather path).
   ShardedUnit(std::string name, std::vector<std::pair<std::string, at::Tensor>> parameters,
               Communicator& communicator, ShardingStrategy strategy, at::ScalarType compute_dtype,
-              bool resident_when_whole = false);
+              bool resident_when_whole = false, bool offload_parameters = false);
 
   ~ShardedUnit();
 
@@ -116,6 +125,11 @@ class ShardedUnit {
   // parameters.
   void offload_master();
   bool master_offloaded() const { return !master_.defined(); }
+  // --offload parameters: compute_shard() is in host memory (above).
+  bool parameters_offloaded() const { return parameters_offloaded_; }
+  // Blocks until the device has read the host compute shard for every gather issued so far, so that
+  // the host may overwrite it (CUDA; nothing to wait for on a CPU rank or without parameter offload).
+  void wait_host_reads();
   // CPU offload: the gradient shard stops being a persistent buffer. It exists from this step's
   // reduce_gradients() (a resident fp32 unit: from the first prepare_gradients() of the step, since
   // its parameters' gradients are views of it) until take_gradient_shard() hands it over, and the
@@ -136,7 +150,8 @@ class ShardedUnit {
   const std::string& name() const { return name_; }
   at::Tensor& master_shard() { return master_; }             // (shard_numel) fp32; undefined once offloaded
   // (shard_numel) compute dtype: the master itself in fp32, a rounded copy for a resident bf16 unit,
-  // undefined for a gathered bf16 unit (each gather rounds the master into a transient buffer).
+  // undefined for a gathered bf16 unit (each gather rounds the master into a transient buffer); with
+  // parameter offload a host buffer of its own in any dtype.
   at::Tensor& compute_shard() { return compute_; }
   const at::Tensor& compute_shard() const { return compute_; }
   // (shard_numel) fp32; undefined between steps once the gradient is transient.
@@ -181,6 +196,8 @@ class ShardedUnit {
   at::TensorOptions gradient_options_;  // fp32 on the unit's device
   at::ScalarType compute_dtype_ = at::kFloat;
   bool resident_ = false;
+  bool parameters_offloaded_ = false;  // --offload parameters: compute_ in host memory
+  bool gathers_ = false;  // gathered and released (sharded strategies, or parameter offload), not resident
   bool gradients_in_shard_ = false;  // resident with fp32 parameters: .grad views the gradient shard
   bool gradient_consumed_ = false;   // reduced since the last prepare_gradients()
   bool gradient_transient_ = false;  // make_gradient_transient()

@@ -19,6 +19,14 @@ const char* to_string(UnitEvent event) {
   return "?";
 }
 
+ShardingStrategy plan_strategy(const ShardingOptions& options, bool resident) {
+  // Resident units (the whole unit on this rank) are never gathered nor released: no_shard's plan.
+  if (resident) return ShardingStrategy::no_shard;
+  // With parameter offload no_shard's units are copied in and freed around each use.
+  if (options.offload_parameters && options.strategy == ShardingStrategy::no_shard) return ShardingStrategy::full_shard;
+  return options.strategy;
+}
+
 ShardedModel::ShardedModel(Communicator& communicator, ShardingOptions options)
     : communicator_(communicator), options_(options) {
   if (options_.prefetch) gather_stream_ = make_gather_stream(communicator_.device());
@@ -32,13 +40,11 @@ size_t ShardedModel::add_unit(std::string name, std::vector<std::pair<std::strin
   if (started_) throw std::logic_error("ShardedModel: unit " + name + " added after the first pass");
   units_.push_back(std::make_unique<ShardedUnit>(std::move(name), std::move(parameters), communicator_,
                                                  options_.strategy, options_.compute_dtype,
-                                                 options_.resident_when_whole));
+                                                 options_.resident_when_whole, options_.offload_parameters));
   units_.back()->set_reduce_stream(reduce_stream_);
   forwards_.push_back(std::move(forward));
-  // Nothing has run yet, so a fresh plan over the units so far is the plan. Resident units (the
-  // whole unit on this rank) are never gathered nor released: no_shard's plan.
-  const bool resident = units_.back()->resident();
-  plan_ = StepPlan(static_cast<int64_t>(units_.size()), resident ? ShardingStrategy::no_shard : options_.strategy,
+  // Nothing has run yet, so a fresh plan over the units so far is the plan.
+  plan_ = StepPlan(static_cast<int64_t>(units_.size()), plan_strategy(options_, units_.back()->resident()),
                    options_.prefetch);
   plan_.set_recomputed(recomputed_);
   count_gathered_units();  // no_shard units stay gathered from the start

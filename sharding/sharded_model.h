@@ -56,7 +56,15 @@ struct ShardingOptions {
   // A unit whose shard is the whole unit (one rank, or no_shard) keeps its parameters as views of
   // its shards instead of gathering them (sharding/fsdp_unit.h); the plan then has no gathers.
   bool resident_when_whole = true;
+  // --offload parameters: each unit's compute shard in host memory, copied in at each gather
+  // (sharding/fsdp_unit.h). No unit is resident; no_shard's units gather (a copy) and release as
+  // full_shard's do.
+  bool offload_parameters = false;
 };
+
+// The gather plan's strategy for units built with these options: no_shard's for resident units,
+// full_shard's for no_shard with parameter offload, else the run's (the estimate plans the same).
+ShardingStrategy plan_strategy(const ShardingOptions& options, bool resident);
 
 enum class Pass { train, eval };
 enum class UnitEvent { before_shard_read, before_gather, after_forward, after_backward, gradient_shard_ready };

@@ -169,8 +169,33 @@ INSTANTIATE_TEST_SUITE_P(
         GpuCase{"staged_2_ranks", 2, "", "", 1e-4},
         GpuCase{"staged_4_ranks_offload", 4, "",
                 "--dtype bfloat16 --precision pure --offload optimizer --optimizer galore_adamw --rank 8", 2e-2},
-        GpuCase{"staged_4_ranks_shard_grad_op", 4, "", "--sharding shard_grad_op --optimizer adamw_sn", 1e-4}),
+        GpuCase{"staged_4_ranks_shard_grad_op", 4, "", "--sharding shard_grad_op --optimizer adamw_sn", 1e-4},
+        // Parameter offload: the host rows copied in on the gather stream, out after the device step.
+        GpuCase{"offload_parameters", 1, "", "--offload parameters", 1e-4},
+        GpuCase{"offload_both_pure", 1, "", "--dtype bfloat16 --precision pure --offload optimizer,parameters", 2e-2},
+        GpuCase{"staged_2_ranks_offload_parameters_no_shard_fused", 2, "",
+                "--sharding no_shard --offload parameters --fuse_optimizer_with_backward --grad_clipping 0", 1e-4},
+        GpuCase{"staged_4_ranks_offload_both_shard_grad_op", 4, "",
+                "--sharding shard_grad_op --offload optimizer,parameters --optimizer adamw_sn", 1e-4}),
     [](const ::testing::TestParamInfo<GpuCase>& info) { return info.param.name; });
+
+// Parameter offload on the GPU changes where the rows wait, not the arithmetic: the same bits as the
+// same gathers from device rows (LLM_DEBUG_NO_RESIDENT_UNITS=1), with the optimizer on the device and
+// offloaded. A copy read before it landed, or a host shard overwritten while a copy still read it,
+// would show as a difference.
+TEST(OnGpuParameterOffload, EqualsGatheringFromDeviceRowsBitwise) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU on this host";
+  for (const std::string extra : {"", "--dtype bfloat16 --precision pure --offload optimizer"}) {
+    SCOPED_TRACE(extra);
+    ScratchDir device_rows("gpu_gather_device_rows"), host_rows("gpu_gather_host_rows");
+    const std::string offload = extra.empty() ? "--offload parameters" : "--offload optimizer,parameters";
+    const std::string common = "--device cuda " + (extra.empty() ? "" : extra.substr(0, extra.find(" --offload")));
+    const Losses gathered = train("LLM_DEBUG_NO_RESIDENT_UNITS=1", 1, common + (extra.empty() ? "" : " --offload optimizer"),
+                                  device_rows.path());
+    const Losses copied_in = train("", 1, common + " " + offload, host_rows.path());
+    expect_equal_bits(gathered, copied_in);
+  }
+}
 
 // The background save copies each rank's state to page-locked host memory and writes from there:
 // its checkpoints hold the bits the synchronous save writes, at 2 ranks sharing one GPU.

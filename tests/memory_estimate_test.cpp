@@ -161,7 +161,16 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama_tiny", 2, "--batch_size 8 --max_length 64 --dtype bfloat16 --recompute norm,swiglu,attention"},
                       Case{"llama_tiny", 2, "--batch_size 8 --max_length 64 --dtype bfloat16 --recompute mlp"},
                       Case{"llama_tiny", 2, "--batch_size 8 --max_length 64 --dtype bfloat16 --precision pure --recompute norm,mlp"},
-                      Case{"llama_tiny", 2, "--batch_size 8 --max_length 64 --dtype bfloat16 --precision pure --recompute swiglu,attention"}),
+                      Case{"llama_tiny", 2, "--batch_size 8 --max_length 64 --dtype bfloat16 --precision pure --recompute swiglu,attention"},
+                      // Parameter offload: every unit gathers (no resident units), the compute rows in
+                      // host memory, each strategy, alone and with the optimizer's offload.
+                      Case{"llama_tiny", 1, "--batch_size 4 --max_length 64 --offload parameters"},
+                      Case{"llama_tiny", 2, "--batch_size 4 --max_length 64 --offload optimizer,parameters"},
+                      Case{"llama_9m", 4, "--batch_size 2 --max_length 64 --offload parameters --dtype bfloat16 --precision pure"},
+                      Case{"llama_micro", 2, "--batch_size 2 --max_length 32 --offload optimizer,parameters --sharding shard_grad_op --dtype bfloat16"},
+                      Case{"llama_micro", 3, "--batch_size 2 --max_length 32 --offload parameters --sharding no_shard --optimizer galore_adamw --rank 8"},
+                      Case{"llama_tiny", 1, "--batch_size 4 --max_length 64 --offload optimizer,parameters --dtype bfloat16 --precision pure --activation_checkpointing"},
+                      Case{"llama_tiny", 2, "--batch_size 4 --max_length 64 --offload parameters --grad_clipping 0 --fuse_optimizer_with_backward"}),
     case_name);
 
 TEST(EstimateCommand, BadInputIsExitTwo) {
@@ -345,6 +354,16 @@ TEST(EstimateExtrapolation, EqualsTheLayerByLayerSimulation) {
          r.precision.mode = Precision::pure;
          r.sharding.offload = Offload::optimizer;
          r.activation_checkpointing_every = 2;
+       }},
+      {"offload_parameters_no_shard", [](RunConfig& r) {
+         r.sharding.offload = Offload::parameters;
+         r.sharding.strategy = ShardingStrategy::no_shard;
+       }},
+      {"offload_both_pure_bf16_shard_grad_op", [](RunConfig& r) {
+         r.precision.dtype = DType::bfloat16;
+         r.precision.mode = Precision::pure;
+         r.sharding.offload = Offload::optimizer_and_parameters;
+         r.sharding.strategy = ShardingStrategy::shard_grad_op;
        }},
       {"mixed_bf16_no_prefetch", [](RunConfig& r) {
          r.precision.dtype = DType::bfloat16;

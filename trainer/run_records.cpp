@@ -99,8 +99,12 @@ void RunRecords::sharded_state(const ShardedModel& sharded, const ShardOptimizer
   int64_t parameters = 0, gradients = 0, materialized = 0;
   for (size_t u = 0; u < sharded.unit_count(); ++u) {
     const ShardedUnit& unit = sharded.unit(u);
-    // The device's persistent rows: the master, or once offloaded the compute-dtype copy.
-    parameters += static_cast<int64_t>(unit.master_offloaded() ? unit.compute_shard().nbytes() : unit.master_shard().nbytes());
+    // The device's persistent rows: the master, or once offloaded the compute-dtype copy (none when
+    // the parameters are offloaded too: that copy is in host memory).
+    if (!unit.master_offloaded())
+      parameters += static_cast<int64_t>(unit.master_shard().nbytes());
+    else if (!unit.parameters_offloaded())
+      parameters += static_cast<int64_t>(unit.compute_shard().nbytes());
     // 0 with offload: the shard is transient, gone to host memory after each backward.
     gradients += unit.gradient_shard().defined() ? static_cast<int64_t>(unit.gradient_shard().nbytes()) : 0;
     materialized += unit.compute_parameter_bytes();

@@ -130,7 +130,7 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
       sharded_(communicator_,
                {run.sharding.strategy, run.sharding.prefetch,
                 run.precision.dtype == DType::bfloat16 && run.precision.mode == Precision::pure ? at::kBFloat16 : at::kFloat,
-                resident_units_allowed()}),
+                resident_units_allowed(), offloads_parameters(run.sharding.offload)}),
       model_(seeded(model_config, run.seed),
              [this](const UnitSpec& unit, NamedTensors parameters) { shard_when_built(unit, std::move(parameters)); }),
       divergence_(run.divergence_patience, run.optimizer.warmup_steps.value(), model_config.vocab_size) {
@@ -166,7 +166,7 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
   const bool sharded_across_ranks = context.world_size > 1 && run.sharding.strategy != ShardingStrategy::no_shard;
   // The optimizer's collectives go over the communicator of the device its state is on: the host's
   // with offload (NCCL cannot carry host tensors).
-  if (run.sharding.offload == Offload::optimizer)
+  if (offloads_optimizer(run.sharding.offload))
     offload_ = std::make_unique<OptimizerOffload>(sharded_, optimizer_settings(run), unit_update_rules(sharded_, run),
                                                   sharded_across_ranks ? &host_communicator_ : nullptr);
   else

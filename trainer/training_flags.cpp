@@ -20,7 +20,9 @@ TrainingFlags::TrainingFlags(const RunConfig& defaults)
       scheduler(kSchedulerValues, defaults.optimizer.scheduler),
       dtype(kDTypeValues, defaults.precision.dtype),
       precision(kPrecisionValues, defaults.precision.mode),
-      device(kDeviceChoiceValues, defaults.device) {}
+      device(kDeviceChoiceValues, defaults.device) {
+  offload.by_name.emplace(kOffloadBothReversed, Offload::optimizer_and_parameters);  // a set: either order
+}
 
 namespace {
 
@@ -145,8 +147,10 @@ void add_sharding_flags(CLI::App& app, TrainingFlags& flags) {
                          "prefetched while one runs, on a CUDA side stream)"));
   flags.add(flags.offload.add(
       app, "--offload",
-      "optimizer: fp32 master shards and optimizer state in host memory (pinned where "
-      "they cross to a GPU), stepped there per unit while the device goes on (docs/offload.md)"));
+      "what lives in host memory: optimizer (fp32 master shards and optimizer state, pinned where "
+      "they cross to a GPU, stepped there per unit while the device goes on), parameters (each unit's "
+      "shard in the compute dtype, page-locked, copied to the device ahead of its gather), or "
+      "optimizer,parameters (docs/offload.md)"));
   flags.add(flags.communicator.add(
       app, "--communicator",
       "what carries collectives across ranks: auto (NCCL on GPUs, MPI on CPUs), nccl, or mpi "
