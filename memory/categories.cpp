@@ -16,7 +16,7 @@ const std::array<const char*, MemoryCategories::kCount>& MemoryCategories::keys(
 
 const std::array<const char*, MemoryCategories::kCount>& MemoryCategories::titles() {
   static const std::array<const char*, kCount> names = {
-      "parameters", "gradients", "optimizer (device)", "optimizer (host)", "activations", "other"};
+      "parameters", "gradients", "optimizer (device)", "offloaded (host)", "activations", "other"};
   return names;
 }
 
@@ -169,7 +169,7 @@ const std::vector<Figure>& figures() {
       {"parameters", [](const RankMemorySummary& r) { return r.max.parameters; }, false},
       {"gradients", [](const RankMemorySummary& r) { return r.max.gradients; }, false},
       {"optimizer (device)", [](const RankMemorySummary& r) { return r.max.optimizer_device; }, false},
-      {"optimizer (host)", [](const RankMemorySummary& r) { return r.max.optimizer_host; }, false},
+      {"offloaded (host)", [](const RankMemorySummary& r) { return r.max.optimizer_host; }, false},
       {"activations", [](const RankMemorySummary& r) { return r.max.activations; }, false},
       {"other", [](const RankMemorySummary& r) { return r.max.other; }, false},
       {"peak (host allocator)", [](const RankMemorySummary& r) { return r.host_peak_bytes; }, false},

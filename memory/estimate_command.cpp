@@ -55,8 +55,9 @@ std::string node_memory_section(const MemoryEstimate& estimate, const EstimateOp
   const ByteUnit unit = byte_unit_for(std::max(largest, ram));
   std::ostringstream out;
   out << "\nHost memory per node (" << estimate.nodes.front().ranks << " rank(s) per node, consecutive ranks; "
-      << (cuda ? "what --offload optimizer keeps in host memory: masters, gradient landing buffers, staging "
-                 "buffers (pinned) and optimizer state, and --async_save's copies; the processes themselves come on top"
+      << (cuda ? "what --offload keeps in host memory: of the optimizer masters, gradient landing buffers, staging "
+                 "buffers (pinned) and optimizer state; of the parameters each unit's rows (pinned, in place of the "
+                 "staging buffers); and --async_save's copies; the processes themselves come on top"
                : "every rank's peak, all of it host memory, and --async_save's copies")
       << "). Sizes in " << unit.name << ".\n\n"
       << "| node | ranks | host | of which pinned |\n|---:|---|---:|---:|\n";
@@ -112,7 +113,7 @@ std::string run_estimate_command(const ModelConfig& model, const RunConfig& run,
       << "Peak: the largest total inside any phase of a step (evaluation included); the categories: each one's "
          "largest value at a phase boundary (docs/memory.md). Sizes in "
       << unit.name << ".\n\n";
-  out << "| rank | peak | peak in | parameters | gradients | optimizer (device) | optimizer (host) | activations | other | checkpoint save |\n"
+  out << "| rank | peak | peak in | parameters | gradients | optimizer (device) | offloaded (host) | activations | other | checkpoint save |\n"
       << "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|\n";
   for (const RankEstimate& rank : estimate.ranks) {
     out << "| " << rank.rank << " | " << format_in(rank.peak_bytes, unit) << " | " << rank.peak_phase << " |";

@@ -180,12 +180,15 @@ class StepSimulation {
     const int64_t send = offload_parameters_ ? (cuda_ ? element * unit.shard_numel : 0)
                          : m_.mode == Mode::pure && !offload_ ? 2 * unit.shard_numel
                                                               : 0;
+    // A whole-unit layout fills the parameters from the send buffer itself: no all-gather buffer.
+    const int64_t buffer = layout_world_ > 1 ? element * unit.gathered_numel : 0;
     timeline_.add(kActivations, send);
-    timeline_.add(kActivations, element * unit.gathered_numel);
-    timeline_.remove(kActivations, send);
+    timeline_.add(kActivations, buffer);
+    if (layout_world_ > 1) timeline_.remove(kActivations, send);
     for (const ShardedParameter& parameter : unit.layout.parameters)
       timeline_.add(kParameters, element * parameter.rows * parameter.cols);
-    timeline_.remove(kActivations, element * unit.gathered_numel);
+    timeline_.remove(kActivations, buffer);
+    if (layout_world_ == 1) timeline_.remove(kActivations, send);
     gathered_[u] = true;
   }
   void release(size_t u) {

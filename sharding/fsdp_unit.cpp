@@ -165,12 +165,13 @@ void ShardedUnit::fill_compute_parameters(const CollectiveStream& stream) {
   } else {
     send = compute_.defined() ? compute_ : master_.to(compute_dtype_);
   }
-  at::Tensor gathered = at::empty({layout_.world_size * layout_.shard_numel}, send.options());
-  // A whole-unit layout across several ranks is no_shard with parameter offload: the copy alone.
-  if (layout_.world_size == 1 && communicator_.world_size() > 1)
-    gathered.copy_(send);
-  else
+  // A whole-unit layout (one rank, or no_shard with parameter offload) has nothing to gather: the
+  // parameters are filled from the send buffer itself.
+  at::Tensor gathered = send;
+  if (layout_.world_size > 1) {
+    gathered = at::empty({layout_.world_size * layout_.shard_numel}, send.options());
     communicator_.all_gather(send, gathered, stream);
+  }
   send = at::Tensor();
   for (size_t i = 0; i < parameters_.size(); ++i) {
     const at::Tensor& parameter = parameters_[i].second;

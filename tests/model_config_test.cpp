@@ -417,7 +417,7 @@ TEST_F(ConfigFileError, ParameterCountPastTwoToThe53IsRefused) {
   object["num_hidden_layers"] = 2147483647;
   expect_mentions(error_loading(object), {path_ + ": hidden_size: ", "parameters (from hidden_size, intermediate_size, "
                                           "num_hidden_layers, vocab_size)", "2^53 = 9007199254740992"});
-  EXPECT_EQ(load_model_config(config_path("llama_13b")).name, "llama_13b");  // the largest shipped config
+  EXPECT_EQ(load_model_config(config_path("llama_30b")).name, "llama_30b");  // the largest shipped config
 }
 
 TEST_F(ConfigFileError, HugeIntegerDoesNotWrap) {
