@@ -15,7 +15,7 @@ struct OwnedBytes {
   int64_t parameters = 0;        // master shards, compute shards, gathered parameters
   int64_t gradients = 0;         // gradient shards, full gradients not yet reduced
   int64_t optimizer_device = 0;  // optimizer state on the training device (the CPU for a CPU run)
-  int64_t optimizer_host = 0;    // optimizer state in host memory beside a GPU (offload)
+  int64_t optimizer_host = 0;    // what offload keeps in host memory: optimizer state, masters, parameter rows
 
   OwnedBytes& operator+=(const OwnedBytes& other) {
     parameters += other.parameters;

@@ -13,10 +13,12 @@
 # tokens at every world size: BATCH / ranks per rank where the ranks divide it, else BATCH per rank.
 # Technique runs (each at 1 and RANKS ranks, the first the baseline of the shares): fp32 AdamW;
 # bf16 mixed; bf16 pure; activation checkpointing; recompute by operation (norm and SwiGLU; norm, MLP
-# and attention); the fused optimizer step; the optimizer offloaded;
+# and attention); the fused optimizer step; the optimizer offloaded; the parameters offloaded, alone
+# and with the optimizer;
 # bf16 optimizer state; AdamW-SN; GaLore; checkpointing + fused; bf16 pure + checkpointing + fused;
 # and all savers together, once with the fused step and GaLore, once with offload and GaLore and once
-# with the fused step and bf16 AdamW state (the fused step and offload do
+# with the fused step and bf16 AdamW state, and once with both offloaded and bf16 state (the fused
+# step and the optimizer's offload do
 # not combine: offload already steps each unit on the host as its gradient lands). Clipping is off in
 # every run, so that the fused step's runs do the same maths as the others. Compilation has no
 # LibTorch counterpart: the report says so.
@@ -76,6 +78,8 @@ techniques=(
   "recompute_mlp_attention|--recompute norm,mlp,attention"
   "fused_step|--fuse_optimizer_with_backward"
   "offload|--offload optimizer"
+  "offload_parameters|--offload parameters"
+  "offload_optimizer_parameters|--offload optimizer,parameters"
   "bf16_state|--optimizer_state_dtype bfloat16"
   "adamw_sn|--optimizer adamw_sn"
   "galore|${galore[*]}"
@@ -84,6 +88,7 @@ techniques=(
   "all_savers_fused_galore|--dtype bfloat16 --precision pure --activation_checkpointing --fuse_optimizer_with_backward ${galore[*]}"
   "all_savers_offload_galore|--dtype bfloat16 --precision pure --activation_checkpointing --offload optimizer ${galore[*]}"
   "all_savers_fused_bf16_state|--dtype bfloat16 --precision pure --activation_checkpointing --fuse_optimizer_with_backward --optimizer_state_dtype bfloat16"
+  "all_savers_offload_both_bf16_state|--dtype bfloat16 --precision pure --activation_checkpointing --offload optimizer,parameters --optimizer_state_dtype bfloat16"
 )
 
 started=$(date +%s)

@@ -5,7 +5,8 @@
 //   parameters        fp32 master shard + gathered compute copies
 //   gradients         fp32 gradient shard + full gradients not yet reduced
 //   optimizer_device  optimizer state on the training device (the CPU for a CPU run)
-//   optimizer_host    optimizer state offloaded to host memory (0 until offload exists)
+//   optimizer_host    what --offload keeps in host memory: the optimizer's masters, buffers and state,
+//                     parameter offload's rows ("offloaded (host)" in the tables)
 //   activations       the tracked total minus every owned buffer: saved tensors, unit boundaries,
 //                     autocast weight copies, temporaries alive at the point
 //   other             owned buffers of no other category: the batch and the rotary tables

@@ -209,8 +209,9 @@ std::string cpu_caveats(const std::vector<RunRecord>& runs) {
   const bool cpu = std::any_of(runs.begin(), runs.end(), [](const RunRecord& run) { return run.device == "cpu"; });
   if (!cpu) return "";
   return "On a CPU run the device is the host: `--offload optimizer` moves the fp32 masters and optimizer state "
-         "into the same memory, beside the compute copy of the parameters the device keeps, so it cannot lower the "
-         "peak there (on a GPU it takes them off the device). bf16 tokens/s on a CPU measure LibTorch's CPU bf16 kernels, which on a CPU without "
+         "into the same memory, beside the compute copy of the parameters the device keeps, and `--offload parameters` "
+         "moves that copy there too and makes every unit gather (none stays resident), so neither can lower the "
+         "peak there (on a GPU they take them off the device). bf16 tokens/s on a CPU measure LibTorch's CPU bf16 kernels, which on a CPU without "
          "AVX-512 BF16 are far slower than fp32 ones: `bench/cpu_bf16_gemm.py` times the LM head's GEMMs on the "
          "machine.\n\n";
 }
