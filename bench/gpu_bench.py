@@ -78,6 +78,7 @@ class Case:
     steps: int
     peer: bool = False         # also the same run through pytorch_peers.py eager (speed)
     offload: bool = False      # --offload optimizer
+    params: bool = False       # --offload parameters (with offload: --offload optimizer,parameters)
     offload_of: str = ""       # the case this one is the offloaded twin of (offload share)
     checkpointing: bool = False  # --activation_checkpointing
     state_bf16: bool = False   # --optimizer_state_dtype bfloat16
@@ -87,7 +88,8 @@ class Case:
     def __post_init__(self):
         stem = os.path.splitext(os.path.basename(self.config))[0]
         mode = "fp32" if self.dtype == "float32" else f"bf16_{self.precision}"
-        self.name = f"{stem}_{mode}" + ("_offload" if self.offload else "") + ("_ac" if self.checkpointing else "") + (
+        self.name = f"{stem}_{mode}" + ("_offload" if self.offload else "") + ("_params" if self.params else "") + (
+            "_ac" if self.checkpointing else "") + (
             "_bf16state" if self.state_bf16 else "")
 
     def mode(self):
@@ -115,9 +117,15 @@ def cases(device):
                            offload_of=speed_1b.name),
                       Case("configs/llama_13b.json", "bfloat16", "pure", 1, 2048, 5, offload=True, checkpointing=True,
                            state_bf16=True, run=False)]
+        # Parameter offload (issue 28): the offloaded llama_1b with its rows in host memory too, its share
+        # against the same run without offload; llama_7b with every lever, its peak against the estimate.
+        parameters = [Case("configs/llama_1b.json", "bfloat16", "pure", 8, 1024, 10, offload=True, params=True,
+                           offload_of=speed_1b.name),
+                      Case("configs/llama_7b.json", "bfloat16", "pure", 1, 2048, 5, offload=True, params=True,
+                           checkpointing=True, state_bf16=True)]
         largest = [Case("configs/llama_7b.json", "bfloat16", "pure", 1, 2048, 5, offload=True, checkpointing=True),
                    Case("configs/llama_13b.json", "bfloat16", "pure", 1, 2048, 5, offload=True, checkpointing=True,
-                        run=False)] + bf16_state
+                        run=False)] + bf16_state + parameters
     else:
         speed_350m = Case("configs/llama_micro.json", "bfloat16", "mixed", 2, 32, 6, peer=True)
         speed_1b = Case("configs/llama_micro.json", "bfloat16", "pure", 2, 32, 6, peer=True)
@@ -126,6 +134,8 @@ def cases(device):
                           offload_of=speed_1b.name)
         largest = [Case("configs/llama_micro.json", "bfloat16", "pure", 1, 64, 5, offload=True, checkpointing=True),
                    Case("configs/llama_micro.json", "bfloat16", "pure", 2, 32, 5, offload=True, state_bf16=True,
+                        offload_of=speed_1b.name),
+                   Case("configs/llama_micro.json", "bfloat16", "pure", 2, 32, 5, offload=True, params=True,
                         offload_of=speed_1b.name)]
     return [speed_350m, speed_1b, memory_130m, offload_1b] + largest
 
@@ -193,8 +203,8 @@ def training_flags(case, device):
     flags = ["--config", case.config, "--device", device, "--dtype", case.dtype]
     if case.dtype == "bfloat16":
         flags += ["--precision", case.precision]
-    if case.offload:
-        flags += ["--offload", "optimizer"]
+    if case.offload or case.params:
+        flags += ["--offload", ",".join(["optimizer"] * case.offload + ["parameters"] * case.params)]
     if case.checkpointing:
         flags += ["--activation_checkpointing"]
     if case.state_bf16:
@@ -311,7 +321,7 @@ def memory_entry(case, work):
     metrics = load_jsonl(os.path.join(work, case.name, "metrics.jsonl"))
     summary = next((r.get("summary", {}) for r in ledger if r.get("event") == "end"), None)
     metrics_end = next((r for r in metrics if r.get("event") == "end"), {})
-    entry = {"case": case.name, "config": case.config, "mode": case.mode(), "offload": case.offload,
+    entry = {"case": case.name, "config": case.config, "mode": case.mode(), "offload": case.offload, "offload_parameters": case.params,
              "batch": case.batch, "length": case.length}
     if estimate:
         rank = estimate["ranks"][0]
@@ -350,7 +360,7 @@ def summarize(device, work):
         ours = side(load_jsonl(os.path.join(work, case.name, "metrics.jsonl")), case, config_path, device_info,
                     ours_peak)
         runs[case.name] = ours
-        entry = {"case": case.name, "config": case.config, "mode": case.mode(), "offload": case.offload,
+        entry = {"case": case.name, "config": case.config, "mode": case.mode(), "offload": case.offload, "offload_parameters": case.params,
                  "batch": case.batch, "length": case.length, "tokens_per_step": case.tokens_per_step(),
                  "steps": case.steps, "warmup_steps": WARMUP_STEPS, "ours": ours}
         if case.peer:
@@ -400,7 +410,8 @@ def markdown(results):
         return number(None if value is None else 100 * value, "+.1f" if signed else ".1f")
 
     def mode(entry):
-        return entry["mode"] + (" offload" if entry.get("offload") else "")
+        return entry["mode"] + (" offload" if entry.get("offload") else "") + (
+            " parameters offloaded" if entry.get("offload_parameters") else "")
 
     lines = []
     device = results.get("device") or {}

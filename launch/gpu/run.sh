@@ -120,7 +120,7 @@ case "$stage" in
     done
     ;;
   smoke)
-    step gpu_paths "unit_tests --gtest_filter='${SMOKE_FILTER:-Features/OnGpu.*:OnGpuCheckpoints.*:OnGpuDevices.*:OnGpuMemoryCheck.*}' --gtest_brief=1"
+    step gpu_paths "unit_tests --gtest_filter='${SMOKE_FILTER:-Features/OnGpu.*:OnGpuCheckpoints.*:OnGpuDevices.*:OnGpuMemoryCheck.*:OnGpuParameterOffload.*}' --gtest_brief=1"
     ;;
   sanitize)
     if ! command -v compute-sanitizer >/dev/null; then
