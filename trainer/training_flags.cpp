@@ -145,12 +145,20 @@ void add_sharding_flags(CLI::App& app, TrainingFlags& flags) {
   flags.add(app.add_flag("--no_prefetch", flags.no_prefetch,
                          "gather each unit only when it runs (default: the next unit's all-gather is "
                          "prefetched while one runs, on a CUDA side stream)"));
-  flags.add(flags.offload.add(
-      app, "--offload",
+  flags.add(app.add_option(
+      "--offload", flags.offload.text,
       "what lives in host memory: optimizer (fp32 master shards and optimizer state, pinned where "
       "they cross to a GPU, stepped there per unit while the device goes on), parameters (each unit's "
       "shard in the compute dtype, page-locked, copied to the device ahead of its gather), or "
-      "optimizer,parameters (docs/offload.md)"));
+      "optimizer,parameters (docs/offload.md)")
+                ->check(CLI::Validator(
+                    [&flags](std::string& text) {
+                      if (flags.offload.by_name.count(text) > 0) return std::string();
+                      return "expected none, or a set of optimizer and parameters separated by a comma "
+                             "(optimizer, parameters, optimizer,parameters), got \"" + text + "\"";
+                    },
+                    "none|optimizer|parameters|optimizer,parameters", "offload set"))
+                ->capture_default_str());
   flags.add(flags.communicator.add(
       app, "--communicator",
       "what carries collectives across ranks: auto (NCCL on GPUs, MPI on CPUs), nccl, or mpi "
