@@ -47,17 +47,6 @@ void expect_identical(const testing::Checkpoint& actual, const testing::Checkpoi
     EXPECT_TRUE(at::equal(actual.optimizer.at(key), tensor)) << what << ": optimizer " << key;
 }
 
-// Every point of every rank's ledger.
-std::vector<nlohmann::json> ledger_points(const std::filesystem::path& run_dir, int rank) {
-  std::ifstream in(run_dir / ("memory.rank" + std::to_string(rank) + ".jsonl"));
-  std::vector<nlohmann::json> points;
-  for (std::string line; std::getline(in, line);) {
-    nlohmann::json record = nlohmann::json::parse(line);
-    if (record.at("event") == "point") points.push_back(std::move(record));
-  }
-  return points;
-}
-
 class OffloadEquivalence : public ::testing::TestWithParam<OffloadCase> {};
 
 TEST_P(OffloadEquivalence, EqualsTheStepWithoutOffloadBitwise) {
@@ -76,9 +65,9 @@ TEST_P(OffloadEquivalence, EqualsTheStepWithoutOffloadBitwise) {
 
   // The ledger: no optimizer state on the device with offload, all of it (and the masters) on the host.
   for (int r = 0; r < c.ranks; ++r) {
-    const auto points = ledger_points(offload_dir / "run", r);
+    const auto points = testing::read_ledger_events(offload_dir / "run", r, "point");
     ASSERT_FALSE(points.empty());
-    const auto plain_points = ledger_points(plain_dir / "run", r);
+    const auto plain_points = testing::read_ledger_events(plain_dir / "run", r, "point");
     for (const nlohmann::json& point : points) {
       EXPECT_EQ(point.at("optimizer_device").get<int64_t>(), 0) << "rank " << r << " " << point.at("phase");
       EXPECT_GT(point.at("optimizer_host").get<int64_t>(), plain_points.front().at("optimizer_device").get<int64_t>())

@@ -39,17 +39,6 @@ std::string run_flags(const ParameterOffloadCase& c, const std::filesystem::path
          " --run_dir " + (dir / "run").string();
 }
 
-// Every "point" record of a rank's ledger.
-std::vector<nlohmann::json> ledger_points(const std::filesystem::path& run_dir, int rank) {
-  std::ifstream in(run_dir / ("memory.rank" + std::to_string(rank) + ".jsonl"));
-  std::vector<nlohmann::json> points;
-  for (std::string line; std::getline(in, line);) {
-    nlohmann::json record = nlohmann::json::parse(line);
-    if (record.at("event") == "point") points.push_back(std::move(record));
-  }
-  return points;
-}
-
 class ParameterOffloadEquivalence : public ::testing::TestWithParam<ParameterOffloadCase> {};
 
 TEST_P(ParameterOffloadEquivalence, EqualsNoOffloadBitwise) {
@@ -77,7 +66,7 @@ TEST_P(ParameterOffloadEquivalence, EqualsNoOffloadBitwise) {
       const int64_t rows = master / 4 * (c.pure_bf16 ? 2 : 4);
       // The device's persistent rows: the master while the optimizer is on the device, else none.
       EXPECT_EQ(state[r].at("parameter_shard_bytes").get<int64_t>(), with_optimizer ? 0 : master) << "rank " << r;
-      const auto points = ledger_points(dir / "run", r);
+      const auto points = testing::read_ledger_events(dir / "run", r, "point");
       ASSERT_FALSE(points.empty());
       int optimizer_points = 0;
       for (const nlohmann::json& point : points) {

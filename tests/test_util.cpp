@@ -131,15 +131,28 @@ void record_error_case(const std::string& input, int exit_code, const std::strin
                                      << "\n";
 }
 
-std::vector<nlohmann::json> read_metrics_events(const std::filesystem::path& run_dir,
-                                                const std::string& event) {
+namespace {
+
+std::vector<nlohmann::json> read_events(const std::filesystem::path& file, const std::string& event) {
   std::vector<nlohmann::json> records;
-  std::ifstream in(run_dir / "metrics.jsonl");
+  std::ifstream in(file);
   for (std::string line; std::getline(in, line);) {
     nlohmann::json record = nlohmann::json::parse(line);
     if (record.at("event") == event) records.push_back(std::move(record));
   }
   return records;
+}
+
+}  // namespace
+
+std::vector<nlohmann::json> read_metrics_events(const std::filesystem::path& run_dir,
+                                                const std::string& event) {
+  return read_events(run_dir / "metrics.jsonl", event);
+}
+
+std::vector<nlohmann::json> read_ledger_events(const std::filesystem::path& run_dir, int rank,
+                                               const std::string& event) {
+  return read_events(run_dir / ("memory.rank" + std::to_string(rank) + ".jsonl"), event);
 }
 
 }  // namespace llm::testing

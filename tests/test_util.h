@@ -92,6 +92,10 @@ CommandResult run_and_act(const std::string& command, const std::filesystem::pat
 std::vector<nlohmann::json> read_metrics_events(const std::filesystem::path& run_dir,
                                                 const std::string& event);
 
+// The records of RUN_DIR/memory.rank<R>.jsonl (the ledger) whose "event" is `event`, in file order.
+std::vector<nlohmann::json> read_ledger_events(const std::filesystem::path& run_dir, int rank,
+                                               const std::string& event);
+
 // A parameterised test's name in ctest's list from its text parameter: letters and digits kept, any
 // other character '_' ("building the model" -> "building_the_model"). Use as the name generator of
 // INSTANTIATE_TEST_SUITE_P, so the list says what each instance runs rather than /0, /1.
