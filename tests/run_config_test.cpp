@@ -261,6 +261,18 @@ TEST(RunDir, FileIsExitTwoBeforeTraining) {
   expect_mentions(result.output, {"--run_dir: ", "is an existing file"});
 }
 
+// The synthetic corpus is written into the run folder and opened by its path: a comma in that path
+// is part of the name (it was once read as a --data list and blamed --data).
+TEST(RunDir, ACommaInThePathTrainsOnTheSyntheticCorpus) {
+  ScratchDir scratch("run_dir_comma");
+  const std::string dir = (scratch / "lr,1e-3").string();
+  const auto result = testing::run_command("OMP_NUM_THREADS=1 " + testing::trainer_binary().string() + " --config " +
+                                           config_path("llama_micro") + " --device cpu --max_length 16 --batch_size 2 "
+                                           "--num_training_steps 1 --eval_every 0 --run_dir '" + dir + "'");
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+  EXPECT_EQ(testing::read_metrics_events(dir, "train").size(), 1u) << result.output;
+}
+
 TEST_F(ConfigRunValidation, ContinueFromMustBeAnExistingFolder) {
   ScratchDir scratch("continue_from");
   expect_mentions(error_with([&](RunConfig& r) { r.checkpoint.continue_from = (scratch / "none").string(); }),

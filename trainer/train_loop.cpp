@@ -77,7 +77,9 @@ Corpus open_corpus(const RunConfig& run, const ModelConfig& model, const Runtime
   write_token_file(path, corpus.tokens, model.vocab_size);
   log::info("synthetic corpus: {} tokens, unigram entropy {:.3f} nats, entropy floor {:.3f} nats",
             corpus.tokens.size(), corpus.unigram_entropy_nats, corpus.entropy_rate_nats);
-  std::shared_ptr<TokenCorpus> tokens = TokenCorpus::open(path, model.vocab_size);
+  // The one file by its path, not read as a --data list (a run folder's path may hold a comma).
+  std::shared_ptr<TokenCorpus> tokens = std::make_shared<TokenCorpus>(
+      std::vector<std::shared_ptr<TokenFile>>{TokenFile::open(path, model.vocab_size)}, path);
   return {tokens, corpus.unigram_entropy_nats, corpus.entropy_rate_nats, {{tokens, 1.0}}};
 }
 
