@@ -7,6 +7,7 @@
 
 #include "common/errors.h"
 #include "common/memory_stats.h"
+#include "memory/estimate_simulation.h"
 #include "model/recompute.h"
 
 namespace llm {
@@ -60,7 +61,7 @@ double added_seconds(const ModelConfig& model, const RunConfig& base, const RunC
     if (set.attention) flops += 4 * h * h + 4 * h * kv + 4 * h * S;
     seconds += flops * static_cast<double>(model.num_hidden_layers) * tokens / (device_tflops(options, device) * 1e12);
   }
-  const double compute_bytes = run.precision.dtype == DType::bfloat16 && run.precision.mode == Precision::pure ? 2.0 : 4.0;
+  const double compute_bytes = static_cast<double>(ModelShape(model, run).compute_bytes());
   if (offloads_optimizer(run.sharding.offload) && !offloads_optimizer(base.sharding.offload)) {
     seconds += (4.0 + compute_bytes) * parameters / world / (options.pcie_gbs * 1e9);
     const double step_bytes = run.optimizer.state_dtype == "bfloat16" ? 20.0 : 28.0;

@@ -64,11 +64,9 @@ OptimizerOffload::OptimizerOffload(ShardedModel& model, const OptimizerSettings&
     if (on_cuda_ && !unit.parameters_offloaded()) {
       staging_.push_back(exact_host_buffer(numel, model.options().compute_dtype, device));
       staging_.back().copy_(masters_.back());  // the padding rows, which no step writes
-      pinned_bytes_ += static_cast<int64_t>(staging_.back().nbytes());
     } else {
       staging_.emplace_back();
     }
-    if (on_cuda_) pinned_bytes_ += static_cast<int64_t>(gradients_.back().nbytes());
     unit.offload_master();
     unit.make_gradient_transient();  // each step's shard is handed to gradient_ready(), then freed
     shards.push_back({unit.layout(), masters_.back(), gradients_.back(), std::move(rules[u])});

@@ -96,8 +96,6 @@ class OptimizerOffload {
   ShardOptimizer& optimizer() { return *optimizer_; }
   // Everything offload holds in host memory (masters, gradients, staging, state): optimizer_host.
   OwnedBytes owned_bytes() const;
-  // Of those, the page-locked bytes (the gradient and staging buffers on CUDA; 0 on a CPU rank).
-  int64_t pinned_bytes() const { return pinned_bytes_; }
   OffloadTimes take_times();
 
  private:
@@ -116,7 +114,6 @@ class OptimizerOffload {
   std::vector<at::Tensor> masters_, gradients_, staging_;
   std::unique_ptr<ShardOptimizer> optimizer_;
   std::unique_ptr<CudaCopies> copies_;
-  int64_t pinned_bytes_ = 0;
   int intra_op_threads_ = 1;
 
   double lr_ = 0, gradient_scale_ = 1;
