@@ -49,6 +49,18 @@ struct UnitGeometry {
 // bytes it allocates and frees.
 class StepSimulation {
  public:
+  // Whether this CPU is one where oneDNN widens a bf16 matmul's operands to fp32 (see the head's
+  // backward): AVX-512 with BW, VL and DQ (PyTorch's test for oneDNN's bf16 path) but no AVX512_BF16.
+  static bool cpu_bf16_matmul_widens() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    static const bool widens = __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                               __builtin_cpu_supports("avx512dq") && !__builtin_cpu_supports("avx512bf16");
+    return widens;
+#else
+    return false;
+#endif
+  }
+
   StepSimulation(const ModelShape& model, const std::vector<UnitSpec>& units, int world, int rank, bool cuda)
       : m_(model), world_(world), rank_(rank), cuda_(cuda),
         offload_(offloads_optimizer(model.run.sharding.offload)),
@@ -319,6 +331,11 @@ class StepSimulation {
       // the weight's gradient and the input's, then it goes.
       parameter_gradients(u, micro);
       timeline_.add(kActivations, grad_x);
+      // On a CPU where LibTorch's oneDNN runs bf16 matmuls with AVX-512 but without native bf16
+      // (AVX512BW, VL and DQ, no AVX512_BF16), lm_head's backward holds an fp32 copy of the logits'
+      // gradient for a moment: measured 16.4 MB (tokens x V x 4) at llama_9m, 2 x 64 tokens, on an
+      // Intel Xeon (family 6, model 85); none with ONEDNN_MAX_CPU_ISA=AVX2 or on a Zen 4 EPYC.
+      if (!cuda_ && m_.mode != ModelShape::Mode::fp32 && cpu_bf16_matmul_widens()) timeline_.spike(n * m_.V * 4);
       timeline_.remove(kActivations, logits_gradient);
       timeline_.remove(kActivations, unit_saved_bytes(u, n) + unit_output_bytes(u, n));
       // The loss tensor keeps the head's graph until the micro-batch ends, and with it the head's
