@@ -5,6 +5,8 @@
 #include "memory/estimate_simulation.h"
 
 #include <algorithm>
+#include <cctype>
+#include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
@@ -50,15 +52,35 @@ struct UnitGeometry {
 class StepSimulation {
  public:
   // Whether this CPU is one where oneDNN widens a bf16 matmul's operands to fp32 (see the head's
-  // backward): AVX-512 with BW, VL and DQ (PyTorch's test for oneDNN's bf16 path) but no AVX512_BF16.
+  // backward): AVX-512 with BW, VL and DQ (PyTorch's test for oneDNN's bf16 path) but no AVX512_BF16,
+  // unless ONEDNN_MAX_CPU_ISA (or DNNL_MAX_CPU_ISA) caps oneDNN below AVX-512: then it has no bf16
+  // path and none is widened (measured: AVX2 there makes the product go).
   static bool cpu_bf16_matmul_widens() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    static const bool widens = __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-                               __builtin_cpu_supports("avx512dq") && !__builtin_cpu_supports("avx512bf16");
+    static const bool widens = [] {
+      if (!__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vl") ||
+          !__builtin_cpu_supports("avx512dq") || __builtin_cpu_supports("avx512bf16"))
+        return false;
+      const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
+      if (cap == nullptr) cap = std::getenv("DNNL_MAX_CPU_ISA");
+      if (cap == nullptr) return true;
+      std::string isa(cap);
+      std::transform(isa.begin(), isa.end(), isa.begin(), [](unsigned char c) { return std::toupper(c); });
+      return isa.empty() || isa == "ALL" || isa == "DEFAULT" || isa.find("AVX512") != std::string::npos ||
+             isa.find("AVX10") != std::string::npos;
+    }();
     return widens;
 #else
     return false;
 #endif
+  }
+
+  // The fp32 product such a CPU writes a bf16 matmul's (M x N) output through, beside the output
+  // itself: measured at every shape on the Intel Xeon (family 6, model 85), the product of
+  // (128..512 x 256) @ (256 x 32000) and of (32000 x n) @ (n x 256) alike; none on a GPU, in fp32,
+  // or where oneDNN has native bf16 (or only AVX2).
+  int64_t widened_product_bytes(int64_t rows, int64_t columns) const {
+    return !cuda_ && m_.mode != ModelShape::Mode::fp32 && cpu_bf16_matmul_widens() ? rows * columns * 4 : 0;
   }
 
   StepSimulation(const ModelShape& model, const std::vector<UnitSpec>& units, int world, int rank, bool cuda)
@@ -288,7 +310,7 @@ class StepSimulation {
       }
       timeline_.add(kActivations, unit_saved_bytes(u, n) + unit_output_bytes(u, n));
       if (is_head(u))
-        timeline_.spike(n * m_.head_forward_tail_per_token());
+        timeline_.spike(n * m_.head_forward_tail_per_token() + widened_product_bytes(n, m_.V));
       else if (!is_embed(u))
         timeline_.spike(n * m_.layer_forward_tail_per_token());
       timeline_.point("forward:" + name(u));
@@ -328,14 +350,14 @@ class StepSimulation {
     const size_t head_input = head_input_unit();
     if (is_head(u)) {
       // The loss's backward scales its saved gradient in place; lm_head's backward turns it into
-      // the weight's gradient and the input's, then it goes.
+      // the input's gradient, then the weight's, then it goes. Where the CPU widens bf16 matmuls,
+      // the weight's gradient (V x h) is written through an fp32 product beside its bf16 result,
+      // before that result becomes the gradient (pure) or is cast to fp32 (mixed): measured
+      // 6 V h bytes at once at llama_20m, the same at 128, 256 and 512 tokens.
+      if (const int64_t widened = widened_product_bytes(m_.V, m_.h); widened > 0)
+        timeline_.spike(grad_x + widened + 2 * m_.V * m_.h);
       parameter_gradients(u, micro);
       timeline_.add(kActivations, grad_x);
-      // On a CPU where LibTorch's oneDNN runs bf16 matmuls with AVX-512 but without native bf16
-      // (AVX512BW, VL and DQ, no AVX512_BF16), lm_head's backward holds an fp32 copy of the logits'
-      // gradient for a moment: measured 16.4 MB (tokens x V x 4) at llama_9m, 2 x 64 tokens, on an
-      // Intel Xeon (family 6, model 85); none with ONEDNN_MAX_CPU_ISA=AVX2 or on a Zen 4 EPYC.
-      if (!cuda_ && m_.mode != ModelShape::Mode::fp32 && cpu_bf16_matmul_widens()) timeline_.spike(n * m_.V * 4);
       timeline_.remove(kActivations, logits_gradient);
       timeline_.remove(kActivations, unit_saved_bytes(u, n) + unit_output_bytes(u, n));
       // The loss tensor keeps the head's graph until the micro-batch ends, and with it the head's
@@ -433,7 +455,8 @@ class StepSimulation {
         const size_t u = static_cast<size_t>(action.unit);
         timeline_.add(kActivations, unit_output_bytes(u, n));
         if (is_head(u))
-          timeline_.spike(n * m_.head_eval_tail_per_token() + m_.autocast_weight_bytes(*units_[u].spec));
+          timeline_.spike(n * m_.head_eval_tail_per_token() + m_.autocast_weight_bytes(*units_[u].spec) +
+                          widened_product_bytes(n, m_.V));
         else if (!is_embed(u))
           timeline_.spike(n * m_.layer_eval_tail_per_token());
         timeline_.point("eval:" + name(u));

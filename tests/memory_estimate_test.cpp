@@ -512,12 +512,14 @@ TEST(EstimateFit, TheSuggestedFlagsRunUnderTheBudget) {
   EXPECT_NE(no_budget.output.find("--fit: needs --memory_budget_gib"), std::string::npos) << no_budget.output;
 }
 
-// Precision is a lever only when asked (--fit_precision): at 0.305 GiB nothing in fp32 fits (0.31 the
-// least), and with it the suggested bf16 command runs under the budget.
+// Precision is a lever only when asked (--fit_precision): at 0.355 GiB nothing in fp32 fits (0.37 the
+// least), and with it the suggested bf16 command runs under the budget. At 512 tokens bf16 fits on every
+// CPU: where oneDNN widens bf16 matmuls (an AVX-512 Xeon without AVX512_BF16) lm_head's fp32 products
+// cost bf16 47 MiB more (docs/memory.md), and mixed still reaches 0.34 GiB there (measured 352 MiB).
 TEST(EstimateFit, PrecisionIsALeverOnlyWhenAllowed) {
   const std::string base = " --config " + (testing::source_dir() / "configs/llama_20m.json").string() +
-                           " --device cpu --batch_size 4 --max_length 256 --warmup_steps 0 --eval_every 0 --eval_batches 1";
-  const std::string fit = testing::trainer_binary().string() + " estimate" + base + " --world_size 1 --fit --memory_budget_gib 0.305";
+                           " --device cpu --batch_size 4 --max_length 512 --warmup_steps 0 --eval_every 0 --eval_batches 1";
+  const std::string fit = testing::trainer_binary().string() + " estimate" + base + " --world_size 1 --fit --memory_budget_gib 0.355";
   auto refused = run_command(fit);
   EXPECT_EQ(refused.exit_code, 2) << refused.output;
   EXPECT_NE(refused.output.find("bf16 (--fit_precision tries it)"), std::string::npos) << refused.output;
@@ -531,7 +533,7 @@ TEST(EstimateFit, PrecisionIsALeverOnlyWhenAllowed) {
   ASSERT_EQ(trained.exit_code, 0) << flags << "\n" << trained.output;
   const double measured = measured_peak_bytes(dir.path());
   EXPECT_GT(measured, 0) << "no end record";
-  EXPECT_LE(measured, 0.305 * 1073741824.0) << flags;
+  EXPECT_LE(measured, 0.355 * 1073741824.0) << flags;
 }
 
 // On a GPU the offload of the parameters is a lever beside the optimizer's: a 13B model on one 24 GiB
