@@ -68,8 +68,8 @@ TokenLayout ours(const std::string& path, const unsigned char* head, size_t file
                   " ids but the model has vocab_size " + std::to_string(model_vocab_size) +
                   "; use a model config whose vocab_size is at least " + std::to_string(header_vocab) +
                   ", or re-tokenize with a matching tokenizer");
-  return {TokenFormat::trainer, kTokenFileHeaderBytes, static_cast<int>(width), static_cast<int64_t>(count),
-          static_cast<int64_t>(header_vocab), path};
+  return {.format = TokenFormat::trainer, .payload_offset = kTokenFileHeaderBytes, .bytes_per_token = static_cast<int>(width),
+          .num_tokens = static_cast<int64_t>(count), .vocab_size = static_cast<int64_t>(header_vocab), .ids_path = path};
 }
 
 
@@ -90,7 +90,8 @@ TokenLayout llmc(const std::string& path, const unsigned char* head, size_t file
   LLM_REQUIRE(count >= 0, path, "header", "the token count is " + std::to_string(count) + ": the header is corrupt; " + remedy);
   const int width = magic == kLlmcGpt2Magic ? 2 : 4;
   check_size(path, "the llm.c header", kLlmcHeaderBytes, static_cast<uint64_t>(count), width, file_bytes, remedy);
-  return {TokenFormat::llmc, kLlmcHeaderBytes, width, count, 0, path};
+  return {.format = TokenFormat::llmc, .payload_offset = kLlmcHeaderBytes, .bytes_per_token = width, .num_tokens = count,
+          .ids_path = path};
 }
 
 // NumPy's .npy (format 1.0, 2.0, 3.0): "\x93NUMPY", major, minor, the header's length (u16 for 1.0,
@@ -135,7 +136,8 @@ TokenLayout npy(const std::string& path, int descriptor, size_t file_bytes) {
               "the array's length " + digits + " is not a count this trainer reads; " + remedy);
   const int width = descr == "<u2" ? 2 : 4;
   check_size(path, "the .npy header", header_start + header_length, count, width, file_bytes, remedy);
-  return {TokenFormat::numpy, header_start + header_length, width, static_cast<int64_t>(count), 0, path};
+  return {.format = TokenFormat::numpy, .payload_offset = header_start + header_length, .bytes_per_token = width,
+          .num_tokens = static_cast<int64_t>(count), .ids_path = path};
 }
 
 // Megatron-LM's index (megatron/core/datasets/indexed_dataset.py, _IndexWriter).
@@ -281,7 +283,8 @@ TokenLayout read_token_layout(const std::string& path, int descriptor, size_t fi
                     (file_bytes == 0 ? std::string("no ids") : "not a whole number of " + std::to_string(memmap_bytes) + "-byte ids") +
                     " (--memmap_dtype uint" + std::to_string(8 * memmap_bytes) + "): it is truncated, or its ids are of "
                     "another width");
-    return {TokenFormat::raw, 0, memmap_bytes, static_cast<int64_t>(file_bytes / static_cast<size_t>(memmap_bytes)), 0, path};
+    return {.format = TokenFormat::raw, .bytes_per_token = memmap_bytes,
+            .num_tokens = static_cast<int64_t>(file_bytes / static_cast<size_t>(memmap_bytes)), .ids_path = path};
   }
   const bool bin = path.size() >= 4 && path.compare(path.size() - 4, 4, ".bin") == 0;
   const bool npy_name = path.size() >= 4 && path.compare(path.size() - 4, 4, ".npy") == 0;

@@ -30,10 +30,10 @@ struct TokenLayout {
   int bytes_per_token = 0;    // 2 or 4
   int64_t num_tokens = 0;
   int64_t vocab_size = 0;     // the header's (ours), else 0
-  std::string ids_path;       // the file the ids are in: `path`, or a Megatron .idx's .bin
+  std::string ids_path{};     // the file the ids are in: `path`, or a Megatron .idx's .bin
   // Megatron's document index (the only format here that records documents): the .idx, its sequence
   // count and its document index's entries (documents + 1: [0], then each document's end).
-  std::string index_path;
+  std::string index_path{};
   uint64_t sequences = 0;
   uint64_t document_entries = 0;
 };

@@ -15,7 +15,8 @@ CACHE=${TRAINER_CACHE:-$HOME/.cache/llama-trainer}
 VENV="$CACHE/venv-torch-$TORCH_VERSION"
 BUILD_DIR=${BUILD_DIR:-build}
 
-log() { printf '[setup] %s\n' "$*"; }
+# Each line says how long setup has run (seconds), so a CI log shows where a fresh machine's time goes.
+log() { printf '[setup %ds] %s\n' "$SECONDS" "$*"; }
 
 apt_packages=(cmake ninja-build g++ ccache pkg-config libopenmpi-dev openmpi-bin libspdlog-dev
               nlohmann-json3-dev libcli11-dev libgtest-dev libgmock-dev
@@ -64,5 +65,6 @@ fi
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_PREFIX_PATH="$TORCH_CMAKE" \
       -DTRAINER_PYTHON="$PYTHON" -DSENTENCEPIECE_ROOT="$SENTENCEPIECE" "${CUDA_ARGS[@]}" >/dev/null
 # Two compile jobs on two cores; LibTorch translation units take ~2 GB each.
+log "configured $BUILD_DIR; building"
 cmake --build "$BUILD_DIR" -j "${BUILD_JOBS:-$(nproc)}"
 log "built $BUILD_DIR/trainer"

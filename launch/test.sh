@@ -4,6 +4,7 @@
 # Multi-rank tests run under mpirun --oversubscribe on CPU; GPU tests skip cleanly without a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+trap 'echo "[test.sh] set-up, build and tests: ${SECONDS} s"' EXIT
 bash launch/setup.sh
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1   # CI runs as root
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}                        # ranks share 2 cores

@@ -557,7 +557,9 @@ TEST(EstimateFit, ParameterOffloadIsChosenWhereOnlyItFits) {
     const std::string flags = suggested_flags(fit.output);
     EXPECT_NE(flags.find(want.parameters ? "--offload optimizer,parameters" : "--offload optimizer"), std::string::npos)
         << fit.output;
-    if (!want.parameters) EXPECT_EQ(flags.find("parameters"), std::string::npos) << flags;
+    if (!want.parameters) {
+      EXPECT_EQ(flags.find("parameters"), std::string::npos) << flags;
+    }
     // Where only it fits, every fitting row of the table offloads the parameters.
     if (want.parameters) {
       std::istringstream table(fit.output);
