@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <regex>
 
 #include <nlohmann/json.hpp>
 
@@ -534,6 +535,43 @@ TEST(EstimateFit, PrecisionIsALeverOnlyWhenAllowed) {
   const double measured = measured_peak_bytes(dir.path());
   EXPECT_GT(measured, 0) << "no end record";
   EXPECT_LE(measured, 0.355 * 1073741824.0) << flags;
+}
+
+// Where oneDNN widens bf16 matmuls to fp32 (AVX-512 BW/VL/DQ without AVX512_BF16: an Intel Xeon of
+// family 6, model 85), the estimate counts lm_head's fp32 products (docs/memory.md); capping oneDNN
+// below AVX-512 with ONEDNN_MAX_CPU_ISA (or DNNL_MAX_CPU_ISA) takes its bf16 path away and the term
+// with it, a cap at AVX-512 or none keeps it. Elsewhere, and in fp32, the cap changes nothing.
+TEST(EstimateCpuTerm, WidenedBf16ProductsFollowTheCpuAndOneDnnsCap) {
+  const auto peak_mib = [](const std::string& environment, const std::string& precision) {
+    auto result = run_command(environment + " " + testing::trainer_binary().string() + " estimate --config " +
+                              (testing::source_dir() / "configs/llama_20m.json").string() +
+                              " --device cpu --world_size 1 --batch_size 1 --total_batch_size 4 --max_length 256"
+                              " --activation_checkpointing --eval_every 0 " + precision);
+    EXPECT_EQ(result.exit_code, 0) << result.output;
+    std::smatch match;
+    EXPECT_TRUE(std::regex_search(result.output, match, std::regex(R"(\n\| 0 \| ([0-9.]+) \| [a-z])"))) << result.output;
+    return match.empty() ? 0.0 : std::stod(match[1]);
+  };
+  bool widens = false;
+#if defined(__x86_64__)
+  widens = __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512dq") && !__builtin_cpu_supports("avx512bf16");
+#endif
+  const std::string mixed = "--dtype bfloat16 --precision mixed";
+  const double plain = peak_mib("env -u ONEDNN_MAX_CPU_ISA -u DNNL_MAX_CPU_ISA", mixed);
+  const double avx2 = peak_mib("ONEDNN_MAX_CPU_ISA=AVX2", mixed);
+  const double avx2_old_name = peak_mib("env -u ONEDNN_MAX_CPU_ISA DNNL_MAX_CPU_ISA=avx2", mixed);
+  const double avx512 = peak_mib("ONEDNN_MAX_CPU_ISA=AVX512_CORE", mixed);
+  EXPECT_EQ(avx2, avx2_old_name);
+  EXPECT_EQ(avx512, plain);
+  if (widens) {
+    // lm_head's weight gradient through its fp32 product: 6 V h = 46.9 MiB at the moment it peaks,
+    // 15.9 MiB above the step's peak without it (394.04 against 378.17 MiB on the Intel Xeon).
+    EXPECT_GT(plain - avx2, 15.0) << plain << " vs " << avx2;
+  } else {
+    EXPECT_EQ(plain, avx2);
+  }
+  EXPECT_EQ(peak_mib("ONEDNN_MAX_CPU_ISA=AVX2", ""), peak_mib("env -u ONEDNN_MAX_CPU_ISA -u DNNL_MAX_CPU_ISA", ""));
 }
 
 // On a GPU the offload of the parameters is a lever beside the optimizer's: a 13B model on one 24 GiB
