@@ -128,6 +128,11 @@ struct MemoryEstimate {
   std::vector<NodeEstimate> nodes;  // EstimateOptions::ranks_per_node ranks each, the last maybe fewer
 };
 
+// Whether this CPU runs oneDNN's bf16 matmuls through fp32 products: AVX-512 with BW, VL and DQ
+// (PyTorch's test for oneDNN's bf16 path) but no AVX512_BF16, as on an Intel Xeon of family 6, model
+// 85. The hardware alone: the estimate also honours ONEDNN_MAX_CPU_ISA (docs/memory.md).
+bool cpu_lacks_native_bf16_matmul();
+
 // The device an estimate is for: options.device, else the run's --device ("cuda" for auto).
 std::string estimate_device(const RunConfig& run, const EstimateOptions& options);
 

@@ -45,22 +45,33 @@ struct UnitGeometry {
   int64_t gathered_numel = 0;    // world x S_u: the all-gather / reduce-scatter buffer
 };
 
+}  // namespace
+
+bool cpu_lacks_native_bf16_matmul() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  static const bool lacks = __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                            __builtin_cpu_supports("avx512dq") && !__builtin_cpu_supports("avx512bf16");
+  return lacks;
+#else
+  return false;
+#endif
+}
+
+namespace {
+
 // One rank's step, as train() and ShardedModel run it (docs/sharding.md), for the last step of a run
 // (it evaluates) with a GaLore projector refresh (step 1 always has one). The order of the step is the
 // runtime's own StepPlan (sharding/step_plan.h): each of its per-unit actions is replayed here as the
 // bytes it allocates and frees.
 class StepSimulation {
  public:
-  // Whether this CPU is one where oneDNN widens a bf16 matmul's operands to fp32 (see the head's
-  // backward): AVX-512 with BW, VL and DQ (PyTorch's test for oneDNN's bf16 path) but no AVX512_BF16,
-  // unless ONEDNN_MAX_CPU_ISA (or DNNL_MAX_CPU_ISA) caps oneDNN below AVX-512: then it has no bf16
-  // path and none is widened (measured: AVX2 there makes the product go).
+  // Whether oneDNN widens a bf16 matmul's operands to fp32 here (see the head's backward): on a CPU
+  // without native bf16 (cpu_lacks_native_bf16_matmul), unless ONEDNN_MAX_CPU_ISA (or
+  // DNNL_MAX_CPU_ISA) caps oneDNN below AVX-512: then it has no bf16 path and none is widened
+  // (measured: AVX2 there makes the product go).
   static bool cpu_bf16_matmul_widens() {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     static const bool widens = [] {
-      if (!__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vl") ||
-          !__builtin_cpu_supports("avx512dq") || __builtin_cpu_supports("avx512bf16"))
-        return false;
+      if (!cpu_lacks_native_bf16_matmul()) return false;
       const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
       if (cap == nullptr) cap = std::getenv("DNNL_MAX_CPU_ISA");
       if (cap == nullptr) return true;
@@ -70,9 +81,6 @@ class StepSimulation {
              isa.find("AVX10") != std::string::npos;
     }();
     return widens;
-#else
-    return false;
-#endif
   }
 
   // The fp32 product such a CPU writes a bf16 matmul's (M x N) output through, beside the output

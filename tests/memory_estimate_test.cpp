@@ -552,11 +552,7 @@ TEST(EstimateCpuTerm, WidenedBf16ProductsFollowTheCpuAndOneDnnsCap) {
     EXPECT_TRUE(std::regex_search(result.output, match, std::regex(R"(\n\| 0 \| ([0-9.]+) \| [a-z])"))) << result.output;
     return match.empty() ? 0.0 : std::stod(match[1]);
   };
-  bool widens = false;
-#if defined(__x86_64__)
-  widens = __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("avx512dq") && !__builtin_cpu_supports("avx512bf16");
-#endif
+  const bool widens = cpu_lacks_native_bf16_matmul();
   const std::string mixed = "--dtype bfloat16 --precision mixed";
   const double plain = peak_mib("env -u ONEDNN_MAX_CPU_ISA -u DNNL_MAX_CPU_ISA", mixed);
   const double avx2 = peak_mib("ONEDNN_MAX_CPU_ISA=AVX2", mixed);
