@@ -23,9 +23,23 @@
 
 namespace llm {
 
+// LibTorch's CUDA half (libtorch_cuda and libc10_cuda, and with them cuBLAS, cuDNN and NCCL) is not
+// among the trainer binary's load-time dependencies: CMakeLists.txt removes it from the binary after
+// the link (its calls into them stay, bound at their first call). Loaded for every process, it costs
+// 0.12 s of start-up CPU and 350 MB of resident memory, for nothing on a machine without a GPU: a CPU
+// job of 4 ranks, every `trainer estimate`, `report` and `export`. load_cuda_runtime(), first thing
+// in main, loads it where an NVIDIA driver is installed (libcuda.so.1), before anything could use CUDA
+// (LibTorch reads its CUDA hooks once, at their first use). LLM_DEBUG_LOAD_CUDA=1 loads it without a
+// driver too (the tests' way through the loading on a CPU machine). Binaries linked with it as usual
+// (the tests, the benchmarks) have it already. Returns whether it is in the process.
+bool load_cuda_runtime();
+// Whether LibTorch's CUDA half is in this process; why not, when it is not ("" when it is).
+bool cuda_runtime_loaded();
+std::string cuda_runtime_absence();
+
 // On a CUDA device: cudaSetDevice for this thread (c10::cuda::set_device). Nothing on CPU.
 void make_current_device(c10::Device device);
-// The GPUs this process sees (CUDA_VISIBLE_DEVICES applied); 0 without CUDA.
+// The GPUs this process sees (CUDA_VISIBLE_DEVICES applied); 0 without CUDA or its runtime.
 int visible_gpu_count();
 // The PCI bus id of a CUDA device ("0000:3B:00.0"): one physical GPU, whatever index or
 // CUDA_VISIBLE_DEVICES a rank names it by. "" on CPU.

@@ -16,7 +16,7 @@
 #ifdef TRAINER_HAVE_CUDA
 #include <ATen/Context.h>
 #include <ATen/core/CachingHostAllocator.h>
-#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
 #include <torch/csrc/cuda/memory_snapshot.h>
@@ -96,7 +96,9 @@ DeviceMemoryStats device_memory_stats(c10::Device device) {
 #ifdef TRAINER_HAVE_CUDA
   if (device.is_cuda()) {
     at::globalContext().lazyInitDevice(at::kCUDA);  // the allocator exists only once initialised
-    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    // Through the device-allocator interface, not c10::cuda::CUDACachingAllocator's inline get(): that
+    // reads a variable of libc10_cuda, which the binary cannot refer to (common/device.h).
+    const auto stats = c10::getDeviceAllocator(at::kCUDA)->getDeviceStats(device.index());
     const auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
     result.allocated_bytes = stats.allocated_bytes[all].current;
     result.allocated_peak_bytes = stats.allocated_bytes[all].peak;
@@ -113,7 +115,7 @@ void reset_device_peak_stats(c10::Device device) {
 #ifdef TRAINER_HAVE_CUDA
   if (device.is_cuda()) {
     at::globalContext().lazyInitDevice(at::kCUDA);
-    c10::cuda::CUDACachingAllocator::resetPeakStats(device.index());
+    c10::getDeviceAllocator(at::kCUDA)->resetPeakStats(device.index());
   }
 #endif
 }

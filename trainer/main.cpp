@@ -235,6 +235,9 @@ int main(int argc, char** argv) {
   // and the run stops before its first step, instead of the signal's default action killing the rank
   // with no word (trainer/preemption.h). Again after MPI starts, in case it set handlers of its own.
   llm::install_preemption_handlers();
+  // Then LibTorch's CUDA half, where a GPU could be used (common/device.h), before anything asks
+  // LibTorch about CUDA and before the host allocator is counted: as when it was loaded with the binary.
+  llm::load_cuda_runtime();
   // Then, before any tensor exists: the memory ledger counts LibTorch's CPU allocations from here,
   // and freed host memory stays in the process for the next step's buffers.
   llm::keep_freed_host_memory();

@@ -8,6 +8,7 @@
 
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/interchange/pretrained.h"
+#include "common/device.h"
 #include "common/errors.h"
 #include "common/log.h"
 #include "common/memory_stats.h"
@@ -441,7 +442,10 @@ std::unique_ptr<StallWatchdog> watch_for_stalls(const RunConfig& run, int rank, 
 c10::Device select_device(DeviceChoice choice, int local_rank) {
   const bool have_cuda = torch::cuda::is_available();
   if (choice == DeviceChoice::cuda) {
-    LLM_REQUIRE(have_cuda, "--device", "cuda", "no CUDA device is visible; use --device cpu or auto");
+    LLM_REQUIRE(have_cuda, "--device", "cuda",
+                "no CUDA device is visible" +
+                    (cuda_runtime_loaded() ? std::string() : " (" + cuda_runtime_absence() + ")") +
+                    "; use --device cpu or auto");
     const int count = static_cast<int>(torch::cuda::device_count());
     return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank % count));
   }
