@@ -4,6 +4,8 @@
 
 #include <mpi.h>
 
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/util/BFloat16.h>
 

@@ -1,5 +1,6 @@
 #include "sharding/flat_layout.h"
 
+#include <ATen/ops/zeros.h>
 #include <nlohmann/json.hpp>
 
 namespace llm {

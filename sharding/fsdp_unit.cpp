@@ -2,9 +2,14 @@
 
 #include <stdexcept>
 
-#include "common/memory_stats.h"
-
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/dot.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/ops/zeros_like.h>
 #include <c10/core/StorageImpl.h>
+
+#include "common/memory_stats.h"
 #ifdef TRAINER_HAVE_CUDA
 #include <c10/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAGuard.h>

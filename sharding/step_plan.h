@@ -21,6 +21,7 @@
 // before the next is asked for.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <utility>
 #include <vector>

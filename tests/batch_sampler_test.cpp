@@ -11,6 +11,10 @@
 #include <numeric>
 #include <set>
 
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/zeros.h>
+
 #include "data/batches.h"
 #include "data/token_corpus.h"
 #include "data/token_file.h"

@@ -11,6 +11,9 @@
 #include <numeric>
 #include <vector>
 
+#include <ATen/ops/cat.h>
+#include <ATen/ops/equal.h>
+
 #include "data/batches.h"
 #include "data/token_corpus.h"
 #include "data/token_file.h"

@@ -6,6 +6,7 @@
 // checks the order of collectives (every rank must agree on it) and the bound, not any overlap.
 #include <gtest/gtest.h>
 
+#include <ATen/ops/equal.h>
 #include <nlohmann/json.hpp>
 
 #include "tests/run_comparison.h"
