@@ -17,7 +17,6 @@ namespace llm {
 namespace {
 
 using testing::run_command;
-using testing::ScratchDir;
 
 struct CheckpointingCase {
   std::string name;
@@ -26,14 +25,16 @@ struct CheckpointingCase {
   std::string checkpointing = "--activation_checkpointing";
 };
 
-// llama_tiny (4 blocks), 4 steps of accumulation 2, clipping that fires, weight decay.
-std::string run_flags(const CheckpointingCase& c, const std::filesystem::path& dir) {
+// llama_tiny (4 blocks), 4 steps of accumulation 2, clipping that fires, weight decay: recorded, so the
+// run without checkpointing is made once for the cases that share it (recomputation by operation and
+// by block compare with the same plain runs as block checkpointing).
+const testing::RecordedRun& tiny_run(const CheckpointingCase& c, const std::string& more = "") {
   constexpr int kGlobalBatch = 8;
-  return " --config " + (testing::source_dir() / "configs/llama_tiny.json").string() +
-         " --device cpu --num_training_steps 4 --warmup_steps 1 --max_length 32 --eval_every 2 --eval_batches 1"
-         " --weight_decay 0.1 --grad_clipping 0.05 --lr 1e-2 --total_batch_size " + std::to_string(kGlobalBatch) +
-         " --batch_size " + std::to_string(kGlobalBatch / c.ranks / 2) + " " + c.flags + " --save_dir " +
-         (dir / "ckpt").string() + " --run_dir " + (dir / "run").string();
+  return testing::recorded_run(
+      c.ranks, "--config " + (testing::source_dir() / "configs/llama_tiny.json").string() +
+                   " --device cpu --num_training_steps 4 --warmup_steps 1 --max_length 32 --eval_every 2 --eval_batches 1"
+                   " --weight_decay 0.1 --grad_clipping 0.05 --lr 1e-2 --total_batch_size " + std::to_string(kGlobalBatch) +
+                   " --batch_size " + std::to_string(kGlobalBatch / c.ranks / 2) + " " + c.flags + more);
 }
 
 // The largest activation bytes any point of rank `rank`'s ledger recorded in training.
@@ -53,17 +54,15 @@ class ActivationCheckpointing : public ::testing::TestWithParam<CheckpointingCas
 
 TEST_P(ActivationCheckpointing, EqualsTheRunWithoutItBitwise) {
   const CheckpointingCase& c = GetParam();
-  ScratchDir plain_dir("ac_off_" + c.name), recomputed_dir("ac_on_" + c.name);
-  auto plain = run_command(testing::trainer_launcher(c.ranks) + run_flags(c, plain_dir.path()));
+  const testing::RecordedRun& plain = tiny_run(c);
   ASSERT_EQ(plain.exit_code, 0) << plain.output;
-  auto recomputed = run_command(testing::trainer_launcher(c.ranks) + run_flags(c, recomputed_dir.path()) + " " +
-                                c.checkpointing);
+  const testing::RecordedRun& recomputed = tiny_run(c, " " + c.checkpointing);
   ASSERT_EQ(recomputed.exit_code, 0) << recomputed.output;
-  testing::expect_same_run(plain_dir.path(), recomputed_dir.path(), 4);
+  testing::expect_same_run(plain.dir, recomputed.dir, 4);
 
   // What it is for: the activations held at the ledger's points fall on every rank.
   for (int r = 0; r < c.ranks; ++r)
-    EXPECT_LT(max_training_activations(recomputed_dir / "run", r), max_training_activations(plain_dir / "run", r))
+    EXPECT_LT(max_training_activations(recomputed.run_dir(), r), max_training_activations(plain.run_dir(), r))
         << "rank " << r;
 }
 

@@ -25,31 +25,30 @@ struct FusedCase {
   bool gradient_peak_falls = true;
 };
 
-std::string run_flags(const FusedCase& c, const std::filesystem::path& dir) {
+// llama_tiny, 4 steps of accumulation 2 (unless the case sets the micro-batch), no clipping: recorded.
+const testing::RecordedRun& tiny_run(const FusedCase& c, const std::string& more = "") {
   constexpr int kGlobalBatch = 8;
-  return " --config " + (testing::source_dir() / "configs/llama_tiny.json").string() +
-         " --device cpu --num_training_steps 4 --warmup_steps 1 --max_length 32 --eval_every 2 --eval_batches 1"
-         " --weight_decay 0.1 --grad_clipping 0 --lr 1e-2 --total_batch_size " + std::to_string(kGlobalBatch) +
-         " --batch_size " + std::to_string(kGlobalBatch / c.ranks / 2) + " " + c.flags + " --save_dir " +
-         (dir / "ckpt").string() + " --run_dir " + (dir / "run").string();
+  return testing::recorded_run(
+      c.ranks, "--config " + (testing::source_dir() / "configs/llama_tiny.json").string() +
+                   " --device cpu --num_training_steps 4 --warmup_steps 1 --max_length 32 --eval_every 2 --eval_batches 1"
+                   " --weight_decay 0.1 --grad_clipping 0 --lr 1e-2 --total_batch_size " + std::to_string(kGlobalBatch) +
+                   " --batch_size " + std::to_string(kGlobalBatch / c.ranks / 2) + " " + c.flags + more);
 }
 
 class FusedStep : public ::testing::TestWithParam<FusedCase> {};
 
 TEST_P(FusedStep, EqualsTheUnfusedStepBitwiseWithoutClipping) {
   const FusedCase& c = GetParam();
-  ScratchDir plain_dir("fused_off_" + c.name), fused_dir("fused_on_" + c.name);
-  auto plain = run_command(testing::trainer_launcher(c.ranks) + run_flags(c, plain_dir.path()));
+  const testing::RecordedRun& plain = tiny_run(c);
   ASSERT_EQ(plain.exit_code, 0) << plain.output;
-  auto fused = run_command(testing::trainer_launcher(c.ranks) + run_flags(c, fused_dir.path()) +
-                           " --fuse_optimizer_with_backward");
+  const testing::RecordedRun& fused = tiny_run(c, " --fuse_optimizer_with_backward");
   ASSERT_EQ(fused.exit_code, 0) << fused.output;
-  testing::expect_same_run(plain_dir.path(), fused_dir.path(), 4);
+  testing::expect_same_run(plain.dir, fused.dir, 4);
 
   // The gradient shards of all units never coexist: the category's largest value falls.
   for (int r = 0; r < c.ranks; ++r) {
-    const int64_t fused_max = testing::ledger_summary_max(fused_dir / "run", r, "gradients");
-    const int64_t plain_max = testing::ledger_summary_max(plain_dir / "run", r, "gradients");
+    const int64_t fused_max = testing::ledger_summary_max(fused.run_dir(), r, "gradients");
+    const int64_t plain_max = testing::ledger_summary_max(plain.run_dir(), r, "gradients");
     if (c.gradient_peak_falls)
       EXPECT_LT(fused_max, plain_max) << "rank " << r;
     else

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <functional>
 #include <regex>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -15,6 +16,7 @@
 #include "tests/test_util.h"
 #include "config/config.h"
 #include "memory/estimate.h"
+#include "trainer/cli.h"
 #include "model/llama.h"
 #include "model/units.h"
 
@@ -86,6 +88,21 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   return name;
 }
 
+// What `trainer estimate <settings> --world_size N --json` prints, computed in this process: the
+// command line's own parse, validation and estimate (trainer/main.cpp's estimate command). The
+// binary's own `estimate --json` is run by EstimateCommand's tests.
+nlohmann::json command_estimate_json(const std::string& settings, int world_size) {
+  std::vector<std::string> words = {"trainer", "estimate"};
+  std::istringstream split(settings + " --world_size " + std::to_string(world_size) + " --json");
+  for (std::string word; split >> word;) words.push_back(word);
+  std::vector<const char*> argv;
+  for (const std::string& word : words) argv.push_back(word.c_str());
+  Command command = parse_command_line(static_cast<int>(argv.size()), argv.data());
+  const ModelConfig model = load_model_config(command.run.config_path);
+  validate_run_config(command.run, model, command.estimate.world_size);
+  return nlohmann::json::parse(run_estimate_command(model, command.run, command.estimate));
+}
+
 class EstimateAgainstMeasured : public ::testing::TestWithParam<Case> {};
 
 TEST_P(EstimateAgainstMeasured, PeakWithinTenPercentPersistentExact) {
@@ -97,10 +114,7 @@ TEST_P(EstimateAgainstMeasured, PeakWithinTenPercentPersistentExact) {
   const std::string launcher = c.ranks == 1 ? "OMP_NUM_THREADS=1 " : testing::mpirun(c.ranks);
   auto trained = run_command(launcher + testing::trainer_binary().string() + settings + " --run_dir " + dir.path().string());
   ASSERT_EQ(trained.exit_code, 0) << trained.output;
-  auto estimated = run_command(testing::trainer_binary().string() + " estimate" + settings + " --world_size " +
-                               std::to_string(c.ranks) + " --json");
-  ASSERT_EQ(estimated.exit_code, 0) << estimated.output;
-  const nlohmann::json estimate = nlohmann::json::parse(estimated.output.substr(estimated.output.find('{')));
+  const nlohmann::json estimate = command_estimate_json(settings, c.ranks);
   ASSERT_EQ(estimate.at("ranks").size(), static_cast<size_t>(c.ranks));
   double measured_node = 0;  // the ranks share this machine: one node, its host memory their peaks
   for (int r = 0; r < c.ranks; ++r) {

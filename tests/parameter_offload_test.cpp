@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/micro_runs.h"
 #include "tests/run_comparison.h"
 #include "tests/test_util.h"
 
@@ -29,36 +30,30 @@ struct ParameterOffloadCase {
   bool fused = false;        // --fuse_optimizer_with_backward: the optimizer stays on the device
 };
 
-// llama_micro, 6 steps, accumulation 2, evaluation at 3 and 6, a checkpoint at the end.
-std::string run_flags(const ParameterOffloadCase& c, const std::filesystem::path& dir) {
-  const int global_batch = c.ranks == 3 ? 6 : 8;
-  return " --config " + (testing::source_dir() / "configs/llama_micro.json").string() +
-         " --device cpu --num_training_steps 6 --warmup_steps 1 --max_length 32 --eval_every 3 --eval_batches 1"
-         " --weight_decay 0.1 --total_batch_size " + std::to_string(global_batch) + " --batch_size " +
-         std::to_string(global_batch / c.ranks / 2) + " " + c.flags + " --save_dir " + (dir / "ckpt").string() +
-         " --run_dir " + (dir / "run").string();
+// The family of tests/micro_runs.h: llama_micro, 6 steps, accumulation, clipping, evaluation and a
+// checkpoint at 3 and 6; recorded (the fp32 AdamW runs without offload are also Reshard's).
+const testing::RecordedRun& micro_run(const ParameterOffloadCase& c, const std::string& more = "") {
+  return testing::recorded_run(c.ranks, testing::micro_run_flags(c.ranks, c.flags + more));
 }
 
 class ParameterOffloadEquivalence : public ::testing::TestWithParam<ParameterOffloadCase> {};
 
 TEST_P(ParameterOffloadEquivalence, EqualsNoOffloadBitwise) {
   const ParameterOffloadCase& c = GetParam();
-  ScratchDir plain_dir("param_offload_off_" + c.name);
-  auto plain = run_command(testing::trainer_launcher(c.ranks) + run_flags(c, plain_dir.path()));
+  const testing::RecordedRun& plain = micro_run(c);
   ASSERT_EQ(plain.exit_code, 0) << plain.output;
-  const auto plain_state = testing::read_metrics_events(plain_dir / "run", "sharded_state").at(0).at("ranks");
+  const auto plain_state = testing::read_metrics_events(plain.run_dir(), "sharded_state").at(0).at("ranks");
 
   std::vector<std::string> sets = {"parameters"};
   if (!c.fused) sets.push_back("optimizer,parameters");
   for (const std::string& set : sets) {
     SCOPED_TRACE("--offload " + set);
     const bool with_optimizer = set != "parameters";
-    ScratchDir dir("param_offload_" + std::string(with_optimizer ? "both_" : "on_") + c.name);
-    auto offloaded = run_command(testing::trainer_launcher(c.ranks) + run_flags(c, dir.path()) + " --offload " + set);
+    const testing::RecordedRun& offloaded = micro_run(c, " --offload " + set);
     ASSERT_EQ(offloaded.exit_code, 0) << offloaded.output;
-    testing::expect_same_run(plain_dir.path(), dir.path(), 6);
+    testing::expect_same_run(plain.dir, offloaded.dir, testing::kMicroSteps);
 
-    const auto state = testing::read_metrics_events(dir / "run", "sharded_state").at(0).at("ranks");
+    const auto state = testing::read_metrics_events(offloaded.run_dir(), "sharded_state").at(0).at("ranks");
     for (int r = 0; r < c.ranks; ++r) {
       // The fp32 master's bytes, 4 a row; the compute rows are c of them.
       const int64_t master = plain_state[r].at("parameter_shard_bytes").get<int64_t>();
@@ -66,7 +61,7 @@ TEST_P(ParameterOffloadEquivalence, EqualsNoOffloadBitwise) {
       const int64_t rows = master / 4 * (c.pure_bf16 ? 2 : 4);
       // The device's persistent rows: the master while the optimizer is on the device, else none.
       EXPECT_EQ(state[r].at("parameter_shard_bytes").get<int64_t>(), with_optimizer ? 0 : master) << "rank " << r;
-      const auto points = testing::read_ledger_events(dir / "run", r, "point");
+      const auto points = testing::read_ledger_events(offloaded.run_dir(), r, "point");
       ASSERT_FALSE(points.empty());
       int optimizer_points = 0;
       for (const nlohmann::json& point : points) {
@@ -81,14 +76,14 @@ TEST_P(ParameterOffloadEquivalence, EqualsNoOffloadBitwise) {
           EXPECT_EQ(point.at("optimizer_device").get<int64_t>(), 0) << "rank " << r;
         }
       }
-      EXPECT_EQ(optimizer_points, 6) << "rank " << r;
+      EXPECT_EQ(optimizer_points, testing::kMicroSteps) << "rank " << r;
     }
   }
 }
 
 const ParameterOffloadCase kCases[] = {
-    {"fp32_adamw_1rank", 1, "--optimizer adamw --lr 1e-2 --grad_clipping 0.05"},
-    {"fp32_adamw_4ranks", 4, "--optimizer adamw --lr 1e-2 --grad_clipping 0.05"},
+    {"fp32_adamw_1rank", 1, testing::micro_case("adamw").flags},
+    {"fp32_adamw_4ranks", 4, testing::micro_case("adamw").flags},
     {"pure_bf16_adamw_sn_2ranks_shard_grad_op", 2,
      "--optimizer adamw_sn --lr 2e-2 --dtype bfloat16 --precision pure --sharding shard_grad_op", true},
     {"mixed_bf16_galore_2ranks", 2,
@@ -112,21 +107,22 @@ INSTANTIATE_TEST_SUITE_P(Cases, ParameterOffloadEquivalence, ::testing::ValuesIn
 // A checkpoint saved with both offloaded resumes with the parameters alone offloaded (the masters are
 // what a checkpoint holds, whoever kept them), and the resumed steps equal the uninterrupted run.
 TEST(ParameterOffload, ResumesExactlyAcrossOffloadSets) {
-  const ParameterOffloadCase c{"resume", 2, "--optimizer adamw --lr 1e-2 --grad_clipping 0.05 --save_every 3"};
-  ScratchDir whole("param_offload_whole"), resumed_dir("param_offload_resumed");
-  auto full = run_command(testing::trainer_launcher(2) + run_flags(c, whole.path()) + " --offload optimizer,parameters");
-  ASSERT_EQ(full.exit_code, 0) << full.output;
-  auto resumed = run_command(testing::trainer_launcher(2) + run_flags(c, resumed_dir.path()) +
-                             " --offload parameters --continue_from " + (whole / "ckpt/step_3").string());
+  const ParameterOffloadCase c{"resume", 2, testing::micro_case("adamw").flags};
+  const testing::RecordedRun& whole = micro_run(c, " --offload optimizer,parameters");
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  ScratchDir resumed_dir("param_offload_resumed");
+  auto resumed = run_command(testing::trainer_launcher(2) + " " + testing::micro_run_flags(2, c.flags) +
+                             " --offload parameters --continue_from " + (whole.save_dir() / "step_3").string() +
+                             " --run_dir " + (resumed_dir / "run").string() + " --save_dir " + (resumed_dir / "ckpt").string());
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-  const auto whole_steps = testing::read_metrics_events(whole / "run", "train");
+  const auto whole_steps = testing::read_metrics_events(whole.run_dir(), "train");
   const auto resumed_steps = testing::read_metrics_events(resumed_dir / "run", "train");
   ASSERT_EQ(resumed_steps.size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
     EXPECT_EQ(resumed_steps[i].at("loss").get<double>(), whole_steps[i + 3].at("loss").get<double>()) << "step " << i + 4;
     EXPECT_EQ(resumed_steps[i].at("grad_norm").get<double>(), whole_steps[i + 3].at("grad_norm").get<double>());
   }
-  testing::expect_same_checkpoint(whole / "ckpt/step_6", resumed_dir / "ckpt/step_6");
+  testing::expect_same_checkpoint(whole.save_dir() / "step_6", resumed_dir / "ckpt/step_6");
 }
 
 // The set reads in either order and is recorded as one spelling; what it cannot be is exit 2.

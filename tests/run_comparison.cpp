@@ -1,6 +1,17 @@
 #include "tests/run_comparison.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <mutex>
+#include <stdexcept>
 
 #include <gtest/gtest.h>
 #include <ATen/ATen.h>
@@ -25,6 +36,68 @@ Checkpoint load_checkpoint(const std::string& folder) {
 
 std::string trainer_launcher(int ranks) {
   return ranks == 1 ? "OMP_NUM_THREADS=1 " + trainer_binary().string() : mpirun(ranks) + trainer_binary().string();
+}
+
+namespace {
+
+// The folder of this build's records: the binary's size, modification time and inode name it, so a
+// rebuilt trainer never reads a run of the one before.
+std::filesystem::path records_folder() {
+  struct stat binary {};
+  if (::stat(trainer_binary().c_str(), &binary) != 0) return {};
+  const char* configured = std::getenv("TRAINER_TEST_RUNS");
+  const std::filesystem::path root = configured != nullptr && *configured != '\0' ? configured : TRAINER_TEST_RUNS_DIR;
+  return root / (std::to_string(binary.st_size) + "_" + std::to_string(binary.st_mtim.tv_sec) + "." +
+                 std::to_string(binary.st_mtim.tv_nsec) + "_" + std::to_string(binary.st_ino));
+}
+
+// FNV-1a, 64 bits: the same name for the same command line in every process.
+std::string command_key(const std::string& text) {
+  uint64_t hash = 14695981039346656037ull;
+  for (unsigned char c : text) hash = (hash ^ c) * 1099511628211ull;
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
+  return hex;
+}
+
+}  // namespace
+
+const RecordedRun& recorded_run(int ranks, const std::string& flags) {
+  static std::mutex mutex;
+  static std::map<std::string, RecordedRun> recorded;  // this process's, by command line
+  const std::string command = trainer_launcher(ranks) + " " + flags;
+  std::lock_guard<std::mutex> guard(mutex);
+  if (auto found = recorded.find(command); found != recorded.end()) return found->second;
+
+  const std::filesystem::path folder = records_folder();
+  if (folder.empty()) throw std::runtime_error("recorded_run: no trainer binary at " + trainer_binary().string());
+  std::filesystem::create_directories(folder);
+  RecordedRun run;
+  run.dir = folder / command_key(command);
+  // One writer per record across processes: the lock is held while the run is made; a process that
+  // waited for it finds the exit status written last, and reads the record.
+  const std::string lock_path = run.dir.string() + ".lock";
+  const int lock = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock < 0 || ::flock(lock, LOCK_EX) != 0)
+    throw std::runtime_error("recorded_run: cannot lock " + lock_path + ": " + std::strerror(errno));
+  const std::filesystem::path status = run.dir / "exit_status";
+  if (std::filesystem::exists(status)) {
+    run.exit_code = std::stoi(read_text(status));
+    run.output = read_text(run.dir / "output");
+  } else {
+    std::filesystem::remove_all(run.dir);  // a writer that died midway
+    std::filesystem::create_directories(run.dir);
+    std::ofstream(run.dir / "command") << command << "\n";
+    const CommandResult result = run_command(command + " --run_dir " + run.run_dir().string() + " --save_dir " +
+                                             run.save_dir().string());
+    run.exit_code = result.exit_code;
+    run.output = result.output;
+    std::ofstream(run.dir / "output") << result.output;
+    std::ofstream(run.dir / "exit_status.tmp") << result.exit_code << "\n";
+    std::filesystem::rename(run.dir / "exit_status.tmp", status);
+  }
+  ::close(lock);  // releases the lock
+  return recorded.emplace(command, std::move(run)).first->second;
 }
 
 void expect_same_run(const std::filesystem::path& expected, const std::filesystem::path& actual, size_t steps) {

@@ -23,6 +23,21 @@ Checkpoint load_checkpoint(const std::string& folder);
 // The trainer binary for `ranks` ranks: alone with one thread, or under mpirun.
 std::string trainer_launcher(int ranks);
 
+// A trainer run several tests read, recorded once and then shared: by the tests of one ctest entry
+// (one process) and by those of the others (files under the runs folder, one writer at a time
+// through a lock; the others wait for it and read what it recorded). `flags` is the command line
+// after the binary, without --run_dir and --save_dir, which the record adds (DIR/run and DIR/ckpt).
+// The record is kept per build of the trainer binary (its size, time and inode name the folder), in
+// TRAINER_TEST_RUNS or else the build's test-runs folder, which ctest empties before the tests run.
+struct RecordedRun {
+  std::filesystem::path dir;  // run/ and ckpt/
+  int exit_code = 0;
+  std::string output;
+  std::filesystem::path run_dir() const { return dir / "run"; }
+  std::filesystem::path save_dir() const { return dir / "ckpt"; }
+};
+const RecordedRun& recorded_run(int ranks, const std::string& flags);
+
 // Each folder holds a run's run/ (--run_dir) and ckpt/ (--save_dir). Every train step's loss,
 // gradient norm and lr, every eval loss, and the parameters and optimizer state of ckpt/step_<steps>
 // are the same bits in both; `steps` train steps each.

@@ -74,13 +74,18 @@ void expect_whole_lines(const fs::path& path) {
 TEST(FolderLocks, ASecondJobOnTheRunOrSaveDirIsRefusedNamingTheHolderAndAKilledOneLeavesNoLock) {
   ScratchDir dir("locks");
   const fs::path run_dir = dir / "run", save_dir = dir / "ckpt";
+  // No save before the end of the run (which never comes): the second jobs meet the lock alone.
   const std::string first = trainer(1, "--num_training_steps " + std::to_string(kLongRun) + " --run_dir " +
-                                           run_dir.string() + " --save_dir " + save_dir.string() + " --save_every 1000");
+                                           run_dir.string() + " --save_dir " + save_dir.string() +
+                                           " --save_every " + std::to_string(kLongRun));
   CommandResult second_run, second_save;
   pid_t holder = -1;
   const CommandResult first_result = testing::run_and_act(first, run_dir, [&] {
     holder = testing::find_process(testing::trainer_binary().string(), run_dir, 0);
     if (holder <= 0) return false;
+    // Stopped, it still holds both locks and writes nothing more, however long the second jobs take
+    // on a loaded machine (running, it once reached a save: "holds checkpoints of another run").
+    ::kill(holder, SIGSTOP);
     // The same --run_dir; then another run folder with the same --save_dir.
     second_run = run_command(trainer(1, "--num_training_steps 2 --run_dir " + run_dir.string()));
     second_save = run_command(trainer(1, "--num_training_steps 2 --run_dir " + (dir / "other").string() +
@@ -278,18 +283,23 @@ INSTANTIATE_TEST_SUITE_P(Phases, StartupStall,
                                            "starting the communicator"),
                          testing::TextParamName());
 
-// Each rank's background write held back 8 s with --collective_timeout 3: the loop waits for the
-// write at the next save, and the write is progress, so the job goes on and every save lands.
+// Each rank's background write of step 3 held back 5 s with --collective_timeout 3: the loop waits
+// for the write at the last step's save, longer than the timeout, and the write is progress, so the
+// job goes on and every save lands.
 TEST(SlowSave, ASaveLongerThanTheTimeoutIsProgressNotAStall) {
   ScratchDir dir("slow_save");
   const fs::path save_dir = dir / "ckpt";
   const CommandResult result = run_command(
-      "LLM_DEBUG_SAVE_DELAY_SECONDS=8 " +
-      trainer(2, "--num_training_steps 6 --collective_timeout 3 --async_save --save_every 2 --run_dir " +
+      "LLM_DEBUG_SAVE_DELAY_SECONDS=5 " +
+      trainer(2, "--num_training_steps 6 --collective_timeout 3 --async_save --save_every 3 --run_dir " +
                      (dir / "run").string() + " --save_dir " + save_dir.string()));
   EXPECT_EQ(result.exit_code, 0) << result.output;
   EXPECT_FALSE(contains(result.output, "stalled")) << result.output;
-  for (int step : {2, 4, 6}) EXPECT_TRUE(fs::exists(save_dir / ("step_" + std::to_string(step)) / "manifest.json"));
+  for (int step : {3, 6}) EXPECT_TRUE(fs::exists(save_dir / ("step_" + std::to_string(step)) / "manifest.json"));
+  const auto saves = testing::read_metrics_events(dir / "run", "checkpoint");
+  ASSERT_EQ(saves.size(), 2u) << result.output;
+  EXPECT_EQ(saves[0].at("background"), true) << "the held-back save was the background one";
+  EXPECT_EQ(saves[0].at("completed_at_step"), 6) << "the loop waited for it at the last step";
 }
 
 // --- a signal during start-up --------------------------------------------------------------------
@@ -327,8 +337,9 @@ TEST(StartupSignal, ASigtermWhileTheModelIsBuiltStopsTheRunBeforeItsFirstStep) {
   EXPECT_TRUE(preempted[0].at("before_first_step").get<bool>());
 }
 
-// SIGTERM to launch/mpirun.sh a moment after it starts: whether the ranks had their handlers yet
-// or not, the job ends with a message saying nothing was trained (never exit 138 and silence).
+// SIGTERM to launch/mpirun.sh a moment after it starts (50 ms: well inside the ranks' start-up, which
+// takes 0.3 s on this machine): whether the ranks had their handlers yet or not, the job ends with a
+// message saying nothing was trained (never exit 138 and silence).
 TEST(StartupSignal, SigtermToTheLauncherScriptWithinItsFirstSecondIsSaid) {
   ScratchDir dir("startup_script");
   const fs::path run_dir = dir / "run";
@@ -345,7 +356,7 @@ TEST(StartupSignal, SigtermToTheLauncherScriptWithinItsFirstSecondIsSaid) {
     script = testing::find_process("bash", run_dir, -1);
   }
   ASSERT_GT(script, 0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
   ::kill(script, SIGTERM);
   const CommandResult result = running.get();
   const bool before_handlers = contains(result.output, "launch/mpirun.sh: SIGTERM came while the ranks were still "

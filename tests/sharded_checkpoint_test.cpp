@@ -1,7 +1,8 @@
 // Sharded checkpoints (checkpoint/checkpoint.h) through the trainer binary under mpirun: each rank writes
-// its own parts, and a checkpoint resumes at its own world size bit for bit and at another (4 -> 2,
-// 2 -> 3, 1 -> 4) with the uninterrupted run's results, for every optimizer with and without
-// offload; saving gathers nothing (the ledger's checkpoint point stays under the training peak).
+// its own parts, and a checkpoint resumes at its own world size bit for bit and at another (2 -> 3 for
+// each optimizer's state, with and without offload; 4 -> 2 and 1 -> 4 too for AdamW) with the uninterrupted
+// run's results; saving gathers nothing (the ledger's checkpoint point stays under the training peak);
+// the background save writes the synchronous one's bits; bf16 moments are saved as bf16.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -13,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint/interchange/safetensors.h"
+#include "tests/micro_runs.h"
 #include "tests/run_comparison.h"
 #include "tests/test_util.h"
 
@@ -23,83 +25,61 @@ namespace fs = std::filesystem;
 using testing::run_command;
 using testing::ScratchDir;
 
-struct ReshardCase {
-  std::string name;
-  std::string flags;
-};
-
-// llama_micro: q/k/v/o 32x32, gate/up 88x32, down 32x88, embed and lm_head 128x32. At 3 ranks every
-// matrix pads a row; -2 subsets of gate/up (s = 22) cross rows and ranks; GaLore's left projection
-// keeps its moments in flat chunks, its right one a projector every rank holds.
-const ReshardCase kOptimizers[] = {
-    {"adamw", "--optimizer adamw --lr 1e-2"},
-    {"adamw_sn", "--optimizer adamw_sn --subset_size -2 --subset_norm_params all --lr 2e-2"},
-    {"galore_right", "--optimizer galore_adamw --rank 8 --update_proj_gap 4 --lr 5e-3"},
-    {"galore_left", "--optimizer galore_adamw --rank 8 --update_proj_gap 4 --proj_type left --lr 5e-3"},
-    // bf16 moments (--optimizer_state_dtype): the fused AdamW kernel's and the ATen rules' rounding.
-    {"adamw_bf16_state", "--optimizer adamw --lr 1e-2 --optimizer_state_dtype bfloat16"},
-    {"adamw_sn_bf16_state",
-     "--optimizer adamw_sn --subset_size -2 --subset_norm_params all --lr 2e-2 --optimizer_state_dtype bfloat16"},
-};
-
-void PrintTo(const ReshardCase& c, std::ostream* out) { *out << c.name; }
-
-constexpr int kSteps = 6, kSaveAt = 3, kGlobalBatch = 12;
-
-std::string run_flags(const std::string& optimizer, const fs::path& dir, int ranks) {
-  return " --config " + (testing::source_dir() / "configs/llama_micro.json").string() +
-         " --device cpu --num_training_steps " + std::to_string(kSteps) +
-         " --warmup_steps 2 --max_length 32 --eval_every 0 --weight_decay 0.1 --grad_clipping 0.5"
-         " --total_batch_size " + std::to_string(kGlobalBatch) + " --batch_size " +
-         std::to_string(kGlobalBatch / ranks / (ranks == 4 ? 1 : 2)) + " " + optimizer + " --save_dir " +
-         (dir / "ckpt").string() + " --run_dir " + (dir / "run").string();
-}
-
 std::vector<double> losses(const fs::path& run_dir) {
   std::vector<double> values;
   for (const auto& step : testing::read_metrics_events(run_dir, "train")) values.push_back(step.at("loss"));
   return values;
 }
 
-class Reshard : public ::testing::TestWithParam<std::tuple<ReshardCase, bool>> {};
+// Each optimizer's run (tests/micro_runs.h, recorded once and shared with sharding_test's WorldSizes),
+// saved at step 3 by 4 ranks and resumed by 4 (the same world size: bit for bit), and saved by 2 and
+// resumed by 3 (every matrix pads a row there, and a rank reads its rows from both files): the rest
+// of the run equals the uninterrupted run's. AdamW also goes 4 -> 2 and 1 -> 4 (fewer ranks, and from
+// one). With offload, the saving and the resumed runs hold the optimizer in host memory, which writes
+// and reads its parts of the same files.
+class Reshard : public ::testing::TestWithParam<std::tuple<testing::MicroCase, bool>> {};
 
 TEST_P(Reshard, ResumesAtTheSameAndAtOtherWorldSizes) {
   const auto& [optimizer, offload] = GetParam();
   const std::string flags = optimizer.flags + (offload ? " --offload optimizer" : "");
-  for (const auto& [saved_at, resumed_at] : {std::pair{4, 2}, std::pair{2, 3}, std::pair{1, 4}}) {
+  const std::string saved_step = "step_" + std::to_string(testing::kMicroSaveAt);
+  const std::string last_step = "step_" + std::to_string(testing::kMicroSteps);
+  std::vector<std::pair<int, int>> transitions = {{4, 4}, {2, 3}};
+  if (optimizer.name == "adamw") transitions.insert(transitions.end(), {{4, 2}, {1, 4}});
+  for (const auto& [saved_at, resumed_at] : transitions) {
     const std::string transition = std::to_string(saved_at) + " -> " + std::to_string(resumed_at);
     SCOPED_TRACE(transition);
-    ScratchDir dir("reshard_" + optimizer.name + (offload ? "_offload" : ""));
-    auto full = run_command(testing::trainer_launcher(saved_at) + run_flags(flags, dir / "full", saved_at) +
-                            " --save_every " + std::to_string(kSaveAt));
+    const testing::RecordedRun& full = testing::recorded_run(saved_at, testing::micro_run_flags(saved_at, flags));
     ASSERT_EQ(full.exit_code, 0) << full.output;
+    const fs::path checkpoint = full.save_dir() / saved_step;
     // Each rank wrote its own parts and its index; the manifest lists them all.
-    const nlohmann::json manifest = testing::load_checkpoint((dir / "full/ckpt/step_3").string()).manifest;
+    const nlohmann::json manifest = testing::load_checkpoint(checkpoint.string()).manifest;
     EXPECT_EQ(manifest.at("world_size"), saved_at);
     EXPECT_EQ(manifest.at("files").size(), 2u * saved_at);
-    const std::vector<double> expected = losses(dir / "full/run");
-    ASSERT_EQ(expected.size(), static_cast<size_t>(kSteps));
-    const testing::Checkpoint expected_final = testing::load_checkpoint((dir / "full/ckpt/step_6").string());
+    const std::vector<double> expected = losses(full.run_dir());
+    ASSERT_EQ(expected.size(), static_cast<size_t>(testing::kMicroSteps));
+    const testing::Checkpoint expected_final = testing::load_checkpoint((full.save_dir() / last_step).string());
 
-    for (int ranks : {saved_at, resumed_at}) {
-      if (ranks == saved_at && saved_at != 4) continue;  // the same world size once per case (4 ranks)
-      const fs::path resumed_dir = dir / ("resumed" + std::to_string(ranks));
-      auto resumed = run_command(testing::trainer_launcher(ranks) + run_flags(flags, resumed_dir, ranks) +
-                                 " --continue_from " + (dir / "full/ckpt/step_3").string());
+    {
+      const int ranks = resumed_at;
+      ScratchDir resumed_dir("reshard_" + optimizer.name + (offload ? "_offload" : ""));
+      auto resumed = run_command(testing::trainer_launcher(ranks) + " " + testing::micro_run_flags(ranks, flags) +
+                                 " --continue_from " + checkpoint.string() + " --run_dir " + (resumed_dir / "run").string() +
+                                 " --save_dir " + (resumed_dir / "ckpt").string());
       ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
       EXPECT_NE(resumed.output.find("at step 3 (saved by " + std::to_string(saved_at) + " rank(s))"), std::string::npos)
           << resumed.output;
       const std::vector<double> actual = losses(resumed_dir / "run");
-      ASSERT_EQ(actual.size(), static_cast<size_t>(kSteps - kSaveAt));
+      ASSERT_EQ(actual.size(), static_cast<size_t>(testing::kMicroSteps - testing::kMicroSaveAt));
       for (size_t i = 0; i < actual.size(); ++i) {
-        const double want = expected[kSaveAt + i];
+        const double want = expected[testing::kMicroSaveAt + i];
         if (ranks == saved_at)
-          EXPECT_EQ(actual[i], want) << "same world size, step " << kSaveAt + i + 1 << ": bit-identical";
+          EXPECT_EQ(actual[i], want) << "same world size, step " << testing::kMicroSaveAt + i + 1 << ": bit-identical";
         else
           EXPECT_LE(std::abs(actual[i] - want) / std::abs(want), 1e-5)
-              << ranks << " ranks, step " << kSaveAt + i + 1 << ": " << actual[i] << " vs " << want;
+              << ranks << " ranks, step " << testing::kMicroSaveAt + i + 1 << ": " << actual[i] << " vs " << want;
       }
-      const testing::Checkpoint final_state = testing::load_checkpoint((resumed_dir / "ckpt/step_6").string());
+      const testing::Checkpoint final_state = testing::load_checkpoint((resumed_dir / "ckpt" / last_step).string());
       ASSERT_EQ(final_state.model.size(), expected_final.model.size());
       ASSERT_EQ(final_state.optimizer.size(), expected_final.optimizer.size());
       for (const auto* tensors : {&expected_final.model, &expected_final.optimizer})
@@ -110,7 +90,7 @@ TEST_P(Reshard, ResumesAtTheSameAndAtOtherWorldSizes) {
           } else if (key != "step") {
             // A bf16 moment's stochastic rounding takes the other neighbour where its fp32 value moved
             // by an ulp (sums over ranks add in another order): one bf16 step, 2^-8 of the value.
-            const bool bf16_moment = optimizer.name.ends_with("_bf16_state") && tensors == &expected_final.optimizer;
+            const bool bf16_moment = optimizer.bf16_state && tensors == &expected_final.optimizer;
             const double scale = want.abs().max().item<double>() + 1e-12;
             EXPECT_LE((got - want).abs().max().item<double>() / scale, bf16_moment ? 8e-3 : 1e-3)
                 << ranks << " ranks: " << key;
@@ -120,21 +100,43 @@ TEST_P(Reshard, ResumesAtTheSameAndAtOtherWorldSizes) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Optimizers, Reshard, ::testing::Combine(::testing::ValuesIn(kOptimizers), ::testing::Bool()),
-                         [](const auto& info) {
-                           return std::get<0>(info.param).name + (std::get<1>(info.param) ? "_offload" : "");
-                         });
+// AdamW, the general subset norm, GaLore both ways and the bf16 moments (each a state of another
+// shape, with its own parts to read back), with and without offload. The other forms of the same rules
+// (per-matrix subset norms, RMSprop-SN, the subspace projector) are compared across world sizes by
+// sharding_test's WorldSizes.
+std::vector<std::tuple<testing::MicroCase, bool>> reshard_cases() {
+  std::vector<std::tuple<testing::MicroCase, bool>> cases;
+  for (const char* name : {"adamw", "adamw_sn_general_all", "galore_right", "galore_left", "adamw_bf16_state",
+                           "adamw_sn_bf16_state"})
+    for (const bool offload : {false, true}) cases.emplace_back(testing::micro_case(name), offload);
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, Reshard, ::testing::ValuesIn(reshard_cases()), [](const auto& info) {
+  return std::get<0>(info.param).name + (std::get<1>(info.param) ? "_offload" : "");
+});
+
+// Resuming with another optimizer is refused, naming the one that wrote the checkpoint.
+TEST(ReshardRefusal, AnotherOptimizersCheckpointIsRefused) {
+  const testing::MicroCase& galore = testing::micro_case("galore_right");
+  const testing::RecordedRun& saved = testing::recorded_run(2, testing::micro_run_flags(2, galore.flags));
+  ASSERT_EQ(saved.exit_code, 0) << saved.output;
+  ScratchDir dir("reshard_other_optimizer");
+  auto other = run_command(testing::trainer_launcher(1) + " " + testing::micro_run_flags(1, "--optimizer adamw") +
+                           " --continue_from " + (saved.save_dir() / "step_3").string() + " --run_dir " +
+                           (dir / "run").string() + " --save_dir " + (dir / "ckpt").string());
+  EXPECT_EQ(other.exit_code, 2) << other.output;
+  EXPECT_NE(other.output.find("written by --optimizer"), std::string::npos) << other.output;
+}
 
 // Saving gathers nothing: on every rank the tracked peak while the save runs (the ledger's checkpoint
 // point's window) is no more than the training step's own peak (before, each rank held the full model
 // and optimizer state while rank 0 wrote them).
 TEST(ShardedSave, NoRankHoldsMoreThanItsShardsWhileSaving) {
-  ScratchDir dir("save_peak");
-  auto result = run_command(testing::trainer_launcher(4) + run_flags("--optimizer adamw --lr 1e-2", dir.path(), 4) +
-                            " --save_every 2");
-  ASSERT_EQ(result.exit_code, 0) << result.output;
+  const testing::RecordedRun& run = testing::recorded_run(4, testing::micro_run_flags(4, testing::micro_case("adamw").flags));
+  ASSERT_EQ(run.exit_code, 0) << run.output;
   for (int rank = 0; rank < 4; ++rank) {
-    std::ifstream in(dir / "run" / ("memory.rank" + std::to_string(rank) + ".jsonl"));
+    std::ifstream in(run.run_dir() / ("memory.rank" + std::to_string(rank) + ".jsonl"));
     int64_t checkpoints = 0, step_peak = 0, step = -1;
     for (std::string line; std::getline(in, line);) {
       const nlohmann::json record = nlohmann::json::parse(line);
@@ -149,7 +151,7 @@ TEST(ShardedSave, NoRankHoldsMoreThanItsShardsWhileSaving) {
       EXPECT_GT(step_peak, 0);
       EXPECT_LE(peak, step_peak) << "rank " << rank << ", step " << step << ": the save held more than the step";
     }
-    EXPECT_EQ(checkpoints, kSteps / 2) << "rank " << rank;
+    EXPECT_EQ(checkpoints, testing::kMicroSteps / testing::kMicroSaveAt) << "rank " << rank;
   }
 }
 
@@ -159,55 +161,51 @@ TEST(ShardedSave, NoRankHoldsMoreThanItsShardsWhileSaving) {
 // Each save's "checkpoint" record says when it completed; the last step's save is synchronous.
 TEST(AsyncSave, WritesTheSynchronousCheckpointsWhileTrainingGoesOn) {
   ScratchDir dir("async_save");
-  const std::string optimizer = "--optimizer adamw_sn --subset_size -2 --subset_norm_params all --lr 2e-2";
-  const std::string launcher = testing::trainer_launcher(2);
+  const std::string flags = testing::micro_run_flags(2, testing::micro_case("adamw_sn_general_all").flags);
+  const testing::RecordedRun& sync = testing::recorded_run(2, flags);
+  ASSERT_EQ(sync.exit_code, 0) << sync.output;
   struct Variant {
     const char* name;
-    std::string prefix, flags;
+    std::string prefix;
   };
-  const Variant variants[] = {{"sync", "", ""}, {"async", "", " --async_save"},
-                              {"late", "LLM_DEBUG_SAVE_DELAY_SECONDS=1 ", " --async_save"}};
+  const Variant variants[] = {{"async", ""}, {"late", "LLM_DEBUG_SAVE_DELAY_SECONDS=1 "}};
   std::map<std::string, std::vector<nlohmann::json>> records;
+  records["sync"] = testing::read_metrics_events(sync.run_dir(), "checkpoint");
+  ASSERT_EQ(records["sync"].size(), 2u) << sync.output;
   for (const Variant& variant : variants) {
-    auto result = run_command(variant.prefix + launcher + run_flags(optimizer, dir / variant.name, 2) +
-                              " --save_every 2" + variant.flags);
+    auto result = run_command(variant.prefix + testing::trainer_launcher(2) + " " + flags + " --async_save --run_dir " +
+                              (dir / variant.name / "run").string() + " --save_dir " + (dir / variant.name / "ckpt").string());
     ASSERT_EQ(result.exit_code, 0) << variant.name << "\n" << result.output;
     records[variant.name] = testing::read_metrics_events(dir / variant.name / "run", "checkpoint");
-    ASSERT_EQ(records[variant.name].size(), 3u) << variant.name << "\n" << result.output;
-    EXPECT_FALSE(fs::exists(dir / variant.name / "ckpt/step_2.tmp"));
-    EXPECT_FALSE(fs::exists(dir / variant.name / "ckpt/step_4.tmp"));
+    ASSERT_EQ(records[variant.name].size(), 2u) << variant.name << "\n" << result.output;
+    EXPECT_FALSE(fs::exists(dir / variant.name / "ckpt/step_3.tmp"));
+    SCOPED_TRACE(variant.name);
+    testing::expect_same_run(sync.dir, dir / variant.name, testing::kMicroSteps);
+    testing::expect_same_checkpoint(sync.save_dir() / "step_3", dir / variant.name / "ckpt/step_3");
   }
-  for (const char* variant : {"async", "late"}) {
-    SCOPED_TRACE(variant);
-    testing::expect_same_run(dir / "sync", dir / variant, kSteps);
-    for (const char* step : {"ckpt/step_2", "ckpt/step_4"}) testing::expect_same_checkpoint(dir / "sync" / step, dir / variant / step);
-  }
-  for (int i = 0; i < 3; ++i) {
-    const int64_t step = 2 * (i + 1);
-    EXPECT_EQ(records["sync"][i].at("step"), step);
-    EXPECT_EQ(records["sync"][i].at("completed_at_step"), step);
-    EXPECT_EQ(records["sync"][i].at("background"), false);
-    EXPECT_EQ(records["async"][i].at("step"), step);
-    EXPECT_EQ(records["late"][i].at("step"), step);
-  }
+  EXPECT_EQ(records["sync"][0].at("step"), 3);
+  EXPECT_EQ(records["sync"][0].at("completed_at_step"), 3);
+  EXPECT_EQ(records["sync"][0].at("background"), false);
   // A save completes at the first boundary after its files are written, at the latest the next
   // save's (held back 1 s, that one unless a step takes a second).
-  for (const char* variant : {"async", "late"})
-    for (int i = 0; i < 2; ++i) {
-      const int64_t step = 2 * (i + 1);
-      EXPECT_EQ(records[variant][i].at("background"), true);
-      EXPECT_GE(records[variant][i].at("completed_at_step").get<int64_t>(), step + 1);
-      EXPECT_LE(records[variant][i].at("completed_at_step").get<int64_t>(), step + 2);
-    }
-  EXPECT_EQ(records["late"][2].at("completed_at_step"), kSteps);  // the last step's save: synchronous
-  EXPECT_EQ(records["late"][2].at("background"), false);
-  // The manifest keeps the settings that wrote it.
-  for (const char* variant : {"sync", "async"}) {
-    const nlohmann::json run = testing::load_checkpoint((dir / variant / "ckpt/step_2").string()).manifest.at("run");
-    EXPECT_EQ(run.at("save_every"), 2);
-    EXPECT_EQ(run.at("async_save"), std::string(variant) == "async");
-    EXPECT_EQ(run.at("optimizer"), "adamw_sn");
+  for (const char* variant : {"async", "late"}) {
+    EXPECT_EQ(records[variant][0].at("step"), 3);
+    EXPECT_EQ(records[variant][0].at("background"), true);
+    EXPECT_GE(records[variant][0].at("completed_at_step").get<int64_t>(), 4);
+    EXPECT_LE(records[variant][0].at("completed_at_step").get<int64_t>(), 6);
+    EXPECT_EQ(records[variant][1].at("step"), 6);
   }
+  EXPECT_EQ(records["late"][1].at("completed_at_step"), testing::kMicroSteps);  // the last step's save: synchronous
+  EXPECT_EQ(records["late"][1].at("background"), false);
+  // The manifest keeps the settings that wrote it.
+  const nlohmann::json sync_run = testing::load_checkpoint((sync.save_dir() / "step_3").string()).manifest.at("run");
+  const nlohmann::json async_run = testing::load_checkpoint((dir / "async/ckpt/step_3").string()).manifest.at("run");
+  for (const nlohmann::json* run : {&sync_run, &async_run}) {
+    EXPECT_EQ(run->at("save_every"), 3);
+    EXPECT_EQ(run->at("optimizer"), "adamw_sn");
+  }
+  EXPECT_EQ(sync_run.at("async_save"), false);
+  EXPECT_EQ(async_run.at("async_save"), true);
 }
 
 // A run that stops with an error while a background save is being written (held back 30 s here)
@@ -233,55 +231,63 @@ TEST(AsyncSave, AnErrorIsNotHeldUpByTheSaveInFlight) {
 // nearest, logged) and a bf16 one into float32 (exact, logged).
 TEST(Bf16StateCheckpoint, SavedInItsDtypeAndResumableIntoTheOther) {
   ScratchDir dir("bf16_state_ckpt");
+  const testing::MicroCase& fp32_case = testing::micro_case("adamw");
+  const testing::MicroCase& bf16_case = testing::micro_case("adamw_bf16_state");
+  ASSERT_FALSE(fp32_case.bf16_state);
+  ASSERT_TRUE(bf16_case.bf16_state);
+  // The recorded runs (shared with Reshard), and the bf16 one again with the background save.
   const auto run = [&](const std::string& name, const std::string& flags) {
-    return run_command(testing::trainer_launcher(2) + " --config " + (testing::source_dir() / "configs/llama_micro.json").string() +
-                       " --device cpu --num_training_steps 4 --warmup_steps 0 --max_length 32 --eval_every 0"
-                       " --total_batch_size 8 --batch_size 2 --save_every 2 --save_dir " + (dir / name / "ckpt").string() +
-                       " --run_dir " + (dir / name / "run").string() + " " + flags);
+    return run_command(testing::trainer_launcher(2) + " " + testing::micro_run_flags(2, flags) + " --save_dir " +
+                       (dir / name / "ckpt").string() + " --run_dir " + (dir / name / "run").string());
   };
-  for (const auto& [name, flags] : {std::pair{"fp32", ""}, std::pair{"bf16", "--optimizer_state_dtype bfloat16"},
-                                    std::pair{"bf16_async", "--optimizer_state_dtype bfloat16 --async_save"}}) {
-    const auto result = run(name, flags);
-    ASSERT_EQ(result.exit_code, 0) << result.output;
-    const fs::path step = dir / name / "ckpt" / "step_2";
-    const bool bf16 = std::string(name) != "fp32";
-    EXPECT_EQ(testing::load_checkpoint(step.string()).manifest.at("optimizer_state_dtype"), bf16 ? "bfloat16" : "float32");
+  const testing::RecordedRun& fp32 = testing::recorded_run(2, testing::micro_run_flags(2, fp32_case.flags));
+  const testing::RecordedRun& bf16 = testing::recorded_run(2, testing::micro_run_flags(2, bf16_case.flags));
+  ASSERT_EQ(fp32.exit_code, 0) << fp32.output;
+  ASSERT_EQ(bf16.exit_code, 0) << bf16.output;
+  const auto async = run("bf16_async", bf16_case.flags + " --async_save");
+  ASSERT_EQ(async.exit_code, 0) << async.output;
+  for (const auto& [name, saves, bf16_moments] : {std::tuple{"fp32", fp32.save_dir(), false},
+                                                  std::tuple{"bf16", bf16.save_dir(), true},
+                                                  std::tuple{"bf16_async", dir / "bf16_async/ckpt", true}}) {
+    const fs::path step = saves / "step_3";
+    EXPECT_EQ(testing::load_checkpoint(step.string()).manifest.at("optimizer_state_dtype"),
+              bf16_moments ? "bfloat16" : "float32");
     for (int rank = 0; rank < 2; ++rank) {
       const SafetensorsFile file((step / ("rank" + std::to_string(rank) + ".safetensors")).string());
       int moments = 0;
       for (const auto& [key, entry] : file.entries()) {
         const bool moment = key.ends_with(".exp_avg") || key.ends_with(".exp_avg_sq");
         moments += moment;
-        EXPECT_EQ(entry.dtype, moment && bf16 ? at::kBFloat16 : at::kFloat) << name << " rank " << rank << ": " << key;
+        EXPECT_EQ(entry.dtype, moment && bf16_moments ? at::kBFloat16 : at::kFloat) << name << " rank " << rank << ": " << key;
       }
       EXPECT_GT(moments, 0) << name << " rank " << rank;
     }
   }
   // The background save writes what the synchronous one writes.
-  const testing::Checkpoint sync = testing::load_checkpoint((dir / "bf16/ckpt/step_4").string());
-  const testing::Checkpoint async = testing::load_checkpoint((dir / "bf16_async/ckpt/step_4").string());
-  for (const auto* part : {&sync.model, &sync.optimizer})
+  const testing::Checkpoint sync_state = testing::load_checkpoint((bf16.save_dir() / "step_6").string());
+  const testing::Checkpoint async_state = testing::load_checkpoint((dir / "bf16_async/ckpt/step_6").string());
+  for (const auto* part : {&sync_state.model, &sync_state.optimizer})
     for (const auto& [key, tensor] : *part)
-      EXPECT_TRUE(at::equal(tensor, (part == &sync.model ? async.model : async.optimizer).at(key))) << key;
+      EXPECT_TRUE(at::equal(tensor, (part == &sync_state.model ? async_state.model : async_state.optimizer).at(key))) << key;
   // Across dtypes, both ways.
-  const auto into_bf16 = run("fp32_to_bf16", "--optimizer_state_dtype bfloat16 --continue_from " +
-                                                 (dir / "fp32/ckpt/step_2").string());
+  const auto into_bf16 = run("fp32_to_bf16", fp32_case.flags + " --optimizer_state_dtype bfloat16 --continue_from " +
+                                                 (fp32.save_dir() / "step_3").string());
   ASSERT_EQ(into_bf16.exit_code, 0) << into_bf16.output;
   EXPECT_NE(into_bf16.output.find("resuming float32 optimizer state as bfloat16 (--optimizer_state_dtype): each moment "
                                   "rounded to the nearest bf16"),
             std::string::npos)
       << into_bf16.output;
-  const auto into_fp32 = run("bf16_to_fp32", "--continue_from " + (dir / "bf16/ckpt/step_2").string());
+  const auto into_fp32 = run("bf16_to_fp32", "--optimizer adamw --lr 1e-2 --continue_from " + (bf16.save_dir() / "step_3").string());
   ASSERT_EQ(into_fp32.exit_code, 0) << into_fp32.output;
   EXPECT_NE(into_fp32.output.find("resuming bfloat16 optimizer state as float32 (--optimizer_state_dtype): exact"),
             std::string::npos)
       << into_fp32.output;
-  // bf16 -> fp32 is exact: the resumed fp32 run's state at step 2 is the bf16 run's, widened; its first
+  // bf16 -> fp32 is exact: the resumed fp32 run's state at step 3 is the bf16 run's, widened; its first
   // step from there equals an fp32 run from the widened state, so its losses are finite and close.
   const auto resumed = testing::read_metrics_events(dir / "bf16_to_fp32/run", "train");
-  ASSERT_EQ(resumed.size(), 2u);
-  const auto original = testing::read_metrics_events(dir / "bf16/run", "train");
-  EXPECT_EQ(resumed[0].at("loss"), original[2].at("loss")) << "step 3's loss is computed before its update";
+  ASSERT_EQ(resumed.size(), 3u);
+  const auto original = testing::read_metrics_events(bf16.run_dir(), "train");
+  EXPECT_EQ(resumed[0].at("loss"), original[3].at("loss")) << "step 4's loss is computed before its update";
 }
 
 }  // namespace

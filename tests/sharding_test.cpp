@@ -1,12 +1,16 @@
 // FSDP-style sharding end to end: mpirun -np N trainer on CPU (MPI backend) against one rank on the
-// same global batch, for world sizes 2, 3 (row padding) and 4 and each strategy; and the per-rank
-// persistent memory (parameters, gradients, optimizer state) shrinking to a quarter at 4 ranks.
+// same global batch, for world sizes 2, 3 (row padding) and 4, each strategy and each optimizer
+// (AdamwSN in both forms, RMSprop-SN, GaLore in both orientations and the subspace projector); and
+// the per-rank persistent memory (parameters, gradients, optimizer state) shrinking to a quarter at
+// 4 ranks.
 #include <gtest/gtest.h>
 
 #include <fstream>
 
+#include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include "tests/micro_runs.h"
 #include "tests/run_comparison.h"
 #include "tests/test_util.h"
 #include "checkpoint/checkpoint.h"
@@ -14,79 +18,70 @@
 namespace llm {
 namespace {
 
-using testing::run_command;
-using testing::ScratchDir;
+// One case's run at `ranks` against its run at one rank: the same losses (fp32, the same arithmetic
+// per sample; only the order of the cross-rank sums differs), the same final parameters and the same
+// optimizer state written in full (GaLore's moments and projectors, the subset norms: what resuming at
+// another world size relies on).
+class WorldSizes : public ::testing::TestWithParam<testing::MicroCase> {};
 
-constexpr int kGlobalBatch = 12;  // divisible by 1, 2, 3 and 4 ranks x batch 1 or more
-
-std::string run_flags(const std::filesystem::path& dir, int ranks, const std::string& strategy) {
-  // Global batch 12 = ranks x micro-batch x accumulation 2: also exercises accumulation.
-  // --adam_eps 1e-6: sharding changes only the order of the cross-rank sums, so a gradient element
-  // differs by fp32 rounding (about 1e-10 on a sum that cancels), and Adam turns that into a weight
-  // difference of up to lr x 1e-10 / eps per step: 3e-5 with torch's eps 1e-8, which exceeds the
-  // 1e-4 x max|w| bound on one element of llama_micro's up_proj on AVX-512 hosts. With 1e-6 the
-  // comparison measures the sharding, not Adam's sensitivity to rounding near eps.
-  return " --config " + (testing::source_dir() / "configs/llama_micro.json").string() +
-         " --device cpu --num_training_steps 10 --warmup_steps 2 --max_length 32 --eval_every 0"
-         " --adam_eps 1e-6"
-         " --weight_decay 0.1 --grad_clipping 0.5 --lr 3e-3 --total_batch_size " +
-         std::to_string(kGlobalBatch) + " --batch_size " + std::to_string(kGlobalBatch / ranks / 2) +
-         " --sharding " + strategy + " --save_dir " + (dir / "ckpt").string() + " --run_dir " +
-         (dir / "run").string();
-}
-
-
-class ShardingEquivalence : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(ShardingEquivalence, NRanksEqualOneRankOnTheSameGlobalBatch) {
-  const std::string strategy = GetParam();
-  ScratchDir reference_dir("shard_ref_" + strategy);
-  auto reference = run_command("OMP_NUM_THREADS=1 " + testing::trainer_binary().string() +
-                               run_flags(reference_dir.path(), 1, strategy));
+TEST_P(WorldSizes, NRanksEqualOneRank) {
+  const testing::MicroCase& c = GetParam();
+  const testing::RecordedRun& reference = testing::recorded_run(1, testing::micro_run_flags(1, c.flags));
   ASSERT_EQ(reference.exit_code, 0) << reference.output;
-  const auto reference_steps = testing::read_metrics_events(reference_dir / "run", "train");
-  const testing::Checkpoint reference_final = testing::load_checkpoint((reference_dir / "ckpt/step_10").string());
-  ASSERT_EQ(reference_steps.size(), 10u);
-
+  const auto reference_steps = testing::read_metrics_events(reference.run_dir(), "train");
+  ASSERT_EQ(reference_steps.size(), static_cast<size_t>(testing::kMicroSteps));
+  const std::string last = "step_" + std::to_string(testing::kMicroSteps);
+  const testing::Checkpoint reference_final = testing::load_checkpoint((reference.save_dir() / last).string());
   for (int ranks : {2, 3, 4}) {
-    ScratchDir dir("shard_" + strategy + "_" + std::to_string(ranks));
-    auto result = run_command(testing::mpirun(ranks) + testing::trainer_binary().string() +
-                              run_flags(dir.path(), ranks, strategy));
-    ASSERT_EQ(result.exit_code, 0) << result.output;
-    const auto steps = testing::read_metrics_events(dir / "run", "train");
-    ASSERT_EQ(steps.size(), 10u);
+    SCOPED_TRACE(std::to_string(ranks) + " ranks");
+    const testing::RecordedRun& run = testing::recorded_run(ranks, testing::micro_run_flags(ranks, c.flags));
+    ASSERT_EQ(run.exit_code, 0) << run.output;
+    const auto steps = testing::read_metrics_events(run.run_dir(), "train");
+    ASSERT_EQ(steps.size(), reference_steps.size());
     for (size_t i = 0; i < steps.size(); ++i) {
       const double expected = reference_steps[i].at("loss"), actual = steps[i].at("loss");
-      // fp32, same arithmetic per sample; only the order of the cross-rank sums differs.
-      EXPECT_LE(std::abs(actual - expected) / std::abs(expected), 1e-5)
-          << ranks << " ranks, step " << i + 1 << ": " << actual << " vs " << expected;
+      EXPECT_LE(std::abs(actual - expected) / std::abs(expected), 1e-5) << "step " << i + 1 << ": " << actual << " vs " << expected;
     }
-    const testing::Checkpoint final_state = testing::load_checkpoint((dir / "ckpt/step_10").string());
+    const testing::Checkpoint final_state = testing::load_checkpoint((run.save_dir() / last).string());
     ASSERT_EQ(final_state.model.size(), reference_final.model.size());
     for (const auto& [name, expected] : reference_final.model) {
       const at::Tensor& actual = final_state.model.at(name);
       ASSERT_EQ(actual.sizes(), expected.sizes()) << name;
       const double scale = expected.abs().max().item<double>() + 1e-12;
-      const double difference = (actual - expected).abs().max().item<double>() / scale;
-      EXPECT_LE(difference, 1e-4) << ranks << " ranks: " << name;
+      EXPECT_LE((actual - expected).abs().max().item<double>() / scale, 1e-4) << name;
+    }
+    ASSERT_EQ(final_state.optimizer.size(), reference_final.optimizer.size());
+    for (const auto& [key, expected] : reference_final.optimizer) {
+      if (key == "step") continue;
+      const double scale = expected.abs().max().item<double>() + 1e-12;
+      EXPECT_LE((final_state.optimizer.at(key) - expected).abs().max().item<double>() / scale, 1e-3) << key;
     }
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Strategies, ShardingEquivalence,
-                         ::testing::Values("full_shard", "shard_grad_op", "no_shard"), testing::TextParamName());
+std::vector<testing::MicroCase> optimizers_but_adamw() {  // AdamW is the full_shard strategy's case
+  std::vector<testing::MicroCase> cases;
+  for (const testing::MicroCase& c : testing::micro_optimizers())
+    if (c.name != "adamw" && !c.bf16_state) cases.push_back(c);
+  return cases;
+}
+
+const auto case_name = [](const auto& info) { return info.param.name; };
+INSTANTIATE_TEST_SUITE_P(Strategies, WorldSizes, ::testing::ValuesIn(testing::micro_strategies()), case_name);
+INSTANTIATE_TEST_SUITE_P(Optimizers, WorldSizes, ::testing::ValuesIn(optimizers_but_adamw()), case_name);
+
+// llama_tiny, one step, at `ranks` with `strategy`: recorded, read by both tests below.
+const testing::RecordedRun& tiny_step(int ranks, const std::string& strategy) {
+  return testing::recorded_run(ranks, "--config " + (testing::source_dir() / "configs/llama_tiny.json").string() +
+                                          " --device cpu --num_training_steps 1 --warmup_steps 0 --max_length 16"
+                                          " --batch_size 1 --eval_every 0 --eval_batches 1 --sharding " + strategy);
+}
 
 TEST(ShardingMemory, FourRanksHoldAQuarterOfTheTrainingState) {
   auto bytes_per_rank = [](int ranks, const std::string& strategy) {
-    ScratchDir dir("shard_mem_" + strategy + std::to_string(ranks));
-    const std::string flags = " --config " + (testing::source_dir() / "configs/llama_tiny.json").string() +
-                              " --device cpu --num_training_steps 1 --warmup_steps 0 --max_length 16"
-                              " --batch_size 1 --eval_every 0 --eval_batches 1 --sharding " + strategy +
-                              " --run_dir " + dir.path().string();
-    const std::string launcher = ranks == 1 ? "OMP_NUM_THREADS=1 " : testing::mpirun(ranks);
-    auto result = run_command(launcher + testing::trainer_binary().string() + flags);
-    EXPECT_EQ(result.exit_code, 0) << result.output;
-    return testing::read_metrics_events(dir.path(), "sharded_state").at(0).at("ranks");
+    const testing::RecordedRun& run = tiny_step(ranks, strategy);
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    return testing::read_metrics_events(run.run_dir(), "sharded_state").at(0).at("ranks");
   };
   const auto single = bytes_per_rank(1, "full_shard").at(0);
   const auto sharded = bytes_per_rank(4, "full_shard");
@@ -110,14 +105,9 @@ TEST(ShardingMemory, FourRanksHoldAQuarterOfTheTrainingState) {
 TEST(ShardingMemory, StartUpNeverHoldsMoreThanOneUnsharedUnit) {
   // Units are initialised and sharded as they are built: while unit k is built, units 0..k-1 hold
   // only their shards. The start record counts the parameter storage that exists at each build.
-  ScratchDir dir("shard_startup");
-  auto result = run_command(testing::mpirun(4) + testing::trainer_binary().string() + " --config " +
-                            (testing::source_dir() / "configs/llama_tiny.json").string() +
-                            " --device cpu --num_training_steps 1 --warmup_steps 0 --max_length 16"
-                            " --batch_size 1 --eval_every 0 --eval_batches 1 --run_dir " +
-                            dir.path().string());
-  ASSERT_EQ(result.exit_code, 0) << result.output;
-  const auto start = testing::read_metrics_events(dir.path(), "start").at(0);
+  const testing::RecordedRun& run = tiny_step(4, "full_shard");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const auto start = testing::read_metrics_events(run.run_dir(), "start").at(0);
   const int64_t peak = start.at("startup_peak_parameter_bytes");
   const int64_t largest_unit = start.at("largest_unit_parameter_bytes");
   const int64_t whole_model = static_cast<int64_t>(start.at("parameters")) * 4;

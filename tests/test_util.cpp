@@ -1,9 +1,12 @@
 #include "tests/test_util.h"
 
+#include <fcntl.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -16,8 +19,25 @@
 namespace llm::testing {
 
 std::string read_text(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  // POSIX reads, not an ifstream: a file under /proc/<pid> of a process that ends while it is read
+  // fails with ESRCH, which libstdc++'s filebuf turns into an exception ("basic_filebuf::underflow
+  // error reading the file: No such process"). What was read until then is returned.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return {};
+  std::string text;
+  std::array<char, 65536> buffer;
+  for (;;) {
+    const ssize_t got = ::read(fd, buffer.data(), buffer.size());
+    if (got > 0) {
+      text.append(buffer.data(), static_cast<size_t>(got));
+    } else if (got < 0 && errno == EINTR) {
+      continue;
+    } else {
+      break;  // end of file, or the file went away (ESRCH, ENOENT): what was read
+    }
+  }
+  ::close(fd);
+  return text;
 }
 
 namespace {
@@ -32,20 +52,23 @@ std::vector<std::string> split_nul(const std::string& text) {
 
 }  // namespace
 
+// Any process may end at any moment of the scan: a folder that vanishes mid-listing ends the listing
+// (the caller asks again), a file that cannot be read reads as empty (that process is skipped).
 pid_t find_process(const std::string& program, const std::filesystem::path& run_dir, int rank) {
-  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-    const std::string name = entry.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    const std::vector<std::string> argv = split_nul(read_text(entry.path() / "cmdline"));
+  std::error_code error;
+  for (std::filesystem::directory_iterator entry("/proc", error), end; !error && entry != end; entry.increment(error)) {
+    const std::string name = entry->path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::vector<std::string> argv = split_nul(read_text(entry->path() / "cmdline"));
     if (argv.empty() || argv[0] != program || std::find(argv.begin(), argv.end(), run_dir.string()) == argv.end())
       continue;
     if (rank >= 0) {
       int process_rank = 0;
-      for (const std::string& variable : split_nul(read_text(entry.path() / "environ")))
-        if (variable.rfind("OMPI_COMM_WORLD_RANK=", 0) == 0) process_rank = std::stoi(variable.substr(21));
+      for (const std::string& variable : split_nul(read_text(entry->path() / "environ")))
+        if (variable.rfind("OMPI_COMM_WORLD_RANK=", 0) == 0) process_rank = std::atoi(variable.c_str() + 21);
       if (process_rank != rank) continue;
     }
-    return static_cast<pid_t>(std::stol(name));
+    return static_cast<pid_t>(std::atol(name.c_str()));
   }
   return -1;
 }
@@ -117,7 +140,7 @@ void record_error_case(const std::string& input, int exit_code, const std::strin
   std::string shown = input;
   replace_all(shown, trainer_binary().string(), "trainer");
   replace_all(shown, mpiexec(), "mpirun");
-  replace_all(shown, "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 ", "");
+  replace_all(shown, "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 OMPI_MCA_pml=ob1 ", "");
   replace_all(shown, "OMP_NUM_THREADS=1 ", "");
   replace_all(shown, source_dir().string() + "/", "");
   replace_all(shown, std::filesystem::temp_directory_path().string() + "/", "TMP/");

@@ -27,10 +27,13 @@ inline std::string mpiexec() { return configured("TRAINER_TEST_MPIEXEC", TRAINER
 #ifdef TRAINER_PYTHON
 inline std::filesystem::path python() { return configured("TRAINER_TEST_PYTHON", TRAINER_PYTHON); }
 #endif
-// mpirun with the settings every multi-rank test needs here (root, 2 cores, up to 4 ranks).
+// mpirun with the settings every multi-rank test needs here (root, 2 cores, up to 4 ranks), and
+// Open MPI's ob1 message layer named: otherwise each rank probes the others first, and the Omni-Path
+// library's start (libpsm2) alone sleeps 0.1 s a CPU to calibrate a timer. ob1 (shared memory, TCP) is
+// what the probe ends up choosing on a machine without such hardware.
 inline std::string mpirun(int ranks) {
-  return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 " + mpiexec() +
-         " --oversubscribe -np " + std::to_string(ranks) + " ";
+  return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 OMPI_MCA_pml=ob1 " +
+         mpiexec() + " --oversubscribe -np " + std::to_string(ranks) + " ";
 }
 
 // A fresh, empty folder under the system temp dir, removed when the object dies.

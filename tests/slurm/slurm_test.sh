@@ -5,11 +5,17 @@
 #   2. sbatch launch/slurm.sbatch: the job, sent USR1 as Slurm's --signal sends it, saves and exits 0,
 #      the script requeues it, and the requeued job resumes and ends with the uninterrupted run's losses.
 #
-#   bash tests/slurm/slurm_test.sh TRAINER MPIEXEC     (ctest: slurm_srun_and_sbatch)
+#   bash tests/slurm/slurm_test.sh TRAINER MPIEXEC [PART]
+#
+# PART: srun_sbatch (1 and 2; ctest: slurm_srun_and_sbatch), time_limit (3, which waits out Slurm's
+# one-minute minimum limit; ctest: slurm_time_limit), or all (the default). Each part starts a cluster
+# of its own, so ctest runs the two side by side.
 #
 # Exit 77 (ctest's skip) naming what is missing where Slurm or munge is not installed (launch/setup.sh
 # installs Debian's slurmctld, slurmd, slurm-client and munge) or the daemons cannot start here.
 source "$(dirname "$0")/../cluster_test_lib.sh" "$1" "$2"
+part=${3:-all}
+case "$part" in srun_sbatch|time_limit|all) ;; *) fail "unknown part $part: srun_sbatch, time_limit or all" ;; esac
 on_fail() { [ -n "${work:-}" ] && tail -n 20 "$work"/log/*.log "$work"/job/*.out 2>/dev/null; }
 for tool in slurmctld slurmd srun sbatch squeue scontrol scancel munged; do
   command -v "$tool" >/dev/null || skip "no $tool here (Debian: apt-get install slurmctld slurmd slurm-client munge)"
@@ -79,6 +85,7 @@ export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM
 flags=(--config "$SOURCE/configs/llama_micro.json" --device cpu --max_length 16 --total_batch_size 4
        --eval_every 0 --eval_batches 1 --warmup_steps 2 --lr 1e-2)
 
+if [ "$part" != time_limit ]; then
 # 1. srun with 2 and 4 tasks against mpirun.
 for ranks in 2 4; do
   "$MPIEXEC" --oversubscribe -np "$ranks" "$TRAINER" "${flags[@]}" --batch_size $((4 / ranks)) \
@@ -131,6 +138,9 @@ grep -q '"event":"end"' "$work/job/run/metrics.jsonl" || fail "job $job did not 
   || fail "the preempted and requeued job's steps differ from the uninterrupted run's"
 echo "sbatch launch/slurm.sbatch: USR1 at step $n -> saved, exit 0, requeued, resumed; all $steps steps equal to the uninterrupted run"
 
+fi
+
+if [ "$part" != srun_sbatch ]; then
 # 3. A job's time limit: the script hands the trainer the job's end time (--max_runtime), and the run
 #    saves and exits 0 before Slurm ends the job; the script requeues it (and the test cancels it then).
 #    The script's USR1 notice 120 s ahead would come first in a 1-minute job: the test swaps it for a
@@ -154,4 +164,4 @@ saved=$(ls -d "$work"/job/timed_ckpt/step_* 2>/dev/null | tail -n 1)
 # scancel above writes into the same file when the requeued job has started again meanwhile.
 grep -q "Exceeded job memory\|DUE TO TIME LIMIT" "$work"/job/timed-*.out && fail "Slurm ended the timed job before the trainer did"
 echo "sbatch --time=1 launch/slurm.sbatch: the trainer stopped by --max_runtime (the job's end time), saved $(basename "$saved"), requeued after ${elapsed} s"
-
+fi
