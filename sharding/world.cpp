@@ -37,16 +37,16 @@ std::optional<World>& started_world() {
 void let_torch_throw_on_failed_checks() { FLAGS_caffe2_use_fatal_for_enforce = false; }
 
 // A process no launcher started (no mpirun, srun or PMIx server named in its environment) is an Open
-// MPI singleton: a world of one that never talks to another process. Two of Open MPI 4.1's defaults
-// cost it 0.3 s of start-up for nothing, which every `trainer estimate`, `report`, `export` and
-// one-rank run pays: a daemon (orted) started for MPI_Comm_spawn, which the trainer never calls
-// (ess_singleton_isolated), and the probe of every message layer, whose Omni-Path library (libpsm2)
-// calibrates a timer with sleeps on each CPU before it finds no such hardware (pml ob1: shared memory
-// and TCP, all a world of one could use). A setting the user made in the environment wins.
+// MPI singleton: a world of one that never talks to another process. Open MPI 4.1 probes every message
+// layer for it, and the Omni-Path library's (libpsm2) constructor calibrates a timer with sleeps on
+// each CPU before it finds no such hardware: 0.2 s of start-up for nothing, which every `trainer
+// estimate`, `report`, `export` and one-rank run paid. ob1 (shared memory and TCP) is all a world of
+// one could use. (Open MPI's ess_singleton_isolated would save another 0.08 s, but its singletons
+// all share one session folder, and one that ends removes it under another that starts: "A call to
+// mkdir was unable to create the desired directory".) A setting the user made in the environment wins.
 void configure_singleton_start() {
   for (const char* launched : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "OMPI_MCA_orte_hnp_uri"})
     if (std::getenv(launched) != nullptr) return;
-  ::setenv("OMPI_MCA_ess_singleton_isolated", "1", /*overwrite=*/0);
   ::setenv("OMPI_MCA_pml", "ob1", /*overwrite=*/0);
 }
 
