@@ -41,6 +41,22 @@ fs::path parent_folder(const fs::path& path) { return path.has_parent_path() ? p
 
 std::string rank_file(int rank, const char* extension) { return "rank" + std::to_string(rank) + extension; }
 
+// The parts of a save that BackgroundSave::Writing holds too (so outside the anonymous namespace).
+// A save between its start and its end: where it writes, and where its fsyncs stop.
+struct SaveFolders {
+  fs::path final_path, staging, save_dir;
+  // The first folder at or above save_dir that existed before this save: each folder the save
+  // creates (save_dir and the ones above it that were missing) has its entry in its parent synced
+  // too, up to this one.
+  fs::path existing;
+};
+
+// This rank's files once written: {safetensors bytes, its CRC-32C, index bytes, its CRC-32C}, or why not.
+struct WrittenPart {
+  std::array<int64_t, 4> files{};
+  std::exception_ptr failure;
+};
+
 namespace {
 
 constexpr const char* kNotSaved =
@@ -146,21 +162,6 @@ std::array<int64_t, 4> write_rank_files(const fs::path& staging, int rank, int w
   return {static_cast<int64_t>(bytes), writer.crc32c(), static_cast<int64_t>(index.size()),
           crc32c(index.data(), index.size())};
 }
-
-// A save between its start and its end: where it writes, and where its fsyncs stop.
-struct SaveFolders {
-  fs::path final_path, staging, save_dir;
-  // The first folder at or above save_dir that existed before this save: each folder the save
-  // creates (save_dir and the ones above it that were missing) has its entry in its parent synced
-  // too, up to this one.
-  fs::path existing;
-};
-
-// This rank's files once written: {safetensors bytes, its CRC-32C, index bytes, its CRC-32C}, or why not.
-struct WrittenPart {
-  std::array<int64_t, 4> files{};
-  std::exception_ptr failure;
-};
 
 // 1. Rank 0 makes an empty staging folder; the others write into it only once it exists (collective).
 // `failure`: this rank could not get ready (a background save's host copy); every rank learns it here.

@@ -25,8 +25,6 @@ namespace llm {
 namespace fs = std::filesystem;
 namespace {
 
-constexpr const char* kCommandLine = "command line";
-
 // The checkpoint's manifest.json; a UserError naming the file when it is missing, not a file or not
 // JSON. A folder of the earlier format (trainer_state.json, model.pt, optimizer.pt: full tensors) is
 // named as such.

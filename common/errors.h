@@ -42,6 +42,9 @@ ProcessIdentity& process_identity();
 [[noreturn]] void fail_system_call(const char* call, const char* file, int line,
                                    const std::string& detail, const char* hint);
 
+// The source of every error about the command line's flags: "command line: --flag: ...".
+inline constexpr const char* kCommandLine = "command line";
+
 // Throws UserError with "SOURCE: KEY: MESSAGE" (source is a file or a flag group).
 [[noreturn]] void fail_user(const std::string& source, const std::string& key,
                             const std::string& message);

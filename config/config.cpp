@@ -265,7 +265,6 @@ RunConfig run_config_from_json(const json& object, const std::string& source) {
 namespace {
 
 // create_run_dir's errors name the flag: "command line: --run_dir: ...".
-constexpr const char* kCommandLine = "command line";
 
 }  // namespace
 

@@ -32,7 +32,6 @@ namespace {
 namespace fs = std::filesystem;
 
 // Range checks for one flag: "command line: --FLAG: expected ... (got X)".
-constexpr const char* kCommandLine = "command line";
 
 void require_flag(bool ok, const char* flag, const std::string& expected, const std::string& got) {
   if (!ok) fail_user(kCommandLine, flag, "expected " + expected + " (got " + got + ")");

@@ -22,7 +22,7 @@
 namespace llm {
 namespace {
 
-constexpr const char* kSource = "AdamW";
+constexpr const char* kAdamWSource = "AdamW";
 
 std::string describe(const at::Tensor& tensor) {
   if (!tensor.defined()) return "an undefined tensor";
@@ -75,13 +75,13 @@ void check_update_arguments(const at::Tensor& param, const at::Tensor& grad,
 }  // namespace
 
 void check_adamw_options(const AdamWOptions& options) {
-  LLM_REQUIRE(options.beta1 >= 0.0 && options.beta1 < 1.0, kSource, "beta1",
+  LLM_REQUIRE(options.beta1 >= 0.0 && options.beta1 < 1.0, kAdamWSource, "beta1",
               "must be in [0, 1), got " + std::to_string(options.beta1));
-  LLM_REQUIRE(options.beta2 >= 0.0 && options.beta2 < 1.0, kSource, "beta2",
+  LLM_REQUIRE(options.beta2 >= 0.0 && options.beta2 < 1.0, kAdamWSource, "beta2",
               "must be in [0, 1), got " + std::to_string(options.beta2));
-  LLM_REQUIRE(options.eps >= 0.0, kSource, "eps",
+  LLM_REQUIRE(options.eps >= 0.0, kAdamWSource, "eps",
               "must be >= 0, got " + std::to_string(options.eps));
-  LLM_REQUIRE(options.weight_decay >= 0.0, kSource, "weight_decay",
+  LLM_REQUIRE(options.weight_decay >= 0.0, kAdamWSource, "weight_decay",
               "must be >= 0, got " + std::to_string(options.weight_decay));
 }
 
@@ -179,12 +179,12 @@ AdamW::AdamW(std::vector<OptimizedTensor> tensors, AdamWOptions options)
   check_adamw_options(options_);
   std::set<std::string> names;
   for (const OptimizedTensor& tensor : tensors_) {
-    LLM_REQUIRE(!tensor.name.empty(), kSource, "tensors", "every tensor needs a name");
-    LLM_REQUIRE(names.insert(tensor.name).second, kSource, tensor.name,
+    LLM_REQUIRE(!tensor.name.empty(), kAdamWSource, "tensors", "every tensor needs a name");
+    LLM_REQUIRE(names.insert(tensor.name).second, kAdamWSource, tensor.name,
                 "appears twice; names key the optimizer state and must be unique");
-    LLM_REQUIRE(tensor.param.defined(), kSource, tensor.name, "param is undefined");
+    LLM_REQUIRE(tensor.param.defined(), kAdamWSource, tensor.name, "param is undefined");
     LLM_REQUIRE(tensor.param.scalar_type() == at::kFloat && tensor.param.is_contiguous(),
-                kSource, tensor.name,
+                kAdamWSource, tensor.name,
                 "the master param must be a contiguous float32 tensor, got " +
                     describe(tensor.param));
   }

@@ -12,7 +12,7 @@
 namespace llm {
 namespace {
 
-constexpr const char* kSource = "optimizer";
+constexpr const char* kOptimizerSource = "optimizer";
 
 // Views of a unit's flat state buffer for each parameter, in order; the buffer is sized here.
 at::Tensor allocate_views(std::vector<ParameterState>& parameters,
@@ -38,11 +38,11 @@ void check_optimizer_settings(const OptimizerSettings& settings) {
               "command line", "--optimizer",
               "expected adamw, adamw_sn or galore_adamw (got \"" + settings.kind + "\")");
   check_adamw_options({settings.beta1, settings.beta2, settings.eps, settings.weight_decay});
-  LLM_REQUIRE(settings.galore_rank >= 1, kSource, "--rank", "must be >= 1");
-  LLM_REQUIRE(settings.update_proj_gap >= 1, kSource, "--update_proj_gap", "must be >= 1");
-  LLM_REQUIRE(settings.projector_method == "svd" || settings.projector_method == "subspace", kSource,
+  LLM_REQUIRE(settings.galore_rank >= 1, kOptimizerSource, "--rank", "must be >= 1");
+  LLM_REQUIRE(settings.update_proj_gap >= 1, kOptimizerSource, "--update_proj_gap", "must be >= 1");
+  LLM_REQUIRE(settings.projector_method == "svd" || settings.projector_method == "subspace", kOptimizerSource,
               "--galore_projector", "expected svd or subspace (got \"" + settings.projector_method + "\")");
-  LLM_REQUIRE(settings.subspace_iterations >= 1, kSource, "--subspace_iterations", "must be >= 1");
+  LLM_REQUIRE(settings.subspace_iterations >= 1, kOptimizerSource, "--subspace_iterations", "must be >= 1");
   LLM_REQUIRE(settings.state_dtype == "float32" || settings.state_dtype == "bfloat16", "command line",
               "--optimizer_state_dtype", "expected float32 or bfloat16 (got \"" + settings.state_dtype + "\")");
 }
@@ -71,18 +71,18 @@ ShardOptimizer::ShardOptimizer(const OptimizerSettings& settings, std::vector<Un
     for (UpdateRule rule : unit.rules) ++count[rule];
   for (UnitShard& unit : units) {
     const FlatShardLayout& layout = unit.layout;
-    LLM_REQUIRE(unit.rules.size() == layout.parameters.size(), kSource, layout.unit,
+    LLM_REQUIRE(unit.rules.size() == layout.parameters.size(), kOptimizerSource, layout.unit,
                 "needs one update rule per parameter");
     for (const at::Tensor* flat : {&unit.master, &unit.gradient})
       LLM_REQUIRE(flat->defined() && flat->scalar_type() == at::kFloat && flat->is_contiguous() &&
                       flat->numel() == layout.shard_numel,
-                  kSource, layout.unit,
+                  kOptimizerSource, layout.unit,
                   "the master and gradient shards must be contiguous float32 tensors of the layout's "
                   "shard_numel elements");
     // The rules' collectives (subset norms, GaLore's projections) run over these tensors: a
     // communicator for another device would be handed tensors it cannot carry (NCCL and host
     // tensors: --offload optimizer on GPUs), and fail only at the first step on that hardware.
-    LLM_REQUIRE(across_ == nullptr || across_->device() == unit.master.device(), kSource,
+    LLM_REQUIRE(across_ == nullptr || across_->device() == unit.master.device(), kOptimizerSource,
                 layout.unit,
                 "the state is on " + unit.master.device().str() + " but the communicator across ranks (" +
                     across_->backend_name() + ") works on " + across_->device().str() +
@@ -92,7 +92,7 @@ ShardOptimizer::ShardOptimizer(const OptimizerSettings& settings, std::vector<Un
     for (size_t i = 0; i < layout.parameters.size(); ++i) {
       const ShardedParameter& parameter = layout.parameters[i];
       const UpdateRule rule = unit.rules[i];
-      LLM_REQUIRE((rule == UpdateRule::adamw) == (settings_.kind == "adamw"), kSource, parameter.name,
+      LLM_REQUIRE((rule == UpdateRule::adamw) == (settings_.kind == "adamw"), kOptimizerSource, parameter.name,
                   std::string("rule ") + to_string(rule) + " does not belong to --optimizer " + settings_.kind);
       ParameterState p;
       p.parameter = parameter;
@@ -147,8 +147,8 @@ void ShardOptimizer::step_unit(size_t unit, double lr) {
 }
 
 void ShardOptimizer::step_unit(size_t unit, double lr, at::Tensor& compute_out) {
-  LLM_REQUIRE(std::isfinite(lr) && lr >= 0, kSource, "lr", "must be finite and >= 0");
-  LLM_REQUIRE(step_ >= 1, kSource, "step", "step_unit before the first begin_step()");
+  LLM_REQUIRE(std::isfinite(lr) && lr >= 0, kOptimizerSource, "lr", "must be finite and >= 0");
+  LLM_REQUIRE(step_ >= 1, kOptimizerSource, "step", "step_unit before the first begin_step()");
   std::vector<ParameterState>& parameters = units_.at(unit).parameters;
   const int64_t t = step_;
   const double bias_correction1 = 1.0 - std::pow(settings_.beta1, static_cast<double>(t));
@@ -197,7 +197,7 @@ void ShardOptimizer::step_unit(size_t unit, double lr, at::Tensor& compute_out) 
       continue;
     }
     LLM_REQUIRE(compute_out.dim() == 1 && p.parameter.shard_offset + p.parameter.shard_numel() <= compute_out.numel(),
-                kSource, "compute_out", "must be a flat tensor of the unit's shard_numel elements");
+                kOptimizerSource, "compute_out", "must be a flat tensor of the unit's shard_numel elements");
     at::Tensor rows = compute_out.narrow(0, p.parameter.shard_offset, p.parameter.shard_numel());
     rule_of(p.rule).update_and_round(p, inputs[i], settings_, scalars, across_, rows);
   }

@@ -13,7 +13,7 @@
 #include "tests/run_comparison.h"
 #include "tests/test_util.h"
 
-namespace llm {
+namespace llm::activation_checkpointing_test {
 namespace {
 
 using testing::run_command;
@@ -107,4 +107,4 @@ TEST(ActivationCheckpointingFlags, BadValuesNameTheFlag) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::activation_checkpointing_test

@@ -22,7 +22,7 @@
 #include "tests/data_test_util.h"
 #include "tests/test_util.h"
 
-namespace llm {
+namespace llm::batch_sampler_test {
 namespace {
 
 using testing::expect_user_error;
@@ -268,4 +268,4 @@ TEST(BatchSampler, RejectsBadArguments) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::batch_sampler_test

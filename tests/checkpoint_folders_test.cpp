@@ -16,7 +16,7 @@
 #include "tests/checkpoint_test_util.h"
 #include "tests/test_util.h"
 
-namespace llm {
+namespace llm::checkpoint_folders_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -253,4 +253,4 @@ TEST(NothingOfTheUsers, AStepPathOfTheWrongKindIsRefused) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::checkpoint_folders_test

@@ -18,7 +18,7 @@
 #include "tests/checkpoint_test_util.h"
 #include "tests/test_util.h"
 
-namespace llm {
+namespace llm::checkpoint_resume_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -438,4 +438,4 @@ TEST(ResumeData, AnotherOrAChangedDataFileIsRefusedUnlessAllowed) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::checkpoint_resume_test

@@ -12,7 +12,7 @@
 #include "tests/checkpoint_test_util.h"
 #include "tests/test_util.h"
 
-namespace llm {
+namespace llm::checkpoint_writes_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -190,4 +190,4 @@ TEST(Durability, ASaveFsyncsEveryFileAndTheFolders) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::checkpoint_writes_test

@@ -15,7 +15,7 @@
 #include "tests/test_util.h"
 #include "trainer/cli.h"
 
-namespace llm {
+namespace llm::cli_test {
 namespace {
 
 using nlohmann::json;
@@ -394,4 +394,4 @@ TEST(CliPrintConfig, ResolvedConfigHasModelAndRun) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::cli_test

@@ -16,7 +16,7 @@
 #include "trainer/cli.h"
 #include "config/config.h"
 
-namespace llm {
+namespace llm::command_lines_test {
 namespace {
 
 using testing::source_dir;
@@ -310,4 +310,4 @@ TEST(ReferenceCommandLines, TrainerPrintsTheResolvedGaloreLlama60mRun) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::command_lines_test

@@ -21,7 +21,7 @@
 #include "tests/tensor_checks.h"
 #include "model/cross_entropy.h"
 
-namespace llm {
+namespace llm::cross_entropy_test {
 namespace {
 
 using testing::expect_all_close;
@@ -167,4 +167,4 @@ TEST(CrossEntropyMemory, OnCudaTheLossWorksInRowBlocks) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::cross_entropy_test

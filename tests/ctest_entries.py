@@ -10,6 +10,7 @@ ctest's jobs. Every entry writes its gtest XML to --results, which launch/test_r
 the slowest single tests.
 
     ctest_entries.py UNIT_TESTS OUT.cmake --results DIR [--shards FILE:N,...] [--costs FILE:SECONDS,...]
+                     [--processes FILE,...]
 
 Run after each link of unit_tests (tests/CMakeLists.txt); ctest includes OUT.cmake.
 """
@@ -69,15 +70,18 @@ def main():
     parser.add_argument("--results", required=True)
     parser.add_argument("--shards", default="")
     parser.add_argument("--costs", default="")
+    parser.add_argument("--processes", default="",
+                        help="FILE,...: files whose tests scan, signal or time out processes (label processes)")
     parser.add_argument("--timeout", type=int, default=300)
     args = parser.parse_args()
     shards = parse_pairs(args.shards, int)
     costs = parse_pairs(args.costs, float)
 
     by_file = list_tests(args.binary)
-    for name in list(shards) + list(costs):
+    processes = set(filter(None, (part.strip() for part in args.processes.split(","))))
+    for name in list(shards) + list(costs) + list(processes):
         if name not in by_file:
-            sys.exit(f"ctest_entries.py: {name} (in --shards or --costs) has no tests in {args.binary}")
+            sys.exit(f"ctest_entries.py: {name} (in --shards, --costs or --processes) has no tests in {args.binary}")
     suite_files = collections.Counter()
     for tests in by_file.values():
         for suite in {suite for suite, _ in tests}:
@@ -92,7 +96,8 @@ def main():
             command = [args.binary, f"--gtest_filter={gtest_filter(tests, suite_files)}", f"--gtest_output=xml:{xml}"]
             environment = [] if count == 1 else [f"GTEST_TOTAL_SHARDS={count}", f"GTEST_SHARD_INDEX={index}"]
             lines.append(f"add_test({cmake_quote(name)} {' '.join(cmake_quote(part) for part in command)})")
-            properties = [f"TIMEOUT {args.timeout}", "SKIP_RETURN_CODE 77", "LABELS unit",
+            labels = "unit;processes" if stem in processes else "unit"
+            properties = [f"TIMEOUT {args.timeout}", "SKIP_RETURN_CODE 77", f"LABELS {cmake_quote(labels)}",
                           "FIXTURES_REQUIRED recorded_runs",
                           f"WORKING_DIRECTORY {cmake_quote(os.path.dirname(args.binary))}"]
             if environment:

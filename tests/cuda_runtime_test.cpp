@@ -9,7 +9,7 @@
 
 #include "tests/test_util.h"
 
-namespace llm {
+namespace llm::cuda_runtime_test {
 namespace {
 
 using testing::run_command;
@@ -50,4 +50,4 @@ TEST(CudaRuntime, ACpuMachinesProcessNeverLoadsItAndAForcedLoadBindsTheTrainersC
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::cuda_runtime_test

@@ -26,7 +26,7 @@
 #include "tests/shard_writer.h"
 #include "tests/test_util.h"
 
-namespace llm {
+namespace llm::data_format_errors_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -387,4 +387,4 @@ TEST(TrainerData, ABadEvalDataIsExitTwoNamingIt) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::data_format_errors_test

@@ -20,7 +20,7 @@
 #include "tests/shard_writer.h"
 #include "tests/test_util.h"
 
-namespace llm {
+namespace llm::data_formats_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -392,4 +392,4 @@ TEST(DataSpec, NamesWhatItSaysAtTheEdges) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::data_formats_test

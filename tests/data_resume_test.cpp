@@ -17,7 +17,7 @@
 #include "tests/run_comparison.h"
 #include "tests/test_util.h"
 
-namespace llm {
+namespace llm::data_resume_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -165,4 +165,4 @@ TEST(CorpusIdentity, NamesTheFirstDifference) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::data_resume_test

@@ -14,7 +14,7 @@
 #include "tests/test_util.h"
 #include "trainer/divergence.h"
 
-namespace llm {
+namespace llm::divergence_test {
 namespace {
 
 constexpr int64_t kVocab = 128;
@@ -110,4 +110,4 @@ TEST(NonFiniteLoss, NamesAnOutOfRangeWeightWhenAllAreFinite) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::divergence_test

@@ -28,7 +28,7 @@
 #include "tests/shard_writer.h"
 #include "tests/test_util.h"
 
-namespace llm {
+namespace llm::document_windows_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -270,4 +270,4 @@ TEST(DocumentWindows, TrainRecordTheirKindAndRefuseAResumeWithTheOther) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::document_windows_test

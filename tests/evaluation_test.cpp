@@ -12,7 +12,7 @@
 #include "tests/run_comparison.h"
 #include "tests/test_util.h"
 
-namespace llm {
+namespace llm::evaluation_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -101,4 +101,4 @@ TEST(Evaluation, OneWayOfCountingAtATime) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::evaluation_test

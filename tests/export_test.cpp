@@ -31,7 +31,7 @@
 #include "checkpoint/interchange/hf_config.h"
 #include "checkpoint/interchange/safetensors.h"
 
-namespace llm {
+namespace llm::export_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -564,4 +564,4 @@ TEST(Export, CopiesTheTokenizerPrepareTrained) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::export_test

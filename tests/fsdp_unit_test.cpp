@@ -11,7 +11,7 @@
 #include "sharding/communicator.h"
 #include "sharding/fsdp_unit.h"
 
-namespace llm {
+namespace llm::fsdp_unit_test {
 namespace {
 
 TEST(ShardedUnit, MasterShardHasNoAutogradHistory) {
@@ -101,4 +101,4 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::fsdp_unit_test

@@ -8,7 +8,7 @@
 #include "tests/run_comparison.h"
 #include "tests/test_util.h"
 
-namespace llm {
+namespace llm::fused_step_test {
 namespace {
 
 using testing::run_command;
@@ -101,4 +101,4 @@ TEST(FusedStepFlags, ANonFiniteLossStopsBeforeTheFusedBackwardUpdates) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::fused_step_test

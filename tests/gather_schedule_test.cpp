@@ -10,7 +10,7 @@
 
 #include "sharding/gather_schedule.h"
 
-namespace llm {
+namespace llm::gather_schedule_test {
 namespace {
 
 // One forward and one backward over every unit, as ShardedModel drives them, written as a trace:
@@ -166,4 +166,4 @@ TEST(GatherSchedule, UnitsOutsideTheRangeAreRefused) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::gather_schedule_test

@@ -27,7 +27,7 @@
 #include "tests/test_util.h"
 #include "trainer/train_loop.h"
 
-namespace llm {
+namespace llm::gpu_paths_test {
 namespace {
 
 using testing::read_metrics_events;
@@ -266,4 +266,4 @@ TEST(OnGpuMemoryCheck, ARunThatCannotFitIsRefused) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::gpu_paths_test

@@ -11,7 +11,7 @@
 
 #include "tests/test_util.h"
 
-namespace llm {
+namespace llm::launcher_test {
 namespace {
 
 using testing::run_command;
@@ -78,4 +78,4 @@ TEST(Launcher, RealTorchrunGetsTheMessageOnEveryProcess) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::launcher_test

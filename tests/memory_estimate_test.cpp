@@ -20,7 +20,7 @@
 #include "model/llama.h"
 #include "model/units.h"
 
-namespace llm {
+namespace llm::memory_estimate_test {
 namespace {
 
 using testing::run_command;
@@ -471,9 +471,9 @@ TEST(EstimateCommand, HundredMillionLayersFinishesWithSaneFigures) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::memory_estimate_test
 
-namespace llm {
+namespace llm::memory_estimate_test {
 namespace {
 
 // The flags `trainer estimate --fit` says to add ("Add to the command: ..."), "" when it printed none.
@@ -636,4 +636,4 @@ TEST(EstimateFit, ParameterOffloadIsChosenWhereOnlyItFits) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::memory_estimate_test

@@ -14,7 +14,7 @@
 #include "tests/test_util.h"
 #include "memory/categories.h"
 
-namespace llm {
+namespace llm::memory_ledger_test {
 namespace {
 
 using testing::run_command;
@@ -224,4 +224,4 @@ TEST(LedgerCuda, CachingAllocatorReadingsAndSnapshot) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::memory_ledger_test

@@ -19,7 +19,7 @@
 
 #include "tests/test_util.h"
 
-namespace llm {
+namespace llm::memory_report_test {
 namespace {
 
 using testing::run_command;
@@ -534,4 +534,4 @@ TEST_F(TechniquesReport, RunsOfAnotherWorkloadAreRefused) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::memory_report_test

@@ -22,7 +22,7 @@
 #include "tests/run_comparison.h"
 #include "tests/test_util.h"
 
-namespace llm {
+namespace llm::mixture_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -215,4 +215,4 @@ TEST(Mixture, TrainsRecordsItsWeightsAndRefusesAResumeWithOthers) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::mixture_test

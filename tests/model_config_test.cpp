@@ -19,7 +19,7 @@
 #include "tests/config_test_util.h"
 #include "tests/test_util.h"
 
-namespace llm {
+namespace llm::model_config_test {
 namespace {
 
 using nlohmann::json;
@@ -426,4 +426,4 @@ TEST_F(ConfigFileError, HugeIntegerDoesNotWrap) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::model_config_test

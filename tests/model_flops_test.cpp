@@ -10,7 +10,7 @@
 #include "test_util.h"
 #include "trainer/model_flops.h"
 
-namespace llm {
+namespace llm::model_flops_test {
 namespace {
 
 ModelConfig config(const std::string& name) {
@@ -95,4 +95,4 @@ TEST(ModelFlops, TheBenchPrintsTheSameFigureAsTheTrainer) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::model_flops_test

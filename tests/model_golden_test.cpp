@@ -31,7 +31,7 @@
 #include "model/llama.h"
 #include "tests/test_util.h"
 
-namespace llm {
+namespace llm::model_golden_test {
 namespace {
 
 using Golden = std::map<std::string, at::Tensor>;
@@ -386,4 +386,4 @@ TEST(LlamaGolden, InitWeights) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::model_golden_test

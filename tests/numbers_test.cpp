@@ -18,7 +18,7 @@
 #include "config/config.h"
 #include "model/model_config.h"
 
-namespace llm {
+namespace llm::numbers_test {
 namespace {
 
 using nlohmann::json;
@@ -323,4 +323,4 @@ TEST(RunSettingsJson, IntegersAreReadWhole) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::numbers_test

@@ -16,7 +16,7 @@
 #include "tests/test_util.h"
 #include "checkpoint/checkpoint.h"
 
-namespace llm {
+namespace llm::offload_test {
 namespace {
 
 using testing::run_command;
@@ -117,4 +117,4 @@ TEST(OffloadResume, ResumesExactlyFromAnOffloadedCheckpoint) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::offload_test

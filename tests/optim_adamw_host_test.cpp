@@ -30,6 +30,7 @@
 #include "optim/host_threads.h"
 #include "tests/tensor_checks.h"
 
+namespace optim_adamw_host_test {
 namespace {
 
 using llm::HostIsa;
@@ -328,3 +329,4 @@ TEST(HostThreads, LocalRanksShareTheCores) {
 }
 
 }  // namespace
+}  // namespace optim_adamw_host_test

@@ -23,6 +23,7 @@
 #include "tests/tensor_checks.h"
 #include "tests/test_util.h"
 
+namespace optim_adamw_test {
 namespace {
 
 using llm::testing::expect_all_close;
@@ -429,3 +430,5 @@ TEST(AdamWCuda, CudaAgreesWithCpu) {
     expect_all_close(cuda_v, cpu_v, 1e-7, 1e-6, "exp_avg_sq");
   }
 }
+
+}  // namespace optim_adamw_test

@@ -26,6 +26,7 @@
 #include "optim/update_rules.h"
 #include "tests/tensor_checks.h"
 
+namespace optim_state_dtype_test {
 namespace {
 
 using llm::HostIsa;
@@ -207,3 +208,4 @@ TEST(Bf16State, CudaKernelEqualsTheHostKernelBitwise) {
 }
 
 }  // namespace
+}  // namespace optim_state_dtype_test

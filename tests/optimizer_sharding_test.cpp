@@ -14,7 +14,7 @@
 #include "model/units.h"
 #include "config/optimizer_setup.h"
 
-namespace llm {
+namespace llm::optimizer_sharding_test {
 namespace {
 
 // llama_350m at world size 1, each optimizer's state as the buffers exist, against the figure
@@ -110,4 +110,4 @@ TEST(GaLoreStagger, EachStepRecomputesItsShareOfProjectors) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::optimizer_sharding_test

@@ -16,7 +16,7 @@
 #include "tests/run_comparison.h"
 #include "tests/test_util.h"
 
-namespace llm {
+namespace llm::parameter_offload_test {
 namespace {
 
 using testing::run_command;
@@ -152,4 +152,4 @@ TEST(ParameterOffload, TheFlagIsASet) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::parameter_offload_test

@@ -22,7 +22,7 @@
 #include "tests/test_util.h"
 #include "common/watchdog.h"
 
-namespace llm {
+namespace llm::preemption_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -404,4 +404,4 @@ TEST(StallWatchdog, HeartbeatsGoWithTheRunAndBadTimeoutsAreRefused) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::preemption_test

@@ -13,7 +13,7 @@
 #include "tests/test_util.h"
 #include "checkpoint/checkpoint.h"
 
-namespace llm {
+namespace llm::prefetch_test {
 namespace {
 
 using testing::run_command;
@@ -99,4 +99,4 @@ INSTANTIATE_TEST_SUITE_P(Strategies, Prefetch,
                          ::testing::Values("full_shard", "shard_grad_op", "no_shard"), testing::TextParamName());
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::prefetch_test

@@ -20,7 +20,7 @@
 #include "tests/data_test_util.h"
 #include "tests/test_util.h"
 
-namespace llm {
+namespace llm::prepare_hf_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -141,4 +141,4 @@ TEST(PrepareHuggingFace, AJsonFileThatIsNoTokenizerIsNamed) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::prepare_hf_test

@@ -25,7 +25,7 @@
 #include "tests/data_test_util.h"
 #include "tests/test_util.h"
 
-namespace llm {
+namespace llm::prepare_inputs_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -306,4 +306,4 @@ TEST(PrepareInputsCommand, ReadsZstdJsonLinesAndReportsThroughput) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::prepare_inputs_test

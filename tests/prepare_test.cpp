@@ -18,7 +18,7 @@
 #include "tests/data_test_util.h"
 #include "tests/test_util.h"
 
-namespace llm {
+namespace llm::prepare_test {
 namespace {
 
 using testing::expect_user_error;
@@ -384,4 +384,4 @@ TEST(PrepareCommand, ExistingOutputIsExitTwoUntilOverwrite) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::prepare_test

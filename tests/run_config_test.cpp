@@ -17,7 +17,7 @@
 #include "tests/test_util.h"
 #include "trainer/cli.h"
 
-namespace llm {
+namespace llm::run_config_test {
 namespace {
 
 using testing::config_path;
@@ -366,4 +366,4 @@ TEST_F(ConfigRunValidation, DataFileThatExistsIsAccepted) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::run_config_test

@@ -11,7 +11,7 @@
 #include "run_comparison.h"
 #include "test_util.h"
 
-namespace llm {
+namespace llm::run_limits_test {
 namespace {
 namespace fs = std::filesystem;
 
@@ -88,4 +88,4 @@ TEST(RunLimits, ABadLimitIsExitTwoNamingTheFlag) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::run_limits_test

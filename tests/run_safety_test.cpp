@@ -25,7 +25,7 @@
 #include "tests/test_util.h"
 #include "data/token_file.h"
 
-namespace llm {
+namespace llm::run_safety_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -368,4 +368,4 @@ TEST(StartupSignal, SigtermToTheLauncherScriptWithinItsFirstSecondIsSaid) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::run_safety_test

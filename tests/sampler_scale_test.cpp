@@ -15,7 +15,7 @@
 #include "tests/sparse_corpus.h"
 #include "tests/test_util.h"
 
-namespace llm {
+namespace llm::sampler_scale_test {
 namespace {
 
 using testing::ScratchDir;
@@ -107,4 +107,4 @@ TEST(SamplerAtScale, MemoryDoesNotGrowWithTheCorpus) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::sampler_scale_test

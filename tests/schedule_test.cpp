@@ -6,7 +6,7 @@
 
 #include "trainer/schedule.h"
 
-namespace llm {
+namespace llm::schedule_test {
 namespace {
 
 TEST(Schedule, WarmupIsLinearFromTheFirstStep) {
@@ -35,4 +35,4 @@ TEST(Schedule, NoWarmup) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::schedule_test

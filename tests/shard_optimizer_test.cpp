@@ -18,7 +18,7 @@
 #include "sharding/communicator.h"
 #include "tests/test_util.h"
 
-namespace llm {
+namespace llm::shard_optimizer_test {
 namespace {
 
 // Three parameters: a tall matrix, a wide matrix and a gain; the rules each optimizer gives them.
@@ -214,4 +214,4 @@ TEST(ShardOptimizerDevices, ACommunicatorOfAnotherDeviceIsRefusedAtConstruction)
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::shard_optimizer_test

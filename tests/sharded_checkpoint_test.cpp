@@ -18,7 +18,7 @@
 #include "tests/run_comparison.h"
 #include "tests/test_util.h"
 
-namespace llm {
+namespace llm::sharded_checkpoint_test {
 namespace {
 
 namespace fs = std::filesystem;
@@ -291,4 +291,4 @@ TEST(Bf16StateCheckpoint, SavedInItsDtypeAndResumableIntoTheOther) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::sharded_checkpoint_test

@@ -22,7 +22,7 @@
 #include "sharding/sharded_model.h"
 #include "sharding/step_plan.h"
 
-namespace llm {
+namespace llm::sharded_model_test {
 namespace {
 
 std::vector<std::string> trace(const std::vector<UnitAction>& actions) {
@@ -278,4 +278,4 @@ TEST(ShardedModel, Fp32ComputeShardIsTheMaster) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::sharded_model_test

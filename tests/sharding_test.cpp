@@ -15,7 +15,7 @@
 #include "tests/test_util.h"
 #include "checkpoint/checkpoint.h"
 
-namespace llm {
+namespace llm::sharding_test {
 namespace {
 
 // One case's run at `ranks` against its run at one rank: the same losses (fp32, the same arithmetic
@@ -117,4 +117,4 @@ TEST(ShardingMemory, StartUpNeverHoldsMoreThanOneUnsharedUnit) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::sharding_test

@@ -14,7 +14,7 @@
 #include "memory/startup_check.h"
 #include "model/model_config.h"
 
-namespace llm {
+namespace llm::startup_check_test {
 namespace {
 
 using testing::run_command;
@@ -227,4 +227,4 @@ TEST(MemoryCheck, AnAllocationThatFailsIsAPlainErrorOnEveryRank) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::startup_check_test

@@ -13,7 +13,7 @@
 #include "data/synthetic.h"
 #include "tests/data_test_util.h"
 
-namespace llm {
+namespace llm::synthetic_corpus_test {
 namespace {
 
 using testing::expect_user_error;
@@ -124,4 +124,4 @@ TEST(Synthetic, RejectsImpossibleSpecs) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::synthetic_corpus_test

@@ -13,7 +13,7 @@
 #include "test_util.h"
 #include "trainer/tensorboard.h"
 
-namespace llm {
+namespace llm::tensorboard_test {
 namespace {
 namespace fs = std::filesystem;
 
@@ -142,4 +142,4 @@ TEST(TensorBoard, ABadFolderOrPeakIsExitTwoNamingTheFlag) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::tensorboard_test

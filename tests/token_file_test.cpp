@@ -13,7 +13,7 @@
 #include "tests/data_test_util.h"
 #include "tests/test_util.h"
 
-namespace llm {
+namespace llm::token_file_test {
 namespace {
 
 using testing::expect_user_error;
@@ -213,4 +213,4 @@ TEST(TokenFile, WriteRejectsIdOutsideVocab) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::token_file_test

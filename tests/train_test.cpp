@@ -13,7 +13,7 @@
 
 #include "tests/test_util.h"
 
-namespace llm {
+namespace llm::train_test {
 namespace {
 
 using testing::run_command;
@@ -331,4 +331,4 @@ TEST(Train, PrepareThenTrainOnTheTokenFile) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::train_test

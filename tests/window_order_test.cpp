@@ -25,7 +25,7 @@
 
 #include "data/window_order.h"
 
-namespace llm {
+namespace llm::window_order_test {
 namespace {
 
 struct GoldenCase {
@@ -219,4 +219,4 @@ TEST(WindowOrder, EachWindowLandsAnywhereAcrossEpochs) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::window_order_test

@@ -26,9 +26,6 @@
 
 namespace llm {
 
-// The source of every command-line error: "command line: --FLAG: ...".
-inline constexpr const char* kCommandLine = "command line";
-
 // The text spelling of each enum is the one to_string() gives, so help, flags and JSON agree.
 // VALUES: every value of the enum, a list of config/config.h.
 template <typename Enum, std::size_t N>

@@ -29,8 +29,6 @@ namespace llm {
 namespace fs = std::filesystem;
 namespace {
 
-constexpr const char* kCommandLine = "command line";
-
 // The names an export writes: what --overwrite replaces, and nothing else.
 bool is_export_file(const std::string& name) {
   const bool shard = name.rfind("model-", 0) == 0 && name.size() > 12 &&

@@ -38,6 +38,7 @@
 #include "sharding/world.h"
 #include "tests/mpi/backends.h"
 
+namespace mpi_communicator_test {
 namespace {
 
 using llm::Communicator;
@@ -379,3 +380,4 @@ TEST(NcclStreams, CollectivesRunOnTheGivenStream) {
 #endif
 
 }  // namespace
+}  // namespace mpi_communicator_test

@@ -31,6 +31,7 @@
 #include "sharding/world.h"
 #include "tests/mpi/backends.h"
 
+namespace mpi_gather_prefetch_test {
 namespace {
 
 using llm::Communicator;
@@ -172,3 +173,4 @@ INSTANTIATE_TEST_SUITE_P(Backends, GatherPrefetch,
                          });
 
 }  // namespace
+}  // namespace mpi_gather_prefetch_test

@@ -20,7 +20,7 @@
 #include "sharding/world.h"
 #include "tests/tensor_checks.h"
 
-namespace llm {
+namespace llm::mpi_optim_reference_test {
 namespace {
 
 using testing::expect_all_close;
@@ -201,9 +201,9 @@ TEST(GaLoreReference, SubspaceProjectorCapturesTheSvdsEnergyAtThisWorldSize) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::mpi_optim_reference_test
 
-namespace llm {
+namespace llm::mpi_optim_reference_test {
 namespace {
 
 // optim/state_rounding.h on a full fp32 tensor (element i of the flattened tensor takes index i).
@@ -334,4 +334,4 @@ TEST(Bf16StateReference, AtenRulesRoundTheFp32StepAsSpecifiedAtThisWorldSize) {
 }
 
 }  // namespace
-}  // namespace llm
+}  // namespace llm::mpi_optim_reference_test

@@ -19,6 +19,7 @@
 #include "sharding/sharded_model.h"
 #include "sharding/world.h"
 
+namespace mpi_sharded_model_test {
 namespace {
 
 using llm::Activations;
@@ -85,3 +86,4 @@ INSTANTIATE_TEST_SUITE_P(Strategies, ShardedModelAcrossRanks,
                          [](const auto& info) { return std::string(llm::to_string(info.param)); });
 
 }  // namespace
+}  // namespace mpi_sharded_model_test
