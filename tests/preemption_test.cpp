@@ -31,12 +31,15 @@ using testing::run_command;
 using testing::ScratchDir;
 
 constexpr int kSteps = 60;  // far more than pass between the first step's record and the signal
+// Through mpirun, a signal takes its time on a busy machine (mpirun's event loop): a run long enough
+// never to end first. A lost signal still fails the test: the run then trains all its steps.
+constexpr int kStepsThroughMpirun = 1000;
 
-std::string command(int ranks, const std::string& flags) {
+std::string command(int ranks, const std::string& flags, int steps = kSteps) {
   const std::string launcher = ranks == 1 ? "OMP_NUM_THREADS=1 " : testing::mpirun(ranks);
   return launcher + testing::trainer_binary().string() + " --config " +
          (testing::source_dir() / "configs/llama_micro.json").string() +
-         " --device cpu --num_training_steps " + std::to_string(kSteps) +
+         " --device cpu --num_training_steps " + std::to_string(steps) +
          " --warmup_steps 2 --batch_size 2 --total_batch_size 4 --max_length 16 --eval_every 0 " + flags;
 }
 
@@ -269,7 +272,7 @@ TEST(PreemptionUnderMpirun, SigusrToMpirunReachesEveryRank) {
   ScratchDir dir("preempt_mpirun");
   const fs::path run_dir = dir / "run", save_dir = dir / "ckpt";
   auto result = run_and_signal(
-      command(2, "--save_dir " + save_dir.string() + " --run_dir " + run_dir.string()), run_dir,
+      command(2, "--save_dir " + save_dir.string() + " --run_dir " + run_dir.string(), kStepsThroughMpirun), run_dir,
       [&] { return find_process(testing::mpiexec(), run_dir, -1); }, SIGUSR1);
   ASSERT_EQ(result.exit_code, 0) << result.output;
   const auto records = testing::read_metrics_events(run_dir, "preempted");
@@ -287,7 +290,8 @@ TEST(PreemptionUnderMpirun, SigtermOrSigintToTheLauncherScriptSavesAndExitsZero)
     ScratchDir dir("preempt_script" + std::to_string(signal));
     const fs::path run_dir = dir / "run", save_dir = dir / "ckpt";
     const std::string script = (testing::source_dir() / "launch/mpirun.sh").string();
-    std::string launched = command(2, "--save_dir " + save_dir.string() + " --run_dir " + run_dir.string());
+    std::string launched =
+        command(2, "--save_dir " + save_dir.string() + " --run_dir " + run_dir.string(), kStepsThroughMpirun);
     // testing::mpirun's "<env> MPIEXEC --oversubscribe": the script in MPIEXEC's place.
     const size_t at = launched.find(testing::mpiexec());
     ASSERT_NE(at, std::string::npos) << launched;
