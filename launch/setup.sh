@@ -62,9 +62,13 @@ if [ -x "${CUDAToolkit_ROOT:-/usr/local/cuda}/bin/nvcc" ]; then
   CUDA_ARGS+=("-DCUDAToolkit_ROOT=${CUDAToolkit_ROOT:-/usr/local/cuda}")
 fi
 
+configure_start=$SECONDS
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_PREFIX_PATH="$TORCH_CMAKE" \
       -DTRAINER_PYTHON="$PYTHON" -DSENTENCEPIECE_ROOT="$SENTENCEPIECE" "${CUDA_ARGS[@]}" >/dev/null
 # Two compile jobs on two cores; LibTorch translation units take ~2 GB each.
 log "configured $BUILD_DIR; building"
 cmake --build "$BUILD_DIR" -j "${BUILD_JOBS:-$(nproc)}"
 log "built $BUILD_DIR/trainer"
+# For launch/test_report.py: set-up (packages, venv, SentencePiece) and the build (configure included).
+printf '{"setup_s": %d, "build_s": %d}\n' "$configure_start" "$((SECONDS - configure_start))" \
+  > "$BUILD_DIR/setup-times.json"

@@ -42,7 +42,12 @@ munged --force --socket="$work/munge/munge.socket" --key-file="$work/munge/munge
   || skip "munged does not start here ($(tail -n 1 "$work/log/munged.log" 2>/dev/null))"
 
 host=$(hostname -s)
-port=$(( 20000 + $$ % 20000 ))
+# Two ports of our own, below Linux's ephemeral range (32768 up: a client socket could hold one) and
+# 2 apart per pid, so the two parts that ctest runs side by side never take each other's.
+port=$(( 20000 + ($$ % 6000) * 2 ))
+while (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null || (exec 3<>"/dev/tcp/127.0.0.1/$((port + 1))") 2>/dev/null; do
+  port=$((port + 2))
+done
 cat > "$work/slurm.conf" <<CONF
 ClusterName=trainer-test
 SlurmctldHost=$host
@@ -78,7 +83,9 @@ for _ in $(seq 1 30); do
   [ "$(sinfo -h -o %t 2>/dev/null)" = idle ] && break
   sleep 1
 done
-[ "$(sinfo -h -o %t 2>/dev/null)" = idle ] || skip "the one-host cluster's node is not idle: $(sinfo -h -o '%t %E' 2>&1)"
+[ "$(sinfo -h -o %t 2>/dev/null)" = idle ] \
+  || skip "the one-host cluster's node is not idle: $(sinfo -h -o '%t %E' 2>&1); slurmd's last error:" \
+          "$(grep error "$work/log/slurmd.log" | tail -n 1)"
 echo "one-host cluster up: $host, ports $port-$((port + 1)), $(srun --version)"
 
 export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
