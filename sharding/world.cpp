@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <new>
 #include <optional>
 #include <string>
@@ -41,13 +42,35 @@ void let_torch_throw_on_failed_checks() { FLAGS_caffe2_use_fatal_for_enforce = f
 // layer for it, and the Omni-Path library's (libpsm2) constructor calibrates a timer with sleeps on
 // each CPU before it finds no such hardware: 0.2 s of start-up for nothing, which every `trainer
 // estimate`, `report`, `export` and one-rank run paid. ob1 (shared memory and TCP) is all a world of
-// one could use. (Open MPI's ess_singleton_isolated would save another 0.08 s, but its singletons
-// all share one session folder, and one that ends removes it under another that starts: "A call to
-// mkdir was unable to create the desired directory".) A setting the user made in the environment wins.
+// one could use. And a singleton starts a daemon (orted) beside it, 50 ms of CPU, unless it is
+// isolated (ess_singleton_isolated); isolated singletons would all share one session folder, and one
+// that ends removes it under another that starts ("A call to mkdir was unable to create the desired
+// directory"), so each gets a folder of its own (orte_tmpdir_base), removed when MPI is finalized.
+// A setting the user made in the environment wins.
+std::string& singleton_session_folder() {
+  static std::string folder;
+  return folder;
+}
+
 void configure_singleton_start() {
   for (const char* launched : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE", "OMPI_MCA_orte_hnp_uri"})
     if (std::getenv(launched) != nullptr) return;
   ::setenv("OMPI_MCA_pml", "ob1", /*overwrite=*/0);
+  if (std::getenv("OMPI_MCA_ess_singleton_isolated") != nullptr || std::getenv("OMPI_MCA_orte_tmpdir_base") != nullptr)
+    return;
+  const char* temp = std::getenv("TMPDIR");
+  std::string pattern = std::string(temp != nullptr && *temp != '\0' ? temp : "/tmp") + "/llm-trainer-mpi-XXXXXX";
+  if (::mkdtemp(pattern.data()) == nullptr) return;  // then the daemon it is
+  singleton_session_folder() = pattern;
+  ::setenv("OMPI_MCA_orte_tmpdir_base", pattern.c_str(), /*overwrite=*/1);
+  ::setenv("OMPI_MCA_ess_singleton_isolated", "1", /*overwrite=*/1);
+}
+
+void remove_singleton_session_folder() {
+  if (singleton_session_folder().empty()) return;
+  std::error_code ignored;
+  std::filesystem::remove_all(singleton_session_folder(), ignored);
+  singleton_session_folder().clear();
 }
 
 }  // namespace
@@ -164,6 +187,7 @@ std::vector<std::string> all_gather_text(const std::string& text) {
 void stop_world() {
   if (!mpi_is_live()) return;
   LLM_CHECK_MPI(MPI_Finalize());
+  remove_singleton_session_folder();
 }
 
 void fail_after_another_rank(const std::string& message) {
@@ -179,6 +203,7 @@ void abort_world(int exit_code, const std::string& message) {
     std::fflush(stderr);
   }
   std::fflush(stdout);
+  remove_singleton_session_folder();  // a world of one: nothing of it is needed past this point
   if (mpi_is_live()) MPI_Abort(MPI_COMM_WORLD, exit_code);
   std::_Exit(exit_code);  // MPI_Abort does not return; this covers a world that never started
 }

@@ -320,9 +320,11 @@ TEST(StallWatchdog, AStoppedRankIsNamedAndTheJobEnds) {
   const fs::path run_dir = dir / "run";
   pid_t stopped = -1;
   const auto started = std::chrono::steady_clock::now();
+  // A watchdog that never fires would leave the job waiting on its stopped rank: killed at 60 s.
   auto result = run_and_signal(
-      command(2, "--num_training_steps 100000 --collective_timeout 5 --run_dir " + run_dir.string()), run_dir,
-      [&] { return stopped = find_process(testing::trainer_binary().string(), run_dir, 1); }, SIGSTOP);
+      "timeout -s KILL 60 env " +
+          command(2, "--num_training_steps 100000 --collective_timeout 5 --run_dir " + run_dir.string()),
+      run_dir, [&] { return stopped = find_process(testing::trainer_binary().string(), run_dir, 1); }, SIGSTOP);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   if (stopped > 0) {  // mpirun ends it when the job ends; make sure, whatever the outcome
     ::kill(stopped, SIGCONT);

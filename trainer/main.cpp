@@ -8,6 +8,7 @@
 // number when preempted without --save_dir (143 for SIGTERM: the steps are lost), 1 anything else.
 // Under mpirun a failure on any rank aborts the whole job with the message, so no rank is left
 // waiting in a collective.
+#include <unistd.h>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -250,6 +251,14 @@ int main(int argc, char** argv) {
   // OMP_NUM_THREADS wins.
   if (std::getenv("OMP_NUM_THREADS") == nullptr)
     at::set_num_threads(llm::default_host_step_threads(world.local_size));
-  return llm::run_reporting_failures(
+  const int exit_code = llm::run_reporting_failures(
       world, [&] { return run_command(llm::parse_command_line(argc, argv), world); });
+  // The command has closed what it wrote (files, threads, the TensorBoard writer) and MPI is
+  // finalized: the process ends here without its static destructors, whose undoing of LibTorch's
+  // operator registrations alone costs 60 ms of CPU in every rank of every run (0.20 -> 0.14 s for a
+  // program that only loads LibTorch). What stdio and the logger hold is flushed first.
+  std::cout.flush();
+  std::cerr.flush();
+  std::fflush(nullptr);
+  ::_exit(exit_code);
 }
