@@ -24,9 +24,16 @@ for name in "${names[@]}"; do
 done
 
 echo "[breakage] copying the tree to $WORK/tree and building it in $WORK/build"
-rm -rf "$WORK/tree"
+# Only the files that differ are copied (and get a new time), so a second demo rebuilds only what
+# changed (a file deleted here stays in the copy: remove $BREAKAGE_DIR to start afresh).
 mkdir -p "$WORK/tree"
-git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$WORK/tree"
+rm -rf "$WORK/tree/.git"
+git ls-files -co --exclude-standard -z | while IFS= read -r -d '' file; do
+  cmp -s "$file" "$WORK/tree/$file" || cp --parents -t "$WORK/tree" "$file"
+done
+# A repository of its own: the GPU kit's dry run lists the tree's files with git.
+(cd "$WORK/tree" && git init -q && git add -A && git -c user.name=breakage -c user.email=breakage@localhost \
+   commit -qm "the tree under test")
 BUILD_DIR="$WORK/build" bash "$WORK/tree/launch/setup.sh" > "$WORK/setup.log" 2>&1 \
   || { tail -n 20 "$WORK/setup.log"; exit 1; }
 
@@ -49,7 +56,7 @@ for name in "${names[@]}"; do
   fi
   started=$SECONDS
   set +e
-  (cd "$WORK/build" && ctest -j "$jobs" --stop-on-failure --timeout 300 > "$WORK/$name.ctest.log" 2>&1)
+  (cd "$WORK/build" && ctest -j "$jobs" --stop-on-failure --output-on-failure --timeout 300 > "$WORK/$name.ctest.log" 2>&1)
   rc=$?
   set -e
   took=$((SECONDS - started))

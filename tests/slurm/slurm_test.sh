@@ -31,7 +31,7 @@ cleanup() {
 }
 trap cleanup EXIT
 [ -n "${KEEP_SLURM_TEST:-}" ] && trap - EXIT  # keep the folder to look into
-mkdir -p "$work"/{state,spool,log,munge,job}
+mkdir -p "$work"/{state,spool,log,munge,job,tmp}
 
 # munge: a daemon of our own, on its own socket, with a fresh key.
 dd if=/dev/urandom of="$work/munge/munge.key" bs=1024 count=1 status=none
@@ -73,6 +73,11 @@ SlurmctldPort=$port
 SlurmdPort=$((port + 1))
 SlurmdParameters=config_overrides
 ReturnToService=2
+# Two clusters side by side (ctest runs both parts at once) must share nothing in /tmp: PMIx's
+# per-step folder is <TmpFS>/spmix_appdir_<uid>_<job>.<step>, and Open MPI's session folder follows
+# the job id, so each cluster has a TmpFS of its own and job ids from its own port up.
+TmpFS=$work/tmp
+FirstJobId=$((port * 100))
 NodeName=$host CPUs=4 Sockets=1 CoresPerSocket=4 ThreadsPerCore=1 State=UNKNOWN
 PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 CONF
