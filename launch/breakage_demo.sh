@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Breaks one feature at a time on purpose (the patches of tests/breakage/), builds, runs the whole
-# suite and shows that it fails, and how long it took: ctest --stop-on-failure, so the time is until
-# the first failing entry ends. What the suite proves is kept only if every patch makes it fail.
+# Breaks one feature at a time on purpose (the patches of tests/breakage/), builds, and shows that
+# the tests fail, and how long they took to: ctest --stop-on-failure over the entries the patch's
+# first line names ("# ctest: REGEX"), or over the whole suite with FULL=1 (the time is then until
+# the first failing entry ends, which depends on where ctest's order puts it). What the suite proves
+# is kept only if every patch makes it fail.
 #
 #   bash launch/breakage_demo.sh [NAME ...]    # default: every tests/breakage/*.patch; NAME without .patch
 #
 # Works on a copy of the tree (tracked files and untracked ones git does not ignore) in
 # ${BREAKAGE_DIR:-/tmp/breakage-demo} with a build folder of its own (launch/setup.sh builds it, the
 # compiler cache makes it quick), so this checkout and its build/ are untouched. A line per patch:
-#   offload_bitwise: the suite fails after 41 s (first failure: offload_test)
+#   offload_bitwise: fails after 41 s (first failure: offload_test; failed: offload_test ...)
 # and a table of them at the end in $BREAKAGE_DIR/results.md. TEST_JOBS as launch/test.sh (3).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -41,7 +43,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 results="$WORK/results.md"
 {
-  echo "| patch | the suite | time to fail | first failing entry | entries failed |"
+  echo "| patch | the tests | time to fail | first failing entry | entries failed |"
   echo "|---|---|---:|---|---|"
 } > "$results"
 status=0
@@ -54,9 +56,13 @@ for name in "${names[@]}"; do
     status=1
     continue
   fi
+  selection=()
+  entries=$(sed -n '1s/^# ctest: //p' "$patch")
+  [ -n "$entries" ] && [ -z "${FULL:-}" ] && selection=(-R "$entries")
   started=$SECONDS
   set +e
-  (cd "$WORK/build" && ctest -j "$jobs" --stop-on-failure --output-on-failure --timeout 300 > "$WORK/$name.ctest.log" 2>&1)
+  (cd "$WORK/build" && ctest -j "$jobs" --stop-on-failure --output-on-failure --timeout 300 "${selection[@]}" \
+     > "$WORK/$name.ctest.log" 2>&1)
   rc=$?
   set -e
   took=$((SECONDS - started))
@@ -66,10 +72,10 @@ for name in "${names[@]}"; do
   first=$(grep -m1 -E '\*\*\*(Failed|Timeout|Exception)|Subprocess aborted|SEGFAULT' "$WORK/$name.ctest.log" \
             | sed -E 's/.*Test +#[0-9]+: ([^ ]+) .*/\1/')
   if [ $rc -ne 0 ] && [ -n "$failed" ]; then
-    echo "[breakage] $name: the suite fails after $took s (first failure: $first; failed: $failed)"
-    echo "| $name | fails | $took s | $first | $failed|" >> "$results"
+    echo "[breakage] $name: ${entries:+ctest -R '$entries' }fails after $took s (first failure: $first; failed: $failed)"
+    echo "| $name | ${entries:+\`-R $entries\` }fails | $took s | $first | $failed|" >> "$results"
   else
-    echo "[breakage] $name: the suite PASSES ($took s): nothing catches this breakage"
+    echo "[breakage] $name: PASSES ($took s): nothing catches this breakage"
     echo "| $name | **passes** | $took s | | |" >> "$results"
     status=1
   fi
