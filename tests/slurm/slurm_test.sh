@@ -139,6 +139,7 @@ for _ in $(seq 1 300); do
   grep -q "requeueing job $job" "$work"/job/slurm-*.out 2>/dev/null && break
   sleep 0.2
 done
+grep -q "requeueing job $job" "$work"/job/slurm-*.out || fail "job $job was not requeued"
 sleep 1
 scontrol update JobId="$job" StartTime=now 2>/dev/null || true
 # The second start resumes and ends.
