@@ -71,6 +71,7 @@
 #include <nlohmann/json.hpp>
 #include <torch/optim/adamw.h>
 
+#include "bench/adamw_bench_io.h"
 #include "bench/bandwidth_probe.h"
 #include "bench/python_peer.h"
 #include "common/errors.h"
@@ -84,6 +85,10 @@ namespace {
 
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
+using bench::cell;
+using bench::cpu_model;
+using bench::parse_shape;
+using bench::parse_size;
 
 constexpr double kBytesPerElement = 28.0;  // read p, g, m, v (16 B); write p, m, v (12 B)
 constexpr double kBf16StateBytesPerElement = 20.0;  // the same with m and v in bf16
@@ -109,34 +114,6 @@ double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   const size_t middle = values.size() / 2;
   return values.size() % 2 ? values[middle] : 0.5 * (values[middle - 1] + values[middle]);
-}
-
-// "1048576" or "2^20".
-int64_t parse_size(const std::string& text) {
-  try {
-    const size_t caret = text.find('^');
-    if (caret == std::string::npos) return std::stoll(text);
-    const int64_t base = std::stoll(text.substr(0, caret));
-    const int64_t exponent = std::stoll(text.substr(caret + 1));
-    int64_t value = 1;
-    for (int64_t i = 0; i < exponent; ++i) value *= base;
-    return value;
-  } catch (const std::exception&) {
-    throw llm::UserError("--sizes: '" + text + "' is not a size; write 1048576 or 2^20");
-  }
-}
-
-// "2736x1024".
-std::vector<int64_t> parse_shape(const std::string& text) {
-  const size_t x = text.find('x');
-  try {
-    if (x != std::string::npos) {
-      const std::vector<int64_t> shape = {std::stoll(text.substr(0, x)), std::stoll(text.substr(x + 1))};
-      if (shape[0] >= 1 && shape[1] >= 1) return shape;
-    }
-  } catch (const std::exception&) {
-  }
-  throw llm::UserError("--rule_shapes: '" + text + "' is not a matrix shape; write ROWSxCOLS, e.g. 2736x1024");
 }
 
 // scale * (((i * multiplier + offset) mod 2^32) / 2^31 - 1): bench/adamw_peers.py's index_values,
@@ -216,24 +193,6 @@ struct Peers {
   std::unique_ptr<bench::PythonPeer> process;
   bool torch = false, deepspeed = false;
 };
-
-// The CPU's model name (/proc/cpuinfo), for the rows: the figures differ from one CPU to another.
-std::string cpu_model() {
-  std::FILE* file = std::fopen("/proc/cpuinfo", "r");
-  if (file == nullptr) return "unknown";
-  char line[512];
-  std::string model = "unknown";
-  while (std::fgets(line, sizeof(line), file) != nullptr) {
-    const std::string text(line);
-    if (text.rfind("model name", 0) == 0 && text.find(':') != std::string::npos) {
-      model = text.substr(text.find(':') + 2);
-      while (!model.empty() && (model.back() == '\n' || model.back() == ' ')) model.pop_back();
-      break;
-    }
-  }
-  std::fclose(file);
-  return model;
-}
 
 // Ours's arithmetic alone: nanoseconds per element of one step over arrays that stay in the cores'
 // caches (2^15 elements a thread: 512 KiB of fp32 arrays), the best of 5 trials of 200 steps. On a
@@ -520,106 +479,6 @@ json measure_rules(const std::vector<int64_t>& shape, int reps, int threads, Pee
   return row;
 }
 
-std::string cell(const json& value, const char* format) {
-  if (value.is_null()) return "-";
-  char text[64];
-  std::snprintf(text, sizeof(text), format, value.get<double>());
-  return text;
-}
-
-void print_adamw_header(int threads, int reps, const Peers& peers) {
-  std::printf(
-      "AdamW step on the host: fp32 params, grads and state; %d threads; median of %d interleaved "
-      "reps after 1 warm-up; 28 bytes/element\n"
-      "  ours       llm::adamw_update, %s kernel (bit-identical to the scalar functor)\n"
-      "  scalar     ours with the scalar kernel forced (the element loop of before, today's threading)\n"
-      "  fused      torch.optim.AdamW(fused=True), torch %s, Python subprocess\n"
-      "  deepspeed  DeepSpeedCPUAdam(adamw_mode=True), fp32 params, deepspeed %s, same subprocess\n"
-      "  libtorch   torch::optim::AdamW (C++, one ATen op per term)\n"
-      "  bound      best pass of AdamW's streams (4 arrays read, 3 written in place) over all reps: "
-      "per-thread blocks, chunks + prefetch, or non-temporal stores\n"
-      "  ratio      the faster of fused and deepspeed over ours (> 1: ours is faster)\n"
-      "  bf16 state ours with bf16 moments (stochastic rounding), 20 bytes/element; ours/bound at the bound's GB/s, "
-      "ratio: the faster fp32 peer over it\n",
-      threads, reps, llm::to_string(llm::best_host_isa()),
-      peers.torch ? peers.process->greeting()["torch"].get<std::string>().c_str() : "(not run)",
-      peers.deepspeed ? peers.process->greeting()["deepspeed"].get<std::string>().c_str() : "(not installed)");
-  std::printf(
-      "  ours/bound paired: the median over reps of (the fastest pass of any fp32 side or probe in the rep) / (ours "
-      "in it); best: ours's best rep / bound; mixed: ours's median / bound (the probe's own median / bound in "
-      "'probe')\n");
-  std::printf("%10s %8s %8s %8s %8s %9s | %6s %6s %6s %6s %6s | %6s %6s %6s %6s | %6s | %6s %6s | %-28s\n", "N",
-              "ours", "scalar", "fused", "ds", "libtorch", "ours", "fused", "ds", "lt", "bound", "ours/", "ours/",
-              "ours/", "probe/", "ratio", "vs", "vs", "max |ours - x| at 4096 points");
-  std::printf("%10s %8s %8s %8s %8s %9s | %6s %6s %6s %6s %6s | %6s %6s %6s %6s | %6s | %6s %6s | %-28s\n", "",
-              "ms", "ms", "ms", "ms", "ms", "GB/s", "GB/s", "GB/s", "GB/s", "GB/s", "paired", "best", "mixed",
-              "bound", "", "fused", "ds", "fused / ds / libtorch / =scalar");
-}
-
-void print_adamw_row(const json& row) {
-  const auto ms = [&](const char* key) { return cell(row[key], "%.2f"); };
-  const auto gbs = [&](const char* key) { return cell(row[key], "%.1f"); };
-  const json& diff = row["max_abs_diff"];
-  const auto vs = [&](const char* key) -> json {
-    if (row[key].is_null()) return nullptr;
-    return row[key].get<double>() / row["ours_ms"].get<double>();
-  };
-  std::printf("%10lld %8s %8s %8s %8s %9s | %6s %6s %6s %6s %6s | %6s %6s %6s %6s | %6s | %6s %6s | %s / %s / %s / %s\n",
-              static_cast<long long>(row["n"].get<int64_t>()), ms("ours_ms").c_str(), ms("scalar_ms").c_str(),
-              ms("torch_fused_ms").c_str(), ms("deepspeed_ms").c_str(), ms("libtorch_ms").c_str(),
-              gbs("ours_gbs").c_str(), gbs("torch_fused_gbs").c_str(), gbs("deepspeed_gbs").c_str(),
-              gbs("libtorch_gbs").c_str(), gbs("bound_gbs").c_str(),
-              cell(row["ours_fraction_of_bound_paired"], "%.2f").c_str(),
-              cell(row["ours_best_fraction_of_bound"], "%.2f").c_str(),
-              cell(row["ours_fraction_of_bound"], "%.2f").c_str(),
-              cell(row["probe_median_fraction_of_bound"], "%.2f").c_str(), cell(row["ratio_vs_best_peer"], "%.2fx").c_str(),
-              cell(vs("torch_fused_ms"), "%.2fx").c_str(), cell(vs("deepspeed_ms"), "%.2fx").c_str(),
-              cell(diff["torch_fused"], "%.1e").c_str(), cell(diff["deepspeed"], "%.1e").c_str(),
-              cell(diff["libtorch"], "%.1e").c_str(), row["scalar_bit_identical"].get<bool>() ? "yes" : "NO");
-  std::printf("%10s %8s %8s %8s %8s %9s | %6s %6s %6s %6s %6s | %6s %6s %6s %6s | %6s | %6s %6s | max |bf16 - ours| %s\n",
-              "bf16 state", cell(row["ours_bf16_state_ms"], "%.2f").c_str(), "", "", "", "",
-              cell(row["ours_bf16_state_gbs"], "%.1f").c_str(), "", "", "", "",
-              cell(row["ours_bf16_state_fraction_of_bound_paired"], "%.2f").c_str(), "",
-              cell(row["ours_bf16_state_fraction_of_bound"], "%.2f").c_str(), "",
-              cell(row["bf16_state_ratio_vs_best_peer"], "%.2fx").c_str(), "", "",
-              cell(row["bf16_state_max_abs_diff_vs_ours"], "%.1e").c_str());
-  const double elements = static_cast<double>(row["n"].get<int64_t>());
-  std::printf("%10s arithmetic in cache (%s): fp32 %.2f ns/element (%.2f ms at N), bf16 state %.2f (%.2f ms)\n", "",
-              row["cpu"].get<std::string>().c_str(), row["ours_in_cache_ns_per_element"].get<double>(),
-              row["ours_in_cache_ns_per_element"].get<double>() * elements * 1e-6,
-              row["ours_bf16_state_in_cache_ns_per_element"].get<double>(),
-              row["ours_bf16_state_in_cache_ns_per_element"].get<double>() * elements * 1e-6);
-  if (!row["avx2_in_cache_ns_per_element"].is_null())
-    std::printf("%10s the AVX2 kernel's arithmetic in cache: fp32 %.2f ns/element, bf16 state %.2f\n", "",
-                row["avx2_in_cache_ns_per_element"].get<double>(),
-                row["avx2_bf16_state_in_cache_ns_per_element"].get<double>());
-  std::fflush(stdout);
-}
-
-void print_rules_header(int threads, int reps) {
-  std::printf(
-      "\nHF-style rules on one matrix, %d threads, median of %d interleaved reps after 1 warm-up (step 1, "
-      "GaLore's SVD)\n"
-      "  adamw_sn  ours: ShardOptimizer, rule subset_norm; reference: tests/golden/reference_adamw_sn.py "
-      "per_matrix\n"
-      "  galore    ours: ShardOptimizer, rule galore; reference: galore_torch.GaLoreAdamW (rank 128, std, "
-      "gap 200)\n",
-      threads, reps);
-  std::printf("%12s | %9s %9s %7s %9s | %9s %9s %7s %9s\n", "shape", "sn ours", "sn ref", "ratio", "max|diff|",
-              "gl ours", "gl ref", "ratio", "max|diff|");
-}
-
-void print_rules_row(const json& row) {
-  const std::string shape =
-      std::to_string(row["shape"][0].get<int64_t>()) + "x" + std::to_string(row["shape"][1].get<int64_t>());
-  std::printf("%12s | %9s %9s %7s %9s | %9s %9s %7s %9s\n", shape.c_str(),
-              cell(row["adamw_sn_ours_ms"], "%.2f").c_str(), cell(row["adamw_sn_reference_ms"], "%.2f").c_str(),
-              cell(row["adamw_sn_ratio"], "%.2fx").c_str(), cell(row["adamw_sn_max_abs_diff"], "%.1e").c_str(),
-              cell(row["galore_ours_ms"], "%.2f").c_str(), cell(row["galore_reference_ms"], "%.2f").c_str(),
-              cell(row["galore_ratio"], "%.2fx").c_str(), cell(row["galore_max_abs_diff"], "%.1e").c_str());
-  std::fflush(stdout);
-}
-
 // The project's Python: --python, else $TRAINER_PYTHON, else the one this build was configured with.
 std::string python_path(const std::string& flag) {
   if (!flag.empty()) return flag;
@@ -707,20 +566,22 @@ int main(int argc, char** argv) {
       return std::find(sections.begin(), sections.end(), section) != sections.end();
     };
     if (wants("adamw")) {
-      if (!as_json) print_adamw_header(threads, reps, peers);
+      if (!as_json) bench::print_adamw_header(
+          threads, reps, peers.torch ? peers.process->greeting()["torch"].get<std::string>() : "(not run)",
+          peers.deepspeed ? peers.process->greeting()["deepspeed"].get<std::string>() : "(not installed)");
       for (int64_t n : sizes) {
         const json row = measure_adamw(n, reps, threads, peers);
         if (as_json) std::printf("%s\n", row.dump().c_str());
-        else print_adamw_row(row);
+        else bench::print_adamw_row(row);
         std::fflush(stdout);
       }
     }
     if (wants("rules")) {
-      if (!as_json) print_rules_header(threads, reps);
+      if (!as_json) bench::print_rules_header(threads, reps);
       for (const auto& shape : shapes) {
         const json row = measure_rules(shape, reps, threads, peers);
         if (as_json) std::printf("%s\n", row.dump().c_str());
-        else print_rules_row(row);
+        else bench::print_rules_row(row);
         std::fflush(stdout);
       }
     }

@@ -12,7 +12,7 @@
 //               (full_shard: the running unit and, with prefetch, the next; shard_grad_op: every
 //               unit from its forward to its backward; no_shard: all, always)
 //   activations the tensors autograd saves per unit, derived from the LLaMA units (model/units.h)
-//               (estimate_simulation.h lists them op by op), in the dtypes --dtype / --precision give them
+//               (estimate_shapes.h lists them op by op), in the dtypes --dtype / --precision give them
 //   transients  the gather buffer, the reduce-scatter buffer and padded copies, the backward's
 //               gradient buffers, the loss's log-softmax, the optimizer's temporaries, GaLore's
 //               gathered gradient and SVD at a projector refresh

@@ -5,13 +5,12 @@
 #include "memory/estimate_simulation.h"
 
 #include <algorithm>
-#include <cctype>
-#include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <ATen/Parallel.h>
+#include <c10/util/accumulate.h>
 
 #include "config/optimizer_setup.h"
 #include "sharding/sharded_model.h"
@@ -26,12 +25,6 @@
 namespace llm {
 namespace {
 
-int64_t product(const std::vector<int64_t>& shape) {
-  int64_t count = 1;
-  for (int64_t size : shape) count *= size;
-  return count;
-}
-
 // One unit as this rank holds it: the layout the runtime builds (sharding/flat_layout.h) and the
 // rules the optimizer gives its parameters.
 struct UnitGeometry {
@@ -45,44 +38,12 @@ struct UnitGeometry {
   int64_t gathered_numel = 0;    // world x S_u: the all-gather / reduce-scatter buffer
 };
 
-}  // namespace
-
-bool cpu_lacks_native_bf16_matmul() {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  static const bool lacks = __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-                            __builtin_cpu_supports("avx512dq") && !__builtin_cpu_supports("avx512bf16");
-  return lacks;
-#else
-  return false;
-#endif
-}
-
-namespace {
-
 // One rank's step, as train() and ShardedModel run it (docs/sharding.md), for the last step of a run
 // (it evaluates) with a GaLore projector refresh (step 1 always has one). The order of the step is the
 // runtime's own StepPlan (sharding/step_plan.h): each of its per-unit actions is replayed here as the
 // bytes it allocates and frees.
 class StepSimulation {
  public:
-  // Whether oneDNN widens a bf16 matmul's operands to fp32 here (see the head's backward): on a CPU
-  // without native bf16 (cpu_lacks_native_bf16_matmul), unless ONEDNN_MAX_CPU_ISA (or
-  // DNNL_MAX_CPU_ISA) caps oneDNN below AVX-512: then it has no bf16 path and none is widened
-  // (measured: AVX2 there makes the product go).
-  static bool cpu_bf16_matmul_widens() {
-    static const bool widens = [] {
-      if (!cpu_lacks_native_bf16_matmul()) return false;
-      const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
-      if (cap == nullptr) cap = std::getenv("DNNL_MAX_CPU_ISA");
-      if (cap == nullptr) return true;
-      std::string isa(cap);
-      std::transform(isa.begin(), isa.end(), isa.begin(), [](unsigned char c) { return std::toupper(c); });
-      return isa.empty() || isa == "ALL" || isa == "DEFAULT" || isa.find("AVX512") != std::string::npos ||
-             isa.find("AVX10") != std::string::npos;
-    }();
-    return widens;
-  }
-
   // The fp32 product such a CPU writes a bf16 matmul's (M x N) output through, beside the output
   // itself: measured at every shape on the Intel Xeon (family 6, model 85), the product of
   // (128..512 x 256) @ (256 x 32000) and of (32000 x n) @ (n x 256) alike; none on a GPU, in fp32,
@@ -510,7 +471,7 @@ class StepSimulation {
           break;
         case UpdateRule::subset_norm: {
           const SubsetGeometry geometry = make_subset_geometry(shard, settings.subset_size, world);
-          const int64_t state = 4 * product(geometry.local_state_shape);
+          const int64_t state = 4 * c10::multiply_integers(geometry.local_state_shape);
           phase1 = std::max(phase1, kept + local);  // grad^2 before its sums
           kept += state;                             // the sums, kept for the update
           phase2 = std::max(phase2, (geometry.kind == SubsetKind::block ? 2 * local : state) +
@@ -519,13 +480,13 @@ class StepSimulation {
         }
         case UpdateRule::galore: {
           const GaLoreGeometry geometry = make_galore_geometry(shard, settings, galore_index, shard_rank(), world);
-          const int64_t lowrank = 4 * product(geometry.local_state_shape);
+          const int64_t lowrank = 4 * c10::multiply_integers(geometry.local_state_shape);
           const int64_t m = shard.rows, cols = shard.cols, r = geometry.rank;
           // Refresh: the gathered gradient of this one matrix, the full projector, and on its owner
           // the thin SVD: LibTorch's copy of the input for LAPACK (m n) and U, S, Vh (m k + k + k n).
           // LAPACK's own workspace is allocated by the LAPACK library, outside LibTorch's allocator
           // (not in the tracked total; in the resident set). "subspace": a few (n x r), (r x r).
-          int64_t one = 4 * product(geometry.full_projector_shape);
+          int64_t one = 4 * c10::multiply_integers(geometry.full_projector_shape);
           if (settings.projector_method == "svd") {
             if (world > 1) one += 4 * world * shard.rows_per_rank * cols;
             if (world == 1 || geometry.owner == shard_rank()) {
