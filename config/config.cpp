@@ -116,6 +116,7 @@ json RunConfig::to_json() const {
       {"allow_other_data", data.allow_other_data},
       {"window_start", data.window_start},
       {"recompute", recompute},
+      {"fused_ops", fused_ops},
       {"memmap_dtype", data.memmap_dtype},
       {"eval_fraction", data.eval_fraction},
       {"eval_every", data.eval_every},
@@ -228,6 +229,7 @@ RunConfig run_config_from_json(const json& object, const std::string& source) {
   read("allow_other_data", run.data.allow_other_data);
   read("window_start", run.data.window_start);
   read("recompute", run.recompute);
+  read("fused_ops", run.fused_ops);
   read("memmap_dtype", run.data.memmap_dtype);
   read("eval_fraction", run.data.eval_fraction);
   read("eval_every", run.data.eval_every);

@@ -239,6 +239,10 @@ struct RunConfig {
   // --recompute: "" or a comma-separated set of norm, swiglu, mlp, attention (model/recompute.h) or
   // block (every block, as --activation_checkpointing: validation sets activation_checkpointing_every).
   std::string recompute;
+  // --fused_ops: "" or a comma-separated set of the CUDA kernels used in place of the ATen forms of
+  // the layer's operations (model/layer_ops.h): rms_norm. CUDA only; none is on by default until a
+  // GPU run has passed its test (docs/gpu.md).
+  std::string fused_ops;
   // Each unit's optimizer step as soon as its gradient shard is reduced, in backward, its gradient
   // shard freed right after (--fuse_optimizer_with_backward); needs --grad_clipping 0.
   bool fuse_optimizer_with_backward = false;

@@ -21,6 +21,7 @@
 #include "common/run_deadline.h"
 #include "common/split.h"
 #include "common/watchdog.h"
+#include "model/layer_ops.h"
 #include "model/recompute.h"
 #include "config/optimizer_setup.h"
 #include "data/synthetic.h"
@@ -178,6 +179,27 @@ void resolve_recompute(RunConfig& run) {
     fail_user(kCommandLine, "--recompute",
               run.recompute + " recomputes operations inside every layer, and --activation_checkpointing whole "
               "layers: give one (a recomputed layer would recompute its operations twice)");
+}
+
+// --fused_ops: known items, each once, and a device that has them (an --device auto run that lands
+// on the CPU is refused where the device is known: trainer/train_loop.cpp).
+void check_fused_ops(const RunConfig& run) {
+  if (run.fused_ops.empty()) return;
+  std::set<std::string> items;
+  for (const std::string& item : split_list(run.fused_ops)) {
+    const bool known = std::any_of(std::begin(kFusedOpChoices), std::end(kFusedOpChoices),
+                                   [&](const char* choice) { return item == choice; });
+    if (!known)
+      fail_user(kCommandLine, "--fused_ops",
+                "\"" + item + "\" is not a fused operation; give a comma-separated set of: rms_norm (LibTorch's "
+                "CUDA kernel), e.g. --fused_ops rms_norm");
+    if (!items.insert(item).second)
+      fail_user(kCommandLine, "--fused_ops", "names \"" + item + "\" twice (" + run.fused_ops + ")");
+  }
+  if (!items.empty() && run.device == DeviceChoice::cpu)
+    fail_user(kCommandLine, "--fused_ops",
+              run.fused_ops + " are CUDA kernels and this run is --device cpu: leave --fused_ops out on the CPU "
+              "(its ATen forms give the same numbers as transformers)");
 }
 
 void check_memory_flags(const RunConfig& run, const ModelConfig& model) {
@@ -421,6 +443,7 @@ void validate_run_config(RunConfig& run, const ModelConfig& model, int world_siz
   const int64_t tokens_per_step = resolve_batch_sizes(run, world_size);
   resolve_training_steps(run, tokens_per_step);
   resolve_recompute(run);
+  check_fused_ops(run);
   check_memory_flags(run, model);
   check_safeguard_flags(run);
   resolve_schedule(run);

@@ -8,20 +8,10 @@
 
 #include "common/allocation_failure.h"
 #include "common/errors.h"
+#include "model/layer_ops.h"
 
 namespace llm {
 namespace {
-
-// HF rotate_half: (x1, x2) -> (-x2, x1) on the two halves of the last dim.
-at::Tensor rotate_half(const at::Tensor& x) {
-  int64_t half = x.size(-1) / 2;
-  return at::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
-}
-
-// x (B, heads, T, head_dim); cos, sin (T, head_dim)
-at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  return x * cos + rotate_half(x) * sin;
-}
 
 torch::nn::Linear make_linear(int64_t in, int64_t out) {
   return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
@@ -33,12 +23,7 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps) : eps_(eps) {
   weight = register_parameter("weight", at::ones({dim}));
 }
 
-at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
-  at::Tensor x32 = x.to(at::kFloat);
-  at::Tensor variance = x32.pow(2).mean(-1, /*keepdim=*/true);
-  at::Tensor normed = (x32 * at::rsqrt(variance + eps_)).to(x.scalar_type());
-  return weight * normed;
-}
+at::Tensor RMSNormImpl::forward(const at::Tensor& x) { return rms_norm(x, weight, eps_, form_); }
 
 AttentionImpl::AttentionImpl(const ModelConfig& config)
     : num_heads_(config.num_attention_heads),
@@ -179,6 +164,14 @@ void LlamaForCausalLMImpl::build_unit(const UnitSpec& unit) {
   }
 }
 
+void LlamaForCausalLMImpl::set_rms_norm_form(RmsNormForm form) {
+  for (DecoderLayerImpl* layer : layers_) {
+    layer->input_layernorm->set_form(form);
+    layer->post_attention_layernorm->set_form(form);
+  }
+  if (!model->norm.is_empty()) model->norm->set_form(form);
+}
+
 NamedTensors LlamaForCausalLMImpl::unit_parameters(size_t unit) {
   const UnitSpec& spec = units_.at(unit);
   switch (spec.kind) {
@@ -208,7 +201,7 @@ std::pair<at::Tensor, at::Tensor> LlamaForCausalLMImpl::rotary_tables(int64_t se
     at::Tensor angles = at::outer(positions, inv_freq);        // (T, D/2)
     at::Tensor emb = at::cat({angles, angles}, -1);            // (T, D)
     rotary_cos_ = emb.cos();
-    rotary_sin_ = emb.sin();
+    rotary_sin_ = rotary_signed_sine(emb.sin());
   }
   return {rotary_cos_.slice(0, 0, seq_len).to(dtype), rotary_sin_.slice(0, 0, seq_len).to(dtype)};
 }

@@ -23,6 +23,7 @@
 #include <torch/nn/pimpl.h>
 
 #include "model/cross_entropy.h"
+#include "model/layer_ops.h"
 #include "model/model_config.h"
 #include "model/recompute.h"
 #include "model/units.h"
@@ -46,23 +47,25 @@ NamedTensors named_parameters_with_prefix(torch::nn::Module& module, const std::
 void init_unit_weights(const UnitSpec& unit, const NamedTensors& parameters, double initializer_range,
                        uint64_t seed);
 
-// RMSNorm as HF computes it: variance in fp32, x * rsqrt(var + eps) cast back to the input dtype,
-// then times the weight.
+// RMSNorm as HF computes it (variance in fp32, x * rsqrt(var + eps) cast back to the input dtype,
+// then times the weight), as one autograd node: model/layer_ops.h's rms_norm.
 class RMSNormImpl : public torch::nn::Module {
  public:
   RMSNormImpl(int64_t dim, double eps);
   at::Tensor forward(const at::Tensor& x);  // (..., dim)
+  void set_form(RmsNormForm form) { form_ = form; }
   at::Tensor weight;
 
  private:
   double eps_;
+  RmsNormForm form_ = RmsNormForm::aten;
 };
 TORCH_MODULE(RMSNorm);
 
 class AttentionImpl : public torch::nn::Module {
  public:
   explicit AttentionImpl(const ModelConfig& config);
-  // x (B, T, hidden); cos, sin (T, head_dim) in x's dtype
+  // x (B, T, hidden); cos, signed sin (T, head_dim) in x's dtype
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 
@@ -121,8 +124,9 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   const std::vector<UnitSpec>& units() const { return units_; }
   NamedTensors unit_parameters(size_t unit);  // the unit's parameters, HF-named, in spec order
 
-  // Rotary tables for positions [0, seq_len): cos, sin (seq_len, head_dim), computed in fp32 and
-  // cast to dtype. Cached per (length, dtype, device).
+  // Rotary tables for positions [0, seq_len): cos and the signed sine (-sin1, sin2) (seq_len,
+  // head_dim; apply_rotary in llama.cpp says why), computed in fp32 and cast to dtype. Cached per
+  // (length, device).
   std::pair<at::Tensor, at::Tensor> rotary_tables(int64_t seq_len, at::ScalarType dtype,
                                                   at::Device device);
 
@@ -133,7 +137,9 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   // --recompute: the operations of every decoder layer (and the head's norm) recomputed in backward.
   void set_recompute(const RecomputeSet& recompute) { recompute_ = recompute; }
   const RecomputeSet& recompute_set() const { return recompute_; }
-  // The cached cos and sin tables (undefined before the first forward): owned buffers, not parameters.
+  // --fused_ops rms_norm: every RMSNorm (the layers' and the head's) in that form.
+  void set_rms_norm_form(RmsNormForm form);
+  // The cached cos and signed sine tables (undefined before the first forward): owned buffers, not parameters.
   const at::Tensor& rotary_cos_cache() const { return rotary_cos_; }
   const at::Tensor& rotary_sin_cache() const { return rotary_sin_; }
   LlamaBackbone model{nullptr};

@@ -23,7 +23,7 @@ namespace llm {
 
 // Which operations of a decoder layer recompute (the head's final norm with `norm`).
 struct RecomputeSet {
-  bool norm = false;       // the RMSNorms: keep x, free the fp32 products and the normalised x
+  bool norm = false;       // the RMSNorms: keep x, free rstd (all the norm node keeps besides x)
   bool swiglu = false;     // silu(gate) * up: keep gate and up, free silu(gate)
   bool mlp = false;        // the whole MLP: keep its input, free gate, up, silu and their product
   bool attention = false;  // the attention: keep its input, free q, k, v, rotary, SDPA's outputs

@@ -179,6 +179,10 @@ TEST_F(ConfigRunValidation, OptimizerFlagsAreRangeChecked) {
       {"--recompute", [](RunConfig& r) { r.recompute = "norm,"; }, "\"\" is not an operation"},
       {"--recompute", [](RunConfig& r) { r.recompute = "norm"; r.activation_checkpointing_every = 2; }, "give one"},
       {"--recompute", [](RunConfig& r) { r.recompute = "block"; r.activation_checkpointing_every = 2; }, "give one"},
+      {"--fused_ops", [](RunConfig& r) { r.fused_ops = "rms_norm,softmax"; }, "\"softmax\" is not a fused operation"},
+      {"--fused_ops", [](RunConfig& r) { r.fused_ops = "rms_norm,rms_norm"; }, "names \"rms_norm\" twice"},
+      {"--fused_ops", [](RunConfig& r) { r.fused_ops = ","; }, "\"\" is not a fused operation"},
+      {"--fused_ops", [](RunConfig& r) { r.fused_ops = "rms_norm"; r.device = DeviceChoice::cpu; }, "are CUDA kernels and this run is --device cpu"},
   };
   for (const RangeCase& range_case : cases) {
     SCOPED_TRACE(std::string(range_case.flag) + " " + range_case.got);

@@ -10,6 +10,7 @@
 #include "checkpoint/interchange/pretrained.h"
 #include "common/device.h"
 #include "common/errors.h"
+#include "common/split.h"
 #include "common/log.h"
 #include "common/memory_stats.h"
 #include "common/output_files.h"
@@ -143,6 +144,14 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
     });
   sharded_.set_timer(&timer_);
   model_->set_recompute(recompute_set(run.recompute));  // --recompute's operations (model/recompute.h)
+  if (!run.fused_ops.empty()) {  // --fused_ops (model/layer_ops.h)
+    if (!device_.is_cuda())
+      fail_user(kCommandLine, "--fused_ops",
+                run.fused_ops + " are CUDA kernels and this run's device is " + device_.str() +
+                    ": leave --fused_ops out on the CPU (its ATen forms give the same numbers as transformers)");
+    for (const std::string& op : split_list(run.fused_ops))
+      if (op == "rms_norm") model_->set_rms_norm_form(RmsNormForm::fused);
+  }
   if (run.activation_checkpointing_every > 0) {
     // The recompute runs under the forward's autocast (bf16 mixed).
     sharded_.set_recomputed_units(recomputed_units(describe_units(model_config), run.activation_checkpointing_every));

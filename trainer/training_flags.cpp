@@ -127,6 +127,9 @@ void add_backward_flags(CLI::App& app, NumberFlags& numbers, TrainingFlags& flag
                            "operations to recompute in backward, comma-separated: norm (the RMSNorms), swiglu "
                            "(silu(gate) * up), mlp, attention, or block (the whole layer, as "
                            "--activation_checkpointing); each keeps only its inputs, bitwise equal to none"));
+  flags.add(app.add_option("--fused_ops", run.fused_ops,
+                           "CUDA kernels in place of the layer's ATen forms, comma-separated: rms_norm (LibTorch's "
+                           "fused RMSNorm: one rounding, within a bf16 ulp of transformers' two); default none"));
 }
 
 // --warmup_steps, which --help lists here rather than with the schedule's flags; read into FLAGS, as

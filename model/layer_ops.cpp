@@ -1,0 +1,103 @@
+#include "model/layer_ops.h"
+
+#include <ATen/ExpandUtils.h>
+#include <ATen/ops/_fused_rms_norm.h>
+#include <ATen/ops/_fused_rms_norm_backward.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/roll.h>
+#include <ATen/ops/rsqrt.h>
+#include <torch/autograd.h>
+
+#include "common/errors.h"
+
+namespace llm {
+namespace {
+
+// The composition's forward, keeping rstd: x32 = x in fp32, r = rsqrt(mean(x32^2) + eps),
+// out = weight * (x32 * r).to(x's dtype).
+std::pair<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const at::Tensor x32 = x.to(at::kFloat);
+  const at::Tensor rstd = at::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return {weight * (x32 * rstd).to(x.scalar_type()), rstd};
+}
+
+// Inputs (x, x again, weight): autograd sums the gradients reaching x in arrival order. The
+// composition's fp32 x gets three: the residual's (first: the add was recorded after the norm), then
+// the product x * r's, then the square's; handing x's two terms back as two inputs' gradients
+// repeats that order. In another dtype they meet in the cast's node, summed, then cast, as here.
+class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* context, const at::Tensor& x, const at::Tensor& x_again,
+                            const at::Tensor& weight, double eps, bool fused) {
+    (void)x_again;
+    at::Tensor out, rstd;
+    if (fused) {
+      std::tie(out, rstd) = at::_fused_rms_norm(x, {x.size(-1)}, weight, eps);
+    } else {
+      std::tie(out, rstd) = rms_norm_forward(x, weight, eps);
+    }
+    context->save_for_backward({x, weight, rstd});
+    context->saved_data["fused"] = fused;
+    return out;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* context,
+                                                 torch::autograd::variable_list output_grads) {
+    const torch::autograd::variable_list saved = context->get_saved_variables();
+    const at::Tensor &x = saved[0], &weight = saved[1], &rstd = saved[2];
+    const at::Tensor& grad = output_grads[0];
+    if (context->saved_data["fused"].toBool()) {
+      auto [grad_x, grad_weight] =
+          at::_fused_rms_norm_backward(grad, x, {x.size(-1)}, rstd, weight, {true, weight.requires_grad()});
+      return {grad_x, at::Tensor(), grad_weight, at::Tensor(), at::Tensor()};
+    }
+    // Each line is the derivative autograd records for the forward's operation, in the order its
+    // engine runs them (tools/autograd/derivatives.yaml, torch/csrc/autograd/FunctionsManual.cpp).
+    const at::Tensor x32 = x.to(at::kFloat);
+    const at::Tensor normed32 = x32 * rstd;
+    const at::Tensor normed = normed32.to(x.scalar_type());
+    // weight * normed: mul's two gradients; the weight's summed to its shape as the engine does.
+    // (The engine casts a gradient to its input's dtype where they differ: the two .to below.)
+    const at::Tensor grad_weight =
+        weight.requires_grad() ? at::sum_to(grad * normed, weight.sizes()).to(weight.scalar_type()) : at::Tensor();
+    const at::Tensor grad_normed32 = (grad * weight).to(normed.scalar_type()).to(at::kFloat);  // and the cast's backward
+    // x32 * rstd: x32's gradient, and rstd's summed over the row.
+    const at::Tensor grad_x_product = grad_normed32 * rstd;
+    const at::Tensor grad_rstd = at::sum_to(grad_normed32 * x32, rstd.sizes());
+    // rsqrt: -0.5 * grad * result^3; + eps passes it; mean: expanded, divided by the row's length;
+    // pow(2): grad * (2 * x32^1).
+    const at::Tensor grad_variance = -0.5 * grad_rstd * rstd.pow(3);
+    const at::Tensor grad_square = grad_variance.expand(x32.sizes()).div(x32.size(-1));
+    const at::Tensor grad_x_square = grad_square * (2.0 * x32.pow(1.0));
+    if (x.scalar_type() == at::kFloat) return {grad_x_product, grad_x_square, grad_weight, at::Tensor(), at::Tensor()};
+    return {(grad_x_product + grad_x_square).to(x.scalar_type()), at::Tensor(), grad_weight, at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin_signed) {
+  return x * cos + at::roll(x, x.size(-1) / 2, -1) * sin_signed;
+}
+
+at::Tensor rotary_signed_sine(const at::Tensor& sin) {
+  const int64_t half = sin.size(-1) / 2;
+  return at::cat({-sin.slice(-1, 0, half), sin.slice(-1, half)}, -1);
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, RmsNormForm form) {
+  const bool fused = form == RmsNormForm::fused;
+  if (fused && !x.is_cuda())
+    throw std::logic_error("rms_norm: the fused form is LibTorch's CUDA kernel; x is on " + x.device().str());
+  const bool tracked = at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad());
+  if (!tracked) return fused ? std::get<0>(at::_fused_rms_norm(x, {x.size(-1)}, weight, eps)) : rms_norm_forward(x, weight, eps).first;
+  return RmsNormFunction::apply(x, x, weight, eps, fused);
+}
+
+at::Tensor rms_norm_composed(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const at::Tensor x32 = x.to(at::kFloat);
+  const at::Tensor variance = x32.pow(2).mean(-1, /*keepdim=*/true);
+  return weight * (x32 * at::rsqrt(variance + eps)).to(x.scalar_type());
+}
+
+}  // namespace llm

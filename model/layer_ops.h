@@ -1,0 +1,40 @@
+// The element-wise operations of a decoder layer in the forms the trainer runs, each equal to
+// transformers' form (bitwise where it says so), with the reasoning beside it.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace llm {
+
+// HF's rotary, x * cos + rotate_half(x) * sin with rotate_half(x1, x2) = (-x2, x1), written without
+// the negation, the concatenation and the two zero-filled slice gradients: roll(x, D/2) = (x2, x1)
+// and the sign moves into the table, sin_signed = (-sin1, sin2). (-a) * b and a * (-b) round alike,
+// and each element of the gradient gets the same two products summed in the same order, so the
+// output is HF's bit for bit and the gradient value for value (HF's zero fills add a +0, which can
+// turn a -0 gradient into +0; nothing else).
+// x (B, heads, T, head_dim); cos, sin_signed (T, head_dim) in x's dtype.
+at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin_signed);
+
+// sin (..., head_dim) -> (-sin1, sin2): the table apply_rotary takes.
+at::Tensor rotary_signed_sine(const at::Tensor& sin);
+
+// RMSNorm, weight * (x * rsqrt(mean(x^2) + eps)) over the last dim, as one autograd node that keeps
+// x, the weight and rstd (fp32, one a row) for backward, against the composition's fp32 copy of x,
+// its normalised x and more (4h bytes a token less per norm in pure bf16, 4h in fp32 and mixed).
+//   aten: HF's operations (variance in fp32, the normalised x cast to x's dtype, then times the
+//         weight), forward and backward: its backward is the one autograd derives for that
+//         composition, operation for operation and summed in the same order, so it is bitwise HF's on
+//         every device (tests/layer_ops_test.cpp); it is the form on CPU and the default on CUDA.
+//   fused: LibTorch's CUDA kernels (at::_fused_rms_norm and its backward, one kernel each way): x *
+//         rstd * weight rounded once, so pure bf16 differs from HF's two roundings by up to one bf16
+//         ulp. CUDA only (--fused_ops rms_norm).
+enum class RmsNormForm { aten, fused };
+
+// The choices of --fused_ops (config/validation.cpp checks a list against them).
+inline constexpr const char* kFusedOpChoices[] = {"rms_norm"};
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, RmsNormForm form = RmsNormForm::aten);
+
+// transformers' LlamaRMSNorm as autograd composes it: the reference rms_norm's aten form equals.
+at::Tensor rms_norm_composed(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+}  // namespace llm

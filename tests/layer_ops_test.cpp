@@ -1,0 +1,203 @@
+// The decoder layer's element-wise operations (model/layer_ops.h) against transformers' forms: the
+// rotary roll form and the RMSNorm node bit for bit, forward and backward, in fp32 and bf16, the
+// norm also where its input has another reader (the residual) and under --recompute norm.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/cuda.h>
+
+#include <tuple>
+
+#include "model/layer_ops.h"
+#include "model/recompute.h"
+
+namespace llm::layer_ops_test {
+namespace {
+
+// transformers' apply_rotary_pos_emb for one tensor: x * cos + rotate_half(x) * sin.
+at::Tensor rotary_reference(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  const at::Tensor rotated = at::cat({-x.slice(-1, half), x.slice(-1, 0, half)}, -1);
+  return x * cos + rotated * sin;
+}
+
+// HF's tables: inv_freq = 1 / base^(2i / D), angles = position * inv_freq, emb = [f, f].
+std::pair<at::Tensor, at::Tensor> rotary_angles(int64_t seq, int64_t dim) {
+  const at::Tensor inv_freq = 1.0 / at::pow(10000.0, at::arange(0, dim, 2).to(at::kFloat) / dim);
+  const at::Tensor angles = at::outer(at::arange(seq).to(at::kFloat), inv_freq);
+  const at::Tensor emb = at::cat({angles, angles}, -1);
+  return {emb.cos(), emb.sin()};
+}
+
+// The roll form against HF's on DEVICE: output and gradient equal.
+void expect_rotary_is_hf(at::ScalarType dtype, int64_t head_dim, at::Device device) {
+  at::manual_seed(7);
+  const int64_t batch = 2, heads = 3, seq = 17;
+  const auto [cos32, sin32] = rotary_angles(seq, head_dim);
+  const at::Tensor cos = cos32.to(device, dtype), sin = sin32.to(device, dtype);
+  const at::Tensor sin_signed = rotary_signed_sine(sin32).to(device, dtype);
+  // Values over several binades, zeros and negative zeros among them: the signs must match too.
+  at::Tensor values = at::randn({batch, heads, seq, head_dim}) *
+                      at::exp2(at::randint(-6, 6, {batch, heads, seq, head_dim}).to(at::kFloat));
+  values.index_put_({at::indexing::Slice(), 0, 0}, 0.0);
+  values.index_put_({at::indexing::Slice(), 1, 0}, -0.0);
+  values = values.to(device, dtype);
+  at::Tensor ours_x = values.clone().requires_grad_(true);
+  at::Tensor reference_x = values.clone().requires_grad_(true);
+  const at::Tensor ours = apply_rotary(ours_x, cos, sin_signed);
+  const at::Tensor reference = rotary_reference(reference_x, cos, sin);
+  ASSERT_EQ(ours.scalar_type(), dtype);
+  EXPECT_TRUE(at::equal(ours, reference));
+  EXPECT_TRUE(at::equal(at::signbit(ours), at::signbit(reference)));
+  const at::Tensor upstream = at::randn(values.sizes()).to(device, dtype);
+  ours.backward(upstream);
+  reference.backward(upstream);
+  EXPECT_TRUE(at::equal(ours_x.grad(), reference_x.grad()));
+}
+
+class Rotary : public ::testing::TestWithParam<std::tuple<at::ScalarType, int64_t>> {};
+
+TEST_P(Rotary, RollFormIsHfBitForBitForwardAndBackward) {
+  expect_rotary_is_hf(std::get<0>(GetParam()), std::get<1>(GetParam()), at::kCPU);
+}
+
+INSTANTIATE_TEST_SUITE_P(DtypesAndHeadDims, Rotary,
+                         ::testing::Combine(::testing::Values(at::kFloat, at::kBFloat16),
+                                            ::testing::Values<int64_t>(8, 64, 128)));
+
+TEST(Rotary, SignedSineNegatesTheFirstHalfOnly) {
+  const at::Tensor sin = at::arange(1, 9).to(at::kFloat).view({1, 8});
+  const at::Tensor expected = at::tensor({-1.f, -2.f, -3.f, -4.f, 5.f, 6.f, 7.f, 8.f}).view({1, 8});
+  EXPECT_TRUE(at::equal(rotary_signed_sine(sin), expected));
+}
+
+// RMSNorm in a layer's shape: y = x + f(norm(x)) as the residual stream does, so x's gradient is
+// the sum of the residual's and the norm's, in the order autograd sums them.
+struct NormCase {
+  at::ScalarType x_dtype, weight_dtype;
+  bool recompute;
+};
+
+struct NormResult {
+  at::Tensor out, x_grad, weight_grad;
+};
+
+NormResult run_norm(const NormCase& c, bool composed) {
+  at::manual_seed(11);
+  const int64_t hidden = 48;
+  const at::Tensor values = (at::randn({3, 5, hidden}) * 2.5 + 0.3).to(c.x_dtype);
+  const at::Tensor gains = (1 + 0.2 * at::randn({hidden})).to(c.weight_dtype);
+  const at::Tensor upstream = at::randn({3, 5, hidden}).to(c.x_dtype);
+  const at::Tensor projection = (at::randn({hidden, hidden}) / 7).to(c.x_dtype);
+  at::Tensor x = values.clone().requires_grad_(true);
+  at::Tensor weight = gains.clone().requires_grad_(true);
+  auto norm = [&](const at::Tensor& input) {
+    return composed ? rms_norm_composed(input, weight, 1e-5) : rms_norm(input, weight, 1e-5);
+  };
+  at::Tensor residual = x, normed;
+  if (c.recompute)
+    std::tie(residual, normed) = recompute_norm(norm, x);
+  else
+    normed = norm(x);
+  const at::Tensor out = residual + at::matmul(normed.to(c.x_dtype), projection);
+  out.backward(upstream);
+  return {normed.detach(), x.grad(), weight.grad()};
+}
+
+class RmsNormNode : public ::testing::TestWithParam<NormCase> {};
+
+TEST_P(RmsNormNode, IsTheCompositionBitForBit) {
+  const NormResult ours = run_norm(GetParam(), /*composed=*/false);
+  const NormResult reference = run_norm(GetParam(), /*composed=*/true);
+  EXPECT_TRUE(at::equal(ours.out, reference.out));
+  EXPECT_TRUE(at::equal(ours.x_grad, reference.x_grad)) << (ours.x_grad - reference.x_grad).abs().max();
+  EXPECT_TRUE(at::equal(ours.weight_grad, reference.weight_grad)) << (ours.weight_grad - reference.weight_grad).abs().max();
+}
+
+// fp32 (and mixed: the residual stream is fp32 there), pure bf16, each with and without recompute.
+INSTANTIATE_TEST_SUITE_P(Modes, RmsNormNode,
+                         ::testing::Values(NormCase{at::kFloat, at::kFloat, false}, NormCase{at::kFloat, at::kFloat, true},
+                                           NormCase{at::kBFloat16, at::kBFloat16, false},
+                                           NormCase{at::kBFloat16, at::kBFloat16, true},
+                                           NormCase{at::kBFloat16, at::kFloat, false}));
+
+TEST(RmsNormNode, IsOneNodeOverXTwiceAndTheWeightAndNoNodeWithoutGrad) {
+  // What it keeps is checked where it counts: the estimate against the measured ledger
+  // (memory_estimate_test.cpp).
+  at::Tensor x = at::randn({4, 6, 32}).to(at::kBFloat16).requires_grad_(true);
+  at::Tensor weight = at::ones({32}, at::kBFloat16).requires_grad_(true);
+  const at::Tensor out = rms_norm(x, weight, 1e-6);
+  ASSERT_TRUE(out.grad_fn());
+  EXPECT_EQ(out.grad_fn()->next_edges().size(), 3u);  // x, x again, weight
+  const at::Tensor detached = rms_norm(x.detach(), weight.detach(), 1e-6);
+  EXPECT_FALSE(detached.requires_grad());
+  EXPECT_TRUE(at::equal(detached, out.detach()));
+}
+
+TEST(RmsNormNode, TheFusedFormIsCudaOnly) {
+  const at::Tensor x = at::randn({2, 8});
+  EXPECT_THROW(rms_norm(x, at::ones({8}), 1e-6, RmsNormForm::fused), std::logic_error);
+}
+
+// --- On a GPU (the kit's tests stage runs *Cuda*): the same forms on CUDA's kernels, and LibTorch's
+// fused RMSNorm (--fused_ops rms_norm) against an fp32 reference.
+
+TEST(LayerOpsOnCuda, RotaryRollFormIsHfBitForBit) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this host";
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16})
+    for (int64_t head_dim : {64, 128}) expect_rotary_is_hf(dtype, head_dim, at::kCUDA);
+}
+
+TEST(LayerOpsOnCuda, RmsNormAtenFormIsTheCompositionBitForBit) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this host";
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    at::manual_seed(3);
+    const at::Tensor values = (at::randn({4, 64, 1024}) * 3).to(at::kCUDA, dtype);
+    const at::Tensor gains = (1 + 0.1 * at::randn({1024})).to(at::kCUDA, dtype);
+    const at::Tensor upstream = at::randn({4, 64, 1024}).to(at::kCUDA, dtype);
+    auto run = [&](bool composed) {
+      at::Tensor x = values.clone().requires_grad_(true), w = gains.clone().requires_grad_(true);
+      const at::Tensor out = composed ? rms_norm_composed(x, w, 1e-5) : rms_norm(x, w, 1e-5);
+      out.backward(upstream);
+      return std::vector<at::Tensor>{out.detach(), x.grad(), w.grad()};
+    };
+    const auto ours = run(false), reference = run(true);
+    for (size_t i = 0; i < ours.size(); ++i) EXPECT_TRUE(at::equal(ours[i], reference[i])) << "output " << i;
+  }
+}
+
+TEST(LayerOpsOnCuda, FusedRmsNormIsWithinRoundingOfAnFp32Reference) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this host";
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    at::manual_seed(5);
+    const int64_t hidden = 2048;
+    const at::Tensor values = (at::randn({8, 256, hidden}) * 2 + 0.5).to(dtype);
+    const at::Tensor gains = (1 + 0.1 * at::randn({hidden})).to(dtype);
+    const at::Tensor upstream = at::randn({8, 256, hidden}).to(dtype);
+    // The reference: the same (rounded) inputs in fp32 on the CPU.
+    at::Tensor x32 = values.to(at::kFloat).requires_grad_(true), w32 = gains.to(at::kFloat).requires_grad_(true);
+    const at::Tensor expected = rms_norm_composed(x32, w32, 1e-5);
+    expected.backward(upstream.to(at::kFloat));
+    // Ours on the GPU (LibTorch allocates the outputs: an element a kernel skipped would hold
+    // whatever the caching allocator's block held, which the comparison catches).
+    at::Tensor x = values.to(at::kCUDA).requires_grad_(true), w = gains.to(at::kCUDA).requires_grad_(true);
+    const at::Tensor out = rms_norm(x, w, 1e-5, RmsNormForm::fused);
+    out.backward(upstream.to(at::kCUDA));
+    ASSERT_EQ(out.scalar_type(), dtype);
+    // bf16: one rounding of an fp32 value (2^-8 relative) against the reference's; fp32: the sums'
+    // order (a few ulps of the row's sum, relative to the largest element).
+    const double output_tolerance = dtype == at::kBFloat16 ? 1.0 / 128 : 1e-5;
+    const double grad_tolerance = dtype == at::kBFloat16 ? 1.0 / 64 : 1e-4;
+    auto relative = [](const at::Tensor& got, const at::Tensor& want) {
+      return ((got.to(at::kCPU, at::kFloat) - want).abs().max() / want.abs().max()).item<double>();
+    };
+    for (const at::Tensor& t : {out, x.grad(), w.grad()}) EXPECT_TRUE(at::isfinite(t).all().item<bool>());
+    EXPECT_LE(relative(out, expected.detach()), output_tolerance);
+    EXPECT_LE(relative(x.grad(), x32.grad()), grad_tolerance);
+    EXPECT_LE(relative(w.grad(), w32.grad()), grad_tolerance);
+  }
+}
+
+}  // namespace
+}  // namespace llm::layer_ops_test
