@@ -1,0 +1,189 @@
+// trainer estimate --fit and the estimate's CPU terms against measured runs: the flags it says to add
+// make a run whose ledger peak is within the budget; precision only when allowed; parameter offload
+// where only it fits; oneDNN's widened bf16 products where this CPU makes them.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <regex>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "common/errors.h"
+#include "tests/test_util.h"
+#include "config/config.h"
+#include "memory/estimate.h"
+#include "trainer/cli.h"
+#include "model/llama.h"
+#include "model/units.h"
+
+namespace llm::estimate_fit_test {
+namespace {
+
+using testing::run_command;
+using testing::ScratchDir;
+
+
+// The flags `trainer estimate --fit` says to add ("Add to the command: ..."), "" when it printed none.
+std::string suggested_flags(const std::string& output) {
+  const std::string marker = "Add to the command: ";
+  const size_t at = output.find(marker);
+  if (at == std::string::npos) return "";
+  return output.substr(at + marker.size(), output.find('\n', at) - at - marker.size());
+}
+
+// The peak of a finished run, from its ledger's end record (0 when there is none).
+double measured_peak_bytes(const std::filesystem::path& run_dir) {
+  std::ifstream in(run_dir / "memory.rank0.jsonl");
+  double measured = 0;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json record = nlohmann::json::parse(line);
+    if (record.at("event") == "end") measured = record.at("summary").at("peak_bytes");
+  }
+  return measured;
+}
+
+// `trainer estimate --fit`: for three budgets on llama_20m (4 x 256 tokens, one CPU rank, whose
+// fp32 AdamW peak is about 0.65 GiB) the flags it says to add make a run whose measured peak (the
+// ledger's) is within the budget; a budget nothing reaches is exit 2 naming the smallest peak.
+TEST(EstimateFit, TheSuggestedFlagsRunUnderTheBudget) {
+  const std::string base = " --config " + (testing::source_dir() / "configs/llama_20m.json").string() +
+                           " --device cpu --batch_size 4 --max_length 256 --warmup_steps 0 --eval_every 0 --eval_batches 1";
+  for (const double budget_gib : {0.62, 0.45, 0.35}) {
+    SCOPED_TRACE("budget " + std::to_string(budget_gib) + " GiB");
+    auto fit = run_command(testing::trainer_binary().string() + " estimate" + base + " --world_size 1 --fit --memory_budget_gib " +
+                           std::to_string(budget_gib));
+    ASSERT_EQ(fit.exit_code, 0) << fit.output;
+    const std::string flags = suggested_flags(fit.output);
+    ASSERT_FALSE(flags.empty()) << fit.output;
+    ASSERT_EQ(flags.find("(nothing"), std::string::npos) << "every budget here is below the command's own peak";
+    ScratchDir dir("fit");
+    auto trained = run_command("OMP_NUM_THREADS=1 " + testing::trainer_binary().string() + base +
+                               " --num_training_steps 2 " + flags + " --run_dir " + dir.path().string());
+    ASSERT_EQ(trained.exit_code, 0) << flags << "\n" << trained.output;
+    const double measured = measured_peak_bytes(dir.path());
+    RecordProperty("peak_gib_at_" + std::to_string(budget_gib), std::to_string(measured / 1073741824.0));
+    EXPECT_GT(measured, 0) << "no end record";
+    EXPECT_LE(measured, budget_gib * 1073741824.0) << flags;
+  }
+  auto none = run_command(testing::trainer_binary().string() + " estimate" + base + " --world_size 1 --fit --memory_budget_gib 0.2");
+  EXPECT_EQ(none.exit_code, 2) << none.output;
+  EXPECT_NE(none.output.find("nothing fits 0.20 GiB per rank: the smallest peak the levers reach is"), std::string::npos)
+      << none.output;
+  auto no_budget = run_command(testing::trainer_binary().string() + " estimate" + base + " --world_size 1 --fit");
+  EXPECT_EQ(no_budget.exit_code, 2) << no_budget.output;
+  EXPECT_NE(no_budget.output.find("--fit: needs --memory_budget_gib"), std::string::npos) << no_budget.output;
+}
+
+// Precision is a lever only when asked (--fit_precision): at 0.355 GiB nothing in fp32 fits (0.37 the
+// least), and with it the suggested bf16 command runs under the budget. At 512 tokens bf16 fits on every
+// CPU: where oneDNN widens bf16 matmuls (an AVX-512 Xeon without AVX512_BF16) lm_head's fp32 products
+// cost bf16 47 MiB more (docs/memory.md), and mixed still reaches 0.34 GiB there (measured 352 MiB).
+TEST(EstimateFit, PrecisionIsALeverOnlyWhenAllowed) {
+  const std::string base = " --config " + (testing::source_dir() / "configs/llama_20m.json").string() +
+                           " --device cpu --batch_size 4 --max_length 512 --warmup_steps 0 --eval_every 0 --eval_batches 1";
+  const std::string fit = testing::trainer_binary().string() + " estimate" + base + " --world_size 1 --fit --memory_budget_gib 0.355";
+  auto refused = run_command(fit);
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  EXPECT_NE(refused.output.find("bf16 (--fit_precision tries it)"), std::string::npos) << refused.output;
+  auto allowed = run_command(fit + " --fit_precision");
+  ASSERT_EQ(allowed.exit_code, 0) << allowed.output;
+  const std::string flags = suggested_flags(allowed.output);
+  EXPECT_NE(flags.find("--dtype bfloat16"), std::string::npos) << flags;
+  ScratchDir dir("fit_precision");
+  auto trained = run_command("OMP_NUM_THREADS=1 " + testing::trainer_binary().string() + base + " --num_training_steps 2 " +
+                             flags + " --run_dir " + dir.path().string());
+  ASSERT_EQ(trained.exit_code, 0) << flags << "\n" << trained.output;
+  const double measured = measured_peak_bytes(dir.path());
+  EXPECT_GT(measured, 0) << "no end record";
+  EXPECT_LE(measured, 0.355 * 1073741824.0) << flags;
+}
+
+// Where oneDNN widens bf16 matmuls to fp32 (AVX-512 BW/VL/DQ without AVX512_BF16: an Intel Xeon of
+// family 6, model 85), the estimate counts lm_head's fp32 products (docs/memory.md); capping oneDNN
+// below AVX-512 with ONEDNN_MAX_CPU_ISA (or DNNL_MAX_CPU_ISA) takes its bf16 path away and the term
+// with it, a cap at AVX-512 or none keeps it. Elsewhere, and in fp32, the cap changes nothing.
+TEST(EstimateCpuTerm, WidenedBf16ProductsFollowTheCpuAndOneDnnsCap) {
+  const auto peak_mib = [](const std::string& environment, const std::string& precision) {
+    auto result = run_command(environment + " " + testing::trainer_binary().string() + " estimate --config " +
+                              (testing::source_dir() / "configs/llama_20m.json").string() +
+                              " --device cpu --world_size 1 --batch_size 1 --total_batch_size 4 --max_length 256"
+                              " --activation_checkpointing --eval_every 0 " + precision);
+    EXPECT_EQ(result.exit_code, 0) << result.output;
+    std::smatch match;
+    EXPECT_TRUE(std::regex_search(result.output, match, std::regex(R"(\n\| 0 \| ([0-9.]+) \| [a-z])"))) << result.output;
+    return match.empty() ? 0.0 : std::stod(match[1]);
+  };
+  const bool widens = cpu_lacks_native_bf16_matmul();
+  const std::string mixed = "--dtype bfloat16 --precision mixed";
+  const double plain = peak_mib("env -u ONEDNN_MAX_CPU_ISA -u DNNL_MAX_CPU_ISA", mixed);
+  const double avx2 = peak_mib("ONEDNN_MAX_CPU_ISA=AVX2", mixed);
+  const double avx2_old_name = peak_mib("env -u ONEDNN_MAX_CPU_ISA DNNL_MAX_CPU_ISA=avx2", mixed);
+  const double avx512 = peak_mib("ONEDNN_MAX_CPU_ISA=AVX512_CORE", mixed);
+  EXPECT_EQ(avx2, avx2_old_name);
+  EXPECT_EQ(avx512, plain);
+  if (widens) {
+    // lm_head's weight gradient through its fp32 product: 6 V h = 46.9 MiB at the moment it peaks,
+    // 15.9 MiB above the step's peak without it (394.04 against 378.17 MiB on the Intel Xeon).
+    EXPECT_GT(plain - avx2, 15.0) << plain << " vs " << avx2;
+  } else {
+    EXPECT_EQ(plain, avx2);
+  }
+  EXPECT_EQ(peak_mib("ONEDNN_MAX_CPU_ISA=AVX2", ""), peak_mib("env -u ONEDNN_MAX_CPU_ISA -u DNNL_MAX_CPU_ISA", ""));
+}
+
+// On a GPU the offload of the parameters is a lever beside the optimizer's: a 13B model on one 24 GiB
+// GPU fits only with both offloaded (with the optimizer's alone its bf16 rows take 24.2 GiB), while
+// on 80 GiB the optimizer's alone is cheaper by the cost model (no rows copied in at each gather);
+// a 30B-class model on one 24 GiB GPU likewise. The device peak of the pick is within the budget.
+TEST(EstimateFit, ParameterOffloadIsChosenWhereOnlyItFits) {
+  struct Want {
+    const char* config;
+    double budget_gib;
+    bool parameters;
+  };
+  for (const Want want : {Want{"llama_13b", 24, true}, Want{"llama_13b", 80, false}, Want{"llama_30b", 24, true}}) {
+    SCOPED_TRACE(std::string(want.config) + " at " + std::to_string(want.budget_gib) + " GiB");
+    auto fit = run_command(testing::trainer_binary().string() + " estimate --config " +
+                           (testing::source_dir() / "configs" / (std::string(want.config) + ".json")).string() +
+                           " --device cuda --dtype bfloat16 --precision pure --batch_size 1 --max_length 2048 "
+                           "--world_size 1 --host_budget_gib 1024 --fit --memory_budget_gib " +
+                           std::to_string(want.budget_gib));
+    ASSERT_EQ(fit.exit_code, 0) << fit.output;
+    const std::string flags = suggested_flags(fit.output);
+    EXPECT_NE(flags.find(want.parameters ? "--offload optimizer,parameters" : "--offload optimizer"), std::string::npos)
+        << fit.output;
+    if (!want.parameters) {
+      EXPECT_EQ(flags.find("parameters"), std::string::npos) << flags;
+    }
+    // Where only it fits, every fitting row of the table offloads the parameters.
+    if (want.parameters) {
+      std::istringstream table(fit.output);
+      int rows = 0;
+      for (std::string line; std::getline(table, line);)
+        if (line.rfind("| ", 0) == 0 && line.size() > 2 && std::isdigit(static_cast<unsigned char>(line[2]))) {
+          ++rows;
+          EXPECT_NE(line.find("--offload optimizer,parameters"), std::string::npos) << line;
+        }
+      EXPECT_GT(rows, 0) << fit.output;
+    }
+    auto estimate = run_command(testing::trainer_binary().string() + " estimate --config " +
+                                (testing::source_dir() / "configs" / (std::string(want.config) + ".json")).string() +
+                                " --device cuda --dtype bfloat16 --precision pure --batch_size 1 --max_length 2048 "
+                                "--world_size 1 --json " + flags);
+    ASSERT_EQ(estimate.exit_code, 0) << estimate.output;
+    const nlohmann::json json = nlohmann::json::parse(estimate.output.substr(estimate.output.find('{')));
+    EXPECT_LE(json.at("ranks")[0].at("peak_bytes").get<double>(), want.budget_gib * 1073741824.0) << flags;
+  }
+  // Without parameter offload 13B does not fit 24 GiB at all: the levers' smallest peak is above it.
+  auto without = run_command(testing::trainer_binary().string() + " estimate --config " +
+                             (testing::source_dir() / "configs/llama_13b.json").string() +
+                             " --device cpu --dtype bfloat16 --precision pure --batch_size 1 --max_length 2048 "
+                             "--world_size 1 --fit --memory_budget_gib 24");
+  EXPECT_EQ(without.exit_code, 2) << without.output;
+}
+
+}  // namespace
+}  // namespace llm::estimate_fit_test
