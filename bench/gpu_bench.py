@@ -83,6 +83,8 @@ class Case:
     checkpointing: bool = False  # --activation_checkpointing
     state_bf16: bool = False   # --optimizer_state_dtype bfloat16
     run: bool = True           # False: estimated only (a model the machine cannot hold)
+    levers: str = ""           # issue 42's levers toggled against the default ("--pad_matmul_dims off", ...)
+    lever_of: str = ""         # the case this one toggles a lever of (the lever's ratio)
     name: str = field(init=False)
 
     def __post_init__(self):
@@ -90,7 +92,8 @@ class Case:
         mode = "fp32" if self.dtype == "float32" else f"bf16_{self.precision}"
         self.name = f"{stem}_{mode}" + ("_offload" if self.offload else "") + ("_params" if self.params else "") + (
             "_ac" if self.checkpointing else "") + (
-            "_bf16state" if self.state_bf16 else "")
+            "_bf16state" if self.state_bf16 else "") + "".join(
+            "_" + word.lstrip("-").replace(",", "_") for word in self.levers.split())
 
     def mode(self):
         return ("fp32" if self.dtype == "float32" else f"bf16 {self.precision}") + (
@@ -126,6 +129,14 @@ def cases(device):
         largest = [Case("configs/llama_7b.json", "bfloat16", "pure", 1, 2048, 5, offload=True, checkpointing=True),
                    Case("configs/llama_13b.json", "bfloat16", "pure", 1, 2048, 5, offload=True, checkpointing=True,
                         run=False)] + bf16_state + parameters
+        # Issue 42's levers, each toggled against the default run of the same shape: llama_1b's MLP
+        # unpadded (5461 wide: cuBLAS's align1 kernels) and LibTorch's fused RMSNorm (off by default).
+        levers = [Case("configs/llama_1b.json", "bfloat16", "pure", 8, 1024, 20, levers="--pad_matmul_dims off",
+                       lever_of=speed_1b.name),
+                  Case("configs/llama_1b.json", "bfloat16", "pure", 8, 1024, 20, levers="--fused_ops rms_norm",
+                       lever_of=speed_1b.name),
+                  Case("configs/llama_350m.json", "bfloat16", "mixed", 16, 1024, 20, levers="--fused_ops rms_norm",
+                       lever_of=speed_350m.name)]
     else:
         speed_350m = Case("configs/llama_micro.json", "bfloat16", "mixed", 2, 32, 6, peer=True)
         speed_1b = Case("configs/llama_micro.json", "bfloat16", "pure", 2, 32, 6, peer=True)
@@ -137,7 +148,10 @@ def cases(device):
                         offload_of=speed_1b.name),
                    Case("configs/llama_micro.json", "bfloat16", "pure", 2, 32, 5, offload=True, params=True,
                         offload_of=speed_1b.name)]
-    return [speed_350m, speed_1b, memory_130m, offload_1b] + largest
+        # The CPU has no fused kernels: padding alone, forced on (llama_micro's 88 to 128).
+        levers = [Case("configs/llama_micro.json", "bfloat16", "pure", 2, 32, 6, levers="--pad_matmul_dims on",
+                       lever_of=speed_1b.name)]
+    return [speed_350m, speed_1b, memory_130m, offload_1b] + largest + levers
 
 
 # ------------------------------------------------------------------------------------------------
@@ -209,6 +223,7 @@ def training_flags(case, device):
         flags += ["--activation_checkpointing"]
     if case.state_bf16:
         flags += ["--optimizer_state_dtype", "bfloat16"]
+    flags += case.levers.split()
     flags += ["--batch_size", case.batch, "--max_length", case.length, "--num_training_steps", case.steps,
               "--warmup_steps", 0, "--scheduler", "constant", "--lr", "1e-3", "--adam_beta1", 0.9,
               "--adam_beta2", 0.999, "--adam_eps", "1e-8", "--weight_decay", 0, "--grad_clipping", 1.0,
@@ -380,9 +395,19 @@ def summarize(device, work):
                             "share_kept": (with_offload["tokens_per_s"] / without["tokens_per_s"]
                                            if with_offload and without else None),
                             "offload_s": with_offload.get("offload_s") if with_offload else None})
+    levers = []
+    for case in cases(device):
+        if case.lever_of:
+            toggled, base = runs.get(case.name), runs.get(case.lever_of)
+            levers.append({"case": case.name, "baseline": case.lever_of, "levers": case.levers,
+                           "tokens_per_s": toggled["tokens_per_s"] if toggled else None,
+                           "baseline_tokens_per_s": base["tokens_per_s"] if base else None,
+                           "mfu": toggled.get("mfu") if toggled else None, "baseline_mfu": base.get("mfu") if base else None,
+                           "ratio": toggled["tokens_per_s"] / base["tokens_per_s"] if toggled and base else None})
     return {"device": device_info, "warmup_steps": WARMUP_STEPS,
             "flops_formula": "6 x matmul parameters + 12 x layers x hidden x length, per token (torchtitan's)",
-            "speed": speed, "memory": [memory_entry(case, work) for case in cases(device)], "offload": offload}
+            "speed": speed, "memory": [memory_entry(case, work) for case in cases(device)], "offload": offload,
+            "levers": levers}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -499,6 +524,14 @@ def markdown(results):
     for entry in results.get("offload", []):
         lines.append(f"| {entry['case']} | {number(entry.get('tokens_per_s'), '.0f')} | {entry['baseline']} | "
                      f"{number(entry.get('baseline_tokens_per_s'), '.0f')} | {percent(entry.get('share_kept'))} |")
+
+    lines.append("\n### Levers: each toggled against the default run of the same shape\n")
+    lines.append("| run | flags | tokens/s | MFU % | default run | tokens/s | MFU % | toggled / default |")
+    lines.append("|---|---|---:|---:|---|---:|---:|---:|")
+    for entry in results.get("levers", []):
+        lines.append(f"| {entry['case']} | `{entry['levers']}` | {number(entry.get('tokens_per_s'), '.0f')} | "
+                     f"{percent(entry.get('mfu'))} | {entry['baseline']} | {number(entry.get('baseline_tokens_per_s'), '.0f')} "
+                     f"| {percent(entry.get('baseline_mfu'))} | {number(entry.get('ratio'), '.3f')} |")
     return "\n".join(lines) + "\n"
 
 

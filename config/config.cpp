@@ -117,6 +117,7 @@ json RunConfig::to_json() const {
       {"window_start", data.window_start},
       {"recompute", recompute},
       {"fused_ops", fused_ops},
+      {"pad_matmul_dims", pad_matmul_dims},
       {"memmap_dtype", data.memmap_dtype},
       {"eval_fraction", data.eval_fraction},
       {"eval_every", data.eval_every},
@@ -230,6 +231,7 @@ RunConfig run_config_from_json(const json& object, const std::string& source) {
   read("window_start", run.data.window_start);
   read("recompute", run.recompute);
   read("fused_ops", run.fused_ops);
+  read("pad_matmul_dims", run.pad_matmul_dims);
   read("memmap_dtype", run.data.memmap_dtype);
   read("eval_fraction", run.data.eval_fraction);
   read("eval_every", run.data.eval_every);

@@ -243,6 +243,9 @@ struct RunConfig {
   // the layer's operations (model/layer_ops.h): rms_norm. CUDA only; none is on by default until a
   // GPU run has passed its test (docs/gpu.md).
   std::string fused_ops;
+  // --pad_matmul_dims auto|on|off: the MLP's intermediate dimension padded with zeros on the compute
+  // side only (model/model_config.h says when; model/units.h what stays unpadded).
+  std::string pad_matmul_dims = "auto";
   // Each unit's optimizer step as soon as its gradient shard is reduced, in backward, its gradient
   // shard freed right after (--fuse_optimizer_with_backward); needs --grad_clipping 0.
   bool fuse_optimizer_with_backward = false;

@@ -182,11 +182,11 @@ void resolve_recompute(RunConfig& run) {
 }
 
 // --fused_ops: known items, each once, and a device that has them (an --device auto run that lands
-// on the CPU is refused where the device is known: trainer/train_loop.cpp).
-void check_fused_ops(const RunConfig& run) {
-  if (run.fused_ops.empty()) return;
+// on the CPU is refused where the device is known: trainer/train_loop.cpp); --pad_matmul_dims one
+// of its choices.
+void check_compute_flags(const RunConfig& run) {
   std::set<std::string> items;
-  for (const std::string& item : split_list(run.fused_ops)) {
+  for (const std::string& item : run.fused_ops.empty() ? std::vector<std::string>{} : split_list(run.fused_ops)) {
     const bool known = std::any_of(std::begin(kFusedOpChoices), std::end(kFusedOpChoices),
                                    [&](const char* choice) { return item == choice; });
     if (!known)
@@ -196,6 +196,12 @@ void check_fused_ops(const RunConfig& run) {
     if (!items.insert(item).second)
       fail_user(kCommandLine, "--fused_ops", "names \"" + item + "\" twice (" + run.fused_ops + ")");
   }
+  const bool known_padding = std::any_of(std::begin(kPadMatmulChoices), std::end(kPadMatmulChoices),
+                                         [&](const char* choice) { return run.pad_matmul_dims == choice; });
+  if (!known_padding)
+    fail_user(kCommandLine, "--pad_matmul_dims",
+              "expected auto (pad on a GPU where a dimension is not a multiple of 8), on or off (got \"" +
+                  run.pad_matmul_dims + "\")");
   if (!items.empty() && run.device == DeviceChoice::cpu)
     fail_user(kCommandLine, "--fused_ops",
               run.fused_ops + " are CUDA kernels and this run is --device cpu: leave --fused_ops out on the CPU "
@@ -443,7 +449,7 @@ void validate_run_config(RunConfig& run, const ModelConfig& model, int world_siz
   const int64_t tokens_per_step = resolve_batch_sizes(run, world_size);
   resolve_training_steps(run, tokens_per_step);
   resolve_recompute(run);
-  check_fused_ops(run);
+  check_compute_flags(run);
   check_memory_flags(run, model);
   check_safeguard_flags(run);
   resolve_schedule(run);

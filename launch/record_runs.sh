@@ -9,7 +9,8 @@
 #   BUILD_DIR=build-old bash launch/record_runs.sh /tmp/before
 #   python launch/compare_runs.py /tmp/before /tmp/after   # fp32 bitwise, bf16 within a stated bound
 #
-# About 4 minutes on two cores. ONLY=<substring> records the runs whose name contains it.
+# About a minute on two cores. ONLY=<substring> records the runs whose name contains it; EXTRA="flags"
+# adds flags to every run (e.g. EXTRA="--pad_matmul_dims on", compared against runs without them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TRAINER=${BUILD_DIR:-build}/trainer
@@ -44,7 +45,7 @@ for optimizer in adamw adamw_sn galore_adamw; do
         mkdir -p "$dir"
         if ! mpirun --oversubscribe -np "$ranks" "$TRAINER" "${common[@]}" --optimizer "$optimizer" \
                "${dtype[@]}" --sharding "$sharding" --run_dir "$dir/run" --save_dir "$dir/ckpt" \
-               "${extra[@]}" >"$dir/log" 2>&1; then
+               "${extra[@]}" ${EXTRA:-} >"$dir/log" 2>&1; then
           echo "[record_runs] $name failed; the last lines of $dir/log:" >&2
           tail -n 20 "$dir/log" >&2
           exit 1

@@ -54,12 +54,14 @@ RankEstimate finish_rank(int rank, bool cuda, bool offload, std::vector<PhaseEst
 
 }  // namespace
 
-MemoryEstimate estimate_memory(const ModelConfig& model, const RunConfig& run, const EstimateOptions& options) {
+MemoryEstimate estimate_memory(const ModelConfig& config, const RunConfig& run, const EstimateOptions& options) {
   LLM_REQUIRE(options.world_size >= 1, "command line", "--world_size", "expected an integer >= 1");
   MemoryEstimate estimate;
   estimate.device = estimate_device(run, options);
   LLM_REQUIRE(estimate.device == "cpu" || estimate.device == "cuda", "command line", "--device",
               "the estimate is for cpu or cuda (got \"" + estimate.device + "\")");
+  // The compute width the run will have (--pad_matmul_dims), as train() sets it.
+  const ModelConfig model = with_matmul_padding(config, run.pad_matmul_dims, estimate.device == "cuda");
   // The simulation counts bytes in int64: a run whose activations and weights pass an exbibyte (no
   // machine has one) would wrap. A generous upper bound in long double decides first: every
   // layer's fp32 saved bytes and three logits-sized tensors per token, 20 bytes per parameter.
@@ -68,7 +70,7 @@ MemoryEstimate estimate_memory(const ModelConfig& model, const RunConfig& run, c
       4.0L * (3.0L * model.vocab_size +
               static_cast<long double>(model.num_hidden_layers) *
                   (8.0L * model.hidden_size + 2.0L * model.num_key_value_heads * model.head_dim() +
-                   4.0L * model.intermediate_size + model.num_attention_heads + 2.0L));
+                   4.0L * model.compute_intermediate() + model.num_attention_heads + 2.0L));
   const long double bound = tokens * per_token + 20.0L * static_cast<long double>(model.num_parameters());
   if (bound > 0x1p60L)
     fail_user("command line", "--batch_size",

@@ -27,7 +27,7 @@ struct ModelShape {
   const RunConfig& run;
   Mode mode;
   int64_t tokens;  // per micro-batch on this rank: batch_size x max_length
-  int64_t h, I, V, kv, heads;
+  int64_t h, I, V, kv, heads;  // I: the MLP's compute width (--pad_matmul_dims)
   RecomputeSet recompute;  // --recompute's operations
 
   ModelShape(const ModelConfig& model, const RunConfig& run_config)
@@ -35,7 +35,7 @@ struct ModelShape {
         mode(run_config.precision.dtype == DType::float32 ? Mode::fp32
              : run_config.precision.mode == Precision::mixed ? Mode::mixed : Mode::pure),
         tokens(run_config.data.batch_size * run_config.data.max_length),
-        h(model.hidden_size), I(model.intermediate_size), V(model.vocab_size),
+        h(model.hidden_size), I(model.compute_intermediate()), V(model.vocab_size),
         kv(model.num_key_value_heads * model.head_dim()), heads(model.num_attention_heads),
         recompute(recompute_set(run_config.recompute)) {}
 

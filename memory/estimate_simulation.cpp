@@ -34,6 +34,8 @@ struct UnitGeometry {
   std::vector<UpdateRule> rules;
   int64_t first_galore = 0;      // the model-wide index of the unit's first GaLore matrix
   int64_t numel = 0;             // P_u
+  std::vector<int64_t> compute_numels;  // each parameter's module tensor (with the compute side's pads)
+  int64_t compute_numel = 0;            // their sum: a gathered copy, the full gradients
   int64_t shard_numel = 0;       // S_u, padded rows
   int64_t gathered_numel = 0;    // world x S_u: the all-gather / reduce-scatter buffer
 };
@@ -62,7 +64,7 @@ class StepSimulation {
     layout_world_ = no_shard ? 1 : world_;
     // One rank or no_shard: each unit is its whole shard and stays resident (sharding/fsdp_unit.h),
     // unless its parameters are offloaded.
-    resident_ = layout_world_ == 1 && !offload_parameters_;
+    resident_ = layout_world_ == 1 && !offload_parameters_ && !model.config.matmul_padded();
     int64_t galore_matrices = 0;
     for (const UnitSpec& unit : units) {
       std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
@@ -74,7 +76,11 @@ class StepSimulation {
       geometry.rules = update_rules_for(geometry.layout, m_.run);
       geometry.first_galore = galore_matrices;
       for (UpdateRule rule : geometry.rules) galore_matrices += rule == UpdateRule::galore;
-      for (const ParameterSpec& parameter : unit.parameters) geometry.numel += parameter.numel();
+      for (const ParameterSpec& parameter : unit.parameters) {
+        geometry.numel += parameter.numel();
+        geometry.compute_numels.push_back(parameter.compute_numel());
+        geometry.compute_numel += parameter.compute_numel();
+      }
       geometry.shard_numel = geometry.layout.shard_numel;
       geometry.gathered_numel = layout_world_ * geometry.shard_numel;
       units_.push_back(geometry);
@@ -164,8 +170,8 @@ class StepSimulation {
  private:
   using Mode = ModelShape::Mode;
 
-  int64_t compute_bytes(size_t u) const { return m_.compute_bytes() * units_[u].numel; }
-  int64_t full_grad_bytes(size_t u) const { return m_.compute_bytes() * units_[u].numel; }
+  int64_t compute_bytes(size_t u) const { return m_.compute_bytes() * units_[u].compute_numel; }
+  int64_t full_grad_bytes(size_t u) const { return m_.compute_bytes() * units_[u].compute_numel; }
   bool gradients_in_shard() const { return resident_ && m_.compute_bytes() == 4; }
   bool is_head(size_t u) const { return u + 1 == units_.size(); }
   bool is_embed(size_t u) const { return u == 0; }
@@ -188,8 +194,7 @@ class StepSimulation {
     timeline_.add(kActivations, send);
     timeline_.add(kActivations, buffer);
     if (layout_world_ > 1) timeline_.remove(kActivations, send);
-    for (const ShardedParameter& parameter : unit.layout.parameters)
-      timeline_.add(kParameters, element * parameter.rows * parameter.cols);
+    for (int64_t numel : unit.compute_numels) timeline_.add(kParameters, element * numel);
     timeline_.remove(kActivations, buffer);
     if (layout_world_ == 1) timeline_.remove(kActivations, send);
     gathered_[u] = true;
@@ -387,8 +392,7 @@ class StepSimulation {
       timeline_.remove(kActivations, reducing_flat_);
       reducing_flat_ = 0;
       timeline_.add(kActivations, 4 * unit.gathered_numel);
-      for (const ShardedParameter& parameter : unit.layout.parameters)
-        timeline_.remove(kGradients, m_.compute_bytes() * parameter.rows * parameter.cols);
+      for (int64_t numel : unit.compute_numels) timeline_.remove(kGradients, m_.compute_bytes() * numel);
       if (transient_gradient_) timeline_.add(kGradients, shard);
       if (kept)
         reducing_flat_ = 4 * unit.gathered_numel;

@@ -8,6 +8,7 @@
 
 #include "common/allocation_failure.h"
 #include "common/errors.h"
+#include "common/padded_tensor.h"
 #include "model/layer_ops.h"
 
 namespace llm {
@@ -53,9 +54,10 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos,
 }
 
 MLPImpl::MLPImpl(const ModelConfig& config) {
-  gate_proj = register_module("gate_proj", make_linear(config.hidden_size, config.intermediate_size));
-  up_proj = register_module("up_proj", make_linear(config.hidden_size, config.intermediate_size));
-  down_proj = register_module("down_proj", make_linear(config.intermediate_size, config.hidden_size));
+  // The compute width (--pad_matmul_dims): zero pads beyond intermediate_size (model/units.h).
+  gate_proj = register_module("gate_proj", make_linear(config.hidden_size, config.compute_intermediate()));
+  up_proj = register_module("up_proj", make_linear(config.hidden_size, config.compute_intermediate()));
+  down_proj = register_module("down_proj", make_linear(config.compute_intermediate(), config.hidden_size));
 }
 
 at::Tensor MLPImpl::forward(const at::Tensor& x) {
@@ -142,7 +144,7 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const ModelConfig& config, UnitBuiltH
     bool same = parameters.size() == units_[u].parameters.size();
     for (size_t i = 0; same && i < parameters.size(); ++i)
       same = parameters[i].first == units_[u].parameters[i].name &&
-             parameters[i].second.sizes() == at::IntArrayRef(units_[u].parameters[i].shape);
+             parameters[i].second.sizes() == at::IntArrayRef(units_[u].parameters[i].module_shape());
     if (!same) throw std::logic_error("unit " + units_[u].name + ": the modules built differ from its description");
     if (on_unit_built) on_unit_built(units_[u], std::move(parameters));
   }
@@ -255,12 +257,14 @@ void init_unit_weights(const UnitSpec& unit, const NamedTensors& parameters, dou
       at::detail::createCPUGenerator(seed * 0x9E3779B97F4A7C15ULL + static_cast<uint64_t>(unit.index) + 1);
   for (size_t i = 0; i < parameters.size(); ++i) {
     const ParameterSpec& spec = unit.parameters.at(i);
-    const at::Tensor& param = parameters[i].second;
+    // The logical part only draws: the same values whether or not the compute side pads.
+    const at::Tensor param = logical_view(spec.shape, parameters[i].second);
+    zero_padding(spec.shape, parameters[i].second);
     if (spec.init == ParameterInit::ones) {
       param.fill_(1.0);
       continue;
     }
-    at::Tensor values = at::empty(param.sizes(), at::kFloat);
+    at::Tensor values = at::empty(spec.shape, at::kFloat);
     values.normal_(0.0, initializer_range, generator);
     param.copy_(values);
     if (spec.zero_row >= 0) param[spec.zero_row].zero_();

@@ -376,6 +376,13 @@ ModelConfig load_model_config(const std::string& path) {
       read_json_file(path, "pass --config with an HF LlamaConfig JSON file, e.g. configs/llama_60m.json"), path);
 }
 
+ModelConfig with_matmul_padding(ModelConfig model, const std::string& choice, bool cuda) {
+  const int64_t size = model.intermediate_size;
+  const bool pad = choice == "on" ? size % kMatmulPadMultiple != 0 : choice == "auto" && cuda && size % 8 != 0;
+  model.compute_intermediate_size = pad ? (size + kMatmulPadMultiple - 1) / kMatmulPadMultiple * kMatmulPadMultiple : 0;
+  return model;
+}
+
 int64_t ModelConfig::num_parameters() const {
   const int64_t h = hidden_size;
   const int64_t kv_width = num_key_value_heads * head_dim();

@@ -41,7 +41,15 @@ struct ModelConfig {
   int64_t bos_token_id = 0;
   int64_t eos_token_id = 1;
 
+  // The width the MLP computes at (--pad_matmul_dims): intermediate_size padded with zero rows
+  // and columns so every matmul dimension is a multiple of kMatmulPadMultiple; 0: not padded. Set
+  // for a run (with_matmul_padding), never read from nor written to a config file: the model, its
+  // checkpoints and exports stay intermediate_size wide (model/units.h).
+  int64_t compute_intermediate_size = 0;
+
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  int64_t compute_intermediate() const { return compute_intermediate_size > 0 ? compute_intermediate_size : intermediate_size; }
+  bool matmul_padded() const { return compute_intermediate() != intermediate_size; }
   // Exact parameter count of LlamaForCausalLM for this config (untied unless tie_word_embeddings).
   int64_t num_parameters() const;
   // An HF LlamaConfig object (no "name": that is the file stem) that parse_model_config reads back
@@ -57,6 +65,14 @@ struct ModelConfig {
 ModelConfig load_model_config(const std::string& path);
 // `source` names the JSON in messages (normally its path); the config's name is its stem.
 ModelConfig parse_model_config(const nlohmann::json& json, const std::string& source);
+
+// --pad_matmul_dims: where the compute side pads (auto: on a GPU, a dimension that is not a multiple
+// of 8 elements, which cuBLAS's Hopper kernels need for 16-byte strides; on: every dimension not a
+// multiple of kMatmulPadMultiple, on any device; off: none). Padded to a multiple of 128.
+inline constexpr const char* kPadMatmulChoices[] = {"auto", "on", "off"};
+inline constexpr int64_t kMatmulPadMultiple = 128;
+// MODEL with compute_intermediate_size set as CHOICE says for a run on a GPU (cuda) or not.
+ModelConfig with_matmul_padding(ModelConfig model, const std::string& choice, bool cuda);
 
 // How configuration messages show a JSON value ("integer 3", "string \"abc\"", "null") and a number.
 std::string describe_json_value(const nlohmann::json& value);

@@ -17,15 +17,24 @@ int64_t ParameterSpec::numel() const {
   return count;
 }
 
+int64_t ParameterSpec::compute_numel() const {
+  int64_t count = 1;
+  for (int64_t size : module_shape()) count *= size;
+  return count;
+}
+
 std::vector<UnitSpec> describe_units(const ModelConfig& config) {
   const int64_t h = config.hidden_size, I = config.intermediate_size, V = config.vocab_size;
+  const int64_t compute_I = config.compute_intermediate();
   const int64_t q = config.num_attention_heads * config.head_dim();
   const int64_t kv = config.num_key_value_heads * config.head_dim();
-  auto linear = [](std::string name, int64_t out, int64_t in) {
-    return ParameterSpec{std::move(name), {out, in}, ParameterInit::normal, /*linear=*/true};
+  auto linear = [](std::string name, int64_t out, int64_t in, std::vector<int64_t> compute_shape = {}) {
+    ParameterSpec spec{std::move(name), {out, in}, ParameterInit::normal, /*linear=*/true};
+    spec.compute_shape = compute_shape.empty() ? spec.shape : std::move(compute_shape);
+    return spec;
   };
   auto gain = [](std::string name, int64_t size) {
-    return ParameterSpec{std::move(name), {size}, ParameterInit::ones, /*linear=*/false};
+    return ParameterSpec{std::move(name), {size}, ParameterInit::ones, /*linear=*/false, -1, {size}};
   };
 
   std::vector<UnitSpec> units;
@@ -33,7 +42,7 @@ std::vector<UnitSpec> describe_units(const ModelConfig& config) {
   const int64_t padding_row = config.pad_token_id < 0 ? V + config.pad_token_id : config.pad_token_id;
   units.push_back({"embed", UnitKind::embedding, 0, -1,
                    {ParameterSpec{"model.embed_tokens.weight", {V, h}, ParameterInit::normal,
-                                  /*linear=*/false, padding_row}}});
+                                  /*linear=*/false, padding_row, {V, h}}}});
   for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
     const std::string prefix = "model.layers." + std::to_string(layer) + ".";
     units.push_back({"layer." + std::to_string(layer), UnitKind::decoder_layer, layer + 1, layer,
@@ -41,9 +50,9 @@ std::vector<UnitSpec> describe_units(const ModelConfig& config) {
                       linear(prefix + "self_attn.k_proj.weight", kv, h),
                       linear(prefix + "self_attn.v_proj.weight", kv, h),
                       linear(prefix + "self_attn.o_proj.weight", h, q),
-                      linear(prefix + "mlp.gate_proj.weight", I, h),
-                      linear(prefix + "mlp.up_proj.weight", I, h),
-                      linear(prefix + "mlp.down_proj.weight", h, I),
+                      linear(prefix + "mlp.gate_proj.weight", I, h, {compute_I, h}),
+                      linear(prefix + "mlp.up_proj.weight", I, h, {compute_I, h}),
+                      linear(prefix + "mlp.down_proj.weight", h, I, {h, compute_I}),
                       gain(prefix + "input_layernorm.weight", h),
                       gain(prefix + "post_attention_layernorm.weight", h)}});
   }

@@ -35,11 +35,20 @@ struct ParameterSpec {
   ParameterInit init = ParameterInit::normal;
   bool linear = false;          // a linear layer multiplies by it (autocast casts it to bf16)
   int64_t zero_row = -1;        // a row initialised to zero (the embedding's padding row), or -1
+  // The module's tensor: `shape` padded with zeros where the compute side pads (--pad_matmul_dims:
+  // the MLP's intermediate dimension), else `shape`. Only the modules and the gathered parameters
+  // have it; masters, gradient shards, optimizer state, checkpoints and exports have `shape`. Empty:
+  // `shape`.
+  std::vector<int64_t> compute_shape;
 
   int64_t rows() const { return shape.front(); }
   int64_t numel() const;
   int64_t cols() const { return numel() / rows(); }
+  const std::vector<int64_t>& module_shape() const { return compute_shape.empty() ? shape : compute_shape; }
+  int64_t compute_numel() const;
+  bool padded() const { return module_shape() != shape; }
 };
+
 
 struct UnitSpec {
   std::string name;   // "embed", "layer.3", "head"

@@ -10,6 +10,7 @@
 #include <c10/core/StorageImpl.h>
 
 #include "common/memory_stats.h"
+#include "common/padded_tensor.h"
 #ifdef TRAINER_HAVE_CUDA
 #include <c10/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -60,13 +61,20 @@ const char* to_string(ShardingStrategy strategy) {
 
 ShardedUnit::ShardedUnit(std::string name, std::vector<std::pair<std::string, at::Tensor>> parameters,
                          Communicator& communicator, ShardingStrategy strategy,
-                         at::ScalarType compute_dtype, bool resident_when_whole, bool offload_parameters)
+                         at::ScalarType compute_dtype, bool resident_when_whole, bool offload_parameters,
+                         std::vector<std::vector<int64_t>> logical_shapes)
     : name_(std::move(name)),
       parameters_(std::move(parameters)),
+      logical_shapes_(std::move(logical_shapes)),
       communicator_(communicator),
       strategy_(strategy) {
   const bool sharded = strategy_ != ShardingStrategy::no_shard;
-  layout_ = layout_for(name_, parameters_, communicator_, strategy_);
+  if (logical_shapes_.empty())
+    for (const auto& [parameter_name, parameter] : parameters_) logical_shapes_.push_back(parameter.sizes().vec());
+  if (logical_shapes_.size() != parameters_.size())
+    throw std::logic_error("ShardedUnit " + name_ + ": a logical shape for each parameter, or none");
+  for (size_t i = 0; i < parameters_.size(); ++i) padded_ = padded_ || parameters_[i].second.sizes().vec() != logical_shapes_[i];
+  layout_ = layout_for(name_, parameters_, communicator_, strategy_, logical_shapes_);
   {
     // Without autograd: copying from parameters that require grad would make the shard a non-leaf
     // with a CopySlices history, and every in-place optimizer update would then extend that graph
@@ -74,13 +82,13 @@ ShardedUnit::ShardedUnit(std::string name, std::vector<std::pair<std::string, at
     at::NoGradGuard no_grad;
     master_ = at::empty({layout_.shard_numel}, parameters_.front().second.options().dtype(at::kFloat));
     for (size_t i = 0; i < parameters_.size(); ++i)
-      slice(master_, layout_.parameters[i]).copy_(layout_.take_rows(layout_.parameters[i], parameters_[i].second));
+      slice(master_, layout_.parameters[i]).copy_(layout_.take_rows(layout_.parameters[i], logical(i, parameters_[i].second)));
     gradient_ = at::zeros_like(master_);
     gradient_options_ = gradient_.options();
   }
   compute_dtype_ = compute_dtype;
   parameters_offloaded_ = offload_parameters;
-  resident_ = resident_when_whole && layout_.world_size == 1 && !offload_parameters;
+  resident_ = resident_when_whole && layout_.world_size == 1 && !offload_parameters && !padded_;
   gathers_ = !resident_ && (sharded || offload_parameters);
   // The compute shard persists only where something reads it between steps: fp32 (it is the master)
   // and a resident unit (its parameters are views of it). A gathered bf16 unit rounds its master rows
@@ -118,11 +126,19 @@ ShardedUnit::ShardedUnit(std::string name, std::vector<std::pair<std::string, at
 
 FlatShardLayout ShardedUnit::layout_for(const std::string& name,
                                         const std::vector<std::pair<std::string, at::Tensor>>& parameters,
-                                        const Communicator& communicator, ShardingStrategy strategy) {
+                                        const Communicator& communicator, ShardingStrategy strategy,
+                                        const std::vector<std::vector<int64_t>>& logical_shapes) {
   // no_shard: every rank holds the whole unit, laid out as rank 0 of a world of one.
   const bool sharded = strategy != ShardingStrategy::no_shard;
-  return FlatShardLayout::build(name, parameters, sharded ? communicator.rank() : 0,
-                                sharded ? communicator.world_size() : 1);
+  const int rank = sharded ? communicator.rank() : 0, world = sharded ? communicator.world_size() : 1;
+  if (logical_shapes.empty()) return FlatShardLayout::build(name, parameters, rank, world);
+  std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+  for (size_t i = 0; i < parameters.size(); ++i) shapes.emplace_back(parameters[i].first, logical_shapes.at(i));
+  return FlatShardLayout::from_shapes(name, shapes, rank, world);
+}
+
+at::Tensor ShardedUnit::logical(size_t i, const at::Tensor& tensor) const {
+  return padded_ ? logical_view(logical_shapes_[i], tensor) : tensor;
 }
 
 void ShardedUnit::publish_shard() {
@@ -134,7 +150,7 @@ void ShardedUnit::publish_shard() {
     compute_.copy_(master_, /*non_blocking=*/parameters_offloaded_ && master_.is_cuda());
   if (resident_ || gathers_) return;
   for (size_t i = 0; i < parameters_.size(); ++i)  // copy_ rounds to the parameters' dtype
-    parameters_[i].second.variable_data().copy_(layout_.full_from_gathered(layout_.parameters[i], source));
+    logical(i, parameters_[i].second.variable_data()).copy_(layout_.full_from_gathered(layout_.parameters[i], source));
 }
 
 void ShardedUnit::offload_master() {
@@ -181,7 +197,9 @@ void ShardedUnit::fill_compute_parameters(const CollectiveStream& stream) {
   for (size_t i = 0; i < parameters_.size(); ++i) {
     const at::Tensor& parameter = parameters_[i].second;
     allocate_storage(parameter);
-    layout_.copy_full_from_gathered(layout_.parameters[i], gathered, parameter.variable_data());
+    // Fresh storage may hold anything (a NaN times a zero weight is NaN): the pads are zeroed each time.
+    if (padded_) zero_padding(logical_shapes_[i], parameter.variable_data());
+    layout_.copy_full_from_gathered(layout_.parameters[i], gathered, logical(i, parameter.variable_data()));
   }
 }
 
@@ -337,7 +355,7 @@ void ShardedUnit::reduce_into_shard() {
         const at::Tensor& grad = parameters_[i].second.grad();
         at::Tensor target = slice(gradient_, layout_.parameters[i]);
         if (grad.defined())
-          target.copy_(grad.reshape({-1}));
+          target.copy_(grad.reshape({-1}));  // (a padded unit is never resident: its full gradients are whole)
         else
           target.zero_();
         parameters_[i].second.mutable_grad() = at::Tensor();
@@ -350,7 +368,7 @@ void ShardedUnit::reduce_into_shard() {
   for (size_t i = 0; i < parameters_.size(); ++i) {
     const at::Tensor& grad = parameters_[i].second.grad();
     if (grad.defined())
-      layout_.scatter_into(layout_.parameters[i], grad, flat);  // bf16 converts in the copy
+      layout_.scatter_into(layout_.parameters[i], logical(i, grad), flat);  // bf16 converts in the copy; pads left out
     else
       layout_.scatter_into(layout_.parameters[i], at::zeros(layout_.parameters[i].full_shape, gradient_options_), flat);
     parameters_[i].second.mutable_grad() = at::Tensor();

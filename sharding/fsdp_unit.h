@@ -75,9 +75,15 @@ class ShardedUnit {
   // become compute_dtype, and for the sharded strategies their storage is freed until gather().
   // resident_when_whole: a unit whose shard is the whole unit keeps its parameters as views of its
   // shards (above); false gathers and releases it like any other (tests of the gather path).
+  // logical_shapes: where the compute side pads (--pad_matmul_dims, model/units.h), each
+  // parameter's shape without the pads, a leading part of its tensor's: the shards, the layout and
+  // the checkpoints hold that part only, a gather writes it and zeroes the pads, and a reduction
+  // reads it. Empty: the tensors' own shapes. A padded unit is never resident (its parameters
+  // cannot be views of a shard laid out without the pads).
   ShardedUnit(std::string name, std::vector<std::pair<std::string, at::Tensor>> parameters,
               Communicator& communicator, ShardingStrategy strategy, at::ScalarType compute_dtype,
-              bool resident_when_whole = false, bool offload_parameters = false);
+              bool resident_when_whole = false, bool offload_parameters = false,
+              std::vector<std::vector<int64_t>> logical_shapes = {});
 
   ~ShardedUnit();
 
@@ -85,7 +91,8 @@ class ShardedUnit {
   // whole unit, as rank 0 of a world of one): which rows of each parameter it holds.
   static FlatShardLayout layout_for(const std::string& name,
                                     const std::vector<std::pair<std::string, at::Tensor>>& parameters,
-                                    const Communicator& communicator, ShardingStrategy strategy);
+                                    const Communicator& communicator, ShardingStrategy strategy,
+                                    const std::vector<std::vector<int64_t>>& logical_shapes = {});
 
   void gather();  // also waits for a prefetch in flight
   // Starts the gather on gather_stream (a CUDA stream of the communicator's device) and returns at
@@ -179,6 +186,10 @@ class ShardedUnit {
  private:
   std::string name_;
   std::vector<std::pair<std::string, at::Tensor>> parameters_;
+  std::vector<std::vector<int64_t>> logical_shapes_;  // each parameter's shape without the pads
+  bool padded_ = false;                               // some parameter has pads
+  // The part of a tensor shaped like parameter i's that the layout holds (the tensor when unpadded).
+  at::Tensor logical(size_t i, const at::Tensor& tensor) const;
   Communicator& communicator_;
   ShardingStrategy strategy_;
   FlatShardLayout layout_;

@@ -36,11 +36,12 @@ ShardedModel::ShardedModel(Communicator& communicator, ShardingOptions options)
 ShardedModel::~ShardedModel() = default;
 
 size_t ShardedModel::add_unit(std::string name, std::vector<std::pair<std::string, at::Tensor>> parameters,
-                              UnitForward forward) {
+                              UnitForward forward, std::vector<std::vector<int64_t>> logical_shapes) {
   if (started_) throw std::logic_error("ShardedModel: unit " + name + " added after the first pass");
   units_.push_back(std::make_unique<ShardedUnit>(std::move(name), std::move(parameters), communicator_,
                                                  options_.strategy, options_.compute_dtype,
-                                                 options_.resident_when_whole, options_.offload_parameters));
+                                                 options_.resident_when_whole, options_.offload_parameters,
+                                                 std::move(logical_shapes)));
   units_.back()->set_reduce_stream(reduce_stream_);
   forwards_.push_back(std::move(forward));
   // Nothing has run yet, so a fresh plan over the units so far is the plan.

@@ -88,12 +88,14 @@ class ShardedModel {
   ShardedModel& operator=(const ShardedModel&) = delete;
 
   // Shards a unit now (before the first forward). Returns its index.
+  // logical_shapes: the parameters' shapes without the compute side's pads (ShardedUnit), or none.
   size_t add_unit(std::string name, std::vector<std::pair<std::string, at::Tensor>> parameters,
-                  UnitForward forward = nullptr);
+                  UnitForward forward = nullptr, std::vector<std::vector<int64_t>> logical_shapes = {});
   // The layout add_unit will give this rank's shard of such a unit (ShardedUnit::layout_for).
   FlatShardLayout layout_for(const std::string& name,
-                             const std::vector<std::pair<std::string, at::Tensor>>& parameters) const {
-    return ShardedUnit::layout_for(name, parameters, communicator_, options_.strategy);
+                             const std::vector<std::pair<std::string, at::Tensor>>& parameters,
+                             const std::vector<std::vector<int64_t>>& logical_shapes = {}) const {
+    return ShardedUnit::layout_for(name, parameters, communicator_, options_.strategy, logical_shapes);
   }
   void set_forward(size_t unit, UnitForward forward);
   // Activation checkpointing: one flag per unit (fewer than units: the rest are not), set before the

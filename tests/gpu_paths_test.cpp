@@ -176,7 +176,10 @@ INSTANTIATE_TEST_SUITE_P(
         GpuCase{"staged_2_ranks_offload_parameters_no_shard_fused", 2, "",
                 "--sharding no_shard --offload parameters --fuse_optimizer_with_backward --grad_clipping 0", 1e-4},
         GpuCase{"staged_4_ranks_offload_both_shard_grad_op", 4, "",
-                "--sharding shard_grad_op --offload optimizer,parameters --optimizer adamw_sn", 1e-4}),
+                "--sharding shard_grad_op --offload optimizer,parameters --optimizer adamw_sn", 1e-4},
+        // --pad_matmul_dims on: the MLP at 128 wide (llama_micro's 88), gathered with zeroed pads.
+        GpuCase{"padded_mlp_bf16_pure", 1, "", "--dtype bfloat16 --precision pure --pad_matmul_dims on", 2e-2},
+        GpuCase{"padded_mlp_staged_2_ranks", 2, "", "--pad_matmul_dims on", 1e-4}),
     [](const ::testing::TestParamInfo<GpuCase>& info) { return info.param.name; });
 
 // Parameter offload on the GPU changes where the rows wait, not the arithmetic: the same bits as the

@@ -10,6 +10,7 @@
 #include "checkpoint/interchange/pretrained.h"
 #include "common/device.h"
 #include "common/errors.h"
+#include "common/padded_tensor.h"
 #include "common/split.h"
 #include "common/log.h"
 #include "common/memory_stats.h"
@@ -134,7 +135,7 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
       sharded_(communicator_,
                {run.sharding.strategy, run.sharding.prefetch,
                 run.precision.dtype == DType::bfloat16 && run.precision.mode == Precision::pure ? at::kBFloat16 : at::kFloat,
-                resident_units_allowed(), offloads_parameters(run.sharding.offload)}),
+                resident_units_allowed() && !model_config.matmul_padded(), offloads_parameters(run.sharding.offload)}),
       model_(seeded(model_config, run.seed),
              [this](const UnitSpec& unit, NamedTensors parameters) { shard_when_built(unit, std::move(parameters)); }),
       divergence_(run.divergence_patience, run.optimizer.warmup_steps.value(), model_config.vocab_size) {
@@ -231,13 +232,21 @@ void Training::shard_when_built(const UnitSpec& unit, NamedTensors parameters) {
     }
   }
   init_unit_weights(unit, parameters, model_config_.initializer_range, run_.seed);
+  // The shards, the layout and --init_from see each parameter without the compute side's pads.
+  std::vector<std::vector<int64_t>> logical_shapes;
+  NamedTensors logical_parameters;
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    logical_shapes.push_back(unit.parameters[i].shape);
+    logical_parameters.emplace_back(parameters[i].first, logical_view(unit.parameters[i].shape, parameters[i].second));
+  }
   if (context_.init_from != nullptr)  // this rank's rows replace the seeded init (the rest is dropped at sharding)
-    init_from_bytes_ += context_.init_from->load_rows(unit, parameters, sharded_.layout_for(unit.name, parameters));
+    init_from_bytes_ += context_.init_from->load_rows(unit, logical_parameters,
+                                                      sharded_.layout_for(unit.name, parameters, logical_shapes));
   int64_t held = unit_bytes;
   for (size_t u = 0; u < sharded_.unit_count(); ++u) held += sharded_.unit(u).compute_parameter_bytes();
   startup_peak_bytes_ = std::max(startup_peak_bytes_, held);
   largest_unit_bytes_ = std::max(largest_unit_bytes_, unit_bytes);
-  sharded_.add_unit(unit.name, std::move(parameters));
+  sharded_.add_unit(unit.name, std::move(parameters), nullptr, std::move(logical_shapes));
 }
 
 TrainingOutcome Training::run() {
@@ -474,7 +483,8 @@ std::optional<std::string> ranks_sharing_a_gpu(const std::vector<std::string>& g
 }
 
 TrainingOutcome train(const ModelConfig& model_config, const RunConfig& run, const RuntimeContext& context) {
-  Training training(model_config, run, context);
+  // --pad_matmul_dims: the modules, the gathers and the estimate's activations at the compute width.
+  Training training(with_matmul_padding(model_config, run.pad_matmul_dims, context.device.is_cuda()), run, context);
   return training.run();
 }
 

@@ -130,6 +130,10 @@ void add_backward_flags(CLI::App& app, NumberFlags& numbers, TrainingFlags& flag
   flags.add(app.add_option("--fused_ops", run.fused_ops,
                            "CUDA kernels in place of the layer's ATen forms, comma-separated: rms_norm (LibTorch's "
                            "fused RMSNorm: one rounding, within a bf16 ulp of transformers' two); default none"));
+  flags.add(app.add_option("--pad_matmul_dims", run.pad_matmul_dims,
+                           "pad the MLP's intermediate dimension with zeros to a multiple of 128 in the compute copies "
+                           "only (masters, optimizer state, checkpoints stay as the config says): auto (on a GPU, where "
+                           "it is not a multiple of 8), on, off; default auto"));
 }
 
 // --warmup_steps, which --help lists here rather than with the schedule's flags; read into FLAGS, as

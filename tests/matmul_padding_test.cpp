@@ -1,0 +1,206 @@
+// --pad_matmul_dims: the MLP's intermediate dimension padded with zeros on the compute side only.
+// On a config whose intermediate size is odd (tests/fixtures/llama_micro_odd.json: 85, padded to
+// 128), a padded run trains as the unpadded one does (the same losses to rounding) at 1 to 4 ranks,
+// with each optimizer, strategy and precision; its checkpoints hold the same names and shapes; a
+// checkpoint of one resumes in the other; the estimate counts the padded compute copies.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "model/model_config.h"
+#include "model/units.h"
+#include "tests/run_comparison.h"
+#include "tests/test_util.h"
+
+namespace llm::matmul_padding_test {
+namespace {
+
+using testing::run_command;
+
+std::string odd_config() { return (testing::source_dir() / "tests/fixtures/llama_micro_odd.json").string(); }
+
+TEST(MatmulPadding, WhenEachChoicePads) {
+  ModelConfig model = load_model_config(odd_config());
+  EXPECT_EQ(with_matmul_padding(model, "auto", /*cuda=*/false).compute_intermediate(), 85) << "auto pads on a GPU only";
+  EXPECT_EQ(with_matmul_padding(model, "auto", /*cuda=*/true).compute_intermediate(), 128);
+  EXPECT_EQ(with_matmul_padding(model, "on", /*cuda=*/false).compute_intermediate(), 128);
+  EXPECT_EQ(with_matmul_padding(model, "off", /*cuda=*/true).compute_intermediate(), 85);
+  model.intermediate_size = 5461;  // llama_1b
+  EXPECT_EQ(with_matmul_padding(model, "auto", true).compute_intermediate(), 5504);
+  model.intermediate_size = 2736;  // llama_350m: a multiple of 8, left alone by auto
+  EXPECT_EQ(with_matmul_padding(model, "auto", true).compute_intermediate(), 2736);
+  EXPECT_EQ(with_matmul_padding(model, "on", true).compute_intermediate(), 2816);
+  model.intermediate_size = 256;   // a multiple of 128: nothing to pad
+  EXPECT_FALSE(with_matmul_padding(model, "on", true).matmul_padded());
+}
+
+TEST(MatmulPadding, OnlyTheMlpsModuleTensorsArePadded) {
+  const ModelConfig model = with_matmul_padding(load_model_config(odd_config()), "on", false);
+  int padded = 0;
+  for (const UnitSpec& unit : describe_units(model))
+    for (const ParameterSpec& parameter : unit.parameters) {
+      const bool mlp = parameter.name.find(".mlp.") != std::string::npos;
+      EXPECT_EQ(parameter.padded(), mlp) << parameter.name;
+      if (!mlp) continue;
+      ++padded;
+      const bool down = parameter.name.find("down_proj") != std::string::npos;
+      EXPECT_EQ(parameter.shape, (down ? std::vector<int64_t>{32, 85} : std::vector<int64_t>{85, 32})) << parameter.name;
+      EXPECT_EQ(parameter.compute_shape, (down ? std::vector<int64_t>{32, 128} : std::vector<int64_t>{128, 32}))
+          << parameter.name;
+    }
+  EXPECT_EQ(padded, 3 * model.num_hidden_layers);
+  EXPECT_EQ(model.num_parameters(), load_model_config(odd_config()).num_parameters()) << "the count stays logical";
+}
+
+struct PaddingCase {
+  std::string name;
+  int ranks;
+  std::string flags;
+  double tolerance;  // relative, on each step's loss and gradient norm
+};
+
+const testing::RecordedRun& odd_run(const PaddingCase& c, const std::string& padding) {
+  constexpr int kGlobalBatch = 8;
+  return testing::recorded_run(
+      c.ranks, "--config " + odd_config() +
+                   " --device cpu --num_training_steps 4 --warmup_steps 1 --max_length 32 --eval_every 2 --eval_batches 1"
+                   " --weight_decay 0.1 --grad_clipping 0.05 --lr 1e-2 --save_every 4 --total_batch_size " +
+                   std::to_string(kGlobalBatch) + " --batch_size " + std::to_string(kGlobalBatch / c.ranks / 2) + " " +
+                   c.flags + " --pad_matmul_dims " + padding);
+}
+
+std::vector<nlohmann::json> train_records(const std::filesystem::path& run_dir) {
+  std::vector<nlohmann::json> records;
+  std::ifstream in(run_dir / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    nlohmann::json record = nlohmann::json::parse(line);
+    if (record.value("event", "") == "train") records.push_back(std::move(record));
+  }
+  return records;
+}
+
+class PaddedRun : public ::testing::TestWithParam<PaddingCase> {};
+
+TEST_P(PaddedRun, TrainsAsTheUnpaddedRunAndSavesTheSameTensors) {
+  const PaddingCase& c = GetParam();
+  const testing::RecordedRun& plain = odd_run(c, "off");
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  const testing::RecordedRun& padded = odd_run(c, "on");
+  ASSERT_EQ(padded.exit_code, 0) << padded.output;
+  const auto expected = train_records(plain.run_dir()), got = train_records(padded.run_dir());
+  ASSERT_EQ(got.size(), 4u);
+  ASSERT_EQ(expected.size(), got.size());
+  for (size_t i = 0; i < got.size(); ++i)
+    for (const char* key : {"loss", "grad_norm"}) {
+      const double want = expected[i].at(key), have = got[i].at(key);
+      EXPECT_NEAR(have, want, c.tolerance * std::abs(want)) << "step " << i + 1 << " " << key;
+    }
+  // The checkpoints: the same tensors by name and shape (the logical ones), equal to rounding.
+  const testing::Checkpoint want = testing::load_checkpoint((plain.save_dir() / "step_4").string());
+  const testing::Checkpoint have = testing::load_checkpoint((padded.save_dir() / "step_4").string());
+  for (const auto* maps : {&want.model, &want.optimizer}) {
+    const auto& other = maps == &want.model ? have.model : have.optimizer;
+    ASSERT_EQ(maps->size(), other.size());
+    for (const auto& [name, tensor] : *maps) {
+      const auto found = other.find(name);
+      ASSERT_NE(found, other.end()) << name;
+      ASSERT_EQ(found->second.sizes(), tensor.sizes()) << name;
+      if (tensor.is_floating_point())
+        EXPECT_LE((found->second.to(at::kDouble) - tensor.to(at::kDouble)).abs().max().item<double>(),
+                  c.tolerance * 10 * std::max(1.0, tensor.to(at::kDouble).abs().max().item<double>()))
+            << name;
+    }
+  }
+  // The compute copies are wider: the gathered parameters (the ledger's) grow, the optimizer's not.
+  // (At one rank the unpadded units are resident, the padded ones gathered one or two at a time.)
+  if (c.ranks > 1)
+    EXPECT_GT(testing::ledger_summary_max(padded.run_dir(), 0, "parameters"),
+              testing::ledger_summary_max(plain.run_dir(), 0, "parameters"));
+  EXPECT_EQ(testing::ledger_summary_max(padded.run_dir(), 0, "optimizer_device"),
+            testing::ledger_summary_max(plain.run_dir(), 0, "optimizer_device"));
+}
+
+// Each optimizer, strategy and precision, 1 to 4 ranks; fp32 to a few ulps of the sums (the pads
+// add exact zeros, but the matmuls may block another way), bf16 to its rounding.
+const PaddingCase kCases[] = {
+    {"adamw_fp32_1rank", 1, "", 1e-5},
+    {"adamw_fp32_full_shard_4ranks", 4, "", 1e-5},
+    {"adamw_sn_fp32_shard_grad_op_2ranks", 2, "--optimizer adamw_sn --sharding shard_grad_op", 1e-5},
+    {"galore_fp32_no_shard_2ranks", 2, "--optimizer galore_adamw --rank 8 --update_proj_gap 2 --sharding no_shard", 1e-5},
+    {"adamw_bf16_mixed_2ranks", 2, "--dtype bfloat16 --precision mixed", 1e-2},
+    {"adamw_sn_bf16_pure_4ranks", 4, "--dtype bfloat16 --precision pure --optimizer adamw_sn", 1e-2},
+    {"galore_bf16_pure_1rank", 1, "--dtype bfloat16 --precision pure --optimizer galore_adamw --rank 8 --update_proj_gap 2",
+     1e-2},
+    {"offload_optimizer_parameters_2ranks", 2, "--offload optimizer,parameters", 1e-5},
+    {"recompute_and_checkpointing_2ranks", 2, "--recompute norm,swiglu", 1e-5},
+};
+
+INSTANTIATE_TEST_SUITE_P(Cases, PaddedRun, ::testing::ValuesIn(kCases), [](const auto& info) { return info.param.name; });
+
+// A checkpoint saved padded resumes unpadded, and the other way: the continued steps are those of
+// the uninterrupted run of the other kind, to rounding.
+TEST(PaddedCheckpoints, ResumeAcrossPaddedAndUnpadded) {
+  for (const auto& [first, second] : {std::pair<std::string, std::string>{"on", "off"}, {"off", "on"}}) {
+    SCOPED_TRACE(first + " then " + second);
+    testing::ScratchDir dir("padding_resume_" + first);
+    const std::string base = testing::trainer_launcher(2) + " --config " + odd_config() +
+                             " --device cpu --warmup_steps 1 --max_length 32 --batch_size 2 --total_batch_size 8"
+                             " --lr 1e-2 --save_every 2";
+    const std::string saves = " --save_dir " + (dir / "ckpt").string();
+    const auto saved = run_command(base + saves + " --num_training_steps 4 --stop_at_step 2 --pad_matmul_dims " + first + " --run_dir " +
+                                   (dir / "a").string());
+    ASSERT_EQ(saved.exit_code, 0) << saved.output;
+    const auto resumed = run_command(base + saves + " --num_training_steps 4 --pad_matmul_dims " + second +
+                                     " --run_dir " + (dir / "b").string() + " --continue_from " + (dir / "ckpt").string());
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    const auto whole = run_command(base + " --num_training_steps 4 --pad_matmul_dims " + second + " --run_dir " +
+                                   (dir / "c").string() + " --save_dir " + (dir / "ckpt_whole").string());
+    ASSERT_EQ(whole.exit_code, 0) << whole.output;
+    const auto continued = train_records(dir / "b"), uninterrupted = train_records(dir / "c");
+    ASSERT_GE(uninterrupted.size(), 4u);
+    ASSERT_GE(continued.size(), 2u);
+    const double want = uninterrupted.back().at("loss"), have = continued.back().at("loss");
+    EXPECT_NEAR(have, want, 1e-5 * std::abs(want));
+  }
+}
+
+// trainer estimate counts the padded compute copies and activations: within the ledger's bound of
+// the measured padded run (1 and 2 ranks), and above the unpadded estimate.
+TEST(PaddedEstimate, CountsTheWiderComputeCopies) {
+  for (int ranks : {1, 2}) {
+    SCOPED_TRACE(std::to_string(ranks) + " ranks");
+    const PaddingCase c{"estimate", ranks, "", 1e-5};
+    const testing::RecordedRun& padded = odd_run(c, "on");
+    ASSERT_EQ(padded.exit_code, 0) << padded.output;
+    auto estimate_peak = [&](const std::string& padding) {
+      const auto result = run_command(testing::trainer_binary().string() + " estimate --config " + odd_config() +
+                                      " --device cpu --max_length 32 --batch_size " + std::to_string(8 / ranks / 2) +
+                                      " --total_batch_size 8 --world_size " + std::to_string(ranks) +
+                                      " --pad_matmul_dims " + padding + " --json");
+      EXPECT_EQ(result.exit_code, 0) << result.output;
+      return nlohmann::json::parse(result.output).at("ranks").at(0);
+    };
+    const nlohmann::json on = estimate_peak("on"), off = estimate_peak("off");
+    EXPECT_GT(on.at("max").at("parameters").get<int64_t>(), off.at("max").at("parameters").get<int64_t>());
+    EXPECT_EQ(on.at("max").at("parameters").get<int64_t>(), testing::ledger_summary_max(padded.run_dir(), 0, "parameters"));
+    EXPECT_EQ(on.at("max").at("optimizer_device").get<int64_t>(),
+              testing::ledger_summary_max(padded.run_dir(), 0, "optimizer_device"));
+  }
+}
+
+TEST(MatmulPaddingFlag, BadValueIsNamed) {
+  const auto result = run_command(testing::trainer_binary().string() + " --config " + odd_config() +
+                                  " --device cpu --max_length 32 --num_training_steps 1 --pad_matmul_dims sometimes");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find("--pad_matmul_dims: expected auto"), std::string::npos) << result.output;
+}
+
+}  // namespace
+}  // namespace llm::matmul_padding_test
