@@ -161,10 +161,10 @@ void OptimizerOffload::step_on_host(size_t unit) {
 #ifdef TRAINER_HAVE_CUDA
   if (on_cuda_) copies_->gradient_landed.at(unit).synchronize();
 #endif
-  if (gradient_scale_ != 1.0) gradients_.at(unit).mul_(gradient_scale_);
-  // The step writes the updated rows, rounded, straight into what goes to the device (AdamW's host
-  // kernel in the same pass): the staging buffer on CUDA, the unit's compute shard on a CPU rank.
-  optimizer_->step_unit(unit, lr_, rounded_destination(unit));
+  // The step scales the gradient by the clip coefficient as it reads it and writes the updated rows,
+  // rounded, straight into what goes to the device (AdamW's host kernel, one pass): the staging
+  // buffer on CUDA, the unit's compute shard on a CPU rank.
+  optimizer_->step_unit(unit, lr_, rounded_destination(unit), gradient_scale_);
   send_to_device(unit);
 }
 

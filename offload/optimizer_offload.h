@@ -24,10 +24,10 @@
 //                       the copy is done (recordStream) (CUDA), or in line (CPU); then the shard is freed
 //   step(lr, scale)     (after the last backward, once the global norm is known: clipping is exact)
 //                       queues every unit in the optimizer pass's order (embed first); the worker, per
-//                       unit: waits for u's D2H copy, scales the gradient by the clip coefficient (what
-//                       clip_gradients does to the shard without offload), step_unit(u) writing the
-//                       updated rows rounded into u's staging buffer (AdamW's host kernel in the
-//                       same pass), copies that into u's compute shard (H2D stream, then an event),
+//                       unit: waits for u's D2H copy, step_unit(u) with the clip coefficient (AdamW's
+//                       host kernel multiplies the gradient by it as it reads it, and writes the
+//                       updated rows rounded into u's staging buffer in the same pass: one pass over
+//                       the unit's bytes), copies that into u's compute shard (H2D stream, then an event),
 //                       and marks u done
 //   wait_unit(u)        (ShardedModel's before_shard_read: before u's gather or forward in step t+1,
 //                       or in an evaluation) blocks until the worker marked u done, then orders the

@@ -118,8 +118,11 @@ void adamw_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg
 
 void adamw_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
                   at::Tensor& exp_avg_sq, double lr, const AdamWOptions& options,
-                  double weight_decay, int64_t step, at::Tensor& compute_out, const StateRounding& rounding) {
+                  double weight_decay, int64_t step, at::Tensor& compute_out, const StateRounding& rounding,
+                  double gradient_scale) {
   check_update_arguments(param, grad, exp_avg, exp_avg_sq, lr, weight_decay, step);
+  LLM_REQUIRE(std::isfinite(gradient_scale) && gradient_scale >= 0, "adamw_update", "gradient_scale",
+              "must be finite and >= 0");
   if (compute_out.defined()) {
     LLM_REQUIRE(compute_out.is_contiguous() && compute_out.numel() == param.numel() &&
                     compute_out.device() == param.device(),
@@ -127,7 +130,7 @@ void adamw_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg
                 "must be contiguous with param's elements on its device, got " + describe(compute_out) +
                     " for param " + describe(param));
   }
-  const AdamWScalars scalars = adamw_scalars(lr, options, weight_decay, step);
+  const AdamWScalars scalars = adamw_scalars(lr, options, weight_decay, step, gradient_scale);
   const bool fused_copy = compute_out.defined() && !param.device().is_cuda() &&
                           compute_out.scalar_type() == at::kBFloat16;
   if (param.device().is_cuda()) {
@@ -150,8 +153,8 @@ void adamw_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg
 }
 
 AdamWScalars adamw_scalars(double lr, const AdamWOptions& options, double weight_decay,
-                           int64_t step) {
-  return make_adamw_scalars(lr, options.beta1, options.beta2, options.eps, weight_decay, step);
+                           int64_t step, double gradient_scale) {
+  return make_adamw_scalars(lr, options.beta1, options.beta2, options.eps, weight_decay, step, gradient_scale);
 }
 
 // c10::BFloat16 is a uint16_t's worth of bits with the same layout the host kernels take.

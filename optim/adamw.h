@@ -38,14 +38,16 @@ void adamw_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg
 // is copied after the update. exp_avg and exp_avg_sq may both be bf16 (--optimizer_state_dtype
 // bfloat16): read exactly, the step computed in fp32, stored rounded stochastically by `rounding`
 // (optim/state_rounding.h).
+// gradient_scale: the gradient is multiplied by it first, in the same pass (the clip coefficient:
+// the same bits as grad.mul_(gradient_scale) before the update, on an fp32 gradient).
 void adamw_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
                   at::Tensor& exp_avg_sq, double lr, const AdamWOptions& options,
                   double weight_decay, int64_t step, at::Tensor& compute_out,
-                  const StateRounding& rounding);
+                  const StateRounding& rounding, double gradient_scale = 1.0);
 
 // The scalars of one update (lr >= 0, weight_decay >= 0, step >= 1: the caller checked them).
 AdamWScalars adamw_scalars(double lr, const AdamWOptions& options, double weight_decay,
-                           int64_t step);
+                           int64_t step, double gradient_scale = 1.0);
 
 // The host step on raw arrays, as CPU offload calls it: one pass over numel elements that reads
 // grad (fp32 or bf16), master, exp_avg and exp_avg_sq (fp32) and writes master and the moments in

@@ -4,6 +4,7 @@
 // Thrust kernel in optim/adamw_cuda.cu. It follows torch.optim.AdamW's single-tensor path (non-foreach, non-amsgrad)
 // operation by operation, in fp32 and in the same order, so that the two agree to rounding:
 //
+//   g = g * s                                grad.mul_(clip coefficient), folded in (s = 1: none)
 //   p = p * (1 - lr * wd)                    param.mul_(1 - lr * weight_decay)
 //   m = m + (1 - beta1) * (g - m)            exp_avg.lerp_(grad, 1 - beta1)   (beta1 > 0.5; below,
 //                                            lerp's other form: see lerp_like_torch)
@@ -41,11 +42,15 @@ struct AdamWScalars {
   float bias_correction2_sqrt;     // sqrt(1 - beta2^step)
   float eps;
   float negative_step_size;        // -lr / (1 - beta1^step)
+  // The gradient's multiplier, read first: the clip coefficient (1: no clipping). g * s in fp32 is
+  // what grad.mul_(s) on an fp32 gradient stores, so folding it in reads the gradient once instead
+  // of a second pass over it (issue 42), to the same bits.
+  float gradient_scale;
 };
 
 // Computes the scalars for one update; step is 1-based. Host only (the caller validated inputs).
 inline AdamWScalars make_adamw_scalars(double lr, double beta1, double beta2, double eps,
-                                       double weight_decay, int64_t step) {
+                                       double weight_decay, int64_t step, double gradient_scale = 1.0) {
   const double steps = static_cast<double>(step);
   const double bias_correction1 = 1.0 - std::pow(beta1, steps);
   const double bias_correction2 = 1.0 - std::pow(beta2, steps);
@@ -60,6 +65,7 @@ inline AdamWScalars make_adamw_scalars(double lr, double beta1, double beta2, do
   scalars.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
   scalars.eps = static_cast<float>(eps);
   scalars.negative_step_size = static_cast<float>(-(lr / bias_correction1));
+  scalars.gradient_scale = static_cast<float>(gradient_scale);
   return scalars;
 }
 
@@ -110,7 +116,7 @@ struct AdamWElementUpdate {
   StateRounding rounding{};     // bf16 state only
 
   LLM_HOST_DEVICE void operator()(int64_t i) const {
-    const float gradient = gradient_to_float(grad[i]);
+    const float gradient = gradient_to_float(grad[i]) * scalars.gradient_scale;
     const float decayed_param = param[i] * scalars.decay_factor;
     const float first_moment = lerp_like_torch<kLerpFromStart>(state_to_float(exp_avg[i]), gradient,
                                                                scalars.exp_avg_lerp_coefficient);

@@ -67,13 +67,15 @@ void update_range(const llm::AdamWHostArrays& arrays, const llm::AdamWScalars& s
   const Float bias_correction2_sqrt = Vec::broadcast(scalars.bias_correction2_sqrt);
   const Float eps = Vec::broadcast(scalars.eps);
   const Float negative_step_size = Vec::broadcast(scalars.negative_step_size);
+  const Float gradient_scale = Vec::broadcast(scalars.gradient_scale);
 
   // Always inlined: GCC 12 left this body out of line in every bf16-state instantiation of the
   // AVX2 unit (a call per vector, the scalars reloaded through memory each time); inlined, that
   // step's arithmetic in cache took 6-41 % less time in 5 of 5 interleaved pairs on an Intel Xeon
   // (docs/optimizers.md). The other instantiations were inlined already.
   const auto update_vector = [&](int64_t i) __attribute__((always_inline)) {
-    const Float gradient = kGradBf16 ? Vec::load_bf16(grad_bf16 + i) : Vec::load(grad_fp32 + i);
+    const Float gradient =
+        Vec::mul(kGradBf16 ? Vec::load_bf16(grad_bf16 + i) : Vec::load(grad_fp32 + i), gradient_scale);
     const Float first = kStateBf16 ? Vec::load_bf16(exp_avg_bf16 + i) : Vec::load(exp_avg + i);
     const Float second = kStateBf16 ? Vec::load_bf16(exp_avg_sq_bf16 + i) : Vec::load(exp_avg_sq + i);
     const Float decayed_param = Vec::mul(Vec::load(param + i), decay_factor);

@@ -141,21 +141,25 @@ void ShardOptimizer::step(double lr) {
   for (size_t u = 0; u < units_.size(); ++u) step_unit(u, lr);
 }
 
-void ShardOptimizer::step_unit(size_t unit, double lr) {
+void ShardOptimizer::step_unit(size_t unit, double lr, double gradient_scale) {
   at::Tensor none;
-  step_unit(unit, lr, none);
+  step_unit(unit, lr, none, gradient_scale);
 }
 
-void ShardOptimizer::step_unit(size_t unit, double lr, at::Tensor& compute_out) {
+void ShardOptimizer::step_unit(size_t unit, double lr, at::Tensor& compute_out, double gradient_scale) {
   LLM_REQUIRE(std::isfinite(lr) && lr >= 0, kOptimizerSource, "lr", "must be finite and >= 0");
+  LLM_REQUIRE(std::isfinite(gradient_scale) && gradient_scale >= 0, kOptimizerSource, "gradient_scale",
+              "must be finite and >= 0");
   LLM_REQUIRE(step_ >= 1, kOptimizerSource, "step", "step_unit before the first begin_step()");
   std::vector<ParameterState>& parameters = units_.at(unit).parameters;
   const int64_t t = step_;
   const double bias_correction1 = 1.0 - std::pow(settings_.beta1, static_cast<double>(t));
   const double bias_correction2 = 1.0 - std::pow(settings_.beta2, static_cast<double>(t));
-  const StepScalars scalars{lr, t, lr * std::sqrt(bias_correction2) / bias_correction1};
+  const StepScalars scalars{lr, t, lr * std::sqrt(bias_correction2) / bias_correction1, gradient_scale};
 
   for (ParameterState& p : parameters) {
+    // Clipping: the AdamW rule's kernel scales as it reads; the others read a scaled gradient.
+    if (gradient_scale != 1.0 && p.rule != UpdateRule::adamw) p.gradient.mul_(gradient_scale);
     rule_of(p.rule).refresh(p, settings_, t, across_, &projector_seconds_);
     p.exp_avg_rounding.key = p.exp_avg_sq_rounding.key = rounding_key(settings_.state_rounding_seed, t, p.model_index);
   }

@@ -25,6 +25,9 @@
 //                         compute dtype): CPU offload's copy for the device, written by AdamW's host
 //                         kernel in its one pass
 //   step(lr)              begin_step(), then step_unit for every unit in order
+// gradient_scale (the clip coefficient, 1: none) multiplies the gradient first: the AdamW rule in
+// its kernel's one pass (optim/adamw_functor.h), the other rules' gradients in place before they
+// read them; either way the bits of scaling the whole shard first.
 //
 // Full (unsharded) state tensors are "NAME.exp_avg", "NAME.exp_avg_sq", "NAME.projector" and "step"
 // (full_state_dict, collective); a sharded checkpoint stores each rank's part of them (state_pieces)
@@ -75,9 +78,9 @@ class ShardOptimizer {
   ShardOptimizer& operator=(const ShardOptimizer&) = delete;
 
   void begin_step();
-  void step_unit(size_t unit, double lr);
+  void step_unit(size_t unit, double lr, double gradient_scale = 1.0);
   // compute_out: (shard_numel) contiguous on the master's device; its padding rows are not written.
-  void step_unit(size_t unit, double lr, at::Tensor& compute_out);
+  void step_unit(size_t unit, double lr, at::Tensor& compute_out, double gradient_scale = 1.0);
   void step(double lr);
   // Points a unit's parameters at another gradient shard (shard_numel fp32, laid out as the one the
   // optimizer was built over), or at none (an undefined tensor: nothing keeps a freed shard alive).

@@ -94,6 +94,9 @@ struct StepScalars {
   double lr = 0;
   int64_t t = 0;  // 1-based
   double step_size = 0;  // HF rules: lr * sqrt(1 - beta2^t) / (1 - beta1^t)
+  // The clip coefficient the gradient is multiplied by (1: none). The AdamW rule folds it into its
+  // kernel; ShardOptimizer scales the other rules' gradients in place before their step.
+  double gradient_scale = 1.0;
 };
 
 // What a parameter's moments are fed this step. second: the second-moment input when it is not

@@ -155,6 +155,28 @@ TEST_P(EveryKernel, PartialRangesEqualOneRange) {
   expect_same_state(pieces, whole, whole.compute);
 }
 
+// The clip coefficient folded in (AdamWScalars::gradient_scale): each kernel's one pass gives the
+// bits of grad.mul_(scale) on the fp32 gradient and then the unscaled step, at coefficients that
+// round (0.37...), that are powers of two, and at 1 and 0.
+TEST_P(EveryKernel, TheFoldedClipEqualsScalingTheGradientFirst) {
+  const HostIsa isa = GetParam();
+  if (!llm::host_isa_supported(isa))
+    GTEST_SKIP() << "this CPU (or build) has no " << llm::to_string(isa) << " kernel";
+  for (double scale : {0.3713924061, 0.5, 1.0, 0.0, 1e-3})
+    for (int64_t numel : kSizes) {
+      SCOPED_TRACE(std::string(llm::to_string(isa)) + ", scale " + std::to_string(scale) + ", " + std::to_string(numel));
+      const Case c{/*bf16_grad=*/false, 0.9, 0.1};
+      State expected(numel, 1, c.bf16_grad, 7 + numel);
+      State folded = expected.clone();
+      expected.grad.mul_(scale);
+      llm::adamw_host_range(isa, expected.arrays(true), scalars_of(c, 2), 0, numel);
+      llm::AdamWScalars scaled = scalars_of(c, 2);
+      scaled.gradient_scale = static_cast<float>(scale);  // as make_adamw_scalars rounds it
+      llm::adamw_host_range(isa, folded.arrays(true), scaled, 0, numel);
+      expect_same_state(folded, expected, expected.compute);
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(AdamWHost, EveryKernel,
                          ::testing::Values(HostIsa::scalar, HostIsa::avx2, HostIsa::avx512),
                          [](const ::testing::TestParamInfo<HostIsa>& info) {

@@ -431,4 +431,25 @@ TEST(AdamWCuda, CudaAgreesWithCpu) {
   }
 }
 
+// The clip coefficient folded into the CUDA kernel: the bits of ATen's grad.mul_(scale) on the
+// device and then the unscaled step (the kit's tests stage runs it: *Cuda*).
+TEST(AdamWCuda, TheFoldedClipEqualsScalingTheGradientFirst) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const at::Device cuda(at::kCUDA, 0);
+  const llm::AdamWOptions options{.weight_decay = 0.1};
+  for (double scale : {0.3713924061, 0.5, 0.0}) {
+    SCOPED_TRACE(scale);
+    torch::manual_seed(9);
+    const at::Tensor start = torch::randn({4099}).to(cuda), grad = torch::randn({4099}).to(cuda);
+    at::Tensor expected = start.clone(), expected_m = torch::zeros_like(start), expected_v = torch::zeros_like(start);
+    at::Tensor folded = start.clone(), folded_m = torch::zeros_like(start), folded_v = torch::zeros_like(start);
+    at::Tensor none;
+    llm::adamw_update(expected, grad * scale, expected_m, expected_v, 1e-3, options, 0.1, 1);
+    llm::adamw_update(folded, grad, folded_m, folded_v, 1e-3, options, 0.1, 1, none, llm::StateRounding{}, scale);
+    EXPECT_TRUE(at::equal(folded, expected));
+    EXPECT_TRUE(at::equal(folded_m, expected_m));
+    EXPECT_TRUE(at::equal(folded_v, expected_v));
+  }
+}
+
 }  // namespace optim_adamw_test

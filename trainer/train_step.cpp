@@ -202,10 +202,9 @@ void Training::update(double lr, double scale) {
   } else if (offload_) {
     offload_->step(lr, scale);  // each unit's host step; the next forward waits per unit
   } else {
-    if (scale != 1.0)
-      for (size_t u = 0; u < sharded_.unit_count(); ++u) sharded_.unit(u).gradient_shard().mul_(scale);
+    // The clip coefficient goes to the step, which multiplies as it reads (no pass of its own).
     device_optimizer_->begin_step();
-    for (const UnitAction& action : sharded_.plan().optimizer_pass()) device_optimizer_->step_unit(action.unit, lr);
+    for (const UnitAction& action : sharded_.plan().optimizer_pass()) device_optimizer_->step_unit(action.unit, lr, scale);
     sharded_.publish_shards();
   }
 }
