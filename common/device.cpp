@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <string>
 
+#include <ATen/ops/cat.h>
+
 #include "common/errors.h"
 
 #ifdef TRAINER_HAVE_CUDA
@@ -132,6 +134,14 @@ std::string gpu_name(c10::Device device) {
 double read_to_host(const at::Tensor& scalar) {
   reads.fetch_add(1, std::memory_order_relaxed);
   return scalar.item<double>();
+}
+
+std::vector<double> read_to_host(const std::vector<at::Tensor>& scalars) {
+  std::vector<at::Tensor> doubles;
+  for (const at::Tensor& scalar : scalars) doubles.push_back(scalar.reshape({1}).to(at::kDouble));
+  reads.fetch_add(1, std::memory_order_relaxed);
+  const at::Tensor host = at::cat(doubles).to(at::kCPU);
+  return std::vector<double>(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
 }
 
 int64_t host_reads() { return reads.load(std::memory_order_relaxed); }

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace llm {
 
@@ -49,6 +50,9 @@ std::string gpu_name(c10::Device device);
 
 // The value of a one-element tensor as a double, read on the host: one synchronisation on a GPU.
 double read_to_host(const at::Tensor& scalar);
+// The values of several one-element tensors (each converted to double on its device, exactly for
+// fp32 and fp64), read in one copy: one synchronisation, counted once.
+std::vector<double> read_to_host(const std::vector<at::Tensor>& scalars);
 // How many read_to_host calls this process has made (all threads).
 int64_t host_reads();
 

@@ -3,6 +3,9 @@
 #include <ATen/ExpandUtils.h>
 #include <ATen/ops/_fused_rms_norm.h>
 #include <ATen/ops/_fused_rms_norm_backward.h>
+#include <ATen/ops/_fused_sdp_choice.h>
+#include <ATen/ops/empty.h>
+#include <ATen/SDPBackend.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/roll.h>
 #include <ATen/ops/rsqrt.h>
@@ -92,6 +95,24 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, R
   const bool tracked = at::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad());
   if (!tracked) return fused ? std::get<0>(at::_fused_rms_norm(x, {x.size(-1)}, weight, eps)) : rms_norm_forward(x, weight, eps).first;
   return RmsNormFunction::apply(x, x, weight, eps, fused);
+}
+
+std::string attention_backend(int64_t heads, int64_t kv_heads, int64_t seq, int64_t head_dim, at::ScalarType dtype,
+                              at::Device device) {
+  const at::TensorOptions options = at::TensorOptions().dtype(dtype).device(device);
+  const at::Tensor q = at::empty({1, heads, seq, head_dim}, options);
+  const at::Tensor kv = at::empty({1, kv_heads, seq, head_dim}, options);
+  const int64_t choice = at::_fused_sdp_choice(q, kv, kv, /*attn_mask=*/{}, 0.0, /*is_causal=*/true, std::nullopt,
+                                               /*enable_gqa=*/kv_heads != heads);
+  switch (static_cast<at::SDPBackend>(choice)) {
+    case at::SDPBackend::math: return "math";
+    case at::SDPBackend::flash_attention: return "flash_attention";
+    case at::SDPBackend::efficient_attention: return "efficient_attention";
+    case at::SDPBackend::cudnn_attention: return "cudnn_attention";
+    case at::SDPBackend::overrideable: return "overrideable";
+    case at::SDPBackend::error: break;
+  }
+  return "error (no kernel)";
 }
 
 at::Tensor rms_norm_composed(const at::Tensor& x, const at::Tensor& weight, double eps) {

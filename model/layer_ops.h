@@ -2,6 +2,8 @@
 // transformers' form (bitwise where it says so), with the reasoning beside it.
 #pragma once
 
+#include <string>
+
 #include <ATen/core/Tensor.h>
 
 namespace llm {
@@ -33,6 +35,13 @@ enum class RmsNormForm { aten, fused };
 // The choices of --fused_ops (config/validation.cpp checks a list against them).
 inline constexpr const char* kFusedOpChoices[] = {"rms_norm"};
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, RmsNormForm form = RmsNormForm::aten);
+
+// The kernel at::scaled_dot_product_attention picks for causal attention of `heads` query heads
+// over `kv_heads`, sequences of `seq` tokens and head_dim `head_dim` in `dtype` on `device` (ATen's
+// own choice, at::_fused_sdp_choice, on empty inputs of those shapes): "flash_attention",
+// "efficient_attention", "cudnn_attention", "math" or "overrideable". The run logs it once.
+std::string attention_backend(int64_t heads, int64_t kv_heads, int64_t seq, int64_t head_dim, at::ScalarType dtype,
+                              at::Device device);
 
 // transformers' LlamaRMSNorm as autograd composes it: the reference rms_norm's aten form equals.
 at::Tensor rms_norm_composed(const at::Tensor& x, const at::Tensor& weight, double eps);

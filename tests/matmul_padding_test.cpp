@@ -118,6 +118,14 @@ TEST_P(PaddedRun, TrainsAsTheUnpaddedRunAndSavesTheSameTensors) {
             << name;
     }
   }
+  // The start record says the width each computed at, and the attention kernel ATen picked.
+  const auto plain_start = testing::read_metrics_events(plain.run_dir(), "start");
+  const auto padded_start = testing::read_metrics_events(padded.run_dir(), "start");
+  ASSERT_EQ(padded_start.size(), 1u);
+  EXPECT_EQ(plain_start.at(0).at("mlp_compute_width"), 85);
+  EXPECT_EQ(padded_start.at(0).at("mlp_compute_width"), 128);
+  const std::string backend = padded_start.at(0).at("attention_backend");
+  EXPECT_TRUE(backend == "flash_attention" || backend == "math") << backend << " (a CPU has these two)";
   // The compute copies are wider: the gathered parameters (the ledger's) grow, the optimizer's not.
   // (At one rank the unpadded units are resident, the padded ones gathered one or two at a time.)
   if (c.ranks > 1)

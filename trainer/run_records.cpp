@@ -69,6 +69,7 @@ void RunRecords::start(const RunStart& start) {
                   {"largest_unit_parameter_bytes", start.largest_unit_parameter_bytes},
                   {"corpus_unigram_entropy", start.corpus_unigram_entropy},
                   {"corpus_entropy_rate", start.corpus_entropy_rate}, {"start_step", start.start_step}, {"run_id", start.run_id},
+                  {"attention_backend", start.attention_backend}, {"mlp_compute_width", model_config_.compute_intermediate()},
                   {"resumed_from", start.resumed_from.empty() ? nlohmann::json() : nlohmann::json(start.resumed_from)}});
   log::info("model {}: {:.2f}M parameters on {} x {} ({}, {}, {} host threads per rank), {} steps of {} sequences x {} tokens",
             model_config_.name, model_config_.num_parameters() / 1e6, context_.world_size, device.str(),
@@ -77,6 +78,13 @@ void RunRecords::start(const RunStart& start) {
             run_.data.max_length);
   log::info("optimizer {}: {} of state on this rank{}", run_.optimizer.name, human_bytes(start.optimizer_state_bytes),
             start.offloaded ? ", in host memory with the fp32 masters (--offload optimizer)" : "");
+  if (context_.rank == 0) {
+    log::info("attention: scaled_dot_product_attention runs {}", start.attention_backend);
+    if (model_config_.matmul_padded())
+      log::info("MLP computed {} wide: intermediate_size {} padded with zeros (--pad_matmul_dims {}); checkpoints stay {} wide",
+                model_config_.compute_intermediate(), model_config_.intermediate_size, run_.pad_matmul_dims,
+                model_config_.intermediate_size);
+  }
   if (context_.rank == 0 && !run_.logging.tensorboard_dir.empty()) {
     metrics_.attach_tensorboard(std::make_unique<TensorBoardWriter>(run_.logging.tensorboard_dir, start.start_step + 1));
     if (TensorBoardWriter* tensorboard = metrics_.tensorboard()) {

@@ -447,6 +447,10 @@ RunStart Training::start_record() const {
   start.resumed_from = checkpoints_->resumed_from();
   start.offloaded = offload_ != nullptr;
   start.init_from_bytes = init_from_bytes_;
+  // What attention runs on (the layers' compute dtype: bf16 under autocast and in pure bf16).
+  start.attention_backend = attention_backend(
+      model_config_.num_attention_heads, model_config_.num_key_value_heads, run_.data.max_length,
+      model_config_.head_dim(), run_.precision.dtype == DType::bfloat16 ? at::kBFloat16 : at::kFloat, device_);
   return start;
 }
 

@@ -25,14 +25,14 @@ Batch to_device(Batch batch, c10::Device device) {
 }
 
 // The mean over ranks of a value each rank holds on its device as a double (a loss summed over
-// micro-batches in double, as the host would), read on the host once: the step's one read of it.
-double average_over_ranks(const at::Tensor& value, Communicator& communicator) {
+// micro-batches in double, as the host would), on the device: the step reads it with the norm.
+at::Tensor average_over_ranks(const at::Tensor& value, Communicator& communicator) {
   at::Tensor tensor = value.reshape({1});
   if (communicator.world_size() > 1) {
     tensor = tensor.to(at::kFloat);
     communicator.all_reduce(tensor, ReduceOp::average);
   }
-  return read_to_host(tensor);
+  return tensor;
 }
 
 // Global L2 norm over every rank's gradient shard. no_shard ranks each hold the whole gradient: no
@@ -40,11 +40,12 @@ double average_over_ranks(const at::Tensor& value, Communicator& communicator) {
 // temporary) was taken as the shard was reduced (ShardedUnit::gradient_squares), so with offload the
 // shard may be gone to host memory already; the sum runs in unit order, as one pass over the shards
 // at the end of the step would.
-double global_gradient_norm(ShardedModel& model, Communicator& communicator) {
+// The sum of squares, on the device (the step reads it with the loss and takes its root).
+at::Tensor global_gradient_squares(ShardedModel& model, Communicator& communicator) {
   at::Tensor squares = at::zeros({1}, model.unit(0).gradient_squares().options());
   for (size_t u = 0; u < model.unit_count(); ++u) squares += model.unit(u).gradient_squares();
   if (model.options().strategy != ShardingStrategy::no_shard) communicator.all_reduce(squares, ReduceOp::sum);
-  return std::sqrt(read_to_host(squares));
+  return squares;
 }
 
 // What the gradients are multiplied by to clip them to max_norm (torch's clip_grad_norm_ rule); 1
@@ -112,13 +113,17 @@ StepResult Training::train_step(int64_t step) {
   const int64_t reads_before = host_reads();
   const at::Tensor loss_sum = forward_backward(step);
   StepResult result;
+  at::Tensor loss;
   {
     StepTimer::Scope timed(&timer_, StepPhase::collectives);
-    result.loss = average_over_ranks(loss_sum / static_cast<double>(run_.data.gradient_accumulation), communicator_);
+    loss = average_over_ranks(loss_sum / static_cast<double>(run_.data.gradient_accumulation), communicator_);
   }
   {
     StepTimer::Scope timed(&timer_, StepPhase::optimizer);
-    result.grad_norm = global_gradient_norm(sharded_, communicator_);
+    // The loss and the squared norm in one read: the step's one wait for the device before clipping.
+    const std::vector<double> read = read_to_host({loss, global_gradient_squares(sharded_, communicator_)});
+    result.loss = read[0];
+    result.grad_norm = std::sqrt(read[1]);
     stop_unless_finite(step, result);
     stop_if_diverged(step, result);
     result.lr = lr_at(step);
@@ -245,7 +250,7 @@ double Training::evaluate(int64_t* tokens) {
   sharded_.release_all();
   const double rows_over_sequences =
       static_cast<double>(steps * world * batch_size) / static_cast<double>(sequences);
-  return average_over_ranks(sum / static_cast<double>(steps), communicator_) * rows_over_sequences;
+  return read_to_host(average_over_ranks(sum / static_cast<double>(steps), communicator_)) * rows_over_sequences;
 }
 
 }  // namespace llm
