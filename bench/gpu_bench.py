@@ -53,6 +53,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)  # configs/ are read from the repository, wherever this is started
 sys.path.insert(0, HERE)
 from pytorch_peers import model_flops_per_token, read_jsonl  # noqa: E402
+from gpu_bench_tables import markdown  # noqa: E402,F401  (launch/gpu/report.py takes it from here)
 
 WARMUP_STEPS = 3
 
@@ -83,6 +84,8 @@ class Case:
     checkpointing: bool = False  # --activation_checkpointing
     state_bf16: bool = False   # --optimizer_state_dtype bfloat16
     run: bool = True           # False: estimated only (a model the machine cannot hold)
+    accumulation: int = 1      # micro-batches a step (a realistic step: 64k tokens and more)
+    tag: str = ""              # added to the name: what sets this run apart from its lever_of run
     levers: str = ""           # issue 42's levers toggled against the default ("--pad_matmul_dims off", ...)
     lever_of: str = ""         # the case this one toggles a lever of (the lever's ratio)
     name: str = field(init=False)
@@ -92,7 +95,8 @@ class Case:
         mode = "fp32" if self.dtype == "float32" else f"bf16_{self.precision}"
         self.name = f"{stem}_{mode}" + ("_offload" if self.offload else "") + ("_params" if self.params else "") + (
             "_ac" if self.checkpointing else "") + (
-            "_bf16state" if self.state_bf16 else "") + "".join(
+            "_bf16state" if self.state_bf16 else "") + (
+            f"_{self.tag}" if self.tag else "") + "".join(
             "_" + word.lstrip("-").replace(",", "_") for word in self.levers.split())
 
     def mode(self):
@@ -100,7 +104,7 @@ class Case:
             " checkpointing" if self.checkpointing else "") + (" bf16 state" if self.state_bf16 else "")
 
     def tokens_per_step(self):
-        return self.batch * self.length
+        return self.batch * self.length * self.accumulation
 
 
 def cases(device):
@@ -136,7 +140,15 @@ def cases(device):
                   Case("configs/llama_1b.json", "bfloat16", "pure", 8, 1024, 20, levers="--fused_ops rms_norm",
                        lever_of=speed_1b.name),
                   Case("configs/llama_350m.json", "bfloat16", "mixed", 16, 1024, 20, levers="--fused_ops rms_norm",
-                       lever_of=speed_350m.name)]
+                       lever_of=speed_350m.name),
+                  # A realistic step (64k tokens by accumulation, as LLMQ measures at 524k) and a larger
+                  # micro-batch, each against the default run's tokens/s.
+                  Case("configs/llama_1b.json", "bfloat16", "pure", 8, 1024, 8, accumulation=8, tag="acc8",
+                       lever_of=speed_1b.name),
+                  Case("configs/llama_350m.json", "bfloat16", "mixed", 16, 1024, 8, accumulation=4, tag="acc4",
+                       lever_of=speed_350m.name),
+                  Case("configs/llama_1b.json", "bfloat16", "pure", 16, 1024, 12, tag="b16", lever_of=speed_1b.name),
+                  Case("configs/llama_350m.json", "bfloat16", "mixed", 32, 1024, 12, tag="b32", lever_of=speed_350m.name)]
     else:
         speed_350m = Case("configs/llama_micro.json", "bfloat16", "mixed", 2, 32, 6, peer=True)
         speed_1b = Case("configs/llama_micro.json", "bfloat16", "pure", 2, 32, 6, peer=True)
@@ -150,8 +162,11 @@ def cases(device):
                         offload_of=speed_1b.name)]
         # The CPU has no fused kernels: padding alone, forced on (llama_micro's 88 to 128).
         levers = [Case("configs/llama_micro.json", "bfloat16", "pure", 2, 32, 6, levers="--pad_matmul_dims on",
+                       lever_of=speed_1b.name),
+                  Case("configs/llama_micro.json", "bfloat16", "pure", 2, 32, 5, accumulation=4, tag="acc4",
                        lever_of=speed_1b.name)]
-    return [speed_350m, speed_1b, memory_130m, offload_1b] + largest + levers
+    # Speed first (issue 42): the default runs with their peers, then each lever; memory after.
+    return [speed_350m, speed_1b] + levers + [memory_130m, offload_1b] + largest
 
 
 # ------------------------------------------------------------------------------------------------
@@ -224,6 +239,8 @@ def training_flags(case, device):
     if case.state_bf16:
         flags += ["--optimizer_state_dtype", "bfloat16"]
     flags += case.levers.split()
+    if case.accumulation > 1:
+        flags += ["--total_batch_size", str(case.batch * case.accumulation)]
     flags += ["--batch_size", case.batch, "--max_length", case.length, "--num_training_steps", case.steps,
               "--warmup_steps", 0, "--scheduler", "constant", "--lr", "1e-3", "--adam_beta1", 0.9,
               "--adam_beta2", 0.999, "--adam_eps", "1e-8", "--weight_decay", 0, "--grad_clipping", 1.0,
@@ -258,6 +275,14 @@ def plan(device, work, python):
                           f"--steps {case.steps} --batch {case.batch} --length {case.length} --threads {threads} "
                           f"--out {q(os.path.join(work, case.name + '.pytorch.jsonl'))} "
                           f"--check_against {q(os.path.join(run_dir, 'metrics.jsonl'))}"))
+            # The third side: the same model under torch.compile (inductor on a GPU; on a CPU the
+            # "eager" backend, which checks the plumbing without inductor's C++ build).
+            steps.append((f"compiled_{case.name}",
+                          f"OMP_NUM_THREADS={threads} {q(python)} {q(os.path.join(HERE, 'pytorch_peers.py'))} eager "
+                          f"--compile {'inductor' if device == 'cuda' else 'eager'} "
+                          f"--device {device} --dtype {case.dtype} --precision {precision} --config {q(case.config)} "
+                          f"--steps {case.steps} --batch {case.batch} --length {case.length} --threads {threads} "
+                          f"--out {q(os.path.join(work, case.name + '.compiled.jsonl'))}"))
     return steps
 
 
@@ -384,6 +409,11 @@ def summarize(device, work):
             entry["pytorch"] = theirs
             entry["ours_over_pytorch_tokens_per_s"] = (ours["tokens_per_s"] / theirs["tokens_per_s"]
                                                        if ours and theirs else None)
+            compiled = side(load_jsonl(os.path.join(work, case.name + ".compiled.jsonl")), case, config_path,
+                            device_info, "torch.cuda.max_memory_allocated")
+            entry["pytorch_compiled"] = compiled
+            entry["ours_over_compiled_tokens_per_s"] = (ours["tokens_per_s"] / compiled["tokens_per_s"]
+                                                        if ours and compiled else None)
         speed.append(entry)
     offload = []
     for case in cases(device):
@@ -399,7 +429,8 @@ def summarize(device, work):
     for case in cases(device):
         if case.lever_of:
             toggled, base = runs.get(case.name), runs.get(case.lever_of)
-            levers.append({"case": case.name, "baseline": case.lever_of, "levers": case.levers,
+            levers.append({"case": case.name, "baseline": case.lever_of,
+                           "levers": case.levers or f"{case.batch} x {case.length}, accumulation {case.accumulation}",
                            "tokens_per_s": toggled["tokens_per_s"] if toggled else None,
                            "baseline_tokens_per_s": base["tokens_per_s"] if base else None,
                            "mfu": toggled.get("mfu") if toggled else None, "baseline_mfu": base.get("mfu") if base else None,
@@ -410,131 +441,6 @@ def summarize(device, work):
             "levers": levers}
 
 
-# ------------------------------------------------------------------------------------------------
-# markdown: the tables, from the results JSON alone (report.py uses this too)
-
-
-def markdown(results):
-    """The results as Markdown tables; a figure the JSON lacks is "n/a"."""
-
-    def number(value, form):
-        return "n/a" if value is None else format(value, form)
-
-    def rate(value):  # TFLOP/s: one decimal on a GPU, three significant digits for the CPU's small ones
-        return number(value, ".1f" if value is None or value >= 10 else ".3g")
-
-    def size(value):
-        if value is None:
-            return "n/a"
-        for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-            if abs(value) >= scale:
-                return f"{value / scale:.2f} {unit}"
-        return f"{value} B"
-
-    def percent(value, signed=False):
-        return number(None if value is None else 100 * value, "+.1f" if signed else ".1f")
-
-    def mode(entry):
-        return entry["mode"] + (" offload" if entry.get("offload") else "") + (
-            " parameters offloaded" if entry.get("offload_parameters") else "")
-
-    lines = []
-    device = results.get("device") or {}
-    lines.append(f"Device: {device.get('name', 'n/a')} (torch {device.get('torch', 'n/a')}, CUDA "
-                 f"{device.get('cuda', 'n/a')}). MFU is over the published dense bf16 peak, "
-                 f"{number(device.get('published_bf16_dense_tflops'), '.0f')} TFLOP/s "
-                 f"({device.get('published_source', 'n/a')}); beside it, the share of a bf16 GEMM measured "
-                 f"on this device: {rate(device.get('measured_bf16_gemm_tflops'))} TFLOP/s "
-                 f"({device.get('measured_gemm', 'n/a')}); the MLP's product {device.get('mlp_gemm', 'n/a')} at N = "
-                 + ", ".join(f"{width}: {rate(tflops)}" for width, tflops in (device.get('mlp_gemm_tflops') or {}).items())
-                 + f" TFLOP/s. Model FLOPs: {results.get('flops_formula', 'n/a')}; "
-                 f"the first {results.get('warmup_steps', 'n/a')} steps of each run are not counted; an fp32 run "
-                 f"has no MFU (the peaks are bf16's).\n")
-
-    lines.append("### Speed: ours against transformers + torch.optim.AdamW(fused=True) on the same device\n")
-    lines.append("| model | mode | batch x length | side | s/step (median; min-max) | tokens/s | model TFLOP/s "
-                 "| MFU % | of measured GEMM % | peak memory |")
-    lines.append("|---|---|---|---|---:|---:|---:|---:|---:|---:|")
-    for entry in results.get("speed", []):
-        sides = [("ours", entry.get("ours"))] + ([("pytorch", entry.get("pytorch"))] if "pytorch" in entry else [])
-        for label, figures in sides:
-            figures = figures or {}
-            step = figures.get("step_s")
-            span = (f"{step:.4f} ({figures['step_s_min']:.4f}-{figures['step_s_max']:.4f})"
-                    if step is not None else "n/a")
-            lines.append(f"| {entry['config']} | {mode(entry)} | {entry['batch']} x {entry['length']} | {label} | "
-                         f"{span} | {number(figures.get('tokens_per_s'), '.0f')} | {rate(figures.get('model_tflops'))} | "
-                         f"{percent(figures.get('mfu'))} | {percent(figures.get('of_measured_gemm'))} | "
-                         f"{size(figures.get('peak_memory_bytes'))} |")
-        if "pytorch" in entry:
-            lines.append(f"| | | | tokens/s ours / pytorch | | {number(entry.get('ours_over_pytorch_tokens_per_s'), '.3f')} "
-                         "| | | | |")
-    lines.append("\nPeak memory: ours is metrics.jsonl's peak_memory_bytes (on CUDA the caching allocator's peak "
-                 "allocated bytes, on CPU the peak RSS); pytorch's is torch.cuda.max_memory_allocated (the peak "
-                 "RSS on CPU).\n")
-
-    phase_names = ["forward", "backward", "collectives", "clip", "optimizer", "other"]
-    lines.append("### Where a step's time goes (medians over the kept steps, seconds)\n")
-    lines.append("| model | mode | side: clock | step | " + " | ".join(phase_names) +
-                 " | offload host step | offload waits |")
-    lines.append("|---|---|---|" + "---:|" * (len(phase_names) + 3))
-    for entry in results.get("speed", []):
-        ours, theirs = entry.get("ours") or {}, entry.get("pytorch") or {}
-        rows = [("ours: phase_s", ours, ours.get("phase_s"), ours.get("offload_s") or {}),
-                ("ours: host_phase_s", ours, ours.get("host_phase_s"), {})]
-        if "pytorch" in entry:
-            rows.append(("pytorch: events" if results.get("device", {}).get("device") == "cuda" else "pytorch: host",
-                         theirs, theirs.get("phase_s"), {}))
-        for label, figures, phases, offload in rows:
-            if not phases:
-                continue
-            cells = [number(phases.get(name), ".4f") if name in phases else "-" for name in phase_names]
-            lines.append(f"| {entry['config']} | {mode(entry)} | {label} | {number(figures.get('step_s'), '.4f')} | "
-                         + " | ".join(cells) + f" | {number(offload.get('host_step_s'), '.4f') if offload else '-'} "
-                         f"| {number(offload.get('wait_s'), '.4f') if offload else '-'} |")
-    lines.append("\nOurs: phase_s is timed on the compute stream on CUDA (on CPU it is the host clock), "
-                 "host_phase_s by the host clock; offload's host step and waits are the host's. PyTorch's phases "
-                 "are CUDA events on its stream (host clock on CPU); its optimizer phase includes zero_grad and "
-                 "the loss read, its clip the gradient norm.\n")
-
-    lines.append("### Memory: `trainer estimate` against the measured peak of the same run\n")
-    lines.append("| model | mode | batch x length | estimate (phase) | measured (phase) | error % "
-                 "| estimated CUDA runtime | measured reserved peak | estimated host (pinned) "
-                 "| measured host + pinned peaks | host error % |")
-    lines.append("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for entry in results.get("memory", []):
-        lines.append(f"| {entry['config']} | {mode(entry)} | {entry['batch']} x {entry['length']} | "
-                     f"{size(entry.get('estimate_peak_bytes'))} ({entry.get('estimate_peak_phase', 'n/a')}) | "
-                     f"{size(entry.get('measured_peak_bytes'))} ({entry.get('measured_peak_phase', 'n/a')}) | "
-                     f"{percent(entry.get('error'), signed=True)} | {size(entry.get('estimate_cuda_runtime_bytes'))} | "
-                     f"{size(entry.get('measured_reserved_peak_bytes'))} | {size(entry.get('estimate_host_bytes'))} "
-                     f"({size(entry.get('estimate_pinned_bytes'))}) | {size(entry.get('measured_host_and_pinned_peak_bytes'))} "
-                     f"| {percent(entry.get('host_error'), signed=True)} |")
-    lines.append("\nMeasured: the ledger's peak of tracked bytes (memory.rank0.jsonl's end summary: on CUDA the "
-                 "caching allocator's allocated bytes, on CPU the counting CPU allocator's). Error: estimate / "
-                 "measured - 1 (above 0: the estimate is the larger). The estimate's CUDA runtime budgets (kernel "
-                 "modules, cuBLAS workspaces, NCCL buffers, the allocator's slack) are not in its peak; the "
-                 "reserved peak is the caching allocator's. The host error is computed where the estimate has "
-                 "host bytes, against the sum of the host allocator's and the pinned peaks (which need not "
-                 "coincide).\n")
-
-    lines.append("### Offload: the share of the throughput kept with --offload optimizer\n")
-    lines.append("| run | tokens/s | without offload | tokens/s | share kept % |")
-    lines.append("|---|---:|---|---:|---:|")
-    for entry in results.get("offload", []):
-        lines.append(f"| {entry['case']} | {number(entry.get('tokens_per_s'), '.0f')} | {entry['baseline']} | "
-                     f"{number(entry.get('baseline_tokens_per_s'), '.0f')} | {percent(entry.get('share_kept'))} |")
-
-    lines.append("\n### Levers: each toggled against the default run of the same shape\n")
-    lines.append("| run | flags | tokens/s | MFU % | default run | tokens/s | MFU % | toggled / default |")
-    lines.append("|---|---|---:|---:|---|---:|---:|---:|")
-    for entry in results.get("levers", []):
-        lines.append(f"| {entry['case']} | `{entry['levers']}` | {number(entry.get('tokens_per_s'), '.0f')} | "
-                     f"{percent(entry.get('mfu'))} | {entry['baseline']} | {number(entry.get('baseline_tokens_per_s'), '.0f')} "
-                     f"| {percent(entry.get('baseline_mfu'))} | {number(entry.get('ratio'), '.3f')} |")
-    return "\n".join(lines) + "\n"
-
-
 def run_summarize(args):
     results = summarize(args.device, args.work)
     with open(args.out, "w") as f:
@@ -542,6 +448,8 @@ def run_summarize(args):
     print(markdown(results))
     missing = [e["case"] for e in results["speed"] if not e["ours"]]
     missing += [f"pytorch {e['case']}" for e in results["speed"] if "pytorch" in e and not e["pytorch"]]
+    missing += [f"pytorch compiled {e['case']}" for e in results["speed"]
+                if "pytorch_compiled" in e and not e["pytorch_compiled"]]
     estimated_only = {case.name for case in cases(args.device) if not case.run}
     missing += [f"memory {e['case']}" for e in results["memory"] if "error" not in e and e["case"] not in estimated_only]
     if missing:

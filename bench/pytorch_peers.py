@@ -197,10 +197,15 @@ def run_eager(args):
         device = torch.device("cuda", device.index if device.index is not None else 0)  # set_device needs one
         torch.cuda.set_device(device)
     model = build_model(args.config, args.seed, device, args.dtype, args.precision)
+    config = model.config
     parameters = count_parameters(model)
     checked = check_parameters(parameters, args.check_against)
     optimizer = make_adamw(model.parameters(), args, "fused")
-    batches = random_batches(model.config.vocab_size, args.steps, args.batch, args.length, args.seed + 1).to(device)
+    if args.compile:
+        # What torchtitan users run: the model under torch.compile (inductor on a GPU; "eager" checks
+        # the plumbing on a CPU quickly); its compile time falls in the warm-up steps.
+        model = torch.compile(model, backend=args.compile)
+    batches = random_batches(config.vocab_size, args.steps, args.batch, args.length, args.seed + 1).to(device)
     autocast = args.dtype == "bfloat16" and args.precision == "mixed"
     forward_context = ((lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16)) if autocast
                        else contextlib.nullcontext)
@@ -208,14 +213,15 @@ def run_eager(args):
     mode_detail = {"float32": "fp32", "bfloat16 mixed": "fp32 weights, forward under autocast(bfloat16)",
                    "bfloat16 pure": "bf16 weights, gradients and AdamW state"}[mode]
     out = JsonlWriter(args.out, True)
-    out.write({"event": "start", "peer": "eager", "parameters": parameters, "world_size": 1,
+    out.write({"event": "start", "peer": "compiled" if args.compile else "eager", "compile": args.compile,
+               "parameters": parameters, "world_size": 1,
                "threads": torch.get_num_threads(), "optimizer": "AdamW(fused=True)",
-               "attn_implementation": model.config._attn_implementation,
+               "attn_implementation": config._attn_implementation,
                "torch": torch.__version__, "batch": args.batch, "length": args.length,
                "device": str(device), "device_name": torch.cuda.get_device_name(device) if cuda else "cpu",
                "dtype": args.dtype, "precision": args.precision if args.dtype == "bfloat16" else "",
                "autocast": autocast, "mode": mode_detail})
-    print(f"[pytorch eager] {parameters} parameters {checked}, {torch.get_num_threads()} threads, on {device} in "
+    print(f"[pytorch {'compiled (' + args.compile + ')' if args.compile else 'eager'}] {parameters} parameters {checked}, {torch.get_num_threads()} threads, on {device} in "
           f"{mode} ({mode_detail}), AdamW(fused=True), {args.steps} steps of {args.batch} x {args.length}",
           flush=True)
 
@@ -413,6 +419,8 @@ def parse_args():
         p.add_argument("--async_save", action="store_true")
         if mode == "eager":
             p.add_argument("--device", default="cpu", help="cpu or cuda (cuda:N)")
+            p.add_argument("--compile", choices=("", "inductor", "eager"), default="",
+                           help="torch.compile the model with this backend (the compiled peer)")
             p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
             p.add_argument("--precision", choices=("mixed", "pure"), default="mixed",
                            help="with bfloat16: mixed (fp32 weights, autocast forward) or pure (bf16 weights)")

@@ -112,6 +112,14 @@ case "$stage" in
       step memory_snapshot "rm -rf /tmp/snapshot_run; trainer $micro $gpu_flag --memory_snapshot --run_dir /tmp/snapshot_run && $PYTHON launch/gpu/check_snapshot.py /tmp/snapshot_run/memory_snapshot.rank0.pickle"
     fi
     step two_ranks_staged "rm -rf /tmp/probe_run2; mpirun -np 2 trainer $micro $gpu_flag --communicator mpi --run_dir /tmp/probe_run2 && tail -1 /tmp/probe_run2/metrics.jsonl"
+    # Issue 42's speed probe (bench/gpu_probe.py, about a minute on a GPU): the SDPA backend, llama_1b's
+    # MLP GEMMs at 5461 and padded with cuBLAS's kernel names, a decoder layer each way, the fused
+    # RMSNorm and the rotary forms against the eager ones. On CPU (the dry run) its tiny shapes.
+    if [ "$gpu_flag" = "--device cuda" ]; then
+      step speed_probe "$PYTHON bench/gpu_probe.py --out $OUT/gpu_probe.json"
+    else
+      step speed_probe "$PYTHON bench/gpu_probe.py --dry --out $OUT/gpu_probe.json"
+    fi
     ;;
   tests)
     unit_filter='CrossEntropyMemory.*:*Cuda*:*CUDA*:StagedCommunicator.*:ResidentUnitsOff.*:SharedGpu.*'
@@ -150,6 +158,8 @@ case "$stage" in
     bench_device=${gpu_flag#--device }
     STEP_TIMEOUT=${STEP_TIMEOUT:-150}
     stage_deadline=$((SECONDS + ${BENCH_BUDGET_S:-${STAGE_BUDGET_S:-420}}))
+    # The clocks and power beside the figures: before the plan and after it (a throttled card shows).
+    step clocks_before "nvidia-smi -q -d CLOCK,POWER > $OUT/clocks_before.txt 2>&1 || echo 'no nvidia-smi' > $OUT/clocks_before.txt; head -30 $OUT/clocks_before.txt"
     step plan "$PYTHON bench/gpu_bench.py plan --device $bench_device --work $bench_work --python $PYTHON > $bench_work/plan.tsv && cut -f1 $bench_work/plan.tsv"
     # BENCH_ONLY (an extended regular expression over the steps' names) runs a part of the plan, e.g.
     # a second sample of the speed runs: BENCH_ONLY='^(device|ours_llama_350m|pytorch_llama_350m)'
@@ -158,6 +168,7 @@ case "$stage" in
       step "$name" "$command"
     done < "$bench_work/plan.tsv"
     stage_deadline=""  # the summary runs whatever is left: it reads files, a few seconds
+    step clocks_after "nvidia-smi -q -d CLOCK,POWER > $OUT/clocks_after.txt 2>&1 || echo 'no nvidia-smi' > $OUT/clocks_after.txt; head -30 $OUT/clocks_after.txt"
     step summarize "$PYTHON bench/gpu_bench.py summarize --device $bench_device --work $bench_work --out $bench_work/results.json"
     ;;
   *) echo "unknown stage $stage: probe, tests, smoke, sanitize or bench" >&2; exit 2 ;;
