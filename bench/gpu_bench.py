@@ -134,12 +134,15 @@ def cases(device):
                    Case("configs/llama_13b.json", "bfloat16", "pure", 1, 2048, 5, offload=True, checkpointing=True,
                         run=False)] + bf16_state + parameters
         # Issue 42's levers, each toggled against the default run of the same shape: llama_1b's MLP
-        # unpadded (5461 wide: cuBLAS's align1 kernels) and LibTorch's fused RMSNorm (off by default).
+        # unpadded (5461 wide: cuBLAS's align1 kernels), LibTorch's fused RMSNorm and our fused SwiGLU
+        # (both off by default until their GPU tests pass).
         levers = [Case("configs/llama_1b.json", "bfloat16", "pure", 8, 1024, 20, levers="--pad_matmul_dims off",
                        lever_of=speed_1b.name),
                   Case("configs/llama_1b.json", "bfloat16", "pure", 8, 1024, 20, levers="--fused_ops rms_norm",
                        lever_of=speed_1b.name),
-                  Case("configs/llama_350m.json", "bfloat16", "mixed", 16, 1024, 20, levers="--fused_ops rms_norm",
+                  Case("configs/llama_1b.json", "bfloat16", "pure", 8, 1024, 20, levers="--fused_ops swiglu",
+                       lever_of=speed_1b.name),
+                  Case("configs/llama_350m.json", "bfloat16", "mixed", 16, 1024, 20, levers="--fused_ops rms_norm,swiglu",
                        lever_of=speed_350m.name),
                   # A realistic step (64k tokens by accumulation, as LLMQ measures at 524k) and a larger
                   # micro-batch, each against the default run's tokens/s.

@@ -29,6 +29,7 @@ struct ModelShape {
   int64_t tokens;  // per micro-batch on this rank: batch_size x max_length
   int64_t h, I, V, kv, heads;  // I: the MLP's compute width (--pad_matmul_dims)
   RecomputeSet recompute;  // --recompute's operations
+  bool fused_swiglu;       // --fused_ops swiglu: the SwiGLU node keeps gate and up, not silu(gate)
 
   ModelShape(const ModelConfig& model, const RunConfig& run_config)
       : config(model), run(run_config),
@@ -37,7 +38,8 @@ struct ModelShape {
         tokens(run_config.data.batch_size * run_config.data.max_length),
         h(model.hidden_size), I(model.compute_intermediate()), V(model.vocab_size),
         kv(model.num_key_value_heads * model.head_dim()), heads(model.num_attention_heads),
-        recompute(recompute_set(run_config.recompute)) {}
+        recompute(recompute_set(run_config.recompute)),
+        fused_swiglu(run_config.fused_ops.find("swiglu") != std::string::npos) {}
 
   int64_t compute_bytes() const { return mode == Mode::pure ? 2 : 4; }      // compute copy element
   int64_t hidden_bytes() const { return mode == Mode::pure ? 2 : 4; }       // unit boundary element
@@ -73,7 +75,7 @@ struct ModelShape {
   }
   // What --recompute frees of the above (model/recompute.h: an operation keeps only its inputs):
   //   norm       each norm's rstd (2 x 4 = 8): the norm node keeps nothing else of its own
-  //   swiglu     silu(gate): fp32 4I, bf16 2I
+  //   swiglu     silu(gate): fp32 4I, bf16 2I (so does --fused_ops swiglu's node)
   //   mlp        gate, up, silu, product: fp32 16I; pure 8I; mixed 8I and gate's and up's casts of
   //              the input (4h), less the fp32 input the operation keeps (4h): 8I
   //   attention  q_rot, k_rot, v, SDPA's output and logsumexp: fp32 4 (2h + 2kv + heads); pure
@@ -84,7 +86,7 @@ struct ModelShape {
     if (recompute.norm) frees += 8;
     if (recompute.mlp)
       frees += mode == Mode::fp32 ? 16 * I : 8 * I;
-    else if (recompute.swiglu)
+    else if (recompute.swiglu || fused_swiglu)  // silu(gate) is not kept
       frees += mode == Mode::fp32 ? 4 * I : 2 * I;
     if (recompute.attention)
       frees += mode == Mode::fp32 ? 4 * (2 * h + 2 * kv + heads) : mode == Mode::mixed ? 6 * h + 4 * kv + 4 * heads

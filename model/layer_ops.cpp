@@ -11,7 +11,18 @@
 #include <ATen/ops/rsqrt.h>
 #include <torch/autograd.h>
 
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/silu.h>
+
 #include "common/errors.h"
+#include "model/swiglu_functor.h"
+#ifdef TRAINER_HAVE_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "model/swiglu_kernels.h"
+#endif
 
 namespace llm {
 namespace {
@@ -77,7 +88,92 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
   }
 };
 
+// The fused SwiGLU's two passes over contiguous tensors of one dtype (fp32 or bf16), on their device.
+bool is_bf16(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16; }
+
+template <typename Functor>
+void for_each_element_on_host(const Functor& functor, int64_t numel) {
+  at::parallel_for(0, numel, 1 << 14, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) functor(i);
+  });
+}
+
+template <typename T>
+const T* elements(const at::Tensor& t) { return static_cast<const T*>(t.const_data_ptr()); }
+template <typename T>
+T* mutable_elements(at::Tensor& t) { return static_cast<T*>(t.data_ptr()); }
+
+at::Tensor swiglu_forward_pass(const at::Tensor& gate, const at::Tensor& up) {
+  at::Tensor out = at::empty_like(gate);
+  if (gate.is_cuda()) {
+#ifdef TRAINER_HAVE_CUDA
+    const c10::cuda::CUDAGuard guard(gate.device());
+    launch_swiglu_forward_cuda(gate.const_data_ptr(), up.const_data_ptr(), out.data_ptr(), gate.numel(), is_bf16(gate),
+                               c10::cuda::getCurrentCUDAStream(gate.device().index()));
+    return out;
+#else
+    throw SystemError("swiglu: a CUDA tensor, and this build has no CUDA kernels");
+#endif
+  }
+  if (is_bf16(gate))
+    for_each_element_on_host(SwigluForward<uint16_t>{elements<uint16_t>(gate), elements<uint16_t>(up),
+                                                     mutable_elements<uint16_t>(out)}, gate.numel());
+  else
+    for_each_element_on_host(SwigluForward<float>{elements<float>(gate), elements<float>(up), mutable_elements<float>(out)},
+                             gate.numel());
+  return out;
+}
+
+std::pair<at::Tensor, at::Tensor> swiglu_backward_pass(const at::Tensor& grad, const at::Tensor& gate,
+                                                       const at::Tensor& up) {
+  at::Tensor grad_gate = at::empty_like(gate), grad_up = at::empty_like(up);
+  if (gate.is_cuda()) {
+#ifdef TRAINER_HAVE_CUDA
+    const c10::cuda::CUDAGuard guard(gate.device());
+    launch_swiglu_backward_cuda(grad.const_data_ptr(), gate.const_data_ptr(), up.const_data_ptr(), grad_gate.data_ptr(),
+                                grad_up.data_ptr(), gate.numel(), is_bf16(gate),
+                                c10::cuda::getCurrentCUDAStream(gate.device().index()));
+    return {grad_gate, grad_up};
+#else
+    throw SystemError("swiglu: a CUDA tensor, and this build has no CUDA kernels");
+#endif
+  }
+  if (is_bf16(gate))
+    for_each_element_on_host(SwigluBackward<uint16_t>{elements<uint16_t>(grad), elements<uint16_t>(gate),
+                                                      elements<uint16_t>(up), mutable_elements<uint16_t>(grad_gate),
+                                                      mutable_elements<uint16_t>(grad_up)}, gate.numel());
+  else
+    for_each_element_on_host(SwigluBackward<float>{elements<float>(grad), elements<float>(gate), elements<float>(up),
+                                                   mutable_elements<float>(grad_gate), mutable_elements<float>(grad_up)},
+                             gate.numel());
+  return {grad_gate, grad_up};
+}
+
+class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* context, const at::Tensor& gate, const at::Tensor& up) {
+    context->save_for_backward({gate, up});
+    return swiglu_forward_pass(gate, up);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* context,
+                                                 torch::autograd::variable_list output_grads) {
+    const torch::autograd::variable_list saved = context->get_saved_variables();
+    auto [grad_gate, grad_up] = swiglu_backward_pass(output_grads[0].contiguous(), saved[0], saved[1]);
+    return {grad_gate, grad_up};
+  }
+};
+
 }  // namespace
+
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up, SwigluForm form) {
+  if (form == SwigluForm::eager) return at::silu(gate) * up;
+  LLM_REQUIRE(gate.sizes() == up.sizes() && gate.scalar_type() == up.scalar_type() && gate.device() == up.device() &&
+                  (gate.scalar_type() == at::kFloat || gate.scalar_type() == at::kBFloat16),
+              "swiglu", "fused", "needs gate and up of one shape, device and dtype (fp32 or bf16)");
+  const at::Tensor g = gate.contiguous(), u = up.contiguous();
+  if (at::GradMode::is_enabled() && (gate.requires_grad() || up.requires_grad())) return SwigluFunction::apply(g, u);
+  return swiglu_forward_pass(g, u);
+}
 
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin_signed) {
   return x * cos + at::roll(x, x.size(-1) / 2, -1) * sin_signed;

@@ -32,8 +32,17 @@ at::Tensor rotary_signed_sine(const at::Tensor& sin);
 //         ulp. CUDA only (--fused_ops rms_norm).
 enum class RmsNormForm { aten, fused };
 
+// SwiGLU, silu(gate) * up (gate, up: the MLP's two projections, same shape and dtype).
+//   eager: ATen's silu and mul; autograd keeps gate, up and silu(gate).
+//   fused: one node keeping gate and up only (I elements a token less per layer), its forward and
+//          backward one pass each: model/swiglu_functor.h's element functions, the CUDA kernel
+//          (model/swiglu_cuda.cu) on a GPU and the same functions in a loop on the CPU (what the CPU
+//          tests check against eager). CUDA by choice: --fused_ops swiglu.
+enum class SwigluForm { eager, fused };
+at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up, SwigluForm form = SwigluForm::eager);
+
 // The choices of --fused_ops (config/validation.cpp checks a list against them).
-inline constexpr const char* kFusedOpChoices[] = {"rms_norm"};
+inline constexpr const char* kFusedOpChoices[] = {"rms_norm", "swiglu"};
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, RmsNormForm form = RmsNormForm::aten);
 
 // The kernel at::scaled_dot_product_attention picks for causal attention of `heads` query heads

@@ -61,7 +61,9 @@ MLPImpl::MLPImpl(const ModelConfig& config) {
 }
 
 at::Tensor MLPImpl::forward(const at::Tensor& x) {
-  return down_proj(torch::nn::functional::silu(gate_proj(x)) * up_proj(x));
+  if (swiglu_form_ == SwigluForm::eager) return down_proj(torch::nn::functional::silu(gate_proj(x)) * up_proj(x));
+  const at::Tensor gate = gate_proj(x), up = up_proj(x);
+  return down_proj(swiglu(gate, up, swiglu_form_));
 }
 
 DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& config) {
@@ -172,6 +174,10 @@ void LlamaForCausalLMImpl::set_rms_norm_form(RmsNormForm form) {
     layer->post_attention_layernorm->set_form(form);
   }
   if (!model->norm.is_empty()) model->norm->set_form(form);
+}
+
+void LlamaForCausalLMImpl::set_swiglu_form(SwigluForm form) {
+  for (DecoderLayerImpl* layer : layers_) layer->mlp->set_swiglu_form(form);
 }
 
 NamedTensors LlamaForCausalLMImpl::unit_parameters(size_t unit) {

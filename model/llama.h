@@ -78,7 +78,11 @@ class MLPImpl : public torch::nn::Module {
  public:
   explicit MLPImpl(const ModelConfig& config);
   at::Tensor forward(const at::Tensor& x);  // down(silu(gate(x)) * up(x))
+  void set_swiglu_form(SwigluForm form) { swiglu_form_ = form; }  // --fused_ops swiglu
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+
+ private:
+  SwigluForm swiglu_form_ = SwigluForm::eager;
 };
 TORCH_MODULE(MLP);
 
@@ -139,6 +143,8 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   const RecomputeSet& recompute_set() const { return recompute_; }
   // --fused_ops rms_norm: every RMSNorm (the layers' and the head's) in that form.
   void set_rms_norm_form(RmsNormForm form);
+  // --fused_ops swiglu: every layer's MLP in that form (the recomputed MLP and SwiGLU too).
+  void set_swiglu_form(SwigluForm form);
   // The cached cos and signed sine tables (undefined before the first forward): owned buffers, not parameters.
   const at::Tensor& rotary_cos_cache() const { return rotary_cos_; }
   const at::Tensor& rotary_sin_cache() const { return rotary_sin_; }

@@ -7,8 +7,11 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/cuda.h>
 
+#include <cstdio>
+#include <string>
 #include <tuple>
 
+#include "common/errors.h"
 #include "model/layer_ops.h"
 #include "model/recompute.h"
 
@@ -140,6 +143,50 @@ TEST(RmsNormNode, TheFusedFormIsCudaOnly) {
   EXPECT_THROW(rms_norm(x, at::ones({8}), 1e-6, RmsNormForm::fused), std::logic_error);
 }
 
+// The fused SwiGLU's CPU loop (model/swiglu_functor.h, the algorithm the CUDA kernel runs) against
+// eager silu * up, forward and both gradients: fp32 to a few ulps (ATen's CPU exp is Sleef's, ours
+// std::exp), bf16 to one bf16 rounding; odd sizes and a non-contiguous gate.
+struct SwigluResult {
+  at::Tensor out, grad_gate, grad_up;
+};
+
+SwigluResult run_swiglu(const at::Tensor& gate_values, const at::Tensor& up_values, const at::Tensor& upstream,
+                        SwigluForm form) {
+  at::Tensor gate = gate_values.clone().requires_grad_(true), up = up_values.clone().requires_grad_(true);
+  const at::Tensor out = swiglu(form == SwigluForm::fused ? gate.t().contiguous().t() : gate, up, form);
+  out.backward(upstream);
+  return {out.detach(), gate.grad(), up.grad()};
+}
+
+double relative_difference(const at::Tensor& got, const at::Tensor& want) {
+  return ((got.to(at::kDouble) - want.to(at::kDouble)).abs().max() / want.to(at::kDouble).abs().max()).item<double>();
+}
+
+TEST(FusedSwiglu, TheCpuFormOfTheKernelIsEagerToRounding) {
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16})
+    for (int64_t rows : {1, 7, 333}) {
+      SCOPED_TRACE(std::string(c10::toString(dtype)) + " rows " + std::to_string(rows));
+      at::manual_seed(rows);
+      const at::Tensor gate = (at::randn({rows, 85}) * 4).to(dtype), up = at::randn({rows, 85}).to(dtype);
+      const at::Tensor upstream = at::randn({rows, 85}).to(dtype);
+      const SwigluResult eager = run_swiglu(gate, up, upstream, SwigluForm::eager);
+      const SwigluResult fused = run_swiglu(gate, up, upstream, SwigluForm::fused);
+      ASSERT_EQ(fused.out.scalar_type(), dtype);
+      const double tolerance = dtype == at::kBFloat16 ? 1.0 / 128 : 1e-6;
+      EXPECT_LE(relative_difference(fused.out, eager.out), tolerance);
+      EXPECT_LE(relative_difference(fused.grad_gate, eager.grad_gate), tolerance);
+      EXPECT_LE(relative_difference(fused.grad_up, eager.grad_up), tolerance);
+    }
+}
+
+TEST(FusedSwiglu, WithoutGradItIsOnePassAndMismatchedInputsAreRefused) {
+  const at::Tensor gate = at::randn({4, 9}), up = at::randn({4, 9});
+  EXPECT_TRUE(at::allclose(swiglu(gate, up, SwigluForm::fused), swiglu(gate, up), 1e-6, 1e-7));
+  EXPECT_FALSE(swiglu(gate, up, SwigluForm::fused).requires_grad());
+  EXPECT_THROW(swiglu(gate, at::randn({4, 8}), SwigluForm::fused), UserError);
+  EXPECT_THROW(swiglu(gate, up.to(at::kBFloat16), SwigluForm::fused), UserError);
+}
+
 // --- On a GPU (the kit's tests stage runs *Cuda*): the same forms on CUDA's kernels, and LibTorch's
 // fused RMSNorm (--fused_ops rms_norm) against an fp32 reference.
 
@@ -196,6 +243,35 @@ TEST(LayerOpsOnCuda, FusedRmsNormIsWithinRoundingOfAnFp32Reference) {
     EXPECT_LE(relative(out, expected.detach()), output_tolerance);
     EXPECT_LE(relative(x.grad(), x32.grad()), grad_tolerance);
     EXPECT_LE(relative(w.grad(), w32.grad()), grad_tolerance);
+  }
+}
+
+// The CUDA kernel against eager on the GPU (expf on both sides: equal, or an ulp apart where nvcc
+// contracts differently from ATen's build), on fresh random inputs, with the caching allocator's
+// blocks poisoned first: an element the kernel skipped would hold NaN.
+TEST(LayerOpsOnCuda, FusedSwigluIsEagerToAnUlpAndWritesEveryElement) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this host";
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    at::manual_seed(17);
+    const at::Tensor gate = (at::randn({8 * 1024, 5504}) * 4).to(at::kCUDA, dtype);
+    const at::Tensor up = at::randn({8 * 1024, 5504}).to(at::kCUDA, dtype);
+    const at::Tensor upstream = at::randn({8 * 1024, 5504}).to(at::kCUDA, dtype);
+    const SwigluResult eager = run_swiglu(gate, up, upstream, SwigluForm::eager);
+    { at::Tensor poison = at::full({4, 8 * 1024, 5504}, NAN, gate.options()); }  // freed: its blocks hold NaN
+    const SwigluResult fused = run_swiglu(gate, up, upstream, SwigluForm::fused);
+    for (const at::Tensor& t : {fused.out, fused.grad_gate, fused.grad_up}) EXPECT_TRUE(at::isfinite(t).all().item<bool>());
+    const double tolerance = dtype == at::kBFloat16 ? 1.0 / 128 : 1e-6;
+    EXPECT_LE(relative_difference(fused.out, eager.out), tolerance);
+    EXPECT_LE(relative_difference(fused.grad_gate, eager.grad_gate), tolerance);
+    EXPECT_LE(relative_difference(fused.grad_up, eager.grad_up), tolerance);
+    // And against an fp32 reference of the same (rounded) inputs: the kernel is no less accurate.
+    const SwigluResult reference = run_swiglu(gate.to(at::kFloat), up.to(at::kFloat), upstream.to(at::kFloat),
+                                              SwigluForm::eager);
+    EXPECT_LE(relative_difference(fused.out, reference.out), tolerance);
+    std::printf("[swiglu %s] equal to eager: out %s, d gate %s, d up %s\n", c10::toString(dtype),
+                at::equal(fused.out, eager.out) ? "yes" : "no", at::equal(fused.grad_gate, eager.grad_gate) ? "yes" : "no",
+                at::equal(fused.grad_up, eager.grad_up) ? "yes" : "no");
   }
 }
 

@@ -151,7 +151,10 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
                 run.fused_ops + " are CUDA kernels and this run's device is " + device_.str() +
                     ": leave --fused_ops out on the CPU (its ATen forms give the same numbers as transformers)");
     for (const std::string& op : split_list(run.fused_ops))
-      if (op == "rms_norm") model_->set_rms_norm_form(RmsNormForm::fused);
+      if (op == "rms_norm")
+        model_->set_rms_norm_form(RmsNormForm::fused);
+      else if (op == "swiglu")
+        model_->set_swiglu_form(SwigluForm::fused);
   }
   if (run.activation_checkpointing_every > 0) {
     // The recompute runs under the forward's autocast (bf16 mixed).
