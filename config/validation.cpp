@@ -192,7 +192,7 @@ void check_compute_flags(const RunConfig& run) {
     if (!known)
       fail_user(kCommandLine, "--fused_ops",
                 "\"" + item + "\" is not a fused operation; give a comma-separated set of: rms_norm (LibTorch's "
-                "CUDA kernel), swiglu (ours), e.g. --fused_ops rms_norm,swiglu");
+                "CUDA kernel), swiglu, rotary (ours), e.g. --fused_ops rms_norm,swiglu,rotary");
     if (!items.insert(item).second)
       fail_user(kCommandLine, "--fused_ops", "names \"" + item + "\" twice (" + run.fused_ops + ")");
   }

@@ -16,12 +16,13 @@
 #include <ATen/ops/silu.h>
 
 #include "common/errors.h"
+#include "model/rotary_functor.h"
 #include "model/swiglu_functor.h"
 #ifdef TRAINER_HAVE_CUDA
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include "model/swiglu_kernels.h"
+#include "model/layer_kernels.h"
 #endif
 
 namespace llm {
@@ -163,7 +164,79 @@ class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
   }
 };
 
+// The rotary's passes (model/rotary_functor.h) on contiguous x (B, T, heads, D) and tables (T, D).
+template <typename X, typename T, typename O>
+void rotary_on_host(bool forward, const at::Tensor& in, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& out,
+                    const RotaryGeometry& shape) {
+  if (forward)
+    for_each_element_on_host(RotaryForward<X, T, O>{elements<X>(in), elements<T>(cos), elements<T>(sin),
+                                                    mutable_elements<O>(out), shape}, in.numel());
+  else
+    for_each_element_on_host(RotaryBackward<X, T, O>{elements<O>(in), elements<T>(cos), elements<T>(sin),
+                                                     mutable_elements<X>(out), shape}, in.numel());
+}
+
+// forward: in = x, out in the output's dtype; backward: in = d out, out = d x in x's dtype.
+at::Tensor rotary_pass(bool forward, const at::Tensor& in, const at::Tensor& cos, const at::Tensor& sin,
+                       at::ScalarType x_type) {
+  const bool x_bf16 = x_type == at::kBFloat16, tables_bf16 = is_bf16(cos);
+  const at::ScalarType out_type = forward ? (x_bf16 && tables_bf16 ? at::kBFloat16 : at::kFloat) : x_type;
+  at::Tensor out = at::empty(in.sizes(), in.options().dtype(out_type));
+  const RotaryGeometry shape{in.size(1), in.size(2), in.size(3)};
+  if (in.is_cuda()) {
+#ifdef TRAINER_HAVE_CUDA
+    const c10::cuda::CUDAGuard guard(in.device());
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(in.device().index());
+    if (forward)
+      launch_rotary_forward_cuda(in.const_data_ptr(), cos.const_data_ptr(), sin.const_data_ptr(), out.data_ptr(),
+                                 in.size(0), shape.seq, shape.heads, shape.head_dim, x_bf16, tables_bf16, stream);
+    else
+      launch_rotary_backward_cuda(in.const_data_ptr(), cos.const_data_ptr(), sin.const_data_ptr(), out.data_ptr(),
+                                  in.size(0), shape.seq, shape.heads, shape.head_dim, x_bf16, tables_bf16, stream);
+    return out;
+#else
+    throw SystemError("rotary: a CUDA tensor, and this build has no CUDA kernels");
+#endif
+  }
+  if (x_bf16 && tables_bf16)
+    rotary_on_host<uint16_t, uint16_t, uint16_t>(forward, in, cos, sin, out, shape);
+  else if (x_bf16)
+    rotary_on_host<uint16_t, float, float>(forward, in, cos, sin, out, shape);
+  else
+    rotary_on_host<float, float, float>(forward, in, cos, sin, out, shape);
+  return out;
+}
+
+class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
+ public:
+  static at::Tensor forward(torch::autograd::AutogradContext* context, const at::Tensor& x, const at::Tensor& cos,
+                            const at::Tensor& sin) {
+    context->save_for_backward({cos, sin});
+    context->saved_data["x_type"] = static_cast<int64_t>(x.scalar_type());
+    return rotary_pass(true, x, cos, sin, x.scalar_type());
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* context,
+                                                 torch::autograd::variable_list output_grads) {
+    const torch::autograd::variable_list saved = context->get_saved_variables();
+    const auto x_type = static_cast<at::ScalarType>(context->saved_data["x_type"].toInt());
+    return {rotary_pass(false, output_grads[0].contiguous(), saved[0], saved[1], x_type), at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
+
+at::Tensor apply_rotary_fused(const at::Tensor& x_bthd, const at::Tensor& cos, const at::Tensor& sin_signed) {
+  const bool types_ok = (x_bthd.scalar_type() == at::kFloat && cos.scalar_type() == at::kFloat) ||
+                        (x_bthd.scalar_type() == at::kBFloat16 &&
+                         (cos.scalar_type() == at::kFloat || cos.scalar_type() == at::kBFloat16));
+  LLM_REQUIRE(x_bthd.dim() == 4 && cos.dim() == 2 && cos.size(0) == x_bthd.size(1) && cos.size(1) == x_bthd.size(3) &&
+                  x_bthd.size(3) % 2 == 0 && cos.sizes() == sin_signed.sizes() &&
+                  cos.scalar_type() == sin_signed.scalar_type() && types_ok && x_bthd.device() == cos.device(),
+              "rotary", "fused", "needs x (B, T, heads, D), tables (T, D) on its device, x fp32 or bf16, tables fp32 or bf16 with a bf16 x");
+  const at::Tensor x = x_bthd.contiguous(), c = cos.contiguous(), s = sin_signed.contiguous();
+  if (at::GradMode::is_enabled() && x.requires_grad()) return RotaryFunction::apply(x, c, s);
+  return rotary_pass(true, x, c, s, x.scalar_type());
+}
 
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up, SwigluForm form) {
   if (form == SwigluForm::eager) return at::silu(gate) * up;

@@ -17,6 +17,13 @@ namespace llm {
 // x (B, heads, T, head_dim); cos, sin_signed (T, head_dim) in x's dtype.
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin_signed);
 
+// The same as one autograd node over x laid out (B, T, heads, head_dim), as the q and k projections
+// write it (apply_rotary takes the (B, heads, T, D) view): one pass forward and one backward
+// (model/rotary_functor.h), eager's roundings replayed; nothing saved but the tables. The CUDA kernel
+// on a GPU (--fused_ops rotary), the same functions in a loop on the CPU (what the CPU tests check).
+// x fp32 or bf16; the tables fp32, or bf16 with a bf16 x; the output bf16 when both are.
+at::Tensor apply_rotary_fused(const at::Tensor& x_bthd, const at::Tensor& cos, const at::Tensor& sin_signed);
+
 // sin (..., head_dim) -> (-sin1, sin2): the table apply_rotary takes.
 at::Tensor rotary_signed_sine(const at::Tensor& sin);
 
@@ -36,13 +43,13 @@ enum class RmsNormForm { aten, fused };
 //   eager: ATen's silu and mul; autograd keeps gate, up and silu(gate).
 //   fused: one node keeping gate and up only (I elements a token less per layer), its forward and
 //          backward one pass each: model/swiglu_functor.h's element functions, the CUDA kernel
-//          (model/swiglu_cuda.cu) on a GPU and the same functions in a loop on the CPU (what the CPU
+//          (model/layer_kernels.cu) on a GPU and the same functions in a loop on the CPU (what the CPU
 //          tests check against eager). CUDA by choice: --fused_ops swiglu.
 enum class SwigluForm { eager, fused };
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up, SwigluForm form = SwigluForm::eager);
 
 // The choices of --fused_ops (config/validation.cpp checks a list against them).
-inline constexpr const char* kFusedOpChoices[] = {"rms_norm", "swiglu"};
+inline constexpr const char* kFusedOpChoices[] = {"rms_norm", "swiglu", "rotary"};
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, RmsNormForm form = RmsNormForm::aten);
 
 // The kernel at::scaled_dot_product_attention picks for causal attention of `heads` query heads

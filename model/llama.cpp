@@ -41,11 +41,18 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos,
                                   const at::Tensor& sin) {
   const int64_t batch = x.size(0), seq = x.size(1);
   // (B, T, heads * D) -> (B, heads, T, D)
-  at::Tensor q = q_proj(x).view({batch, seq, num_heads_, head_dim_}).transpose(1, 2);
-  at::Tensor k = k_proj(x).view({batch, seq, num_kv_heads_, head_dim_}).transpose(1, 2);
-  at::Tensor v = v_proj(x).view({batch, seq, num_kv_heads_, head_dim_}).transpose(1, 2);
-  q = apply_rotary(q, cos, sin);
-  k = apply_rotary(k, cos, sin);
+  at::Tensor q, k, v;
+  if (fused_rotary_) {  // --fused_ops rotary: one kernel each, on the projections' (B, T, heads, D) layout
+    q = apply_rotary_fused(q_proj(x).view({batch, seq, num_heads_, head_dim_}), cos, sin).transpose(1, 2);
+    k = apply_rotary_fused(k_proj(x).view({batch, seq, num_kv_heads_, head_dim_}), cos, sin).transpose(1, 2);
+    v = v_proj(x).view({batch, seq, num_kv_heads_, head_dim_}).transpose(1, 2);
+  } else {
+    q = q_proj(x).view({batch, seq, num_heads_, head_dim_}).transpose(1, 2);
+    k = k_proj(x).view({batch, seq, num_kv_heads_, head_dim_}).transpose(1, 2);
+    v = v_proj(x).view({batch, seq, num_kv_heads_, head_dim_}).transpose(1, 2);
+    q = apply_rotary(q, cos, sin);
+    k = apply_rotary(k, cos, sin);
+  }
   const bool grouped = num_kv_heads_ != num_heads_;
   at::Tensor attended = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, 0.0,
                                                          /*is_causal=*/true, std::nullopt, grouped);
@@ -174,6 +181,10 @@ void LlamaForCausalLMImpl::set_rms_norm_form(RmsNormForm form) {
     layer->post_attention_layernorm->set_form(form);
   }
   if (!model->norm.is_empty()) model->norm->set_form(form);
+}
+
+void LlamaForCausalLMImpl::set_fused_rotary(bool fused) {
+  for (DecoderLayerImpl* layer : layers_) layer->self_attn->set_fused_rotary(fused);
 }
 
 void LlamaForCausalLMImpl::set_swiglu_form(SwigluForm form) {

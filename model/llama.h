@@ -67,10 +67,12 @@ class AttentionImpl : public torch::nn::Module {
   explicit AttentionImpl(const ModelConfig& config);
   // x (B, T, hidden); cos, signed sin (T, head_dim) in x's dtype
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  void set_fused_rotary(bool fused) { fused_rotary_ = fused; }  // --fused_ops rotary
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 
  private:
   int64_t num_heads_, num_kv_heads_, head_dim_;
+  bool fused_rotary_ = false;
 };
 TORCH_MODULE(Attention);
 
@@ -145,6 +147,8 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   void set_rms_norm_form(RmsNormForm form);
   // --fused_ops swiglu: every layer's MLP in that form (the recomputed MLP and SwiGLU too).
   void set_swiglu_form(SwigluForm form);
+  // --fused_ops rotary: every layer's q and k rotated by one kernel each.
+  void set_fused_rotary(bool fused);
   // The cached cos and signed sine tables (undefined before the first forward): owned buffers, not parameters.
   const at::Tensor& rotary_cos_cache() const { return rotary_cos_; }
   const at::Tensor& rotary_sin_cache() const { return rotary_sin_; }

@@ -1,6 +1,6 @@
 // SwiGLU, silu(gate) * up, forward and backward for one element, written once and compiled twice:
 // by the host compiler for the CPU loop (model/layer_ops.cpp) and by nvcc for the CUDA kernel
-// (model/swiglu_cuda.cu). Each step replays ATen's eager operations and their roundings in the
+// (model/layer_kernels.cu). Each step replays ATen's eager operations and their roundings in the
 // element type T (fp32, or bf16 computed in fp32 and rounded where ATen's tensors are bf16):
 //
 //   s   = T(g / (1 + exp(-g)))                         at::silu (opmath fp32)

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "common/errors.h"
 #include "model/layer_ops.h"
@@ -143,6 +144,36 @@ TEST(RmsNormNode, TheFusedFormIsCudaOnly) {
   EXPECT_THROW(rms_norm(x, at::ones({8}), 1e-6, RmsNormForm::fused), std::logic_error);
 }
 
+// The fused rotary's CPU loop (model/rotary_functor.h, the CUDA kernel's algorithm) against the roll
+// form on the (B, heads, T, D) view, forward and backward, bit for bit: fp32; pure bf16 (bf16
+// tables); bf16 q with fp32 tables, as under autocast (an fp32 output, a bf16 gradient).
+void expect_fused_rotary_is_roll_form(at::ScalarType x_dtype, at::ScalarType table_dtype, at::Device device) {
+  at::manual_seed(23);
+  const int64_t batch = 2, seq = 13, heads = 3, head_dim = 16;
+  const auto [cos32, sin32] = rotary_angles(seq, head_dim);
+  const at::Tensor cos = cos32.to(device, table_dtype), sin_signed = rotary_signed_sine(sin32).to(device, table_dtype);
+  const at::Tensor values = (at::randn({batch, seq, heads, head_dim}) * 3).to(device, x_dtype);
+  at::Tensor eager_x = values.clone().requires_grad_(true), fused_x = values.clone().requires_grad_(true);
+  const at::Tensor eager = apply_rotary(eager_x.transpose(1, 2), cos, sin_signed);
+  const at::Tensor fused = apply_rotary_fused(fused_x, cos, sin_signed).transpose(1, 2);
+  ASSERT_EQ(fused.scalar_type(), eager.scalar_type());
+  EXPECT_TRUE(at::equal(fused, eager));
+  const at::Tensor upstream = at::randn(eager.sizes()).to(device, eager.scalar_type());
+  eager.backward(upstream);
+  fused.backward(upstream);
+  ASSERT_EQ(fused_x.grad().scalar_type(), x_dtype);
+  EXPECT_TRUE(at::equal(fused_x.grad(), eager_x.grad()));
+}
+
+TEST(FusedRotary, TheCpuFormOfTheKernelIsTheRollFormBitForBit) {
+  for (const auto& [x_dtype, table_dtype] : {std::pair{at::kFloat, at::kFloat}, std::pair{at::kBFloat16, at::kBFloat16},
+                                            std::pair{at::kBFloat16, at::kFloat}}) {
+    SCOPED_TRACE(std::string(c10::toString(x_dtype)) + " x, " + c10::toString(table_dtype) + " tables");
+    expect_fused_rotary_is_roll_form(x_dtype, table_dtype, at::kCPU);
+  }
+  EXPECT_THROW(apply_rotary_fused(at::randn({2, 3, 4}), at::randn({3, 4}), at::randn({3, 4})), UserError);
+}
+
 // The fused SwiGLU's CPU loop (model/swiglu_functor.h, the algorithm the CUDA kernel runs) against
 // eager silu * up, forward and both gradients: fp32 to a few ulps (ATen's CPU exp is Sleef's, ours
 // std::exp), bf16 to one bf16 rounding; odd sizes and a non-contiguous gate.
@@ -243,6 +274,15 @@ TEST(LayerOpsOnCuda, FusedRmsNormIsWithinRoundingOfAnFp32Reference) {
     EXPECT_LE(relative(out, expected.detach()), output_tolerance);
     EXPECT_LE(relative(x.grad(), x32.grad()), grad_tolerance);
     EXPECT_LE(relative(w.grad(), w32.grad()), grad_tolerance);
+  }
+}
+
+TEST(LayerOpsOnCuda, FusedRotaryIsTheRollFormBitForBit) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this host";
+  for (const auto& [x_dtype, table_dtype] : {std::pair{at::kFloat, at::kFloat}, std::pair{at::kBFloat16, at::kBFloat16},
+                                            std::pair{at::kBFloat16, at::kFloat}}) {
+    SCOPED_TRACE(std::string(c10::toString(x_dtype)) + " x, " + c10::toString(table_dtype) + " tables");
+    expect_fused_rotary_is_roll_form(x_dtype, table_dtype, at::kCUDA);
   }
 }
 

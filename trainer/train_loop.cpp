@@ -155,6 +155,8 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
         model_->set_rms_norm_form(RmsNormForm::fused);
       else if (op == "swiglu")
         model_->set_swiglu_form(SwigluForm::fused);
+      else if (op == "rotary")
+        model_->set_fused_rotary(true);
   }
   if (run.activation_checkpointing_every > 0) {
     // The recompute runs under the forward's autocast (bf16 mixed).

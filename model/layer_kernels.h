@@ -1,0 +1,30 @@
+// The CUDA side of the fused SwiGLU (model/swiglu_functor.h) and rotary (model/rotary_functor.h), as a
+// plain C++ interface on raw device
+// pointers and a stream: nvcc compiles model/layer_kernels.cu without the LibTorch headers, and
+// model/layer_ops.cpp checks the tensors and calls in here.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace llm {
+
+// numel elements each, on the device that owns the pointers, enqueued on `stream`; bf16: the
+// pointers hold bf16 bits, else fp32. Launch failures throw SystemError.
+void launch_swiglu_forward_cuda(const void* gate, const void* up, void* out, int64_t numel, bool bf16,
+                                cudaStream_t stream);
+void launch_swiglu_backward_cuda(const void* grad, const void* gate, const void* up, void* grad_gate, void* grad_up,
+                                 int64_t numel, bool bf16, cudaStream_t stream);
+
+// The fused rotary (model/rotary_functor.h) over x (batch, seq, heads, head_dim) and tables
+// (seq, head_dim): x_bf16 / tables_bf16 say which are bf16 bits (else fp32); the output is bf16 only
+// when both are, and x's gradient has x's type.
+void launch_rotary_forward_cuda(const void* x, const void* cos, const void* sin_signed, void* out, int64_t batch,
+                                int64_t seq, int64_t heads, int64_t head_dim, bool x_bf16, bool tables_bf16,
+                                cudaStream_t stream);
+void launch_rotary_backward_cuda(const void* grad, const void* cos, const void* sin_signed, void* grad_x, int64_t batch,
+                                 int64_t seq, int64_t heads, int64_t head_dim, bool x_bf16, bool tables_bf16,
+                                 cudaStream_t stream);
+
+}  // namespace llm
