@@ -21,13 +21,6 @@
 
 namespace llm {
 
-// fp32 -> bf16 bits, round to nearest even (c10::BFloat16's rounding; NaN stays NaN).
-LLM_HOST_DEVICE uint16_t float_to_bfloat16_bits_nearest(float value) {
-  if (value != value) return 0x7FC0;
-  const uint32_t bits = float_bits(value);
-  return static_cast<uint16_t>((bits + (((bits >> 16) & 1u) + 0x7FFFu)) >> 16);
-}
-
 // An element as fp32, and an fp32 value rounded to the element type (nearest even for bf16, as a
 // bf16 tensor stores ATen's fp32 result).
 LLM_HOST_DEVICE float element_to_float(float value) { return value; }

@@ -29,7 +29,7 @@ std::vector<UnitSpec> describe_units(const ModelConfig& config) {
   const int64_t q = config.num_attention_heads * config.head_dim();
   const int64_t kv = config.num_key_value_heads * config.head_dim();
   auto linear = [](std::string name, int64_t out, int64_t in, std::vector<int64_t> compute_shape = {}) {
-    ParameterSpec spec{std::move(name), {out, in}, ParameterInit::normal, /*linear=*/true};
+    ParameterSpec spec{std::move(name), {out, in}, ParameterInit::normal, /*linear=*/true, -1, {}};
     spec.compute_shape = compute_shape.empty() ? spec.shape : std::move(compute_shape);
     return spec;
   };

@@ -88,7 +88,8 @@ void check_adamw_options(const AdamWOptions& options) {
 namespace {
 
 void update_on_cuda(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
-                    at::Tensor& exp_avg_sq, const AdamWScalars& scalars, const StateRounding& rounding) {
+                    at::Tensor& exp_avg_sq, const AdamWScalars& scalars, const StateRounding& rounding,
+                    uint16_t* compute_out) {
 #ifdef TRAINER_HAVE_CUDA
   const c10::cuda::CUDAGuard device_guard(param.device());
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream(param.device().index()).stream();
@@ -96,8 +97,9 @@ void update_on_cuda(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_a
                                                                   : GradientElementType::kFloat32;
   launch_adamw_update_cuda(param.data_ptr<float>(), grad.const_data_ptr(), gradient_type, exp_avg.data_ptr(),
                            exp_avg_sq.data_ptr(), exp_avg.scalar_type() == at::kBFloat16, rounding,
-                           param.numel(), scalars, stream);
+                           param.numel(), scalars, stream, compute_out);
 #else
+  (void)compute_out;
   throw SystemError("adamw_update: param is on " + param.device().str() +
                     " but this build has no CUDA kernels (configured without the CUDA toolkit or "
                     "with -DTRAINER_WITH_CUDA=OFF); rebuild with CUDA or keep the step on cpu");
@@ -131,10 +133,11 @@ void adamw_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg
                     " for param " + describe(param));
   }
   const AdamWScalars scalars = adamw_scalars(lr, options, weight_decay, step, gradient_scale);
-  const bool fused_copy = compute_out.defined() && !param.device().is_cuda() &&
-                          compute_out.scalar_type() == at::kBFloat16;
+  // A bf16 compute_out is written in the update's own pass, on the host and on the device.
+  const bool fused_copy = compute_out.defined() && compute_out.scalar_type() == at::kBFloat16;
   if (param.device().is_cuda()) {
-    update_on_cuda(param, grad, exp_avg, exp_avg_sq, scalars, rounding);
+    update_on_cuda(param, grad, exp_avg, exp_avg_sq, scalars, rounding,
+                   fused_copy ? reinterpret_cast<uint16_t*>(compute_out.data_ptr<at::BFloat16>()) : nullptr);
   } else {
     AdamWHostArrays arrays{param.data_ptr<float>(), grad.const_data_ptr(), grad.scalar_type() == at::kBFloat16,
                            nullptr, nullptr,

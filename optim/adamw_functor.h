@@ -114,6 +114,7 @@ struct AdamWElementUpdate {
   StateElement* exp_avg_sq;     // (numel) second moment
   AdamWScalars scalars;
   StateRounding rounding{};     // bf16 state only
+  uint16_t* compute_out = nullptr;  // the updated param rounded to bf16 (nearest even), or nothing
 
   LLM_HOST_DEVICE void operator()(int64_t i) const {
     const float gradient = gradient_to_float(grad[i]) * scalars.gradient_scale;
@@ -124,7 +125,9 @@ struct AdamWElementUpdate {
         state_to_float(exp_avg_sq[i]) * scalars.beta2 + (scalars.one_minus_beta2 * gradient) * gradient;
     const float denominator =
         std::sqrt(second_moment) / scalars.bias_correction2_sqrt + scalars.eps;
-    param[i] = decayed_param + (scalars.negative_step_size * first_moment) / denominator;
+    const float updated = decayed_param + (scalars.negative_step_size * first_moment) / denominator;
+    param[i] = updated;
+    if (compute_out != nullptr) compute_out[i] = float_to_bfloat16_bits_nearest(updated);
     uint32_t random = 0;
     if constexpr (sizeof(StateElement) == 2)
       random = rounding_bits(rounding.key, rounding.index_base + static_cast<uint32_t>(i));

@@ -19,10 +19,12 @@ enum class GradientElementType { kFloat32, kBfloat16 };
 // gradient_type says; exp_avg and exp_avg_sq at fp32 elements, or at bf16 ones (stored with
 // stochastic rounding by `rounding`, optim/state_rounding.h) when state_is_bf16. Launch failures
 // throw SystemError.
+// compute_out: when not null, the updated param rounded to bf16 (nearest even, as
+// master.to(kBFloat16)) is written there in the same pass (a resident bf16 unit's compute shard).
 void launch_adamw_update_cuda(float* param, const void* grad, GradientElementType gradient_type,
                               void* exp_avg, void* exp_avg_sq, bool state_is_bf16,
                               const StateRounding& rounding, int64_t numel,
-                              const AdamWScalars& scalars, cudaStream_t stream);
+                              const AdamWScalars& scalars, cudaStream_t stream, uint16_t* compute_out = nullptr);
 
 // bf16 state for the rules written in ATen operations: `to[i]` = `from[i]` rounded stochastically
 // with the high or low 16 of rounding_bits(rounding.key, rounding.index_base + i)

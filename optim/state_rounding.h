@@ -72,6 +72,13 @@ LLM_HOST_DEVICE float bfloat16_bits_to_float(uint16_t bits) {
 #endif
 }
 
+// fp32 -> bf16 bits, round to nearest even (c10::BFloat16's rounding; NaN stays NaN).
+LLM_HOST_DEVICE uint16_t float_to_bfloat16_bits_nearest(float value) {
+  if (value != value) return 0x7FC0;
+  const uint32_t bits = float_bits(value);
+  return static_cast<uint16_t>((bits + (((bits >> 16) & 1u) + 0x7FFFu)) >> 16);
+}
+
 // random16 < 2^16. Infinities stay infinite (their low half is zero and the carry cannot reach the
 // exponent); the largest finite values may round up to infinity, as they should with that chance.
 LLM_HOST_DEVICE uint16_t stochastic_round_to_bfloat16(float value, uint32_t random16) {

@@ -1,6 +1,7 @@
 #include "sharding/fsdp_unit.h"
 
 #include <stdexcept>
+#include <utility>
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/dot.h>
@@ -144,7 +145,8 @@ at::Tensor ShardedUnit::logical(size_t i, const at::Tensor& tensor) const {
 void ShardedUnit::publish_shard() {
   at::NoGradGuard no_grad;
   const at::Tensor& source = master_.defined() ? master_ : compute_;
-  if (master_.defined() && compute_.defined() && !compute_.is_same(master_))
+  const bool written = std::exchange(compute_written_by_step_, false);
+  if (master_.defined() && compute_.defined() && !compute_.is_same(master_) && !written)
     // resident: its parameters see it; parameter offload: device to host, ordered on the compute
     // stream before the next gather's copy back (which waits on the compute stream)
     compute_.copy_(master_, /*non_blocking=*/parameters_offloaded_ && master_.is_cuda());

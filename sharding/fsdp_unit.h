@@ -124,6 +124,13 @@ class ShardedUnit {
   // two buffers), and for no_shard the parameters (the sharded strategies refresh them at the next
   // gather()).
   void publish_shard();
+  // A resident unit whose compute shard is a rounded copy of the master (bf16): the optimizer may
+  // write it in the same pass as the master (step_unit's compute_out) instead of publish_shard's
+  // second pass over the shard; then publish_shard skips that copy once (written_by_step).
+  bool compute_shard_rounds_master() const {
+    return resident_ && master_.defined() && compute_.defined() && !compute_.is_same(master_);
+  }
+  void compute_shard_written_by_step() { compute_written_by_step_ = true; }
   // CPU offload (offload/optimizer_offload.h): the fp32 master moves to host memory, which the caller
   // has copied it to. This unit keeps its rows in the compute dtype on the device instead (the
   // compute shard: the old master itself in fp32 and mixed, a rounded copy in pure bf16), and
@@ -211,6 +218,7 @@ class ShardedUnit {
   bool gathers_ = false;  // gathered and released (sharded strategies, or parameter offload), not resident
   bool gradients_in_shard_ = false;  // resident with fp32 parameters: .grad views the gradient shard
   bool gradient_consumed_ = false;   // reduced since the last prepare_gradients()
+  bool compute_written_by_step_ = false;  // the optimizer wrote the compute shard: publish skips it once
   bool gradient_transient_ = false;  // make_gradient_transient()
   bool gathered_ = true;
   bool gather_in_flight_ = false;  // gathered on the gather stream, not yet waited for

@@ -431,6 +431,19 @@ TEST(AdamWCuda, CudaAgreesWithCpu) {
   }
 }
 
+// The bf16 compute copy written by the CUDA kernel in the update's own pass: master.to(kBFloat16) bit
+// for bit (a resident bf16 unit's compute shard), over memory poisoned with NaN first.
+TEST(AdamWCuda, TheComputeCopyIsWrittenInTheSamePass) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const at::Device cuda(at::kCUDA, 0);
+  const llm::AdamWOptions options{.weight_decay = 0.1};
+  torch::manual_seed(3);
+  at::Tensor param = torch::randn({10007}).to(cuda), m = torch::zeros_like(param), v = torch::zeros_like(param);
+  at::Tensor copy = torch::full({10007}, NAN, param.options().dtype(at::kBFloat16));
+  llm::adamw_update(param, torch::randn({10007}).to(cuda), m, v, 1e-3, options, 0.1, 1, copy, llm::StateRounding{});
+  EXPECT_TRUE(at::equal(copy, param.to(at::kBFloat16)));
+}
+
 // The clip coefficient folded into the CUDA kernel: the bits of ATen's grad.mul_(scale) on the
 // device and then the unscaled step (the kit's tests stage runs it: *Cuda*).
 TEST(AdamWCuda, TheFoldedClipEqualsScalingTheGradientFirst) {

@@ -83,12 +83,25 @@ std::string Training::non_finite_gradients() const {
   return names.empty() ? "no unit of this rank" : names;
 }
 
+// One unit's step on the device; a resident bf16 unit's compute shard rounded from the master in the
+// same pass (AdamW's kernels write it as they write the master; the other rules copy after their
+// update), so publish_shard has nothing left to copy.
+void Training::step_device_unit(size_t unit, double lr, double scale) {
+  ShardedUnit& sharded = sharded_.unit(unit);
+  if (!sharded.compute_shard_rounds_master()) {
+    device_optimizer_->step_unit(unit, lr, scale);
+    return;
+  }
+  device_optimizer_->step_unit(unit, lr, sharded.compute_shard(), scale);
+  sharded.compute_shard_written_by_step();
+}
+
 void Training::fused_step(size_t unit) {
   ShardedUnit& sharded = sharded_.unit(unit);
   StepTimer::Scope timed(&timer_, StepPhase::optimizer);
   sharded.wait_reduced();  // the step reads the shard on the compute stream
   device_optimizer_->set_unit_gradient(unit, sharded.gradient_shard());
-  device_optimizer_->step_unit(unit, fused_lr_);
+  step_device_unit(unit, fused_lr_, 1.0);
   device_optimizer_->set_unit_gradient(unit, at::Tensor());
   sharded.publish_shard();
   sharded.take_gradient_shard();  // the last reference: the shard is freed here
@@ -207,9 +220,10 @@ void Training::update(double lr, double scale) {
   } else if (offload_) {
     offload_->step(lr, scale);  // each unit's host step; the next forward waits per unit
   } else {
-    // The clip coefficient goes to the step, which multiplies as it reads (no pass of its own).
+    // The clip coefficient goes to the step, which multiplies as it reads (no pass of its own); a
+    // resident bf16 unit's compute shard is written by the step as it writes the master.
     device_optimizer_->begin_step();
-    for (const UnitAction& action : sharded_.plan().optimizer_pass()) device_optimizer_->step_unit(action.unit, lr, scale);
+    for (const UnitAction& action : sharded_.plan().optimizer_pass()) step_device_unit(action.unit, lr, scale);
     sharded_.publish_shards();
   }
 }

@@ -54,6 +54,7 @@ class Training {
   StepResult train_step(int64_t step);
   // The step's parts (trainer/train_step.cpp).
   at::Tensor forward_backward(int64_t step);  // the micro-batches; returns their loss sum (double, on the device)
+  void step_device_unit(size_t unit, double lr, double scale);  // one unit's optimizer step on the device
   void stop_unless_finite(int64_t step, const StepResult& result) const;  // throws TrainingError
   void stop_if_diverged(int64_t step, const StepResult& result);         // throws TrainingError
   void update(double lr, double scale);
