@@ -67,8 +67,12 @@ CheckpointReader::CheckpointReader(std::string folder) : folder_(std::move(folde
           !entry.contains("crc32c") || !entry.at("shape").is_array() || !entry.at("begin").is_number_unsigned() ||
           !entry.at("count").is_number_unsigned() || !entry.at("crc32c").is_string())
         bad("expected {\"shape\": [...], \"begin\", \"count\", \"crc32c\"}");
+      for (const nlohmann::json& size : entry.at("shape"))
+        if (!size.is_number_unsigned()) bad("shape holds " + size.dump() + ", not a size: the index is damaged");
       Tensor& tensor = tensors_[key];
       const std::vector<int64_t> shape = entry.at("shape").get<std::vector<int64_t>>();
+      if (checked_element_count(shape) < 0)
+        bad("shape " + shape_text(shape) + " holds more elements than any checkpoint does: the index is damaged");
       if (tensor.parts.empty()) tensor.full_shape = shape;
       if (shape != tensor.full_shape)
         bad("full shape " + shape_text(shape) + " here, " + shape_text(tensor.full_shape) + " in another rank's index");
@@ -76,8 +80,22 @@ CheckpointReader::CheckpointReader(std::string folder) : folder_(std::move(folde
                               static_cast<uint32_t>(std::stoul(entry.at("crc32c").get<std::string>(), nullptr, 16))});
     }
   }
-  for (auto& [key, tensor] : tensors_)
+  // The ranks' parts of each tensor tile its shape exactly: a shape that claims more (or fewer)
+  // elements than the parts hold is damage, refused here, before any reader allocates that shape.
+  for (auto& [key, tensor] : tensors_) {
     std::sort(tensor.parts.begin(), tensor.parts.end(), [](const Part& a, const Part& b) { return a.begin < b.begin; });
+    constexpr int64_t kMost = int64_t{1} << 53;
+    int64_t covered = 0;
+    bool tiles = true;
+    for (const Part& part : tensor.parts) {
+      tiles = tiles && part.begin == covered && part.count >= 0 && part.count <= kMost - covered;
+      if (tiles) covered += part.count;
+    }
+    LLM_REQUIRE(tiles && covered == checked_element_count(tensor.full_shape), folder_, key,
+                "the index says shape " + shape_text(tensor.full_shape) + " (" +
+                    std::to_string(checked_element_count(tensor.full_shape)) +
+                    " elements) but the ranks' parts do not tile it: the checkpoint is damaged; use an earlier step_<N> folder");
+  }
   files_.resize(file_names_.size());
 }
 

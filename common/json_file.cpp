@@ -1,6 +1,8 @@
 #include "common/json_file.h"
 
+#include <algorithm>
 #include <filesystem>
+#include <utility>
 #include <fstream>
 #include <iterator>
 #include <set>
@@ -60,6 +62,28 @@ json parse_rejecting_duplicate_keys(const std::string& text, const std::string& 
   return json::parse(text, callback);
 }
 
+// Where a number literal that overflowed the parser sits: its line and the key it is the value of
+// ("" when it is not an object's value), found by scanning the text (nlohmann says neither).
+std::pair<int, std::string> locate_number(const std::string& text, const std::string& literal) {
+  size_t at = 0;
+  while ((at = text.find(literal, at)) != std::string::npos) {
+    const bool starts = at == 0 || std::string(" \t\r\n:,[").find(text[at - 1]) != std::string::npos;
+    const size_t after = at + literal.size();
+    const bool ends = after >= text.size() || std::string(" \t\r\n,]}").find(text[after]) != std::string::npos;
+    if (starts && ends) break;
+    at = after;
+  }
+  if (at == std::string::npos) return {0, ""};
+  const int line = 1 + static_cast<int>(std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(at), '\n'));
+  // The value of "key": the nearest colon before it, with only blanks between, preceded by a string.
+  size_t colon = text.find_last_not_of(" \t\r\n", at == 0 ? 0 : at - 1);
+  if (colon == std::string::npos || text[colon] != ':') return {line, ""};
+  const size_t close = text.find_last_not_of(" \t\r\n", colon - 1);
+  if (close == std::string::npos || text[close] != '"') return {line, ""};
+  const size_t open = text.rfind('"', close - 1);
+  return {line, open == std::string::npos ? "" : text.substr(open + 1, close - open - 1)};
+}
+
 }  // namespace
 
 json read_json_file(const std::string& path, const std::string& what_to_pass) {
@@ -93,6 +117,16 @@ json read_json_file(const std::string& path, const std::string& what_to_pass) {
                                                   tag_end != std::string::npos)
       detail = detail.substr(tag_end + 2);
     fail_user(path, "", "invalid JSON: " + detail);
+  } catch (const json::out_of_range& overflow) {
+    // "[json.exception.out_of_range.406] number overflow parsing '1e999'": a literal beyond a double.
+    const std::string detail = overflow.what();
+    const size_t open = detail.find('\''), close = detail.rfind('\'');
+    const std::string literal = open != std::string::npos && close > open ? detail.substr(open + 1, close - open - 1) : "";
+    const auto [line, key] = locate_number(text, literal);
+    fail_user(path, key,
+              "the number " + (literal.empty() ? std::string("given") : literal) +
+                  (line > 0 ? " (line " + std::to_string(line) + ")" : std::string()) +
+                  " is beyond what a double holds (about 1.8e308): write a finite number");
   }
   return object;
 }

@@ -7,7 +7,10 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <vector>
 
@@ -20,7 +23,7 @@ namespace llm {
 struct BatchSampler::Impl {
   struct Source {
     std::shared_ptr<const TokenCorpus> tokens;
-    uint64_t weight = 1;       // the weight times 10^6, rounded (at least 1)
+    uint64_t weight = 1;       // its share in units: the weight over the largest, times 2^52, rounded
     int64_t first_window = 0;  // index of this split's first window in the source
     int64_t num_windows = 0;   // this split's windows in the source
     std::optional<DocumentWindows::Reader> documents;  // WindowStart::document: where each window starts
@@ -48,8 +51,27 @@ namespace {
 
 std::string split_name(Split split) { return split == Split::train ? "train" : "eval"; }
 
+// A weight as a user wrote it (17 significant digits at most, no trailing zeros).
+std::string format_weight(double weight) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.17g", weight);
+  for (int digits = 1; digits <= 17; ++digits) {
+    char shorter[32];
+    std::snprintf(shorter, sizeof(shorter), "%.*g", digits, weight);
+    if (std::strtod(shorter, nullptr) == weight) return shorter;
+  }
+  return text;
+}
+
 constexpr uint64_t kSourceKeyStep = 0x9E3779B97F4A7C15ULL;
-constexpr double kWeightScale = 1e6;
+// Weights become integers in proportion: the largest is 2^52 units, each other its ratio to the
+// largest times that, rounded (a double's precision: the ratio, not the weights' magnitude, counts,
+// so weights of 1e13 or 1e300 or 1e-7 mean what they say). A weight below a billionth of the largest
+// is refused: it would keep at least 4.5 million units (its ratio to 2e-7 at worst), but no run
+// draws a sample from it. Up to 4096 sources, so the units' sum fits 64 bits.
+constexpr double kLargestWeightUnits = 0x1p52;
+constexpr double kSmallestWeightRatio = 1e-9;
+constexpr size_t kMostSources = 4096;
 
 }  // namespace
 
@@ -111,6 +133,20 @@ BatchSampler::BatchSampler(std::vector<WeightedCorpus> sources, Split split, int
               "--eval_fraction", "",
               "is " + std::to_string(eval_fraction) + "; use a fraction in [0, 1), e.g. 0.01");
 
+  LLM_REQUIRE(sources.size() <= kMostSources, path, "sources",
+              "a mixture of at most " + std::to_string(kMostSources) + " sources (got " + std::to_string(sources.size()) + ")");
+  double largest_weight = 0;
+  for (const WeightedCorpus& source : sources) {
+    LLM_REQUIRE(std::isfinite(source.weight) && source.weight > 0, source.tokens->name(), "weight",
+                "is " + format_weight(source.weight) + ": a weight is a finite number above 0");
+    largest_weight = std::max(largest_weight, source.weight);
+  }
+  for (const WeightedCorpus& source : sources)
+    LLM_REQUIRE(source.weight / largest_weight >= kSmallestWeightRatio, source.tokens->name(), "weight",
+                "is " + format_weight(source.weight) + ", below a billionth of the largest weight (" +
+                    format_weight(largest_weight) + "): no run would draw a sample from it. Weights count by their "
+                    "ratios, from 1e-9 to 1; drop this source or raise its weight");
+
   const int64_t window_tokens = max_length + 1;
   Impl& state = *impl_;
   int64_t total_windows = 0, eval_windows = 0, train_windows = 0;
@@ -140,7 +176,7 @@ BatchSampler::BatchSampler(std::vector<WeightedCorpus> sources, Split split, int
     Impl::Source source;
     source.tokens = sources[s].tokens;
     if (documents) source.documents.emplace(std::move(documents));
-    source.weight = std::max<uint64_t>(1, static_cast<uint64_t>(std::llround(sources[s].weight * kWeightScale)));
+    source.weight = static_cast<uint64_t>(std::llround(sources[s].weight / largest_weight * kLargestWeightUnits));
     source.first_window = split == Split::train ? 0 : trained;
     source.num_windows = split == Split::train ? trained : held_out;
     if (split == Split::train && trained > 0)

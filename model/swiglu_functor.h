@@ -17,7 +17,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "optim/state_rounding.h"  // LLM_HOST_DEVICE, bfloat16 bits <-> fp32
+#include "common/bf16_bits.h"  // LLM_HOST_DEVICE, bfloat16 bits <-> fp32
 
 namespace llm {
 

@@ -23,14 +23,7 @@
 #include <cstdint>
 #include <cstring>
 
-// Host and device functions (nvcc), plain inline functions elsewhere; optim/adamw_functor.h uses it too.
-#ifndef LLM_HOST_DEVICE
-#ifdef __CUDACC__
-#define LLM_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define LLM_HOST_DEVICE inline
-#endif
-#endif
+#include "common/bf16_bits.h"  // LLM_HOST_DEVICE, float_bits, bf16 bits <-> fp32
 
 namespace llm {
 
@@ -50,34 +43,6 @@ LLM_HOST_DEVICE uint32_t lowbias32(uint32_t x) {
 }
 
 LLM_HOST_DEVICE uint32_t rounding_bits(uint32_t key, uint32_t index) { return lowbias32(index ^ key); }
-
-LLM_HOST_DEVICE uint32_t float_bits(float value) {
-#ifdef __CUDA_ARCH__
-  return __float_as_uint(value);
-#else
-  uint32_t bits;
-  std::memcpy(&bits, &value, sizeof(bits));
-  return bits;
-#endif
-}
-
-LLM_HOST_DEVICE float bfloat16_bits_to_float(uint16_t bits) {
-  const uint32_t widened = static_cast<uint32_t>(bits) << 16;
-#ifdef __CUDA_ARCH__
-  return __uint_as_float(widened);
-#else
-  float value;
-  std::memcpy(&value, &widened, sizeof(value));
-  return value;
-#endif
-}
-
-// fp32 -> bf16 bits, round to nearest even (c10::BFloat16's rounding; NaN stays NaN).
-LLM_HOST_DEVICE uint16_t float_to_bfloat16_bits_nearest(float value) {
-  if (value != value) return 0x7FC0;
-  const uint32_t bits = float_bits(value);
-  return static_cast<uint16_t>((bits + (((bits >> 16) & 1u) + 0x7FFFu)) >> 16);
-}
 
 // random16 < 2^16. Infinities stay infinite (their low half is zero and the carry cannot reach the
 // exponent); the largest finite values may round up to infinity, as they should with that chance.

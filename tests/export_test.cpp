@@ -23,6 +23,7 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include "common/crc32c.h"
 #include "common/errors.h"
 #include "tests/run_comparison.h"
 #include "tests/test_util.h"
@@ -382,6 +383,36 @@ const Refusal kRefusals[] = {
        return export_command("--from " + (dir / "step_4").string() + " --to " + (dir / "out").string());
      },
      {"not a complete checkpoint: rank0.safetensors: ", "bytes, but manifest.json lists"}},
+    // An index that claims a tensor of [2^32, 2^32], its CRC and size updated in the manifest as a
+    // hostile editor would: refused before anything of that shape is allocated (issue 44).
+    {"export_index_claiming_a_huge_shape",
+     [](const Trained& t, const fs::path& dir) {
+       fs::copy(t.checkpoints / "step_4", dir / "step_4");
+       nlohmann::json index = read_json(dir / "step_4/rank0.json");
+       index["tensors"]["lm_head.weight"]["shape"] = {int64_t{1} << 32, int64_t{1} << 32};
+       const std::string text = index.dump();
+       std::ofstream(dir / "step_4/rank0.json", std::ios::trunc) << text;
+       nlohmann::json manifest = read_json(dir / "step_4/manifest.json");
+       manifest["files"]["rank0.json"]["bytes"] = text.size();
+       manifest["files"]["rank0.json"]["crc32c"] = crc_text(crc32c(text.data(), text.size()));
+       write_json(dir / "step_4/manifest.json", manifest);
+       return export_command("--from " + (dir / "step_4").string() + " --to " + (dir / "out").string());
+     },
+     {"lm_head.weight", "holds more elements than any checkpoint does: the index is damaged"}},
+    {"export_index_claiming_more_elements_than_its_parts",
+     [](const Trained& t, const fs::path& dir) {
+       fs::copy(t.checkpoints / "step_4", dir / "step_4");
+       nlohmann::json index = read_json(dir / "step_4/rank0.json");
+       index["tensors"]["lm_head.weight"]["shape"] = {int64_t{1} << 20, int64_t{1} << 20};
+       const std::string text = index.dump();
+       std::ofstream(dir / "step_4/rank0.json", std::ios::trunc) << text;
+       nlohmann::json manifest = read_json(dir / "step_4/manifest.json");
+       manifest["files"]["rank0.json"]["bytes"] = text.size();
+       manifest["files"]["rank0.json"]["crc32c"] = crc_text(crc32c(text.data(), text.size()));
+       write_json(dir / "step_4/manifest.json", manifest);
+       return export_command("--from " + (dir / "step_4").string() + " --to " + (dir / "out").string());
+     },
+     {"lm_head.weight", "the ranks' parts do not tile it: the checkpoint is damaged"}},
     {"export_to_a_file",
      [](const Trained& t, const fs::path& dir) {
        std::ofstream(dir / "file") << "x";

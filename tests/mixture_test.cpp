@@ -8,6 +8,8 @@
 
 #include <cmath>
 #include <fstream>
+#include <algorithm>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -63,6 +65,40 @@ TEST(Mixture, EveryPrefixHoldsTheSharesAndEachSourceCountsUpInOrder) {
             << "prefix " << k + 1 << ", source " << s;
     }
   }
+}
+
+// Weights mean their ratio, whatever their magnitude (issue 44): 1e13 and 1e13 (an integer scaling
+// of them wrapped to 0 and the rank died of SIGFPE), three of 1e300 (all went to the first), 1e-7 and
+// 3e-7 (both rounded to the same minimum); a scale by a power of two gives the very same samples;
+// a weight below a billionth of the largest, and a non-finite one, is refused naming the range.
+TEST(Mixture, WeightsMeanTheirRatioAtAnyMagnitude) {
+  ScratchDir scratch("mixture_magnitudes");
+  const auto a = banded_corpus(scratch / "a.tok", 500, 0), b = banded_corpus(scratch / "b.tok", 300, 40),
+             c = banded_corpus(scratch / "c.tok", 80, 80);
+  auto shares = [&](const std::vector<double>& weights) {
+    std::vector<WeightedCorpus> sources = {{a, weights[0]}, {b, weights[1]}};
+    if (weights.size() == 3) sources.push_back({c, weights[2]});
+    const BatchSampler sampler(sources, Split::train, kMaxLength, 0.1, 3, 0, 1, 4);
+    std::vector<int64_t> order;
+    for (int64_t k = 0; k < 12000; ++k) order.push_back(static_cast<int64_t>(sampler.source_of_sample(k).first));
+    return order;
+  };
+  auto fraction = [](const std::vector<int64_t>& order, int64_t source) {
+    return static_cast<double>(std::count(order.begin(), order.end(), source)) / static_cast<double>(order.size());
+  };
+  const auto equal_huge = shares({1e13, 1e13});
+  EXPECT_NEAR(fraction(equal_huge, 0), 0.5, 1e-3);
+  const auto thirds = shares({1e300, 1e300, 1e300});
+  for (int64_t s = 0; s < 3; ++s) EXPECT_NEAR(fraction(thirds, s), 1.0 / 3, 1e-3) << "source " << s;
+  const auto tiny = shares({1e-7, 3e-7});
+  EXPECT_NEAR(fraction(tiny, 0), 0.25, 1e-3);
+  EXPECT_EQ(shares({1, 3}), shares({0x1p-40, 0x1p-40 * 3})) << "a power-of-two scale changes nothing";
+  EXPECT_EQ(shares({1, 3}), shares({0x1p+900, 0x1p+900 * 3}));
+  EXPECT_EQ(shares({1, 1}), equal_huge);
+  expect_user_error([&] { shares({1, 1e-10}); }, {"b.tok", "weight", "is 1e-10, below a billionth of the largest weight (1)",
+                                                  "from 1e-9 to 1"});
+  expect_user_error([&] { shares({1, std::numeric_limits<double>::infinity()}); },
+                    {"b.tok", "weight", "is inf: a weight is a finite number above 0"});
 }
 
 TEST(Mixture, RowsComeFromTheirSourceAndASeekRepeatsTheStream) {
@@ -166,6 +202,8 @@ TEST(Mixture, AMixtureFileIsTheSameSourcesAndItsErrorsNameTheEntry) {
       {R"([1, 2])", {"the file has no \"sources\" list"}},
       {R"({"sources": [{"data": "a.tok", "weight": 1, "weight": 2}]})", {"weight", "given twice"}},
       {R"({"sources": [)", {"invalid JSON"}},
+      // A literal beyond a double: the key, the line and the literal, not nlohmann's out_of_range text.
+      {"{\"sources\": [\n  {\"data\": \"a.tok\", \"weight\": 1e999}]}", {"weight", "1e999", "(line 2)", "beyond what a double holds"}},
       {"", {"is empty"}},
   };
   for (const auto& [text, words] : bad) {

@@ -7,6 +7,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <fstream>
 #include <limits>
 #include <ostream>
@@ -375,6 +376,26 @@ TEST(ConfigFileCommand, ContextOfOnePositionIsExitTwoNamingTheConfig) {
     EXPECT_EQ(result.exit_code, 2) << result.output;
     expect_mentions(result.output, {path + ": max_position_embeddings: expected at least 2 (got 1)"});
   }
+}
+
+// 1e999 in a config: a number no double holds. The file, the key and the line, not the JSON
+// library's out_of_range text (issue 44).
+TEST(ConfigFileCommand, ANumberBeyondADoubleNamesTheKeyAndTheLine) {
+  ScratchDir scratch("overflow");
+  std::string text = tiny_json().dump(4);
+  const size_t at = text.find("\"rms_norm_eps\": ");
+  ASSERT_NE(at, std::string::npos);
+  const size_t end = text.find_first_of(",\n", at + 16);
+  text = text.substr(0, at) + "\"rms_norm_eps\": 1e999" + text.substr(end);
+  const std::string path = (scratch / "overflow.json").string();
+  std::ofstream(path) << text;
+  const int line = 1 + static_cast<int>(std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(at), '\n'));
+  const auto result = testing::run_command(testing::trainer_binary().string() + " --config " + path +
+                                           " --max_length 8 --print_config");
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  expect_mentions(result.output, {path + ": rms_norm_eps: the number 1e999 (line " + std::to_string(line) + ")",
+                                  "beyond what a double holds"});
+  EXPECT_EQ(result.output.find("json.exception"), std::string::npos) << result.output;
 }
 
 // A rope_theta that is 0 in fp32 made every loss NaN at step 1 with finite weights, and the run was

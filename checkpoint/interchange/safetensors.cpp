@@ -47,6 +47,17 @@ uint64_t element_count(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
+int64_t checked_element_count(const std::vector<int64_t>& shape) {
+  constexpr int64_t kMost = int64_t{1} << 53;
+  int64_t count = 1;
+  for (int64_t size : shape) {
+    if (size < 0) return -1;
+    if (size != 0 && count > kMost / size) return -1;
+    count *= size;
+  }
+  return count;
+}
+
 std::string shape_text(at::IntArrayRef shape) {
   std::string text = "[";
   for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
@@ -208,6 +219,8 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
       bad("data_offsets is not [begin, end]");
     entry.begin = offsets[0].get<uint64_t>();
     entry.end = offsets[1].get<uint64_t>();
+    if (checked_element_count(entry.shape) < 0)
+      bad("shape " + shape_text(entry.shape) + " holds more elements than any file does: the header is damaged");
     if (entry.end < entry.begin || entry.nbytes() != element_count(entry.shape) * c10::elementSize(entry.dtype))
       bad("data_offsets [" + std::to_string(entry.begin) + ", " + std::to_string(entry.end) + ") do not hold a " +
           dtype.get<std::string>() + " tensor of shape " + shape_text(entry.shape));
