@@ -4,11 +4,15 @@
 #include "memory/estimate.h"
 
 #include <algorithm>
+#include <chrono>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "common/errors.h"
+#include "common/log.h"
+#include "config/optimizer_setup.h"
 #include "memory/estimate_simulation.h"
 
 namespace llm {
@@ -52,6 +56,24 @@ RankEstimate finish_rank(int rank, bool cuda, bool offload, std::vector<PhaseEst
   return estimate;
 }
 
+// What tells a rank's step apart from another's, as a key; "" when the rank may differ in ways the
+// key does not capture (it is then simulated on its own). The layout gives every rank the same shard
+// size (rows padded to a multiple of the world size), so with AdamW, whose state is the shard's size,
+// ranks differ only in how many of their rows are real (the key lists them, per parameter: the tail
+// ranks hold fewer) and in rank 0's host copy of an --async_save. AdamW-SN's subsets and GaLore's
+// projectors depend on which rows and matrices a rank holds: each such rank is its own kind.
+// parameter_rows: every parameter's rows, in unit order.
+std::string rank_kind(const std::vector<int64_t>& parameter_rows, const RunConfig& run, int world, int rank) {
+  if (optimizer_settings(run).kind != "adamw") return "";
+  std::string key = rank == 0 ? "0;" : "r;";
+  if (run.sharding.strategy == ShardingStrategy::no_shard || world == 1) return key;
+  for (const int64_t rows : parameter_rows) {
+    const int64_t per_rank = (rows + world - 1) / world;
+    key += std::to_string(std::clamp<int64_t>(rows - per_rank * rank, 0, per_rank)) + ",";
+  }
+  return key;
+}
+
 }  // namespace
 
 MemoryEstimate estimate_memory(const ModelConfig& config, const RunConfig& run, const EstimateOptions& options) {
@@ -81,8 +103,33 @@ MemoryEstimate estimate_memory(const ModelConfig& config, const RunConfig& run, 
                   "--total_batch_size, keeps the global batch)");
   const ModelShape shape(model, run);
   const bool cuda = estimate.device == "cuda";
+  std::map<std::string, SimulatedRank> kinds;  // one simulation per kind of rank
+  std::vector<int64_t> parameter_rows;
+  for (const UnitSpec& unit : describe_units(model))
+    for (const ParameterSpec& parameter : unit.parameters) parameter_rows.push_back(parameter.rows());
+  const auto started = std::chrono::steady_clock::now();
+  auto last_report = started;
   for (int rank = 0; rank < options.world_size; ++rank) {
-    SimulatedRank simulated = simulate_rank(shape, model, options, rank, cuda);
+    const std::string kind = options.simulate_every_rank ? "" : rank_kind(parameter_rows, run, options.world_size, rank);
+    SimulatedRank simulated;
+    if (kind.empty()) {
+      ++estimate.simulated_ranks;
+      simulated = simulate_rank(shape, model, options, rank, cuda);
+    } else {
+      auto found = kinds.find(kind);
+      if (found == kinds.end()) {
+        ++estimate.simulated_ranks;
+        found = kinds.emplace(kind, simulate_rank(shape, model, options, rank, cuda)).first;
+      }
+      simulated = found->second;
+    }
+    // Ranks that are each their own kind (AdamW-SN, GaLore) take a simulation each: say how far along.
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_report > std::chrono::seconds(5)) {
+      last_report = now;
+      log::info("estimate: {} of {} ranks done ({} simulated, {:.0f} s)", rank + 1, options.world_size,
+                estimate.simulated_ranks, std::chrono::duration<double>(now - started).count());
+    }
     estimate.ranks.push_back(finish_rank(rank, cuda, offloads_optimizer(run.sharding.offload),
                                          std::move(simulated.phases), simulated.totals));
     estimate.gathered_units = static_cast<int>(simulated.totals.gathered_units);

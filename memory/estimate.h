@@ -47,6 +47,9 @@ struct EstimateOptions {
   // list every layer up to 4096 layers; beyond, each pass's first and last few (which hold its
   // maxima). Tests lower it to check the extrapolation against the full simulation.
   int64_t simulate_layers_up_to = 256;
+  // Ranks of one kind are alike (estimate.cpp: rank_kind): each kind is simulated once, so the cost
+  // does not grow with --world_size. Tests set this to simulate every rank and compare.
+  bool simulate_every_rank = false;
   // --fit (memory/estimate_fit.h): the levers to add so the run fits memory_budget_gib per rank and
   // host_budget_gib per node (0: node_memory_gib, else this machine's RAM), ranked by the seconds they
   // add at these rates (device_tflops 0: 200 on CUDA, 0.07 on a CPU).
@@ -126,6 +129,7 @@ struct MemoryEstimate {
   int gathered_units = 1;       // the gather schedule's peak of units gathered at once
   std::vector<RankEstimate> ranks;
   std::vector<NodeEstimate> nodes;  // EstimateOptions::ranks_per_node ranks each, the last maybe fewer
+  int simulated_ranks = 0;          // the step simulations run: one per kind of rank (or every rank)
 };
 
 // Whether this CPU runs oneDNN's bf16 matmuls through fp32 products: AVX-512 with BW, VL and DQ

@@ -39,7 +39,8 @@ nlohmann::json estimate_to_json(const MemoryEstimate& estimate) {
   for (const NodeEstimate& node : estimate.nodes)
     nodes.push_back({{"first_rank", node.first_rank}, {"ranks", node.ranks}, {"host_bytes", node.host_bytes},
                      {"pinned_bytes", node.pinned_bytes}});
-  return {{"device", estimate.device}, {"gathered_units", estimate.gathered_units}, {"ranks", ranks}, {"nodes", nodes}};
+  return {{"device", estimate.device}, {"gathered_units", estimate.gathered_units}, {"ranks", ranks}, {"nodes", nodes},
+          {"simulated_ranks", estimate.simulated_ranks}};
 }
 
 namespace {

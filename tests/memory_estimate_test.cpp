@@ -440,6 +440,73 @@ TEST(EstimateExtrapolation, EqualsTheLayerByLayerSimulation) {
   }
 }
 
+// Ranks of one kind are simulated once (issue 44: `trainer estimate` took 35 s at 1024 ranks and
+// over 120 s, without a word, at 65536): the same estimate as simulating every rank, for AdamW's
+// variants at uneven world sizes (tail ranks with fewer real rows) on both devices, from a few
+// simulations; AdamW-SN and GaLore still simulate every rank. And 65536 ranks of llama_7b take a few.
+TEST(EstimateRankKinds, EqualSimulatingEveryRankFromAFewSimulations) {
+  struct Variant {
+    std::string name;
+    std::function<void(RunConfig&)> set;
+  };
+  const std::vector<Variant> variants = {
+      {"default", [](RunConfig&) {}},
+      {"no_shard", [](RunConfig& r) { r.sharding.strategy = ShardingStrategy::no_shard; }},
+      {"offload_async_save_pure", [](RunConfig& r) {
+         r.sharding.offload = Offload::optimizer;
+         r.checkpoint.async_save = true;
+         r.checkpoint.save_dir = "unused";
+         r.precision.dtype = DType::bfloat16;
+         r.precision.mode = Precision::pure;
+       }},
+      {"offload_parameters_shard_grad_op", [](RunConfig& r) {
+         r.sharding.offload = Offload::optimizer_and_parameters;
+         r.sharding.strategy = ShardingStrategy::shard_grad_op;
+       }},
+      {"adamw_sn", [](RunConfig& r) { r.optimizer.name = "adamw_sn"; }},
+  };
+  nlohmann::json odd = nlohmann::json::parse(std::ifstream(testing::source_dir() / "configs/llama_micro.json"));
+  odd["vocab_size"] = 131;  // rows that no world size below divides evenly
+  const ModelConfig model = parse_model_config(odd, "llama_micro_odd_vocab.json");
+  for (const Variant& variant : variants)
+    for (int world : {3, 7, 16})
+      for (const std::string device : {"cpu", "cuda"}) {
+        SCOPED_TRACE(variant.name + ", " + std::to_string(world) + " ranks on " + device);
+        RunConfig run;
+        run.data.batch_size = 2;
+        run.data.max_length = 16;
+        variant.set(run);
+        validate_run_config(run, model, world);
+        EstimateOptions options;
+        options.world_size = world;
+        options.device = device;
+        nlohmann::json by_kind = estimate_to_json(estimate_memory(model, run, options));
+        options.simulate_every_rank = true;
+        nlohmann::json every = estimate_to_json(estimate_memory(model, run, options));
+        EXPECT_EQ(every["simulated_ranks"], world);
+        if (variant.name == "adamw_sn")
+          EXPECT_EQ(by_kind["simulated_ranks"], world) << "each rank its own kind";
+        else
+          EXPECT_LE(by_kind["simulated_ranks"].get<int>(), 8) << "rank 0, the full ranks, a few tails";
+        by_kind.erase("simulated_ranks");
+        every.erase("simulated_ranks");
+        EXPECT_EQ(by_kind, every);
+      }
+  const ModelConfig seven_b = load_model_config((testing::source_dir() / "configs/llama_7b.json").string());
+  RunConfig run;
+  run.data.batch_size = 1;
+  run.data.max_length = 2048;
+  run.precision.dtype = DType::bfloat16;
+  run.precision.mode = Precision::pure;
+  validate_run_config(run, seven_b, 65536);
+  EstimateOptions options;
+  options.world_size = 65536;
+  options.device = "cuda";
+  const MemoryEstimate estimate = estimate_memory(seven_b, run, options);
+  EXPECT_EQ(estimate.ranks.size(), 65536u);
+  EXPECT_LE(estimate.simulated_ranks, 8);
+}
+
 // 10^8 decoder layers: the estimate used to run for minutes (10^6: std::bad_alloc, "fatal", exit 1).
 // Extrapolated, its cost does not grow with the depth: it completes (under `timeout 20`, not a timed
 // assertion) with the figures of 10^8 layers: the fp32 parameter shards alone are 4 bytes for each
