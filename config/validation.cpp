@@ -14,6 +14,7 @@
 #include <limits>
 #include <optional>
 #include <set>
+#include <span>
 #include <stdexcept>
 #include <string>
 
@@ -147,21 +148,28 @@ void resolve_training_steps(RunConfig& run, int64_t tokens_per_step) {
 }
 
 // Activation checkpointing and the fused optimizer step, and what the fused step cannot combine with.
+// A comma-separated list flag's items ("" has none): each one of `choices` (else `not_one_of`, after
+// the item in quotes, says what it is not and what to give), each once.
+std::set<std::string> choice_set(const char* flag, const std::string& list, std::span<const char* const> choices,
+                                 const std::string& not_one_of) {
+  std::set<std::string> items;
+  if (list.empty()) return items;
+  for (const std::string& item : split_list(list)) {
+    if (std::none_of(choices.begin(), choices.end(), [&](const char* choice) { return item == choice; }))
+      fail_user(kCommandLine, flag, "\"" + item + "\" " + not_one_of);
+    if (!items.insert(item).second) fail_user(kCommandLine, flag, "names \"" + item + "\" twice (" + list + ")");
+  }
+  return items;
+}
+
 // --recompute: known items, each once; "block" alone (it recomputes the whole layer, the others
 // included) and then activation_checkpointing_every 1; the others not with block checkpointing.
 void resolve_recompute(RunConfig& run) {
   if (run.recompute.empty()) return;
-  std::set<std::string> items;
-  for (const std::string& item : split_list(run.recompute)) {
-    const bool known = std::any_of(std::begin(kRecomputeChoices), std::end(kRecomputeChoices),
-                                   [&](const char* choice) { return item == choice; });
-    if (!known)
-      fail_user(kCommandLine, "--recompute",
-                "\"" + item + "\" is not an operation it recomputes; give a comma-separated set of norm, swiglu, mlp, "
-                "attention, or block (the whole layer, as --activation_checkpointing), e.g. --recompute norm,swiglu");
-    if (!items.insert(item).second)
-      fail_user(kCommandLine, "--recompute", "names \"" + item + "\" twice (" + run.recompute + ")");
-  }
+  const std::set<std::string> items =
+      choice_set("--recompute", run.recompute, kRecomputeChoices,
+                 "is not an operation it recomputes; give a comma-separated set of norm, swiglu, mlp, attention, or "
+                 "block (the whole layer, as --activation_checkpointing), e.g. --recompute norm,swiglu");
   if (items.contains("block")) {
     if (items.size() > 1)
       fail_user(kCommandLine, "--recompute",
@@ -185,17 +193,10 @@ void resolve_recompute(RunConfig& run) {
 // on the CPU is refused where the device is known: trainer/train_loop.cpp); --pad_matmul_dims one
 // of its choices.
 void check_compute_flags(const RunConfig& run) {
-  std::set<std::string> items;
-  for (const std::string& item : run.fused_ops.empty() ? std::vector<std::string>{} : split_list(run.fused_ops)) {
-    const bool known = std::any_of(std::begin(kFusedOpChoices), std::end(kFusedOpChoices),
-                                   [&](const char* choice) { return item == choice; });
-    if (!known)
-      fail_user(kCommandLine, "--fused_ops",
-                "\"" + item + "\" is not a fused operation; give a comma-separated set of: rms_norm (LibTorch's "
-                "CUDA kernel), swiglu, rotary (ours), e.g. --fused_ops rms_norm,swiglu,rotary");
-    if (!items.insert(item).second)
-      fail_user(kCommandLine, "--fused_ops", "names \"" + item + "\" twice (" + run.fused_ops + ")");
-  }
+  const std::set<std::string> items =
+      choice_set("--fused_ops", run.fused_ops, kFusedOpChoices,
+                 "is not a fused operation; give a comma-separated set of: rms_norm (LibTorch's CUDA kernel), swiglu, "
+                 "rotary (ours), e.g. --fused_ops rms_norm,swiglu,rotary");
   const bool known_padding = std::any_of(std::begin(kPadMatmulChoices), std::end(kPadMatmulChoices),
                                          [&](const char* choice) { return run.pad_matmul_dims == choice; });
   if (!known_padding)

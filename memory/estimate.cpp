@@ -104,8 +104,12 @@ MemoryEstimate estimate_memory(const ModelConfig& config, const RunConfig& run, 
   const ModelShape shape(model, run);
   const bool cuda = estimate.device == "cuda";
   std::map<std::string, SimulatedRank> kinds;  // one simulation per kind of rank
+  // The rows of every parameter of the embedding, one decoder layer (they are alike: one says what
+  // all say, and 10^8 layers are never listed) and the head.
   std::vector<int64_t> parameter_rows;
-  for (const UnitSpec& unit : describe_units(model))
+  ModelConfig one_layer = model;
+  one_layer.num_hidden_layers = std::min<int64_t>(model.num_hidden_layers, 1);
+  for (const UnitSpec& unit : describe_units(one_layer))
     for (const ParameterSpec& parameter : unit.parameters) parameter_rows.push_back(parameter.rows());
   const auto started = std::chrono::steady_clock::now();
   auto last_report = started;

@@ -372,6 +372,21 @@ std::function<void(const fs::path&)> rewrite_tensors(const std::function<void(st
   };
 }
 
+// `trainer export` of a copy of step_4 whose rank0.json says lm_head.weight is [size, size], with the
+// manifest's CRC and size of that index updated to match.
+std::string export_with_lm_head_shape(const Trained& t, const fs::path& dir, int64_t size) {
+  fs::copy(t.checkpoints / "step_4", dir / "step_4");
+  nlohmann::json index = read_json(dir / "step_4/rank0.json");
+  index["tensors"]["lm_head.weight"]["shape"] = {size, size};
+  const std::string text = index.dump();
+  std::ofstream(dir / "step_4/rank0.json", std::ios::trunc) << text;
+  nlohmann::json manifest = read_json(dir / "step_4/manifest.json");
+  manifest["files"]["rank0.json"]["bytes"] = text.size();
+  manifest["files"]["rank0.json"]["crc32c"] = crc_text(crc32c(text.data(), text.size()));
+  write_json(dir / "step_4/manifest.json", manifest);
+  return export_command("--from " + (dir / "step_4").string() + " --to " + (dir / "out").string());
+}
+
 const Refusal kRefusals[] = {
     {"export_missing_checkpoint",
      [](const Trained&, const fs::path& dir) { return export_command("--from " + (dir / "none").string() + " --to " + (dir / "out").string()); },
@@ -383,35 +398,14 @@ const Refusal kRefusals[] = {
        return export_command("--from " + (dir / "step_4").string() + " --to " + (dir / "out").string());
      },
      {"not a complete checkpoint: rank0.safetensors: ", "bytes, but manifest.json lists"}},
-    // An index that claims a tensor of [2^32, 2^32], its CRC and size updated in the manifest as a
-    // hostile editor would: refused before anything of that shape is allocated (issue 44).
+    // An index that claims a tensor of [2^32, 2^32], or more elements than its parts hold, its CRC and
+    // size updated in the manifest as a hostile editor would: refused before anything of that shape
+    // is allocated (issue 44).
     {"export_index_claiming_a_huge_shape",
-     [](const Trained& t, const fs::path& dir) {
-       fs::copy(t.checkpoints / "step_4", dir / "step_4");
-       nlohmann::json index = read_json(dir / "step_4/rank0.json");
-       index["tensors"]["lm_head.weight"]["shape"] = {int64_t{1} << 32, int64_t{1} << 32};
-       const std::string text = index.dump();
-       std::ofstream(dir / "step_4/rank0.json", std::ios::trunc) << text;
-       nlohmann::json manifest = read_json(dir / "step_4/manifest.json");
-       manifest["files"]["rank0.json"]["bytes"] = text.size();
-       manifest["files"]["rank0.json"]["crc32c"] = crc_text(crc32c(text.data(), text.size()));
-       write_json(dir / "step_4/manifest.json", manifest);
-       return export_command("--from " + (dir / "step_4").string() + " --to " + (dir / "out").string());
-     },
+     [](const Trained& t, const fs::path& dir) { return export_with_lm_head_shape(t, dir, int64_t{1} << 32); },
      {"lm_head.weight", "holds more elements than any checkpoint does: the index is damaged"}},
     {"export_index_claiming_more_elements_than_its_parts",
-     [](const Trained& t, const fs::path& dir) {
-       fs::copy(t.checkpoints / "step_4", dir / "step_4");
-       nlohmann::json index = read_json(dir / "step_4/rank0.json");
-       index["tensors"]["lm_head.weight"]["shape"] = {int64_t{1} << 20, int64_t{1} << 20};
-       const std::string text = index.dump();
-       std::ofstream(dir / "step_4/rank0.json", std::ios::trunc) << text;
-       nlohmann::json manifest = read_json(dir / "step_4/manifest.json");
-       manifest["files"]["rank0.json"]["bytes"] = text.size();
-       manifest["files"]["rank0.json"]["crc32c"] = crc_text(crc32c(text.data(), text.size()));
-       write_json(dir / "step_4/manifest.json", manifest);
-       return export_command("--from " + (dir / "step_4").string() + " --to " + (dir / "out").string());
-     },
+     [](const Trained& t, const fs::path& dir) { return export_with_lm_head_shape(t, dir, int64_t{1} << 20); },
      {"lm_head.weight", "the ranks' parts do not tile it: the checkpoint is damaged"}},
     {"export_to_a_file",
      [](const Trained& t, const fs::path& dir) {
