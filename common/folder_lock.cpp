@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -35,25 +36,54 @@ std::string this_holder() {
 }  // namespace
 
 FolderLock::FolderLock(const fs::path& folder, const std::string& what) : folder_(folder) {
-  const fs::path path = folder / kFileName;
-  descriptor_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (descriptor_ < 0)
-    throw UserError(what + " " + folder.string() + ": cannot open its lock file " + path.string() + " (" +
-                    std::strerror(errno) + "); pass a folder you can write");
-  if (::flock(descriptor_, LOCK_EX | LOCK_NB) != 0) {
-    const int error_number = errno;
-    const std::string holder = read_holder(descriptor_);
-    ::close(descriptor_);
+  take(folder / kFileName, what + " " + folder.string(), "folder");
+}
+
+FolderLock::FolderLock(const fs::path& lock_file, const fs::path& named, const std::string& what,
+                       bool remove_when_released)
+    : folder_(named), remove_when_released_(remove_when_released) {
+  take(lock_file, what + " " + named.string(), "output");
+}
+
+std::unique_ptr<FolderLock> FolderLock::output(const fs::path& output, const std::string& what) {
+  const fs::path absolute = fs::absolute(output).lexically_normal();
+  const fs::path parent = absolute.has_filename() ? absolute.parent_path() : absolute.parent_path().parent_path();
+  const std::string name = (absolute.has_filename() ? absolute : absolute.parent_path()).filename().string();
+  return std::unique_ptr<FolderLock>(
+      new FolderLock(parent / ("." + name + ".trainer.lock"), output, what, /*remove_when_released=*/true));
+}
+
+void FolderLock::take(const fs::path& path, const std::string& subject, const std::string& noun) {
+  lock_file_ = path;
+  // An output's lock file is removed on release: another process may have opened the old file just
+  // before, and would then lock an unlinked inode while a third creates a new one. So after locking,
+  // the path must still name the locked file; else open it again.
+  for (int attempt = 0;; ++attempt) {
+    descriptor_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (descriptor_ < 0)
+      throw UserError(subject + ": cannot open its lock file " + path.string() + " (" + std::strerror(errno) +
+                      "); pass a " + noun + " you can write");
+    if (::flock(descriptor_, LOCK_EX | LOCK_NB) != 0) {
+      const int error_number = errno;
+      const std::string holder = read_holder(descriptor_);
+      ::close(descriptor_);
+      descriptor_ = -1;
+      if (error_number == EWOULDBLOCK)
+        throw UserError(subject + " is in use by another job (" +
+                        (holder.empty() ? std::string("its holder has not written its name yet") : holder) +
+                        "): two jobs on one " + noun + " would interleave or replace each other's files. Wait for it "
+                        "to end, stop it, or pass another " + noun);
+      throw UserError(subject + ": cannot lock " + path.string() + " (" + std::strerror(error_number) +
+                      "): the file system does not support locks (Lustre: mount with -o flock); pass a " + noun +
+                      " on one that does");
+    }
+    struct stat locked {}, named {};
+    if (!remove_when_released_ || attempt >= 8 ||
+        (::fstat(descriptor_, &locked) == 0 && ::stat(path.c_str(), &named) == 0 && locked.st_ino == named.st_ino &&
+         locked.st_dev == named.st_dev))
+      break;
+    ::close(descriptor_);  // the file was removed and maybe replaced since we opened it: again
     descriptor_ = -1;
-    if (error_number == EWOULDBLOCK)
-      throw UserError(what + " " + folder.string() + " is in use by another job (" +
-                      (holder.empty() ? std::string("its holder has not written its name yet") : holder) +
-                      "): two jobs on one folder would interleave or replace each other's files. Wait for it to "
-                      "end, stop it, or pass another folder");
-    throw UserError(what + " " + folder.string() + ": cannot lock " + path.string() + " (" +
-                    std::strerror(error_number) +
-                    "): the file system does not support locks (Lustre: mount with -o flock); pass a folder on "
-                    "one that does");
   }
   // Ours now: say who holds it, for the message a second job gets.
   const std::string holder = this_holder() + "\n";
@@ -64,7 +94,9 @@ FolderLock::FolderLock(const fs::path& folder, const std::string& what) : folder
 }
 
 FolderLock::~FolderLock() {
-  if (descriptor_ >= 0) ::close(descriptor_);
+  if (descriptor_ < 0) return;
+  if (remove_when_released_) ::unlink(lock_file_.c_str());  // while still held: see take()
+  ::close(descriptor_);
 }
 
 }  // namespace llm

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <filesystem>
+#include <memory>
 #include <string>
 
 namespace llm {
@@ -21,7 +22,13 @@ class FolderLock {
   // ("<what> FOLDER is in use by another job: host H, process P, since T; ..."), or not lockable.
   // `what` names the folder for the message ("--run_dir").
   FolderLock(const std::filesystem::path& folder, const std::string& what);
-  ~FolderLock();  // releases it (closing the file)
+  // The same mechanism for any output a subcommand writes (prepare's --output, a file or a shard
+  // folder; export's --to): the lock is PARENT/.NAME.trainer.lock beside the output, so nothing is
+  // created in or as the output before it is written, and the lock file goes when the lock is
+  // released (a killed writer leaves it; the next one takes it, as with a folder's). Throws as above,
+  // naming the output and its holder.
+  static std::unique_ptr<FolderLock> output(const std::filesystem::path& output, const std::string& what);
+  ~FolderLock();  // releases it (closing the file; an output's lock file is removed first)
   FolderLock(const FolderLock&) = delete;
   FolderLock& operator=(const FolderLock&) = delete;
 
@@ -29,8 +36,14 @@ class FolderLock {
   static constexpr const char* kFileName = ".trainer.lock";
 
  private:
+  FolderLock(const std::filesystem::path& lock_file, const std::filesystem::path& named, const std::string& what,
+             bool remove_when_released);
+  void take(const std::filesystem::path& lock_file, const std::string& what, const std::string& noun);
+
   std::filesystem::path folder_;
+  std::filesystem::path lock_file_;
   int descriptor_ = -1;
+  bool remove_when_released_ = false;
 };
 
 }  // namespace llm

@@ -25,6 +25,7 @@
 #include <unordered_map>
 
 #include "common/errors.h"
+#include "common/folder_lock.h"
 #include "common/output_files.h"
 #include "common/log.h"
 #include <nlohmann/json.hpp>
@@ -418,6 +419,9 @@ PrepareResult prepare_token_file(const PrepareOptions& given) {
   PrepareOptions options = given;
   options.inputs = expand_input_globs(given.inputs);
   check_inputs(options);
+  // One writer per output (issue 44: two prepares on one --output both reported success): the
+  // second is refused, naming the first, before anything is written.
+  const std::unique_ptr<FolderLock> lock = FolderLock::output(options.output, "--output");
   if (options.shard_tokens > 0) std::filesystem::create_directories(options.output);
   PrepareResult result;
   result.tokenizer_path =

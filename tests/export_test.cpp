@@ -23,8 +23,12 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
 #include "common/crc32c.h"
+#include "common/folder_lock.h"
 #include "common/errors.h"
+#include "tests/export_fixture.h"
 #include "tests/run_comparison.h"
 #include "tests/test_util.h"
 #include "data/token_file.h"
@@ -34,78 +38,6 @@
 
 namespace llm::export_test {
 namespace {
-
-namespace fs = std::filesystem;
-using testing::run_command;
-using testing::ScratchDir;
-
-constexpr int64_t kWindow = 17;  // --max_length 16 + 1
-
-std::vector<int64_t> window_tokens() {
-  std::vector<int64_t> window;
-  for (int64_t i = 0; i < kWindow; ++i) window.push_back((i * 37 + 11) % 127);
-  return window;
-}
-
-std::string micro_config() { return (testing::source_dir() / "configs/llama_micro.json").string(); }
-
-// The training flags every run here shares: 4 sequences per step (2 per rank at 2 ranks).
-std::string train_flags(const fs::path& data, int ranks) {
-  return " --config " + micro_config() + " --device cpu --data " + data.string() +
-         " --max_length 16 --total_batch_size 4 --batch_size " + std::to_string(4 / ranks) +
-         " --eval_every 0 --eval_batches 1 --warmup_steps 1 --lr 1e-2";
-}
-
-nlohmann::json read_json(const fs::path& path) {
-  std::ifstream in(path);
-  return nlohmann::json::parse(in);
-}
-
-void write_json(const fs::path& path, const nlohmann::json& json) { std::ofstream(path) << json.dump(2); }
-
-double first_train_loss(const fs::path& run_dir, int64_t step) {
-  for (const nlohmann::json& event : testing::read_metrics_events(run_dir, "train"))
-    if (event.at("step") == step) return event.at("loss").get<double>();
-  ADD_FAILURE() << "no train step " << step << " in " << run_dir;
-  return NAN;
-}
-
-void expect_mentions(const testing::CommandResult& result, std::initializer_list<const char*> parts) {
-  for (const char* part : parts) EXPECT_NE(result.output.find(part), std::string::npos) << part << " in:\n" << result.output;
-}
-
-// One training run, its checkpoints at steps 2 and 4, and the exports every test reads: made once.
-struct Trained {
-  ScratchDir root{"export"};
-  fs::path data = root / "periodic.tok", checkpoints = root / "ckpt", exported = root / "exported",
-           sharded = root / "sharded", bf16 = root / "bf16", earlier = root / "exported_step2";
-  std::string trained_output, export_output, sharded_output;
-
-  Trained() {
-    std::vector<int64_t> tokens;
-    for (int copy = 0; copy < 200; ++copy)
-      for (int64_t token : window_tokens()) tokens.push_back(token);
-    write_token_file(data.string(), tokens, 128);
-    const auto trained = run_command(testing::trainer_launcher(1) + train_flags(data, 1) +
-                                     " --num_training_steps 4 --save_every 2 --save_dir " + checkpoints.string() +
-                                     " --run_dir " + (root / "run").string());
-    trained_output = trained.output;
-    if (trained.exit_code != 0) return;
-    const std::string trainer = testing::trainer_binary().string();
-    export_output = run_command(trainer + " export --from " + checkpoints.string() + " --to " + exported.string()).output;
-    sharded_output = run_command(trainer + " export --from " + checkpoints.string() + " --to " + sharded.string() +
-                                 " --max_shard_size 20KB").output;
-    run_command(trainer + " export --from " + checkpoints.string() + " --to " + bf16.string() + " --dtype bfloat16");
-    run_command(trainer + " export --from " + (checkpoints / "step_2").string() + " --to " + earlier.string());
-  }
-};
-
-const Trained& trained() {
-  static Trained* shared = new Trained();  // kept for the whole test binary; its folder goes at exit
-  static const bool cleanup = (std::atexit([] { delete shared; }), true);
-  (void)cleanup;
-  return *shared;
-}
 
 // --- the files --------------------------------------------------------------------------------------
 
@@ -329,219 +261,27 @@ TEST(InitFromConfig, AcceptsTodaysAndOlderConfigKeysThatDoNotChangeTheMaths) {
   EXPECT_EQ(result.exit_code, 0) << result.output;
 }
 
-// --- refusals, each exit 2 naming what is wrong -------------------------------------------------------------
 
-struct Refusal {
-  std::string name;
-  std::function<std::string(const Trained&, const fs::path& dir)> command;  // given a scratch folder
-  std::vector<std::string> mentions;
-};
-
-std::string export_command(const std::string& flags) { return testing::trainer_binary().string() + " export " + flags; }
-
-// --init_from a copy of the single-file export, changed by `change` first.
-std::string init_from_changed(const Trained& t, const fs::path& dir, const std::function<void(const fs::path&)>& change) {
-  fs::copy(t.exported, dir / "folder");
-  change(dir / "folder");
-  return testing::trainer_launcher(1) + train_flags(t.data, 1) + " --init_from " + (dir / "folder").string() +
-         " --num_training_steps 1 --run_dir " + (dir / "run").string();
-}
-
-std::function<void(const fs::path&)> set_config(const std::string& key, const nlohmann::json& value) {
-  return [key, value](const fs::path& folder) {
-    nlohmann::json config = read_json(folder / "config.json");
-    config[key] = value;
-    write_json(folder / "config.json", config);
-  };
-}
-
-// Rewrites model.safetensors: `edit` changes the name -> tensor map first.
-std::function<void(const fs::path&)> rewrite_tensors(const std::function<void(std::map<std::string, at::Tensor>&)>& edit) {
-  return [edit](const fs::path& folder) {
-    std::map<std::string, at::Tensor> tensors;
-    {
-      const SafetensorsFile file((folder / "model.safetensors").string());
-      for (const auto& [name, entry] : file.entries()) tensors[name] = file.read(name);
-    }
-    edit(tensors);
-    std::vector<SafetensorsEntry> entries;
-    for (const auto& [name, tensor] : tensors) entries.push_back({name, tensor.scalar_type(), tensor.sizes().vec()});
-    SafetensorsWriter writer((folder / "model.safetensors").string(), entries);
-    for (const auto& [name, tensor] : tensors) writer.write(name, tensor);
-    writer.finish();
-  };
-}
-
-// `trainer export` of a copy of step_4 whose rank0.json says lm_head.weight is [size, size], with the
-// manifest's CRC and size of that index updated to match.
-std::string export_with_lm_head_shape(const Trained& t, const fs::path& dir, int64_t size) {
-  fs::copy(t.checkpoints / "step_4", dir / "step_4");
-  nlohmann::json index = read_json(dir / "step_4/rank0.json");
-  index["tensors"]["lm_head.weight"]["shape"] = {size, size};
-  const std::string text = index.dump();
-  std::ofstream(dir / "step_4/rank0.json", std::ios::trunc) << text;
-  nlohmann::json manifest = read_json(dir / "step_4/manifest.json");
-  manifest["files"]["rank0.json"]["bytes"] = text.size();
-  manifest["files"]["rank0.json"]["crc32c"] = crc_text(crc32c(text.data(), text.size()));
-  write_json(dir / "step_4/manifest.json", manifest);
-  return export_command("--from " + (dir / "step_4").string() + " --to " + (dir / "out").string());
-}
-
-const Refusal kRefusals[] = {
-    {"export_missing_checkpoint",
-     [](const Trained&, const fs::path& dir) { return export_command("--from " + (dir / "none").string() + " --to " + (dir / "out").string()); },
-     {"--from", "no such folder"}},
-    {"export_damaged_checkpoint",
-     [](const Trained& t, const fs::path& dir) {
-       fs::copy(t.checkpoints / "step_4", dir / "step_4");
-       fs::resize_file(dir / "step_4/rank0.safetensors", fs::file_size(dir / "step_4/rank0.safetensors") / 2);
-       return export_command("--from " + (dir / "step_4").string() + " --to " + (dir / "out").string());
-     },
-     {"not a complete checkpoint: rank0.safetensors: ", "bytes, but manifest.json lists"}},
-    // An index that claims a tensor of [2^32, 2^32], or more elements than its parts hold, its CRC and
-    // size updated in the manifest as a hostile editor would: refused before anything of that shape
-    // is allocated (issue 44).
-    {"export_index_claiming_a_huge_shape",
-     [](const Trained& t, const fs::path& dir) { return export_with_lm_head_shape(t, dir, int64_t{1} << 32); },
-     {"lm_head.weight", "holds more elements than any checkpoint does: the index is damaged"}},
-    {"export_index_claiming_more_elements_than_its_parts",
-     [](const Trained& t, const fs::path& dir) { return export_with_lm_head_shape(t, dir, int64_t{1} << 20); },
-     {"lm_head.weight", "the ranks' parts do not tile it: the checkpoint is damaged"}},
-    {"export_to_a_file",
-     [](const Trained& t, const fs::path& dir) {
-       std::ofstream(dir / "file") << "x";
-       return export_command("--from " + t.checkpoints.string() + " --to " + (dir / "file").string());
-     },
-     {"--to", "exists and is a regular file, not a folder; it is never replaced"}},
-    {"export_to_a_device",
-     [](const Trained& t, const fs::path&) {
-       return export_command("--from " + t.checkpoints.string() + " --to /dev/null --overwrite");
-     },
-     {"--to: /dev/null exists and is a character device, not a folder"}},
-    {"export_overwrite_never_removes_a_folder",
-     [](const Trained& t, const fs::path& dir) {
-       fs::create_directories(dir / "out/config.json");  // a folder under a name an export writes
-       return export_command("--from " + t.checkpoints.string() + " --to " + (dir / "out").string() + " --overwrite");
-     },
-     {"--to --overwrite: config.json: ", "is a folder, not a regular file; it is never replaced"}},
-    {"export_to_a_non_empty_folder",
-     [](const Trained& t, const fs::path& dir) {
-       fs::create_directories(dir / "out");
-       std::ofstream(dir / "out/notes.txt") << "mine";
-       return export_command("--from " + t.checkpoints.string() + " --to " + (dir / "out").string());
-     },
-     {"--to", "notes.txt", "--overwrite"}},
-    {"export_bad_shard_size",
-     [](const Trained& t, const fs::path& dir) {
-       return export_command("--from " + t.checkpoints.string() + " --to " + (dir / "out").string() + " --max_shard_size 5XB");
-     },
-     {"--max_shard_size", "5XB"}},
-    {"export_with_a_training_flag",
-     [](const Trained& t, const fs::path& dir) {
-       return testing::trainer_binary().string() + " --lr 0.1 export --from " + t.checkpoints.string() + " --to " +
-              (dir / "out").string();
-     },
-     {"--lr", "is a training flag"}},
-    {"init_from_with_continue_from",
-     [](const Trained& t, const fs::path& dir) {
-       return testing::trainer_launcher(1) + train_flags(t.data, 1) + " --init_from " + t.exported.string() +
-              " --continue_from " + t.checkpoints.string() + " --num_training_steps 6 --run_dir " + (dir / "run").string();
-     },
-     {"--init_from / --continue_from", "give one"}},
-    {"init_from_other_hidden_size",
-     [](const Trained& t, const fs::path& dir) { return init_from_changed(t, dir, set_config("hidden_size", 64)); },
-     {"config.json: hidden_size", "64 there, 32 in --config llama_micro"}},
-    {"init_from_other_rope_theta",
-     [](const Trained& t, const fs::path& dir) {
-       return init_from_changed(t, dir, set_config("rope_parameters", {{"rope_type", "default"}, {"rope_theta", 500000.0}}));
-     },
-     {"rope_parameters.rope_theta", "500000 there, 10000 in --config"}},
-    {"init_from_rope_scaling_yarn",
-     [](const Trained& t, const fs::path& dir) {
-       return init_from_changed(t, dir, set_config("rope_parameters", {{"rope_type", "yarn"}, {"factor", 4.0}, {"rope_theta", 10000.0}}));
-     },
-     {"rope_parameters.rope_type", "we do not run RoPE scaling yarn"}},
-    {"init_from_rope_scaling_llama3_transformers4",
-     [](const Trained& t, const fs::path& dir) {
-       return init_from_changed(t, dir, set_config("rope_scaling", {{"rope_type", "llama3"}, {"factor", 8.0}}));
-     },
-     {"rope_scaling.rope_type", "we do not run RoPE scaling llama3"}},
-    {"init_from_other_rms_norm_eps",
-     [](const Trained& t, const fs::path& dir) { return init_from_changed(t, dir, set_config("rms_norm_eps", 1e-5)); },
-     {"rms_norm_eps", "1e-05 there, 1e-06 in --config"}},
-    {"init_from_tied_embeddings",
-     [](const Trained& t, const fs::path& dir) { return init_from_changed(t, dir, set_config("tie_word_embeddings", true)); },
-     {"tie_word_embeddings", "true there, false in --config"}},
-    {"init_from_other_hidden_act",
-     [](const Trained& t, const fs::path& dir) { return init_from_changed(t, dir, set_config("hidden_act", "gelu")); },
-     {"hidden_act", "\"gelu\" there"}},
-    {"init_from_missing_tensor",
-     [](const Trained& t, const fs::path& dir) {
-       return init_from_changed(t, dir, rewrite_tensors([](auto& tensors) { tensors.erase("model.layers.1.mlp.up_proj.weight"); }));
-     },
-     {"has no tensor model.layers.1.mlp.up_proj.weight"}},
-    {"init_from_extra_tensor",
-     [](const Trained& t, const fs::path& dir) {
-       return init_from_changed(t, dir, rewrite_tensors([](auto& tensors) {
-         tensors["model.layers.0.self_attn.q_proj.bias"] = at::zeros({32});
-       }));
-     },
-     {"model.layers.0.self_attn.q_proj.bias", "has no parameter for"}},
-    {"init_from_wrong_shape",
-     [](const Trained& t, const fs::path& dir) {
-       return init_from_changed(t, dir, rewrite_tensors([](auto& tensors) {
-         tensors["lm_head.weight"] = tensors["lm_head.weight"].slice(0, 0, 100).contiguous();
-       }));
-     },
-     {"lm_head.weight", "shape [100, 32] there, [128, 32] in --config"}},
-    {"init_from_non_finite_weight",
-     [](const Trained& t, const fs::path& dir) {
-       return init_from_changed(t, dir, rewrite_tensors([](auto& tensors) {
-         tensors["model.layers.1.mlp.up_proj.weight"][5][3] = NAN;
-         tensors["model.layers.1.mlp.up_proj.weight"][7][0] = INFINITY;
-       }));
-     },
-     {"model.safetensors: model.layers.1.mlp.up_proj.weight: holds 2 non-finite value(s) (NaN or inf), the first nan in "
-      "row 5", "Pass --init_from a folder of finite weights"}},
-    {"init_from_truncated_safetensors",
-     [](const Trained& t, const fs::path& dir) {
-       return init_from_changed(t, dir, [](const fs::path& folder) {
-         fs::resize_file(folder / "model.safetensors", fs::file_size(folder / "model.safetensors") - 100);
-       });
-     },
-     {"model.safetensors", "truncated"}},
-    {"init_from_pytorch_bin_only",
-     [](const Trained& t, const fs::path& dir) {
-       return init_from_changed(t, dir, [](const fs::path& folder) {
-         fs::rename(folder / "model.safetensors", folder / "pytorch_model.bin");
-       });
-     },
-     {"pytorch_model.bin", "safe_serialization=True"}},
-    {"init_from_not_a_folder",
-     [](const Trained& t, const fs::path& dir) {
-       return testing::trainer_launcher(1) + train_flags(t.data, 1) + " --init_from " + (dir / "none").string() +
-              " --run_dir " + (dir / "run").string();
-     },
-     {"--init_from", "does not exist"}},
-};
-
-void PrintTo(const Refusal& refusal, std::ostream* out) { *out << refusal.name; }
-
-class Refused : public ::testing::TestWithParam<Refusal> {};
-
-TEST_P(Refused, ExitsTwoNamingIt) {
-  const Refusal& refusal = GetParam();
+// Two exports to one --to (issue 44: a float32 config.json beside bf16 weights, under a success
+// message): while another process holds --to's lock, export is refused naming it and writes nothing.
+TEST(Export, ASecondWriterOfOneFolderIsRefusedNamingTheFirst) {
   const Trained& t = trained();
-  ASSERT_TRUE(fs::exists(t.exported / "model.safetensors")) << t.trained_output << t.export_output;
-  ScratchDir dir("export_refused_" + refusal.name);
-  const auto result = run_command(refusal.command(t, dir.path()));
-  EXPECT_EQ(result.exit_code, 2) << result.output;
-  for (const std::string& part : refusal.mentions)
-    EXPECT_NE(result.output.find(part), std::string::npos) << part << " in:\n" << result.output;
-  EXPECT_FALSE(fs::exists(dir / "out/model.safetensors"));
+  ScratchDir dir("export_lock");
+  const fs::path to = dir / "out";
+  {
+    const std::unique_ptr<FolderLock> held = FolderLock::output(to, "--to");
+    const auto refused = run_command(export_command("--from " + t.checkpoints.string() + " --to " + to.string()));
+    EXPECT_EQ(refused.exit_code, 2) << refused.output;
+    EXPECT_NE(refused.output.find("--to " + to.string() + " is in use by another job (host "), std::string::npos)
+        << refused.output;
+    EXPECT_NE(refused.output.find("process " + std::to_string(::getpid())), std::string::npos) << refused.output;
+    EXPECT_FALSE(fs::exists(to));
+  }
+  const auto ran = run_command(export_command("--from " + t.checkpoints.string() + " --to " + to.string()));
+  EXPECT_EQ(ran.exit_code, 0) << ran.output;
+  EXPECT_TRUE(fs::exists(to / "model.safetensors"));
+  EXPECT_FALSE(fs::exists(dir / ".out.trainer.lock"));
 }
-
-INSTANTIATE_TEST_SUITE_P(Cases, Refused, ::testing::ValuesIn(kRefusals), [](const auto& info) { return info.param.name; });
 
 TEST(Export, OverwriteReplacesAnEarlierExportAndLeavesOtherFiles) {
   const Trained& t = trained();

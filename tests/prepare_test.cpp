@@ -12,7 +12,12 @@
 #include <iterator>
 #include <random>
 
+#include <unistd.h>
+
+#include <memory>
+
 #include "common/errors.h"
+#include "common/folder_lock.h"
 #include "data/prepare.h"
 #include "data/token_file.h"
 #include "tests/data_test_util.h"
@@ -351,6 +356,31 @@ TEST(Prepare, SentencePieceFailuresNameTheFlag) {
     EXPECT_EQ(message.find("model_proto"), std::string::npos) << message;
   }
   EXPECT_FALSE(std::filesystem::exists(options.output));
+}
+
+// Two writers of one --output (issue 44: both reported success, one's file replaced): while another
+// process holds the output's lock (here this one, through the same mechanism), prepare is refused
+// naming it and writes nothing; once released, it runs and leaves no lock file behind.
+TEST(PrepareCommand, ASecondWriterOfOneOutputIsRefusedNamingTheFirst) {
+  ScratchDir scratch("prepare_lock");
+  const std::string text = scratch / "text.txt";
+  write_english_like_text(text, 50, 7);
+  const std::string output = (scratch / "tokens.bin").string();
+  const std::string command =
+      testing::trainer_binary().string() + " prepare --input " + text + " --vocab_size 64 --output " + output;
+  {
+    const std::unique_ptr<FolderLock> held = FolderLock::output(output, "--output");
+    const auto refused = testing::run_command(command);
+    EXPECT_EQ(refused.exit_code, 2) << refused.output;
+    EXPECT_NE(refused.output.find("--output " + output + " is in use by another job (host "), std::string::npos)
+        << refused.output;
+    EXPECT_NE(refused.output.find("process " + std::to_string(::getpid())), std::string::npos) << refused.output;
+    EXPECT_FALSE(std::filesystem::exists(output));
+  }
+  const auto ran = testing::run_command(command);
+  EXPECT_EQ(ran.exit_code, 0) << ran.output;
+  EXPECT_TRUE(std::filesystem::exists(output));
+  EXPECT_FALSE(std::filesystem::exists(scratch / ".tokens.bin.trainer.lock")) << "the lock file goes with the lock";
 }
 
 TEST(PrepareCommand, ExistingOutputIsExitTwoUntilOverwrite) {

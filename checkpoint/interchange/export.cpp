@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/errors.h"
+#include "common/folder_lock.h"
 #include "common/log.h"
 #include "common/output_files.h"
 #include "checkpoint/checkpoint.h"
@@ -160,6 +161,9 @@ uint64_t export_checkpoint(const ExportOptions& options) {
                 "\"" + options.tokenizer + "\" is not a file: pass a SentencePiece .model file");
   }
   check_destination(options);
+  // One writer per --to (issue 44: two exports to one folder left one's config beside the other's
+  // weights): the second is refused, naming the first, before anything is read or written.
+  const std::unique_ptr<FolderLock> lock = FolderLock::output(options.to, "--to");
   const CheckpointReader checkpoint(folder);
   const std::string manifest_path = folder + "/manifest.json";
   LLM_REQUIRE(checkpoint.manifest().contains("model"), manifest_path, "model",
