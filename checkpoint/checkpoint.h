@@ -149,6 +149,12 @@ class CheckpointReader {
 // kept are the highest N. Another run's folders, folders that are not intact checkpoints, links and
 // any other name are never touched. 0 keeps all. A folder that cannot be removed is a warning, not an
 // error. Returns the folders removed.
+// Once `saved` (step_<N> of a save_dir this job holds locked) is complete: removes the staging
+// folders step_<M>.tmp, M < N, that killed saves left (each a checkpoint's size), but only those that
+// hold nothing a save does not write (checkpoint_folders.cpp's staging_problem); any other is left and
+// said. Returns the folders removed (issue 44).
+std::vector<std::string> remove_stale_staging(const std::string& saved, int64_t step);
+
 std::vector<std::string> remove_old_checkpoints(const std::string& saved, const std::string& run_id,
                                                 int64_t keep_last);
 

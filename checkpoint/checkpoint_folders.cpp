@@ -299,6 +299,27 @@ std::string resolve_checkpoint_folder(const std::string& path, std::vector<std::
                                   ")");
 }
 
+std::vector<std::string> remove_stale_staging(const std::string& saved, int64_t step) {
+  std::vector<std::string> removed;
+  std::error_code error;
+  for (const auto& entry : fs::directory_iterator(parent_folder(saved), error)) {
+    const int64_t staged = step_of_name(entry.path().filename().string(), ".tmp");
+    if (staged < 0 || staged >= step || fs::is_symlink(entry.path(), error)) continue;
+    if (const std::string problem = staging_problem(entry.path()); !problem.empty()) {
+      log::warn("--save_dir: {} {}: not removed (a killed save's staging folder holds only a save's files)",
+                entry.path().string(), problem);
+      continue;
+    }
+    std::error_code removing;
+    fs::remove_all(entry.path(), removing);
+    if (removing)
+      log::warn("--save_dir: could not remove {} ({}); remove it by hand", entry.path().string(), removing.message());
+    else
+      removed.push_back(entry.path().string());
+  }
+  return removed;
+}
+
 std::vector<std::string> remove_old_checkpoints(const std::string& saved, const std::string& run_id,
                                                 int64_t keep_last) {
   std::vector<std::string> removed;

@@ -68,6 +68,34 @@ std::string read_only_trainer_command(const ReadOnlyFolder& folder, const std::s
   return "OMP_NUM_THREADS=1 " + setpriv + testing::trainer_binary().string() + trainer_arguments(flags);
 }
 
+// A killed save's step_<N>.tmp (a checkpoint's size) is removed once a later save of the job
+// completes (issue 44: it stayed forever); one holding a file no save writes is left, and said.
+TEST(StaleStaging, AKilledSavesFolderGoesWhenALaterSaveCompletes) {
+  ScratchDir dir("stale_staging");
+  const fs::path ckpt = dir / "ckpt";
+  fs::create_directories(ckpt / "step_1.tmp");
+  std::ofstream(ckpt / "step_1.tmp" / "rank0.safetensors") << std::string(4096, 'x');  // a cut-short part
+  auto first = run_command(trainer_command("--num_training_steps 2 --save_every 2 --save_dir " + ckpt.string() +
+                                           " --run_dir " + (dir / "a").string()));
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  EXPECT_FALSE(fs::exists(ckpt / "step_1.tmp"));
+  EXPECT_NE(first.output.find("step_1.tmp: a killed save's staging folder, superseded by"), std::string::npos)
+      << first.output;
+  // Staging folders of earlier steps, one with the user's file in it, then a continued run's save.
+  fs::create_directories(ckpt / "step_1.tmp");
+  std::ofstream(ckpt / "step_1.tmp" / "notes.txt") << "mine";
+  fs::create_directories(ckpt / "step_2.tmp");
+  std::ofstream(ckpt / "step_2.tmp" / "rank0.json") << "{";
+  auto second = run_command(trainer_command("--num_training_steps 4 --save_every 2 --save_dir " + ckpt.string() +
+                                            " --run_dir " + (dir / "a").string() + " --continue_from " + ckpt.string()));
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_FALSE(fs::exists(ckpt / "step_2.tmp"));
+  EXPECT_TRUE(fs::exists(ckpt / "step_1.tmp" / "notes.txt")) << "never what a save did not write";
+  EXPECT_NE(second.output.find("holds notes.txt, which no save writes: not removed"), std::string::npos)
+      << second.output;
+  EXPECT_TRUE(fs::exists(ckpt / "step_4" / "manifest.json"));
+}
+
 TEST(StartupChecks, ReadOnlySaveDirIsRefusedBeforeTheModelIsBuilt) {
   ScratchDir dir("ro_save_dir");
   ReadOnlyFolder read_only(dir / "ckpt");

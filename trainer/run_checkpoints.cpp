@@ -91,6 +91,8 @@ void RunCheckpoints::saved(const std::string& folder, int64_t step, int64_t comp
     log::info("saved checkpoint {} (written in the background during steps {}-{})", folder, step + 1, completed_at);
   for (const std::string& removed : remove_old_checkpoints(folder, run_id_, run_.checkpoint.keep_last))
     log::info("removed checkpoint {} (--keep_last {})", removed, run_.checkpoint.keep_last);
+  for (const std::string& removed : remove_stale_staging(folder, step))
+    log::info("removed {}: a killed save's staging folder, superseded by {}", removed, folder);
 }
 
 // The pieces are copied to host memory first, so the steps that follow cannot change what is written:
