@@ -199,6 +199,15 @@ TEST(EstimateCommand, BadInputIsExitTwo) {
                              (testing::source_dir() / "configs/llama_micro.json").string() + " --no_such_flag");
   EXPECT_EQ(unknown.exit_code, 2) << unknown.output;
   EXPECT_NE(unknown.output.find("--no_such_flag"), std::string::npos) << unknown.output;
+  // --fit's own flags without --fit (issue 44): refused, not silently unused.
+  for (const std::string& flag : {"--fit_precision", "--host_budget_gib 64", "--device_tflops 100"}) {
+    auto unused = run_command(testing::trainer_binary().string() + " estimate --config " +
+                              (testing::source_dir() / "configs/llama_micro.json").string() + " " + flag);
+    EXPECT_EQ(unused.exit_code, 2) << flag << ": " << unused.output;
+    EXPECT_NE(unused.output.find(flag.substr(0, flag.find(' ')) + ": only shapes what --fit suggests"),
+              std::string::npos)
+        << unused.output;
+  }
 }
 
 TEST(EstimateCommand, AnAbsurdBatchIsRefusedNotWrapped) {
