@@ -84,11 +84,10 @@ CheckpointReader::CheckpointReader(std::string folder) : folder_(std::move(folde
   // elements than the parts hold is damage, refused here, before any reader allocates that shape.
   for (auto& [key, tensor] : tensors_) {
     std::sort(tensor.parts.begin(), tensor.parts.end(), [](const Part& a, const Part& b) { return a.begin < b.begin; });
-    constexpr int64_t kMost = int64_t{1} << 53;
     int64_t covered = 0;
     bool tiles = true;
     for (const Part& part : tensor.parts) {
-      tiles = tiles && part.begin == covered && part.count >= 0 && part.count <= kMost - covered;
+      tiles = tiles && part.begin == covered && part.count >= 0 && part.count <= kMostElements - covered;
       if (tiles) covered += part.count;
     }
     LLM_REQUIRE(tiles && covered == checked_element_count(tensor.full_shape), folder_, key,

@@ -56,15 +56,13 @@ RankEstimate finish_rank(int rank, bool cuda, bool offload, std::vector<PhaseEst
   return estimate;
 }
 
-// What tells a rank's step apart from another's, as a key; "" when the rank may differ in ways the
-// key does not capture (it is then simulated on its own). The layout gives every rank the same shard
-// size (rows padded to a multiple of the world size), so with AdamW, whose state is the shard's size,
-// ranks differ only in how many of their rows are real (the key lists them, per parameter: the tail
-// ranks hold fewer) and in rank 0's host copy of an --async_save. AdamW-SN's subsets and GaLore's
-// projectors depend on which rows and matrices a rank holds: each such rank is its own kind.
-// parameter_rows: every parameter's rows, in unit order.
+// What tells an AdamW rank's step apart from another's, as a key. The layout gives every rank the
+// same shard size (rows padded to a multiple of the world size), so with AdamW, whose state is the
+// shard's size, ranks differ only in how many of their rows are real (the key lists them, per
+// parameter: the tail ranks hold fewer) and in rank 0's host copy of an --async_save. AdamW-SN's
+// subsets and GaLore's projectors depend on which rows and matrices a rank holds: there every rank is
+// simulated on its own (estimate_memory). parameter_rows: every parameter's rows, in unit order.
 std::string rank_kind(const std::vector<int64_t>& parameter_rows, const RunConfig& run, int world, int rank) {
-  if (optimizer_settings(run).kind != "adamw") return "";
   std::string key = rank == 0 ? "0;" : "r;";
   if (run.sharding.strategy == ShardingStrategy::no_shard || world == 1) return key;
   for (const int64_t rows : parameter_rows) {
@@ -111,10 +109,11 @@ MemoryEstimate estimate_memory(const ModelConfig& config, const RunConfig& run, 
   one_layer.num_hidden_layers = std::min<int64_t>(model.num_hidden_layers, 1);
   for (const UnitSpec& unit : describe_units(one_layer))
     for (const ParameterSpec& parameter : unit.parameters) parameter_rows.push_back(parameter.rows());
+  const bool kinds_alike = !options.simulate_every_rank && optimizer_settings(run).kind == "adamw";
   const auto started = std::chrono::steady_clock::now();
   auto last_report = started;
   for (int rank = 0; rank < options.world_size; ++rank) {
-    const std::string kind = options.simulate_every_rank ? "" : rank_kind(parameter_rows, run, options.world_size, rank);
+    const std::string kind = kinds_alike ? rank_kind(parameter_rows, run, options.world_size, rank) : "";
     SimulatedRank simulated;
     if (kind.empty()) {
       ++estimate.simulated_ranks;

@@ -7,6 +7,7 @@
 
 #include "config/config.h"
 #include "model/model_config.h"
+#include "model/layer_ops.h"
 #include "model/recompute.h"
 #include "model/units.h"
 
@@ -39,7 +40,7 @@ struct ModelShape {
         h(model.hidden_size), I(model.compute_intermediate()), V(model.vocab_size),
         kv(model.num_key_value_heads * model.head_dim()), heads(model.num_attention_heads),
         recompute(recompute_set(run_config.recompute)),
-        fused_swiglu(run_config.fused_ops.find("swiglu") != std::string::npos) {}
+        fused_swiglu(fused_ops_set(run_config.fused_ops).swiglu) {}
 
   int64_t compute_bytes() const { return mode == Mode::pure ? 2 : 4; }      // compute copy element
   int64_t hidden_bytes() const { return mode == Mode::pure ? 2 : 4; }       // unit boundary element

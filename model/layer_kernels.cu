@@ -61,50 +61,15 @@ void launch_swiglu_backward_cuda(const void* grad, const void* gate, const void*
                      numel, stream, "swiglu backward");
 }
 
-void launch_rotary_forward_cuda(const void* x, const void* cos, const void* sin_signed, void* out, int64_t batch,
-                                int64_t seq, int64_t heads, int64_t head_dim, bool x_bf16, bool tables_bf16,
-                                cudaStream_t stream) {
+void launch_rotary_cuda(bool forward, const void* in, const void* cos, const void* sin_signed, void* out, int64_t batch,
+                        int64_t seq, int64_t heads, int64_t head_dim, bool x_bf16, bool tables_bf16, cudaStream_t stream) {
   const RotaryGeometry shape{seq, heads, head_dim};
   const int64_t numel = batch * seq * heads * head_dim;
-  if (x_bf16 && tables_bf16)
-    for_each_element(RotaryForward<uint16_t, uint16_t, uint16_t>{static_cast<const uint16_t*>(x),
-                                                                 static_cast<const uint16_t*>(cos),
-                                                                 static_cast<const uint16_t*>(sin_signed),
-                                                                 static_cast<uint16_t*>(out), shape},
-                     numel, stream, "rotary forward");
-  else if (x_bf16)
-    for_each_element(RotaryForward<uint16_t, float, float>{static_cast<const uint16_t*>(x), static_cast<const float*>(cos),
-                                                           static_cast<const float*>(sin_signed), static_cast<float*>(out),
-                                                           shape},
-                     numel, stream, "rotary forward");
+  const auto run = [&](const auto& pass) { for_each_element(pass, numel, stream, forward ? "rotary forward" : "rotary backward"); };
+  if (forward)
+    with_rotary_pass<RotaryForward>(x_bf16, tables_bf16, in, cos, sin_signed, out, shape, run);
   else
-    for_each_element(RotaryForward<float, float, float>{static_cast<const float*>(x), static_cast<const float*>(cos),
-                                                        static_cast<const float*>(sin_signed), static_cast<float*>(out),
-                                                        shape},
-                     numel, stream, "rotary forward");
-}
-
-void launch_rotary_backward_cuda(const void* grad, const void* cos, const void* sin_signed, void* grad_x, int64_t batch,
-                                 int64_t seq, int64_t heads, int64_t head_dim, bool x_bf16, bool tables_bf16,
-                                 cudaStream_t stream) {
-  const RotaryGeometry shape{seq, heads, head_dim};
-  const int64_t numel = batch * seq * heads * head_dim;
-  if (x_bf16 && tables_bf16)
-    for_each_element(RotaryBackward<uint16_t, uint16_t, uint16_t>{static_cast<const uint16_t*>(grad),
-                                                                  static_cast<const uint16_t*>(cos),
-                                                                  static_cast<const uint16_t*>(sin_signed),
-                                                                  static_cast<uint16_t*>(grad_x), shape},
-                     numel, stream, "rotary backward");
-  else if (x_bf16)
-    for_each_element(RotaryBackward<uint16_t, float, float>{static_cast<const float*>(grad), static_cast<const float*>(cos),
-                                                            static_cast<const float*>(sin_signed),
-                                                            static_cast<uint16_t*>(grad_x), shape},
-                     numel, stream, "rotary backward");
-  else
-    for_each_element(RotaryBackward<float, float, float>{static_cast<const float*>(grad), static_cast<const float*>(cos),
-                                                         static_cast<const float*>(sin_signed), static_cast<float*>(grad_x),
-                                                         shape},
-                     numel, stream, "rotary backward");
+    with_rotary_pass<RotaryBackward>(x_bf16, tables_bf16, in, cos, sin_signed, out, shape, run);
 }
 
 }  // namespace llm

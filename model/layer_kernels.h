@@ -17,14 +17,11 @@ void launch_swiglu_forward_cuda(const void* gate, const void* up, void* out, int
 void launch_swiglu_backward_cuda(const void* grad, const void* gate, const void* up, void* grad_gate, void* grad_up,
                                  int64_t numel, bool bf16, cudaStream_t stream);
 
-// The fused rotary (model/rotary_functor.h) over x (batch, seq, heads, head_dim) and tables
-// (seq, head_dim): x_bf16 / tables_bf16 say which are bf16 bits (else fp32); the output is bf16 only
-// when both are, and x's gradient has x's type.
-void launch_rotary_forward_cuda(const void* x, const void* cos, const void* sin_signed, void* out, int64_t batch,
-                                int64_t seq, int64_t heads, int64_t head_dim, bool x_bf16, bool tables_bf16,
-                                cudaStream_t stream);
-void launch_rotary_backward_cuda(const void* grad, const void* cos, const void* sin_signed, void* grad_x, int64_t batch,
-                                 int64_t seq, int64_t heads, int64_t head_dim, bool x_bf16, bool tables_bf16,
-                                 cudaStream_t stream);
+// The fused rotary (model/rotary_functor.h) over (batch, seq, heads, head_dim) and tables
+// (seq, head_dim): forward reads x and writes the rotated x, backward reads d out and writes d x.
+// x_bf16 / tables_bf16 say which are bf16 bits (else fp32); the output is bf16 only when both are,
+// and x's gradient has x's type.
+void launch_rotary_cuda(bool forward, const void* in, const void* cos, const void* sin_signed, void* out, int64_t batch,
+                        int64_t seq, int64_t heads, int64_t head_dim, bool x_bf16, bool tables_bf16, cudaStream_t stream);
 
 }  // namespace llm

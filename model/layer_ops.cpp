@@ -1,21 +1,21 @@
 #include "model/layer_ops.h"
 
 #include <ATen/ExpandUtils.h>
+#include <ATen/Parallel.h>
+#include <ATen/SDPBackend.h>
 #include <ATen/ops/_fused_rms_norm.h>
 #include <ATen/ops/_fused_rms_norm_backward.h>
 #include <ATen/ops/_fused_sdp_choice.h>
-#include <ATen/ops/empty.h>
-#include <ATen/SDPBackend.h>
 #include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/roll.h>
 #include <ATen/ops/rsqrt.h>
+#include <ATen/ops/silu.h>
 #include <torch/autograd.h>
 
-#include <ATen/Parallel.h>
-#include <ATen/ops/empty_like.h>
-#include <ATen/ops/silu.h>
-
 #include "common/errors.h"
+#include "common/split.h"
 #include "model/rotary_functor.h"
 #include "model/swiglu_functor.h"
 #ifdef TRAINER_HAVE_CUDA
@@ -89,7 +89,6 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
   }
 };
 
-// The fused SwiGLU's two passes over contiguous tensors of one dtype (fp32 or bf16), on their device.
 bool is_bf16(const at::Tensor& t) { return t.scalar_type() == at::kBFloat16; }
 
 template <typename Functor>
@@ -104,6 +103,7 @@ const T* elements(const at::Tensor& t) { return static_cast<const T*>(t.const_da
 template <typename T>
 T* mutable_elements(at::Tensor& t) { return static_cast<T*>(t.data_ptr()); }
 
+// The fused SwiGLU's two passes over contiguous tensors of one dtype (fp32 or bf16), on their device.
 at::Tensor swiglu_forward_pass(const at::Tensor& gate, const at::Tensor& up) {
   at::Tensor out = at::empty_like(gate);
   if (gate.is_cuda()) {
@@ -164,18 +164,6 @@ class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
   }
 };
 
-// The rotary's passes (model/rotary_functor.h) on contiguous x (B, T, heads, D) and tables (T, D).
-template <typename X, typename T, typename O>
-void rotary_on_host(bool forward, const at::Tensor& in, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& out,
-                    const RotaryGeometry& shape) {
-  if (forward)
-    for_each_element_on_host(RotaryForward<X, T, O>{elements<X>(in), elements<T>(cos), elements<T>(sin),
-                                                    mutable_elements<O>(out), shape}, in.numel());
-  else
-    for_each_element_on_host(RotaryBackward<X, T, O>{elements<O>(in), elements<T>(cos), elements<T>(sin),
-                                                     mutable_elements<X>(out), shape}, in.numel());
-}
-
 // forward: in = x, out in the output's dtype; backward: in = d out, out = d x in x's dtype.
 at::Tensor rotary_pass(bool forward, const at::Tensor& in, const at::Tensor& cos, const at::Tensor& sin,
                        at::ScalarType x_type) {
@@ -186,24 +174,22 @@ at::Tensor rotary_pass(bool forward, const at::Tensor& in, const at::Tensor& cos
   if (in.is_cuda()) {
 #ifdef TRAINER_HAVE_CUDA
     const c10::cuda::CUDAGuard guard(in.device());
-    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(in.device().index());
-    if (forward)
-      launch_rotary_forward_cuda(in.const_data_ptr(), cos.const_data_ptr(), sin.const_data_ptr(), out.data_ptr(),
-                                 in.size(0), shape.seq, shape.heads, shape.head_dim, x_bf16, tables_bf16, stream);
-    else
-      launch_rotary_backward_cuda(in.const_data_ptr(), cos.const_data_ptr(), sin.const_data_ptr(), out.data_ptr(),
-                                  in.size(0), shape.seq, shape.heads, shape.head_dim, x_bf16, tables_bf16, stream);
+    launch_rotary_cuda(forward, in.const_data_ptr(), cos.const_data_ptr(), sin.const_data_ptr(), out.data_ptr(),
+                       in.size(0), shape.seq, shape.heads, shape.head_dim, x_bf16, tables_bf16,
+                       c10::cuda::getCurrentCUDAStream(in.device().index()));
     return out;
 #else
     throw SystemError("rotary: a CUDA tensor, and this build has no CUDA kernels");
 #endif
   }
-  if (x_bf16 && tables_bf16)
-    rotary_on_host<uint16_t, uint16_t, uint16_t>(forward, in, cos, sin, out, shape);
-  else if (x_bf16)
-    rotary_on_host<uint16_t, float, float>(forward, in, cos, sin, out, shape);
+  // The kernel's algorithm on the host (what the CPU tests check).
+  const auto run = [&](const auto& pass) { for_each_element_on_host(pass, in.numel()); };
+  if (forward)
+    with_rotary_pass<RotaryForward>(x_bf16, tables_bf16, in.const_data_ptr(), cos.const_data_ptr(), sin.const_data_ptr(),
+                                    out.data_ptr(), shape, run);
   else
-    rotary_on_host<float, float, float>(forward, in, cos, sin, out, shape);
+    with_rotary_pass<RotaryBackward>(x_bf16, tables_bf16, in.const_data_ptr(), cos.const_data_ptr(), sin.const_data_ptr(),
+                                     out.data_ptr(), shape, run);
   return out;
 }
 
@@ -248,6 +234,17 @@ at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up, SwigluForm form)
   return swiglu_forward_pass(g, u);
 }
 
+FusedOps fused_ops_set(const std::string& list) {
+  FusedOps set;
+  if (list.empty()) return set;
+  for (const std::string& item : split_list(list)) {
+    set.rms_norm = set.rms_norm || item == "rms_norm";
+    set.swiglu = set.swiglu || item == "swiglu";
+    set.rotary = set.rotary || item == "rotary";
+  }
+  return set;
+}
+
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin_signed) {
   return x * cos + at::roll(x, x.size(-1) / 2, -1) * sin_signed;
 }
@@ -285,9 +282,7 @@ std::string attention_backend(int64_t heads, int64_t kv_heads, int64_t seq, int6
 }
 
 at::Tensor rms_norm_composed(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  const at::Tensor x32 = x.to(at::kFloat);
-  const at::Tensor variance = x32.pow(2).mean(-1, /*keepdim=*/true);
-  return weight * (x32 * at::rsqrt(variance + eps)).to(x.scalar_type());
+  return rms_norm_forward(x, weight, eps).first;  // under autograd: it derives the composition's backward
 }
 
 }  // namespace llm

@@ -48,8 +48,14 @@ enum class RmsNormForm { aten, fused };
 enum class SwigluForm { eager, fused };
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up, SwigluForm form = SwigluForm::eager);
 
-// The choices of --fused_ops (config/validation.cpp checks a list against them).
+// The choices of --fused_ops (config/validation.cpp checks a list against them), and the set a
+// validated list names ("" none), as recompute_set reads --recompute's.
 inline constexpr const char* kFusedOpChoices[] = {"rms_norm", "swiglu", "rotary"};
+struct FusedOps {
+  bool rms_norm = false, swiglu = false, rotary = false;
+  bool any() const { return rms_norm || swiglu || rotary; }
+};
+FusedOps fused_ops_set(const std::string& list);
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, RmsNormForm form = RmsNormForm::aten);
 
 // The kernel at::scaled_dot_product_attention picks for causal attention of `heads` query heads

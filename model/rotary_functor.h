@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "model/swiglu_functor.h"  // element_to_float, store_element, round_like (fp32 / bf16 bits)
 
@@ -48,39 +49,62 @@ struct RotaryGeometry {
   }
 };
 
-// X: x's element type, T: the tables', O: the output's (float, or uint16_t for bf16 bits).
+// X: x's element type, T: the tables', O: the output's (float, or uint16_t for bf16 bits). Both
+// passes read `in` and write `out`: forward x -> the rotated x, backward d out -> d x.
 template <typename X, typename T, typename O>
 struct RotaryForward {
-  const X* x;
+  const X* in;
   const T* cos;
   const T* sin_signed;
   O* out;
   RotaryGeometry shape;
   LLM_HOST_DEVICE void operator()(int64_t i) const {
     const int64_t table = shape.position(i) * shape.head_dim + shape.lane(i);
-    const float a = round_like(O{}, multiply_rounded(element_to_float(x[i]), element_to_float(cos[table])));
+    const float a = round_like(O{}, multiply_rounded(element_to_float(in[i]), element_to_float(cos[table])));
     const float b =
-        round_like(O{}, multiply_rounded(element_to_float(x[shape.partner(i)]), element_to_float(sin_signed[table])));
+        round_like(O{}, multiply_rounded(element_to_float(in[shape.partner(i)]), element_to_float(sin_signed[table])));
     store_element(out + i, add_rounded(a, b));
   }
 };
 
 template <typename X, typename T, typename O>
 struct RotaryBackward {
-  const O* grad;
+  const O* in;
   const T* cos;
   const T* sin_signed;
-  X* grad_x;
+  X* out;
   RotaryGeometry shape;
   LLM_HOST_DEVICE void operator()(int64_t i) const {
     const int64_t row = shape.position(i) * shape.head_dim;
     const int64_t j = shape.partner(i);
     const float a = round_like(
-        X{}, round_like(O{}, multiply_rounded(element_to_float(grad[i]), element_to_float(cos[row + shape.lane(i)]))));
+        X{}, round_like(O{}, multiply_rounded(element_to_float(in[i]), element_to_float(cos[row + shape.lane(i)]))));
     const float b = round_like(
-        X{}, round_like(O{}, multiply_rounded(element_to_float(grad[j]), element_to_float(sin_signed[row + shape.lane(j)]))));
-    store_element(grad_x + i, add_rounded(a, b));
+        X{}, round_like(O{}, multiply_rounded(element_to_float(in[j]), element_to_float(sin_signed[row + shape.lane(j)]))));
+    store_element(out + i, add_rounded(a, b));
   }
 };
+
+// One pass of the rotary over untyped pointers: builds the pass for the element types the run has
+// (x and tables bf16; bf16 x with fp32 tables, as under autocast; both fp32) and hands it to `run`
+// (a loop on the host, Thrust on the device), so both places dispatch alike.
+template <template <typename, typename, typename> class Pass, typename Run>
+void with_rotary_pass(bool x_bf16, bool tables_bf16, const void* in, const void* cos, const void* sin_signed, void* out,
+                      const RotaryGeometry& shape, Run&& run) {
+  const auto make = [&](auto typed) {
+    using P = decltype(typed);
+    using In = std::remove_pointer_t<decltype(P::in)>;
+    using Table = std::remove_pointer_t<decltype(P::cos)>;
+    using Out = std::remove_pointer_t<decltype(P::out)>;
+    return P{static_cast<In*>(in), static_cast<Table*>(cos), static_cast<Table*>(sin_signed), static_cast<Out*>(out),
+             shape};
+  };
+  if (x_bf16 && tables_bf16)
+    run(make(Pass<uint16_t, uint16_t, uint16_t>{}));
+  else if (x_bf16)
+    run(make(Pass<uint16_t, float, float>{}));
+  else
+    run(make(Pass<float, float, float>{}));
+}
 
 }  // namespace llm

@@ -356,11 +356,13 @@ TEST(EstimateCommand, OffloadHostMemoryPerNode) {
 // do not divide the depth, the fused step, pure and mixed bf16, GaLore (whose projector owners go
 // round the ranks), AdamW-SN, accumulation, several ranks (including one that does not divide the
 // rows), CPU and CUDA, and every config in configs/.
+// A run's settings changed one way, by name (the estimate tests below run each).
+struct Variant {
+  std::string name;
+  std::function<void(RunConfig&)> set;
+};
+
 TEST(EstimateExtrapolation, EqualsTheLayerByLayerSimulation) {
-  struct Variant {
-    std::string name;
-    std::function<void(RunConfig&)> set;
-  };
   const std::vector<Variant> variants = {
       {"default", [](RunConfig&) {}},
       {"no_shard", [](RunConfig& r) { r.sharding.strategy = ShardingStrategy::no_shard; }},
@@ -454,10 +456,6 @@ TEST(EstimateExtrapolation, EqualsTheLayerByLayerSimulation) {
 // variants at uneven world sizes (tail ranks with fewer real rows) on both devices, from a few
 // simulations; AdamW-SN and GaLore still simulate every rank. And 65536 ranks of llama_7b take a few.
 TEST(EstimateRankKinds, EqualSimulatingEveryRankFromAFewSimulations) {
-  struct Variant {
-    std::string name;
-    std::function<void(RunConfig&)> set;
-  };
   const std::vector<Variant> variants = {
       {"default", [](RunConfig&) {}},
       {"no_shard", [](RunConfig& r) { r.sharding.strategy = ShardingStrategy::no_shard; }},

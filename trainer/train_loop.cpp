@@ -11,7 +11,6 @@
 #include "common/device.h"
 #include "common/errors.h"
 #include "common/padded_tensor.h"
-#include "common/split.h"
 #include "common/log.h"
 #include "common/memory_stats.h"
 #include "common/output_files.h"
@@ -145,18 +144,14 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
     });
   sharded_.set_timer(&timer_);
   model_->set_recompute(recompute_set(run.recompute));  // --recompute's operations (model/recompute.h)
-  if (!run.fused_ops.empty()) {  // --fused_ops (model/layer_ops.h)
+  if (const FusedOps fused = fused_ops_set(run.fused_ops); fused.any()) {  // --fused_ops (model/layer_ops.h)
     if (!device_.is_cuda())
       fail_user(kCommandLine, "--fused_ops",
                 run.fused_ops + " are CUDA kernels and this run's device is " + device_.str() +
                     ": leave --fused_ops out on the CPU (its ATen forms give the same numbers as transformers)");
-    for (const std::string& op : split_list(run.fused_ops))
-      if (op == "rms_norm")
-        model_->set_rms_norm_form(RmsNormForm::fused);
-      else if (op == "swiglu")
-        model_->set_swiglu_form(SwigluForm::fused);
-      else if (op == "rotary")
-        model_->set_fused_rotary(true);
+    if (fused.rms_norm) model_->set_rms_norm_form(RmsNormForm::fused);
+    if (fused.swiglu) model_->set_swiglu_form(SwigluForm::fused);
+    if (fused.rotary) model_->set_fused_rotary(true);
   }
   if (run.activation_checkpointing_every > 0) {
     // The recompute runs under the forward's autocast (bf16 mixed).

@@ -48,11 +48,10 @@ uint64_t element_count(const std::vector<int64_t>& shape) {
 }  // namespace
 
 int64_t checked_element_count(const std::vector<int64_t>& shape) {
-  constexpr int64_t kMost = int64_t{1} << 53;
   int64_t count = 1;
   for (int64_t size : shape) {
     if (size < 0) return -1;
-    if (size != 0 && count > kMost / size) return -1;
+    if (size != 0 && count > kMostElements / size) return -1;
     count *= size;
   }
   return count;

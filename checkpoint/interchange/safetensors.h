@@ -34,7 +34,9 @@ bool safetensors_scalar_type(const std::string& name, at::ScalarType* dtype);
 // "[2, 3]": a shape as the messages about tensors write it.
 std::string shape_text(at::IntArrayRef shape);
 // The elements of a shape read from a file, or -1 when a size is negative or the product passes
-// 2^53 (no file or memory holds that many; checked before anything of that shape is allocated).
+// kMostElements (no file or memory holds that many; checked before anything of that shape is
+// allocated).
+inline constexpr int64_t kMostElements = int64_t{1} << 53;
 int64_t checked_element_count(const std::vector<int64_t>& shape);
 
 struct SafetensorsEntry {
