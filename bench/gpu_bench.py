@@ -137,7 +137,7 @@ def cases(device):
         # unpadded (5461 wide: cuBLAS's align1 kernels), LibTorch's fused RMSNorm and our fused SwiGLU
         # (both off by default until their GPU tests pass).
         # Most important first (a budget cut drops the last): padding, every kernel together, each alone.
-        every_kernel = "--fused_ops rms_norm,swiglu,rotary"
+        every_kernel = "--fused_ops rms_norm,swiglu,rotary,cross_entropy"
         levers = [Case("configs/llama_1b.json", "bfloat16", "pure", 8, 1024, 20, levers="--pad_matmul_dims off",
                        lever_of=speed_1b.name),
                   Case("configs/llama_1b.json", "bfloat16", "pure", 8, 1024, 20, levers=every_kernel,
@@ -145,7 +145,7 @@ def cases(device):
                   Case("configs/llama_350m.json", "bfloat16", "mixed", 16, 1024, 20, levers=every_kernel,
                        lever_of=speed_350m.name)] + [
                   Case("configs/llama_1b.json", "bfloat16", "pure", 8, 1024, 20, levers=f"--fused_ops {kernel}",
-                       lever_of=speed_1b.name) for kernel in ("rms_norm", "swiglu", "rotary")] + [
+                       lever_of=speed_1b.name) for kernel in ("rms_norm", "swiglu", "rotary", "cross_entropy")] + [
                   # A realistic step (64k tokens by accumulation, as LLMQ measures at 524k) and a larger
                   # micro-batch, each against the default run's tokens/s.
                   Case("configs/llama_1b.json", "bfloat16", "pure", 8, 1024, 8, accumulation=8, tag="acc8",

@@ -196,7 +196,7 @@ void check_compute_flags(const RunConfig& run) {
   const std::set<std::string> items =
       choice_set("--fused_ops", run.fused_ops, kFusedOpChoices,
                  "is not a fused operation; give a comma-separated set of: rms_norm (LibTorch's CUDA kernel), swiglu, "
-                 "rotary (ours), e.g. --fused_ops rms_norm,swiglu,rotary");
+                 "rotary, cross_entropy (ours), e.g. --fused_ops rms_norm,swiglu,rotary,cross_entropy");
   const bool known_padding = std::any_of(std::begin(kPadMatmulChoices), std::end(kPadMatmulChoices),
                                          [&](const char* choice) { return run.pad_matmul_dims == choice; });
   if (!known_padding)

@@ -31,6 +31,7 @@ struct ModelShape {
   int64_t h, I, V, kv, heads;  // I: the MLP's compute width (--pad_matmul_dims)
   RecomputeSet recompute;  // --recompute's operations
   bool fused_swiglu;       // --fused_ops swiglu: the SwiGLU node keeps gate and up, not silu(gate)
+  bool single_pass_loss;   // --fused_ops cross_entropy: the logits' gradient written over them, no row blocks
 
   ModelShape(const ModelConfig& model, const RunConfig& run_config)
       : config(model), run(run_config),
@@ -40,7 +41,8 @@ struct ModelShape {
         h(model.hidden_size), I(model.compute_intermediate()), V(model.vocab_size),
         kv(model.num_key_value_heads * model.head_dim()), heads(model.num_attention_heads),
         recompute(recompute_set(run_config.recompute)),
-        fused_swiglu(fused_ops_set(run_config.fused_ops).swiglu) {}
+        fused_swiglu(fused_ops_set(run_config.fused_ops).swiglu),
+        single_pass_loss(fused_ops_set(run_config.fused_ops).cross_entropy) {}
 
   int64_t compute_bytes() const { return mode == Mode::pure ? 2 : 4; }      // compute copy element
   int64_t hidden_bytes() const { return mode == Mode::pure ? 2 : 4; }       // unit boundary element

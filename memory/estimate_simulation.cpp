@@ -218,6 +218,7 @@ class StepSimulation {
   // The fused loss's row blocks over n tokens: the fp32 upcast and exponentials of each block in
   // flight (cross_entropy_transient_bytes, the function the loss itself sizes its blocks with).
   int64_t loss_transient_bytes(int64_t n, bool with_gradient) const {
+    if (m_.single_pass_loss) return 0;  // (rows) fp32 losses only
     return cross_entropy_transient_bytes(n, m_.V, m_.mode == Mode::fp32 ? at::kFloat : at::kBFloat16, with_gradient,
                                          cuda_, at::get_num_threads());
   }
@@ -240,8 +241,9 @@ class StepSimulation {
 
     forward(n);
     // The loss (model/cross_entropy.h): its gradient with respect to the logits, written in
-    // the forward in the logits' dtype and kept for backward, and the row blocks it works in.
-    const int64_t logits_gradient = n * m_.V * m_.logits_bytes();
+    // the forward in the logits' dtype and kept for backward (over the logits themselves in the
+    // single pass), and the row blocks it works in.
+    const int64_t logits_gradient = m_.single_pass_loss ? 0 : n * m_.V * m_.logits_bytes();
     timeline_.add(kActivations, logits_gradient);
     timeline_.spike(loss_transient_bytes(n, /*with_gradient=*/true));
 

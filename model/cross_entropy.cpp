@@ -4,6 +4,17 @@
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <array>
+
+#include "common/errors.h"
+#include "model/cross_entropy_functor.h"
+#ifdef TRAINER_HAVE_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "model/layer_kernels.h"
+#endif
+
 namespace llm {
 namespace {
 
@@ -58,14 +69,78 @@ at::Tensor cross_entropy_rows(const at::Tensor& logits, const at::Tensor& labels
   return losses;
 }
 
+// The single-pass form's rows: logits (N, V) with unit column stride, labels (N) contiguous; the
+// per-row losses, and when `gradient` is defined (the logits' layout; may be the logits) the gradient
+// times *scale. One thread block a row on a GPU; on the host the same lanes and merge tree, a row at
+// a time.
+at::Tensor single_pass_rows(const at::Tensor& logits, const at::Tensor& labels, const at::Tensor& gradient,
+                            const at::Tensor& scale) {
+  const int64_t rows = logits.size(0), vocab = logits.size(1), stride = logits.stride(0);
+  at::Tensor losses = at::empty({rows}, logits.options().dtype(at::kFloat));
+  const bool bf16 = logits.scalar_type() == at::kBFloat16;
+  void* gradient_data = gradient.defined() ? gradient.data_ptr() : nullptr;
+  const float* scale_data = scale.defined() ? scale.const_data_ptr<float>() : nullptr;
+  if (logits.is_cuda()) {
+#ifdef TRAINER_HAVE_CUDA
+    const c10::cuda::CUDAGuard guard(logits.device());
+    launch_cross_entropy_cuda(logits.const_data_ptr(), labels.const_data_ptr<int64_t>(), gradient_data, scale_data,
+                              losses.data_ptr<float>(), rows, vocab, stride, bf16,
+                              c10::cuda::getCurrentCUDAStream(logits.device().index()));
+    return losses;
+#else
+    throw SystemError("cross entropy: a CUDA tensor, and this build has no CUDA kernels");
+#endif
+  }
+  const auto run = [&](const auto& row_pass) {
+    at::parallel_for(0, rows, 1, [&](int64_t first, int64_t last) {
+      std::array<SoftmaxState, kCrossEntropyLanes> states;
+      for (int64_t row = first; row < last; ++row) {
+        for (int lane = 0; lane < kCrossEntropyLanes; ++lane) states[lane] = row_pass.lane_state(row, lane, kCrossEntropyLanes);
+        for (int k = kCrossEntropyLanes / 2; k >= 1; k /= 2)
+          for (int lane = 0; lane < k; ++lane) states[lane] = softmax_merge(states[lane], states[lane + k]);
+        row_pass.write_loss(row, states[0]);
+        if (row_pass.gradient == nullptr) continue;
+        for (int lane = 0; lane < kCrossEntropyLanes; ++lane) row_pass.write_gradient(row, states[0], lane, kCrossEntropyLanes);
+      }
+    });
+  };
+  if (bf16)
+    run(CrossEntropyRow<uint16_t>{static_cast<const uint16_t*>(logits.const_data_ptr()), labels.const_data_ptr<int64_t>(),
+                                  static_cast<uint16_t*>(gradient_data), scale_data, losses.data_ptr<float>(), vocab,
+                                  stride});
+  else
+    run(CrossEntropyRow<float>{logits.const_data_ptr<float>(), labels.const_data_ptr<int64_t>(),
+                               static_cast<float*>(gradient_data), scale_data, losses.data_ptr<float>(), vocab, stride});
+  return losses;
+}
+
+// Rows with unit column stride and one row stride (a (N, V) view of a padded (N, V') buffer is), as the
+// single pass reads them; anything else is made contiguous.
+at::Tensor single_pass_layout(const at::Tensor& flat_logits) {
+  return flat_logits.stride(1) == 1 && flat_logits.stride(0) >= flat_logits.size(1) ? flat_logits
+                                                                                     : flat_logits.contiguous();
+}
+
 // Mean over counted rows; the gradient of that mean is computed with it and handed to backward.
 struct FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {
   static at::Tensor forward(torch::autograd::AutogradContext* context, const at::Tensor& logits,
-                            const at::Tensor& labels) {
-    const at::Tensor flat_logits = logits.detach().contiguous(), flat_labels = labels.contiguous();
+                            const at::Tensor& labels, bool single_pass, bool may_overwrite) {
+    const at::Tensor flat_labels = labels.contiguous();
     const at::Tensor count = flat_labels.ne(kIgnoreIndex).sum().to(at::kFloat);
-    at::Tensor gradient = at::empty_like(flat_logits);
-    const at::Tensor losses = cross_entropy_rows(flat_logits, flat_labels, gradient, count.reciprocal());
+    at::Tensor gradient, losses;
+    if (single_pass) {
+      at::Tensor rows = single_pass_layout(logits.detach());
+      // The head's output has no other reader: its gradient is written over it. A leaf (a caller's
+      // own tensor) keeps its values, and a gradient of its own has the rows' layout.
+      const bool in_place = may_overwrite && rows.is_alias_of(logits);
+      if (!in_place) rows = rows.contiguous();
+      gradient = in_place ? rows : at::empty_like(rows);
+      losses = single_pass_rows(rows, flat_labels, gradient, count.reciprocal());
+    } else {
+      const at::Tensor flat_logits = logits.detach().contiguous();
+      gradient = at::empty_like(flat_logits);
+      losses = cross_entropy_rows(flat_logits, flat_labels, gradient, count.reciprocal());
+    }
     context->saved_data["gradient"] = gradient;
     context->mark_non_differentiable({labels});
     return losses.sum() / count;
@@ -81,7 +156,7 @@ struct FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {
     // On a GPU the scale is never read (a read drains the device): it multiplies. On the host a
     // scale of exactly 1 (no accumulation) saves a pass over N x V.
     if (scale.is_cuda() || !(scale.numel() == 1 && scale.item<double>() == 1.0)) gradient.mul_(scale);
-    return {gradient, at::Tensor()};
+    return {gradient, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -106,16 +181,22 @@ int64_t cross_entropy_transient_bytes(int64_t rows, int64_t vocab, at::ScalarTyp
   return per_block * blocks.concurrent;
 }
 
-at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels) {
+at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels, CrossEntropyForm form) {
   const int64_t vocab = logits.size(-1);
   const at::Tensor flat_logits = logits.reshape({-1, vocab});
   const at::Tensor flat_labels = labels.reshape({-1});
+  const bool single_pass = form == CrossEntropyForm::single_pass;
+  if (single_pass)
+    LLM_REQUIRE(logits.scalar_type() == at::kFloat || logits.scalar_type() == at::kBFloat16, "cross entropy",
+                "single_pass", "needs fp32 or bf16 logits");
   if (at::GradMode::is_enabled() && flat_logits.requires_grad())
-    return FusedCrossEntropy::apply(flat_logits, flat_labels);
+    return FusedCrossEntropy::apply(flat_logits, flat_labels, single_pass, /*may_overwrite=*/!logits.is_leaf());
   const at::Tensor contiguous_labels = flat_labels.contiguous();
   const at::Tensor count = contiguous_labels.ne(kIgnoreIndex).sum().to(at::kFloat);
-  return cross_entropy_rows(flat_logits.detach().contiguous(), contiguous_labels, at::Tensor(), at::Tensor()).sum() /
-         count;
+  const at::Tensor losses =
+      single_pass ? single_pass_rows(single_pass_layout(flat_logits.detach()), contiguous_labels, at::Tensor(), at::Tensor())
+                  : cross_entropy_rows(flat_logits.detach().contiguous(), contiguous_labels, at::Tensor(), at::Tensor());
+  return losses.sum() / count;
 }
 
 at::Tensor causal_lm_loss_reference(const at::Tensor& logits, const at::Tensor& labels) {

@@ -16,9 +16,19 @@
 
 namespace llm {
 
+// How the loss walks the logits.
+//   blocked:     the row blocks above, in ATen operations, on every device (the default).
+//   single_pass: model/cross_entropy_functor.h: an online max and sum per row (the logits read once),
+//                then the gradient written in one more read, over the logits themselves when they are
+//                an intermediate (the head's output, which nothing else reads): no (tokens x vocab)
+//                buffer beyond the logits. The CUDA kernel on a GPU (--fused_ops cross_entropy), the
+//                same functions in a loop on the CPU (what the CPU tests check).
+enum class CrossEntropyForm { blocked, single_pass };
+
 // logits (..., V) fp32 or bf16, labels (...) int64 (-100: ignored). Returns a 0-d fp32 loss: NaN
 // when every label is ignored (as ATen's mean over no element).
-at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels);
+at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels,
+                          CrossEntropyForm form = CrossEntropyForm::blocked);
 
 // The row blocks the fused loss works in, and so what it allocates beyond the loss and the
 // gradient it keeps, which trainer estimate counts (memory/estimate_simulation.cpp). On the host a block

@@ -1,7 +1,7 @@
-// The CUDA side of the fused SwiGLU (model/swiglu_functor.h) and rotary (model/rotary_functor.h), as a
-// plain C++ interface on raw device
-// pointers and a stream: nvcc compiles model/layer_kernels.cu without the LibTorch headers, and
-// model/layer_ops.cpp checks the tensors and calls in here.
+// The CUDA side of the fused SwiGLU (model/swiglu_functor.h), rotary (model/rotary_functor.h) and cross
+// entropy (model/cross_entropy_functor.h), as a plain C++ interface on raw device pointers and a
+// stream: nvcc compiles model/*.cu without the LibTorch headers, and model/layer_ops.cpp and
+// model/cross_entropy.cpp check the tensors and call in here.
 #pragma once
 
 #include <cstdint>
@@ -23,5 +23,12 @@ void launch_swiglu_backward_cuda(const void* grad, const void* gate, const void*
 // and x's gradient has x's type.
 void launch_rotary_cuda(bool forward, const void* in, const void* cos, const void* sin_signed, void* out, int64_t batch,
                         int64_t seq, int64_t heads, int64_t head_dim, bool x_bf16, bool tables_bf16, cudaStream_t stream);
+
+// The single-pass cross entropy (model/cross_entropy_functor.h) over `rows` rows of `vocab` counted
+// columns, `stride` apart: the per-row fp32 losses, and when `gradient` is not null (it may be
+// `logits`) the gradient times *scale (a device scalar), in the logits' type (bf16 bits when bf16).
+void launch_cross_entropy_cuda(const void* logits, const int64_t* labels, void* gradient, const float* scale,
+                               float* losses, int64_t rows, int64_t vocab, int64_t stride, bool bf16,
+                               cudaStream_t stream);
 
 }  // namespace llm

@@ -241,6 +241,7 @@ FusedOps fused_ops_set(const std::string& list) {
     set.rms_norm = set.rms_norm || item == "rms_norm";
     set.swiglu = set.swiglu || item == "swiglu";
     set.rotary = set.rotary || item == "rotary";
+    set.cross_entropy = set.cross_entropy || item == "cross_entropy";
   }
   return set;
 }

@@ -50,10 +50,11 @@ at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up, SwigluForm form 
 
 // The choices of --fused_ops (config/validation.cpp checks a list against them), and the set a
 // validated list names ("" none), as recompute_set reads --recompute's.
-inline constexpr const char* kFusedOpChoices[] = {"rms_norm", "swiglu", "rotary"};
+// cross_entropy: the loss's single pass (model/cross_entropy.h's CrossEntropyForm::single_pass).
+inline constexpr const char* kFusedOpChoices[] = {"rms_norm", "swiglu", "rotary", "cross_entropy"};
 struct FusedOps {
-  bool rms_norm = false, swiglu = false, rotary = false;
-  bool any() const { return rms_norm || swiglu || rotary; }
+  bool rms_norm = false, swiglu = false, rotary = false, cross_entropy = false;
+  bool any() const { return rms_norm || swiglu || rotary || cross_entropy; }
 };
 FusedOps fused_ops_set(const std::string& list);
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, RmsNormForm form = RmsNormForm::aten);

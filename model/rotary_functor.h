@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "model/swiglu_functor.h"  // element_to_float, store_element, round_like (fp32 / bf16 bits)
+#include "model/element_io.h"  // element_to_float, store_element, round_like (fp32 / bf16 bits)
 
 namespace llm {
 

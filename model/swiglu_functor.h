@@ -17,28 +17,9 @@
 #include <cmath>
 #include <cstdint>
 
-#include "common/bf16_bits.h"  // LLM_HOST_DEVICE, bfloat16 bits <-> fp32
+#include "model/element_io.h"  // element_to_float, store_element, round_like, exp_like_aten
 
 namespace llm {
-
-// An element as fp32, and an fp32 value rounded to the element type (nearest even for bf16, as a
-// bf16 tensor stores ATen's fp32 result).
-LLM_HOST_DEVICE float element_to_float(float value) { return value; }
-LLM_HOST_DEVICE float element_to_float(uint16_t bf16_bits) { return bfloat16_bits_to_float(bf16_bits); }
-LLM_HOST_DEVICE void store_element(float* to, float value) { *to = value; }
-LLM_HOST_DEVICE void store_element(uint16_t* to, float value) { *to = float_to_bfloat16_bits_nearest(value); }
-LLM_HOST_DEVICE float round_like(float, float value) { return value; }
-LLM_HOST_DEVICE float round_like(uint16_t, float value) {
-  return bfloat16_bits_to_float(float_to_bfloat16_bits_nearest(value));
-}
-
-LLM_HOST_DEVICE float exp_like_aten(float x) {
-#ifdef __CUDA_ARCH__
-  return expf(x);
-#else
-  return std::exp(x);
-#endif
-}
 
 // Element i of out = silu(gate) * up. T: float, or uint16_t for bf16 bits.
 template <typename T>

@@ -13,13 +13,14 @@
 
 #include <cmath>
 #include <optional>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "common/host_memory.h"
 #include "common/memory_stats.h"
-#include "tests/tensor_checks.h"
 #include "model/cross_entropy.h"
+#include "tests/tensor_checks.h"
 
 namespace llm::cross_entropy_test {
 namespace {
@@ -80,6 +81,127 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FusedCrossEntropy,
                            return std::to_string(info.param.rows) + "x" + std::to_string(info.param.vocab) +
                                   (info.param.dtype == at::kFloat ? "_fp32" : "_bf16");
                          });
+
+// The single pass (--fused_ops cross_entropy): its CPU loop runs the CUDA kernel's algorithm (the same
+// lanes, merge tree and element functions), against ATen's cross_entropy as the blocked form is.
+TEST_P(FusedCrossEntropy, SinglePassEqualsATens) {
+  const Case c = GetParam();
+  const auto [values, labels] = inputs(c, 4);
+  // An intermediate, as the head's output is: the gradient is written over it.
+  at::Tensor leaf = values.clone().requires_grad_(true);
+  const at::Tensor logits = leaf * 1.0;
+  at::Tensor reference_logits = values.clone().requires_grad_(true);
+  const at::Tensor ours = causal_lm_loss(logits, labels, CrossEntropyForm::single_pass);
+  const at::Tensor reference = causal_lm_loss_reference(reference_logits, labels);
+  EXPECT_NEAR(ours.item<double>(), reference.item<double>(), 2e-6 * std::abs(reference.item<double>()));
+  (ours * 0.25).backward();
+  (reference * 0.25).backward();
+  const double tolerance = c.dtype == at::kFloat ? 2e-5 : 1.0 / 128;
+  expect_all_close(leaf.grad().to(at::kFloat), reference_logits.grad().to(at::kFloat), 1e-9, tolerance,
+                   "d loss / d logits");
+  EXPECT_EQ(leaf.grad().index({at::arange(0, c.rows, 5)}).count_nonzero().item<int64_t>(), 0);
+  at::NoGradGuard no_grad;
+  EXPECT_EQ(causal_lm_loss(values, labels, CrossEntropyForm::single_pass).item<double>(), ours.item<double>())
+      << "evaluation gives the training loss";
+}
+
+TEST(SinglePassCrossEntropy, WritesTheGradientOverTheLogitsAndLeavesALeafAlone) {
+  at::manual_seed(6);
+  const at::Tensor values = at::randn({16, 300});
+  const at::Tensor labels = at::randint(0, 300, {16}, at::kLong);
+  at::Tensor leaf = values.clone().requires_grad_(true);
+  at::Tensor logits = leaf * 2.0;
+  const void* storage = logits.const_data_ptr();
+  causal_lm_loss(logits, labels, CrossEntropyForm::single_pass).backward();
+  EXPECT_FALSE(at::equal(logits.detach(), values * 2.0)) << "the logits' buffer holds the gradient now";
+  EXPECT_EQ(logits.const_data_ptr(), storage);
+  const at::Tensor doubled = values * 2.0;
+  at::Tensor own = doubled.clone().requires_grad_(true);
+  causal_lm_loss(own, labels, CrossEntropyForm::single_pass).backward();
+  EXPECT_TRUE(at::equal(own.detach(), doubled)) << "a caller's leaf keeps its values";
+  EXPECT_TRUE(at::allclose(own.grad() * 2.0, leaf.grad(), 1e-6, 1e-7));
+}
+
+TEST(SinglePassCrossEntropy, ReadsAPaddedRowsViewAndZeroesThePadsOfItsGradient) {
+  // (N, V) counted columns of a (N, V + pad) buffer, as padded logits would be: no copy, and the
+  // gradient written over the buffer gets zeros past the vocabulary.
+  at::manual_seed(7);
+  const int64_t rows = 12, vocab = 301, padded = 384;
+  const at::Tensor buffer_values = at::randn({rows, padded});
+  const at::Tensor labels = at::randint(0, vocab, {rows}, at::kLong);
+  at::Tensor leaf = buffer_values.clone().requires_grad_(true);
+  at::Tensor buffer = leaf * 1.0;
+  const at::Tensor logits = buffer.narrow(1, 0, vocab);
+  at::Tensor reference_logits = buffer_values.narrow(1, 0, vocab).clone().requires_grad_(true);
+  const at::Tensor ours = causal_lm_loss(logits, labels, CrossEntropyForm::single_pass);
+  const at::Tensor reference = causal_lm_loss_reference(reference_logits, labels);
+  EXPECT_NEAR(ours.item<double>(), reference.item<double>(), 2e-6 * std::abs(reference.item<double>()));
+  ours.backward();
+  reference.backward();
+  expect_all_close(leaf.grad().narrow(1, 0, vocab), reference_logits.grad(), 1e-9, 2e-5, "counted columns");
+  EXPECT_EQ(leaf.grad().narrow(1, vocab, padded - vocab).count_nonzero().item<int64_t>(), 0);
+  EXPECT_EQ(buffer.detach().narrow(1, vocab, padded - vocab).count_nonzero().item<int64_t>(), 0)
+      << "the pads of the buffer the gradient was written over";
+}
+
+TEST(SinglePassCrossEntropy, EdgesAsTheBlockedForm) {
+  at::Tensor logits = at::randn({4, 11}).requires_grad_(true);
+  const at::Tensor ignored = at::full({4}, -100, at::kLong);
+  const at::Tensor loss = causal_lm_loss(logits, ignored, CrossEntropyForm::single_pass);
+  EXPECT_TRUE(std::isnan(loss.item<double>())) << "every label ignored: NaN, as ATen's";
+  loss.backward();
+  EXPECT_EQ(logits.grad().count_nonzero().item<int64_t>(), 0);
+  // A row of -inf but its label (a masked vocabulary) and a NaN logit.
+  at::Tensor masked = at::full({2, 9}, -INFINITY);
+  masked.index_put_({0, 3}, 1.5);
+  masked.index_put_({1, 4}, 0.0);
+  masked.index_put_({1, 5}, NAN);
+  const at::Tensor labels = at::tensor({3, 4}, at::kLong);
+  at::NoGradGuard no_grad;
+  EXPECT_EQ(causal_lm_loss(masked.narrow(0, 0, 1), labels.narrow(0, 0, 1), CrossEntropyForm::single_pass).item<double>(),
+            0.0);
+  EXPECT_TRUE(std::isnan(causal_lm_loss(masked, labels, CrossEntropyForm::single_pass).item<double>()));
+  EXPECT_TRUE(std::isnan(causal_lm_loss(at::randn({2, 9}), at::tensor({1, 9}, at::kLong),
+                                        CrossEntropyForm::single_pass).item<double>()))
+      << "a label outside the vocabulary";
+}
+
+// The CUDA kernel: fresh random inputs, a gradient buffer poisoned with NaN where it is not written
+// over the logits, against an fp32 reference on the CPU; fp32 and bf16, a 32000 vocabulary padded to
+// 32128 and an odd one, every fifth row ignored.
+TEST(CrossEntropyOnCuda, SinglePassKernelIsWithinRoundingOfAnFp32Reference) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this host";
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16})
+    for (const auto& [rows, vocab, padded] : {std::tuple<int64_t, int64_t, int64_t>{1024, 32000, 32128},
+                                             std::tuple<int64_t, int64_t, int64_t>{333, 1023, 1023}}) {
+      SCOPED_TRACE(std::string(c10::toString(dtype)) + " " + std::to_string(vocab));
+      at::manual_seed(static_cast<int64_t>(vocab));
+      const at::Tensor host = (at::randn({rows, padded}) * 4).to(dtype);
+      at::Tensor labels = at::randint(0, vocab, {rows}, at::kLong);
+      labels.index_put_({at::arange(0, rows, 5)}, -100);
+      at::Tensor reference_logits = host.narrow(1, 0, vocab).to(at::kFloat).requires_grad_(true);
+      const at::Tensor expected = causal_lm_loss_reference(reference_logits, labels);
+      expected.backward();
+      // In place: the head's output on the device, poisoned past the vocabulary first.
+      at::Tensor leaf = host.to(at::kCUDA).requires_grad_(true);
+      at::Tensor buffer = leaf * 1.0;
+      buffer.detach().narrow(1, vocab, padded - vocab).fill_(NAN);
+      const at::Tensor ours = causal_lm_loss(buffer.narrow(1, 0, vocab), labels.to(at::kCUDA), CrossEntropyForm::single_pass);
+      ours.backward();
+      EXPECT_NEAR(ours.item<double>(), expected.item<double>(), 1e-5 * std::abs(expected.item<double>()));
+      const at::Tensor grad = leaf.grad().to(at::kCPU, at::kFloat);
+      EXPECT_TRUE(at::isfinite(grad).all().item<bool>());
+      EXPECT_EQ(buffer.detach().narrow(1, vocab, padded - vocab).count_nonzero().item<int64_t>(), 0)
+          << "the poisoned pads of the buffer the gradient was written over";
+      const double tolerance = dtype == at::kFloat ? 2e-5 : 1.0 / 128;
+      expect_all_close(grad.narrow(1, 0, vocab), reference_logits.grad(), 1e-9, tolerance, "d loss / d logits");
+      // Not in place (a leaf): the gradient buffer is the autograd engine's, the logits unchanged.
+      at::Tensor own = host.narrow(1, 0, vocab).contiguous().to(at::kCUDA).requires_grad_(true);
+      causal_lm_loss(own, labels.to(at::kCUDA), CrossEntropyForm::single_pass).backward();
+      expect_all_close(own.grad().to(at::kCPU, at::kFloat), reference_logits.grad(), 1e-9, tolerance, "leaf gradient");
+      EXPECT_TRUE(at::equal(own.detach().cpu(), host.narrow(1, 0, vocab)));
+    }
+}
 
 TEST(FusedCrossEntropyEdges, EveryLabelIgnoredIsNaNWithNoGradient) {
   at::Tensor logits = at::randn({4, 11}).requires_grad_(true);

@@ -182,7 +182,7 @@ INSTANTIATE_TEST_SUITE_P(
         GpuCase{"padded_mlp_staged_2_ranks", 2, "", "--pad_matmul_dims on", 1e-4}),
     [](const ::testing::TestParamInfo<GpuCase>& info) { return info.param.name; });
 
-// --fused_ops (CUDA only, so not against the CPU): the fused RMSNorm, SwiGLU and rotary kernels train as the
+// --fused_ops (CUDA only, so not against the CPU): the fused RMSNorm, SwiGLU, rotary and cross-entropy kernels train as the
 // ATen forms do on the same GPU, to bf16 rounding per step (fp32 to the sums' order).
 TEST(OnGpuFusedOps, TrainAsTheAtenFormsOnTheSameGpu) {
   if (!have_gpu()) GTEST_SKIP() << "no GPU on this host";
@@ -190,7 +190,8 @@ TEST(OnGpuFusedOps, TrainAsTheAtenFormsOnTheSameGpu) {
     SCOPED_TRACE(precision);
     ScratchDir aten_dir("gpu_aten_ops"), fused_dir("gpu_fused_ops");
     const Losses aten = train("", 1, "--device cuda " + precision, aten_dir.path());
-    const Losses fused = train("", 1, "--device cuda --fused_ops rms_norm,swiglu,rotary " + precision, fused_dir.path());
+    const Losses fused =
+        train("", 1, "--device cuda --fused_ops rms_norm,swiglu,rotary,cross_entropy " + precision, fused_dir.path());
     expect_close(aten, fused, precision == "--dtype float32" ? 1e-4 : 2e-2);
   }
 }

@@ -152,6 +152,7 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
     if (fused.rms_norm) model_->set_rms_norm_form(RmsNormForm::fused);
     if (fused.swiglu) model_->set_swiglu_form(SwigluForm::fused);
     if (fused.rotary) model_->set_fused_rotary(true);
+    if (fused.cross_entropy) loss_form_ = CrossEntropyForm::single_pass;
   }
   if (run.activation_checkpointing_every > 0) {
     // The recompute runs under the forward's autocast (bf16 mixed).

@@ -96,6 +96,7 @@ class Training {
   std::shared_ptr<TokenCorpus> held_out_;  // --eval_data; nullptr: the tail of corpus_ is held out
   BatchSampler train_batches_, eval_batches_;
   StepTimer timer_;
+  CrossEntropyForm loss_form_ = CrossEntropyForm::blocked;  // --fused_ops cross_entropy: single_pass
   ShardedModel sharded_;
   int64_t startup_peak_bytes_ = 0, largest_unit_bytes_ = 0;  // parameter storage while building
   int64_t init_from_bytes_ = 0;  // --init_from: bytes of the folder this rank read (its rows)

@@ -130,7 +130,9 @@ void add_backward_flags(CLI::App& app, NumberFlags& numbers, TrainingFlags& flag
   flags.add(app.add_option("--fused_ops", run.fused_ops,
                            "CUDA kernels in place of the layer's ATen forms, comma-separated: rms_norm (LibTorch's "
                            "fused RMSNorm: one rounding, within a bf16 ulp of transformers' two), swiglu (one pass "
-                           "each way, keeping gate and up only), rotary (q and k one pass each way); default none"));
+                           "each way, keeping gate and up only), rotary (q and k one pass each way), cross_entropy (the "
+                           "loss in one read of the logits for the loss and one for its gradient, written over the "
+                           "logits); default none"));
   flags.add(app.add_option("--pad_matmul_dims", run.pad_matmul_dims,
                            "pad the MLP's intermediate dimension with zeros to a multiple of 128 in the compute copies "
                            "only (masters, optimizer state, checkpoints stay as the config says): auto (on a GPU, where "
