@@ -118,6 +118,7 @@ json RunConfig::to_json() const {
       {"recompute", recompute},
       {"fused_ops", fused_ops},
       {"pad_matmul_dims", pad_matmul_dims},
+      {"grouped_projections", grouped_projections},
       {"memmap_dtype", data.memmap_dtype},
       {"eval_fraction", data.eval_fraction},
       {"eval_every", data.eval_every},
@@ -232,6 +233,7 @@ RunConfig run_config_from_json(const json& object, const std::string& source) {
   read("recompute", run.recompute);
   read("fused_ops", run.fused_ops);
   read("pad_matmul_dims", run.pad_matmul_dims);
+  read("grouped_projections", run.grouped_projections);
   read("memmap_dtype", run.data.memmap_dtype);
   read("eval_fraction", run.data.eval_fraction);
   read("eval_every", run.data.eval_every);

@@ -246,6 +246,9 @@ struct RunConfig {
   // --pad_matmul_dims auto|on|off: the MLP's intermediate dimension padded with zeros on the compute
   // side only (model/model_config.h says when; model/units.h what stays unpadded).
   std::string pad_matmul_dims = "auto";
+  // --grouped_projections: each layer's q/k/v and gate/up as one GEMM each (model/grouped_linear.h),
+  // on every device; off by default until a GPU run has measured it (docs/gpu.md).
+  bool grouped_projections = false;
   // Each unit's optimizer step as soon as its gradient shard is reduced, in backward, its gradient
   // shard freed right after (--fuse_optimizer_with_backward); needs --grad_clipping 0.
   bool fuse_optimizer_with_backward = false;

@@ -32,6 +32,9 @@ struct ModelShape {
   RecomputeSet recompute;  // --recompute's operations
   bool fused_swiglu;       // --fused_ops swiglu: the SwiGLU node keeps gate and up, not silu(gate)
   bool single_pass_loss;   // --fused_ops cross_entropy: the logits' gradient written over them, no row blocks
+  // --grouped_projections: under autocast q/k/v keep one bf16 cast of their input, not three, and
+  // gate/up one, not two (model/grouped_linear.h): 6h bytes a token less per layer in mixed.
+  bool grouped;
 
   ModelShape(const ModelConfig& model, const RunConfig& run_config)
       : config(model), run(run_config),
@@ -42,7 +45,8 @@ struct ModelShape {
         kv(model.num_key_value_heads * model.head_dim()), heads(model.num_attention_heads),
         recompute(recompute_set(run_config.recompute)),
         fused_swiglu(fused_ops_set(run_config.fused_ops).swiglu),
-        single_pass_loss(fused_ops_set(run_config.fused_ops).cross_entropy) {}
+        single_pass_loss(fused_ops_set(run_config.fused_ops).cross_entropy),
+        grouped(run_config.grouped_projections) {}
 
   int64_t compute_bytes() const { return mode == Mode::pure ? 2 : 4; }      // compute copy element
   int64_t hidden_bytes() const { return mode == Mode::pure ? 2 : 4; }       // unit boundary element
@@ -71,7 +75,8 @@ struct ModelShape {
   int64_t layer_saved_per_token() const {
     switch (mode) {
       case Mode::fp32: return 4 * (6 * h + 2 * kv + 4 * I + heads + 2) - layer_recompute_frees_per_token();
-      case Mode::mixed: return 22 * h + 4 * kv + 8 * I + 8 + 4 * heads - layer_recompute_frees_per_token();
+      case Mode::mixed:
+        return 22 * h - (grouped ? 6 * h : 0) + 4 * kv + 8 * I + 8 + 4 * heads - layer_recompute_frees_per_token();
       case Mode::pure: return 12 * h + 4 * kv + 8 * I + 8 + 4 * heads - layer_recompute_frees_per_token();
     }
     return 0;
@@ -84,16 +89,20 @@ struct ModelShape {
   //   attention  q_rot, k_rot, v, SDPA's output and logsumexp: fp32 4 (2h + 2kv + heads); pure
   //              4h + 4kv + 4 heads; mixed also q's, k's, v's casts of the input (6h) less the fp32
   //              input kept (4h): 6h + 4kv + 4 heads
+  //   (grouped in mixed: one cast for q/k/v (2h, so attention frees 4h less) and one for gate/up
+  //   (mlp frees 2h less))
   int64_t layer_recompute_frees_per_token() const {
     int64_t frees = 0;
+    const bool grouped_casts = grouped && mode == Mode::mixed;
     if (recompute.norm) frees += 8;
     if (recompute.mlp)
-      frees += mode == Mode::fp32 ? 16 * I : 8 * I;
+      frees += (mode == Mode::fp32 ? 16 * I : 8 * I) - (grouped_casts ? 2 * h : 0);
     else if (recompute.swiglu || fused_swiglu)  // silu(gate) is not kept
       frees += mode == Mode::fp32 ? 4 * I : 2 * I;
     if (recompute.attention)
-      frees += mode == Mode::fp32 ? 4 * (2 * h + 2 * kv + heads) : mode == Mode::mixed ? 6 * h + 4 * kv + 4 * heads
-                                                                  : 4 * h + 4 * kv + 4 * heads;
+      frees += mode == Mode::fp32    ? 4 * (2 * h + 2 * kv + heads)
+               : mode == Mode::mixed ? 6 * h - (grouped_casts ? 4 * h : 0) + 4 * kv + 4 * heads
+                                     : 4 * h + 4 * kv + 4 * heads;
     return frees;
   }
   // The head: the final norm's rstd (4) and output (the lm_head input: fp32 4h, pure 2h; mixed its
@@ -118,9 +127,12 @@ struct ModelShape {
   // Without grad (evaluation) a layer keeps only its output, but the SwiGLU temporaries of one
   // expression live together: gate, silu, up, product, and post_attention_layernorm's output with
   // the down projection's output (fp32: 4 (4I + 2h)); mixed adds the bf16 casts of the norm output
-  // (2 x 2h) and the fp32 copy of down's output for the residual add: 8I + 14h; pure 8I + 4h.
+  // (2 x 2h; one when grouped) and the fp32 copy of down's output for the residual add: 8I + 14h; pure
+  // 8I + 4h.
   int64_t layer_eval_tail_per_token() const {
-    return mode == Mode::fp32 ? 4 * (4 * I + 2 * h) : mode == Mode::mixed ? 8 * I + 14 * h : 8 * I + 4 * h;
+    return mode == Mode::fp32    ? 4 * (4 * I + 2 * h)
+           : mode == Mode::mixed ? 8 * I + 14 * h - (grouped ? 2 * h : 0)
+                                 : 8 * I + 4 * h;
   }
   // The head's forward under autocast: the final norm's fp32 output, a temporary of
   // `lm_head(norm(x))`, is live while the logits are written (lm_head keeps only its bf16 cast). In

@@ -9,6 +9,7 @@
 #include "common/allocation_failure.h"
 #include "common/errors.h"
 #include "common/padded_tensor.h"
+#include "model/grouped_linear.h"
 #include "model/layer_ops.h"
 
 namespace llm {
@@ -42,14 +43,22 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos,
   const int64_t batch = x.size(0), seq = x.size(1);
   // (B, T, heads * D) -> (B, heads, T, D)
   at::Tensor q, k, v;
+  std::vector<at::Tensor> projected;  // --grouped_projections: q, k and v from one GEMM
+  if (grouped_) {
+    projected = grouped_linear(x, {q_proj->weight, k_proj->weight, v_proj->weight});
+    // Attention keeps v for its backward: a view would keep q's and k's part of the GEMM's output
+    // alive with it (the rotations are new tensors), 2 (h + kv) bytes a token per layer in bf16.
+    projected[2] = projected[2].contiguous();
+  }
+  auto project = [&](size_t i, torch::nn::Linear& projection) { return grouped_ ? projected[i] : projection(x); };
   if (fused_rotary_) {  // --fused_ops rotary: one kernel each, on the projections' (B, T, heads, D) layout
-    q = apply_rotary_fused(q_proj(x).view({batch, seq, num_heads_, head_dim_}), cos, sin).transpose(1, 2);
-    k = apply_rotary_fused(k_proj(x).view({batch, seq, num_kv_heads_, head_dim_}), cos, sin).transpose(1, 2);
-    v = v_proj(x).view({batch, seq, num_kv_heads_, head_dim_}).transpose(1, 2);
+    q = apply_rotary_fused(project(0, q_proj).view({batch, seq, num_heads_, head_dim_}), cos, sin).transpose(1, 2);
+    k = apply_rotary_fused(project(1, k_proj).view({batch, seq, num_kv_heads_, head_dim_}), cos, sin).transpose(1, 2);
+    v = project(2, v_proj).view({batch, seq, num_kv_heads_, head_dim_}).transpose(1, 2);
   } else {
-    q = q_proj(x).view({batch, seq, num_heads_, head_dim_}).transpose(1, 2);
-    k = k_proj(x).view({batch, seq, num_kv_heads_, head_dim_}).transpose(1, 2);
-    v = v_proj(x).view({batch, seq, num_kv_heads_, head_dim_}).transpose(1, 2);
+    q = project(0, q_proj).view({batch, seq, num_heads_, head_dim_}).transpose(1, 2);
+    k = project(1, k_proj).view({batch, seq, num_kv_heads_, head_dim_}).transpose(1, 2);
+    v = project(2, v_proj).view({batch, seq, num_kv_heads_, head_dim_}).transpose(1, 2);
     q = apply_rotary(q, cos, sin);
     k = apply_rotary(k, cos, sin);
   }
@@ -67,10 +76,18 @@ MLPImpl::MLPImpl(const ModelConfig& config) {
   down_proj = register_module("down_proj", make_linear(config.compute_intermediate(), config.hidden_size));
 }
 
+std::pair<at::Tensor, at::Tensor> MLPImpl::gate_and_up(const at::Tensor& x) {
+  if (!grouped_) return {gate_proj(x), up_proj(x)};
+  const std::vector<at::Tensor> projected = grouped_linear(x, {gate_proj->weight, up_proj->weight});
+  return {projected[0], projected[1]};
+}
+
 at::Tensor MLPImpl::forward(const at::Tensor& x) {
-  if (swiglu_form_ == SwigluForm::eager) return down_proj(torch::nn::functional::silu(gate_proj(x)) * up_proj(x));
-  const at::Tensor gate = gate_proj(x), up = up_proj(x);
-  return down_proj(swiglu(gate, up, swiglu_form_));
+  if (swiglu_form_ == SwigluForm::eager && !grouped_)
+    return down_proj(torch::nn::functional::silu(gate_proj(x)) * up_proj(x));
+  const auto [gate, up] = gate_and_up(x);
+  if (swiglu_form_ == SwigluForm::eager) return down_proj(torch::nn::functional::silu(gate) * up);
+  return down_proj(swiglu(gate, up, swiglu_form_));  // (the fused node makes grouped views contiguous)
 }
 
 DecoderLayerImpl::DecoderLayerImpl(const ModelConfig& config) {
@@ -112,9 +129,10 @@ at::Tensor DecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos,
       return std::vector<at::Tensor>{feed_forward->forward(in[0])};
     }, {h_normed})[0];
   } else if (recompute.swiglu) {
+    const auto [gate, up] = mlp->gate_and_up(h_normed);
     at::Tensor product = llm::recompute([](const std::vector<at::Tensor>& in) {
       return std::vector<at::Tensor>{torch::nn::functional::silu(in[0]) * in[1]};
-    }, {mlp->gate_proj(h_normed), mlp->up_proj(h_normed)})[0];
+    }, {gate, up})[0];
     projected = mlp->down_proj(product);
   } else {
     projected = mlp(h_normed);
@@ -185,6 +203,13 @@ void LlamaForCausalLMImpl::set_rms_norm_form(RmsNormForm form) {
 
 void LlamaForCausalLMImpl::set_fused_rotary(bool fused) {
   for (DecoderLayerImpl* layer : layers_) layer->self_attn->set_fused_rotary(fused);
+}
+
+void LlamaForCausalLMImpl::set_grouped_projections(bool grouped) {
+  for (DecoderLayerImpl* layer : layers_) {
+    layer->self_attn->set_grouped(grouped);
+    layer->mlp->set_grouped(grouped);
+  }
 }
 
 void LlamaForCausalLMImpl::set_swiglu_form(SwigluForm form) {

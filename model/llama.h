@@ -68,11 +68,13 @@ class AttentionImpl : public torch::nn::Module {
   // x (B, T, hidden); cos, signed sin (T, head_dim) in x's dtype
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
   void set_fused_rotary(bool fused) { fused_rotary_ = fused; }  // --fused_ops rotary
+  void set_grouped(bool grouped) { grouped_ = grouped; }           // --grouped_projections
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 
  private:
   int64_t num_heads_, num_kv_heads_, head_dim_;
   bool fused_rotary_ = false;
+  bool grouped_ = false;  // q, k and v as one GEMM (model/grouped_linear.h)
 };
 TORCH_MODULE(Attention);
 
@@ -80,11 +82,15 @@ class MLPImpl : public torch::nn::Module {
  public:
   explicit MLPImpl(const ModelConfig& config);
   at::Tensor forward(const at::Tensor& x);  // down(silu(gate(x)) * up(x))
+  // gate(x) and up(x): one GEMM when grouped (--grouped_projections), else two.
+  std::pair<at::Tensor, at::Tensor> gate_and_up(const at::Tensor& x);
   void set_swiglu_form(SwigluForm form) { swiglu_form_ = form; }  // --fused_ops swiglu
+  void set_grouped(bool grouped) { grouped_ = grouped; }           // --grouped_projections
   torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 
  private:
   SwigluForm swiglu_form_ = SwigluForm::eager;
+  bool grouped_ = false;
 };
 TORCH_MODULE(MLP);
 
@@ -149,6 +155,10 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   void set_swiglu_form(SwigluForm form);
   // --fused_ops rotary: every layer's q and k rotated by one kernel each.
   void set_fused_rotary(bool fused);
+  // --grouped_projections: every layer's q/k/v and gate/up as one GEMM each (model/grouped_linear.h).
+  // Their weights must then be adjacent in memory, as the trainer's units keep them; a logic_error
+  // at the forward otherwise.
+  void set_grouped_projections(bool grouped);
   // The cached cos and signed sine tables (undefined before the first forward): owned buffers, not parameters.
   const at::Tensor& rotary_cos_cache() const { return rotary_cos_; }
   const at::Tensor& rotary_sin_cache() const { return rotary_sin_; }

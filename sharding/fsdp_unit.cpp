@@ -42,14 +42,27 @@ void free_storage(const at::Tensor& tensor) {
   tensor.storage().unsafeGetStorageImpl()->reset();
 }
 
-void allocate_storage(const at::Tensor& tensor) {
-  c10::StorageImpl* storage = tensor.storage().unsafeGetStorageImpl();
-  if (storage->nbytes() == storage_bytes(tensor)) return;
-  storage->set_data_ptr_noswap(storage->allocator()->allocate(storage_bytes(tensor)));
-  storage->set_nbytes(storage_bytes(tensor));
-}
-
 }  // namespace
+
+// One allocation for the whole unit, each parameter's storage pointing into it in registration
+// order: a layer's q, k and v (and gate and up) are adjacent, so the model can run each group as one
+// GEMM (model/layer_ops.h's grouped_linear). The storages stay the parameters' own objects (what
+// autograd's saved weights refer to), so a release and the next gather swap their pointers as
+// before; they own nothing, the block owns the memory.
+void ShardedUnit::allocate_compute_parameters() {
+  size_t total = 0;
+  for (const auto& [name, parameter] : parameters_) total += storage_bytes(parameter);
+  c10::Allocator* allocator = parameters_.front().second.storage().unsafeGetStorageImpl()->allocator();
+  compute_block_ = allocator->allocate(total);
+  char* base = static_cast<char*>(compute_block_.get());
+  size_t offset = 0;
+  for (const auto& [name, parameter] : parameters_) {
+    c10::StorageImpl* storage = parameter.storage().unsafeGetStorageImpl();
+    storage->set_data_ptr_noswap(c10::DataPtr(base + offset, compute_block_.device()));
+    storage->set_nbytes(storage_bytes(parameter));
+    offset += storage_bytes(parameter);
+  }
+}
 
 const char* to_string(ShardingStrategy strategy) {
   switch (strategy) {
@@ -196,9 +209,9 @@ void ShardedUnit::fill_compute_parameters(const CollectiveStream& stream) {
     communicator_.all_gather(send, gathered, stream);
   }
   send = at::Tensor();
+  allocate_compute_parameters();
   for (size_t i = 0; i < parameters_.size(); ++i) {
     const at::Tensor& parameter = parameters_[i].second;
-    allocate_storage(parameter);
     // Fresh storage may hold anything (a NaN times a zero weight is NaN): the pads are zeroed each time.
     if (padded_) zero_padding(logical_shapes_[i], parameter.variable_data());
     layout_.copy_full_from_gathered(layout_.parameters[i], gathered, logical(i, parameter.variable_data()));
@@ -263,6 +276,7 @@ void ShardedUnit::release() {
   // overwrite it before that gather is done. The schedule never does this; it costs nothing then.
   wait_gathered();
   for (auto& [name, parameter] : parameters_) free_storage(parameter);
+  compute_block_.clear();
   gathered_ = false;
 }
 

@@ -203,6 +203,7 @@ class ShardedUnit {
   // All-gathers the shard into freshly allocated compute storage on the current stream (the
   // collective on `stream`: the same stream, passed for NCCL).
   void fill_compute_parameters(const CollectiveStream& stream);
+  void allocate_compute_parameters();  // the parameters' storages as parts of compute_block_
   // reduce_gradients() without the norm: the full gradients into the shard.
   void reduce_into_shard();
   // A resident fp32 unit: its parameters' .grad become views of the gradient shard, or nothing.
@@ -210,6 +211,7 @@ class ShardedUnit {
   void drop_parameter_gradients();
 
   at::Tensor master_, compute_, gradient_;
+  at::DataPtr compute_block_;  // a gathered unit's parameters, one allocation (allocate_compute_parameters)
   at::Tensor gradient_squares_;        // (1) fp32, see gradient_squares()
   at::TensorOptions gradient_options_;  // fp32 on the unit's device
   at::ScalarType compute_dtype_ = at::kFloat;

@@ -177,6 +177,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama_tiny", 2, "--batch_size 8 --max_length 64 --dtype bfloat16 --recompute mlp"},
                       Case{"llama_tiny", 2, "--batch_size 8 --max_length 64 --dtype bfloat16 --precision pure --recompute norm,mlp"},
                       Case{"llama_tiny", 2, "--batch_size 8 --max_length 64 --dtype bfloat16 --precision pure --recompute swiglu,attention"},
+                      // --grouped_projections: under autocast one bf16 cast of the input for q/k/v and one for
+                      // gate/up (6h a token per layer less); the gathered block.
+                      Case{"llama_tiny", 2, "--batch_size 8 --max_length 64 --dtype bfloat16 --grouped_projections"},
+                      Case{"llama_tiny", 2, "--batch_size 8 --max_length 64 --dtype bfloat16 --recompute mlp,attention --grouped_projections"},
+                      Case{"llama_tiny", 1, "--batch_size 4 --max_length 64 --grouped_projections"},
                       // Parameter offload: every unit gathers (no resident units), the compute rows in
                       // host memory, each strategy, alone and with the optimizer's offload.
                       Case{"llama_tiny", 1, "--batch_size 4 --max_length 64 --offload parameters"},

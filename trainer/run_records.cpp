@@ -70,6 +70,7 @@ void RunRecords::start(const RunStart& start) {
                   {"corpus_unigram_entropy", start.corpus_unigram_entropy},
                   {"corpus_entropy_rate", start.corpus_entropy_rate}, {"start_step", start.start_step}, {"run_id", start.run_id},
                   {"attention_backend", start.attention_backend}, {"mlp_compute_width", model_config_.compute_intermediate()},
+                  {"grouped_projections", run_.grouped_projections},
                   {"resumed_from", start.resumed_from.empty() ? nlohmann::json() : nlohmann::json(start.resumed_from)}});
   log::info("model {}: {:.2f}M parameters on {} x {} ({}, {}, {} host threads per rank), {} steps of {} sequences x {} tokens",
             model_config_.name, model_config_.num_parameters() / 1e6, context_.world_size, device.str(),

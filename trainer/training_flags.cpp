@@ -137,6 +137,10 @@ void add_backward_flags(CLI::App& app, NumberFlags& numbers, TrainingFlags& flag
                            "pad the MLP's intermediate dimension with zeros to a multiple of 128 in the compute copies "
                            "only (masters, optimizer state, checkpoints stay as the config says): auto (on a GPU, where "
                            "it is not a multiple of 8), on, off; default auto"));
+  flags.add(app.add_flag("--grouped_projections", run.grouped_projections,
+                         "compute each layer's q, k and v as one GEMM, and gate and up as one, from the adjacent "
+                         "weights of the gathered unit (the input's gradient accumulated in the GEMMs, no additions); "
+                         "equal to the separate projections to rounding; default off"));
 }
 
 // --warmup_steps, which --help lists here rather than with the schedule's flags; read into FLAGS, as
