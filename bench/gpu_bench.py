@@ -347,7 +347,7 @@ def side(records, case, config_path, device_info, peak_kind):
         "first_loss": next((r["loss"] for r in records if r.get("event") == "train"), None),
     }
     if "phase_s" in kept[0]:  # ours
-        result["phase_s"] = medians([r.get("phase_s", {}) for r in kept])
+        result["phase_s"] = medians([r.get("phase_s") or {} for r in kept])  # read a step late on CUDA
         result["host_phase_s"] = medians([r.get("host_phase_s", {}) for r in kept])
         if any("offload" in r for r in kept):
             result["offload_s"] = medians([r.get("offload", {}) for r in kept])

@@ -31,7 +31,9 @@ struct StepTimer::Marks {
   size_t count = 0;
 };
 
-StepTimer::StepTimer(c10::Device device) : device_(device), marks_(std::make_unique<Marks>()) {}
+StepTimer::StepTimer(c10::Device device) : StepTimer(device, device.is_cuda()) {}
+StepTimer::StepTimer(c10::Device device, bool read_late)
+    : device_(device), read_late_(read_late), marks_(std::make_unique<Marks>()) {}
 StepTimer::~StepTimer() = default;
 
 void StepTimer::begin_step() {
@@ -63,25 +65,43 @@ StepPhase StepTimer::switch_to(StepPhase phase) {
   return previous;
 }
 
-PhaseSeconds StepTimer::end_step() {
+std::optional<PhaseSeconds> StepTimer::end_step() {
   switch_to(StepPhase::other);  // the closing mark
   in_step_ = false;
-  PhaseSeconds seconds{};
-  Marks& marks = *marks_;
+  const Marks& marks = *marks_;
   host_seconds_ = {};
   for (size_t i = 0; i + 1 < marks.count; ++i)
     host_seconds_[static_cast<size_t>(marks.phases[i])] +=
         std::chrono::duration<double>(marks.host[i + 1] - marks.host[i]).count();
+  if (!read_late_) return read(marks);
+  std::optional<PhaseSeconds> before = flush();
+  // This step's marks wait; the step before's (read) are reused for the next.
+  if (!pending_) pending_ = std::make_unique<Marks>();
+  std::swap(marks_, pending_);
+  return before;
+}
+
+std::optional<PhaseSeconds> StepTimer::flush() {
+  if (!pending_ || pending_->count == 0) return std::nullopt;
+  const PhaseSeconds seconds = read(*pending_);
+  pending_->count = 0;
+  return seconds;
+}
+
+PhaseSeconds StepTimer::read(const Marks& marks) const {
+  PhaseSeconds seconds{};
 #ifdef TRAINER_HAVE_CUDA
   if (device_.is_cuda()) {
-    marks.events[marks.count - 1]->synchronize();
+    marks.events[marks.count - 1]->synchronize();  // reading late: long done
     for (size_t i = 0; i + 1 < marks.count; ++i)
-      seconds[static_cast<size_t>(marks.phases[i])] +=
-          marks.events[i]->elapsed_time(*marks.events[i + 1]) / 1000.0;
+      seconds[static_cast<size_t>(marks.phases[i])] += marks.events[i]->elapsed_time(*marks.events[i + 1]) / 1000.0;
     return seconds;
   }
 #endif
-  return host_seconds_;
+  for (size_t i = 0; i + 1 < marks.count; ++i)
+    seconds[static_cast<size_t>(marks.phases[i])] +=
+        std::chrono::duration<double>(marks.host[i + 1] - marks.host[i]).count();
+  return seconds;
 }
 
 }  // namespace llm

@@ -3,9 +3,11 @@
 // partition the step and add up to its time.
 //
 // On a CPU rank a switch reads the steady clock. On a CUDA rank a switch records an event on the
-// current (compute) stream, and end_step() waits for the last event once and reads the intervals:
-// each phase is the time the compute stream spent in it, with no host synchronisation inside the
-// step. An all-gather prefetched on the gather stream overlaps compute and shows only as the wait it
+// current (compute) stream, and the intervals are read a step late: end_step() returns the step
+// before's phases, whose events the stream has long passed (the step's own loss read waited for
+// them), so reading them never waits for the GPU and the host goes on queuing the next step's work
+// while the optimizer's kernels still run; flush() reads the last step's. Each phase is the time the
+// compute stream spent in it, with no host synchronisation inside the step or at its end. An all-gather prefetched on the gather stream overlaps compute and shows only as the wait it
 // causes (under collectives): the exposed communication, which is what a user can act on.
 //
 // The host clock is read at every switch on a CUDA rank too (host_seconds()): the stream's phases
@@ -17,6 +19,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include <c10/core/Device.h>
@@ -36,7 +39,9 @@ using PhaseSeconds = std::array<double, kStepPhases>;
 
 class StepTimer {
  public:
+  // read_late: the phases a step late (default: on CUDA; a CPU timer reads late only when asked, for tests).
   explicit StepTimer(c10::Device device);
+  StepTimer(c10::Device device, bool read_late);
   ~StepTimer();
   StepTimer(const StepTimer&) = delete;
   StepTimer& operator=(const StepTimer&) = delete;
@@ -45,7 +50,12 @@ class StepTimer {
   // Time from now on counts to `phase`; returns the phase it counted to until now. Outside a step
   // (evaluation, checkpoints) switches are ignored.
   StepPhase switch_to(StepPhase phase);
-  PhaseSeconds end_step();  // seconds per phase since begin_step(): the compute stream's on CUDA
+  // Seconds per phase of the step that ended (the compute stream's on CUDA), or, reading late, of the
+  // step before it (nothing after the first step).
+  std::optional<PhaseSeconds> end_step();
+  // Reading late: the last ended step's phases, not yet returned (waits for its events); then nothing.
+  std::optional<PhaseSeconds> flush();
+  bool reads_late() const { return read_late_; }
   // The last ended step's phases by the host clock (the same as end_step()'s on a CPU rank).
   const PhaseSeconds& host_seconds() const { return host_seconds_; }
 
@@ -66,10 +76,13 @@ class StepTimer {
 
  private:
   struct Marks;  // the clock readings or CUDA events of the step (step_timer.cpp)
+  PhaseSeconds read(const Marks& marks) const;  // the intervals between a step's marks
   c10::Device device_;
+  bool read_late_ = false;
   bool in_step_ = false;
   StepPhase current_ = StepPhase::other;
-  std::unique_ptr<Marks> marks_;
+  std::unique_ptr<Marks> marks_;    // the step being timed
+  std::unique_ptr<Marks> pending_;  // reading late: the last ended step's, not yet read
   PhaseSeconds host_seconds_{};
 };
 

@@ -62,6 +62,7 @@ TEST(Train, StepTimeSplitsIntoPhases) {
     const auto steps = testing::read_metrics_events(dir.path(), "train");
     ASSERT_EQ(steps.size(), 3u);
     for (const auto& step : steps) {
+      EXPECT_EQ(step.at("phase_s_step"), step.at("step")) << "a CPU rank reads each step's phases at its end";
       const nlohmann::json& phases = step.at("phase_s");
       double sum = 0;
       for (const char* phase : {"forward", "backward", "collectives", "optimizer", "other"}) {

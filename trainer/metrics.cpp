@@ -32,14 +32,33 @@ void MetricsLog::log_line(const std::string& text) {
   std::fflush(stdout);
 }
 
+namespace {
+
+nlohmann::json by_phase(const PhaseSeconds& seconds) {
+  nlohmann::json phases = nlohmann::json::object();
+  for (int phase = 0; phase < kStepPhases; ++phase)
+    phases[to_string(static_cast<StepPhase>(phase))] = seconds[static_cast<size_t>(phase)];
+  return phases;
+}
+
+}  // namespace
+
+void MetricsLog::log_phases_to_tensorboard(int64_t step, const PhaseSeconds& seconds) {
+  std::vector<std::pair<std::string, double>> scalars;
+  for (int phase = 0; phase < kStepPhases; ++phase)
+    scalars.emplace_back("time/" + std::string(to_string(static_cast<StepPhase>(phase))) + "_s",
+                         seconds[static_cast<size_t>(phase)]);
+  tensorboard_->scalars(step, scalars);
+}
+
+void MetricsLog::log_late_phases(int64_t step, const PhaseSeconds& seconds) {
+  if (!is_writer_) return;
+  write({{"event", "phases"}, {"step", step}, {"phase_s", by_phase(seconds)}});
+  if (tensorboard_) log_phases_to_tensorboard(step, seconds);
+}
+
 void MetricsLog::log_step(const StepRecord& r) {
   if (!is_writer_) return;
-  const auto by_phase = [](const PhaseSeconds& seconds) {
-    nlohmann::json phases = nlohmann::json::object();
-    for (int phase = 0; phase < kStepPhases; ++phase)
-      phases[to_string(static_cast<StepPhase>(phase))] = seconds[static_cast<size_t>(phase)];
-    return phases;
-  };
   nlohmann::json record = {{"event", "train"}, {"step", r.step}, {"loss", r.loss}, {"lr", r.lr},
                            {"grad_norm", r.grad_norm}, {"tokens_per_s", r.tokens_per_second}, {"mfu", r.mfu},
                            {"step_time_s", r.step_seconds}, {"tokens_seen", r.tokens_seen},
@@ -47,7 +66,9 @@ void MetricsLog::log_step(const StepRecord& r) {
                            {"peak_memory_bytes", r.peak_memory_bytes},
                            {"peak_memory_source", r.peak_on_cuda ? "cuda_allocated" : "rss"},
                            {"projector_s", r.projector_seconds},
-                           {"phase_s", by_phase(r.phase_seconds)}, {"host_phase_s", by_phase(r.host_phase_seconds)},
+                           {"phase_s", r.phase_seconds ? by_phase(*r.phase_seconds) : nlohmann::json()},
+                           {"phase_s_step", r.phase_seconds ? nlohmann::json(r.phase_step) : nlohmann::json()},
+                           {"host_phase_s", by_phase(r.host_phase_seconds)},
                            {"host_reads", r.host_reads}};
   if (r.peak_on_cuda) record["peak_cuda_allocated_bytes"] = r.peak_memory_bytes;
   if (r.offloaded)
@@ -59,10 +80,8 @@ void MetricsLog::log_step(const StepRecord& r) {
         {"train/tokens_per_s", r.tokens_per_second}, {"train/mfu", r.mfu}, {"train/step_time_s", r.step_seconds},
         {"train/tokens_seen", static_cast<double>(r.tokens_seen)},
         {r.peak_on_cuda ? "memory/peak_cuda_allocated_bytes" : "memory/peak_rss_bytes", static_cast<double>(r.peak_memory_bytes)}};
-    for (int phase = 0; phase < kStepPhases; ++phase)
-      scalars.emplace_back("time/" + std::string(to_string(static_cast<StepPhase>(phase))) + "_s",
-                           r.phase_seconds[static_cast<size_t>(phase)]);
     tensorboard_->scalars(r.step, scalars);
+    if (r.phase_seconds) log_phases_to_tensorboard(r.phase_step, *r.phase_seconds);
   }
   // Each memory figure names its source: the CUDA allocator's peak allocated bytes, or the peak RSS.
   char mfu[32] = "";

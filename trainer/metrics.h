@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -50,7 +51,10 @@ struct StepRecord {
   int64_t peak_rss_bytes = 0;     // the process's peak resident set
   double mfu = 0;                 // model FLOPs utilisation (trainer/model_flops.h); 0: peak unknown
   double projector_seconds = 0;  // GaLore projector recomputation within the step (0 otherwise)
-  PhaseSeconds phase_seconds{};  // the step's time by phase; they add up to step_seconds
+  // The step's time by phase (they add up to step_seconds), or on CUDA the step before's (phase_step:
+  // the events are read a step late, common/step_timer.h); nothing after a CUDA run's first step.
+  std::optional<PhaseSeconds> phase_seconds;
+  int64_t phase_step = 0;
   int64_t host_reads = 0;        // reads of device values in the step: each drains a GPU (common/device.h)
   PhaseSeconds host_phase_seconds{};  // the same phases by the host clock (step_timer.h)
   // --offload optimizer: the host step's time and the compute thread's waits for it
@@ -69,6 +73,8 @@ class MetricsLog {
   MetricsLog(const std::string& jsonl_path, bool is_writer, bool single_process, bool append = false);
   void write(const nlohmann::json& record);
   void log_step(const StepRecord& record);
+  // The last step's phases where they are read a step late (CUDA): a "phases" record, and TensorBoard's time/ scalars.
+  void log_late_phases(int64_t step, const PhaseSeconds& seconds);
   void log_eval(int64_t step, double eval_loss, int64_t eval_tokens);
   void log_line(const std::string& text);  // a human line that keeps the progress bar intact
 
@@ -85,6 +91,7 @@ class MetricsLog {
   bool bar_drawn_ = false;
   RunFile jsonl_;  // every line checked (common/output_files.h)
   std::unique_ptr<TensorBoardWriter> tensorboard_;  // rank 0 with --tensorboard_dir, else null
+  void log_phases_to_tensorboard(int64_t step, const PhaseSeconds& seconds);
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 

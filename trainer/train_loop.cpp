@@ -312,6 +312,8 @@ TrainingOutcome Training::run() {
   defer_write_failures(false);
   if (offload_) offload_->wait_all();  // the masters hold the last step before anything reads them
   watchdog_->progress(outcome.steps, "finish");
+  if (const std::optional<PhaseSeconds> last = timer_.flush())  // read late (CUDA): the last step's phases
+    records_.metrics().log_late_phases(outcome.steps, *last);
   records_.finish(outcome.steps, outcome.steps - start_step_, sharded_, communicator_, outcome.final_loss,
                   outcome.final_eval_loss, outcome.preempted_by, outcome.preemption_checkpoint, outcome.stopped_by);
   own_watchdog_.reset();  // training ended: its heartbeat file goes (main's goes when main ends)
@@ -336,6 +338,7 @@ void Training::log_step(int64_t step, const StepResult& result, double seconds) 
   record.mfu = records_.model_flops_utilisation(record.tokens_per_second);
   record.projector_seconds = optimizer().last_projector_seconds();
   record.phase_seconds = result.phase_seconds;
+  record.phase_step = result.phase_step;
   record.host_reads = result.host_reads;
   record.host_phase_seconds = timer_.host_seconds();
   if (offload_) {

@@ -147,6 +147,7 @@ StepResult Training::train_step(int64_t step) {
   state_.samples_consumed = train_batches_.samples_consumed();
   state_.tokens_seen += run_.data.total_batch_size * run_.data.max_length;
   result.phase_seconds = timer_.end_step();
+  result.phase_step = timer_.reads_late() ? step - 1 : step;
   result.host_reads = host_reads() - reads_before;
   return result;
 }

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "checkpoint/train_state.h"
@@ -35,7 +36,10 @@ struct Corpus {
 // One optimizer step's outcome, for the step line and metrics.jsonl.
 struct StepResult {
   double loss = 0, grad_norm = 0, lr = 0;
-  PhaseSeconds phase_seconds{};
+  // The step's phases, or reading late on CUDA (common/step_timer.h) the step before's: phase_step says
+  // which; nothing after a CUDA run's first step.
+  std::optional<PhaseSeconds> phase_seconds;
+  int64_t phase_step = 0;
   int64_t host_reads = 0;  // reads of device values the step made (common/device.h)
 };
 
