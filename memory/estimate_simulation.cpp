@@ -65,6 +65,7 @@ class StepSimulation {
     // One rank or no_shard: each unit is its whole shard and stays resident (sharding/fsdp_unit.h),
     // unless its parameters are offloaded.
     resident_ = layout_world_ == 1 && !offload_parameters_ && !model.config.matmul_padded();
+    bf16_gradient_ = resident_ && bf16_gradient_shards(m_.run, world_);  // as ShardedModel keeps them
     int64_t galore_matrices = 0;
     for (const UnitSpec& unit : units) {
       std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
@@ -116,7 +117,7 @@ class StepSimulation {
         timeline_.add(kParameters, 4 * unit.shard_numel);
         if (m_.mode == Mode::pure && resident_) timeline_.add(kParameters, 2 * unit.shard_numel);
       }
-      if (!transient_gradient_) timeline_.add(kGradients, 4 * unit.shard_numel);
+      if (!transient_gradient_) timeline_.add(kGradients, gradient_shard_bytes(unit));
     }
     if (resident_) gathered_.assign(units_.size(), true);
     const int64_t compute_rows = m_.compute_bytes() * shard_elements_;
@@ -172,7 +173,9 @@ class StepSimulation {
 
   int64_t compute_bytes(size_t u) const { return m_.compute_bytes() * units_[u].compute_numel; }
   int64_t full_grad_bytes(size_t u) const { return m_.compute_bytes() * units_[u].compute_numel; }
-  bool gradients_in_shard() const { return resident_ && m_.compute_bytes() == 4; }
+  bool gradients_in_shard() const { return resident_ && (m_.compute_bytes() == 4 || bf16_gradient_); }
+  // A unit's gradient shard: fp32, or bf16 where pure bf16 AdamW at one rank keeps it so.
+  int64_t gradient_shard_bytes(const UnitGeometry& unit) const { return (bf16_gradient_ ? 2 : 4) * unit.shard_numel; }
   bool is_head(size_t u) const { return u + 1 == units_.size(); }
   bool is_embed(size_t u) const { return u == 0; }
   const std::string& name(size_t u) const { return units_[u].spec->name; }
@@ -386,6 +389,7 @@ class StepSimulation {
     if (resident_) {
       if (transient_gradient_ && !gradients_in_shard()) timeline_.add(kGradients, shard);
       if (!gradients_in_shard()) timeline_.remove(kGradients, full_grad_bytes(u));
+      if (bf16_gradient_) timeline_.spike(4 * unit.shard_numel);  // the norm's exact fp32 upcast of the shard
     } else {
       // On a GPU the reduction runs on the reduce stream and its flat input stays until the compute
       // stream waits for it: at the next unit's reduction, or the end of backward (the fused step
@@ -527,6 +531,7 @@ class StepSimulation {
   bool cuda_, offload_, offload_parameters_, fused_, transient_gradient_;
   int layout_world_ = 1;
   bool resident_ = false;
+  bool bf16_gradient_ = false;  // resident units' gradient shards in bf16 (config.h's bf16_gradient_shards)
   int64_t offload_host_bytes_ = 0, offload_pinned_bytes_ = 0;
   int64_t reducing_flat_ = 0;  // CUDA: the flat input of the reduction in flight
   int64_t shard_elements_ = 0;  // this rank's master shard elements, every unit

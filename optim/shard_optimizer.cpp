@@ -1,5 +1,7 @@
 #include "optim/shard_optimizer.h"
 
+#include <algorithm>
+
 #include <cmath>
 
 #include <ATen/ATen.h>
@@ -73,12 +75,17 @@ ShardOptimizer::ShardOptimizer(const OptimizerSettings& settings, std::vector<Un
     const FlatShardLayout& layout = unit.layout;
     LLM_REQUIRE(unit.rules.size() == layout.parameters.size(), kOptimizerSource, layout.unit,
                 "needs one update rule per parameter");
+    // A bf16 gradient shard (pure bf16 AdamW at one rank: config.h's bf16_gradient_shards) only where
+    // every rule reads it through the AdamW kernel, which takes bf16 gradients.
+    const bool adamw_only = std::all_of(unit.rules.begin(), unit.rules.end(), [](UpdateRule r) { return r == UpdateRule::adamw; });
     for (const at::Tensor* flat : {&unit.master, &unit.gradient})
-      LLM_REQUIRE(flat->defined() && flat->scalar_type() == at::kFloat && flat->is_contiguous() &&
-                      flat->numel() == layout.shard_numel,
+      LLM_REQUIRE(flat->defined() &&
+                      (flat->scalar_type() == at::kFloat ||
+                       (flat == &unit.gradient && adamw_only && flat->scalar_type() == at::kBFloat16)) &&
+                      flat->is_contiguous() && flat->numel() == layout.shard_numel,
                   kOptimizerSource, layout.unit,
                   "the master and gradient shards must be contiguous float32 tensors of the layout's "
-                  "shard_numel elements");
+                  "shard_numel elements (a bf16 gradient only for AdamW)");
     // The rules' collectives (subset norms, GaLore's projections) run over these tensors: a
     // communicator for another device would be handed tensors it cannot carry (NCCL and host
     // tensors: --offload optimizer on GPUs), and fail only at the first step on that hardware.

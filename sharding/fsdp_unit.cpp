@@ -42,6 +42,13 @@ void free_storage(const at::Tensor& tensor) {
   tensor.storage().unsafeGetStorageImpl()->reset();
 }
 
+// The shard's squared L2 norm in fp32: a bf16 shard (keep_bf16_gradient) upcast first, exactly, so
+// the sum is the one an fp32 shard of the same values gives.
+at::Tensor squared_norm(const at::Tensor& shard) {
+  const at::Tensor values = shard.scalar_type() == at::kFloat ? shard : shard.to(at::kFloat);
+  return at::dot(values, values);
+}
+
 }  // namespace
 
 // One allocation for the whole unit, each parameter's storage pointing into it in registration
@@ -287,6 +294,16 @@ void ShardedUnit::make_gradient_transient() {
   if (gradients_in_shard_) drop_parameter_gradients();
 }
 
+void ShardedUnit::keep_bf16_gradient() {
+  if (!resident_ || compute_dtype_ != at::kBFloat16 || layout_.world_size != 1 || communicator_.world_size() != 1 ||
+      gradient_transient_ || parameters_offloaded_)
+    throw std::logic_error("ShardedUnit " + name_ + ": a bf16 gradient shard needs a resident bf16 unit at one rank");
+  at::NoGradGuard no_grad;
+  gradient_ = at::zeros({layout_.shard_numel}, gradient_options_.dtype(at::kBFloat16));
+  gradients_in_shard_ = true;
+  point_gradients_at_shard();
+}
+
 at::Tensor ShardedUnit::take_gradient_shard() {
   if (!gradient_transient_ || !gradient_.defined() || !gradient_consumed_)
     throw std::logic_error("ShardedUnit " + name_ + ": take_gradient_shard needs a transient gradient, reduced");
@@ -331,13 +348,13 @@ void ShardedUnit::reduce_gradients() {
     const c10::cuda::CUDAStream side(*reduce_stream_);
     {
       c10::cuda::CUDAStreamGuard on_reduce_stream(side);
-      gradient_squares_ = at::dot(gradient_, gradient_);
+      gradient_squares_ = squared_norm(gradient_);
     }
     events_->reduced.record(side);
     return;
   }
 #endif
-  gradient_squares_ = at::dot(gradient_, gradient_);
+  gradient_squares_ = squared_norm(gradient_);
 }
 
 void ShardedUnit::wait_reduced() {

@@ -116,5 +116,28 @@ TEST(ShardingMemory, StartUpNeverHoldsMoreThanOneUnsharedUnit) {
   EXPECT_LT(2 * peak, whole_model) << "the largest unit must be well under the whole model";
 }
 
+// Pure bf16 AdamW at one rank: each resident unit's gradient shard is bf16 (config.h's
+// bf16_gradient_shards), half the fp32 one's bytes, with no fp32 copy of the bf16 gradient; the same
+// run with AdamW-SN (whose rules read an fp32 shard) or two ranks keeps fp32. Its bits are the fp32
+// shard's: launch/record_runs.sh's adamw_bfloat16_pure_w1_* runs are compared bit for bit.
+TEST(ShardingMemory, PureBf16AdamwAtOneRankKeepsABf16GradientShard) {
+  auto gradient_bytes = [](int ranks, const std::string& optimizer) {
+    const testing::RecordedRun& run = testing::recorded_run(
+        ranks, "--config " + (testing::source_dir() / "configs/llama_tiny.json").string() +
+                   " --device cpu --num_training_steps 2 --warmup_steps 0 --max_length 16 --batch_size 1"
+                   " --total_batch_size " + std::to_string(2 * ranks) +
+                   " --eval_every 0 --eval_batches 1 --dtype bfloat16 --precision pure --optimizer " + optimizer);
+    EXPECT_EQ(run.exit_code, 0) << run.output;
+    const auto state = testing::read_metrics_events(run.run_dir(), "sharded_state").at(0).at("ranks").at(0);
+    return std::pair<int64_t, int64_t>{state.at("gradient_shard_bytes"), state.at("parameter_shard_bytes")};
+  };
+  const auto [adamw_gradients, adamw_parameters] = gradient_bytes(1, "adamw");
+  const auto [sn_gradients, sn_parameters] = gradient_bytes(1, "adamw_sn");
+  EXPECT_EQ(2 * adamw_gradients, sn_gradients) << "bf16 against fp32, the same elements";
+  const auto [two_rank_gradients, two_rank_parameters] = gradient_bytes(2, "adamw");
+  EXPECT_NEAR(static_cast<double>(two_rank_gradients), static_cast<double>(sn_gradients) / 2, 0.05 * sn_gradients)
+      << "two ranks: fp32 shards of half the rows";
+}
+
 }  // namespace
 }  // namespace llm::sharding_test

@@ -134,7 +134,8 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
       sharded_(communicator_,
                {run.sharding.strategy, run.sharding.prefetch,
                 run.precision.dtype == DType::bfloat16 && run.precision.mode == Precision::pure ? at::kBFloat16 : at::kFloat,
-                resident_units_allowed() && !model_config.matmul_padded(), offloads_parameters(run.sharding.offload)}),
+                resident_units_allowed() && !model_config.matmul_padded(), offloads_parameters(run.sharding.offload),
+                bf16_gradient_shards(run, context.world_size)}),
       model_(seeded(model_config, run.seed),
              [this](const UnitSpec& unit, NamedTensors parameters) { shard_when_built(unit, std::move(parameters)); }),
       divergence_(run.divergence_patience, run.optimizer.warmup_steps.value(), model_config.vocab_size) {
