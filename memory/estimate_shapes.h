@@ -28,7 +28,7 @@ struct ModelShape {
   const RunConfig& run;
   Mode mode;
   int64_t tokens;  // per micro-batch on this rank: batch_size x max_length
-  int64_t h, I, V, kv, heads;  // I: the MLP's compute width (--pad_matmul_dims)
+  int64_t h, I, V, kv, heads;  // I, V: the MLP's and the logits' compute widths (--pad_matmul_dims)
   RecomputeSet recompute;  // --recompute's operations
   bool fused_swiglu;       // --fused_ops swiglu: the SwiGLU node keeps gate and up, not silu(gate)
   bool single_pass_loss;   // --fused_ops cross_entropy: the logits' gradient written over them, no row blocks
@@ -41,7 +41,7 @@ struct ModelShape {
         mode(run_config.precision.dtype == DType::float32 ? Mode::fp32
              : run_config.precision.mode == Precision::mixed ? Mode::mixed : Mode::pure),
         tokens(run_config.data.batch_size * run_config.data.max_length),
-        h(model.hidden_size), I(model.compute_intermediate()), V(model.vocab_size),
+        h(model.hidden_size), I(model.compute_intermediate()), V(model.compute_vocab()),
         kv(model.num_key_value_heads * model.head_dim()), heads(model.num_attention_heads),
         recompute(recompute_set(run_config.recompute)),
         fused_swiglu(fused_ops_set(run_config.fused_ops).swiglu),

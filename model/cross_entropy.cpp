@@ -122,25 +122,22 @@ at::Tensor single_pass_layout(const at::Tensor& flat_logits) {
 }
 
 // Mean over counted rows; the gradient of that mean is computed with it and handed to backward.
+// logits (N, W) contiguous, of which the first `vocab` columns count: the gradient is (N, W), zero
+// past them.
 struct FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {
   static at::Tensor forward(torch::autograd::AutogradContext* context, const at::Tensor& logits,
-                            const at::Tensor& labels, bool single_pass, bool may_overwrite) {
+                            const at::Tensor& labels, int64_t vocab, bool single_pass, bool may_overwrite) {
     const at::Tensor flat_labels = labels.contiguous();
     const at::Tensor count = flat_labels.ne(kIgnoreIndex).sum().to(at::kFloat);
-    at::Tensor gradient, losses;
-    if (single_pass) {
-      at::Tensor rows = single_pass_layout(logits.detach());
-      // The head's output has no other reader: its gradient is written over it. A leaf (a caller's
-      // own tensor) keeps its values, and a gradient of its own has the rows' layout.
-      const bool in_place = may_overwrite && rows.is_alias_of(logits);
-      if (!in_place) rows = rows.contiguous();
-      gradient = in_place ? rows : at::empty_like(rows);
-      losses = single_pass_rows(rows, flat_labels, gradient, count.reciprocal());
-    } else {
-      const at::Tensor flat_logits = logits.detach().contiguous();
-      gradient = at::empty_like(flat_logits);
-      losses = cross_entropy_rows(flat_logits, flat_labels, gradient, count.reciprocal());
-    }
+    const at::Tensor all = logits.detach();
+    // The head's output has no other reader: the single pass writes its gradient over it. A leaf (a
+    // caller's own tensor) keeps its values.
+    at::Tensor gradient = single_pass && may_overwrite ? all : at::empty_like(all);
+    const at::Tensor rows = all.narrow(1, 0, vocab), gradient_rows = gradient.narrow(1, 0, vocab);
+    const at::Tensor losses = single_pass ? single_pass_rows(rows, flat_labels, gradient_rows, count.reciprocal())
+                                          : cross_entropy_rows(rows, flat_labels, gradient_rows, count.reciprocal());
+    // (the single pass zeroes the pads itself)
+    if (!single_pass && vocab < all.size(1)) gradient.narrow(1, vocab, all.size(1) - vocab).zero_();
     context->saved_data["gradient"] = gradient;
     context->mark_non_differentiable({labels});
     return losses.sum() / count;
@@ -156,7 +153,7 @@ struct FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {
     // On a GPU the scale is never read (a read drains the device): it multiplies. On the host a
     // scale of exactly 1 (no accumulation) saves a pass over N x V.
     if (scale.is_cuda() || !(scale.numel() == 1 && scale.item<double>() == 1.0)) gradient.mul_(scale);
-    return {gradient, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {gradient, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -181,21 +178,27 @@ int64_t cross_entropy_transient_bytes(int64_t rows, int64_t vocab, at::ScalarTyp
   return per_block * blocks.concurrent;
 }
 
-at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels, CrossEntropyForm form) {
-  const int64_t vocab = logits.size(-1);
-  const at::Tensor flat_logits = logits.reshape({-1, vocab});
+at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels, CrossEntropyForm form, int64_t vocab) {
+  const int64_t width = logits.size(-1);
+  if (vocab < 0) vocab = width;
+  LLM_REQUIRE(vocab >= 1 && vocab <= width, "cross entropy", "vocab",
+              "must be within the logits' " + std::to_string(width) + " columns (got " + std::to_string(vocab) + ")");
+  const at::Tensor flat_logits = logits.reshape({-1, width});
   const at::Tensor flat_labels = labels.reshape({-1});
   const bool single_pass = form == CrossEntropyForm::single_pass;
   if (single_pass)
     LLM_REQUIRE(logits.scalar_type() == at::kFloat || logits.scalar_type() == at::kBFloat16, "cross entropy",
                 "single_pass", "needs fp32 or bf16 logits");
-  if (at::GradMode::is_enabled() && flat_logits.requires_grad())
-    return FusedCrossEntropy::apply(flat_logits, flat_labels, single_pass, /*may_overwrite=*/!logits.is_leaf());
+  if (at::GradMode::is_enabled() && flat_logits.requires_grad()) {
+    // A view of the caller's intermediate (the head's output) may be written over; a copy may too.
+    const at::Tensor rows = flat_logits.contiguous();
+    return FusedCrossEntropy::apply(rows, flat_labels, vocab, single_pass, /*may_overwrite=*/!logits.is_leaf());
+  }
   const at::Tensor contiguous_labels = flat_labels.contiguous();
   const at::Tensor count = contiguous_labels.ne(kIgnoreIndex).sum().to(at::kFloat);
-  const at::Tensor losses =
-      single_pass ? single_pass_rows(single_pass_layout(flat_logits.detach()), contiguous_labels, at::Tensor(), at::Tensor())
-                  : cross_entropy_rows(flat_logits.detach().contiguous(), contiguous_labels, at::Tensor(), at::Tensor());
+  const at::Tensor rows = flat_logits.detach().narrow(1, 0, vocab);
+  const at::Tensor losses = single_pass ? single_pass_rows(single_pass_layout(rows), contiguous_labels, at::Tensor(), at::Tensor())
+                                        : cross_entropy_rows(rows, contiguous_labels, at::Tensor(), at::Tensor());
   return losses.sum() / count;
 }
 

@@ -25,10 +25,12 @@ namespace llm {
 //                same functions in a loop on the CPU (what the CPU tests check).
 enum class CrossEntropyForm { blocked, single_pass };
 
-// logits (..., V) fp32 or bf16, labels (...) int64 (-100: ignored). Returns a 0-d fp32 loss: NaN
-// when every label is ignored (as ATen's mean over no element).
+// logits (..., W) fp32 or bf16 of which the first `vocab` columns count (-1: all W; a padded
+// vocabulary's logits, --pad_matmul_dims, are read in place, without a copy), labels (...) int64
+// (-100: ignored). Returns a 0-d fp32 loss: NaN when every label is ignored (as ATen's mean over no
+// element). The logits' gradient has their W columns, zero past `vocab`.
 at::Tensor causal_lm_loss(const at::Tensor& logits, const at::Tensor& labels,
-                          CrossEntropyForm form = CrossEntropyForm::blocked);
+                          CrossEntropyForm form = CrossEntropyForm::blocked, int64_t vocab = -1);
 
 // The row blocks the fused loss works in, and so what it allocates beyond the loss and the
 // gradient it keeps, which trainer estimate counts (memory/estimate_simulation.cpp). On the host a block

@@ -150,7 +150,7 @@ LlamaBackboneImpl::LlamaBackboneImpl() {
 void LlamaBackboneImpl::add_embedding(const ModelConfig& config, int64_t padding_row) {
   embed_tokens = register_module(
       "embed_tokens",
-      torch::nn::Embedding(torch::nn::EmbeddingOptions(config.vocab_size, config.hidden_size).padding_idx(padding_row)));
+      torch::nn::Embedding(torch::nn::EmbeddingOptions(config.compute_vocab(), config.hidden_size).padding_idx(padding_row)));
 }
 
 void LlamaBackboneImpl::add_layer(const ModelConfig& config) { layers->push_back(DecoderLayer(config)); }
@@ -188,7 +188,7 @@ void LlamaForCausalLMImpl::build_unit(const UnitSpec& unit) {
       break;
     case UnitKind::head:
       model->add_norm(config_);
-      lm_head = register_module("lm_head", make_linear(config_.hidden_size, config_.vocab_size));
+      lm_head = register_module("lm_head", make_linear(config_.hidden_size, config_.compute_vocab()));
       break;
   }
 }
@@ -276,7 +276,7 @@ at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& input_ids) {
   UnitContext context;
   at::Tensor x = input_ids;
   for (size_t u = 0; u < units_.size(); ++u) x = forward_unit(u, x, context);
-  return x;
+  return config_.compute_vocab() == config_.vocab_size ? x : x.narrow(-1, 0, config_.vocab_size);
 }
 
 void LlamaForCausalLMImpl::init_weights(uint64_t seed) {

@@ -130,7 +130,8 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
 
   // One unit's forward: the embedding takes ids (B, T) to hidden states (B, T, hidden) and sets the
   // context's rotary tables; a decoder layer takes hidden states to hidden states; the head takes
-  // them to logits (B, T, vocab).
+  // them to logits (B, T, compute vocab): with --pad_matmul_dims the zero pad logits follow the
+  // vocabulary's (causal_lm_loss reads the first vocab_size; forward() returns those alone).
   at::Tensor forward_unit(size_t unit, const at::Tensor& input, UnitContext& context);
 
   const std::vector<UnitSpec>& units() const { return units_; }

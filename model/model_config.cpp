@@ -377,9 +377,12 @@ ModelConfig load_model_config(const std::string& path) {
 }
 
 ModelConfig with_matmul_padding(ModelConfig model, const std::string& choice, bool cuda) {
-  const int64_t size = model.intermediate_size;
-  const bool pad = choice == "on" ? size % kMatmulPadMultiple != 0 : choice == "auto" && cuda && size % 8 != 0;
-  model.compute_intermediate_size = pad ? (size + kMatmulPadMultiple - 1) / kMatmulPadMultiple * kMatmulPadMultiple : 0;
+  const auto padded = [&](int64_t size) -> int64_t {
+    const bool pad = choice == "on" ? size % kMatmulPadMultiple != 0 : choice == "auto" && cuda && size % 8 != 0;
+    return pad ? (size + kMatmulPadMultiple - 1) / kMatmulPadMultiple * kMatmulPadMultiple : 0;
+  };
+  model.compute_intermediate_size = padded(model.intermediate_size);
+  model.compute_vocab_size = padded(model.vocab_size);
   return model;
 }
 

@@ -46,10 +46,15 @@ struct ModelConfig {
   // for a run (with_matmul_padding), never read from nor written to a config file: the model, its
   // checkpoints and exports stay intermediate_size wide (model/units.h).
   int64_t compute_intermediate_size = 0;
+  // The same for the vocabulary: the embedding's and lm_head's rows, the logits' width. The pad
+  // rows are never looked up; the pad logits are zero and the loss reads only the first vocab_size
+  // (model/cross_entropy.h), so the pads' gradients are zero.
+  int64_t compute_vocab_size = 0;
 
   int64_t head_dim() const { return hidden_size / num_attention_heads; }
   int64_t compute_intermediate() const { return compute_intermediate_size > 0 ? compute_intermediate_size : intermediate_size; }
-  bool matmul_padded() const { return compute_intermediate() != intermediate_size; }
+  int64_t compute_vocab() const { return compute_vocab_size > 0 ? compute_vocab_size : vocab_size; }
+  bool matmul_padded() const { return compute_intermediate() != intermediate_size || compute_vocab() != vocab_size; }
   // Exact parameter count of LlamaForCausalLM for this config (untied unless tie_word_embeddings).
   int64_t num_parameters() const;
   // An HF LlamaConfig object (no "name": that is the file stem) that parse_model_config reads back
@@ -71,7 +76,8 @@ ModelConfig parse_model_config(const nlohmann::json& json, const std::string& so
 // multiple of kMatmulPadMultiple, on any device; off: none). Padded to a multiple of 128.
 inline constexpr const char* kPadMatmulChoices[] = {"auto", "on", "off"};
 inline constexpr int64_t kMatmulPadMultiple = 128;
-// MODEL with compute_intermediate_size set as CHOICE says for a run on a GPU (cuda) or not.
+// MODEL with compute_intermediate_size and compute_vocab_size set as CHOICE says for a run on a GPU
+// (cuda) or not.
 ModelConfig with_matmul_padding(ModelConfig model, const std::string& choice, bool cuda);
 
 // How configuration messages show a JSON value ("integer 3", "string \"abc\"", "null") and a number.

@@ -25,7 +25,7 @@ int64_t ParameterSpec::compute_numel() const {
 
 std::vector<UnitSpec> describe_units(const ModelConfig& config) {
   const int64_t h = config.hidden_size, I = config.intermediate_size, V = config.vocab_size;
-  const int64_t compute_I = config.compute_intermediate();
+  const int64_t compute_I = config.compute_intermediate(), compute_V = config.compute_vocab();
   const int64_t q = config.num_attention_heads * config.head_dim();
   const int64_t kv = config.num_key_value_heads * config.head_dim();
   auto linear = [](std::string name, int64_t out, int64_t in, std::vector<int64_t> compute_shape = {}) {
@@ -42,7 +42,7 @@ std::vector<UnitSpec> describe_units(const ModelConfig& config) {
   const int64_t padding_row = config.pad_token_id < 0 ? V + config.pad_token_id : config.pad_token_id;
   units.push_back({"embed", UnitKind::embedding, 0, -1,
                    {ParameterSpec{"model.embed_tokens.weight", {V, h}, ParameterInit::normal,
-                                  /*linear=*/false, padding_row, {V, h}}}});
+                                  /*linear=*/false, padding_row, {compute_V, h}}}});
   for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
     const std::string prefix = "model.layers." + std::to_string(layer) + ".";
     units.push_back({"layer." + std::to_string(layer), UnitKind::decoder_layer, layer + 1, layer,
@@ -57,7 +57,7 @@ std::vector<UnitSpec> describe_units(const ModelConfig& config) {
                       gain(prefix + "post_attention_layernorm.weight", h)}});
   }
   units.push_back({"head", UnitKind::head, config.num_hidden_layers + 1, -1,
-                   {gain("model.norm.weight", h), linear("lm_head.weight", V, h)}});
+                   {gain("model.norm.weight", h), linear("lm_head.weight", V, h, {compute_V, h})}});
   return units;
 }
 

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/errors.h"
 #include "common/host_memory.h"
 #include "common/memory_stats.h"
 #include "model/cross_entropy.h"
@@ -122,26 +123,37 @@ TEST(SinglePassCrossEntropy, WritesTheGradientOverTheLogitsAndLeavesALeafAlone) 
   EXPECT_TRUE(at::allclose(own.grad() * 2.0, leaf.grad(), 1e-6, 1e-7));
 }
 
-TEST(SinglePassCrossEntropy, ReadsAPaddedRowsViewAndZeroesThePadsOfItsGradient) {
-  // (N, V) counted columns of a (N, V + pad) buffer, as padded logits would be: no copy, and the
-  // gradient written over the buffer gets zeros past the vocabulary.
+// A padded vocabulary (--pad_matmul_dims): (N, V + pad) logits of which V count, read in place by
+// both forms; the gradient is (N, V + pad) with zero pads (a pad logit's weight row gets none), and
+// the single pass writes it over the logits, pads included, where the blocked form allocates it.
+TEST(PaddedVocabulary, BothFormsCountTheFirstVColumnsAndZeroThePadsGradient) {
   at::manual_seed(7);
   const int64_t rows = 12, vocab = 301, padded = 384;
   const at::Tensor buffer_values = at::randn({rows, padded});
-  const at::Tensor labels = at::randint(0, vocab, {rows}, at::kLong);
-  at::Tensor leaf = buffer_values.clone().requires_grad_(true);
-  at::Tensor buffer = leaf * 1.0;
-  const at::Tensor logits = buffer.narrow(1, 0, vocab);
+  at::Tensor labels = at::randint(0, vocab, {rows}, at::kLong);
+  labels.index_put_({0}, -100);
   at::Tensor reference_logits = buffer_values.narrow(1, 0, vocab).clone().requires_grad_(true);
-  const at::Tensor ours = causal_lm_loss(logits, labels, CrossEntropyForm::single_pass);
   const at::Tensor reference = causal_lm_loss_reference(reference_logits, labels);
-  EXPECT_NEAR(ours.item<double>(), reference.item<double>(), 2e-6 * std::abs(reference.item<double>()));
-  ours.backward();
   reference.backward();
-  expect_all_close(leaf.grad().narrow(1, 0, vocab), reference_logits.grad(), 1e-9, 2e-5, "counted columns");
-  EXPECT_EQ(leaf.grad().narrow(1, vocab, padded - vocab).count_nonzero().item<int64_t>(), 0);
-  EXPECT_EQ(buffer.detach().narrow(1, vocab, padded - vocab).count_nonzero().item<int64_t>(), 0)
-      << "the pads of the buffer the gradient was written over";
+  for (const CrossEntropyForm form : {CrossEntropyForm::blocked, CrossEntropyForm::single_pass}) {
+    SCOPED_TRACE(form == CrossEntropyForm::blocked ? "blocked" : "single pass");
+    at::Tensor leaf = buffer_values.clone().requires_grad_(true);
+    at::Tensor logits = leaf * 1.0;  // the head's output: an intermediate
+    const at::Tensor ours = causal_lm_loss(logits, labels, form, vocab);
+    EXPECT_NEAR(ours.item<double>(), reference.item<double>(), 2e-6 * std::abs(reference.item<double>()));
+    ours.backward();
+    ASSERT_EQ(leaf.grad().sizes(), leaf.sizes());
+    expect_all_close(leaf.grad().narrow(1, 0, vocab), reference_logits.grad(), 1e-9, 2e-5, "counted columns");
+    EXPECT_EQ(leaf.grad().narrow(1, vocab, padded - vocab).count_nonzero().item<int64_t>(), 0);
+    if (form == CrossEntropyForm::single_pass)
+      EXPECT_EQ(logits.detach().narrow(1, vocab, padded - vocab).count_nonzero().item<int64_t>(), 0)
+          << "the pads of the logits the gradient was written over";
+    at::NoGradGuard no_grad;
+    EXPECT_NEAR(causal_lm_loss(buffer_values, labels, form, vocab).item<double>(), reference.item<double>(),
+                2e-6 * std::abs(reference.item<double>()))
+        << "evaluation";
+  }
+  EXPECT_THROW(causal_lm_loss(buffer_values, labels, CrossEntropyForm::blocked, padded + 1), UserError);
 }
 
 TEST(SinglePassCrossEntropy, EdgesAsTheBlockedForm) {
@@ -186,7 +198,7 @@ TEST(CrossEntropyOnCuda, SinglePassKernelIsWithinRoundingOfAnFp32Reference) {
       at::Tensor leaf = host.to(at::kCUDA).requires_grad_(true);
       at::Tensor buffer = leaf * 1.0;
       buffer.detach().narrow(1, vocab, padded - vocab).fill_(NAN);
-      const at::Tensor ours = causal_lm_loss(buffer.narrow(1, 0, vocab), labels.to(at::kCUDA), CrossEntropyForm::single_pass);
+      const at::Tensor ours = causal_lm_loss(buffer, labels.to(at::kCUDA), CrossEntropyForm::single_pass, vocab);
       ours.backward();
       EXPECT_NEAR(ours.item<double>(), expected.item<double>(), 1e-5 * std::abs(expected.item<double>()));
       const at::Tensor grad = leaf.grad().to(at::kCPU, at::kFloat);

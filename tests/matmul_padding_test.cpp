@@ -1,6 +1,6 @@
-// --pad_matmul_dims: the MLP's intermediate dimension padded with zeros on the compute side only.
-// On a config whose intermediate size is odd (tests/fixtures/llama_micro_odd.json: 85, padded to
-// 128), a padded run trains as the unpadded one does (the same losses to rounding) at 1 to 4 ranks,
+// --pad_matmul_dims: the MLP's intermediate dimension and the vocabulary padded with zeros on the
+// compute side only. On a config whose intermediate size and vocabulary are odd
+// (tests/fixtures/llama_micro_odd.json: 85 and 130, padded to 128 and 256), a padded run trains as the unpadded one does (the same losses to rounding) at 1 to 4 ranks,
 // with each optimizer, strategy and precision; its checkpoints hold the same names and shapes; a
 // checkpoint of one resumes in the other; the estimate counts the padded compute copies.
 #include <gtest/gtest.h>
@@ -37,17 +37,28 @@ TEST(MatmulPadding, WhenEachChoicePads) {
   model.intermediate_size = 2736;  // llama_350m: a multiple of 8, left alone by auto
   EXPECT_EQ(with_matmul_padding(model, "auto", true).compute_intermediate(), 2736);
   EXPECT_EQ(with_matmul_padding(model, "on", true).compute_intermediate(), 2816);
-  model.intermediate_size = 256;   // a multiple of 128: nothing to pad
+  model.intermediate_size = 256;   // a multiple of 128: nothing to pad in the MLP
+  EXPECT_EQ(with_matmul_padding(model, "on", true).compute_vocab(), 256) << "the fixture's 130 words";
+  model.vocab_size = 32100;  // llama_100m: auto pads it on a GPU
+  EXPECT_EQ(with_matmul_padding(model, "auto", true).compute_vocab(), 32128);
+  EXPECT_EQ(with_matmul_padding(model, "auto", false).compute_vocab(), 32100);
+  model.vocab_size = 32000;  // a multiple of 8: auto leaves it; on pads to 128's multiple, here itself
+  EXPECT_FALSE(with_matmul_padding(model, "auto", true).matmul_padded());
   EXPECT_FALSE(with_matmul_padding(model, "on", true).matmul_padded());
 }
 
-TEST(MatmulPadding, OnlyTheMlpsModuleTensorsArePadded) {
+TEST(MatmulPadding, OnlyTheMlpsAndTheVocabularysModuleTensorsArePadded) {
   const ModelConfig model = with_matmul_padding(load_model_config(odd_config()), "on", false);
   int padded = 0;
   for (const UnitSpec& unit : describe_units(model))
     for (const ParameterSpec& parameter : unit.parameters) {
       const bool mlp = parameter.name.find(".mlp.") != std::string::npos;
-      EXPECT_EQ(parameter.padded(), mlp) << parameter.name;
+      const bool vocabulary = parameter.name == "model.embed_tokens.weight" || parameter.name == "lm_head.weight";
+      EXPECT_EQ(parameter.padded(), mlp || vocabulary) << parameter.name;
+      if (vocabulary) {
+        EXPECT_EQ(parameter.shape, (std::vector<int64_t>{130, 32})) << parameter.name;
+        EXPECT_EQ(parameter.compute_shape, (std::vector<int64_t>{256, 32})) << parameter.name;
+      }
       if (!mlp) continue;
       ++padded;
       const bool down = parameter.name.find("down_proj") != std::string::npos;
@@ -124,6 +135,8 @@ TEST_P(PaddedRun, TrainsAsTheUnpaddedRunAndSavesTheSameTensors) {
   ASSERT_EQ(padded_start.size(), 1u);
   EXPECT_EQ(plain_start.at(0).at("mlp_compute_width"), 85);
   EXPECT_EQ(padded_start.at(0).at("mlp_compute_width"), 128);
+  EXPECT_EQ(plain_start.at(0).at("vocab_compute_width"), 130);
+  EXPECT_EQ(padded_start.at(0).at("vocab_compute_width"), 256);
   const std::string backend = padded_start.at(0).at("attention_backend");
   EXPECT_TRUE(backend == "flash_attention" || backend == "math") << backend << " (a CPU has these two)";
   // The compute copies are wider: the gathered parameters (the ledger's) grow, the optimizer's not.

@@ -70,6 +70,7 @@ void RunRecords::start(const RunStart& start) {
                   {"corpus_unigram_entropy", start.corpus_unigram_entropy},
                   {"corpus_entropy_rate", start.corpus_entropy_rate}, {"start_step", start.start_step}, {"run_id", start.run_id},
                   {"attention_backend", start.attention_backend}, {"mlp_compute_width", model_config_.compute_intermediate()},
+                  {"vocab_compute_width", model_config_.compute_vocab()},
                   {"grouped_projections", run_.grouped_projections},
                   {"resumed_from", start.resumed_from.empty() ? nlohmann::json() : nlohmann::json(start.resumed_from)}});
   log::info("model {}: {:.2f}M parameters on {} x {} ({}, {}, {} host threads per rank), {} steps of {} sequences x {} tokens",
@@ -82,9 +83,10 @@ void RunRecords::start(const RunStart& start) {
   if (context_.rank == 0) {
     log::info("attention: scaled_dot_product_attention runs {}", start.attention_backend);
     if (model_config_.matmul_padded())
-      log::info("MLP computed {} wide: intermediate_size {} padded with zeros (--pad_matmul_dims {}); checkpoints stay {} wide",
-                model_config_.compute_intermediate(), model_config_.intermediate_size, run_.pad_matmul_dims,
-                model_config_.intermediate_size);
+      log::info("MLP computed {} wide, logits {} wide: intermediate_size {} and vocab_size {} padded with zeros "
+                "(--pad_matmul_dims {}); checkpoints stay as the config says",
+                model_config_.compute_intermediate(), model_config_.compute_vocab(), model_config_.intermediate_size,
+                model_config_.vocab_size, run_.pad_matmul_dims);
   }
   if (context_.rank == 0 && !run_.logging.tensorboard_dir.empty()) {
     metrics_.attach_tensorboard(std::make_unique<TensorBoardWriter>(run_.logging.tensorboard_dir, start.start_step + 1));
