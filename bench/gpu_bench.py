@@ -143,7 +143,11 @@ def cases(device):
                   Case("configs/llama_1b.json", "bfloat16", "pure", 8, 1024, 20, levers=every_kernel,
                        lever_of=speed_1b.name),
                   Case("configs/llama_350m.json", "bfloat16", "mixed", 16, 1024, 20, levers=every_kernel,
-                       lever_of=speed_350m.name)] + [
+                       lever_of=speed_350m.name),
+                  Case("configs/llama_1b.json", "bfloat16", "pure", 8, 1024, 20, levers="--grouped_projections",
+                       lever_of=speed_1b.name),
+                  Case("configs/llama_350m.json", "bfloat16", "mixed", 16, 1024, 20,
+                       levers="--grouped_projections " + every_kernel, lever_of=speed_350m.name)] + [
                   Case("configs/llama_1b.json", "bfloat16", "pure", 8, 1024, 20, levers=f"--fused_ops {kernel}",
                        lever_of=speed_1b.name) for kernel in ("rms_norm", "swiglu", "rotary", "cross_entropy")] + [
                   # A realistic step (64k tokens by accumulation, as LLMQ measures at 524k) and a larger

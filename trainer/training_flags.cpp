@@ -134,9 +134,9 @@ void add_backward_flags(CLI::App& app, NumberFlags& numbers, TrainingFlags& flag
                            "loss in one read of the logits for the loss and one for its gradient, written over the "
                            "logits); default none"));
   flags.add(app.add_option("--pad_matmul_dims", run.pad_matmul_dims,
-                           "pad the MLP's intermediate dimension with zeros to a multiple of 128 in the compute copies "
-                           "only (masters, optimizer state, checkpoints stay as the config says): auto (on a GPU, where "
-                           "it is not a multiple of 8), on, off; default auto"));
+                           "pad the MLP's intermediate dimension and the vocabulary with zeros to a multiple of 128 in "
+                           "the compute copies only (masters, optimizer state, checkpoints stay as the config says): auto "
+                           "(on a GPU, where one is not a multiple of 8), on, off; default auto"));
   flags.add(app.add_flag("--grouped_projections", run.grouped_projections,
                          "compute each layer's q, k and v as one GEMM, and gate and up as one, from the adjacent "
                          "weights of the gathered unit (the input's gradient accumulated in the GEMMs, no additions); "
