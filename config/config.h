@@ -266,10 +266,12 @@ struct RunConfig {
 
 // Pure bf16 AdamW on one rank keeps each resident unit's gradient shard in bf16 (sharding/fsdp_unit.h's
 // keep_bf16_gradient): autograd accumulates into it and the AdamW kernel reads it, with no fp32 copy of
-// a bf16 gradient. Not with offload or the fused step (their shards are transient fp32 hand-overs).
+// a bf16 gradient; with --offload optimizer the bf16 shard is what crosses to the host step. Not with
+// parameter offload (no resident unit) or the fused step.
 inline bool bf16_gradient_shards(const RunConfig& run, int world_size) {
   return world_size == 1 && run.precision.dtype == DType::bfloat16 && run.precision.mode == Precision::pure &&
-         run.optimizer.name == "adamw" && run.sharding.offload == Offload::none && !run.fuse_optimizer_with_backward;
+         run.optimizer.name == "adamw" && !offloads_parameters(run.sharding.offload) &&
+         !run.fuse_optimizer_with_backward;
 }
 
 // The inverse of RunConfig::to_json for the keys it writes (a run's metrics.jsonl start record ->

@@ -122,8 +122,9 @@ class StepSimulation {
     if (resident_) gathered_.assign(units_.size(), true);
     const int64_t compute_rows = m_.compute_bytes() * shard_elements_;
     if (offload_) {
-      offload_host_bytes_ = optimizer_state() + 8 * shard_elements_ + (cuda_ || offload_parameters_ ? compute_rows : 0);
-      offload_pinned_bytes_ = cuda_ ? 4 * shard_elements_ + compute_rows : 0;  // landing + staging (or host rows)
+      const int64_t landing = (bf16_gradient_ ? 2 : 4) * shard_elements_;  // the gradients' host buffers
+      offload_host_bytes_ = optimizer_state() + 4 * shard_elements_ + landing + (cuda_ || offload_parameters_ ? compute_rows : 0);
+      offload_pinned_bytes_ = cuda_ ? landing + compute_rows : 0;  // landing + staging (or host rows)
       timeline_.add(kOptimizerHost, offload_host_bytes_);
     } else {
       timeline_.add(kOptimizerDevice, optimizer_state());
@@ -366,7 +367,7 @@ class StepSimulation {
   // With offload a resident fp32 unit's shard is new each step: prepare_gradients() makes it
   // before the first micro-batch's backward of the unit.
   void parameter_gradients(size_t u, int64_t micro) {
-    if (micro == 0 && gradients_in_shard() && transient_gradient_) timeline_.add(kGradients, 4 * units_[u].shard_numel);
+    if (micro == 0 && gradients_in_shard() && transient_gradient_) timeline_.add(kGradients, gradient_shard_bytes(units_[u]));
     if (micro == 0 && !gradients_in_shard())
       timeline_.add(kGradients, full_grad_bytes(u));
     else
@@ -385,7 +386,7 @@ class StepSimulation {
   // unit's shard is made (recordStream in OptimizerOffload::gradient_ready).
   void reduce_gradients(size_t u) {
     const UnitGeometry& unit = units_[u];
-    const int64_t shard = 4 * unit.shard_numel;
+    const int64_t shard = gradient_shard_bytes(unit);
     if (resident_) {
       if (transient_gradient_ && !gradients_in_shard()) timeline_.add(kGradients, shard);
       if (!gradients_in_shard()) timeline_.remove(kGradients, full_grad_bytes(u));

@@ -59,7 +59,9 @@ OptimizerOffload::OptimizerOffload(ShardedModel& model, const OptimizerSettings&
     masters_.back().copy_(unit.master_shard());
     // Exact sizes (common/memory_stats.h): the caching host allocator would round each up to a
     // power of two, up to twice the pinned memory the estimate counts.
-    gradients_.push_back(exact_host_buffer(numel, at::kFloat, device));
+    // bf16 where the unit's shard is (pure bf16 AdamW at one rank): half the bytes across the bus and
+    // into the host step, which reads bf16 gradients.
+    gradients_.push_back(exact_host_buffer(numel, unit.gradient_dtype(), device));
     // With parameter offload the unit's compute shard is in host memory already: the step writes it.
     if (on_cuda_ && !unit.parameters_offloaded()) {
       staging_.push_back(exact_host_buffer(numel, model.options().compute_dtype, device));

@@ -299,7 +299,8 @@ void ShardedUnit::keep_bf16_gradient() {
       gradient_transient_ || parameters_offloaded_)
     throw std::logic_error("ShardedUnit " + name_ + ": a bf16 gradient shard needs a resident bf16 unit at one rank");
   at::NoGradGuard no_grad;
-  gradient_ = at::zeros({layout_.shard_numel}, gradient_options_.dtype(at::kBFloat16));
+  gradient_dtype_ = at::kBFloat16;
+  gradient_ = at::zeros({layout_.shard_numel}, gradient_options_.dtype(gradient_dtype_));
   gradients_in_shard_ = true;
   point_gradients_at_shard();
 }
@@ -328,7 +329,7 @@ void ShardedUnit::prepare_gradients() {
   if (gradient_transient_ && !gradient_.defined()) {
     // The step's first backward of this unit: its parameters' gradients become views of a new
     // shard, into which autograd accumulates every micro-batch.
-    gradient_ = at::zeros({layout_.shard_numel}, gradient_options_);
+    gradient_ = at::zeros({layout_.shard_numel}, gradient_options_.dtype(gradient_dtype_));
     point_gradients_at_shard();
     gradient_consumed_ = false;
     return;

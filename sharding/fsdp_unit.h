@@ -153,6 +153,7 @@ class ShardedUnit {
   // (the parameters' .grad are views of it) and the AdamW kernel reads: no fp32 copy of a bf16
   // gradient (4 bytes a parameter, and a pass). The norm upcasts one unit at a time.
   void keep_bf16_gradient();
+  at::ScalarType gradient_dtype() const { return gradient_dtype_; }  // the gradient shard's: fp32 or bf16
   bool gradient_transient() const { return gradient_transient_; }
   // The reduced shard, given up by this unit (a transient gradient only): its parameters' gradients
   // that view it are dropped too, so the caller's reference is the last one.
@@ -219,6 +220,7 @@ class ShardedUnit {
   at::Tensor gradient_squares_;        // (1) fp32, see gradient_squares()
   at::TensorOptions gradient_options_;  // fp32 on the unit's device
   at::ScalarType compute_dtype_ = at::kFloat;
+  at::ScalarType gradient_dtype_ = at::kFloat;  // keep_bf16_gradient: bf16
   bool resident_ = false;
   bool parameters_offloaded_ = false;  // --offload parameters: compute_ in host memory
   bool gathers_ = false;  // gathered and released (sharded strategies, or parameter offload), not resident

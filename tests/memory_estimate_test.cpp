@@ -184,6 +184,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama_tiny", 1, "--batch_size 4 --max_length 64 --grouped_projections"},
                       // Pure bf16 AdamW at one rank: bf16 gradient shards, with accumulation.
                       Case{"llama_tiny", 1, "--batch_size 2 --max_length 64 --total_batch_size 4 --dtype bfloat16 --precision pure"},
+                      Case{"llama_tiny", 1, "--batch_size 2 --max_length 64 --total_batch_size 4 --dtype bfloat16 --precision pure --offload optimizer"},
                       // Parameter offload: every unit gathers (no resident units), the compute rows in
                       // host memory, each strategy, alone and with the optimizer's offload.
                       Case{"llama_tiny", 1, "--batch_size 4 --max_length 64 --offload parameters"},

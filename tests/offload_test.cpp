@@ -88,6 +88,8 @@ const OffloadCase kCases[] = {
     {"galore_1rank", 1, testing::micro_case("galore_right").flags},
     {"galore_4ranks", 4, testing::micro_case("galore_right").flags},
     {"adamw_pure_bf16_4ranks", 4, "--optimizer adamw --lr 1e-2 --dtype bfloat16 --precision pure"},
+    // One rank: the bf16 gradient shard crosses to the host step as it is (config.h's bf16_gradient_shards).
+    {"adamw_pure_bf16_1rank", 1, "--optimizer adamw --lr 1e-2 --dtype bfloat16 --precision pure"},
     {"adamw_mixed_bf16_shard_grad_op_4ranks", 4,
      "--optimizer adamw --lr 1e-2 --dtype bfloat16 --precision mixed --sharding shard_grad_op"},
     {"adamw_sn_no_shard_4ranks", 4, "--optimizer adamw_sn --lr 2e-2 --sharding no_shard"},
