@@ -136,6 +136,7 @@ json RunConfig::to_json() const {
       {"sharding", llm::to_string(sharding.strategy)},
       {"prefetch", sharding.prefetch},
       {"offload", to_string(sharding.offload)},
+      {"offload_threads", sharding.offload_threads},
       {"communicator", to_string(sharding.communicator)},
       {"log_every", logging.log_every},
       {"print_config", logging.print_config},
@@ -254,6 +255,7 @@ RunConfig run_config_from_json(const json& object, const std::string& source) {
     run.sharding.offload = Offload::optimizer_and_parameters;
   else
     read_enum("offload", run.sharding.offload, kOffloadValues);
+  read("offload_threads", run.sharding.offload_threads);
   read_enum("communicator", run.sharding.communicator, kCommunicatorValues);
   read("log_every", run.logging.log_every);
   read("print_config", run.logging.print_config);

@@ -163,6 +163,9 @@ struct ShardingConfig {
   // it off: at most one unit gathered under full_shard instead of two. Nothing to do for no_shard.
   bool prefetch = true;
   Offload offload = Offload::none;  // --offload
+  // --offload_threads: the host step's threads (offload/optimizer_offload.h); 0: the rank's threads,
+  // less one on a GPU (the thread that launches the GPU's work keeps a core).
+  int offload_threads = 0;
   CommunicatorChoice communicator = CommunicatorChoice::auto_select;  // --communicator
 };
 

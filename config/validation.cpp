@@ -210,6 +210,12 @@ void check_compute_flags(const RunConfig& run) {
 }
 
 void check_memory_flags(const RunConfig& run, const ModelConfig& model) {
+  require_flag(run.sharding.offload_threads >= 0 && run.sharding.offload_threads <= 4096, "--offload_threads",
+               "a thread count in [1, 4096], or 0 for the rank's threads less one on a GPU",
+               static_cast<int64_t>(run.sharding.offload_threads));
+  if (run.sharding.offload_threads > 0 && !offloads_optimizer(run.sharding.offload))
+    fail_user(kCommandLine, "--offload_threads",
+              "sets the threads of the offloaded optimizer step: add --offload optimizer, or leave it out");
   require_flag(run.activation_checkpointing_every >= 0 && run.activation_checkpointing_every <= model.num_hidden_layers,
                "--activation_checkpointing_every",
                "a number of blocks in [1, num_hidden_layers = " + std::to_string(model.num_hidden_layers) +

@@ -1,5 +1,9 @@
 #include "offload/optimizer_offload.h"
 
+#include <algorithm>
+
+#include <omp.h>
+
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
@@ -39,14 +43,20 @@ struct OptimizerOffload::CudaCopies {
 struct OptimizerOffload::CudaCopies {};
 #endif
 
+int offload_worker_threads(int rank_threads, bool on_cuda, int requested) {
+  if (requested > 0) return requested;
+  return on_cuda ? std::max(1, rank_threads - 1) : std::max(1, rank_threads);
+}
+
 OptimizerOffload::OptimizerOffload(ShardedModel& model, const OptimizerSettings& settings,
-                                   std::vector<std::vector<UpdateRule>> rules, Communicator* across)
-    : model_(model), intra_op_threads_(at::get_num_threads()) {
+                                   std::vector<std::vector<UpdateRule>> rules, Communicator* across, int worker_threads)
+    : model_(model) {
   LLM_REQUIRE(rules.size() == model.unit_count(), "offload", "rules", "needs the update rules of every unit");
   at::NoGradGuard no_grad;
   const size_t units = model.unit_count();
   const c10::Device device = units > 0 ? model.unit(0).gradient_shard().device() : c10::Device(c10::kCPU);
   on_cuda_ = device.is_cuda();
+  intra_op_threads_ = offload_worker_threads(at::get_num_threads(), on_cuda_, worker_threads);
   std::vector<UnitShard> shards;
   for (size_t u = 0; u < units; ++u) {
     ShardedUnit& unit = model.unit(u);
@@ -208,8 +218,10 @@ void OptimizerOffload::send_to_device(size_t unit) {
 }
 
 void OptimizerOffload::worker_loop() {
-  // The worker's ATen ops split work like the main thread's (the OpenMP thread count is per thread).
-  at::set_num_threads(intra_op_threads_);
+  // The worker's own OpenMP thread count (a per-thread setting: its parallel regions, and ATen's
+  // parallel_for on it, take it). Not at::set_num_threads, which also sets MKL's process-wide count:
+  // the main thread's matmuls and norms would then split (and round) by the worker's count.
+  omp_set_num_threads(intra_op_threads_);
 #ifdef TRAINER_HAVE_CUDA
   // Its events, copies and page-locked buffers belong to the rank's GPU, not to GPU 0.
   std::optional<c10::cuda::CUDAGuard> on_device;

@@ -72,13 +72,20 @@ struct OffloadTimes {
   double wait_seconds = 0;
 };
 
+// The host step's threads for a rank of `rank_threads` (LibTorch's count on the main thread): all of
+// them on a CPU rank, whose main thread waits for the step (wait_unit); one less on a GPU, where the
+// main thread launches the next forward's kernels while the worker steps and must not queue behind
+// the worker's OpenMP team for a core. `requested` > 0 (--offload_threads) wins.
+int offload_worker_threads(int rank_threads, bool on_cuda, int requested);
+
 class OptimizerOffload {
  public:
   // Copies every unit's master to host memory, moves the unit's own master off the device
   // (ShardedUnit::offload_master) and builds the optimizer over the host masters and gradients.
   // rules: per unit, one update rule per parameter.
+  // worker_threads: the host step's threads (--offload_threads); 0: offload_worker_threads' default.
   OptimizerOffload(ShardedModel& model, const OptimizerSettings& settings,
-                   std::vector<std::vector<UpdateRule>> rules, Communicator* across);
+                   std::vector<std::vector<UpdateRule>> rules, Communicator* across, int worker_threads = 0);
   ~OptimizerOffload();  // waits for the worker, then stops it
   OptimizerOffload(const OptimizerOffload&) = delete;
   OptimizerOffload& operator=(const OptimizerOffload&) = delete;
@@ -97,6 +104,7 @@ class OptimizerOffload {
   // Everything offload holds in host memory (masters, gradients, staging, state): optimizer_host.
   OwnedBytes owned_bytes() const;
   OffloadTimes take_times();
+  int worker_threads() const { return intra_op_threads_; }
 
  private:
   struct CudaCopies;  // streams and events (optimizer_offload.cpp; CUDA builds only)
@@ -114,7 +122,7 @@ class OptimizerOffload {
   std::vector<at::Tensor> masters_, gradients_, staging_;
   std::unique_ptr<ShardOptimizer> optimizer_;
   std::unique_ptr<CudaCopies> copies_;
-  int intra_op_threads_ = 1;
+  int intra_op_threads_ = 1;  // the worker's (worker_threads)
 
   double lr_ = 0, gradient_scale_ = 1;
   std::mutex mutex_;

@@ -15,6 +15,7 @@
 #include "tests/run_comparison.h"
 #include "tests/test_util.h"
 #include "checkpoint/checkpoint.h"
+#include "offload/optimizer_offload.h"
 
 namespace llm::offload_test {
 namespace {
@@ -116,6 +117,37 @@ TEST(OffloadResume, ResumesExactlyFromAnOffloadedCheckpoint) {
     EXPECT_EQ(resumed_steps[i].at("loss").get<double>(), whole_steps[i + 3].at("loss").get<double>()) << "step " << i + 4;
   expect_identical(testing::load_checkpoint((split / "ckpt/step_6").string()),
                    testing::load_checkpoint((whole.save_dir() / "step_6").string()), "resumed");
+}
+
+}  // namespace
+}  // namespace llm::offload_test
+
+namespace llm::offload_test {
+namespace {
+
+// The host step's threads (--offload_threads): all of a CPU rank's (its main thread waits for the
+// step), one less on a GPU (the thread that launches the kernels keeps a core), the flag over either.
+TEST(OffloadThreads, TheHostStepLeavesTheLaunchingThreadACoreOnAGpu) {
+  EXPECT_EQ(offload_worker_threads(16, /*on_cuda=*/true, 0), 15);
+  EXPECT_EQ(offload_worker_threads(16, /*on_cuda=*/false, 0), 16);
+  EXPECT_EQ(offload_worker_threads(1, /*on_cuda=*/true, 0), 1) << "never none";
+  EXPECT_EQ(offload_worker_threads(16, /*on_cuda=*/true, 4), 4);
+}
+
+// The split is in the start record and the log, the flag's count is the worker's, and the step's
+// bits do not depend on it (an element-wise host kernel).
+TEST(OffloadThreads, TheSplitIsRecordedAndChangesNoBit) {
+  const OffloadCase c{"adamw_1rank", 1, testing::micro_case("adamw").flags + " --offload optimizer"};
+  const testing::RecordedRun& by_default = micro_run(c);
+  const testing::RecordedRun& three = micro_run(c, " --offload_threads 3");
+  ASSERT_EQ(by_default.exit_code, 0) << by_default.output;
+  ASSERT_EQ(three.exit_code, 0) << three.output;
+  const auto start = testing::read_metrics_events(three.run_dir(), "start").at(0);
+  EXPECT_EQ(start.at("offload_threads"), 3);
+  EXPECT_EQ(testing::read_metrics_events(by_default.run_dir(), "start").at(0).at("offload_threads"),
+            start.at("host_threads")) << "a CPU rank: all of its threads";
+  EXPECT_NE(three.output.find("the host step on 3 threads"), std::string::npos) << three.output;
+  testing::expect_same_run(by_default.dir, three.dir, 6);
 }
 
 }  // namespace

@@ -183,6 +183,8 @@ TEST_F(ConfigRunValidation, OptimizerFlagsAreRangeChecked) {
       {"--fused_ops", [](RunConfig& r) { r.fused_ops = "rms_norm,rms_norm"; }, "names \"rms_norm\" twice"},
       {"--fused_ops", [](RunConfig& r) { r.fused_ops = ","; }, "\"\" is not a fused operation"},
       {"--fused_ops", [](RunConfig& r) { r.fused_ops = "rms_norm"; r.device = DeviceChoice::cpu; }, "are CUDA kernels and this run is --device cpu"},
+      {"--offload_threads", [](RunConfig& r) { r.sharding.offload = Offload::optimizer; r.sharding.offload_threads = -1; }, "got -1"},
+      {"--offload_threads", [](RunConfig& r) { r.sharding.offload_threads = 2; }, "add --offload optimizer"},
   };
   for (const RangeCase& range_case : cases) {
     SCOPED_TRACE(std::string(range_case.flag) + " " + range_case.got);

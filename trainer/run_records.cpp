@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <sstream>
 #include <vector>
@@ -71,6 +72,7 @@ void RunRecords::start(const RunStart& start) {
                   {"corpus_entropy_rate", start.corpus_entropy_rate}, {"start_step", start.start_step}, {"run_id", start.run_id},
                   {"attention_backend", start.attention_backend}, {"mlp_compute_width", model_config_.compute_intermediate()},
                   {"vocab_compute_width", model_config_.compute_vocab()},
+                  {"offload_threads", start.offloaded ? nlohmann::json(start.offload_threads) : nlohmann::json()},
                   {"grouped_projections", run_.grouped_projections},
                   {"resumed_from", start.resumed_from.empty() ? nlohmann::json() : nlohmann::json(start.resumed_from)}});
   log::info("model {}: {:.2f}M parameters on {} x {} ({}, {}, {} host threads per rank), {} steps of {} sequences x {} tokens",
@@ -80,6 +82,14 @@ void RunRecords::start(const RunStart& start) {
             run_.data.max_length);
   log::info("optimizer {}: {} of state on this rank{}", run_.optimizer.name, human_bytes(start.optimizer_state_bytes),
             start.offloaded ? ", in host memory with the fp32 masters (--offload optimizer)" : "");
+  if (start.offloaded) {
+    log::info("offload: the host step on {} thread{}, the rank's compute on {} (--offload_threads)", start.offload_threads,
+              start.offload_threads == 1 ? "" : "s", at::get_num_threads());
+    const char* wait_policy = std::getenv("OMP_WAIT_POLICY");
+    if (device.is_cuda() && (wait_policy == nullptr || std::string(wait_policy) != "PASSIVE"))
+      log::warn("offload on a GPU: OMP_WAIT_POLICY=PASSIVE in the environment keeps the host step's idle OpenMP "
+                "threads from spinning on the cores the launching thread needs (libgomp reads it at start)");
+  }
   if (context_.rank == 0) {
     log::info("attention: scaled_dot_product_attention runs {}", start.attention_backend);
     if (model_config_.matmul_padded())

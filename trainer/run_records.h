@@ -40,6 +40,7 @@ struct RunStart {
   std::string run_id;
   std::string resumed_from;                   // "" for a fresh run
   bool offloaded = false;                     // --offload optimizer
+  int offload_threads = 0;                    // its host step's threads (0: no offload)
   int64_t init_from_bytes = 0;                // --init_from: bytes of the folder this rank read
   std::string attention_backend;              // the SDPA kernel ATen picks for the layers' attention
 };

@@ -185,7 +185,8 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
   // with offload (NCCL cannot carry host tensors).
   if (offloads_optimizer(run.sharding.offload))
     offload_ = std::make_unique<OptimizerOffload>(sharded_, optimizer_settings(run), unit_update_rules(sharded_, run),
-                                                  sharded_across_ranks ? &host_communicator_ : nullptr);
+                                                  sharded_across_ranks ? &host_communicator_ : nullptr,
+                                                  run.sharding.offload_threads);
   else
     device_optimizer_ = build_optimizer(run, sharded_, sharded_across_ranks ? &communicator_ : nullptr);
   if (run.fuse_optimizer_with_backward)
@@ -453,6 +454,7 @@ RunStart Training::start_record() const {
   start.run_id = checkpoints_->run_id();
   start.resumed_from = checkpoints_->resumed_from();
   start.offloaded = offload_ != nullptr;
+  start.offload_threads = offload_ ? offload_->worker_threads() : 0;
   start.init_from_bytes = init_from_bytes_;
   // What attention runs on (the layers' compute dtype: bf16 under autocast and in pure bf16).
   start.attention_backend = attention_backend(

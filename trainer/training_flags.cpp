@@ -153,7 +153,7 @@ void add_warmup_flag(CLI::App& app, NumberFlags& numbers, TrainingFlags& flags) 
 }
 
 // How the model is spread over the ranks and what carries their collectives.
-void add_sharding_flags(CLI::App& app, TrainingFlags& flags) {
+void add_sharding_flags(CLI::App& app, NumberFlags& numbers, TrainingFlags& flags, RunConfig& run) {
   flags.add(flags.sharding.add(app, "--sharding",
                                "full_shard (ZeRO-3), shard_grad_op (ZeRO-2) or no_shard (data parallel)"));
   flags.add(app.add_flag("--no_prefetch", flags.no_prefetch,
@@ -173,6 +173,9 @@ void add_sharding_flags(CLI::App& app, TrainingFlags& flags) {
                     },
                     "none|optimizer|parameters|optimizer,parameters", "offload set"))
                 ->capture_default_str());
+  flags.add(numbers.add(app, "--offload_threads", run.sharding.offload_threads,
+                           "threads of the offloaded optimizer step (--offload optimizer); default 0: the rank's "
+                           "threads, less one on a GPU, so the thread that launches the GPU's work keeps a core"));
   flags.add(flags.communicator.add(
       app, "--communicator",
       "what carries collectives across ranks: auto (NCCL on GPUs, MPI on CPUs), nccl, or mpi "
@@ -492,7 +495,7 @@ void add_training_flags(CLI::App& app, NumberFlags& numbers, TrainingFlags& flag
   add_safeguard_flags(app, numbers, flags, run);
   add_backward_flags(app, numbers, flags, run);
   add_warmup_flag(app, numbers, flags);
-  add_sharding_flags(app, flags);
+  add_sharding_flags(app, numbers, flags, run);
   add_update_flags(app, numbers, flags, run);
   add_precision_flags(app, flags);
   add_optimizer_flags(app, numbers, flags, run);
