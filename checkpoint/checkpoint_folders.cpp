@@ -18,6 +18,7 @@
 #include "common/errors.h"
 #include "common/log.h"
 #include "common/output_files.h"
+#include "config/training_settings.h"
 #include "data/corpus_identity.h"
 #include "data/token_corpus.h"
 
@@ -505,6 +506,25 @@ nlohmann::json check_same_data(const RunConfig& run, const ModelConfig& model, c
   return now;
 }
 
+// A resume whose flags change what the checkpoint's run trained with (config/training_settings.h):
+// exit 2 naming each difference, unless --allow_changed_flags (then each is said); a longer or
+// shorter schedule is said.
+void refuse_changed_training_settings(const RunConfig& run, const std::string& folder, const nlohmann::json& state,
+                                      bool log_warnings) {
+  if (!state.is_object() || !state.contains("run")) return;  // an older build's checkpoint
+  const std::vector<SettingDifference> differences = training_setting_differences(state.at("run"), run);
+  if (!differences.empty() && !run.checkpoint.allow_changed_flags)
+    fail_user(folder + "/manifest.json", "run",
+              "this run's flags change what the checkpoint's run trained with: " + describe_differences(differences) +
+                  ". Resume with the checkpoint's values (its manifest.json's \"run\" holds them), start the new "
+                  "experiment in a --save_dir of its own, or pass --allow_changed_flags if the change is meant");
+  if (!log_warnings) return;
+  if (!differences.empty())
+    log::warn("--allow_changed_flags: resuming {} with changed flags: {}", folder, describe_differences(differences));
+  if (const std::string change = schedule_length_change(state.at("run"), run); !change.empty())
+    log::warn("resuming {}: {}", folder, change);
+}
+
 }  // namespace
 
 CheckpointStart check_checkpoints_at_start(const RunConfig& run, const ModelConfig& model, bool log_warnings) {
@@ -522,6 +542,7 @@ CheckpointStart check_checkpoints_at_start(const RunConfig& run, const ModelConf
                                              "takes the newest intact one)");
     const nlohmann::json state = read_manifest(start.resume_folder);
     if (state.is_object() && state.contains("model")) require_same_model(start.resume_folder, state, model);
+    refuse_changed_training_settings(run, start.resume_folder, state, log_warnings);
     if (state.is_object() && state.contains("step") && state.at("step").is_number_integer())
       start.resume_step = state.at("step").get<int64_t>();
     start.run_id = run_id_of(state);
