@@ -16,6 +16,7 @@
 #include "checkpoint/train_state.h"
 #include "common/crc32c.h"
 #include "common/errors.h"
+#include "common/input_paths.h"
 #include "common/log.h"
 #include "common/output_files.h"
 #include "config/training_settings.h"
@@ -36,10 +37,10 @@ nlohmann::json read_manifest(const fs::path& folder) {
     fail_user(path.string(), "",
               "missing: the folder holds a checkpoint of the earlier full-tensor format (trainer_state.json, model.pt, "
               "optimizer.pt), which this trainer no longer reads; resume it with the trainer that wrote it");
-  // A folder (or a device) opens as a stream and fails only when read, with the library's words.
-  const std::string kind = describe_path_kind(path);
-  LLM_REQUIRE(kind.empty() || kind == "a regular file", path.string(), "",
-              "is " + kind + ", not a file: the folder is not a checkpoint");
+  // A folder (or a device) opens as a stream and fails only when read, with the library's words; a
+  // fifo blocks the reader.
+  if (const std::string not_regular = regular_file_problem(path); !not_regular.empty() && not_regular != "is missing")
+    fail_user(path.string(), "", not_regular + ": the folder is not a checkpoint");
   std::ifstream in(path);
   LLM_REQUIRE(in.good(), path.string(), "", "missing checkpoint file");
   try {
@@ -183,10 +184,18 @@ nlohmann::json intact_manifest(const fs::path& root, std::string* problem) {
       return nullptr;
     }
   for (const auto& [name, listed] : manifest.at("files").items()) {
+    // A name, not a path: nothing outside the folder is stat'ed (common/input_paths.h).
+    try {
+      require_plain_name(name, "manifest.json", "files");
+    } catch (const UserError& error) {
+      *problem = error.what();
+      return nullptr;
+    }
     std::error_code error;
     const fs::path path = root / name;
-    if (!fs::is_regular_file(path, error)) {
-      *problem = name + ": missing (listed in manifest.json)";
+    if (const std::string not_regular = regular_file_problem(path); !not_regular.empty()) {
+      *problem = name + ": " + (not_regular == "is missing" ? std::string("missing") : not_regular) +
+                 " (listed in manifest.json)";
       return nullptr;
     }
     const uint64_t size = fs::file_size(path, error);
