@@ -90,6 +90,22 @@ TEST(InputPaths, DataThatIsNotARegularFileIsRefusedSayingWhatItIs) {
                     {(folder / "e.tok").string() + " is a loop of symbolic links"});
 }
 
+// A Megatron dataset whose .idx is a fifo: exit 2 saying so (before: the open blocked for a writer,
+// and the job hung at start-up, deaf to SIGTERM during start-up: `timeout -k` ends it here, exit 137).
+TEST(InputPaths, AMegatronIndexThatIsAFifoIsRefusedNotWaitedOn) {
+  ScratchDir dir("input_megatron_fifo");
+  std::ofstream(dir / "corpus.bin", std::ios::binary) << std::string(256, '\1');
+  make_fifo(dir / "corpus.idx");
+  const auto result = run_command("timeout -k 5 60 " + testing::trainer_binary().string() + " --config " +
+                                  (testing::source_dir() / "configs/llama_micro.json").string() +
+                                  " --device cpu --max_length 16 --num_training_steps 1 --data " +
+                                  (dir / "corpus.bin").string() + " --run_dir " + (dir / "run").string());
+  EXPECT_EQ(result.exit_code, 2) << result.output;
+  EXPECT_NE(result.output.find((dir / "corpus.idx").string() + ": index: is a fifo, not a regular file (the index of "),
+            std::string::npos)
+      << result.output;
+}
+
 // `trainer report`: a run folder's metrics.jsonl or ledger that is a fifo or a device is exit 2
 // saying so (before: "missing", as if the folder were not a run's).
 TEST(InputPaths, ReportSaysWhatARunFilesIs) {
