@@ -16,8 +16,10 @@
 #include "checkpoint/train_state.h"
 #include "common/crc32c.h"
 #include "common/errors.h"
+#include "common/input_paths.h"
 #include "common/log.h"
 #include "common/output_files.h"
+#include "config/training_settings.h"
 #include "data/corpus_identity.h"
 #include "data/token_corpus.h"
 
@@ -35,10 +37,10 @@ nlohmann::json read_manifest(const fs::path& folder) {
     fail_user(path.string(), "",
               "missing: the folder holds a checkpoint of the earlier full-tensor format (trainer_state.json, model.pt, "
               "optimizer.pt), which this trainer no longer reads; resume it with the trainer that wrote it");
-  // A folder (or a device) opens as a stream and fails only when read, with the library's words.
-  const std::string kind = describe_path_kind(path);
-  LLM_REQUIRE(kind.empty() || kind == "a regular file", path.string(), "",
-              "is " + kind + ", not a file: the folder is not a checkpoint");
+  // A folder (or a device) opens as a stream and fails only when read, with the library's words; a
+  // fifo blocks the reader.
+  if (const std::string not_regular = regular_file_problem(path); !not_regular.empty() && not_regular != "is missing")
+    fail_user(path.string(), "", not_regular + ": the folder is not a checkpoint");
   std::ifstream in(path);
   LLM_REQUIRE(in.good(), path.string(), "", "missing checkpoint file");
   try {
@@ -182,10 +184,18 @@ nlohmann::json intact_manifest(const fs::path& root, std::string* problem) {
       return nullptr;
     }
   for (const auto& [name, listed] : manifest.at("files").items()) {
+    // A name, not a path: nothing outside the folder is stat'ed (common/input_paths.h).
+    try {
+      require_plain_name(name, "manifest.json", "files");
+    } catch (const UserError& error) {
+      *problem = error.what();
+      return nullptr;
+    }
     std::error_code error;
     const fs::path path = root / name;
-    if (!fs::is_regular_file(path, error)) {
-      *problem = name + ": missing (listed in manifest.json)";
+    if (const std::string not_regular = regular_file_problem(path); !not_regular.empty()) {
+      *problem = name + ": " + (not_regular == "is missing" ? std::string("missing") : not_regular) +
+                 " (listed in manifest.json)";
       return nullptr;
     }
     const uint64_t size = fs::file_size(path, error);
@@ -505,6 +515,25 @@ nlohmann::json check_same_data(const RunConfig& run, const ModelConfig& model, c
   return now;
 }
 
+// A resume whose flags change what the checkpoint's run trained with (config/training_settings.h):
+// exit 2 naming each difference, unless --allow_changed_flags (then each is said); a longer or
+// shorter schedule is said.
+void refuse_changed_training_settings(const RunConfig& run, const std::string& folder, const nlohmann::json& state,
+                                      bool log_warnings) {
+  if (!state.is_object() || !state.contains("run")) return;  // an older build's checkpoint
+  const std::vector<SettingDifference> differences = training_setting_differences(state.at("run"), run);
+  if (!differences.empty() && !run.checkpoint.allow_changed_flags)
+    fail_user(folder + "/manifest.json", "run",
+              "this run's flags change what the checkpoint's run trained with: " + describe_differences(differences) +
+                  ". Resume with the checkpoint's values (its manifest.json's \"run\" holds them), start the new "
+                  "experiment in a --save_dir of its own, or pass --allow_changed_flags if the change is meant");
+  if (!log_warnings) return;
+  if (!differences.empty())
+    log::warn("--allow_changed_flags: resuming {} with changed flags: {}", folder, describe_differences(differences));
+  if (const std::string change = schedule_length_change(state.at("run"), run); !change.empty())
+    log::warn("resuming {}: {}", folder, change);
+}
+
 }  // namespace
 
 CheckpointStart check_checkpoints_at_start(const RunConfig& run, const ModelConfig& model, bool log_warnings) {
@@ -522,6 +551,7 @@ CheckpointStart check_checkpoints_at_start(const RunConfig& run, const ModelConf
                                              "takes the newest intact one)");
     const nlohmann::json state = read_manifest(start.resume_folder);
     if (state.is_object() && state.contains("model")) require_same_model(start.resume_folder, state, model);
+    refuse_changed_training_settings(run, start.resume_folder, state, log_warnings);
     if (state.is_object() && state.contains("step") && state.at("step").is_number_integer())
       start.resume_step = state.at("step").get<int64_t>();
     start.run_id = run_id_of(state);

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "common/input_paths.h"
 
 namespace llm {
 namespace fs = std::filesystem;
@@ -87,20 +88,13 @@ std::pair<int, std::string> locate_number(const std::string& text, const std::st
 }  // namespace
 
 json read_json_file(const std::string& path, const std::string& what_to_pass) {
-  std::error_code error;
-  const fs::file_status status = fs::status(path, error);
-  if (!fs::exists(status)) fail_user(path, "", std::string("no such file: ") + what_to_pass);
-  if (fs::is_directory(status))
+  // A device, fifo or socket: /dev/null reads as nothing and a fifo would block start-up forever;
+  // a link to nothing or a loop of links is said as what it is (common/input_paths.h).
+  const std::string not_regular = regular_file_problem(path);
+  if (not_regular == "is missing") fail_user(path, "", std::string("no such file: ") + what_to_pass);
+  if (not_regular == "is a folder, not a regular file")
     fail_user(path, "", std::string("is a folder, not a JSON file: ") + what_to_pass);
-  // A device, FIFO or socket: /dev/null reads as nothing and a FIFO would block start-up forever.
-  if (!fs::is_regular_file(status))
-    fail_user(path, "",
-              std::string("is not a regular file (") +
-                  (fs::is_character_file(status) || fs::is_block_file(status) ? "a device"
-                   : fs::is_fifo(status)                                       ? "a FIFO"
-                   : fs::is_socket(status)                                     ? "a socket"
-                                                                               : "not a file") +
-                  "): " + what_to_pass);
+  if (!not_regular.empty()) fail_user(path, "", not_regular + ": " + what_to_pass);
   std::ifstream stream(path);
   if (!stream) fail_user(path, "", "cannot be opened for reading: check its permissions");
   const std::string text((std::istreambuf_iterator<char>(stream)), std::istreambuf_iterator<char>());

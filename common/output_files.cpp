@@ -18,8 +18,10 @@ namespace fs = std::filesystem;
 std::string describe_path_kind(const fs::path& path) {
   struct stat info {};
   if (::stat(path.c_str(), &info) != 0) {
+    const int failure = errno;
     struct stat link {};
-    if (::lstat(path.c_str(), &link) == 0 && S_ISLNK(link.st_mode)) return "a symbolic link to nothing";
+    if (::lstat(path.c_str(), &link) == 0 && S_ISLNK(link.st_mode))
+      return failure == ELOOP ? "a loop of symbolic links" : "a symbolic link to nothing";
     return "";
   }
   if (S_ISREG(info.st_mode)) return "a regular file";

@@ -27,7 +27,8 @@ namespace llm {
 enum class OutputKind { file, folder };
 
 // What `path` is on disk, in words ("a regular file", "a folder", "a character device", "a fifo",
-// "a socket", "a block device", "a symbolic link to nothing", "something else"); "" when absent.
+// "a socket", "a block device", "a symbolic link to nothing", "a loop of symbolic links",
+// "something else"); "" when absent. common/input_paths.h says it of the files the trainer reads.
 std::string describe_path_kind(const std::filesystem::path& path);
 
 // Throws UserError unless `path` is absent or already of `kind` (following symbolic links). `what`

@@ -130,6 +130,7 @@ json RunConfig::to_json() const {
       {"keep_last", checkpoint.keep_last},
       {"async_save", checkpoint.async_save},
       {"continue_from", checkpoint.continue_from},
+      {"allow_changed_flags", checkpoint.allow_changed_flags},
       {"init_from", checkpoint.init_from},
       {"run_dir", logging.run_dir},
       {"device", to_string(device)},
@@ -230,6 +231,7 @@ RunConfig run_config_from_json(const json& object, const std::string& source) {
   read("data", run.data.source);
   read("eval_data", run.data.eval_source);
   read("allow_other_data", run.data.allow_other_data);
+  read("allow_changed_flags", run.checkpoint.allow_changed_flags);
   read("window_start", run.data.window_start);
   read("recompute", run.recompute);
   read("fused_ops", run.fused_ops);

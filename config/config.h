@@ -183,6 +183,9 @@ struct CheckpointConfig {
   // its state; the save completes at a later step boundary (checkpoint/checkpoint.h, BackgroundSave).
   bool async_save = false;
   std::string continue_from;
+  // --allow_changed_flags: resume although settings that change training differ from the checkpoint's
+  // (config/training_settings.h lists them); without it such a resume is refused (exit 2).
+  bool allow_changed_flags = false;
   // --init_from: a transformers save_pretrained folder whose weights replace the seeded init of a
   // fresh run (checkpoint/interchange/pretrained.h); never with continue_from.
   std::string init_from;

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <optional>
 #include <set>
 #include <span>
@@ -378,6 +379,38 @@ void resolve_optimizer(RunConfig& run, const ModelConfig& model) {
   }
 }
 
+// step_<N> or step_<N>.tmp: the names a save gives a checkpoint folder (checkpoint/checkpoint.h).
+bool is_step_folder_name(std::string name) {
+  if (name.ends_with(".tmp")) name.resize(name.size() - 4);
+  return name.size() > 5 && name.starts_with("step_") &&
+         std::all_of(name.begin() + 5, name.end(), [](unsigned char c) { return std::isdigit(c) != 0; });
+}
+
+// A folder this run creates (--run_dir, --tensorboard_dir) inside a checkpoint folder: in
+// SAVE_DIR/step_<N> (or its .tmp), or in any step_<N> folder that holds a manifest.json. A save of that
+// step refuses to replace the folder, --keep_last would remove the run's files with it, and a resume
+// would find files no save wrote (issue 44). Refused here, before anything is created.
+void refuse_folders_inside_checkpoints(const RunConfig& run) {
+  std::error_code error;
+  const fs::path save_dir =
+      run.checkpoint.save_dir.empty() ? fs::path() : fs::weakly_canonical(fs::absolute(run.checkpoint.save_dir), error);
+  const auto check = [&](const std::string& path, const char* flag) {
+    if (path.empty()) return;
+    for (fs::path at = fs::weakly_canonical(fs::absolute(path), error); at.has_relative_path(); at = at.parent_path()) {
+      if (!is_step_folder_name(at.filename().string())) continue;
+      const bool in_save_dir = !save_dir.empty() && at.parent_path() == save_dir;
+      if (in_save_dir || fs::is_regular_file(at / "manifest.json", error))
+        fail_user(kCommandLine, flag,
+                  "\"" + path + "\" is inside the checkpoint folder " + at.string() +
+                      (in_save_dir ? " of --save_dir" : "") +
+                      ": a checkpoint holds only what a save writes (a save of that step would not replace it, "
+                      "--keep_last would remove this run's files with it); pass a folder outside the step_<N> folders");
+    }
+  };
+  check(run.logging.run_dir, "--run_dir");
+  check(run.logging.tensorboard_dir, "--tensorboard_dir");
+}
+
 // --save_dir's companions and the folders of --save_dir, --continue_from and --init_from.
 void check_checkpoint_flags(const RunConfig& run) {
   if (run.checkpoint.save_dir.empty() && run.checkpoint.save_every > 0)
@@ -415,6 +448,7 @@ void check_checkpoint_flags(const RunConfig& run) {
     fail_user(kCommandLine, "--init_from",
               "expected a transformers save_pretrained folder (got \"" + run.checkpoint.init_from + "\", which " +
                   (fs::exists(run.checkpoint.init_from) ? "is not a folder" : "does not exist") + ")");
+  refuse_folders_inside_checkpoints(run);
 }
 
 // --data: the synthetic corpus against the model's vocabulary, or token files that exist (data/token_corpus.h).
@@ -430,7 +464,8 @@ void check_data_source(const RunConfig& run, const ModelConfig& model) {
                   std::to_string(SyntheticCorpusSpec{}.branching) + " possible successors (got " +
                   std::to_string(model.vocab_size) + "): raise vocab_size in the config, or train on a token file "
                   "with --data FILE (made by `trainer prepare`)");
-  if (run.data.source != "synthetic") expand_data_spec(run.data.source);  // names an item that names nothing
+  std::vector<std::string> train_files;  // names an item that names nothing
+  if (run.data.source != "synthetic") train_files = expand_data_spec(run.data.source);
   LLM_REQUIRE(run.data.window_start != "document" || run.data.source != "synthetic", kCommandLine, "--window_start",
               "document needs token files that record where documents start (Megatron datasets: `trainer prepare "
               "--format megatron` writes them); the synthetic corpus records none");
@@ -438,7 +473,24 @@ void check_data_source(const RunConfig& run, const ModelConfig& model) {
     LLM_REQUIRE(run.data.eval_source != "synthetic", kCommandLine, "--eval_data",
                 "the synthetic corpus has no held-out set of its own: leave --eval_data out (--eval_fraction holds "
                 "out the last windows of --data)");
-    expand_data_spec(run.data.eval_source, "--eval_data");
+    // A file of --data in --eval_data: the eval loss would be measured on windows the run trains on,
+    // and read as a held-out loss (issue 44). Refused, by the file itself however it is spelt.
+    std::map<std::string, std::string> trained;
+    for (const std::string& file : train_files) {
+      std::error_code error;
+      const fs::path canonical = fs::weakly_canonical(file, error);
+      trained.emplace(error ? file : canonical.string(), file);
+    }
+    for (const std::string& file : expand_data_spec(run.data.eval_source, "--eval_data")) {
+      std::error_code error;
+      const fs::path canonical = fs::weakly_canonical(file, error);
+      const auto found = trained.find(error ? file : canonical.string());
+      if (found != trained.end())
+        fail_user(kCommandLine, "--eval_data",
+                  file + " is also a file of --data" + (found->second == file ? "" : " (as " + found->second + ")") +
+                      ": its loss would be measured on windows the run trains on; give held-out token files, or "
+                      "leave --eval_data out (--eval_fraction holds out the last windows of --data)");
+    }
   }
 }
 

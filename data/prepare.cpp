@@ -25,6 +25,7 @@
 #include <unordered_map>
 
 #include "common/errors.h"
+#include "common/input_paths.h"
 #include "common/folder_lock.h"
 #include "common/output_files.h"
 #include "common/log.h"
@@ -262,7 +263,7 @@ class PreparedOutput {
     LLM_REQUIRE(!error, index.string(), "write", "cannot rename " + temporary.string() + " to it (" + error.message() + ")");
     for (const std::string& file : earlier)
       if (std::none_of(shards_.begin(), shards_.end(), [&](const auto& shard) { return shard.first == file; }) &&
-          file.find('/') == std::string::npos && !file.empty())
+          plain_name_problem(file).empty())  // never a path out of the folder (common/input_paths.h)
       {
         fs::remove(folder / file, error);  // an earlier prepare's shard this one did not write again
         if (file.ends_with(".bin")) fs::remove(fs::path(folder / file).replace_extension(".idx"), error);  // and its Megatron index

@@ -1,11 +1,14 @@
 #include "data/prepare_inputs.h"
 
 #include <glob.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <utility>
 
 #include "common/errors.h"
 #include "common/output_files.h"
@@ -190,6 +193,17 @@ void check_inputs(const PrepareOptions& options) {
   LLM_REQUIRE(!options.output.empty(), "prepare", "--output",
               "no output path was given; pass the token file to write, e.g. data/train.bin");
   for (const std::string& input : options.inputs) check_input(input, options.text_key);
+  // One file named twice (twice by name, by a name and a glob, or through a link) would be encoded
+  // twice: every document of it doubled in the corpus (issue 44). Files by device and inode.
+  std::map<std::pair<dev_t, ino_t>, std::string> seen;
+  for (const std::string& input : options.inputs) {
+    struct stat info {};
+    if (::stat(input.c_str(), &info) != 0) continue;  // check_input said it is there
+    const auto [first, added] = seen.emplace(std::make_pair(info.st_dev, info.st_ino), input);
+    LLM_REQUIRE(added, input, "--input",
+                "is named twice" + (first->second == input ? std::string() : " (also as " + first->second + ")") +
+                    ": each input is encoded once; drop the repeated --input");
+  }
   LLM_REQUIRE(options.format == "trainer" || options.format == "llmc" || options.format == "megatron", "prepare", "--format",
               "\"" + options.format + "\" is not a format prepare writes; use trainer (ours, .tok), llmc (llm.c's .bin) or "
               "megatron (Megatron-LM's .bin and .idx, which records documents)");

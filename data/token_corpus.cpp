@@ -10,6 +10,7 @@
 #include <set>
 
 #include "common/errors.h"
+#include "common/input_paths.h"
 #include "common/json_file.h"
 #include "common/split.h"
 #include "data/token_formats.h"
@@ -31,11 +32,15 @@ std::vector<std::string> folder_shards(const std::string& folder, const std::str
   std::vector<std::string> files;
   std::error_code error;
   for (const fs::directory_entry& entry : fs::directory_iterator(folder, error)) {
-    std::error_code entry_error;  // a dangling link is skipped, not a failure to list the folder
+    std::error_code entry_error;
     const std::string name = entry.path().filename().string();
-    if (!name.starts_with(".") && entry.is_regular_file(entry_error) &&
-        has_extension(entry.path(), {".tok", ".bin", ".npy"}))
-      files.push_back(entry.path().string());
+    if (name.starts_with(".") || !has_extension(entry.path(), {".tok", ".bin", ".npy"}) ||
+        entry.is_directory(entry_error))
+      continue;
+    // A token file's name that is a fifo, a device, a link to nothing or a loop: said, not skipped
+    // (a shard silently left out trains on other data).
+    require_regular_file(entry.path(), kSource, flag, "a token file's name in the folder " + folder);
+    files.push_back(entry.path().string());
   }
   LLM_REQUIRE(!error, kSource, flag, folder + ": cannot list the folder (" + error.message() + ")");
   std::sort(files.begin(), files.end());
@@ -57,7 +62,9 @@ std::vector<std::string> glob_matches(const std::string& pattern, const std::str
     std::error_code error;
     const fs::path path = match;
     const bool index_of_a_match = path.extension() == ".idx" && matched.contains(fs::path(path).replace_extension(".bin").string());
-    if (fs::is_regular_file(path, error) && !index_of_a_match) files.push_back(match);
+    if (index_of_a_match || fs::is_directory(path, error)) continue;
+    require_regular_file(path, kSource, flag, "a match of " + pattern);
+    files.push_back(match);
   }
   LLM_REQUIRE(!files.empty(), kSource, flag, pattern + ": the pattern matches no file");
   return files;  // glob(3) sorts its matches
@@ -181,8 +188,10 @@ std::vector<std::string> expand_data_spec(const std::string& spec, const std::st
     std::vector<std::string> expanded;
     if (fs::is_directory(item, error))
       expanded = folder_shards(item, flag);
-    else if (fs::exists(item, error))
+    else if (fs::exists(item, error) || fs::is_symlink(item, error)) {
+      require_regular_file(item, kSource, flag, "a token file");  // a fifo would block the reader
       expanded = {item};  // a file, even one whose name has * ? or [ in it
+    }
     else if (item.find_first_of("*?[") != std::string::npos)
       expanded = glob_matches(item, flag);
     else

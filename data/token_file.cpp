@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "common/input_paths.h"
 #include "common/output_files.h"
 #include "data/token_formats.h"
 
@@ -68,7 +69,8 @@ std::shared_ptr<TokenFile> TokenFile::open(const std::string& path, int64_t mode
   // A Megatron dataset is named by its .bin or its .idx; the ids are in the .bin.
   const std::string ids_path = megatron_pair(path).first.empty() ? path : megatron_pair(path).first;
   FileDescriptor file;
-  file.fd = ::open(ids_path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a fifo opens at once and is refused below, instead of blocking for a writer.
+  file.fd = ::open(ids_path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (file.fd < 0)
     fail_user(ids_path, "token file",
               "cannot open (" + errno_text() + "); check --data, or create the file with "
@@ -77,7 +79,7 @@ std::shared_ptr<TokenFile> TokenFile::open(const std::string& path, int64_t mode
   if (::fstat(file.fd, &info) != 0)
     fail_user(ids_path, "token file", "cannot stat (" + errno_text() + ")");
   LLM_REQUIRE(S_ISREG(info.st_mode), ids_path, "token file",
-              "is not a regular file; pass the path of a token file written by `trainer prepare`");
+              regular_file_problem(ids_path) + "; pass the path of a token file written by `trainer prepare`");
   const size_t file_bytes = static_cast<size_t>(info.st_size);
   const TokenLayout layout = read_token_layout(path, file.fd, file_bytes, model_vocab_size, memmap_bytes);
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/errors.h"
+#include "common/input_paths.h"
 
 namespace llm {
 namespace {
@@ -151,10 +152,11 @@ TokenLayout megatron(const std::string& bin_path, const std::string& idx_path) {
     ~Closer() {
       if (fd >= 0) ::close(fd);
     }
-  } idx{::open(idx_path.c_str(), O_RDONLY | O_CLOEXEC)};
+  } idx{::open(idx_path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK)};  // a fifo: refused below, not waited on
   if (idx.fd < 0) fail_user(idx_path, "index", std::string("cannot open (") + std::strerror(errno) + ")");
   struct stat info {};
-  LLM_REQUIRE(::fstat(idx.fd, &info) == 0 && S_ISREG(info.st_mode), idx_path, "index", "is not a regular file");
+  LLM_REQUIRE(::fstat(idx.fd, &info) == 0 && S_ISREG(info.st_mode), idx_path, "index",
+              regular_file_problem(idx_path) + " (the index of " + bin_path + ")");
   const size_t idx_bytes = static_cast<size_t>(info.st_size);
   LLM_REQUIRE(idx_bytes >= kMegatronHeaderBytes, idx_path, "header",
               "the index has " + std::to_string(idx_bytes) + " bytes, fewer than its " +

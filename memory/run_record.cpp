@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/errors.h"
+#include "common/input_paths.h"
 #include "common/output_files.h"
 #include "config/config.h"
 #include "memory/categories.h"
@@ -182,10 +183,11 @@ namespace {
 // metrics.jsonl: the steps' losses and speed, how the run ended, and its start record (the world,
 // the device, the run's settings and its model).
 void read_metrics(const std::string& dir, RunRecord& record) {
-  std::error_code error;
   const fs::path metrics_path = fs::path(dir) / "metrics.jsonl";
-  LLM_REQUIRE(fs::is_regular_file(metrics_path, error), dir, "metrics.jsonl",
+  const std::string not_regular = regular_file_problem(metrics_path);
+  LLM_REQUIRE(not_regular != "is missing", dir, "metrics.jsonl",
               "missing: not a training run folder (the trainer writes metrics.jsonl into --run_dir)");
+  require_regular_file(metrics_path, dir, "metrics.jsonl", "a run's metrics file");
   std::vector<double> rates;
   const JsonlFile metrics = read_jsonl(metrics_path);
   const JsonlRecord* start = nullptr;
@@ -238,13 +240,14 @@ void read_metrics(const std::string& dir, RunRecord& record) {
 
 // Every rank's memory ledger, and its summary.
 std::vector<JsonlFile> read_ledgers(const std::string& dir, RunRecord& record) {
-  std::error_code error;
   std::vector<JsonlFile> ledgers;
   for (int rank = 0; rank < record.world; ++rank) {
     const fs::path path = fs::path(dir) / ("memory.rank" + std::to_string(rank) + ".jsonl");
-    LLM_REQUIRE(fs::is_regular_file(path, error), dir, path.filename().string(),
+    const std::string not_regular = regular_file_problem(path);
+    LLM_REQUIRE(not_regular != "is missing", dir, path.filename().string(),
                 "missing: the run has " + std::to_string(record.world) +
                     " rank(s) but no memory ledger for this one (a run made before the ledger existed, or cut short?)");
+    require_regular_file(path, dir, path.filename().string(), "a rank's memory ledger");
     ledgers.push_back(read_jsonl(path));
     record.ranks.push_back(read_rank_summary(rank, ledgers.back()));
   }

@@ -280,5 +280,40 @@ TEST(NothingOfTheUsers, AStepPathOfTheWrongKindIsRefused) {
   EXPECT_TRUE(mentions(device.output, "/dev/null")) << device.output;
 }
 
+// --run_dir or --tensorboard_dir inside a checkpoint folder (a step_<N> of --save_dir, there or not
+// yet, or any step_<N> holding a manifest): exit 2 naming it, before anything is created (issue 44).
+TEST(RunDirInCheckpoint, IsRefusedBeforeAnythingIsCreated) {
+  ScratchDir dir("run_dir_in_checkpoint");
+  const fs::path ckpt = dir / "ckpt";
+  train_four_steps(ckpt, dir / "first");
+  const std::vector<std::string> before = entries(ckpt / "step_2");
+  const std::string resume = "--num_training_steps 6 --save_dir " + ckpt.string() + " --continue_from " + ckpt.string();
+  struct Case {
+    std::string flags, flag, folder;
+    fs::path created;
+  };
+  const std::vector<Case> cases = {
+      {resume + " --run_dir " + (ckpt / "step_2/run").string(), "--run_dir", (ckpt / "step_2").string(), ckpt / "step_2/run"},
+      {resume + " --run_dir " + (ckpt / "step_6/run").string(), "--run_dir", (ckpt / "step_6").string(), ckpt / "step_6"},
+      {resume + " --run_dir " + (dir / "run").string() + " --tensorboard_dir " + (ckpt / "step_4/tb").string(),
+       "--tensorboard_dir", (ckpt / "step_4").string(), ckpt / "step_4/tb"},
+      // Another save_dir's checkpoint (it holds a manifest), named through ./ and ..
+      {"--num_training_steps 2 --run_dir " + (dir / "other/../ckpt/./step_2/x").string(), "--run_dir",
+       (ckpt / "step_2").string(), ckpt / "step_2/x"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.flags);
+    const auto result = run_command(trainer_command(c.flags));
+    EXPECT_EQ(result.exit_code, 2) << result.output;
+    EXPECT_TRUE(mentions(result.output, c.flag + ": ")) << result.output;
+    EXPECT_TRUE(mentions(result.output, "is inside the checkpoint folder " + c.folder)) << result.output;
+    EXPECT_FALSE(fs::exists(c.created)) << "nothing created";
+  }
+  EXPECT_EQ(entries(ckpt / "step_2"), before);
+  // Beside the step folders, in the save_dir itself, is fine (what the Slurm script does: RUN/checkpoints).
+  const auto beside = run_command(trainer_command(resume + " --run_dir " + (ckpt / "run").string()));
+  EXPECT_EQ(beside.exit_code, 0) << beside.output;
+}
+
 }  // namespace
 }  // namespace llm::checkpoint_folders_test

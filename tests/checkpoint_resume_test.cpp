@@ -14,6 +14,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <sys/stat.h>
+
 #include "data/token_file.h"
 #include "tests/checkpoint_test_util.h"
 #include "tests/test_util.h"
@@ -305,6 +307,21 @@ TEST(HandEditedManifest, EachBadFieldIsNamedWithItsKey) {
       std::ofstream(folder / "manifest.json", std::ios::trunc) << edited.dump();
     };
   };
+  // A file outside the checkpoint of a size the manifest then lists.
+  std::ofstream(dir / "outside.txt") << "not a checkpoint's";
+  const auto list_file = [&](const std::string& name) {
+    return [name, bytes = fs::file_size(dir / "outside.txt")](const fs::path& folder) {
+      nlohmann::json edited = manifest(folder);
+      edited["files"][name] = {{"bytes", bytes}};
+      std::ofstream(folder / "manifest.json", std::ios::trunc) << edited.dump();
+    };
+  };
+  const auto replace_file = [](const std::string& name, std::function<void(const fs::path&)> make) {
+    return [name, make](const fs::path& folder) {
+      fs::remove(folder / name);
+      make(folder / name);
+    };
+  };
   const std::vector<Edit> edits = {
       {"a negative step", set("step", -5), "manifest.json: step: expected an integer >= 0 (got -5)"},
       {"world_size 0", set("world_size", 0), "manifest.json: world_size: expected an integer >= 1 (got 0)"},
@@ -314,7 +331,25 @@ TEST(HandEditedManifest, EachBadFieldIsNamedWithItsKey) {
          fs::remove(folder / "manifest.json");
          fs::create_directories(folder / "manifest.json");
        },
-       "manifest.json: is a folder, not a file"},
+       "manifest.json: is a folder, not a regular file"},
+      // A name in "files" is a plain name inside the folder (issue 44): before, a file outside it of
+      // the listed size passed the verifier (stat'ed through ../ or an absolute path).
+      {"a files entry out of the folder", list_file("../../outside.txt"),
+       "manifest.json: files: \"../../outside.txt\" holds a '/': not a plain file name inside the folder"},
+      {"a files entry that is an absolute path", list_file((dir / "outside.txt").string()),
+       "manifest.json: files: \"" + (dir / "outside.txt").string() + "\" is an absolute path"},
+      {"a files entry \"..\"", list_file(".."), "manifest.json: files: \"..\" is \"..\""},
+      // A listed file that is not a regular one is said as what it is (before: "missing").
+      {"rank0.json a fifo", replace_file("rank0.json", [](const fs::path& p) { ::mkfifo(p.c_str(), 0600); }),
+       "rank0.json: is a fifo, not a regular file (listed in manifest.json)"},
+      {"rank0.safetensors a link to /dev/zero",
+       replace_file("rank0.safetensors", [](const fs::path& p) { fs::create_symlink("/dev/zero", p); }),
+       "rank0.safetensors: is a symbolic link to /dev/zero, a character device, not a regular file"},
+      {"rank0.json a link to nothing",
+       replace_file("rank0.json", [](const fs::path& p) { fs::create_symlink(p.parent_path() / "gone.json", p); }),
+       "rank0.json: is a symbolic link to nothing ("},
+      {"rank0.json a loop of links", replace_file("rank0.json", [](const fs::path& p) { fs::create_symlink(p, p); }),
+       "rank0.json: is a loop of symbolic links, not a regular file"},
   };
   for (const Edit& edit : edits) {
     SCOPED_TRACE(edit.name);

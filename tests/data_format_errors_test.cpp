@@ -386,5 +386,30 @@ TEST(TrainerData, ABadEvalDataIsExitTwoNamingIt) {
   }
 }
 
+// --eval_data naming a file of --data, however spelt (a link, ./, a folder holding it): exit 2 naming
+// both, before anything is written (before: the "held-out" loss was measured on trained windows;
+// issue 44). A held-out file beside it is fine.
+TEST(TrainerData, EvalDataThatIsAFileOfDataIsExitTwo) {
+  ScratchDir dir("train_eval_is_data");
+  const fs::path corpus = dir / "corpus", train = corpus / "train.tok", held_out = dir / "held_out.tok";
+  fs::create_directories(corpus);
+  write_token_file(train.string(), known_tokens(17 * 40, 128, 1), 128);
+  write_token_file(held_out.string(), known_tokens(17 * 8, 128, 2), 128);
+  fs::create_symlink(train, dir / "link.tok");
+  for (const std::string& eval_data :
+       {train.string(), (dir / "link.tok").string(), (dir / "." / "corpus" / "train.tok").string(), corpus.string(),
+        held_out.string() + "," + train.string()}) {
+    SCOPED_TRACE(eval_data);
+    const auto result = run_command(trainer_command(corpus.string(), dir / "run", "--num_training_steps 1 --eval_data " + eval_data));
+    EXPECT_EQ(result.exit_code, 2) << result.output;
+    EXPECT_NE(result.output.find("--eval_data: "), std::string::npos) << result.output;
+    EXPECT_NE(result.output.find("is also a file of --data"), std::string::npos) << result.output;
+    EXPECT_FALSE(fs::exists(dir / "run/metrics.jsonl")) << result.output;
+  }
+  const auto held = run_command(trainer_command(corpus.string(), dir / "held", "--num_training_steps 1 --eval_data " +
+                                                                               held_out.string()));
+  EXPECT_EQ(held.exit_code, 0) << held.output;
+}
+
 }  // namespace
 }  // namespace llm::data_format_errors_test

@@ -14,6 +14,7 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/crc32c.h"
@@ -52,6 +53,16 @@ std::function<void(const fs::path&)> set_config(const std::string& key, const nl
     nlohmann::json config = read_json(folder / "config.json");
     config[key] = value;
     write_json(folder / "config.json", config);
+  };
+}
+
+// Adds model.safetensors.index.json naming `shard` for model.embed_tokens.weight (made by `make`
+// in the folder first, when given).
+std::function<void(const fs::path&)> index_naming(const std::string& shard, std::function<void(const fs::path&)> make) {
+  return [shard, make](const fs::path& folder) {
+    if (make) make(folder / shard);
+    write_json(folder / "model.safetensors.index.json",
+               {{"metadata", {{"total_size", 0}}}, {"weight_map", {{"model.embed_tokens.weight", shard}}}});
   };
 }
 
@@ -217,6 +228,30 @@ const Refusal kRefusals[] = {
        });
      },
      {"pytorch_model.bin", "safe_serialization=True"}},
+    // A shard name read from the index is a plain name inside the folder, and the shard a regular
+    // file (issue 44, common/input_paths.h): before, ".." was opened as a shard (the folder above).
+    {"init_from_index_names_dot_dot",
+     [](const Trained& t, const fs::path& dir) { return init_from_changed(t, dir, index_naming("..", nullptr)); },
+     {"model.safetensors.index.json: weight_map.model.embed_tokens.weight: \"..\" is \"..\": not a plain file name "
+      "inside the folder"}},
+    {"init_from_index_names_a_path",
+     [](const Trained& t, const fs::path& dir) { return init_from_changed(t, dir, index_naming("../folder/model.safetensors", nullptr)); },
+     {"weight_map.model.embed_tokens.weight: \"../folder/model.safetensors\" holds a '/'"}},
+    {"init_from_shard_a_fifo",
+     [](const Trained& t, const fs::path& dir) {
+       return init_from_changed(t, dir, index_naming("shard.safetensors", [](const fs::path& shard) {
+         ::mkfifo(shard.c_str(), 0600);
+       }));
+     },
+     {"shard.safetensors is a fifo, not a regular file (a shard of the weights)"}},
+    {"init_from_single_file_a_link_to_dev_zero",
+     [](const Trained& t, const fs::path& dir) {
+       return init_from_changed(t, dir, [](const fs::path& folder) {
+         fs::remove(folder / "model.safetensors");
+         fs::create_symlink("/dev/zero", folder / "model.safetensors");
+       });
+     },
+     {"model.safetensors is a symbolic link to /dev/zero, a character device, not a regular file"}},
     {"init_from_not_a_folder",
      [](const Trained& t, const fs::path& dir) {
        return testing::trainer_launcher(1) + train_flags(t.data, 1) + " --init_from " + (dir / "none").string() +

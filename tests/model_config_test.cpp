@@ -246,11 +246,17 @@ TEST_F(ConfigFileError, DuplicatedKeyIsNamedWithItsLines) {
 
 TEST_F(ConfigFileError, NotARegularFile) {
   expect_mentions(user_error_of([&] { load_model_config("/dev/null"); }),
-                  {"/dev/null", "not a regular file (a device)", "--config"});
+                  {"/dev/null", "is a character device, not a regular file", "--config"});
   // A FIFO would block start-up forever waiting for a writer.
   const std::string fifo = (scratch_ / "config.fifo").string();
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
-  expect_mentions(user_error_of([&] { load_model_config(fifo); }), {fifo, "not a regular file (a FIFO)"});
+  expect_mentions(user_error_of([&] { load_model_config(fifo); }), {fifo, "is a fifo, not a regular file"});
+  // A link to nothing, and a loop of links, said as what they are (not "no such file").
+  const std::string dangling = (scratch_ / "dangling.json").string(), loop = (scratch_ / "loop.json").string();
+  std::filesystem::create_symlink(scratch_ / "gone.json", dangling);
+  std::filesystem::create_symlink(loop, loop);
+  expect_mentions(user_error_of([&] { load_model_config(dangling); }), {dangling, "is a symbolic link to nothing ("});
+  expect_mentions(user_error_of([&] { load_model_config(loop); }), {loop, "is a loop of symbolic links"});
   expect_mentions(error_loading_text(""), {path_, "is empty", "--config"});
   expect_mentions(error_loading_text(" \n\t\n"), {path_, "is empty"});
 }

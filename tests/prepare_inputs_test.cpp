@@ -197,6 +197,21 @@ TEST_F(PrepareInputs, AQuotedGlobIsItsMatchesInNameOrder) {
                     {"*.jsonl.zst", "--input", "the pattern matches no file"});
 }
 
+// One file given twice, by name twice, by a glob and a name, or through a link, is exit 2 naming both
+// spellings (before: encoded twice, each of its documents doubled in the corpus; issue 44).
+TEST_F(PrepareInputs, AFileGivenTwiceIsRefusedNamingBothSpellings) {
+  fs::create_directories(scratch_ / "c4");
+  const fs::path first = scratch_ / "c4" / "c4-train.00000-of-00002.json.gz";
+  write_gzip(first, json_lines(documents(30, 6)));
+  write_gzip(scratch_ / "c4" / "c4-train.00001-of-00002.json.gz", json_lines(documents(30, 7)));
+  expect_user_error([&] { prepare({first, first}, "twice.tok"); }, {first.string(), "--input", "is named twice"});
+  expect_user_error([&] { prepare({(scratch_ / "c4" / "c4-train.*.json.gz").string(), first.string()}, "glob.tok"); },
+                    {first.string(), "is named twice: each input is encoded once"});
+  fs::create_symlink(first, scratch_ / "link.json.gz");
+  expect_user_error([&] { prepare({first, scratch_ / "link.json.gz"}, "link.tok"); },
+                    {(scratch_ / "link.json.gz").string(), "is named twice (also as " + first.string() + ")"});
+}
+
 // --shard_tokens: shards of exactly N tokens (the last shorter), in our format or llm.c's, with
 // index.json; read back as a folder they are the single file's tokens.
 TEST_F(PrepareInputs, ShardsWithAnIndexReadBackAsTheOneFilesTokens) {

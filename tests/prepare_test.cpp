@@ -336,9 +336,13 @@ TEST(Prepare, SentencePieceFailuresNameTheFlag) {
   options.inputs = {blank};
   options.vocab_size = 64;
   expect_user_error([&] { prepare_token_file(options); }, {blank, "--input", "no text to train"});
-  // Several inputs are named in short.
-  options.inputs = {blank, blank, blank, blank};
-  expect_user_error([&] { prepare_token_file(options); }, {blank + ", " + blank + " and 2 more"});
+  // Several inputs are named in short (four files: one file given twice is refused, issue 44).
+  options.inputs = {blank};
+  for (const char* name : {"blank2.txt", "blank3.txt", "blank4.txt"}) {
+    std::filesystem::copy_file(blank, scratch / name);
+    options.inputs.push_back(scratch / name);
+  }
+  expect_user_error([&] { prepare_token_file(options); }, {blank + ", " + (scratch / "blank2.txt").string() + " and 2 more"});
   // SentencePiece's source locations and checks do not reach the user.
   const std::string garbage = scratch / "garbage.model";
   std::ofstream(garbage) << "this is not a protobuf";

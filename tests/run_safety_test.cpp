@@ -75,10 +75,12 @@ TEST(FolderLocks, ASecondJobOnTheRunOrSaveDirIsRefusedNamingTheHolderAndAKilledO
   ScratchDir dir("locks");
   const fs::path run_dir = dir / "run", save_dir = dir / "ckpt";
   // No save before the end of the run (which never comes): the second jobs meet the lock alone.
+  const fs::path tensorboard_dir = dir / "tensorboard";
   const std::string first = trainer(1, "--num_training_steps " + std::to_string(kLongRun) + " --run_dir " +
                                            run_dir.string() + " --save_dir " + save_dir.string() +
-                                           " --save_every " + std::to_string(kLongRun));
-  CommandResult second_run, second_save;
+                                           " --save_every " + std::to_string(kLongRun) + " --tensorboard_dir " +
+                                           tensorboard_dir.string());
+  CommandResult second_run, second_save, second_tensorboard;
   pid_t holder = -1;
   const CommandResult first_result = testing::run_and_act(first, run_dir, [&] {
     holder = testing::find_process(testing::trainer_binary().string(), run_dir, 0);
@@ -90,6 +92,9 @@ TEST(FolderLocks, ASecondJobOnTheRunOrSaveDirIsRefusedNamingTheHolderAndAKilledO
     second_run = run_command(trainer(1, "--num_training_steps 2 --run_dir " + run_dir.string()));
     second_save = run_command(trainer(1, "--num_training_steps 2 --run_dir " + (dir / "other").string() +
                                              " --save_dir " + save_dir.string()));
+    // Another run folder with the same --tensorboard_dir (issue 44: its event files mixed into the first's).
+    second_tensorboard = run_command(trainer(1, "--num_training_steps 2 --run_dir " + (dir / "third").string() +
+                                                    " --tensorboard_dir " + tensorboard_dir.string()));
     ::kill(holder, SIGKILL);  // as a node's OOM killer would: no chance to clean up
     return true;
   });
@@ -103,11 +108,17 @@ TEST(FolderLocks, ASecondJobOnTheRunOrSaveDirIsRefusedNamingTheHolderAndAKilledO
   EXPECT_TRUE(contains(second_save.output, "--save_dir " + save_dir.string() + " is in use by another job (host "))
       << second_save.output;
   EXPECT_TRUE(contains(second_save.output, holder_text)) << second_save.output;
+  EXPECT_EQ(second_tensorboard.exit_code, 2) << second_tensorboard.output;
+  EXPECT_TRUE(contains(second_tensorboard.output,
+                       "--tensorboard_dir " + tensorboard_dir.string() + " is in use by another job (host "))
+      << second_tensorboard.output;
+  EXPECT_FALSE(fs::exists(dir / "third/metrics.jsonl")) << "refused before the run started";
   // The refused jobs wrote nothing into the holder's run: its history has no second start.
   EXPECT_EQ(testing::read_metrics_events(run_dir, "start").size(), 1u);
   // The killed job's lock went with it: the folder is free at once.
   const CommandResult after = run_command(trainer(1, "--num_training_steps 2 --run_dir " + run_dir.string() +
-                                                         " --save_dir " + save_dir.string()));
+                                                         " --save_dir " + save_dir.string() + " --tensorboard_dir " +
+                                                         tensorboard_dir.string()));
   EXPECT_EQ(after.exit_code, 0) << after.output;
 }
 

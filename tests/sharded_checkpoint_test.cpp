@@ -116,17 +116,26 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, Reshard, ::testing::ValuesIn(reshard_cases(
   return std::get<0>(info.param).name + (std::get<1>(info.param) ? "_offload" : "");
 });
 
-// Resuming with another optimizer is refused, naming the one that wrote the checkpoint.
+// Resuming with another optimizer is refused, naming the one that wrote the checkpoint: at start-up
+// with the other changed flags (config/training_settings.h), and with --allow_changed_flags when its
+// state is read (it does not fit).
 TEST(ReshardRefusal, AnotherOptimizersCheckpointIsRefused) {
   const testing::MicroCase& galore = testing::micro_case("galore_right");
   const testing::RecordedRun& saved = testing::recorded_run(2, testing::micro_run_flags(2, galore.flags));
   ASSERT_EQ(saved.exit_code, 0) << saved.output;
   ScratchDir dir("reshard_other_optimizer");
-  auto other = run_command(testing::trainer_launcher(1) + " " + testing::micro_run_flags(1, "--optimizer adamw") +
-                           " --continue_from " + (saved.save_dir() / "step_3").string() + " --run_dir " +
-                           (dir / "run").string() + " --save_dir " + (dir / "ckpt").string());
+  const auto resume = [&](const std::string& more) {
+    return run_command(testing::trainer_launcher(1) + " " + testing::micro_run_flags(1, "--optimizer adamw" + more) +
+                       " --continue_from " + (saved.save_dir() / "step_3").string() + " --run_dir " +
+                       (dir / "run").string() + " --save_dir " + (dir / "ckpt").string());
+  };
+  auto other = resume("");
   EXPECT_EQ(other.exit_code, 2) << other.output;
-  EXPECT_NE(other.output.find("written by --optimizer"), std::string::npos) << other.output;
+  EXPECT_NE(other.output.find("--optimizer (the checkpoint's \"galore_adamw\", this run's \"adamw\")"), std::string::npos)
+      << other.output;
+  auto allowed = resume(" --allow_changed_flags");
+  EXPECT_EQ(allowed.exit_code, 2) << allowed.output;
+  EXPECT_NE(allowed.output.find("written by --optimizer"), std::string::npos) << allowed.output;
 }
 
 // Saving gathers nothing: on every rank the tracked peak while the save runs (the ledger's checkpoint
@@ -269,15 +278,16 @@ TEST(Bf16StateCheckpoint, SavedInItsDtypeAndResumableIntoTheOther) {
   for (const auto* part : {&sync_state.model, &sync_state.optimizer})
     for (const auto& [key, tensor] : *part)
       EXPECT_TRUE(at::equal(tensor, (part == &sync_state.model ? async_state.model : async_state.optimizer).at(key))) << key;
-  // Across dtypes, both ways.
-  const auto into_bf16 = run("fp32_to_bf16", fp32_case.flags + " --optimizer_state_dtype bfloat16 --continue_from " +
+  // Across dtypes, both ways: a change of training flags, so said with --allow_changed_flags.
+  const auto into_bf16 = run("fp32_to_bf16", fp32_case.flags + " --optimizer_state_dtype bfloat16 --allow_changed_flags --continue_from " +
                                                  (fp32.save_dir() / "step_3").string());
   ASSERT_EQ(into_bf16.exit_code, 0) << into_bf16.output;
   EXPECT_NE(into_bf16.output.find("resuming float32 optimizer state as bfloat16 (--optimizer_state_dtype): each moment "
                                   "rounded to the nearest bf16"),
             std::string::npos)
       << into_bf16.output;
-  const auto into_fp32 = run("bf16_to_fp32", "--optimizer adamw --lr 1e-2 --continue_from " + (bf16.save_dir() / "step_3").string());
+  const auto into_fp32 = run("bf16_to_fp32", "--optimizer adamw --lr 1e-2 --allow_changed_flags --continue_from " +
+                                                 (bf16.save_dir() / "step_3").string());
   ASSERT_EQ(into_fp32.exit_code, 0) << into_fp32.output;
   EXPECT_NE(into_fp32.output.find("resuming bfloat16 optimizer state as float32 (--optimizer_state_dtype): exact"),
             std::string::npos)

@@ -46,8 +46,8 @@
 
 namespace {
 
-// One job per folder (common/folder_lock.h): rank 0 locks --run_dir and --save_dir for the job's
-// life, and every rank learns whether it could before any rank writes there; a second job on either
+// One job per folder (common/folder_lock.h): rank 0 locks --run_dir, --save_dir and --tensorboard_dir
+// for the job's life, and every rank learns whether it could before any rank writes there; a second job on either
 // is exit 2 naming the folder and the holder.
 std::vector<std::unique_ptr<llm::FolderLock>> lock_run_folders(const llm::RunConfig& run, const llm::World& world) {
   std::vector<std::unique_ptr<llm::FolderLock>> locks;
@@ -62,6 +62,16 @@ std::vector<std::unique_ptr<llm::FolderLock>> lock_run_folders(const llm::RunCon
         if (!error && llm::folder_write_problem(save_dir).empty() &&
             !std::filesystem::equivalent(save_dir, run.logging.run_dir, error))
           locks.push_back(std::make_unique<llm::FolderLock>(save_dir, "--save_dir"));
+      }
+      // Two jobs' event files in one --tensorboard_dir show as one run's curves, mixed (issue 44): the
+      // lock is beside the folder (FolderLock::output), so nothing is created in it before the writer.
+      const std::string& tensorboard_dir = run.logging.tensorboard_dir;
+      if (!tensorboard_dir.empty()) {
+        const std::filesystem::path normal = std::filesystem::absolute(tensorboard_dir).lexically_normal();
+        const std::filesystem::path folder = normal.has_filename() ? normal : normal.parent_path();
+        // A folder above it that cannot be made: the writer says so, as before.
+        if (!llm::create_folders_durably(folder.parent_path()))
+          locks.push_back(llm::FolderLock::output(tensorboard_dir, "--tensorboard_dir"));
       }
     } catch (const llm::UserError&) {
       if (world.world_size == 1) throw;

@@ -327,6 +327,10 @@ void add_checkpoint_flags(CLI::App& app, NumberFlags& numbers, TrainingFlags& fl
                          "training goes on; it completes at a later step boundary"));
   flags.add(app.add_option("--continue_from", run.checkpoint.continue_from, "checkpoint folder to resume from")
           ->capture_default_str());
+  flags.add(app.add_flag("--allow_changed_flags", run.checkpoint.allow_changed_flags,
+                         "resume although flags that change training (learning rate and schedule, optimizer and "
+                         "its settings, seed, batch and sequence size, dtype, held-out split) differ from the "
+                         "checkpoint's; without it such a resume is refused, naming each difference"));
   flags.add(app.add_option("--init_from", run.checkpoint.init_from,
                            "start a new run from a transformers save_pretrained folder's weights (safetensors), e.g. "
                            "one `trainer export` wrote"));

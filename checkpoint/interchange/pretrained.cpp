@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/errors.h"
+#include "common/input_paths.h"
 #include "common/log.h"
 #include "checkpoint/interchange/hf_config.h"
 #include "checkpoint/interchange/safetensors.h"
@@ -92,12 +93,13 @@ PretrainedFolder::PretrainedFolder(const std::string& folder, const ModelConfig&
     for (const auto& [name, file] : index.at("weight_map").items()) {
       LLM_REQUIRE(file.is_string(), index_path.string(), "weight_map." + name, "expected a shard file name");
       const std::string file_name = file.get<std::string>();
-      LLM_REQUIRE(fs::path(file_name).filename() == fs::path(file_name), index_path.string(), "weight_map." + name,
-                  "\"" + file_name + "\" is not a file name in the folder");
+      require_plain_name(file_name, index_path.string(), "weight_map." + name);
       auto opened = files.find(file_name);
       if (opened == files.end()) {
-        LLM_REQUIRE(fs::exists(root / file_name, error), (root / file_name).string(), "",
+        const std::string not_regular = regular_file_problem(root / file_name);
+        LLM_REQUIRE(not_regular != "is missing", (root / file_name).string(), "",
                     "missing: the index names it for " + name + " (and maybe others); the folder is incomplete");
+        require_regular_file(root / file_name, index_path.string(), "weight_map." + name, "a shard of the weights");
         opened = files.emplace(file_name, std::make_shared<SafetensorsFile>((root / file_name).string())).first;
       }
       LLM_REQUIRE(opened->second->contains(name), opened->second->path(), name,
@@ -107,7 +109,8 @@ PretrainedFolder::PretrainedFolder(const std::string& folder, const ModelConfig&
     for (const auto& [file_name, file] : files)
       for (const auto& [name, entry] : file->entries())
         if (!file_of_.count(name)) unindexed.insert(name);
-  } else if (fs::exists(single_path, error)) {
+  } else if (fs::exists(single_path, error) || fs::is_symlink(single_path, error)) {
+    require_regular_file(single_path, root.string(), "model.safetensors", "the weights");
     auto file = std::make_shared<SafetensorsFile>(single_path.string());
     for (const auto& [name, entry] : file->entries()) file_of_[name] = file;
   } else {

@@ -2,8 +2,10 @@
 # Slurm for real on this one machine: a one-host cluster (slurmctld, slurmd and a munged of its own,
 # configured in a temporary folder, on loopback, without cgroups) and, on it:
 #   1. srun --mpi=pmix with 2 and 4 tasks: every step's loss, gradient norm and lr equal to mpirun's run;
-#   2. sbatch launch/slurm.sbatch: the job, sent USR1 as Slurm's --signal sends it, saves and exits 0,
-#      the script requeues it, and the requeued job resumes and ends with the uninterrupted run's losses.
+#   2. sbatch launch/slurm.sbatch: two jobs of one name in folders of their own (runs/<name>-<job id>);
+#      the first, another --lr, stops at --stop_at_step and is not requeued; the second, sent USR1 as
+#      Slurm's --signal sends it, saves and exits 0, the script requeues it, and the requeued job resumes
+#      its own run (not the first job's) and ends with the uninterrupted run's losses.
 #
 #   bash tests/slurm/slurm_test.sh TRAINER MPIEXEC [PART]
 #
@@ -116,14 +118,31 @@ for ranks in 2 4; do
   echo "srun --mpi=pmix -n $ranks: 4 steps, the same bits as mpirun -np $ranks"
 done
 
-# 2. sbatch: a signal mid-run, the save, the requeue, the resume.
+# 2. sbatch: two jobs of one name; a signal mid-run, the save, the requeue, the resume.
+name=same-name
+# The first job: another experiment (--lr 3e-2) under the same job name, stopped at --stop_at_step.
+first=$(cd "$work/job" && TRAINER="$TRAINER" sbatch --parsable -n 1 --job-name=$name --output="$work/job/first-%j.out" \
+        "$SOURCE/launch/slurm.sbatch" "${flags[@]/1e-2/3e-2}" --batch_size 4 --num_training_steps 4 --stop_at_step 2) \
+  || fail "sbatch refused the first job"
+for _ in $(seq 1 120); do
+  grep -q "not requeued\|requeueing job" "$work"/job/first-*.out 2>/dev/null && break
+  sleep 1
+done
+grep -q "requeueing job $first" "$work"/job/first-*.out && fail "job $first, stopped at --stop_at_step, was requeued"
+grep -q "not requeued" "$work"/job/first-*.out || fail "job $first did not end: $(tail -n 3 "$work"/job/first-*.out)"
+first_run="$work/job/runs/$name-$first"
+grep -q '"stopped_by":"--stop_at_step"' "$first_run/metrics.jsonl" || fail "job $first's run is not in $first_run"
+[ -d "$first_run/checkpoints/step_2" ] || fail "job $first saved no step_2 in $first_run/checkpoints"
+scancel "$first" 2>/dev/null
+echo "sbatch job $first (--stop_at_step 2): ran in runs/$name-$first, saved step_2, not requeued"
 steps=60
 "$MPIEXEC" --oversubscribe -np 2 "$TRAINER" "${flags[@]}" --batch_size 2 --num_training_steps $steps \
   --run_dir "$work/straight" > "$work/log/straight.log" 2>&1 || fail "the uninterrupted run: $(tail -n 3 "$work/log/straight.log")"
-job=$(cd "$work/job" && RUN_DIR="$work/job/run" SAVE_DIR="$work/job/ckpt" TRAINER="$TRAINER" \
-      sbatch --parsable -n 2 --output="$work/job/slurm-%j.out" "$SOURCE/launch/slurm.sbatch" \
+job=$(cd "$work/job" && TRAINER="$TRAINER" \
+      sbatch --parsable -n 2 --job-name=$name --output="$work/job/slurm-%j.out" "$SOURCE/launch/slurm.sbatch" \
       "${flags[@]}" --batch_size 2 --num_training_steps $steps --log_every 1) || fail "sbatch refused the job"
 echo "submitted job $job"
+mkdir -p "$work/job/runs" && ln -s "runs/$name-$job" "$work/job/run"  # its run folder, by the job id
 # Once it trains (a few steps in), the notice Slurm's --signal=USR1@120 would send.
 for _ in $(seq 1 600); do
   n=$(grep -c '"event":"train"' "$work/job/run/metrics.jsonl" 2>/dev/null || true)
@@ -153,6 +172,8 @@ grep -q '"event":"end"' "$work/job/run/metrics.jsonl" || fail "job $job did not 
 [ "$(grep -c '"event":"start"' "$work/job/run/metrics.jsonl")" -ge 2 ] || fail "job $job did not start twice"
 [ "$(records "$work/job/run/metrics.jsonl")" = "$(records "$work/straight/metrics.jsonl")" ] \
   || fail "the preempted and requeued job's steps differ from the uninterrupted run's"
+[ "$(grep -c '"event":"start"' "$first_run/metrics.jsonl")" -eq 1 ] || fail "job $job wrote into job $first's run folder"
+[ "$(grep -c '"event":"train"' "$first_run/metrics.jsonl")" -eq 2 ] || fail "job $first's run folder changed"
 echo "sbatch launch/slurm.sbatch: USR1 at step $n -> saved, exit 0, requeued, resumed; all $steps steps equal to the uninterrupted run"
 
 fi
