@@ -19,7 +19,8 @@
 // Not compared, because the steps are the same with either value: how the work is laid out
 // (world size, --batch_size and --gradient_accumulation at one --total_batch_size, --sharding,
 // --offload, --no_prefetch, --communicator, --device, --activation_checkpointing, --recompute,
-// --fused_ops, --pad_matmul_dims, --fuse_optimizer_with_backward), what is watched and kept
+// --fused_ops, --pad_matmul_dims, --grouped_projections, --offload_threads,
+// --fuse_optimizer_with_backward), what is watched and kept
 // (--run_dir, --log_every, --eval_every, --eval_sequences/_tokens/_batches, --eval_data's path,
 // --tensorboard_dir, --name, --tags, --peak_tflops, --save_every, --save_dir, --keep_last,
 // --async_save, --on_write_error, --memory_snapshot), and when it stops (--num_training_steps and
