@@ -138,6 +138,8 @@ def cases(device):
         # (both off by default until their GPU tests pass).
         # Most important first (a budget cut drops the last): padding, every kernel together, each alone.
         every_kernel = "--fused_ops rms_norm,swiglu,rotary,cross_entropy"
+        acc8_1b = Case("configs/llama_1b.json", "bfloat16", "pure", 8, 1024, 8, accumulation=8, tag="acc8",
+                       lever_of=speed_1b.name)
         levers = [Case("configs/llama_1b.json", "bfloat16", "pure", 8, 1024, 20, levers="--pad_matmul_dims off",
                        lever_of=speed_1b.name),
                   Case("configs/llama_1b.json", "bfloat16", "pure", 8, 1024, 20, levers=every_kernel,
@@ -152,12 +154,16 @@ def cases(device):
                        lever_of=speed_1b.name) for kernel in ("rms_norm", "swiglu", "rotary", "cross_entropy")] + [
                   # A realistic step (64k tokens by accumulation, as LLMQ measures at 524k) and a larger
                   # micro-batch, each against the default run's tokens/s.
-                  Case("configs/llama_1b.json", "bfloat16", "pure", 8, 1024, 8, accumulation=8, tag="acc8",
-                       lever_of=speed_1b.name),
+                  acc8_1b,
                   Case("configs/llama_350m.json", "bfloat16", "mixed", 16, 1024, 8, accumulation=4, tag="acc4",
                        lever_of=speed_350m.name),
                   Case("configs/llama_1b.json", "bfloat16", "pure", 16, 1024, 12, tag="b16", lever_of=speed_1b.name),
                   Case("configs/llama_350m.json", "bfloat16", "mixed", 32, 1024, 12, tag="b32", lever_of=speed_350m.name)]
+        # Issue 43: offload's share at 32k and 128k tokens a step (the host step is per step, the GPU's
+        # work per token), fp32 and bf16 state, against the 64k-token run without offload (acc8).
+        offload_steps = [Case("configs/llama_1b.json", "bfloat16", "pure", 8, 1024, 5, accumulation=acc, offload=True,
+                              state_bf16=bf16, tag=f"acc{acc}", offload_of=acc8_1b.name)
+                         for acc in (4, 16) for bf16 in (False, True)]
     else:
         speed_350m = Case("configs/llama_micro.json", "bfloat16", "mixed", 2, 32, 6, peer=True)
         speed_1b = Case("configs/llama_micro.json", "bfloat16", "pure", 2, 32, 6, peer=True)
@@ -174,8 +180,10 @@ def cases(device):
                        lever_of=speed_1b.name),
                   Case("configs/llama_micro.json", "bfloat16", "pure", 2, 32, 5, accumulation=4, tag="acc4",
                        lever_of=speed_1b.name)]
+        offload_steps = [Case("configs/llama_micro.json", "bfloat16", "pure", 2, 32, 5, accumulation=4, offload=True,
+                              tag="acc4", offload_of=levers[-1].name)]
     # Speed first (issue 42): the default runs with their peers, then each lever; memory after.
-    return [speed_350m, speed_1b] + levers + [memory_130m, offload_1b] + largest
+    return [speed_350m, speed_1b] + levers + [memory_130m, offload_1b] + largest + offload_steps
 
 
 # ------------------------------------------------------------------------------------------------
@@ -428,7 +436,15 @@ def summarize(device, work):
     for case in cases(device):
         if case.offload_of:
             with_offload, without = runs.get(case.name), runs.get(case.offload_of)
+            host_step_s = ((with_offload.get("offload_s") or {}).get("host_step_s") if with_offload else None)
+            parameters = with_offload.get("parameters") if with_offload else None
+            # The bytes an element the host step reads and writes (AdamW): the gradient (bf16 at one
+            # rank in pure bf16), the master and both moments read and written, the rounded bf16 row.
+            moment_bytes = 2 if case.state_bf16 else 4
+            step_bytes = (2 + 8 + 4 * moment_bytes + 2) * parameters if parameters else None
             offload.append({"case": case.name, "baseline": case.offload_of,
+                            "tokens_per_step": case.tokens_per_step(), "host_step_s": host_step_s,
+                            "host_step_gb_per_s": step_bytes / host_step_s / 1e9 if step_bytes and host_step_s else None,
                             "tokens_per_s": with_offload["tokens_per_s"] if with_offload else None,
                             "baseline_tokens_per_s": without["tokens_per_s"] if without else None,
                             "share_kept": (with_offload["tokens_per_s"] / without["tokens_per_s"]

@@ -113,11 +113,16 @@ def markdown(results):
                  "coincide).\n")
 
     lines.append("### Offload: the share of the throughput kept with --offload optimizer\n")
-    lines.append("| run | tokens/s | without offload | tokens/s | share kept % |")
-    lines.append("|---|---:|---|---:|---:|")
+    lines.append("| run | tokens a step | tokens/s | without offload | tokens/s | share kept % | host step s | host step GB/s |")
+    lines.append("|---|---:|---:|---|---:|---:|---:|---:|")
     for entry in results.get("offload", []):
-        lines.append(f"| {entry['case']} | {number(entry.get('tokens_per_s'), '.0f')} | {entry['baseline']} | "
-                     f"{number(entry.get('baseline_tokens_per_s'), '.0f')} | {percent(entry.get('share_kept'))} |")
+        lines.append(f"| {entry['case']} | {number(entry.get('tokens_per_step'), '.0f')} | "
+                     f"{number(entry.get('tokens_per_s'), '.0f')} | {entry['baseline']} | "
+                     f"{number(entry.get('baseline_tokens_per_s'), '.0f')} | {percent(entry.get('share_kept'))} | "
+                     f"{number(entry.get('host_step_s'), '.3f')} | {number(entry.get('host_step_gb_per_s'), '.1f')} |")
+    lines.append("\nThe host step's GB/s: the AdamW bytes an element it reads and writes (gradient 2, master 8, "
+                 "moments 16 or 8 with bf16 state, the rounded row 2) times the parameters, over the measured "
+                 "host_step_s (the worker's and the main thread's host time a step).\n")
 
     lines.append("\n### Levers: each toggled against the default run of the same shape\n")
     lines.append("| run | flags | tokens/s | MFU % | default run | tokens/s | MFU % | toggled / default |")

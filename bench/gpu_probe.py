@@ -190,6 +190,16 @@ def main():
         ref = rotary_composed(xq, cos, sin)
         out["rotary_roll_bitwise_equal_to_composed"] = bool(torch.equal(ref, rotary_roll(xq, cos, sin_signed)))
         out["rotary_addcmul_bitwise_equal_to_composed"] = bool(torch.equal(ref, rotary_addcmul(xq, cos, sin_signed)))
+    # 5. The bus offload crosses (issue 43): page-locked host <-> device copies of 256 MiB, each way,
+    # the bound the offloaded step's gradient and parameter copies run against.
+    if device == "cuda":
+        n = 128 * 1024 * 1024  # bf16 elements: 256 MiB
+        host = torch.empty(n, dtype=torch.bfloat16).pin_memory()
+        dev = torch.empty(n, dtype=torch.bfloat16, device=device)
+        nbytes = 2 * n
+        out["pcie_host_to_device_gb_per_s"] = nbytes / timed(lambda: dev.copy_(host, non_blocking=True), 5, device) / 1e9
+        out["pcie_device_to_host_gb_per_s"] = nbytes / timed(lambda: host.copy_(dev, non_blocking=True), 5, device) / 1e9
+        del host, dev
     text = json.dumps(out, indent=1, default=str)
     print(text)
     if args.out:
