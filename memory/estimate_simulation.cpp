@@ -65,7 +65,7 @@ class StepSimulation {
     // One rank or no_shard: each unit is its whole shard and stays resident (sharding/fsdp_unit.h),
     // unless its parameters are offloaded.
     resident_ = layout_world_ == 1 && !offload_parameters_ && !model.config.matmul_padded();
-    bf16_gradient_ = resident_ && bf16_gradient_shards(m_.run, world_);  // as ShardedModel keeps them
+    bf16_gradient_ = bf16_gradient_shards(m_.run, world_);  // as ShardedModel keeps them
     int64_t galore_matrices = 0;
     for (const UnitSpec& unit : units) {
       std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
@@ -398,13 +398,18 @@ class StepSimulation {
       const bool kept = cuda_ && !fused_;
       timeline_.remove(kActivations, reducing_flat_);
       reducing_flat_ = 0;
-      timeline_.add(kActivations, 4 * unit.gathered_numel);
+      // A bf16 shard at one rank takes the gradients straight in: no flat buffer, no reduction.
+      const int64_t flat = bf16_gradient_ ? 0 : 4 * unit.gathered_numel;
+      timeline_.add(kActivations, flat);
+      // (the bf16 shard is made first and takes each gradient as it goes; the fp32 one after the flat copies)
+      if (transient_gradient_ && bf16_gradient_) timeline_.add(kGradients, shard);
       for (int64_t numel : unit.compute_numels) timeline_.remove(kGradients, m_.compute_bytes() * numel);
-      if (transient_gradient_) timeline_.add(kGradients, shard);
+      if (transient_gradient_ && !bf16_gradient_) timeline_.add(kGradients, shard);
       if (kept)
-        reducing_flat_ = 4 * unit.gathered_numel;
+        reducing_flat_ = flat;
       else
-        timeline_.remove(kActivations, 4 * unit.gathered_numel);
+        timeline_.remove(kActivations, flat);
+      if (bf16_gradient_) timeline_.spike(4 * unit.shard_numel);  // the norm's exact fp32 upcast of the shard
     }
     // --fuse_optimizer_with_backward: the unit's step runs here, its temporaries on top of the shard,
     // and the shard is freed right after (on a GPU too: the step runs on the stream that reuses it).

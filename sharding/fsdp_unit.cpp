@@ -295,12 +295,13 @@ void ShardedUnit::make_gradient_transient() {
 }
 
 void ShardedUnit::keep_bf16_gradient() {
-  if (!resident_ || compute_dtype_ != at::kBFloat16 || layout_.world_size != 1 || communicator_.world_size() != 1 ||
+  if (compute_dtype_ != at::kBFloat16 || layout_.world_size != 1 || communicator_.world_size() != 1 ||
       gradient_transient_ || parameters_offloaded_)
-    throw std::logic_error("ShardedUnit " + name_ + ": a bf16 gradient shard needs a resident bf16 unit at one rank");
+    throw std::logic_error("ShardedUnit " + name_ + ": a bf16 gradient shard needs a bf16 unit at one rank");
   at::NoGradGuard no_grad;
   gradient_dtype_ = at::kBFloat16;
   gradient_ = at::zeros({layout_.shard_numel}, gradient_options_.dtype(gradient_dtype_));
+  if (!resident_) return;  // a gathered (padded) unit's gradients are copied in at its reduction
   gradients_in_shard_ = true;
   point_gradients_at_shard();
 }
@@ -396,6 +397,21 @@ void ShardedUnit::reduce_into_shard() {
       }
     }
     if (communicator_.world_size() > 1) communicator_.all_reduce(gradient_, ReduceOp::average);
+    return;
+  }
+  if (gradient_dtype_ != at::kFloat) {
+    // keep_bf16_gradient on a gathered unit (one rank, its compute copies padded): the shard is laid
+    // out as a world of one's flat buffer, so each bf16 gradient is copied straight into it (pads left
+    // out), with no fp32 buffer and nothing to reduce.
+    if (gradient_transient_) gradient_ = at::empty({layout_.shard_numel}, gradient_options_.dtype(gradient_dtype_));
+    for (size_t i = 0; i < parameters_.size(); ++i) {
+      const at::Tensor& grad = parameters_[i].second.grad();
+      if (grad.defined())
+        layout_.scatter_into(layout_.parameters[i], logical(i, grad), gradient_);
+      else
+        slice(gradient_, layout_.parameters[i]).zero_();
+      parameters_[i].second.mutable_grad() = at::Tensor();
+    }
     return;
   }
   at::Tensor flat = at::empty({layout_.world_size * layout_.shard_numel}, gradient_options_);

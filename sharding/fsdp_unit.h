@@ -149,9 +149,10 @@ class ShardedUnit {
   // its parameters' gradients are views of it) until take_gradient_shard() hands it over, and the
   // caller frees it once it has copied it to host memory. Between steps the device holds no gradient.
   void make_gradient_transient();
-  // A resident bf16 unit at one rank: its gradient shard in bf16, which autograd accumulates into
-  // (the parameters' .grad are views of it) and the AdamW kernel reads: no fp32 copy of a bf16
-  // gradient (4 bytes a parameter, and a pass). The norm upcasts one unit at a time.
+  // A bf16 unit at one rank: its gradient shard in bf16, which the AdamW kernel reads: no fp32 copy
+  // of a bf16 gradient (4 bytes a parameter, and a pass). A resident unit's .grad are views of it
+  // (autograd accumulates into it); a gathered (padded) one's are copied into it at the reduction,
+  // with no fp32 flat buffer. The norm upcasts one unit at a time.
   void keep_bf16_gradient();
   at::ScalarType gradient_dtype() const { return gradient_dtype_; }  // the gradient shard's: fp32 or bf16
   bool gradient_transient() const { return gradient_transient_; }

@@ -43,7 +43,7 @@ size_t ShardedModel::add_unit(std::string name, std::vector<std::pair<std::strin
                                                  options_.resident_when_whole, options_.offload_parameters,
                                                  std::move(logical_shapes)));
   units_.back()->set_reduce_stream(reduce_stream_);
-  if (options_.bf16_gradient_shards && units_.back()->resident()) units_.back()->keep_bf16_gradient();
+  if (options_.bf16_gradient_shards) units_.back()->keep_bf16_gradient();
   forwards_.push_back(std::move(forward));
   // Nothing has run yet, so a fresh plan over the units so far is the plan.
   plan_ = StepPlan(static_cast<int64_t>(units_.size()), plan_strategy(options_, units_.back()->resident()),

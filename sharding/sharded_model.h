@@ -60,7 +60,7 @@ struct ShardingOptions {
   // (sharding/fsdp_unit.h). No unit is resident; no_shard's units gather (a copy) and release as
   // full_shard's do.
   bool offload_parameters = false;
-  // Resident bf16 units at one rank keep their gradient shard in bf16 (ShardedUnit::keep_bf16_gradient);
+  // bf16 units at one rank keep their gradient shard in bf16 (ShardedUnit::keep_bf16_gradient);
   // the trainer sets it for pure bf16 AdamW (config/config.h's bf16_gradient_shards).
   bool bf16_gradient_shards = false;
 };

@@ -185,6 +185,9 @@ INSTANTIATE_TEST_SUITE_P(
                       // Pure bf16 AdamW at one rank: bf16 gradient shards, with accumulation.
                       Case{"llama_tiny", 1, "--batch_size 2 --max_length 64 --total_batch_size 4 --dtype bfloat16 --precision pure"},
                       Case{"llama_tiny", 1, "--batch_size 2 --max_length 64 --total_batch_size 4 --dtype bfloat16 --precision pure --offload optimizer"},
+                      // ... and padded (gathered units: the bf16 gradients copied straight into the bf16 shard).
+                      Case{"llama_tiny", 1, "--batch_size 2 --max_length 64 --total_batch_size 4 --dtype bfloat16 --precision pure --pad_matmul_dims on"},
+                      Case{"llama_tiny", 1, "--batch_size 2 --max_length 64 --dtype bfloat16 --precision pure --pad_matmul_dims on --offload optimizer"},
                       // Parameter offload: every unit gathers (no resident units), the compute rows in
                       // host memory, each strategy, alone and with the optimizer's offload.
                       Case{"llama_tiny", 1, "--batch_size 4 --max_length 64 --offload parameters"},
