@@ -34,14 +34,6 @@ struct SoftmaxState {
 
 LLM_HOST_DEVICE SoftmaxState softmax_empty() { return {-INFINITY, 0.0f}; }
 
-LLM_HOST_DEVICE float log_like_aten(float x) {
-#ifdef __CUDA_ARCH__
-  return logf(x);
-#else
-  return std::log(x);
-#endif
-}
-
 // The state with one more logit. A NaN makes the sum NaN (as ATen's loss is NaN then); -inf adds 0.
 LLM_HOST_DEVICE SoftmaxState softmax_add(SoftmaxState state, float x) {
   if (x > state.max) {

@@ -22,11 +22,19 @@ LLM_HOST_DEVICE float round_like(uint16_t, float value) {
   return bfloat16_bits_to_float(float_to_bfloat16_bits_nearest(value));
 }
 
+// exp and log as ATen's kernels evaluate them: the CUDA math library's on the device, libm's here.
 LLM_HOST_DEVICE float exp_like_aten(float x) {
 #ifdef __CUDA_ARCH__
   return expf(x);
 #else
   return std::exp(x);
+#endif
+}
+LLM_HOST_DEVICE float log_like_aten(float x) {
+#ifdef __CUDA_ARCH__
+  return logf(x);
+#else
+  return std::log(x);
 #endif
 }
 

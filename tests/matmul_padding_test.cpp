@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -87,16 +86,6 @@ const testing::RecordedRun& odd_run(const PaddingCase& c, const std::string& pad
                    c.flags + " --pad_matmul_dims " + padding);
 }
 
-std::vector<nlohmann::json> train_records(const std::filesystem::path& run_dir) {
-  std::vector<nlohmann::json> records;
-  std::ifstream in(run_dir / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);) {
-    nlohmann::json record = nlohmann::json::parse(line);
-    if (record.value("event", "") == "train") records.push_back(std::move(record));
-  }
-  return records;
-}
-
 class PaddedRun : public ::testing::TestWithParam<PaddingCase> {};
 
 TEST_P(PaddedRun, TrainsAsTheUnpaddedRunAndSavesTheSameTensors) {
@@ -105,14 +94,7 @@ TEST_P(PaddedRun, TrainsAsTheUnpaddedRunAndSavesTheSameTensors) {
   ASSERT_EQ(plain.exit_code, 0) << plain.output;
   const testing::RecordedRun& padded = odd_run(c, "on");
   ASSERT_EQ(padded.exit_code, 0) << padded.output;
-  const auto expected = train_records(plain.run_dir()), got = train_records(padded.run_dir());
-  ASSERT_EQ(got.size(), 4u);
-  ASSERT_EQ(expected.size(), got.size());
-  for (size_t i = 0; i < got.size(); ++i)
-    for (const char* key : {"loss", "grad_norm"}) {
-      const double want = expected[i].at(key), have = got[i].at(key);
-      EXPECT_NEAR(have, want, c.tolerance * std::abs(want)) << "step " << i + 1 << " " << key;
-    }
+  testing::expect_close_run(plain.dir, padded.dir, 4, c.tolerance);
   // The checkpoints: the same tensors by name and shape (the logical ones), equal to rounding.
   const testing::Checkpoint want = testing::load_checkpoint((plain.save_dir() / "step_4").string());
   const testing::Checkpoint have = testing::load_checkpoint((padded.save_dir() / "step_4").string());
@@ -184,7 +166,8 @@ TEST(PaddedCheckpoints, ResumeAcrossPaddedAndUnpadded) {
     const auto whole = run_command(base + " --num_training_steps 4 --pad_matmul_dims " + second + " --run_dir " +
                                    (dir / "c").string() + " --save_dir " + (dir / "ckpt_whole").string());
     ASSERT_EQ(whole.exit_code, 0) << whole.output;
-    const auto continued = train_records(dir / "b"), uninterrupted = train_records(dir / "c");
+    const auto continued = testing::read_metrics_events(dir / "b", "train");
+    const auto uninterrupted = testing::read_metrics_events(dir / "c", "train");
     ASSERT_GE(uninterrupted.size(), 4u);
     ASSERT_GE(continued.size(), 2u);
     const double want = uninterrupted.back().at("loss"), have = continued.back().at("loss");
