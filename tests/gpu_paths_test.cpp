@@ -179,6 +179,9 @@ INSTANTIATE_TEST_SUITE_P(
                 "--sharding shard_grad_op --offload optimizer,parameters --optimizer adamw_sn", 1e-4},
         // --pad_matmul_dims on: the MLP at 128 wide (llama_micro's 88), gathered with zeroed pads.
         GpuCase{"padded_mlp_bf16_pure", 1, "", "--dtype bfloat16 --precision pure --pad_matmul_dims on", 2e-2},
+        // --grouped_projections: q/k/v and gate/up one GEMM each (cuBLAS on the adjacent weights).
+        GpuCase{"grouped_projections_bf16_mixed", 1, "", "--dtype bfloat16 --precision mixed --grouped_projections", 2e-2},
+        GpuCase{"grouped_projections_fp32_2_ranks", 2, "", "--grouped_projections", 1e-4},
         GpuCase{"padded_mlp_staged_2_ranks", 2, "", "--pad_matmul_dims on", 1e-4}),
     [](const ::testing::TestParamInfo<GpuCase>& info) { return info.param.name; });
 
