@@ -138,6 +138,7 @@ json RunConfig::to_json() const {
       {"prefetch", sharding.prefetch},
       {"offload", to_string(sharding.offload)},
       {"offload_threads", sharding.offload_threads},
+      {"offload_delayed_update", sharding.offload_delayed_update},
       {"communicator", to_string(sharding.communicator)},
       {"log_every", logging.log_every},
       {"print_config", logging.print_config},
@@ -258,6 +259,7 @@ RunConfig run_config_from_json(const json& object, const std::string& source) {
   else
     read_enum("offload", run.sharding.offload, kOffloadValues);
   read("offload_threads", run.sharding.offload_threads);
+  read("offload_delayed_update", run.sharding.offload_delayed_update);
   read_enum("communicator", run.sharding.communicator, kCommunicatorValues);
   read("log_every", run.logging.log_every);
   read("print_config", run.logging.print_config);

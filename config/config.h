@@ -166,6 +166,10 @@ struct ShardingConfig {
   // --offload_threads: the host step's threads (offload/optimizer_offload.h); 0: the rank's threads,
   // less one on a GPU (the thread that launches the GPU's work keeps a core).
   int offload_threads = 0;
+  // --offload_delayed_update N: after N exact steps, each step's host update is applied one step late
+  // (ZeRO-Offload's delayed parameter update: the forward of step t+1 runs on the weights of step
+  // t-1 while the host steps t); -1: off, every step exact.
+  int64_t offload_delayed_update = -1;
   CommunicatorChoice communicator = CommunicatorChoice::auto_select;  // --communicator
 };
 

@@ -15,7 +15,7 @@ constexpr std::array kTrainingKeys = {
     "optimizer", "lr", "warmup_steps", "scheduler", "min_lr_ratio", "weight_decay", "grad_clipping",
     "adam_beta1", "adam_beta2", "adam_eps", "optimizer_state_dtype", "subset_size", "subset_norm_params",
     "rank", "update_proj_gap", "galore_scale", "proj_type", "galore_stagger", "galore_projector",
-    "subspace_iterations", "seed", "total_batch_size", "max_length", "dtype", "precision"};
+    "subspace_iterations", "seed", "total_batch_size", "max_length", "dtype", "precision", "offload_delayed_update"};
 
 bool has_eval_data(const json& run) {
   return run.contains("eval_data") && run.at("eval_data").is_string() && !run.at("eval_data").get<std::string>().empty();

@@ -10,7 +10,7 @@
 //     --proj_type, --galore_stagger, --galore_projector, --subspace_iterations);
 //   the samples: --seed (the data order), --total_batch_size, --max_length, and the held-out split (--eval_fraction without --eval_data; --eval_data given
 //     on one side only, which decides whether every window of --data is trained on);
-//   the arithmetic: --dtype, --precision.
+//   the arithmetic: --dtype, --precision, --offload_delayed_update (its late updates are other numbers).
 // Compared elsewhere: the model (--config's contents, require_same_model: always refused) and the
 // data (--data's shards, their formats as read with --memmap_dtype, and --window_start:
 // data/corpus_identity.h, refused unless --allow_other_data). --optimizer is compared here, and a

@@ -214,6 +214,12 @@ void check_memory_flags(const RunConfig& run, const ModelConfig& model) {
   require_flag(run.sharding.offload_threads >= 0 && run.sharding.offload_threads <= 4096, "--offload_threads",
                "a thread count in [1, 4096], or 0 for the rank's threads less one on a GPU",
                static_cast<int64_t>(run.sharding.offload_threads));
+  require_flag(run.sharding.offload_delayed_update >= -1, "--offload_delayed_update",
+               "a number of exact warm-up steps >= 0 (or -1: off)", run.sharding.offload_delayed_update);
+  if (run.sharding.offload_delayed_update >= 0 && run.sharding.offload != Offload::optimizer)
+    fail_user(kCommandLine, "--offload_delayed_update",
+              "delays the host step of --offload optimizer: add --offload optimizer (not with parameters: the "
+              "host rows are what the gathers read while the late update is written), or leave it out");
   if (run.sharding.offload_threads > 0 && !offloads_optimizer(run.sharding.offload))
     fail_user(kCommandLine, "--offload_threads",
               "sets the threads of the offloaded optimizer step: add --offload optimizer, or leave it out");

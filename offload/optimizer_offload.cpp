@@ -49,8 +49,9 @@ int offload_worker_threads(int rank_threads, bool on_cuda, int requested) {
 }
 
 OptimizerOffload::OptimizerOffload(ShardedModel& model, const OptimizerSettings& settings,
-                                   std::vector<std::vector<UpdateRule>> rules, Communicator* across, int worker_threads)
-    : model_(model) {
+                                   std::vector<std::vector<UpdateRule>> rules, Communicator* across, int worker_threads,
+                                   int64_t delayed_after)
+    : model_(model), delayed_after_(delayed_after) {
   LLM_REQUIRE(rules.size() == model.unit_count(), "offload", "rules", "needs the update rules of every unit");
   at::NoGradGuard no_grad;
   const size_t units = model.unit_count();
@@ -73,7 +74,10 @@ OptimizerOffload::OptimizerOffload(ShardedModel& model, const OptimizerSettings&
     // into the host step, which reads bf16 gradients.
     gradients_.push_back(exact_host_buffer(numel, unit.gradient_dtype(), device));
     // With parameter offload the unit's compute shard is in host memory already: the step writes it.
-    if (on_cuda_ && !unit.parameters_offloaded()) {
+    LLM_REQUIRE(delayed_after_ < 0 || !unit.parameters_offloaded(), "offload", "--offload_delayed_update",
+                "needs the units' rows on the device (not --offload parameters)");
+    // A delayed update waits here, also on a CPU rank, until the step after the one that made it.
+    if ((on_cuda_ || delayed_after_ >= 0) && !unit.parameters_offloaded()) {
       staging_.push_back(exact_host_buffer(numel, model.options().compute_dtype, device));
       staging_.back().copy_(masters_.back());  // the padding rows, which no step writes
     } else {
@@ -85,6 +89,7 @@ OptimizerOffload::OptimizerOffload(ShardedModel& model, const OptimizerSettings&
   }
   optimizer_ = std::make_unique<ShardOptimizer>(settings, std::move(shards), across);
   done_.assign(units, true);
+  pending_.assign(units, false);
 #ifdef TRAINER_HAVE_CUDA
   if (on_cuda_) copies_ = std::make_unique<CudaCopies>(device.index(), units);
 #endif
@@ -103,6 +108,7 @@ OptimizerOffload::~OptimizerOffload() {
 
 void OptimizerOffload::gradient_ready(size_t unit) {
   at::NoGradGuard no_grad;
+  if (delayed_) wait_done(unit);  // the last step's host update of the unit has read its landing buffer
   // The unit gives its shard up: when this reference goes, the device memory is free again.
   ShardedUnit& sharded = model_.unit(unit);
   at::Tensor shard = sharded.take_gradient_shard();
@@ -129,12 +135,15 @@ void OptimizerOffload::gradient_ready(size_t unit) {
 }
 
 void OptimizerOffload::step(double lr, double gradient_scale) {
-  wait_all();  // the last step's updates are all on the device (and the worker is idle)
 #ifdef TRAINER_HAVE_CUDA
-  // The H2D copies below overwrite compute shards that this step's kernels read (a resident unit's
-  // parameters are views of its shard): they go after everything queued so far.
+  // The H2D copies below (and a delayed update's, applied by wait_all) overwrite compute shards that
+  // this step's kernels read (a resident unit's parameters are views of its shard): they go after
+  // everything queued so far.
   if (on_cuda_) copies_->backward_done.record(c10::cuda::getCurrentCUDAStream(copies_->device));
 #endif
+  wait_all();  // the last step's updates are all on the device (and the worker is idle)
+  ++steps_;
+  delayed_ = delayed_after_ >= 0 && steps_ > delayed_after_;
   optimizer_->begin_step();
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -177,6 +186,17 @@ void OptimizerOffload::step_on_host(size_t unit) {
   // rounded, straight into what goes to the device (AdamW's host kernel, one pass): the staging
   // buffer on CUDA, the unit's compute shard on a CPU rank.
   optimizer_->step_unit(unit, lr_, rounded_destination(unit), gradient_scale_);
+  if (delayed_) {  // staged: wait_all() at the next step (or a checkpoint, an evaluation) applies it
+    std::lock_guard<std::mutex> lock(mutex_);
+    pending_[unit] = true;
+    return;
+  }
+  send_to_device(unit);
+}
+
+void OptimizerOffload::apply_delayed(size_t unit) {
+  at::NoGradGuard no_grad;
+  if (!on_cuda_) model_.unit(unit).compute_shard().copy_(staging_.at(unit));  // CUDA: send_to_device's copy
   send_to_device(unit);
 }
 
@@ -192,7 +212,8 @@ at::Tensor& OptimizerOffload::rounded_destination(size_t unit) {
     return staging_.at(unit);
   }
 #endif
-  return sharded.compute_shard();
+  // Delayed, the forward and backward read the compute shard while the step runs: staged instead.
+  return delayed_ ? staging_.at(unit) : sharded.compute_shard();
 }
 
 void OptimizerOffload::publish(size_t unit) {
@@ -259,6 +280,13 @@ void OptimizerOffload::mark_done(size_t unit) {
 }
 
 void OptimizerOffload::wait_unit(size_t unit) {
+  if (!delayed_) wait_done(unit);
+#ifdef TRAINER_HAVE_CUDA
+  if (on_cuda_) copies_->update_landed.at(unit).block(c10::cuda::getCurrentCUDAStream(copies_->device));
+#endif
+}
+
+void OptimizerOffload::wait_done(size_t unit) {
   {
     std::unique_lock<std::mutex> lock(mutex_);
     if (!done_.at(unit) && failure_ == nullptr) {
@@ -268,9 +296,6 @@ void OptimizerOffload::wait_unit(size_t unit) {
     }
     if (failure_) std::rethrow_exception(failure_);
   }
-#ifdef TRAINER_HAVE_CUDA
-  if (on_cuda_) copies_->update_landed.at(unit).block(c10::cuda::getCurrentCUDAStream(copies_->device));
-#endif
 }
 
 OffloadTimes OptimizerOffload::take_times() {
@@ -279,7 +304,21 @@ OffloadTimes OptimizerOffload::take_times() {
 }
 
 void OptimizerOffload::wait_all() {
-  for (size_t u = 0; u < done_.size(); ++u) wait_unit(u);
+  for (size_t u = 0; u < done_.size(); ++u) wait_done(u);
+  for (size_t u = 0; u < done_.size(); ++u) {
+    bool pending = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      pending = pending_[u];
+      pending_[u] = false;
+    }
+    if (pending) apply_delayed(u);
+    wait_unit(u);  // (delayed: no wait for the worker) the compute stream after the unit's copy
+  }
+}
+
+void OptimizerOffload::settle() {
+  if (delayed_) wait_all();
 }
 
 OwnedBytes OptimizerOffload::owned_bytes() const {

@@ -84,17 +84,28 @@ class OptimizerOffload {
   // (ShardedUnit::offload_master) and builds the optimizer over the host masters and gradients.
   // rules: per unit, one update rule per parameter.
   // worker_threads: the host step's threads (--offload_threads); 0: offload_worker_threads' default.
+  // delayed_after: --offload_delayed_update's exact warm-up steps, after which each step's update
+  // reaches the device one step late (-1: never). Needs the units' rows on the device.
   OptimizerOffload(ShardedModel& model, const OptimizerSettings& settings,
-                   std::vector<std::vector<UpdateRule>> rules, Communicator* across, int worker_threads = 0);
+                   std::vector<std::vector<UpdateRule>> rules, Communicator* across, int worker_threads = 0,
+                   int64_t delayed_after = -1);
   ~OptimizerOffload();  // waits for the worker, then stops it
   OptimizerOffload(const OptimizerOffload&) = delete;
   OptimizerOffload& operator=(const OptimizerOffload&) = delete;
 
+  // Delayed (after the warm-up): first waits until the worker's last step of the unit has read its
+  // landing buffer.
   void gradient_ready(size_t unit);
-  // One optimizer step with the gradients scaled by gradient_scale (1: no clipping).
+  // One optimizer step with the gradients scaled by gradient_scale (1: no clipping). Delayed: the
+  // last step's updates reach the device here (wait_all), and this step's are computed while the
+  // next forward and backward run on the weights before them.
   void step(double lr, double gradient_scale);
+  // Before the unit's next read: its update is on the device (delayed: the one wait_all applied).
   void wait_unit(size_t unit);
+  // Every unit's step done and on the device, a delayed update applied now (checkpoints, the end).
   void wait_all();
+  // Delayed only: wait_all() (an evaluation sees the latest weights); exact steps need nothing.
+  void settle();
 
   // The host master of a unit (wait_all() first where it matters).
   at::Tensor& master(size_t unit) { return masters_.at(unit); }
@@ -109,7 +120,9 @@ class OptimizerOffload {
  private:
   struct CudaCopies;  // streams and events (optimizer_offload.cpp; CUDA builds only)
 
-  void step_on_host(size_t unit);  // scale, step, publish to the device; either thread
+  void step_on_host(size_t unit);  // scale, step, publish to the device (delayed: stage only); either thread
+  void wait_done(size_t unit);     // until the worker has stepped the unit
+  void apply_delayed(size_t unit);  // the staged update to the device
   // Where unit's updated rows go in the compute dtype (the staging buffer, once free, on CUDA; the
   // compute shard on a CPU rank), and from there to the device.
   at::Tensor& rounded_destination(size_t unit);
@@ -125,6 +138,9 @@ class OptimizerOffload {
   int intra_op_threads_ = 1;  // the worker's (worker_threads)
 
   double lr_ = 0, gradient_scale_ = 1;
+  int64_t steps_ = 0, delayed_after_ = -1;
+  bool delayed_ = false;       // this step's updates are applied one step late
+  std::vector<bool> pending_;  // a unit's update staged, not yet on the device (guarded by mutex_)
   std::mutex mutex_;
   std::condition_variable changed_;
   std::deque<size_t> queue_;

@@ -152,3 +152,47 @@ TEST(OffloadThreads, TheSplitIsRecordedAndChangesNoBit) {
 
 }  // namespace
 }  // namespace llm::offload_test
+
+namespace llm::offload_test {
+namespace {
+
+// --offload_delayed_update N (ZeRO-Offload's delayed parameter update, opt-in, not exact): the first
+// N steps are the exact offload's bit for bit; from step N + 2 on, each forward runs on the weights
+// of two steps before (the update of the step just taken is applied one step late), so the losses
+// part; the run still trains. An evaluation (or a save) applies the late update first.
+TEST(DelayedUpdate, ExactThroughTheWarmUpThenOneStepLate) {
+  const OffloadCase c{"adamw_1rank", 1, testing::micro_case("adamw").flags + " --offload optimizer"};
+  const testing::RecordedRun& exact = micro_run(c);
+  const testing::RecordedRun& never = micro_run(c, " --offload_delayed_update 100");
+  const testing::RecordedRun& delayed = micro_run(c, " --offload_delayed_update 3");
+  for (const auto* run : {&exact, &never, &delayed}) ASSERT_EQ(run->exit_code, 0) << run->output;
+  testing::expect_same_run(exact.dir, never.dir, 6);  // a warm-up past the run: the exact steps
+  const auto want = testing::read_metrics_events(exact.run_dir(), "train");
+  const auto got = testing::read_metrics_events(delayed.run_dir(), "train");
+  ASSERT_EQ(got.size(), 6u);
+  // Steps 1 to 4 run on the same weights (step 4's forward on step 3's update, applied at once: the
+  // evaluation at step 3 would have applied it anyway); step 4's update is the first delayed one, so
+  // step 5's forward runs on step 3's weights still.
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(got[i].at("loss").get<double>(), want[i].at("loss").get<double>()) << i + 1;
+  EXPECT_NE(got[4].at("loss").get<double>(), want[4].at("loss").get<double>()) << "step 5 on stale weights";
+  // Not exact, but training: the last loss within 5 % of the exact run's.
+  EXPECT_NEAR(got[5].at("loss").get<double>(), want[5].at("loss").get<double>(),
+              0.05 * want[5].at("loss").get<double>());
+}
+
+TEST(DelayedUpdate, TheFlagNeedsOptimizerOffloadOnly) {
+  const std::string base = testing::trainer_binary().string() + " --config " +
+                           (testing::source_dir() / "configs/llama_micro.json").string() +
+                           " --device cpu --num_training_steps 2 --max_length 32 --offload_delayed_update 1";
+  for (const std::string& more : {std::string(""), std::string(" --offload optimizer,parameters"),
+                                  std::string(" --offload parameters")}) {
+    const auto refused = run_command(base + more);
+    EXPECT_EQ(refused.exit_code, 2) << more << ": " << refused.output;
+    EXPECT_NE(refused.output.find("--offload_delayed_update"), std::string::npos) << refused.output;
+  }
+  const auto negative = run_command(base + " --offload optimizer --offload_delayed_update -2");
+  EXPECT_EQ(negative.exit_code, 2) << negative.output;
+}
+
+}  // namespace
+}  // namespace llm::offload_test

@@ -186,7 +186,7 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
   if (offloads_optimizer(run.sharding.offload))
     offload_ = std::make_unique<OptimizerOffload>(sharded_, optimizer_settings(run), unit_update_rules(sharded_, run),
                                                   sharded_across_ranks ? &host_communicator_ : nullptr,
-                                                  run.sharding.offload_threads);
+                                                  run.sharding.offload_threads, run.sharding.offload_delayed_update);
   else
     device_optimizer_ = build_optimizer(run, sharded_, sharded_across_ranks ? &communicator_ : nullptr);
   if (run.fuse_optimizer_with_backward)
@@ -354,6 +354,7 @@ void Training::log_step(int64_t step, const StepResult& result, double seconds) 
 }
 
 double Training::evaluate_and_record(int64_t step) {
+  if (offload_) offload_->settle();  // --offload_delayed_update: the evaluation sees this step's weights
   int64_t eval_tokens = 0;
   const double loss = evaluate(&eval_tokens);
   ledger_.point("eval", "", owned_now());

@@ -176,6 +176,10 @@ void add_sharding_flags(CLI::App& app, NumberFlags& numbers, TrainingFlags& flag
   flags.add(numbers.add(app, "--offload_threads", run.sharding.offload_threads,
                            "threads of the offloaded optimizer step (--offload optimizer); default 0: the rank's "
                            "threads, less one on a GPU, so the thread that launches the GPU's work keeps a core"));
+  flags.add(numbers.add(app, "--offload_delayed_update", run.sharding.offload_delayed_update,
+                       "with --offload optimizer: after N exact steps, apply each step's host update one step "
+                       "late, so the host step overlaps the next forward and backward (ZeRO-Offload's delayed "
+                       "parameter update; not exact: docs/offload.md measures its loss); default -1, off"));
   flags.add(flags.communicator.add(
       app, "--communicator",
       "what carries collectives across ranks: auto (NCCL on GPUs, MPI on CPUs), nccl, or mpi "
