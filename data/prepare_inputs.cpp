@@ -176,7 +176,11 @@ void check_inputs(const PrepareOptions& options) {
               "\"" + options.format + "\" is not a format prepare writes; use trainer (ours, .tok), llmc (llm.c's .bin) or "
               "megatron (Megatron-LM's .bin and .idx, which records documents)");
   LLM_REQUIRE(options.format != "megatron" || options.shard_tokens > 0 || options.output.ends_with(".bin"), options.output,
-              "--output", "a Megatron dataset is PREFIX.bin with PREFIX.idx beside it: name the .bin (e.g. data/train.bin)");
+              "--format megatron/--output",
+              "--format megatron writes a Megatron dataset, PREFIX.bin with PREFIX.idx beside it, so --output names "
+              "the .bin (e.g. --output data/train.bin); for a " +
+                  (options.output.ends_with(".tok") ? std::string(".tok, our format, drop --format megatron")
+                                                    : std::string("file of our format, drop --format megatron and name it .tok")));
   LLM_REQUIRE(options.shard_tokens == 0 ||
                   (options.shard_tokens >= kMinShardTokens && options.shard_tokens <= kMaxShardTokens),
               "prepare", "--shard_tokens",

@@ -469,6 +469,14 @@ TEST(PrepareCommand, ExistingOutputIsExitTwoUntilOverwrite) {
                                                text + " --vocab_size 64 --overwrite --output " + text);
   EXPECT_EQ(onto_input.exit_code, 2) << onto_input.output;
   EXPECT_NE(onto_input.output.find("--output: is also an --input"), std::string::npos) << onto_input.output;
+  // --format megatron with a .tok --output: exit 2 naming both flags, nothing written.
+  const auto megatron_tok = testing::run_command(command.substr(0, command.rfind(" --output ")) + " --format megatron --output " +
+                                                 (scratch / "m.tok").string());
+  EXPECT_EQ(megatron_tok.exit_code, 2) << megatron_tok.output;
+  EXPECT_NE(megatron_tok.output.find("m.tok: --format megatron/--output: --format megatron writes a Megatron dataset"),
+            std::string::npos)
+      << megatron_tok.output;
+  EXPECT_FALSE(std::filesystem::exists(scratch / "m.tok"));
 }
 
 }  // namespace
