@@ -456,5 +456,53 @@ TEST(DataSpec, NamesWhatItSaysAtTheEdges) {
   expect_user_error([&] { expand_data_spec(folder.string()); }, {"z_latest.tok is a symbolic link to nothing"});
 }
 
+// One reading of a --data item (data/token_corpus.cpp), and messages that say what is wrong with it
+// (issue 44: "synthetic" in a list was "not a file ... expected \"synthetic\""; nan and inf weights
+// "have no weight"; a mixture file in a list was read as a token file; "part:2" was read as "part"
+// with weight 2 and the message said nothing of it). A file whose name has a colon is that file.
+TEST(DataSpec, SaysExactlyWhatIsWrongWithAnItem) {
+  ScratchDir dir("spec_items");
+  const std::string a = (dir / "a.tok").string(), b = (dir / "b.tok").string(), part = (dir / "part:2").string();
+  write_token_file(a, known_tokens(100, 128, 1), 128);
+  write_token_file(b, known_tokens(100, 128, 2), 128);
+  std::ofstream(dir / "mix.json") << R"({"sources": [{"data": "a.tok", "weight": 1}]})";
+  std::ofstream(dir / "index.json") << R"({"format": "trainer", "shards": []})";
+  std::ofstream(dir / "notes.json") << R"({"note": 1})";
+  const std::string mix = (dir / "mix.json").string();
+  const struct {
+    std::string spec;
+    std::vector<std::string> fragments;
+  } refused[] = {
+      {"synthetic," + a, {"\"synthetic," + a + "\" names \"synthetic\" in a list or a mixture", "given alone as --data synthetic"}},
+      {"synthetic:1," + a + ":1", {"names \"synthetic\" in a list or a mixture", "never listed or mixed with token files"}},
+      {a + "," + mix, {mix + " is a mixture file, not a token file", "a mixture file is the whole of --data (--data " + mix + ")"}},
+      {a + ":1," + mix + ":1", {mix + " is a mixture file, not a token file"}},
+      {a + "," + (dir / "index.json").string(), {"is a shard folder's index.json, not a token file: name its folder"}},
+      {a + "," + (dir / "notes.json").string(), {"notes.json is a JSON file, not a token file"}},
+      {a + ":nan," + b + ":1", {"\"" + a + ":nan\": the weight nan is not a finite number"}},
+      {a + ":inf," + b + ":1", {"the weight inf is not a finite number"}},
+      {a + ":1," + b + ":-inf", {"the weight -inf is not a finite number"}},
+      {part, {"\"" + part + "\" was read as " + (dir / "part").string() + " with the mixture weight 2",
+              "a name with a colon is read whole when it exists"}},
+  };
+  for (const auto& c : refused) {
+    SCOPED_TRACE(c.spec);
+    std::vector<std::string> fragments = c.fragments;
+    fragments.push_back("--data");
+    expect_user_error([&] { expand_data_spec(c.spec); }, fragments);
+  }
+  // Once it exists, "part:2" is that file: alone, in a list, and in a mixture with its weight after it.
+  write_token_file(part, known_tokens(100, 128, 3), 128);
+  expect_paths(expand_data_spec(part), {part});
+  expect_paths(expand_data_spec(part + "," + a), {part, a});
+  EXPECT_FALSE(is_mixture(part));
+  const std::vector<DataSource> sources = data_sources(part + ":0.5," + a + ":0.5");
+  ASSERT_EQ(sources.size(), 2u);
+  EXPECT_EQ(sources[0].spec, part);
+  EXPECT_DOUBLE_EQ(sources[0].weight, 0.5);
+  expect_user_error([&] { data_sources(part + "," + a + ":1"); },
+                    {"\"" + part + "\" has no weight", "is an existing file, the colon part of its name: give its weight after it"});
+}
+
 }  // namespace
 }  // namespace llm::data_formats_test
