@@ -15,7 +15,8 @@ double process_start_epoch();
 double now_epoch();
 
 // The run's end in seconds since the epoch, or nullopt when `text` is neither a positive finite number
-// of minutes nor an end time of the forms above.
-std::optional<double> max_runtime_end_epoch(const std::string& text, double start_epoch);
+// of minutes nor an end time of the forms above that is on the calendar (no 2026-02-30, 25:00, month
+// 13, or a local time a daylight-saving change skips); then `why`, when given, says what is wrong.
+std::optional<double> max_runtime_end_epoch(const std::string& text, double start_epoch, std::string* why = nullptr);
 
 }  // namespace llm

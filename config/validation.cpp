@@ -248,11 +248,12 @@ void check_safeguard_flags(const RunConfig& run) {
                    " (--num_training_steps): at the last step the run ends anyway",
                run.stop_at_step);
   if (!run.max_runtime.empty()) {
-    const std::optional<double> end = max_runtime_end_epoch(run.max_runtime, process_start_epoch());
+    std::string why;
+    const std::optional<double> end = max_runtime_end_epoch(run.max_runtime, process_start_epoch(), &why);
     require_flag(end.has_value(), "--max_runtime",
                  "minutes from the start (a number > 0, e.g. 230 or 1.5) or an end time in local time, "
                  "YYYY-MM-DDTHH:MM[:SS] (e.g. 2026-11-26T18:00)",
-                 "\"" + run.max_runtime + "\"");
+                 "\"" + run.max_runtime + "\": " + why);
     require_flag(*end > now_epoch(), "--max_runtime", "an end that is still ahead", "\"" + run.max_runtime + "\", which has passed");
   }
   require_flag(std::isfinite(run.collective_timeout) && run.collective_timeout >= 0 && run.collective_timeout <= 1e7,

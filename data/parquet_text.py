@@ -6,8 +6,11 @@ any size streams in bounded memory.
 
     python3 data/parquet_text.py FILE COLUMN
 
-Each row's COLUMN becomes {"COLUMN": value}; nulls are skipped. A file pyarrow cannot read, or one
-without the column, is a message on stderr and exit status 3.
+Each row's COLUMN becomes {"COLUMN": value}, one line a row, nulls included ({"COLUMN": null}): the
+trainer's JSON Lines reader then applies its one rule to both formats (a record's text is a string; a
+null is refused naming its row, data/text_input.cpp). A column that holds no strings (numbers, bytes,
+lists) is refused here, by its type, before any row. A file pyarrow cannot read, or one without the
+column, is a message on stderr and exit status 3.
 """
 import json
 import sys
@@ -31,13 +34,21 @@ def main():
         sys.stderr.write(f"has no column \"{column}\" (its columns: {', '.join(names[:8])}"
                          f"{', ...' if len(names) > 8 else ''}); pass --text_key with the column that holds the text")
         sys.exit(3)
+    import pyarrow as pa
+    kind = parquet.schema_arrow.field(column).type
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or
+            (hasattr(pa.types, "is_string_view") and pa.types.is_string_view(kind))):
+        sys.stderr.write(f"its column \"{column}\" holds {kind}, not strings: each row's text must be a string "
+                         "(as each JSON Lines record's); pass --text_key with the column that holds the text")
+        sys.exit(3)
     out = sys.stdout
     try:
         for batch in parquet.iter_batches(columns=[column], batch_size=4096):
             for value in batch.column(0).to_pylist():
-                if value is not None:
-                    out.write(json.dumps({column: value}, ensure_ascii=False))
-                    out.write("\n")
+                out.write(json.dumps({column: value}, ensure_ascii=False))
+                out.write("\n")
     except BrokenPipeError:
         sys.exit(0)  # the trainer stopped reading (an error of its own): nothing to add
     except Exception as error:

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <span>
@@ -59,6 +60,7 @@ class TrainingSentences final : public sentencepiece::SentenceIterator {
   bool done() const override { return done_; }
   const std::string& value() const override { return sentence_; }
   sentencepiece::util::Status status() const override { return status_; }
+  std::exception_ptr error() const { return error_; }
   void Next() override {
     bool ends_line = false;
     for (;;) {
@@ -67,18 +69,20 @@ class TrainingSentences final : public sentencepiece::SentenceIterator {
           done_ = true;
           return;
         }
-        try {
-          reader_ = std::make_unique<DocumentReader>(inputs_[next_input_++], kTrainingPieceBytes, text_key_);
-        } catch (const UserError& error) {
-          status_ = sentencepiece::util::Status(sentencepiece::util::StatusCode::kNotFound,
-                                                error.what());
-          done_ = true;
-          return;
-        }
       }
-      if (!reader_->next(sentence_, ends_line)) {
-        reader_.reset();
-        continue;
+      // A bad input (a byte that is not text anywhere in it, a bad record) stops the training and
+      // is thrown again, as it was, once SentencePiece returns (train_tokenizer).
+      try {
+        if (reader_ == nullptr) reader_ = std::make_unique<DocumentReader>(inputs_[next_input_++], kTrainingPieceBytes, text_key_);
+        if (!reader_->next(sentence_, ends_line)) {
+          reader_.reset();
+          continue;
+        }
+      } catch (const UserError& error) {
+        error_ = std::current_exception();
+        status_ = sentencepiece::util::Status(sentencepiece::util::StatusCode::kInvalidArgument, error.what());
+        done_ = true;
+        return;
       }
       if (sentence_.find_first_not_of(" \t\r\f\v") != std::string::npos) return;
     }
@@ -92,6 +96,7 @@ class TrainingSentences final : public sentencepiece::SentenceIterator {
   std::string sentence_;
   bool done_ = false;
   sentencepiece::util::Status status_;
+  std::exception_ptr error_;
 };
 
 // SentencePiece's status text without its source location and failed condition:
@@ -167,6 +172,7 @@ std::string train_tokenizer(const PrepareOptions& options) {
   std::string serialized_model;
   const auto status =
       sentencepiece::SentencePieceTrainer::Train(arguments, &sentences, &serialized_model);
+  if (sentences.error()) std::rethrow_exception(sentences.error());
   if (!status.ok()) fail_tokenizer_training(options, status);
 
   const std::string temporary_path = model_path + ".tmp";

@@ -11,8 +11,10 @@
 //
 // Nothing is overwritten by surprise: an existing --output (or OUTPUT.model) is replaced only with
 // --overwrite, and an output that is one of the inputs or the --tokenizer is refused always (it
-// would be destroyed while it is still being read). Inputs must be text: the first bytes of each are
-// checked for NUL bytes and invalid UTF-8 before anything is trained or written. SentencePiece's own
+// would be destroyed while it is still being read). Inputs must be text: every byte of each is
+// checked for NUL bytes and invalid UTF-8 as it is read (Utf8Check, data/text_input.h), the first
+// kTextProbeBytes before anything is trained or written, the rest as the text is encoded (a bad byte
+// then stops the run naming the file, the byte and its line, and no output is renamed into place). SentencePiece's own
 // failures come back as our errors, naming the flag and the files and saying what to change.
 #pragma once
 
@@ -47,7 +49,7 @@ constexpr int64_t kMaxShardTokens = 2147483647;
 // --vocab_size when training: SentencePiece reserves 3 pieces (<unk>, <s>, </s>) and counts in int32.
 constexpr int64_t kMinVocabSize = 4;
 constexpr int64_t kMaxVocabSize = 2147483647;
-// Bytes at the start of each input checked to be UTF-8 text.
+// Bytes at the start of each input checked to be UTF-8 text before anything else (the rest is checked as it is read).
 constexpr size_t kTextProbeBytes = 64 * 1024;
 
 struct PrepareResult {

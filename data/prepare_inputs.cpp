@@ -24,43 +24,6 @@ std::string describe_inputs(const std::vector<std::string>& inputs) {
   return text;
 }
 
-// Why these first bytes of a file are not UTF-8 text, or "" when they are. A character cut by the
-// end of the probe is not held against the file.
-static std::string why_not_text(const std::string& bytes, bool whole_file) {
-  const size_t size = bytes.size();
-  size_t i = 0;
-  while (i < size) {
-    const auto lead = static_cast<unsigned char>(bytes[i]);
-    if (lead == 0)
-      return "a NUL byte at byte " + std::to_string(i) + " (a binary file, or UTF-16 text?)";
-    if (lead < 0x80) {
-      ++i;
-      continue;
-    }
-    // Lead bytes of 2-, 3- and 4-byte characters; C0, C1 and F5..FF never start one.
-    const size_t length = lead >= 0xC2 && lead <= 0xDF ? 2 : lead >= 0xE0 && lead <= 0xEF ? 3
-                        : lead >= 0xF0 && lead <= 0xF4 ? 4 : 0;
-    bool valid = length > 0;
-    if (valid && i + length > size && !whole_file) break;  // cut by the probe
-    valid = valid && i + length <= size;
-    for (size_t k = 1; valid && k < length; ++k)
-      valid = (static_cast<unsigned char>(bytes[i + k]) & 0xC0) == 0x80;
-    if (valid) {  // no overlong forms, surrogates or code points above U+10FFFF
-      const auto second = static_cast<unsigned char>(bytes[i + 1]);
-      valid = !(lead == 0xE0 && second < 0xA0) && !(lead == 0xED && second > 0x9F) &&
-              !(lead == 0xF0 && second < 0x90) && !(lead == 0xF4 && second > 0x8F);
-    }
-    if (!valid) {
-      char hex[8];
-      std::snprintf(hex, sizeof(hex), "0x%02X", lead);
-      return "invalid UTF-8 at byte " + std::to_string(i) + " (" + hex +
-             "; Latin-1 or another encoding? convert it with iconv -t UTF-8)";
-    }
-    i += length;
-  }
-  return "";
-}
-
 static void check_input(const std::string& input, const std::string& text_key) {
   namespace fs = std::filesystem;
   std::error_code error;
@@ -87,7 +50,12 @@ static void check_input(const std::string& input, const std::string& text_key) {
   }
   const bool whole_file = got < head.size();
   head.resize(got);
-  const std::string why = why_not_text(head, whole_file);
+  // The check every byte of the file passes again as it is encoded (Utf8Check, data/text_input.h):
+  // here the first bytes, before a tokenizer is trained, so that a binary file fails at once. A
+  // character cut by the end of the probe is not held against the file.
+  Utf8Check utf8;
+  std::string why = utf8.feed(head.data(), head.size());
+  if (why.empty() && whole_file) why = utf8.finish();
   const std::string what = compression == TextCompression::none      ? ""
                            : compression == TextCompression::parquet ? std::string(" (its \"") + text_key + "\" column)"
                                                                      : std::string(" (") + to_string(compression) + "-compressed)";
@@ -208,7 +176,11 @@ void check_inputs(const PrepareOptions& options) {
               "\"" + options.format + "\" is not a format prepare writes; use trainer (ours, .tok), llmc (llm.c's .bin) or "
               "megatron (Megatron-LM's .bin and .idx, which records documents)");
   LLM_REQUIRE(options.format != "megatron" || options.shard_tokens > 0 || options.output.ends_with(".bin"), options.output,
-              "--output", "a Megatron dataset is PREFIX.bin with PREFIX.idx beside it: name the .bin (e.g. data/train.bin)");
+              "--format megatron/--output",
+              "--format megatron writes a Megatron dataset, PREFIX.bin with PREFIX.idx beside it, so --output names "
+              "the .bin (e.g. --output data/train.bin); for a " +
+                  (options.output.ends_with(".tok") ? std::string(".tok, our format, drop --format megatron")
+                                                    : std::string("file of our format, drop --format megatron and name it .tok")));
   LLM_REQUIRE(options.shard_tokens == 0 ||
                   (options.shard_tokens >= kMinShardTokens && options.shard_tokens <= kMaxShardTokens),
               "prepare", "--shard_tokens",

@@ -162,10 +162,6 @@ class ParquetSource final : public ByteSource {
   int from_child_ = -1;
 };
 
-bool ends_with(const std::string& text, const std::string& suffix) {
-  return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // Moves the tail of `piece` after its last space (or a split UTF-8 character) into `carry`.
 void cut_at_boundary(std::string& piece, std::string& carry) {
   size_t cut = piece.rfind(' ');
@@ -177,6 +173,24 @@ void cut_at_boundary(std::string& piece, std::string& carry) {
   }
   carry.assign(piece, cut, std::string::npos);
   piece.resize(cut);
+}
+
+// The length of the UTF-8 character starting at s[0] (available bytes of it): its length when valid,
+// 0 when not, -1 when cut short by `available` (valid so far).
+int utf8_character(const unsigned char* s, size_t available) {
+  const unsigned lead = s[0];
+  // Lead bytes of 2-, 3- and 4-byte characters; C0, C1 and F5..FF never start one.
+  const int length = lead < 0x80 ? 1 : lead >= 0xC2 && lead <= 0xDF ? 2 : lead >= 0xE0 && lead <= 0xEF ? 3
+                   : lead >= 0xF0 && lead <= 0xF4 ? 4 : 0;
+  for (int k = 1; k < length; ++k) {
+    if (static_cast<size_t>(k) >= available) return -1;
+    const unsigned next = s[k];
+    if ((next & 0xC0) != 0x80) return 0;
+    if (k == 1 && ((lead == 0xE0 && next < 0xA0) || (lead == 0xED && next > 0x9F) ||  // overlong, surrogate
+                   (lead == 0xF0 && next < 0x90) || (lead == 0xF4 && next > 0x8F)))   // overlong, > U+10FFFF
+      return 0;
+  }
+  return length;
 }
 
 }  // namespace
@@ -207,8 +221,8 @@ TextLayout layout_of(const std::string& path) {
   if (compression_of(path) == TextCompression::parquet) return TextLayout::json_lines;
   std::string name = path;
   for (const std::string suffix : {".gz", ".zst", ".zstd"})
-    if (ends_with(name, suffix)) name = name.substr(0, name.size() - suffix.size());
-  return ends_with(name, ".jsonl") || ends_with(name, ".json") || ends_with(name, ".ndjson") ? TextLayout::json_lines
+    if (name.ends_with(suffix)) name = name.substr(0, name.size() - suffix.size());
+  return name.ends_with(".jsonl") || name.ends_with(".json") || name.ends_with(".ndjson") ? TextLayout::json_lines
                                                                                               : TextLayout::lines;
 }
 
@@ -222,6 +236,49 @@ const char* to_string(TextCompression compression) {
   return "plain";
 }
 
+std::string Utf8Check::problem(unsigned char byte, int64_t offset) const {
+  const std::string where = " at byte " + std::to_string(offset) + " (line " + std::to_string(line_) + ")";
+  if (byte == 0) return "a NUL byte" + where + " (a binary file, or UTF-16 text?)";
+  char hex[8];
+  std::snprintf(hex, sizeof(hex), "0x%02X", byte);
+  return "invalid UTF-8" + where + " (" + hex + "; Latin-1 or another encoding? convert it with iconv -t UTF-8)";
+}
+
+std::string Utf8Check::feed(const char* data, size_t size) {
+  const auto* bytes = reinterpret_cast<const unsigned char*>(data);
+  size_t i = 0;
+  while (pending_size_ > 0 && i < size) {  // the character the last chunk cut
+    pending_[pending_size_++] = bytes[i++];
+    const int length = utf8_character(pending_, pending_size_);
+    if (length == 0) return problem(pending_[0], offset_);
+    if (length > 0) {
+      offset_ += length;
+      pending_size_ = 0;
+    }
+  }
+  while (i < size) {
+    const unsigned char byte = bytes[i];
+    if (byte != 0 && byte < 0x80) {  // ASCII, most of any corpus
+      line_ += byte == '\n';
+      ++i;
+      ++offset_;
+      continue;
+    }
+    const int length = byte == 0 ? 0 : utf8_character(bytes + i, size - i);
+    if (length == 0) return problem(byte, offset_);
+    if (length < 0) {
+      pending_size_ = size - i;
+      std::memcpy(pending_, bytes + i, pending_size_);
+      return "";
+    }
+    i += static_cast<size_t>(length);
+    offset_ += length;
+  }
+  return "";
+}
+
+std::string Utf8Check::finish() const { return pending_size_ > 0 ? problem(pending_[0], offset_) : std::string(); }
+
 struct DocumentReader::Impl {
   std::string path, flag, text_key;
   size_t max_piece_bytes;
@@ -234,11 +291,25 @@ struct DocumentReader::Impl {
   std::string carry;     // lines: the tail of a cut line; json_lines: the rest of the record's text
   bool in_record = false;
 
+  Utf8Check utf8;          // every byte of the file (not of a Parquet file: pyarrow's JSON of its column)
+  TextCompression compression = TextCompression::none;
+  bool parquet = false;
+
   bool refill() {
     filled = source->read(buffer.data(), buffer.size());
     position = 0;
+    if (!parquet) {
+      const std::string why = filled > 0 ? utf8.feed(buffer.data(), filled) : utf8.finish();
+      if (!why.empty())
+        fail_user(path, flag, std::string("is not UTF-8 text") +
+                                  (compression == TextCompression::none ? "" : std::string(" (") + to_string(compression) + "-compressed)") +
+                                  ": " + why + "; pass text (one document per line) or JSON Lines files, plain, gzip or zstd");
+    }
     return filled > 0;
   }
+
+  // "line 7" of a text or JSON Lines file; "row 7" of a Parquet file (a row a line of its reader's JSON).
+  std::string record_name() const { return (parquet ? "row " : "line ") + std::to_string(line); }
 
   // Reads up to `limit` bytes of the current line into `piece`; ends_line when its newline (or the
   // end of the file) was reached. False at the end of the file with nothing read.
@@ -301,19 +372,30 @@ struct DocumentReader::Impl {
       bool ends_line = false;
       if (!read_line(record, kMaxRecordBytes, ends_line)) return false;
       if (!ends_line)
-        fail_user(path, flag, "line " + std::to_string(line) + " is a JSON record over " +
+        fail_user(path, flag, record_name() + " is a JSON record over " +
                                   std::to_string(kMaxRecordBytes >> 20) + " MiB: is this a JSON Lines file?");
       strip_carriage_return(record);
       if (record.find_first_not_of(" \t") == std::string::npos) continue;  // a blank line
       nlohmann::json parsed = nlohmann::json::parse(record, nullptr, /*allow_exceptions=*/false);
       if (parsed.is_discarded())
-        fail_user(path, flag, "line " + std::to_string(line) + " is not JSON (a JSON Lines file holds one JSON object a "
+        fail_user(path, flag, record_name() + " is not JSON (a JSON Lines file holds one JSON object a "
                                   "line; name a text file *.txt to read it as lines)");
-      if (!parsed.is_object() || !parsed.contains(text_key) || !parsed.at(text_key).is_string())
-        fail_user(path, flag, "line " + std::to_string(line) + " has no string \"" + text_key + "\"" +
+      // One rule for JSON Lines and Parquet (whose reader writes each row as such a record, nulls
+      // included): a record's text is a string; a record without it, or with a null, a number, an
+      // array or an object there, is refused naming its line (row), never skipped or converted.
+      if (!parsed.is_object() || !parsed.contains(text_key))
+        fail_user(path, flag, record_name() + " has no string \"" + text_key + "\"" +
                                   (parsed.is_object() && !parsed.empty() ? " (its keys: " + keys_of(parsed) + ")" : "") +
                                   "; pass --text_key with the key that holds the document's text");
-      carry = parsed.at(text_key).get<std::string>();
+      const nlohmann::json& text = parsed.at(text_key);
+      if (!text.is_string())
+        fail_user(path, flag, record_name() + "'s \"" + text_key + "\" is " + (text.is_null() ? "null" : text.type_name()) +
+                                  ", not a string: each record's text must be a string; remove or fix the record, or " +
+                                  "pass --text_key with the key that holds the document's text");
+      carry = text.get<std::string>();
+      LLM_REQUIRE(carry.find('\0') == std::string::npos, path, flag,
+                  record_name() + "'s \"" + text_key + "\" holds a NUL character (\\u0000) at character " +
+                      std::to_string(carry.find('\0')) + ": text holds none; remove it from the record");
       in_record = true;
     }
     piece = std::move(carry);
@@ -350,6 +432,8 @@ DocumentReader::DocumentReader(const std::string& path, size_t max_piece_bytes, 
   impl_->max_piece_bytes = max_piece_bytes;
   impl_->layout = layout_of(path);
   impl_->source = ByteSource::open(path, flag, text_key);
+  impl_->compression = compression_of(path);
+  impl_->parquet = impl_->compression == TextCompression::parquet;
 }
 
 DocumentReader::~DocumentReader() = default;

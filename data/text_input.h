@@ -9,6 +9,10 @@
 //     Dolma, the Pile and FineWeb's JSON exports call it "text"); a record without it, or a line that
 //     is not JSON, is a UserError naming the file and line;
 //   - text (anything else): one document a line.
+// Every byte read is checked to be UTF-8 text as it streams past (Utf8Check: no NUL byte, no invalid
+// sequence), so a bad byte anywhere in a file, not only in its first bytes, is a UserError naming the
+// file, the byte's offset (in the decompressed text) and its line; a JSON record's text, once its
+// escapes are decoded, holds no NUL either.
 // Documents come out as pieces of at most `max_piece_bytes`, cut at a space (else at a UTF-8
 // character boundary), so that no document, however long, is held whole; `ends_document` marks its
 // last piece.
@@ -38,6 +42,26 @@ class ByteSource {
 TextCompression compression_of(const std::string& path);  // by the first bytes; none if unreadable
 TextLayout layout_of(const std::string& path);            // by the name, .gz/.zst left out; Parquet: JSON Lines
 const char* to_string(TextCompression compression);       // "plain", "gzip", "zstd"
+
+// UTF-8 text as it streams past in chunks: no NUL byte, no invalid sequence (a byte that starts no
+// character, a missing continuation byte, an overlong form, a surrogate, a code point above U+10FFFF);
+// a character may be cut between two chunks. One check for the whole of every input (DocumentReader)
+// and for the probe before anything is trained (data/prepare_inputs.cpp).
+class Utf8Check {
+ public:
+  // "" while every byte so far is text; else what is wrong, naming the byte's offset from the start
+  // of the stream and its line (from 1).
+  std::string feed(const char* bytes, size_t size);
+  // At the end of the stream: a character cut short by the end is invalid.
+  std::string finish() const;
+
+ private:
+  std::string problem(unsigned char byte, int64_t offset) const;
+  unsigned char pending_[4] = {};  // a character cut by the end of the last chunk
+  size_t pending_size_ = 0;
+  int64_t offset_ = 0;             // of the next byte (or of the pending character)
+  int64_t line_ = 1;
+};
 
 class DocumentReader {
  public:

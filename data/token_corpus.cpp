@@ -4,8 +4,11 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <set>
 
@@ -74,13 +77,50 @@ std::vector<std::string> glob_matches(const std::string& pattern, const std::str
 
 namespace {
 
-// ITEM:WEIGHT -> (ITEM, WEIGHT) when what follows the last ':' is a number (and ITEM is not empty).
-std::optional<std::pair<std::string, std::string>> weighted_item(const std::string& item) {
+// One reading of a --data item, used by every reader of one (issue 44: the readers disagreed and
+// their messages with them). ITEM:WEIGHT -> (ITEM, WEIGHT) when what follows the last ':' reads as a
+// number (nan and inf too, so that they are refused as such, not taken for a file name) and ITEM is
+// not empty; the syntax alone (weight_suffix), then the item as the user means it (weighted_item):
+// an item that names an existing file or folder is that path, a colon in its name ("part:2") and all.
+std::optional<std::pair<std::string, std::string>> weight_suffix(const std::string& item) {
   const size_t colon = item.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == item.size()) return std::nullopt;
   const std::string weight = item.substr(colon + 1);
-  if (weight.find_first_not_of("0123456789.eE+-") != std::string::npos) return std::nullopt;
+  char* end = nullptr;
+  std::strtod(weight.c_str(), &end);
+  if (end == weight.c_str() || *end != '\0' || std::isspace(static_cast<unsigned char>(weight.front())))
+    return std::nullopt;
   return std::pair{item.substr(0, colon), weight};
+}
+
+bool names_a_path(const std::string& path) {
+  std::error_code error;
+  return fs::exists(fs::symlink_status(path, error));
+}
+
+std::optional<std::pair<std::string, std::string>> weighted_item(const std::string& item) {
+  return names_a_path(item) ? std::nullopt : weight_suffix(item);
+}
+
+// Why `item` of --data's list is none of the things it may be, when it is a thing of another kind
+// (nullopt otherwise): the synthetic corpus (a source of its own) or a JSON file (a mixture file is
+// the whole of --data, and no JSON file is token data).
+std::optional<std::string> misplaced_item(const std::string& item, const std::string& spec, const std::string& flag) {
+  if (item == "synthetic" && spec != item && !names_a_path(item))
+    return "\"" + spec + "\" names \"synthetic\" in a list or a mixture: the synthetic corpus (random ids, no file) is a "
+           "source of its own, given alone as " + flag + " synthetic; it is never listed or mixed with token files. "
+           "Train on synthetic alone, or on files alone";
+  std::error_code error;
+  if (!item.ends_with(".json") || !fs::is_regular_file(item, error)) return std::nullopt;
+  const std::string whole = " a mixture file is the whole of " + flag + " (" + flag + " " + item +
+                            "), never an item of a list or of a mixture: add the other items to its \"sources\"";
+  std::ifstream in(item);
+  const nlohmann::json json = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (json.is_object() && json.contains("sources")) return item + " is a mixture file, not a token file, in \"" + spec + "\":" + whole;
+  if (json.is_object() && json.contains("shards"))
+    return item + " is a shard folder's index.json, not a token file: name its folder (" +
+           fs::path(item).parent_path().string() + ") instead";
+  return item + " is a JSON file, not a token file (token files are .tok, .bin, .npy);" + whole;
 }
 
 }  // namespace
@@ -111,11 +151,13 @@ std::string mixture_source_spec(const nlohmann::json& data, const std::string& p
   std::string spec;
   for (const std::string& item : items) {
     LLM_REQUIRE(!is_mixture_file(item), path, where + ".data", "\"" + item + "\" is a JSON file: a mixture names shards, not other mixtures");
-    LLM_REQUIRE(!item.empty() && item.find(',') == std::string::npos && !weighted_item(item), path, where + ".data",
-                "\"" + item + "\": give one file, folder or glob per entry (no commas, no :WEIGHT suffix: the "
-                "source's weight is its \"weight\")");
     const fs::path file = item;
-    spec += (spec.empty() ? "" : ",") + (file.is_absolute() ? item : (fs::path(path).parent_path() / file).string());
+    const std::string resolved = file.is_absolute() ? item : (fs::path(path).parent_path() / file).string();
+    LLM_REQUIRE(!item.empty() && item.find(',') == std::string::npos && (!weight_suffix(item) || names_a_path(resolved)),
+                path, where + ".data",
+                "\"" + item + "\": give one file, folder or glob per entry (no commas, no :WEIGHT suffix: the "
+                "source's weight is its \"weight\"; a file whose name has a colon is named as it is once it exists)");
+    spec += (spec.empty() ? "" : ",") + resolved;
   }
   return spec;
 }
@@ -160,20 +202,35 @@ std::vector<DataSource> data_sources(const std::string& spec, const std::string&
     const auto weighted = weighted_item(item);
     LLM_REQUIRE(weighted.has_value(), kSource, flag,
                 "\"" + item + "\" has no weight while other items have one: give every item a weight (a mixture, "
-                "e.g. --data web/*.bin:0.7,code/:0.3) or none (one corpus)");
-    double weight = 0;
-    size_t used = 0;
-    try {
-      weight = std::stod(weighted->second, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    LLM_REQUIRE(used == weighted->second.size() && std::isfinite(weight) && weight > 0, kSource, flag,
-                "\"" + item + "\": the weight " + weighted->second + " is not a positive number");
+                "e.g. --data web/*.bin:0.7,code/:0.3) or none (one corpus)" +
+                    (weight_suffix(item) ? std::string(" (") + item + " is an existing file, the colon part of its "
+                                           "name: give its weight after it, " + item + ":0.5)"
+                                         : std::string()));
+    const double weight = std::strtod(weighted->second.c_str(), nullptr);  // weight_suffix read it whole
+    LLM_REQUIRE(std::isfinite(weight), kSource, flag,
+                "\"" + item + "\": the weight " + weighted->second + " is not a finite number; give each item a "
+                "positive, finite weight (its share is its weight over their sum)");
+    LLM_REQUIRE(weight > 0, kSource, flag, "\"" + item + "\": the weight " + weighted->second + " is not a positive number");
     sources.push_back({weighted->first, weight});
   }
   return sources;
 }
+
+namespace {
+
+// For a path that is not there: how --data read the item it came from, when that had a colon.
+std::string read_as_weighted(const std::string& path, const std::string& spec, const std::string& flag) {
+  for (const std::string& given : split_list(spec)) {
+    const auto weighted = weight_suffix(given);
+    if (!weighted || weighted->first != path) continue;
+    return ". \"" + given + "\" was read as " + path + " with the mixture weight " + weighted->second + " (" + flag +
+           " ITEM:WEIGHT,...), as no file or folder " + given + " exists either; a name with a colon is read whole " +
+           "when it exists (check the path), and in a mixture takes its weight after it (" + given + ":0.5)";
+  }
+  return "";
+}
+
+}  // namespace
 
 std::vector<std::string> expand_data_spec(const std::string& spec, const std::string& flag) {
   std::vector<std::string> files;
@@ -184,6 +241,7 @@ std::vector<std::string> expand_data_spec(const std::string& spec, const std::st
     LLM_REQUIRE(!item.empty(), kSource, flag,
                 "\"" + spec + "\" has an empty item in its comma-separated list; give files, folders or glob patterns, e.g. "
                 "--data shards/train_*.bin,extra.npy");
+    if (const std::optional<std::string> why = misplaced_item(item, spec, flag)) fail_user(kSource, flag, *why);
     std::error_code error;
     std::vector<std::string> expanded;
     if (fs::is_directory(item, error))
@@ -196,8 +254,9 @@ std::vector<std::string> expand_data_spec(const std::string& spec, const std::st
       expanded = glob_matches(item, flag);
     else
       fail_user(kSource, flag,
-                "\"" + item + "\" is not a file, a folder or a glob pattern's match; expected \"synthetic\", token files (made by "
-                "`trainer prepare`, llm.c .bin, Megatron .bin/.idx, NumPy .npy), folders of them or glob patterns");
+                "\"" + item + "\" is not a file, a folder or a glob pattern's match; expected token files (made by "
+                "`trainer prepare`, llm.c .bin, Megatron .bin/.idx, NumPy .npy), folders of them or glob patterns (or "
+                "synthetic, alone)" + read_as_weighted(item, spec, flag));
     files.insert(files.end(), expanded.begin(), expanded.end());
   }
   std::set<std::string> seen;

@@ -12,11 +12,11 @@
 #include <charconv>
 #include <cerrno>
 #include <cstring>
-#include <regex>
 #include <vector>
 
 #include "common/errors.h"
 #include "common/input_paths.h"
+#include "data/npy_header.h"
 
 namespace llm {
 namespace {
@@ -96,7 +96,7 @@ TokenLayout llmc(const std::string& path, const unsigned char* head, size_t file
 }
 
 // NumPy's .npy (format 1.0, 2.0, 3.0): "\x93NUMPY", major, minor, the header's length (u16 for 1.0,
-// u32 after), then a Python dict literal: descr, fortran_order, shape.
+// u32 after), then a Python dict literal: descr, fortran_order, shape (data/npy_header.h).
 TokenLayout npy(const std::string& path, int descriptor, size_t file_bytes) {
   const std::string remedy = "save a 1-D uint16 or uint32 array with numpy.save";
   unsigned char prefix[12] = {};
@@ -109,32 +109,20 @@ TokenLayout npy(const std::string& path, int descriptor, size_t file_bytes) {
   const size_t header_start = 8 + length_bytes;
   LLM_REQUIRE(file_bytes >= header_start, path, "header", "the .npy header is cut short");
   const size_t header_length = major == 1 ? little_endian<uint16_t>(prefix + 8) : little_endian<uint32_t>(prefix + 8);
-  // NumPy itself refuses headers over 10,000 bytes; a longer one is damage (and would cost the
-  // regular expressions below a deep recursion).
+  // NumPy itself refuses headers over 10,000 bytes; a longer one is damage.
   LLM_REQUIRE(header_length <= 65536 && header_start + header_length <= file_bytes, path, "header",
               "the .npy header claims " + std::to_string(header_length) + " bytes, past the file's end or past "
               "any header NumPy writes; " + remedy);
   std::string header(header_length, '\0');
   read_exactly(descriptor, path, header_start, header.data(), header_length);
-  std::smatch match;
-  const auto field = [&](const char* pattern) {
-    return std::regex_search(header, match, std::regex(pattern)) ? match[1].str() : std::string();
-  };
-  const std::string descr = field(R"('descr'\s*:\s*'([^']*)')");
-  const std::string fortran = field(R"('fortran_order'\s*:\s*(True|False))");
-  const std::string shape = field(R"('shape'\s*:\s*\(([^)]*)\))");
+  const NpyHeader parsed = parse_npy_header(header, path);
+  const std::string& descr = parsed.descr;
   LLM_REQUIRE(descr == "<u2" || descr == "<u4", path, "dtype",
               "the array's dtype is '" + descr + "'; token arrays are little-endian uint16 ('<u2') or uint32 ('<u4'): " + remedy);
-  LLM_REQUIRE(fortran == "False", path, "fortran_order", "the array is in Fortran order; " + remedy);
-  static const std::regex one_dimension(R"(\s*(\d{1,19})\s*,\s*)");
-  std::smatch dimension;
-  LLM_REQUIRE(std::regex_match(shape, dimension, one_dimension), path, "shape",
-              "the array's shape is (" + shape + "); token arrays are 1-D: " + remedy);
-  uint64_t count = 0;
-  const std::string digits = dimension[1].str();
-  const auto [end, parse_error] = std::from_chars(digits.data(), digits.data() + digits.size(), count);
-  LLM_REQUIRE(parse_error == std::errc() && end == digits.data() + digits.size(), path, "shape",
-              "the array's length " + digits + " is not a count this trainer reads; " + remedy);
+  LLM_REQUIRE(!parsed.fortran_order || parsed.shape.size() <= 1, path, "fortran_order", "the array is in Fortran order; " + remedy);
+  LLM_REQUIRE(parsed.shape.size() == 1, path, "shape",
+              "the array's shape is " + shape_text(parsed.shape) + "; token arrays are 1-D: " + remedy);
+  const uint64_t count = parsed.shape[0];
   const int width = descr == "<u2" ? 2 : 4;
   check_size(path, "the .npy header", header_start + header_length, count, width, file_bytes, remedy);
   return {.format = TokenFormat::numpy, .payload_offset = header_start + header_length, .bytes_per_token = width,

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -151,6 +152,68 @@ TEST(TokenFileFormats, HeaderlessArraysNeedTheirDtypeAndAHeaderStillDecides) {
   EXPECT_EQ(saved->bytes_per_token(), 4);
   EXPECT_EQ(saved->token(3000), tokens.back());
 }
+
+// A .npy header is the Python dict literal NumPy reads (data/npy_header.h), not a pattern over its
+// text (issue 44: double quotes, a list shape, (N) and Python 2's 10L were refused or misread): the
+// headers numpy writes in formats 1.0, 2.0 and 3.0 and hand-written ones read back the ids; a header
+// that is not such a dict is refused naming the file and what is wrong.
+struct NpyHeaderCase {
+  const char* name;
+  const char* header;   // --npy_header ({count}: the ids' count), or "" for numpy's own (--npy_version)
+  const char* version;  // numpy's header format
+  std::vector<std::string> refused;  // fragments of the refusal; empty: read
+};
+
+const NpyHeaderCase kNpyHeaders[] = {
+    {"numpy_1_0", "", "1.0", {}},
+    {"numpy_2_0", "", "2.0", {}},
+    {"numpy_3_0", "", "3.0", {}},
+    {"double_quoted", R"({"descr": "<u2", "fortran_order": False, "shape": ({count},)})", "", {}},
+    {"list_shape_keys_reordered", R"({'shape': [{count}], 'fortran_order': False, 'descr': '<u2'})", "", {}},
+    {"no_trailing_comma", R"({"descr":"<u2","fortran_order":False,"shape":({count})})", "", {}},
+    {"python2_long", R"({'descr': '<u2', 'fortran_order': False, 'shape': ({count}L,), })", "", {}},
+    {"a_key_in_a_value", R"({'descr': '<u2', 'fortran_order': False, 'shape': ({count},), 'x': 'shape: (5,)'})", "",
+     {"the key 'x' is none of 'descr', 'fortran_order', 'shape'"}},
+    {"two_dimensions_in_a_list", R"({'descr': '<u2', 'fortran_order': False, 'shape': [{count}, 1]})", "",
+     {"shape is (", ", 1); token arrays are 1-D"}},
+    {"a_scalar", R"({'descr': '<u2', 'fortran_order': False, 'shape': ()})", "", {"shape is (); token arrays are 1-D"}},
+    {"missing_key", R"({'descr': '<u2', 'shape': ({count},)})", "", {"the key 'fortran_order' is missing"}},
+    {"key_twice", R"({'descr': '<u2', 'descr': '<u4', 'fortran_order': False, 'shape': ({count},)})", "",
+     {"the key 'descr' is given twice"}},
+    {"unclosed_string", R"({'descr': '<u2, 'fortran_order': False, 'shape': ({count},)})", "",
+     {"expected a , or the dict's closing }"}},
+    {"not_a_dict", R"(descr=<u2 shape={count})", "", {"expected the dict's opening {"}},
+    {"structured_dtype", R"({'descr': [('a', '<u2')], 'fortran_order': False, 'shape': ({count},)})", "",
+     {"a structured dtype"}},
+};
+
+class NpyHeaders : public ::testing::TestWithParam<NpyHeaderCase> {};
+
+TEST_P(NpyHeaders, AreReadByTheirGrammar) {
+  SKIP_WITHOUT_SHARD_WRITER();
+  const NpyHeaderCase& c = GetParam();
+  ScratchDir dir(std::string("npy_header_") + c.name);
+  const std::vector<int64_t> tokens = known_tokens(301, 1000, 9);
+  const fs::path path = dir / "tokens.npy";
+  std::string quoted = "'";
+  for (const char ch : std::string(c.header)) quoted += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  write_shard("npy", path, tokens,
+              "--dtype uint16 " + (std::string(c.header).empty() ? "--npy_version " + std::string(c.version)
+                                                                  : "--npy_header " + quoted + "'"));
+  if (c.refused.empty()) {
+    const auto file = TokenFile::open(path.string(), 1000);
+    EXPECT_EQ(file->format(), TokenFormat::numpy);
+    EXPECT_EQ(file->size(), 301);
+    expect_reads_equal(*file, tokens);
+    return;
+  }
+  std::vector<std::string> fragments = c.refused;
+  fragments.push_back(path.string());
+  testing::expect_user_error([&] { TokenFile::open(path.string(), 1000); }, fragments);
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, NpyHeaders, ::testing::ValuesIn(kNpyHeaders),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 // The header says the formats are told apart by their first bytes: a file's name does not decide.
 TEST(TokenFileFormats, AreToldApartByTheirFirstBytesNotTheirNames) {
@@ -391,6 +454,54 @@ TEST(DataSpec, NamesWhatItSaysAtTheEdges) {
   // A dangling link with a shard's name is said, not skipped (issue 44; input_paths_test.cpp).
   fs::create_symlink(folder / "gone.tok", folder / "z_latest.tok");
   expect_user_error([&] { expand_data_spec(folder.string()); }, {"z_latest.tok is a symbolic link to nothing"});
+}
+
+// One reading of a --data item (data/token_corpus.cpp), and messages that say what is wrong with it
+// (issue 44: "synthetic" in a list was "not a file ... expected \"synthetic\""; nan and inf weights
+// "have no weight"; a mixture file in a list was read as a token file; "part:2" was read as "part"
+// with weight 2 and the message said nothing of it). A file whose name has a colon is that file.
+TEST(DataSpec, SaysExactlyWhatIsWrongWithAnItem) {
+  ScratchDir dir("spec_items");
+  const std::string a = (dir / "a.tok").string(), b = (dir / "b.tok").string(), part = (dir / "part:2").string();
+  write_token_file(a, known_tokens(100, 128, 1), 128);
+  write_token_file(b, known_tokens(100, 128, 2), 128);
+  std::ofstream(dir / "mix.json") << R"({"sources": [{"data": "a.tok", "weight": 1}]})";
+  std::ofstream(dir / "index.json") << R"({"format": "trainer", "shards": []})";
+  std::ofstream(dir / "notes.json") << R"({"note": 1})";
+  const std::string mix = (dir / "mix.json").string();
+  const struct {
+    std::string spec;
+    std::vector<std::string> fragments;
+  } refused[] = {
+      {"synthetic," + a, {"\"synthetic," + a + "\" names \"synthetic\" in a list or a mixture", "given alone as --data synthetic"}},
+      {"synthetic:1," + a + ":1", {"names \"synthetic\" in a list or a mixture", "never listed or mixed with token files"}},
+      {a + "," + mix, {mix + " is a mixture file, not a token file", "a mixture file is the whole of --data (--data " + mix + ")"}},
+      {a + ":1," + mix + ":1", {mix + " is a mixture file, not a token file"}},
+      {a + "," + (dir / "index.json").string(), {"is a shard folder's index.json, not a token file: name its folder"}},
+      {a + "," + (dir / "notes.json").string(), {"notes.json is a JSON file, not a token file"}},
+      {a + ":nan," + b + ":1", {"\"" + a + ":nan\": the weight nan is not a finite number"}},
+      {a + ":inf," + b + ":1", {"the weight inf is not a finite number"}},
+      {a + ":1," + b + ":-inf", {"the weight -inf is not a finite number"}},
+      {part, {"\"" + part + "\" was read as " + (dir / "part").string() + " with the mixture weight 2",
+              "a name with a colon is read whole when it exists"}},
+  };
+  for (const auto& c : refused) {
+    SCOPED_TRACE(c.spec);
+    std::vector<std::string> fragments = c.fragments;
+    fragments.push_back("--data");
+    expect_user_error([&] { expand_data_spec(c.spec); }, fragments);
+  }
+  // Once it exists, "part:2" is that file: alone, in a list, and in a mixture with its weight after it.
+  write_token_file(part, known_tokens(100, 128, 3), 128);
+  expect_paths(expand_data_spec(part), {part});
+  expect_paths(expand_data_spec(part + "," + a), {part, a});
+  EXPECT_FALSE(is_mixture(part));
+  const std::vector<DataSource> sources = data_sources(part + ":0.5," + a + ":0.5");
+  ASSERT_EQ(sources.size(), 2u);
+  EXPECT_EQ(sources[0].spec, part);
+  EXPECT_DOUBLE_EQ(sources[0].weight, 0.5);
+  expect_user_error([&] { data_sources(part + "," + a + ":1"); },
+                    {"\"" + part + "\" has no weight", "is an existing file, the colon part of its name: give its weight after it"});
 }
 
 }  // namespace

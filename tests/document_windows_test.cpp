@@ -236,7 +236,13 @@ TEST(PrepareMegatron, WritesTheReferenceBytesAndShardsOfWholeDocuments) {
 
   PrepareOptions unnamed = megatron;
   unnamed.output = (dir / "m.data").string();
-  expect_user_error([&] { prepare_token_file(unnamed); }, {"m.data", "--output", "name the .bin"});
+  expect_user_error([&] { prepare_token_file(unnamed); }, {"m.data", "--format megatron/--output", "names the .bin"});
+  // A .tok (our format's name) with --format megatron: both flags named, and what each choice means.
+  unnamed.output = (dir / "m.tok").string();
+  expect_user_error([&] { prepare_token_file(unnamed); },
+                    {"m.tok", "--format megatron/--output", "PREFIX.bin with PREFIX.idx beside it",
+                     "for a .tok, our format, drop --format megatron"});
+  EXPECT_FALSE(fs::exists(dir / "m.tok"));
 }
 
 // Through the trainer: windows at documents train and are recorded; a resume with the other kind

@@ -147,6 +147,15 @@ const Refusal kRefusals[] = {
        return export_command("--from " + t.checkpoints.string() + " --to " + (dir / "out").string() + " --max_shard_size 5XB");
      },
      {"--max_shard_size", "5XB"}},
+    // Checked before the weights are written (issue 44: refused only after them).
+    {"export_tokenizer_of_neither_kind",
+     [](const Trained& t, const fs::path& dir) {
+       std::ofstream(dir / "notes.txt") << "not a tokenizer";
+       return export_command("--from " + t.checkpoints.string() + " --to " + (dir / "out").string() + " --tokenizer " +
+                             (dir / "notes.txt").string());
+     },
+     {"notes.txt: --tokenizer: is neither a SentencePiece model nor a Hugging Face tokenizer.json",
+      "export writes the one as tokenizer.model and the other as tokenizer.json"}},
     {"export_with_a_training_flag",
      [](const Trained& t, const fs::path& dir) {
        return testing::trainer_binary().string() + " --lr 0.1 export --from " + t.checkpoints.string() + " --to " +

@@ -325,7 +325,55 @@ TEST(Export, CopiesTheTokenizerPrepareTrained) {
   const auto refused = run_command(trainer + " export --from " + (dir / "ckpt").string() + " --to " +
                                    (dir / "out2").string() + " --tokenizer " + (dir / "not.model").string());
   EXPECT_EQ(refused.exit_code, 2) << refused.output;
-  expect_mentions(refused, {"not.model", "is not a SentencePiece model"});
+  expect_mentions(refused, {"not.model", "is neither a SentencePiece model nor a Hugging Face tokenizer.json"});
+  EXPECT_FALSE(fs::exists(dir / "out2/model.safetensors")) << "checked before anything is written";
+}
+
+// A corpus prepared with a Hugging Face tokenizer.json (LLaMA 3's, GPT-2's) exports it (issue 44: it
+// could never be exported, and a file that was not a SentencePiece model failed after the weights
+// were written): tokenizer.json as it is, with tokenizer_config.json naming PreTrainedTokenizerFast,
+// so transformers' AutoTokenizer encodes as the tokenizers library does; one larger than the model's
+// vocabulary is exit 2 before anything is written.
+TEST(Export, ATokenizerJsonIsExportedForAutoTokenizer) {
+#ifdef TRAINER_PYTHON
+  const std::string python = testing::python().string();
+  if (run_command(python + " -c 'import tokenizers'").exit_code != 0) GTEST_SKIP() << "no tokenizers in " << python;
+  const Trained& t = trained();
+  ScratchDir dir("export_tokenizer_json");
+  std::ofstream(dir / "make.py")
+      << "import sys\nfrom tokenizers import Tokenizer, models, trainers, pre_tokenizers\n"
+         "for size, path in ((100, sys.argv[1]), (300, sys.argv[2])):\n"
+         "    tok = Tokenizer(models.BPE(unk_token='<unk>'))\n"
+         "    tok.pre_tokenizer = pre_tokenizers.ByteLevel()\n"
+         "    tok.train_from_iterator(['the old man walked to the river %d' % i for i in range(300)],\n"
+         "                            trainers.BpeTrainer(vocab_size=size, special_tokens=['<unk>', '<s>', '</s>']))\n"
+         "    tok.save(path)\n";
+  const auto made = run_command(python + " " + (dir / "make.py").string() + " " + (dir / "small.json").string() + " " +
+                                (dir / "large.json").string());
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  const auto exported = run_command(export_command("--from " + t.checkpoints.string() + " --to " + (dir / "out").string() +
+                                                   " --tokenizer " + (dir / "small.json").string()));
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  EXPECT_EQ(testing::read_text(dir / "out/tokenizer.json"), testing::read_text(dir / "small.json"));
+  EXPECT_EQ(read_json(dir / "out/tokenizer_config.json").at("tokenizer_class"), "PreTrainedTokenizerFast");
+  EXPECT_FALSE(fs::exists(dir / "out/tokenizer.model"));
+  if (run_command(python + " -c 'import transformers'").exit_code == 0) {
+    const auto loaded = run_command(
+        python + " -c \"import sys; from transformers import AutoTokenizer; from tokenizers import Tokenizer; "
+                 "text = 'the old man walked to the river 7'; "
+                 "a = AutoTokenizer.from_pretrained(sys.argv[1])(text)['input_ids']; "
+                 "b = Tokenizer.from_file(sys.argv[2]).encode(text).ids; print('same' if a == b else (a, b))\" " +
+        (dir / "out").string() + " " + (dir / "small.json").string());
+    EXPECT_NE(loaded.output.find("same"), std::string::npos) << loaded.output;
+  }
+  const auto refused = run_command(export_command("--from " + t.checkpoints.string() + " --to " + (dir / "out2").string() +
+                                                  " --tokenizer " + (dir / "large.json").string()));
+  EXPECT_EQ(refused.exit_code, 2) << refused.output;
+  expect_mentions(refused, {"large.json", "--tokenizer", "has 300 pieces, more than the model's vocab_size 128"});
+  EXPECT_FALSE(fs::exists(dir / "out2/model.safetensors")) << "checked before anything is written";
+#else
+  GTEST_SKIP() << "this build names no TRAINER_PYTHON";
+#endif
 }
 
 }  // namespace

@@ -152,7 +152,7 @@ TEST(Mixture, SpecsWithWeightsAndTheirErrors) {
   expect_user_error([&] { data_sources(a + ":0.7," + code); },
                     {"--data", "\"" + code + "\" has no weight while other items have one"});
   expect_user_error([&] { data_sources(a + ":0," + code + ":1"); }, {"--data", "the weight 0 is not a positive number"});
-  expect_user_error([&] { data_sources(a + ":1e400," + code + ":1"); }, {"--data", "is not a positive number"});
+  expect_user_error([&] { data_sources(a + ":1e400," + code + ":1"); }, {"--data", "the weight 1e400 is not a finite number"});
 }
 
 // A mixture file (--data mixture.json) is the same sources as ITEM:WEIGHT, its relative paths taken

@@ -306,6 +306,42 @@ TEST_F(PrepareInputs, ParquetIsReadThroughPyarrow) {
 #endif
 }
 
+// One rule for a record's text in JSON Lines and Parquet (issue 44: Parquet skipped null rows and
+// passed numbers on, where JSON Lines refused them): a null, a number or any other non-string is
+// refused naming the file and the line (row); a Parquet column of another type is refused by its type.
+TEST_F(PrepareInputs, ANullOrNonStringTextIsRefusedAlikeInJsonLinesAndParquet) {
+  const std::string good = nlohmann::json{{"text", "the cat sat."}}.dump() + "\n";
+  write_bytes(scratch_ / "null.jsonl", good + "{\"text\": null}\n" + good);
+  expect_user_error([&] { prepare({scratch_ / "null.jsonl"}, "null_jsonl.tok"); },
+                    {(scratch_ / "null.jsonl").string(), "--input", "line 2's \"text\" is null, not a string"});
+  write_bytes(scratch_ / "number.jsonl", good + good + "{\"text\": 5}\n");
+  expect_user_error([&] { prepare({scratch_ / "number.jsonl"}, "number_jsonl.tok"); },
+                    {(scratch_ / "number.jsonl").string(), "line 3's \"text\" is number, not a string"});
+  write_bytes(scratch_ / "nul.jsonl", good + "{\"text\": \"a\\u0000b\"}\n");
+  expect_user_error([&] { prepare({scratch_ / "nul.jsonl"}, "nul_jsonl.tok"); },
+                    {(scratch_ / "nul.jsonl").string(), "line 2's \"text\" holds a NUL character"});
+#ifdef TRAINER_PYTHON
+  const std::string python = testing::python().string();
+  if (testing::run_command(python + " -c 'import pyarrow'").exit_code != 0) GTEST_SKIP() << "no pyarrow in " << python;
+  write_bytes(scratch_ / "make.py", "import sys\nimport pyarrow as pa, pyarrow.parquet as pq\n"
+                                    "folder = sys.argv[1]\n"
+                                    "pq.write_table(pa.table({'text': ['the cat sat.', None, 'the dog ran.']}), folder + '/null.parquet')\n"
+                                    "pq.write_table(pa.table({'text': ['the cat sat.', 'a\\x00b']}), folder + '/nul.parquet')\n"
+                                    "pq.write_table(pa.table({'text': [5, 6]}), folder + '/number.parquet')\n"
+                                    "pq.write_table(pa.table({'text': [b'the cat sat.']}), folder + '/bytes.parquet')\n");
+  const auto made = testing::run_command(python + " " + (scratch_ / "make.py").string() + " " + scratch_.path().string());
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  expect_user_error([&] { prepare({scratch_ / "null.parquet"}, "null_parquet.tok"); },
+                    {(scratch_ / "null.parquet").string(), "--input", "row 2's \"text\" is null, not a string"});
+  expect_user_error([&] { prepare({scratch_ / "nul.parquet"}, "nul_parquet.tok"); },
+                    {(scratch_ / "nul.parquet").string(), "row 2's \"text\" holds a NUL character"});
+  expect_user_error([&] { prepare({scratch_ / "number.parquet"}, "number_parquet.tok"); },
+                    {(scratch_ / "number.parquet").string(), "its column \"text\" holds int64, not strings"});
+  expect_user_error([&] { prepare({scratch_ / "bytes.parquet"}, "bytes_parquet.tok"); },
+                    {(scratch_ / "bytes.parquet").string(), "its column \"text\" holds binary, not strings"});
+#endif
+}
+
 // Through the binary: a compressed JSON Lines corpus in, a progress line with MB/s and tokens/s out.
 TEST(PrepareInputsCommand, ReadsZstdJsonLinesAndReportsThroughput) {
   ScratchDir scratch("prepare_inputs_command");

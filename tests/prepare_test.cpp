@@ -300,8 +300,9 @@ TEST_F(PrepareWithTokenizer, InputMustBeUtf8Text) {
       EXPECT_FALSE(std::filesystem::exists(options.output));
     }
   }
-  // Only the first 64 KiB are checked, and a character cut by that boundary is not held against
-  // the file: 65535 bytes of text, then a 2-byte character across the boundary.
+  // The probe before training checks the first 64 KiB, and a character cut by its end is not held
+  // against the file (the whole file is checked as it is read): 65535 bytes of text, then a 2-byte
+  // character across the boundary.
   const std::string long_text = scratch_ / "boundary.txt";
   {
     std::string line = "the old man walked to the river and the dog ran ";
@@ -313,6 +314,59 @@ TEST_F(PrepareWithTokenizer, InputMustBeUtf8Text) {
     std::ofstream(long_text, std::ios::binary) << bytes;
   }
   EXPECT_NO_THROW(prepare_token_file(encode(long_text, scratch_ / "boundary.bin")));
+}
+
+// Every byte is checked, not only the probe's first 64 KiB (issue 44: a Latin-1 byte or a NUL after
+// them passed silently into the token file): a bad byte anywhere is a UserError naming the file, the
+// byte's offset and its line, in the encoding pass and in the tokenizer's training; characters cut by
+// the reader's 1 MiB chunks are whole characters.
+TEST_F(PrepareWithTokenizer, EveryByteIsCheckedNotOnlyTheFirst) {
+  const std::string line = "the old man walked to the river and the dog ran with him. ";
+  const auto text_of = [&](size_t bytes) {
+    std::string text;
+    while (text.size() + line.size() + 1 < bytes) text += line + "\n";
+    return text;
+  };
+  const auto lines_in = [](const std::string& text) { return std::count(text.begin(), text.end(), '\n') + 1; };
+  struct Case {
+    const char* name;
+    std::string head;   // good text before the bad byte
+    std::string bad;    // "" : the file is good
+    const char* what;
+  };
+  const std::string after_probe = text_of(70000), after_chunk = text_of((size_t{1} << 20) + 5000);
+  // A 2-byte and a 4-byte character across the first 1 MiB chunk's end.
+  std::string across_two = text_of((size_t{1} << 20) - 200);
+  across_two.append((size_t{1} << 20) - 1 - across_two.size(), 'a');
+  std::string across_four = across_two.substr(0, across_two.size() - 2);
+  const std::vector<Case> cases = {
+      {"latin1_after_probe.txt", after_probe, "caf\xE9\n", "invalid UTF-8"},
+      {"nul_after_probe.txt", after_probe, std::string("a\0b\n", 4), "a NUL byte"},
+      {"latin1_after_a_chunk.txt", after_chunk, "caf\xE9\n", "invalid UTF-8"},
+      {"cut_at_the_end.txt", after_chunk, "\xE6\x97", "invalid UTF-8"},
+      {"two_bytes_across_a_chunk.txt", across_two + "\xC3\xA9 end\n", "", nullptr},
+      {"four_bytes_across_a_chunk.txt", across_four + "\xF0\x9F\x98\x80 end\n", "", nullptr},
+  };
+  for (const Case& bad_case : cases) {
+    SCOPED_TRACE(bad_case.name);
+    const std::string path = scratch_ / bad_case.name;
+    std::ofstream(path, std::ios::binary) << bad_case.head << bad_case.bad;
+    const size_t offset = bad_case.head.size() + (bad_case.bad.starts_with("caf") ? 3 : bad_case.bad.starts_with("a") ? 1 : 0);
+    const std::string where = " at byte " + std::to_string(offset) + " (line " + std::to_string(lines_in(bad_case.head)) + ")";
+    PrepareOptions options = encode(path, scratch_ / (std::string(bad_case.name) + ".tok"));
+    if (bad_case.what == nullptr) {
+      EXPECT_NO_THROW(prepare_token_file(options));
+      continue;
+    }
+    expect_user_error([&] { prepare_token_file(options); }, {path, "--input", "is not UTF-8 text", bad_case.what + where});
+    EXPECT_FALSE(std::filesystem::exists(options.output));
+    EXPECT_FALSE(std::filesystem::exists(options.output + ".tmp"));
+    // Training a tokenizer reads every byte too: the same error, and no tokenizer written.
+    options.tokenizer.clear();
+    options.vocab_size = 40;
+    expect_user_error([&] { prepare_token_file(options); }, {path, "is not UTF-8 text", bad_case.what + where});
+    EXPECT_FALSE(std::filesystem::exists(options.output + ".model"));
+  }
 }
 
 TEST(Prepare, SentencePieceFailuresNameTheFlag) {
@@ -415,6 +469,14 @@ TEST(PrepareCommand, ExistingOutputIsExitTwoUntilOverwrite) {
                                                text + " --vocab_size 64 --overwrite --output " + text);
   EXPECT_EQ(onto_input.exit_code, 2) << onto_input.output;
   EXPECT_NE(onto_input.output.find("--output: is also an --input"), std::string::npos) << onto_input.output;
+  // --format megatron with a .tok --output: exit 2 naming both flags, nothing written.
+  const auto megatron_tok = testing::run_command(command.substr(0, command.rfind(" --output ")) + " --format megatron --output " +
+                                                 (scratch / "m.tok").string());
+  EXPECT_EQ(megatron_tok.exit_code, 2) << megatron_tok.output;
+  EXPECT_NE(megatron_tok.output.find("m.tok: --format megatron/--output: --format megatron writes a Megatron dataset"),
+            std::string::npos)
+      << megatron_tok.output;
+  EXPECT_FALSE(std::filesystem::exists(scratch / "m.tok"));
 }
 
 }  // namespace

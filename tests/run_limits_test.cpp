@@ -8,6 +8,9 @@
 
 #include <gtest/gtest.h>
 
+#include <ctime>
+
+#include "common/run_deadline.h"
 #include "run_comparison.h"
 #include "test_util.h"
 
@@ -86,6 +89,65 @@ TEST(RunLimits, ABadLimitIsExitTwoNamingTheFlag) {
     const std::string flag = flags.substr(1, flags.find(' ', 1) - 1);
     EXPECT_NE(result.output.find(flag), std::string::npos) << result.output;
   }
+  // A date that is not on the calendar is named with what is wrong, never said to have passed.
+  const auto impossible = testing::run_command(base + " --max_runtime 2099-02-30T10:00");
+  EXPECT_EQ(impossible.exit_code, 2) << impossible.output;
+  EXPECT_NE(impossible.output.find("--max_runtime: expected minutes from the start"), std::string::npos) << impossible.output;
+  EXPECT_NE(impossible.output.find("(got \"2099-02-30T10:00\": February 2099 has 28 days, so there is no day 30)"),
+            std::string::npos)
+      << impossible.output;
+}
+
+// --max_runtime's end times are read field by field against the calendar (issue 44: 2026-02-30 was
+// taken as March 2, and other impossible times as another day or as passed): each impossible one is
+// refused saying what is wrong; real ones are the local time they name.
+TEST(RunDeadline, AnEndTimeIsOnTheCalendarOrRefusedSayingWhy) {
+  const struct {
+    const char* text;
+    const char* why;  // nullptr: accepted
+  } cases[] = {
+      {"2099-02-30T10:00", "February 2099 has 28 days, so there is no day 30"},
+      {"2100-02-29T10:00", "February 2100 has 28 days, so there is no day 29"},
+      {"2096-02-29T10:00", nullptr},
+      {"2099-04-31T10:00", "April 2099 has 30 days, so there is no day 31"},
+      {"2099-13-01T10:00", "there is no month 13 (months are 01 to 12)"},
+      {"2099-00-10T10:00", "there is no month 0"},
+      {"2099-01-00T10:00", "January 2099 has 31 days, so there is no day 0"},
+      {"2099-01-01T25:00", "there is no hour 25 (hours are 00 to 23)"},
+      {"2099-01-01T24:00", "there is no hour 24"},
+      {"2099-01-01T10:60", "there is no minute 60"},
+      {"2099-01-01T10:00:60", "there is no second 60"},
+      {"2099-06-15T12:34:56", nullptr},
+      {"2099-1-01T10:00", "neither a number of minutes nor an end time"},
+      {"2099-01-01T10:00Z", "neither a number of minutes nor an end time"},
+      {"2099-01-01 10:00", "neither a number of minutes nor an end time"},
+      {"2099-01-01T+1:00", "neither a number of minutes nor an end time"},
+      {"nan", "minutes must be a finite number above 0"},
+      {"-5", "minutes must be a finite number above 0"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.text);
+    std::string why;
+    const std::optional<double> end = max_runtime_end_epoch(c.text, 1000.0, &why);
+    if (c.why == nullptr) {
+      ASSERT_TRUE(end.has_value()) << why;
+      int year = 0, month = 0, day = 0, hour = 0, minute = 0, second = 0;
+      std::sscanf(c.text, "%d-%d-%dT%d:%d:%d", &year, &month, &day, &hour, &minute, &second);
+      std::tm local{};
+      const auto at = static_cast<std::time_t>(*end);
+      localtime_r(&at, &local);
+      EXPECT_EQ(local.tm_year + 1900, year);
+      EXPECT_EQ(local.tm_mon + 1, month);
+      EXPECT_EQ(local.tm_mday, day);
+      EXPECT_EQ(local.tm_hour, hour);
+      EXPECT_EQ(local.tm_min, minute);
+      EXPECT_EQ(local.tm_sec, second);
+    } else {
+      EXPECT_FALSE(end.has_value()) << "read as " << *end;
+      EXPECT_NE(why.find(c.why), std::string::npos) << why;
+    }
+  }
+  EXPECT_EQ(max_runtime_end_epoch("1.5", 1000.0), 1000.0 + 90);  // minutes from the start
 }
 
 }  // namespace

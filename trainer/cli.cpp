@@ -172,8 +172,9 @@ void add_export_verb(CLI::App& app, ExportOptions& exported, Verbs& verbs) {
                          "tensors go into model-0000K-of-0000N.safetensors and an index")
       ->capture_default_str();
   export_app->add_option("--tokenizer", exported.tokenizer,
-                         "the SentencePiece model to export as tokenizer.model (default: the one `trainer prepare` "
-                         "trained beside the run's token file, when there is one)");
+                         "the tokenizer the data was encoded with: a SentencePiece model (exported as tokenizer.model) or "
+                         "a Hugging Face tokenizer.json (exported as tokenizer.json with tokenizer_config.json); default: "
+                         "the one `trainer prepare` trained beside the run's token file, when there is one");
   export_app->add_flag("--overwrite", exported.overwrite,
                        "write into a non-empty --to, replacing an earlier export's files (others are left alone)");
   verbs.export_model = export_app;

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -23,6 +24,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/interchange/hf_config.h"
 #include "checkpoint/interchange/safetensors.h"
+#include "data/hf_tokenizer.h"
 #include "memory/categories.h"
 #include "model/units.h"
 
@@ -35,7 +37,8 @@ bool is_export_file(const std::string& name) {
   const bool shard = name.rfind("model-", 0) == 0 && name.size() > 12 &&
                      name.compare(name.size() - 12, 12, ".safetensors") == 0 && name.find("-of-") != std::string::npos;
   return shard || name == "model.safetensors" || name == "model.safetensors.index.json" || name == "config.json" ||
-         name == "generation_config.json" || name == "tokenizer.model";
+         name == "generation_config.json" || name == "tokenizer.model" || name == "tokenizer.json" ||
+         name == "tokenizer_config.json";
 }
 
 // --to: created when missing; an existing file, or a folder with files in it, is refused (unless
@@ -109,24 +112,66 @@ std::string tokenizer_to_export(const ExportOptions& options, const nlohmann::js
   if (fs::is_regular_file(beside, error)) return beside;
   *why_not = "the run's token file " + source + " has no " + fs::path(beside).filename().string() +
              " beside it (`trainer prepare --vocab_size` keeps the tokenizer it trains there; one given with "
-             "--tokenizer is not recorded); pass --tokenizer MODEL to export the one it was encoded with";
+             "--tokenizer is not recorded); pass --tokenizer MODEL (a SentencePiece .model or a tokenizer.json) to "
+             "export the one it was encoded with";
+  // A shard folder's index.json names the tokenizer prepare encoded with: said, not followed (a path
+  // read from a file the checkpoint points at).
+  if (fs::is_regular_file(fs::path(source) / "index.json", error)) {
+    std::ifstream in(fs::path(source) / "index.json");
+    const nlohmann::json index = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (index.is_object() && index.contains("tokenizer") && index.at("tokenizer").is_string())
+      *why_not += " (its index.json says it was encoded with " + index.at("tokenizer").get<std::string>() + ")";
+  }
   return "";
 }
 
-// Copies a SentencePiece model to DIR/tokenizer.model after loading it (a file that is not one, or
-// has more pieces than the model has ids, is refused).
-uint64_t copy_tokenizer(const std::string& source, int64_t vocab_size, const fs::path& destination) {
-  sentencepiece::SentencePieceProcessor processor;
-  const auto loaded = processor.Load(source);
-  LLM_REQUIRE(loaded.ok(), source, "--tokenizer",
-              "is not a SentencePiece model (" + std::string(loaded.ToString()) + ")");
-  LLM_REQUIRE(processor.GetPieceSize() <= vocab_size, source, "--tokenizer",
-              "has " + std::to_string(processor.GetPieceSize()) + " pieces, more than the model's vocab_size " +
+// The tokenizer an export writes, checked before anything is written (issue 44: a file that was not
+// one failed after the weights were written). Two kinds, the two `trainer prepare` encodes with: a
+// SentencePiece model, written as tokenizer.model (LLaMA's; transformers' LlamaTokenizer reads it
+// by config.json's model_type), or a Hugging Face tokenizer.json (LLaMA 3's, GPT-2's), written as
+// tokenizer.json with a tokenizer_config.json naming PreTrainedTokenizerFast, so that
+// AutoTokenizer.from_pretrained(DIR) encodes exactly as prepare did. Either must fit the model's
+// vocabulary.
+struct ExportedTokenizer {
+  std::string source;
+  bool hugging_face = false;
+};
+
+ExportedTokenizer checked_tokenizer(const std::string& source, int64_t vocab_size) {
+  int64_t pieces = 0;
+  const bool hugging_face = is_hf_tokenizer(source);
+  if (hugging_face) {
+    pieces = HfTokenizer(source).vocab_size();  // the library reads it, or a UserError naming it
+  } else {
+    sentencepiece::SentencePieceProcessor processor;
+    const auto loaded = processor.Load(source);
+    LLM_REQUIRE(loaded.ok(), source, "--tokenizer",
+                "is neither a SentencePiece model nor a Hugging Face tokenizer.json (SentencePiece: " +
+                    std::string(loaded.ToString()) + "): export writes the one as tokenizer.model and the other as "
+                    "tokenizer.json; pass the tokenizer the token file was made with");
+    pieces = processor.GetPieceSize();
+  }
+  LLM_REQUIRE(pieces <= vocab_size, source, "--tokenizer",
+              "has " + std::to_string(pieces) + " pieces, more than the model's vocab_size " +
                   std::to_string(vocab_size) + ": it is not the tokenizer this model was trained with");
-  std::ifstream in(source, std::ios::binary);
+  return {source, hugging_face};
+}
+
+// Writes the checked tokenizer into DIR; returns the bytes written.
+uint64_t write_tokenizer(const ExportedTokenizer& tokenizer, const fs::path& to) {
+  std::ifstream in(tokenizer.source, std::ios::binary);
   const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  LLM_REQUIRE(in.good() || in.eof(), tokenizer.source, "--tokenizer", "cannot be read");
+  const fs::path destination = to / (tokenizer.hugging_face ? "tokenizer.json" : "tokenizer.model");
   write_file_atomically(destination, bytes);
-  return bytes.size();
+  uint64_t written = bytes.size();
+  if (tokenizer.hugging_face) {
+    const std::string config = nlohmann::json{{"tokenizer_class", "PreTrainedTokenizerFast"}}.dump(2) + "\n";
+    write_file_atomically(to / "tokenizer_config.json", config);
+    written += config.size();
+  }
+  log::info("export: wrote {} (from {})", destination.string(), tokenizer.source);
+  return written;
 }
 
 }  // namespace
@@ -158,7 +203,7 @@ uint64_t export_checkpoint(const ExportOptions& options) {
   if (!options.tokenizer.empty()) {
     std::error_code error;
     LLM_REQUIRE(fs::is_regular_file(options.tokenizer, error), kCommandLine, "--tokenizer",
-                "\"" + options.tokenizer + "\" is not a file: pass a SentencePiece .model file");
+                "\"" + options.tokenizer + "\" is not a file: pass a SentencePiece .model file or a tokenizer.json");
   }
   check_destination(options);
   // One writer per --to (issue 44: two exports to one folder left one's config beside the other's
@@ -170,6 +215,10 @@ uint64_t export_checkpoint(const ExportOptions& options) {
               "missing: the checkpoint does not say which model it holds");
   const ModelConfig model = parse_model_config(checkpoint.manifest().at("model"), manifest_path);
   const at::ScalarType dtype = options.dtype == "bfloat16" ? at::kBFloat16 : at::kFloat;
+  std::string why_not;
+  const std::string tokenizer_source = tokenizer_to_export(options, checkpoint.manifest(), folder, &why_not);
+  const std::optional<ExportedTokenizer> tokenizer =
+      tokenizer_source.empty() ? std::nullopt : std::optional(checked_tokenizer(tokenizer_source, model.vocab_size));
 
   // Every parameter in unit order, checked against the checkpoint before anything is written; each is
   // read (from every rank's part of it) only as it is written.
@@ -233,13 +282,10 @@ uint64_t export_checkpoint(const ExportOptions& options) {
     write_file_atomically(to / file_name, text);
     written += text.size();
   }
-  std::string why_not;
-  const std::string tokenizer = tokenizer_to_export(options, checkpoint.manifest(), folder, &why_not);
-  if (tokenizer.empty()) {
-    log::warn("export: no tokenizer exported: {}", why_not);
+  if (tokenizer) {
+    written += write_tokenizer(*tokenizer, to);
   } else {
-    written += copy_tokenizer(tokenizer, model.vocab_size, to / "tokenizer.model");
-    log::info("export: wrote {} (from {})", (to / "tokenizer.model").string(), tokenizer);
+    log::warn("export: no tokenizer exported: {}", why_not);
   }
   const int64_t step = checkpoint.manifest().value("step", int64_t{-1});
   log::info("export: {} (step {}, {} parameters, {}) -> {}: {} in all", folder, step, model.num_parameters(),

@@ -163,7 +163,29 @@ def poke_id(path, payload_offset, itemsize, index, value, dtype):
         file.write(np.array([value], dtype=DTYPES[dtype]).tobytes())
 
 
-def write_npy(path, ids, dtype, count, sparse, damage):
+def write_npy_header(file, numpy_dtype, shape, text, version):
+    """A header of format `version` ("1.0", "2.0", "3.0") as NumPy writes it, or the dict `text` as
+    given ({count} replaced by the ids' count) in format 1.0, padded as NumPy pads."""
+    if text is None:
+        header = {"descr": np.lib.format.dtype_to_descr(numpy_dtype), "fortran_order": False, "shape": shape}
+        if version == "1.0":
+            np.lib.format.write_array_header_1_0(file, header)
+        elif version == "2.0":
+            np.lib.format.write_array_header_2_0(file, header)
+        else:  # 3.0 (a UTF-8 header): numpy.save writes it for a dtype whose description needs it
+            impl = getattr(np.lib.format, "_write_array_header", None)
+            if impl is None:
+                from numpy.lib import _format_impl
+                impl = _format_impl._write_array_header
+            impl(file, header, (3, 0))
+        return
+    body = text.replace("{count}", str(shape[0])).encode("latin1")
+    padding = -(10 + len(body) + 1) % 64
+    body += b" " * padding + b"\n"
+    file.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(body)) + body)
+
+
+def write_npy(path, ids, dtype, count, sparse, damage, npy_header=None, npy_version=None):
     """numpy.save, as OLMo writes its token arrays; returns the byte offset of the first id."""
     numpy_dtype = DTYPES[dtype]
     if damage == "wrong_dtype":
@@ -174,6 +196,11 @@ def write_npy(path, ids, dtype, count, sparse, damage):
     if damage == "two_dimensional" and count % 2:
         raise UsageError("--damage two_dimensional needs an even token count")
     with open(path, "wb") as file:
+        if npy_header is not None or npy_version is not None:
+            write_npy_header(file, numpy_dtype, shape, npy_header, npy_version)
+            payload = file.tell()
+            file.write(ids.astype(numpy_dtype).tobytes())
+            return [path], payload, numpy_dtype.itemsize
         if sparse:
             np.lib.format.write_array_header_1_0(
                 file, {"descr": np.lib.format.dtype_to_descr(numpy_dtype), "fortran_order": False, "shape": shape})
@@ -317,7 +344,8 @@ def write(args):
     check_ids_fit(ids, dtype, args.vocab, damage)
 
     if args.format == "npy":
-        files, payload, itemsize = write_npy(args.path, ids, dtype, count, args.sparse, damage)
+        files, payload, itemsize = write_npy(args.path, ids, dtype, count, args.sparse, damage, args.npy_header,
+                                             args.npy_version)
     elif args.format == "llmc":
         files, payload, itemsize = write_llmc(args.path, ids, dtype, count, args.sparse, damage)
     elif args.format == "olmo":
@@ -371,6 +399,10 @@ def main(argv):
                         help="id_above_vocab: the token index (default the middle)")
     parser.add_argument("--bad-id", "--bad_id", dest="bad_id", type=int,
                         help="id_above_vocab: the id written (default --vocab)")
+    parser.add_argument("--npy-header", "--npy_header", dest="npy_header",
+                        help="npy: write this dict as the header ({count}: the ids' count), format 1.0")
+    parser.add_argument("--npy-version", "--npy_version", dest="npy_version", choices=("1.0", "2.0", "3.0"),
+                        help="npy: the header format NumPy writes (default: numpy.save's choice)")
     parser.add_argument("--print-ids", "--print_ids", dest="print_ids", action="store_true",
                         help="include the ids in the JSON line")
     args = parser.parse_args(argv)
