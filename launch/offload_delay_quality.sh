@@ -5,9 +5,9 @@
 # runs' final losses against the exact runs' own spread, in OUT/offload_delay_quality.md.
 #
 #   bash launch/offload_delay_quality.sh                        # llama_20m, 300 steps, seeds 1 2 3
-#   STEPS=100 SEEDS="1 2" OUT=/tmp bash launch/offload_delay_quality.sh
+#   STEPS=100 SEEDS="1 2" LR=1e-3 OUT=/tmp bash launch/offload_delay_quality.sh
 #
-# Every run: one rank, --offload optimizer, global batch 8 x 128 tokens, lr 3e-3 with 30 warm-up steps
+# Every run: one rank, --offload optimizer, global batch 8 x 128 tokens, lr LR (3e-3) with 30 warm-up steps
 # and cosine decay, weight decay 0.1, evaluation every 50 steps on 16 held-out sequences; the delayed
 # runs take WARMUP (default 30) exact steps first. The "final training loss" is the mean of the last
 # 20 steps' losses; the evaluation loss is the last one. About 3 minutes on two cores.
@@ -19,6 +19,7 @@ CONFIG=${CONFIG:-configs/llama_20m.json}
 STEPS=${STEPS:-300}
 SEEDS=${SEEDS:-1 2 3}
 WARMUP=${WARMUP:-30}
+LR=${LR:-3e-3}
 OUT=${OUT:-docs}
 RUNS=${RUNS_DIR:-runs/offload_delay_quality}
 [[ "$STEPS" =~ ^[1-9][0-9]*$ ]] && [ "$STEPS" -ge 40 ] || { echo "offload_delay_quality.sh: STEPS: expected an integer >= 40 (got '$STEPS')" >&2; exit 2; }
@@ -37,7 +38,7 @@ for seed in $SEEDS; do
     [ "$mode" = delayed ] && delay=(--offload_delayed_update "$WARMUP")
     printf '[quality] %-20s ' "${mode}_seed$seed"
     if ! OMP_NUM_THREADS=$(nproc) "$TRAINER" --config "$CONFIG" --device cpu --run_dir "$dir" --seed "$seed" \
-        --num_training_steps "$STEPS" --warmup_steps 30 --lr 3e-3 --weight_decay 0.1 --total_batch_size 8 \
+        --num_training_steps "$STEPS" --warmup_steps 30 --lr "$LR" --weight_decay 0.1 --total_batch_size 8 \
         --batch_size 8 --max_length 128 --eval_every 50 --eval_sequences 16 --offload optimizer \
         ${delay[@]+"${delay[@]}"} >"$dir.log" 2>&1; then
       echo "failed; the last lines of $dir.log:"
@@ -50,10 +51,10 @@ for seed in $SEEDS; do
   done
 done
 
-python3 - "$OUT/offload_delay_quality.md" "$CONFIG" "$STEPS" "$WARMUP" "${dirs[@]}" <<'EOF'
+python3 - "$OUT/offload_delay_quality.md" "$CONFIG" "$STEPS" "$WARMUP" "$LR" "${dirs[@]}" <<'EOF'
 import json, pathlib, statistics, sys
 
-out, config, steps, warmup, *dirs = sys.argv[1:]
+out, config, steps, warmup, lr, *dirs = sys.argv[1:]
 def events(folder, kind):
     return [r for r in map(json.loads, open(pathlib.Path(folder, "metrics.jsonl"))) if r.get("event") == kind]
 rows, by_mode = [], {"exact": [], "delayed": []}
@@ -75,7 +76,7 @@ for index, what in ((0, "final training loss"), (1, "final eval loss")):
 text = f"""# Delayed parameter update (`--offload_delayed_update`): what it does to the loss
 
 `bash launch/offload_delay_quality.sh` ({config}, {steps} steps, AdamW, `--offload optimizer` at one
-rank, the synthetic corpus, global batch 8 x 128 tokens, lr 3e-3, CPU; the delayed runs after {warmup}
+rank, the synthetic corpus, global batch 8 x 128 tokens, lr {lr}, CPU; the delayed runs after {warmup}
 exact steps). Final training loss: the mean of the last 20 steps; evaluation: the last evaluation (16
 held-out sequences). Each seed changes the initialisation and the data order.
 
