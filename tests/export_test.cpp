@@ -296,7 +296,7 @@ TEST(Export, OverwriteReplacesAnEarlierExportAndLeavesOtherFiles) {
   EXPECT_EQ(names, (std::set<std::string>{"config.json", "generation_config.json", "model.safetensors", "notes.txt"}));
 }
 
-TEST(Export, CopiesTheTokenizerPrepareTrained) {
+TEST(Export, CopiesTheTokenizerItIsGivenAndNamesTheRunsWithoutFollowingIt) {
   ScratchDir dir("export_tokenizer");
   {
     std::ofstream text(dir / "text.txt");
@@ -313,7 +313,15 @@ TEST(Export, CopiesTheTokenizerPrepareTrained) {
                                        "--eval_batches 1 --eval_fraction 0.2 --save_dir " + (dir / "ckpt").string() +
                                        " --run_dir " + (dir / "run").string());
   ASSERT_EQ(trained_run.exit_code, 0) << trained_run.output;
-  const auto exported = run_command(trainer + " export --from " + (dir / "ckpt").string() + " --to " + (dir / "out").string());
+  // Without --tokenizer nothing outside the checkpoint is read on the manifest's word (issue 44): the
+  // output names the file to pass.
+  const auto unnamed = run_command(trainer + " export --from " + (dir / "ckpt").string() + " --to " + (dir / "bare").string());
+  ASSERT_EQ(unnamed.exit_code, 0) << unnamed.output;
+  EXPECT_FALSE(fs::exists(dir / "bare/tokenizer.model"));
+  const std::string suggestion = "--tokenizer " + (dir / "text.tok").string() + ".model";
+  expect_mentions(unnamed, {suggestion.c_str(), "is not followed"});
+  const auto exported = run_command(trainer + " export --from " + (dir / "ckpt").string() + " --to " + (dir / "out").string() +
+                                    " --tokenizer " + (dir / "text.tok.model").string());
   ASSERT_EQ(exported.exit_code, 0) << exported.output;
   std::ifstream original(dir / "text.tok.model", std::ios::binary), copy(dir / "out/tokenizer.model", std::ios::binary);
   const std::string original_bytes((std::istreambuf_iterator<char>(original)), std::istreambuf_iterator<char>());

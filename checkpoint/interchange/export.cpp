@@ -92,7 +92,10 @@ std::string resolve_from(const std::string& from) {
   }
 }
 
-// The SentencePiece model to export and where it came from, or "" with the reason in `why_not`.
+// The tokenizer to export: --tokenizer's, or "" with the reason in `why_not`. Nothing outside the
+// checkpoint folder is looked at on the manifest's word (issue 44: a name read from a file stays
+// inside its folder): the run's --data path the manifest records is only named, with the file
+// `trainer prepare --vocab_size` keeps beside it, for the user to pass.
 std::string tokenizer_to_export(const ExportOptions& options, const nlohmann::json& manifest,
                                 const std::string& checkpoint, std::string* why_not) {
   if (!options.tokenizer.empty()) return options.tokenizer;
@@ -107,21 +110,10 @@ std::string tokenizer_to_export(const ExportOptions& options, const nlohmann::js
     *why_not = "the run trained on --data synthetic, token ids that no tokenizer made";
     return "";
   }
-  const std::string beside = source + ".model";
-  std::error_code error;
-  if (fs::is_regular_file(beside, error)) return beside;
-  *why_not = "the run's token file " + source + " has no " + fs::path(beside).filename().string() +
-             " beside it (`trainer prepare --vocab_size` keeps the tokenizer it trains there; one given with "
-             "--tokenizer is not recorded); pass --tokenizer MODEL (a SentencePiece .model or a tokenizer.json) to "
-             "export the one it was encoded with";
-  // A shard folder's index.json names the tokenizer prepare encoded with: said, not followed (a path
-  // read from a file the checkpoint points at).
-  if (fs::is_regular_file(fs::path(source) / "index.json", error)) {
-    std::ifstream in(fs::path(source) / "index.json");
-    const nlohmann::json index = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-    if (index.is_object() && index.contains("tokenizer") && index.at("tokenizer").is_string())
-      *why_not += " (its index.json says it was encoded with " + index.at("tokenizer").get<std::string>() + ")";
-  }
+  *why_not = "no --tokenizer given; the run trained on " + source + ": pass --tokenizer " + source +
+             ".model if `trainer prepare --vocab_size` trained it there (or the SentencePiece .model or "
+             "tokenizer.json the data was encoded with; a shard folder's index.json names it). A path "
+             "read from the checkpoint is not followed";
   return "";
 }
 
