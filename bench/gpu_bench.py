@@ -161,7 +161,10 @@ def cases(device):
                   Case("configs/llama_350m.json", "bfloat16", "mixed", 32, 1024, 12, tag="b32", lever_of=speed_350m.name)]
         # Issue 43: offload's share at 32k and 128k tokens a step (the host step is per step, the GPU's
         # work per token), fp32 and bf16 state, against the 64k-token run without offload (acc8).
-        offload_steps = [Case("configs/llama_1b.json", "bfloat16", "pure", 8, 1024, 5, accumulation=acc, offload=True,
+        # The delayed update (opt-in, not exact) at 8k tokens a step, after 2 exact steps, first.
+        offload_steps = [Case("configs/llama_1b.json", "bfloat16", "pure", 8, 1024, 10, offload=True,
+                              levers="--offload_delayed_update 2", offload_of=speed_1b.name)] + [
+                         Case("configs/llama_1b.json", "bfloat16", "pure", 8, 1024, 5, accumulation=acc, offload=True,
                               state_bf16=bf16, tag=f"acc{acc}", offload_of=acc8_1b.name)
                          for acc in (4, 16) for bf16 in (False, True)]
     else:
@@ -180,7 +183,9 @@ def cases(device):
                        lever_of=speed_1b.name),
                   Case("configs/llama_micro.json", "bfloat16", "pure", 2, 32, 5, accumulation=4, tag="acc4",
                        lever_of=speed_1b.name)]
-        offload_steps = [Case("configs/llama_micro.json", "bfloat16", "pure", 2, 32, 5, accumulation=4, offload=True,
+        offload_steps = [Case("configs/llama_micro.json", "bfloat16", "pure", 2, 32, 5, offload=True,
+                              levers="--offload_delayed_update 2", offload_of=speed_1b.name),
+                         Case("configs/llama_micro.json", "bfloat16", "pure", 2, 32, 5, accumulation=4, offload=True,
                               tag="acc4", offload_of=levers[-1].name)]
     # Speed first (issue 42): the default runs with their peers, then each lever; memory after.
     return [speed_350m, speed_1b] + levers + [memory_130m, offload_1b] + largest + offload_steps
