@@ -135,7 +135,9 @@ grep -q '"stopped_by":"--stop_at_step"' "$first_run/metrics.jsonl" || fail "job 
 [ -d "$first_run/checkpoints/step_2" ] || fail "job $first saved no step_2 in $first_run/checkpoints"
 scancel "$first" 2>/dev/null
 echo "sbatch job $first (--stop_at_step 2): ran in runs/$name-$first, saved step_2, not requeued"
-steps=60
+# Long enough (about 2 s of steps on this model) that the poll below sees a step between the 5th and
+# the last even on a loaded machine: at 60 steps (0.2 s) a loaded CI machine saw only the finished run.
+steps=600
 "$MPIEXEC" --oversubscribe -np 2 "$TRAINER" "${flags[@]}" --batch_size 2 --num_training_steps $steps \
   --run_dir "$work/straight" > "$work/log/straight.log" 2>&1 || fail "the uninterrupted run: $(tail -n 3 "$work/log/straight.log")"
 job=$(cd "$work/job" && TRAINER="$TRAINER" \
