@@ -69,8 +69,12 @@ TEST(Launcher, RealTorchrunGetsTheMessageOnEveryProcess) {
   if (run_command(python.string() + " -c 'import torch.distributed.run'").exit_code != 0)
     GTEST_SKIP() << "torch.distributed.run is not importable from " << python;
   ScratchDir dir("torchrun_real");
+  // torchrun's agent SIGTERMs the other workers once it sees one fail: polling every 5 s (not its
+  // default 0.1 s) gives the slower one time to print its own message on a loaded machine, where the
+  // first to refuse could take the other down before it spoke (seen once in a clean-clone CI run).
   const auto launched = run_command(python.string() +
-                                    " -m torch.distributed.run --nproc_per_node 2 --master_port 29517 --no-python " +
+                                    " -m torch.distributed.run --nproc_per_node 2 --master_port 29517 "
+                                    "--monitor-interval 5 --no-python " +
                                     testing::trainer_binary().string() + train_flags(dir));
   EXPECT_NE(launched.exit_code, 0) << launched.output;
   expect_mentions(launched.output, {"launcher:", "WORLD_SIZE=2", "RANK=0", "RANK=1", "mpirun -np 2 build/trainer"});
