@@ -65,14 +65,25 @@ StepPhase StepTimer::switch_to(StepPhase phase) {
   return previous;
 }
 
+namespace {
+
+// The host clock's intervals between a step's marks, by phase.
+template <typename Marks>
+PhaseSeconds host_phases(const Marks& marks) {
+  PhaseSeconds seconds{};
+  for (size_t i = 0; i + 1 < marks.count; ++i)
+    seconds[static_cast<size_t>(marks.phases[i])] +=
+        std::chrono::duration<double>(marks.host[i + 1] - marks.host[i]).count();
+  return seconds;
+}
+
+}  // namespace
+
 std::optional<PhaseSeconds> StepTimer::end_step() {
   switch_to(StepPhase::other);  // the closing mark
   in_step_ = false;
   const Marks& marks = *marks_;
-  host_seconds_ = {};
-  for (size_t i = 0; i + 1 < marks.count; ++i)
-    host_seconds_[static_cast<size_t>(marks.phases[i])] +=
-        std::chrono::duration<double>(marks.host[i + 1] - marks.host[i]).count();
+  host_seconds_ = host_phases(marks);
   if (!read_late_) return read(marks);
   std::optional<PhaseSeconds> before = flush();
   // This step's marks wait; the step before's (read) are reused for the next.
@@ -89,19 +100,16 @@ std::optional<PhaseSeconds> StepTimer::flush() {
 }
 
 PhaseSeconds StepTimer::read(const Marks& marks) const {
-  PhaseSeconds seconds{};
 #ifdef TRAINER_HAVE_CUDA
   if (device_.is_cuda()) {
+    PhaseSeconds seconds{};
     marks.events[marks.count - 1]->synchronize();  // reading late: long done
     for (size_t i = 0; i + 1 < marks.count; ++i)
       seconds[static_cast<size_t>(marks.phases[i])] += marks.events[i]->elapsed_time(*marks.events[i + 1]) / 1000.0;
     return seconds;
   }
 #endif
-  for (size_t i = 0; i + 1 < marks.count; ++i)
-    seconds[static_cast<size_t>(marks.phases[i])] +=
-        std::chrono::duration<double>(marks.host[i + 1] - marks.host[i]).count();
-  return seconds;
+  return host_phases(marks);
 }
 
 }  // namespace llm

@@ -390,7 +390,6 @@ class StepSimulation {
     if (resident_) {
       if (transient_gradient_ && !gradients_in_shard()) timeline_.add(kGradients, shard);
       if (!gradients_in_shard()) timeline_.remove(kGradients, full_grad_bytes(u));
-      if (bf16_gradient_) timeline_.spike(4 * unit.shard_numel);  // the norm's exact fp32 upcast of the shard
     } else {
       // On a GPU the reduction runs on the reduce stream and its flat input stays until the compute
       // stream waits for it: at the next unit's reduction, or the end of backward (the fused step
@@ -409,8 +408,8 @@ class StepSimulation {
         reducing_flat_ = flat;
       else
         timeline_.remove(kActivations, flat);
-      if (bf16_gradient_) timeline_.spike(4 * unit.shard_numel);  // the norm's exact fp32 upcast of the shard
     }
+    if (bf16_gradient_) timeline_.spike(4 * unit.shard_numel);  // the norm's exact fp32 upcast of the shard
     // --fuse_optimizer_with_backward: the unit's step runs here, its temporaries on top of the shard,
     // and the shard is freed right after (on a GPU too: the step runs on the stream that reuses it).
     if (fused_) {

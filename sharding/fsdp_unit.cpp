@@ -53,7 +53,7 @@ at::Tensor squared_norm(const at::Tensor& shard) {
 
 // One allocation for the whole unit, each parameter's storage pointing into it in registration
 // order: a layer's q, k and v (and gate and up) are adjacent, so the model can run each group as one
-// GEMM (model/layer_ops.h's grouped_linear). The storages stay the parameters' own objects (what
+// GEMM (model/grouped_linear.h). The storages stay the parameters' own objects (what
 // autograd's saved weights refer to), so a release and the next gather swap their pointers as
 // before; they own nothing, the block owns the memory.
 void ShardedUnit::allocate_compute_parameters() {
@@ -399,22 +399,13 @@ void ShardedUnit::reduce_into_shard() {
     if (communicator_.world_size() > 1) communicator_.all_reduce(gradient_, ReduceOp::average);
     return;
   }
-  if (gradient_dtype_ != at::kFloat) {
-    // keep_bf16_gradient on a gathered unit (one rank, its compute copies padded): the shard is laid
-    // out as a world of one's flat buffer, so each bf16 gradient is copied straight into it (pads left
-    // out), with no fp32 buffer and nothing to reduce.
-    if (gradient_transient_) gradient_ = at::empty({layout_.shard_numel}, gradient_options_.dtype(gradient_dtype_));
-    for (size_t i = 0; i < parameters_.size(); ++i) {
-      const at::Tensor& grad = parameters_[i].second.grad();
-      if (grad.defined())
-        layout_.scatter_into(layout_.parameters[i], logical(i, grad), gradient_);
-      else
-        slice(gradient_, layout_.parameters[i]).zero_();
-      parameters_[i].second.mutable_grad() = at::Tensor();
-    }
-    return;
-  }
-  at::Tensor flat = at::empty({layout_.world_size * layout_.shard_numel}, gradient_options_);
+  // keep_bf16_gradient on a gathered unit (one rank, its compute copies padded): the shard is laid out
+  // as a world of one's flat buffer, so the gradients are copied straight into it (made first), with
+  // no fp32 buffer and nothing to reduce.
+  const bool into_shard = gradient_dtype_ != at::kFloat;
+  if (into_shard && gradient_transient_)
+    gradient_ = at::empty({layout_.shard_numel}, gradient_options_.dtype(gradient_dtype_));
+  at::Tensor flat = into_shard ? gradient_ : at::empty({layout_.world_size * layout_.shard_numel}, gradient_options_);
   for (size_t i = 0; i < parameters_.size(); ++i) {
     const at::Tensor& grad = parameters_[i].second.grad();
     if (grad.defined())
@@ -423,6 +414,7 @@ void ShardedUnit::reduce_into_shard() {
       layout_.scatter_into(layout_.parameters[i], at::zeros(layout_.parameters[i].full_shape, gradient_options_), flat);
     parameters_[i].second.mutable_grad() = at::Tensor();
   }
+  if (into_shard) return;
   // Every row of the shard is written below, so a transient one needs no zeroing.
   if (gradient_transient_) gradient_ = at::empty({layout_.shard_numel}, gradient_options_);
 #ifdef TRAINER_HAVE_CUDA

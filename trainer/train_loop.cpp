@@ -146,7 +146,6 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
   sharded_.set_timer(&timer_);
   model_->set_recompute(recompute_set(run.recompute));  // --recompute's operations (model/recompute.h)
   model_->set_grouped_projections(run.grouped_projections);
-  vocab_size_ = model_config.vocab_size;
   if (const FusedOps fused = fused_ops_set(run.fused_ops); fused.any()) {  // --fused_ops (model/layer_ops.h)
     if (!device_.is_cuda())
       fail_user(kCommandLine, "--fused_ops",

@@ -169,7 +169,7 @@ at::Tensor Training::forward_backward(int64_t step) {
     at::Tensor loss;
     {
       StepTimer::Scope timed(&timer_, StepPhase::forward);
-      loss = causal_lm_loss(boundaries.back().output, batch.labels, loss_form_, vocab_size_);
+      loss = causal_lm_loss(boundaries.back().output, batch.labels, loss_form_, model_->config().vocab_size);
       loss_sum += loss.detach().to(at::kDouble);
     }
     const bool last = micro + 1 == run_.data.gradient_accumulation;
@@ -254,10 +254,10 @@ double Training::evaluate(int64_t* tokens) {
     const int64_t first = (i * world + context_.rank) * batch_size;  // this rank's first row's sequence
     const int64_t counted = std::clamp<int64_t>(sequences - first, 0, batch_size);
     if (counted == batch_size) {
-      sum += causal_lm_loss(boundaries.back().output, batch.labels, loss_form_, vocab_size_).to(at::kDouble);
+      sum += causal_lm_loss(boundaries.back().output, batch.labels, loss_form_, model_->config().vocab_size).to(at::kDouble);
     } else if (counted > 0) {
       const at::Tensor loss = causal_lm_loss(boundaries.back().output.narrow(0, 0, counted),
-                                             batch.labels.narrow(0, 0, counted), loss_form_, vocab_size_);
+                                             batch.labels.narrow(0, 0, counted), loss_form_, model_->config().vocab_size);
       sum += loss.to(at::kDouble) * (static_cast<double>(counted) / static_cast<double>(batch_size));
     }
   }

@@ -101,7 +101,6 @@ class Training {
   BatchSampler train_batches_, eval_batches_;
   StepTimer timer_;
   CrossEntropyForm loss_form_ = CrossEntropyForm::blocked;  // --fused_ops cross_entropy: single_pass
-  int64_t vocab_size_ = -1;  // the logits' counted columns (a padded vocabulary's pads are not)
   ShardedModel sharded_;
   int64_t startup_peak_bytes_ = 0, largest_unit_bytes_ = 0;  // parameter storage while building
   int64_t init_from_bytes_ = 0;  // --init_from: bytes of the folder this rank read (its rows)
