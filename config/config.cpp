@@ -63,6 +63,14 @@ const char* to_string(CommunicatorChoice value) {
   return "?";
 }
 
+const char* to_string(OffloadStep value) {
+  switch (value) {
+    case OffloadStep::host: return "host";
+    case OffloadStep::speculative: return "speculative";
+  }
+  return "?";
+}
+
 const char* to_string(Precision value) {
   switch (value) {
     case Precision::pure: return "pure";
@@ -139,10 +147,12 @@ json RunConfig::to_json() const {
       {"offload", to_string(sharding.offload)},
       {"offload_threads", sharding.offload_threads},
       {"offload_delayed_update", sharding.offload_delayed_update},
+      {"offload_step", to_string(sharding.offload_step)},
       {"communicator", to_string(sharding.communicator)},
       {"log_every", logging.log_every},
       {"print_config", logging.print_config},
       {"memory_snapshot", logging.memory_snapshot},
+      {"offload_trace", logging.offload_trace},
       {"on_write_error", logging.on_write_error},
       {"name", logging.name},
       {"tags", logging.tags},
@@ -260,10 +270,12 @@ RunConfig run_config_from_json(const json& object, const std::string& source) {
     read_enum("offload", run.sharding.offload, kOffloadValues);
   read("offload_threads", run.sharding.offload_threads);
   read("offload_delayed_update", run.sharding.offload_delayed_update);
+  read_enum("offload_step", run.sharding.offload_step, kOffloadStepValues);
   read_enum("communicator", run.sharding.communicator, kCommunicatorValues);
   read("log_every", run.logging.log_every);
   read("print_config", run.logging.print_config);
   read("memory_snapshot", run.logging.memory_snapshot);
+  read("offload_trace", run.logging.offload_trace);
   read("on_write_error", run.logging.on_write_error);
   if (!is_choice(run.logging.on_write_error, kWriteErrorChoices))
     fail_user(source, "on_write_error", "expected \"stop\" or \"warn\" (got \"" + run.logging.on_write_error + "\")");

@@ -38,6 +38,11 @@ inline bool offloads_parameters(Offload offload) {
 // mpi on GPUs: CUDA tensors staged through page-locked host memory (sharding/communicator.h), so
 // several ranks can share one GPU (a test bed for every sharded path) or run where NCCL does not.
 enum class CommunicatorChoice { auto_select, nccl, mpi };
+// --offload_step: when and where --offload optimizer steps a unit (docs/offload.md, "Which mode to
+// pick"). host: on the host, once the global norm is known; speculative: on the host as soon as the
+// unit's gradient lands in backward, as if no clipping were needed, into a second set of buffers,
+// adopted when the norm says no clipping, else stepped again from the kept state (exact either way).
+enum class OffloadStep { host, speculative };
 
 // Every value of each enum setting and every choice of each string setting: the one list that the
 // command line's check of a flag and --help's {a,b,...} (trainer/training_flags.cpp),
@@ -52,6 +57,7 @@ inline constexpr std::array kOffloadValues = {Offload::none, Offload::optimizer,
 inline constexpr const char* kOffloadBothReversed = "parameters,optimizer";
 inline constexpr std::array kCommunicatorValues = {CommunicatorChoice::auto_select, CommunicatorChoice::nccl,
                                                    CommunicatorChoice::mpi};
+inline constexpr std::array kOffloadStepValues = {OffloadStep::host, OffloadStep::speculative};
 inline constexpr std::array kShardingValues = {ShardingStrategy::full_shard, ShardingStrategy::shard_grad_op,
                                                ShardingStrategy::no_shard};
 inline constexpr std::array<const char*, 2> kSubsetNormParamsChoices = {"linear", "all"};        // --subset_norm_params
@@ -170,6 +176,7 @@ struct ShardingConfig {
   // (ZeRO-Offload's delayed parameter update: the forward of step t+1 runs on the weights of step
   // t-1 while the host steps t); -1: off, every step exact.
   int64_t offload_delayed_update = -1;
+  OffloadStep offload_step = OffloadStep::host;  // --offload_step
   CommunicatorChoice communicator = CommunicatorChoice::auto_select;  // --communicator
 };
 
@@ -202,6 +209,9 @@ struct LoggingConfig {
   // CUDA only: record the caching allocator's history and write RUN_DIR/memory_snapshot.rank<R>.pickle
   // (pytorch.org/memory_viz) after the first steps; a UserError on a CPU rank.
   bool memory_snapshot = false;
+  // --offload_trace: each rank writes RUN_DIR/offload_trace.rank<R>.jsonl, the offloaded optimizer's
+  // schedule (which unit is stepped when, on which thread, what the next forward waited for).
+  bool offload_trace = false;
   // --on_write_error: a failed write of a run file (metrics.jsonl, the ledger, memory_report.md) ends
   // the run with exit 2 naming the file ("stop"), or is logged once per file and the run goes on
   // ("warn"); common/output_files.h.
@@ -327,5 +337,6 @@ const char* to_string(DeviceChoice value);
 const char* to_string(Precision value);
 const char* to_string(Offload value);
 const char* to_string(CommunicatorChoice value);
+const char* to_string(OffloadStep value);
 
 }  // namespace llm

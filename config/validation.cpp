@@ -220,6 +220,17 @@ void check_memory_flags(const RunConfig& run, const ModelConfig& model) {
     fail_user(kCommandLine, "--offload_delayed_update",
               "delays the host step of --offload optimizer: add --offload optimizer (not with parameters: the "
               "host rows are what the gathers read while the late update is written), or leave it out");
+  if (run.sharding.offload_step != OffloadStep::host && !offloads_optimizer(run.sharding.offload))
+    fail_user(kCommandLine, "--offload_step",
+              std::string(to_string(run.sharding.offload_step)) +
+                  " says when --offload optimizer's host step runs: add --offload optimizer, or leave it out");
+  if (run.sharding.offload_step == OffloadStep::speculative && run.sharding.offload_delayed_update >= 0)
+    fail_user(kCommandLine, "--offload_step",
+              "speculative steps each unit in backward and applies it before the next forward; "
+              "--offload_delayed_update applies it a step late: pick one");
+  if (run.logging.offload_trace && !offloads_optimizer(run.sharding.offload))
+    fail_user(kCommandLine, "--offload_trace",
+              "records the schedule of --offload optimizer's host step: add --offload optimizer, or leave it out");
   if (run.sharding.offload_threads > 0 && !offloads_optimizer(run.sharding.offload))
     fail_user(kCommandLine, "--offload_threads",
               "sets the threads of the offloaded optimizer step: add --offload optimizer, or leave it out");

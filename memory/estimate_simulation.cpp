@@ -123,8 +123,14 @@ class StepSimulation {
     const int64_t compute_rows = m_.compute_bytes() * shard_elements_;
     if (offload_) {
       const int64_t landing = (bf16_gradient_ ? 2 : 4) * shard_elements_;  // the gradients' host buffers
-      offload_host_bytes_ = optimizer_state() + 4 * shard_elements_ + landing + (cuda_ || offload_parameters_ ? compute_rows : 0);
-      offload_pinned_bytes_ = cuda_ ? landing + compute_rows : 0;  // landing + staging (or host rows)
+      // Staging: the updated rows on their way to the device (CUDA), a delayed update until the next
+      // step, a speculative one until the norm decides (pageable beside host rows: no bus to cross).
+      const bool speculative = m_.run.sharding.offload_step == OffloadStep::speculative;
+      const bool staging = ((cuda_ || m_.run.sharding.offload_delayed_update >= 0) && !offload_parameters_) || speculative;
+      const int64_t host_rows = offload_parameters_ ? compute_rows : 0;
+      offload_host_bytes_ = optimizer_state() + 4 * shard_elements_ + landing + host_rows + (staging ? compute_rows : 0) +
+                            (speculative ? speculative_second_set() : 0);
+      offload_pinned_bytes_ = cuda_ ? landing + host_rows + (offload_parameters_ ? 0 : compute_rows) : 0;
       timeline_.add(kOptimizerHost, offload_host_bytes_);
     } else {
       timeline_.add(kOptimizerDevice, optimizer_state());
@@ -462,6 +468,23 @@ class StepSimulation {
     for (const UnitGeometry& unit : units_)
       for (size_t i = 0; i < unit.layout.parameters.size(); ++i)
         bytes += optimizer_state_bytes(settings, unit.layout.parameters[i], unit.rules[i], optimizer_world());
+    return bytes;
+  }
+
+  // --offload_step speculative's second master and state, for every unit whose step is not collective
+  // (offload/optimizer_offload.h: a sharded AdamwSN or GaLore unit steps after the norm).
+  int64_t speculative_second_set() const {
+    const OptimizerSettings settings = optimizer_settings(m_.run);
+    int64_t bytes = 0;
+    for (const UnitGeometry& unit : units_) {
+      const bool collective = optimizer_world() > 1 && std::any_of(unit.rules.begin(), unit.rules.end(), [](UpdateRule rule) {
+        return rule == UpdateRule::subset_norm || rule == UpdateRule::galore;
+      });
+      if (collective) continue;
+      bytes += 4 * unit.shard_numel;
+      for (size_t i = 0; i < unit.layout.parameters.size(); ++i)
+        bytes += optimizer_state_bytes(settings, unit.layout.parameters[i], unit.rules[i], optimizer_world());
+    }
     return bytes;
   }
 

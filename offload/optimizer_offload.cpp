@@ -9,6 +9,7 @@
 #include <ATen/ops/empty.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <optional>
 #include <utility>
 
@@ -50,8 +51,14 @@ int offload_worker_threads(int rank_threads, bool on_cuda, int requested) {
 
 OptimizerOffload::OptimizerOffload(ShardedModel& model, const OptimizerSettings& settings,
                                    std::vector<std::vector<UpdateRule>> rules, Communicator* across, int worker_threads,
-                                   int64_t delayed_after)
-    : model_(model), delayed_after_(delayed_after) {
+                                   int64_t delayed_after, bool speculative, bool trace)
+    : model_(model), delayed_after_(delayed_after), speculative_(speculative), trace_(trace) {
+  // LLM_DEBUG_OFFLOAD_LAG_MS=N: the worker sleeps N ms before each task, so the tests see the main
+  // thread run ahead of it (the next step's begin_step, forward and backward before this step's
+  // host steps are done) whatever the machine's speed.
+  if (const char* lag = std::getenv("LLM_DEBUG_OFFLOAD_LAG_MS")) lag_ms_ = std::atoi(lag);
+  LLM_REQUIRE(!(speculative_ && delayed_after_ >= 0), "offload", "--offload_step speculative",
+              "applies each update before the next forward; --offload_delayed_update applies it a step late");
   LLM_REQUIRE(rules.size() == model.unit_count(), "offload", "rules", "needs the update rules of every unit");
   at::NoGradGuard no_grad;
   const size_t units = model.unit_count();
@@ -76,9 +83,11 @@ OptimizerOffload::OptimizerOffload(ShardedModel& model, const OptimizerSettings&
     // With parameter offload the unit's compute shard is in host memory already: the step writes it.
     LLM_REQUIRE(delayed_after_ < 0 || !unit.parameters_offloaded(), "offload", "--offload_delayed_update",
                 "needs the units' rows on the device (not --offload parameters)");
-    // A delayed update waits here, also on a CPU rank, until the step after the one that made it.
-    if ((on_cuda_ || delayed_after_ >= 0) && !unit.parameters_offloaded()) {
-      staging_.push_back(exact_host_buffer(numel, model.options().compute_dtype, device));
+    // A delayed update waits here, also on a CPU rank, until the step after the one that made it; a
+    // speculative one until the norm decides (with parameter offload too: host rows, no bus).
+    if (((on_cuda_ || delayed_after_ >= 0) && !unit.parameters_offloaded()) || speculative_) {
+      staging_.push_back(exact_host_buffer(numel, model.options().compute_dtype,
+                                           unit.parameters_offloaded() ? c10::Device(c10::kCPU) : device));
       staging_.back().copy_(masters_.back());  // the padding rows, which no step writes
     } else {
       staging_.emplace_back();
@@ -90,6 +99,27 @@ OptimizerOffload::OptimizerOffload(ShardedModel& model, const OptimizerSettings&
   optimizer_ = std::make_unique<ShardOptimizer>(settings, std::move(shards), across);
   done_.assign(units, true);
   pending_.assign(units, false);
+  speculated_.assign(units, false);
+  kept_.resize(units);
+  spare_.resize(units);
+  // The second set of buffers, for the units a speculative step may run on (collective units step
+  // after the norm, on the calling thread, as without speculation).
+  if (speculative_)
+    for (size_t u = 0; u < units; ++u)
+      if (!optimizer_->unit_needs_collectives(u)) {
+        const ShardOptimizer::UnitBuffers own = optimizer_->unit_buffers(u);
+        spare_[u] = {at::empty_like(own.master), at::empty_like(own.exp_avg), at::empty_like(own.exp_avg_sq),
+                     at::empty_like(own.projector)};
+      }
+  // What offload holds in host memory, counted once: the buffers stay until the end (and the worker
+  // swaps a speculative unit's two sets while the ledger reads this).
+  host_bytes_ = optimizer_->state_bytes();
+  for (const std::vector<at::Tensor>* buffers : {&masters_, &gradients_, &staging_})
+    for (const at::Tensor& buffer : *buffers)
+      if (buffer.defined()) host_bytes_ += static_cast<int64_t>(buffer.nbytes());
+  for (const ShardOptimizer::UnitBuffers& spare : spare_)
+    for (const at::Tensor* buffer : {&spare.master, &spare.exp_avg, &spare.exp_avg_sq, &spare.projector})
+      if (buffer->defined()) host_bytes_ += static_cast<int64_t>(buffer->nbytes());
 #ifdef TRAINER_HAVE_CUDA
   if (on_cuda_) copies_ = std::make_unique<CudaCopies>(device.index(), units);
 #endif
@@ -106,9 +136,34 @@ OptimizerOffload::~OptimizerOffload() {
   worker_.join();
 }
 
+void OptimizerOffload::begin_step(double lr) {
+  speculative_lr_ = lr;  // not lr_: the worker may still be on the last step's units
+  begun_ = false;
+}
+
 void OptimizerOffload::gradient_ready(size_t unit) {
   at::NoGradGuard no_grad;
   if (delayed_) wait_done(unit);  // the last step's host update of the unit has read its landing buffer
+  land_gradient(unit);
+  record("gradient", static_cast<int64_t>(unit), steps_ + 1);
+  if (!speculative_ || optimizer_->unit_needs_collectives(unit)) return;
+  if (!begun_) {  // the step's first unit: the last step is done (this step's forward read every unit)
+    for (size_t u = 0; u < done_.size(); ++u) wait_done(u);
+    optimizer_->begin_step();
+    begun_ = true;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    done_[unit] = false;
+    speculated_[unit] = true;
+    // The lr goes with the task: the next step's begin_step() may come before the worker gets to it.
+    queue_.push_back({unit, Job::speculate, steps_ + 1, speculative_lr_});
+  }
+  record("speculate_queued", static_cast<int64_t>(unit), steps_ + 1);
+  changed_.notify_all();
+}
+
+void OptimizerOffload::land_gradient(size_t unit) {
   // The unit gives its shard up: when this reference goes, the device memory is free again.
   ShardedUnit& sharded = model_.unit(unit);
   at::Tensor shard = sharded.take_gradient_shard();
@@ -141,14 +196,37 @@ void OptimizerOffload::step(double lr, double gradient_scale) {
   // everything queued so far.
   if (on_cuda_) copies_->backward_done.record(c10::cuda::getCurrentCUDAStream(copies_->device));
 #endif
-  wait_all();  // the last step's updates are all on the device (and the worker is idle)
+  // The last step's updates are all on the device (and the worker is idle); speculative: the worker
+  // is on this step's speculative steps, and the last step was done before the first of them.
+  if (!speculative_) wait_all();
   ++steps_;
   delayed_ = delayed_after_ >= 0 && steps_ > delayed_after_;
-  optimizer_->begin_step();
+  if (!begun_) {  // (speculative: no unit was speculated)
+    if (speculative_) wait_all();
+    optimizer_->begin_step();
+  }
+  begun_ = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    LLM_REQUIRE(!speculative_ || lr == speculative_lr_, "offload", "lr", "step() needs begin_step()'s lr");
     lr_ = lr;
     gradient_scale_ = gradient_scale;
+    adopt_ = gradient_scale == 1.0;  // the norm says no clipping: the speculative steps were this step's
+  }
+  record(!speculative_ ? "norm" : adopt_ ? "norm_adopt" : "norm_restep", -1, steps_);
+  if (speculative_) {
+    // The speculative steps the worker has not begun are the norm's to make now: they are dropped,
+    // and their units stepped below as without speculation (no copy, one pass), in the optimizer's
+    // order like the rest, so the embedding, whose gradient came last, goes first.
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto task = queue_.begin() + (working_ ? 1 : 0); task != queue_.end();) {
+      if (task->job != Job::speculate) {
+        ++task;
+        continue;
+      }
+      speculated_[task->unit] = false;
+      task = queue_.erase(task);
+    }
   }
   std::vector<size_t> collective;
   for (const UnitAction& action : model_.plan().optimizer_pass()) {
@@ -158,38 +236,114 @@ void OptimizerOffload::step(double lr, double gradient_scale) {
     if (optimizer_->unit_needs_collectives(u))
       collective.push_back(u);
     else
-      queue_.push_back(u);
+      queue_.push_back({u, speculated_[u] ? Job::resolve : Job::step, steps_});
   }
   changed_.notify_all();
   // The collective units on this thread, in the plan's order on every rank (see the header).
   for (size_t u : collective) {
-    step_on_host(u);
+    step_on_host(u, steps_);
     mark_done(u);
   }
 }
 
-void OptimizerOffload::step_on_host(size_t unit) {
+void OptimizerOffload::run(const Task& task) {
+  switch (task.job) {
+    case Job::step: step_on_host(task.unit, task.step); return;
+    case Job::speculate: speculate(task.unit, task.step, task.lr); return;
+    case Job::resolve: resolve(task.unit, task.step); return;
+  }
+}
+
+// step_unit into `destination`, timed as the host step's.
+void OptimizerOffload::host_update(size_t unit, double lr, double scale, at::Tensor& destination) {
   at::NoGradGuard no_grad;
   const auto started = std::chrono::steady_clock::now();
-  struct AddTime {
-    OptimizerOffload& offload;
-    std::chrono::steady_clock::time_point started;
-    ~AddTime() {
-      std::lock_guard<std::mutex> lock(offload.mutex_);
-      offload.times_.host_step_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-    }
-  } add_time{*this, started};
 #ifdef TRAINER_HAVE_CUDA
   if (on_cuda_) copies_->gradient_landed.at(unit).synchronize();
 #endif
+  optimizer_->step_unit(unit, lr, destination, scale);
+  std::lock_guard<std::mutex> lock(mutex_);
+  times_.host_step_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+}
+
+void OptimizerOffload::step_on_host(size_t unit, int64_t step) {
+  record("step_begin", static_cast<int64_t>(unit), step);
   // The step scales the gradient by the clip coefficient as it reads it and writes the updated rows,
   // rounded, straight into what goes to the device (AdamW's host kernel, one pass): the staging
   // buffer on CUDA, the unit's compute shard on a CPU rank.
-  optimizer_->step_unit(unit, lr_, rounded_destination(unit), gradient_scale_);
+  host_update(unit, lr_, gradient_scale_, rounded_destination(unit));
+  record("step_end", static_cast<int64_t>(unit), step);
   if (delayed_) {  // staged: wait_all() at the next step (or a checkpoint, an evaluation) applies it
     std::lock_guard<std::mutex> lock(mutex_);
     pending_[unit] = true;
     return;
+  }
+  send_to_device(unit);
+  record("sent", static_cast<int64_t>(unit), step);
+}
+
+at::Tensor& OptimizerOffload::staged_rows(size_t unit) {
+#ifdef TRAINER_HAVE_CUDA
+  if (on_cuda_ && !model_.unit(unit).parameters_offloaded())
+    copies_->update_landed.at(unit).synchronize();  // the staging buffer's last H2D copy is done
+#endif
+  return staging_.at(unit);
+}
+
+void OptimizerOffload::speculate(size_t unit, int64_t step, double lr) {
+  at::NoGradGuard no_grad;
+  record("speculate_begin", static_cast<int64_t>(unit), step);
+  const auto started = std::chrono::steady_clock::now();
+  const ShardOptimizer::UnitBuffers own = optimizer_->unit_buffers(unit);
+  ShardOptimizer::UnitBuffers& spare = spare_.at(unit);
+  spare.master.copy_(own.master);
+  spare.exp_avg.copy_(own.exp_avg);
+  spare.exp_avg_sq.copy_(own.exp_avg_sq);
+  spare.projector.copy_(own.projector);
+  kept_.at(unit) = optimizer_->rebind_unit(unit, spare);
+  spare_.at(unit) = {};
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    times_.host_step_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  }
+  host_update(unit, lr, 1.0, staged_rows(unit));  // as if no clipping were needed
+  record("speculate_end", static_cast<int64_t>(unit), step);
+}
+
+void OptimizerOffload::resolve(size_t unit, int64_t step) {
+  at::NoGradGuard no_grad;
+  bool adopt = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    adopt = adopt_;
+    speculated_[unit] = false;
+  }
+  if (adopt) {  // the speculative step was the step: its buffers are the unit's, the originals the spare
+    {
+      std::lock_guard<std::mutex> lock(mutex_);  // master(u)'s readers wait for the unit first
+      masters_.at(unit) = optimizer_->unit_buffers(unit).master;
+      spare_.at(unit) = std::exchange(kept_.at(unit), {});
+    }
+    record("adopt", static_cast<int64_t>(unit), step);
+  } else {  // back to the originals, and the exact step's own path with the real coefficient
+    spare_.at(unit) = optimizer_->rebind_unit(unit, std::exchange(kept_.at(unit), {}));
+    record("restep_begin", static_cast<int64_t>(unit), step);
+    host_update(unit, lr_, gradient_scale_, staged_rows(unit));
+    record("restep_end", static_cast<int64_t>(unit), step);
+  }
+  deliver_staged(unit);
+  record("sent", static_cast<int64_t>(unit), step);
+}
+
+// The staged rows where the unit's next read finds them: over the host compute shard (a CPU rank, or
+// parameter offload once the last gather has read it) or across the bus (send_to_device).
+void OptimizerOffload::deliver_staged(size_t unit) {
+  ShardedUnit& sharded = model_.unit(unit);
+  if (sharded.parameters_offloaded()) {
+    sharded.wait_host_reads();
+    sharded.compute_shard().copy_(staging_.at(unit));
+  } else if (!on_cuda_) {
+    sharded.compute_shard().copy_(staging_.at(unit));
   }
   send_to_device(unit);
 }
@@ -249,15 +403,17 @@ void OptimizerOffload::worker_loop() {
   if (on_cuda_) on_device.emplace(copies_->device);
 #endif
   for (;;) {
-    size_t unit = 0;
+    Task task;
     {
       std::unique_lock<std::mutex> lock(mutex_);
       changed_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
       if (queue_.empty()) return;  // stopping, nothing left
-      unit = queue_.front();
+      task = queue_.front();  // popped once done: wait_all and the destructor wait for an empty queue
+      working_ = true;
     }
+    if (lag_ms_ > 0) std::this_thread::sleep_for(std::chrono::milliseconds(lag_ms_));
     try {
-      step_on_host(unit);
+      run(task);
     } catch (...) {
       std::lock_guard<std::mutex> lock(mutex_);
       if (!failure_) failure_ = std::current_exception();
@@ -265,7 +421,8 @@ void OptimizerOffload::worker_loop() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       queue_.pop_front();
-      done_[unit] = true;
+      working_ = false;
+      if (task.job != Job::speculate) done_[task.unit] = true;  // a speculative step is done once resolved
     }
     changed_.notify_all();
   }
@@ -280,9 +437,17 @@ void OptimizerOffload::mark_done(size_t unit) {
 }
 
 void OptimizerOffload::wait_unit(size_t unit) {
+  record("read_wait", static_cast<int64_t>(unit), steps_);
   if (!delayed_) wait_done(unit);
+  order_after_update(unit);
+  record("read", static_cast<int64_t>(unit), steps_);
+}
+
+void OptimizerOffload::order_after_update(size_t unit) {
 #ifdef TRAINER_HAVE_CUDA
   if (on_cuda_) copies_->update_landed.at(unit).block(c10::cuda::getCurrentCUDAStream(copies_->device));
+#else
+  (void)unit;
 #endif
 }
 
@@ -296,6 +461,19 @@ void OptimizerOffload::wait_done(size_t unit) {
     }
     if (failure_) std::rethrow_exception(failure_);
   }
+}
+
+void OptimizerOffload::record(const char* what, int64_t unit, int64_t step) {
+  if (!trace_) return;
+  const bool on_worker = std::this_thread::get_id() == worker_.get_id();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - built_).count();
+  std::lock_guard<std::mutex> lock(mutex_);
+  events_.push_back({sequence_++, step, what, unit, on_worker, seconds});
+}
+
+std::vector<OffloadEvent> OptimizerOffload::take_trace() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::exchange(events_, {});
 }
 
 OffloadTimes OptimizerOffload::take_times() {
@@ -313,7 +491,7 @@ void OptimizerOffload::wait_all() {
       pending_[u] = false;
     }
     if (pending) apply_delayed(u);
-    wait_unit(u);  // (delayed: no wait for the worker) the compute stream after the unit's copy
+    order_after_update(u);  // the compute stream after the unit's copy
   }
 }
 
@@ -323,10 +501,7 @@ void OptimizerOffload::settle() {
 
 OwnedBytes OptimizerOffload::owned_bytes() const {
   OwnedBytes owned;
-  owned.optimizer_host = optimizer_->state_bytes();
-  for (const std::vector<at::Tensor>* buffers : {&masters_, &gradients_, &staging_})
-    for (const at::Tensor& buffer : *buffers)
-      if (buffer.defined()) owned.optimizer_host += static_cast<int64_t>(buffer.nbytes());
+  owned.optimizer_host = host_bytes_;
   return owned;
 }
 

@@ -35,6 +35,18 @@
 // So the next step's forward of the embedding starts as soon as the embedding's host step is done,
 // while the worker steps the later units.
 //
+// --offload_step speculative (SuperOffload's rule, exact): gradient_ready(u) also queues a speculative
+// step of u for the worker, at the step's lr (begin_step) and as if no clipping were needed: the
+// worker copies u's master and state into u's second set of buffers (ShardOptimizer::rebind_unit),
+// steps those and rounds the rows into u's staging buffer, while backward goes on and the originals
+// stay as they were. step(lr, scale) then queues u's resolution: with scale 1 (the norm says no
+// clipping) the second set is adopted (the originals become the next step's spare) and the rows go
+// to the device; otherwise u is pointed back at its kept originals and stepped again with the real
+// coefficient, the exact step's own path. A non-finite gradient stops the run before step(): the
+// masters that message reads and the state are the originals. Collective units step after the norm,
+// as above. Costs a second master and state in host memory and, per unit, one more pass writing
+// them (the copy).
+//
 // Units whose step is collective (subset-norm or GaLore sums across ranks: ShardOptimizer::
 // unit_needs_collectives) are stepped by the calling thread inside step(), in the same order on every
 // rank: MPI is initialised FUNNELED (sharding/world.h), so only that thread may communicate. Each
@@ -42,12 +54,15 @@
 // off bitwise (tests/offload_test.cpp).
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -72,6 +87,18 @@ struct OffloadTimes {
   double wait_seconds = 0;
 };
 
+// One moment of the schedule (--offload_trace, offload_trace.rank<R>.jsonl): what happened to which
+// unit, on which thread, in the order it happened (`sequence`, one counter for both threads), and
+// when (seconds since the offload was built). The tests assert the schedule from these.
+struct OffloadEvent {
+  int64_t sequence = 0;
+  int64_t step = 0;  // the optimizer step the event belongs to (1-based)
+  std::string what;  // docs/offload.md, "The schedule, recorded", lists every kind
+  int64_t unit = -1;  // -1: the step as a whole
+  bool worker = false;
+  double seconds = 0;
+};
+
 // The host step's threads for a rank of `rank_threads` (LibTorch's count on the main thread): all of
 // them on a CPU rank, whose main thread waits for the step (wait_unit); one less on a GPU, where the
 // main thread launches the next forward's kernels while the worker steps and must not queue behind
@@ -86,15 +113,18 @@ class OptimizerOffload {
   // worker_threads: the host step's threads (--offload_threads); 0: offload_worker_threads' default.
   // delayed_after: --offload_delayed_update's exact warm-up steps, after which each step's update
   // reaches the device one step late (-1: never). Needs the units' rows on the device.
+  // speculative: --offload_step speculative (above). trace: keep the schedule's events (take_trace).
   OptimizerOffload(ShardedModel& model, const OptimizerSettings& settings,
                    std::vector<std::vector<UpdateRule>> rules, Communicator* across, int worker_threads = 0,
-                   int64_t delayed_after = -1);
+                   int64_t delayed_after = -1, bool speculative = false, bool trace = false);
   ~OptimizerOffload();  // waits for the worker, then stops it
   OptimizerOffload(const OptimizerOffload&) = delete;
   OptimizerOffload& operator=(const OptimizerOffload&) = delete;
 
+  // Before the step's first backward: its lr (what a speculative step uses; step() must get the same).
+  void begin_step(double lr);
   // Delayed (after the warm-up): first waits until the worker's last step of the unit has read its
-  // landing buffer.
+  // landing buffer. Speculative: queues the unit's speculative step.
   void gradient_ready(size_t unit);
   // One optimizer step with the gradients scaled by gradient_scale (1: no clipping). Delayed: the
   // last step's updates reach the device here (wait_all), and this step's are computed while the
@@ -115,13 +145,32 @@ class OptimizerOffload {
   // Everything offload holds in host memory (masters, gradients, staging, state): optimizer_host.
   OwnedBytes owned_bytes() const;
   OffloadTimes take_times();
+  // The events recorded since the last call (none without trace).
+  std::vector<OffloadEvent> take_trace();
   int worker_threads() const { return intra_op_threads_; }
 
  private:
   struct CudaCopies;  // streams and events (optimizer_offload.cpp; CUDA builds only)
 
-  void step_on_host(size_t unit);  // scale, step, publish to the device (delayed: stage only); either thread
+  enum class Job { step, speculate, resolve };
+  struct Task {
+    size_t unit = 0;
+    Job job = Job::step;
+    int64_t step = 0;  // the optimizer step it belongs to (the trace's)
+    double lr = 0;     // a speculative step's (begin_step's when it was queued)
+  };
+  void land_gradient(size_t unit);  // the unit's gradient shard to its host landing buffer, then freed
+  void run(const Task& task);  // either thread
+  // Scale, step, publish to the device (delayed: stage only); either thread.
+  void step_on_host(size_t unit, int64_t step);
+  void speculate(size_t unit, int64_t step, double lr);  // the step on the spare buffers, unclipped, rows to staging
+  void resolve(size_t unit, int64_t step);    // adopt the speculative step, or step again from the originals
+  void host_update(size_t unit, double lr, double scale, at::Tensor& destination);  // step_unit, timed
+  void deliver_staged(size_t unit);  // the staged rows to the compute shard / device
+  at::Tensor& staged_rows(size_t unit);  // the staging buffer, once its last copy to the device is done
+  void record(const char* what, int64_t unit, int64_t step);
   void wait_done(size_t unit);     // until the worker has stepped the unit
+  void order_after_update(size_t unit);  // the compute stream after the unit's last H2D copy (CUDA)
   void apply_delayed(size_t unit);  // the staged update to the device
   // Where unit's updated rows go in the compute dtype (the staging buffer, once free, on CUDA; the
   // compute shard on a CPU rank), and from there to the device.
@@ -136,14 +185,27 @@ class OptimizerOffload {
   std::unique_ptr<ShardOptimizer> optimizer_;
   std::unique_ptr<CudaCopies> copies_;
   int intra_op_threads_ = 1;  // the worker's (worker_threads)
+  int64_t host_bytes_ = 0;    // owned_bytes().optimizer_host
+  int lag_ms_ = 0;            // LLM_DEBUG_OFFLOAD_LAG_MS (the constructor)
 
   double lr_ = 0, gradient_scale_ = 1;
+  double speculative_lr_ = 0;  // begin_step's (the main thread's)
   int64_t steps_ = 0, delayed_after_ = -1;
   bool delayed_ = false;       // this step's updates are applied one step late
   std::vector<bool> pending_;  // a unit's update staged, not yet on the device (guarded by mutex_)
   std::mutex mutex_;
   std::condition_variable changed_;
-  std::deque<size_t> queue_;
+  std::deque<Task> queue_;
+  bool working_ = false;  // the worker is running queue_.front() (under mutex_)
+  // Speculative: per unit, the buffers the optimizer is not bound to (the second set) and, while a
+  // speculative step awaits the norm, the originals it kept; which units await; the norm's verdict.
+  bool speculative_ = false, begun_ = false, adopt_ = false;
+  std::vector<ShardOptimizer::UnitBuffers> spare_, kept_;
+  std::vector<bool> speculated_;
+  bool trace_ = false;
+  std::vector<OffloadEvent> events_;  // under mutex_
+  int64_t sequence_ = 0;
+  std::chrono::steady_clock::time_point built_ = std::chrono::steady_clock::now();
   std::vector<bool> done_;
   bool stopping_ = false;
   std::exception_ptr failure_;  // the worker's, rethrown by the next wait

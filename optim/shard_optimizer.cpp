@@ -95,6 +95,7 @@ ShardOptimizer::ShardOptimizer(const OptimizerSettings& settings, std::vector<Un
                     across_->backend_name() + ") works on " + across_->device().str() +
                     "; host state needs a host communicator (MPI), device state the device's");
     UnitState state;
+    state.master = unit.master;
     std::vector<std::optional<std::vector<int64_t>>> exp_avg, exp_avg_sq, projector;
     for (size_t i = 0; i < layout.parameters.size(); ++i) {
       const ShardedParameter& parameter = layout.parameters[i];
@@ -212,6 +213,42 @@ void ShardOptimizer::step_unit(size_t unit, double lr, at::Tensor& compute_out, 
     at::Tensor rows = compute_out.narrow(0, p.parameter.shard_offset, p.parameter.shard_numel());
     rule_of(p.rule).update_and_round(p, inputs[i], settings_, scalars, across_, rows);
   }
+}
+
+ShardOptimizer::UnitBuffers ShardOptimizer::unit_buffers(size_t unit) const {
+  const UnitState& state = units_.at(unit);
+  return {state.master, state.exp_avg, state.exp_avg_sq, state.projector};
+}
+
+namespace {
+
+// `view`, a view of `from`, moved to the same place in `to` (a buffer of from's size and dtype).
+at::Tensor moved_view(const at::Tensor& view, const at::Tensor& from, const at::Tensor& to) {
+  if (!view.defined()) return view;
+  return to.as_strided(view.sizes(), view.strides(), to.storage_offset() + (view.storage_offset() - from.storage_offset()));
+}
+
+}  // namespace
+
+ShardOptimizer::UnitBuffers ShardOptimizer::rebind_unit(size_t unit, const UnitBuffers& buffers) {
+  UnitState& state = units_.at(unit);
+  const UnitBuffers old = unit_buffers(unit);
+  for (auto [now, next] : {std::pair{&old.master, &buffers.master}, std::pair{&old.exp_avg, &buffers.exp_avg},
+                           std::pair{&old.exp_avg_sq, &buffers.exp_avg_sq}, std::pair{&old.projector, &buffers.projector}})
+    LLM_REQUIRE(next->defined() && next->is_contiguous() && next->numel() == now->numel() &&
+                    next->scalar_type() == now->scalar_type() && next->device() == now->device(),
+                kOptimizerSource, "rebind_unit", "needs contiguous buffers like the unit's own");
+  for (ParameterState& p : state.parameters) {
+    p.master = moved_view(p.master, old.master, buffers.master);
+    p.exp_avg = moved_view(p.exp_avg, old.exp_avg, buffers.exp_avg);
+    p.exp_avg_sq = moved_view(p.exp_avg_sq, old.exp_avg_sq, buffers.exp_avg_sq);
+    p.projector = moved_view(p.projector, old.projector, buffers.projector);
+  }
+  state.master = buffers.master;
+  state.exp_avg = buffers.exp_avg;
+  state.exp_avg_sq = buffers.exp_avg_sq;
+  state.projector = buffers.projector;
+  return old;
 }
 
 bool ShardOptimizer::unit_needs_collectives(size_t unit) const {

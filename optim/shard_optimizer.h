@@ -88,6 +88,17 @@ class ShardOptimizer {
   // backward).
   void set_unit_gradient(size_t unit, const at::Tensor& gradient);
 
+  // What a unit's step writes: its flat master and its three state buffers (offload's speculative
+  // step runs on a copy of them and keeps these until the global norm decides,
+  // offload/optimizer_offload.h).
+  struct UnitBuffers {
+    at::Tensor master, exp_avg, exp_avg_sq, projector;
+  };
+  UnitBuffers unit_buffers(size_t unit) const;
+  // Points the unit's parameters at other buffers of the same sizes, dtypes and device (each view at
+  // its same offset) and returns the ones they pointed at. Changes no value.
+  UnitBuffers rebind_unit(size_t unit, const UnitBuffers& buffers);
+
   size_t unit_count() const { return units_.size(); }
   // Whether step_unit(unit) may communicate: a rule with sums across ranks (subset-norm, GaLore)
   // on units sharded across ranks. Element-wise rules never do.
@@ -119,6 +130,7 @@ class ShardOptimizer {
  // A unit's state: its three flat buffers (what offload moves as three blocks) and each
   // parameter's views into them.
   struct UnitState {
+    at::Tensor master;  // (shard_numel) fp32: the unit's master shard, which the parameters' masters view
     at::Tensor exp_avg, exp_avg_sq, projector;  // (elements of that kind) fp32 (the moments bf16 under
                                                 // --optimizer_state_dtype bfloat16), on the master's device
     std::vector<ParameterState> parameters;

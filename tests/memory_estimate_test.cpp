@@ -196,7 +196,13 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama_micro", 2, "--batch_size 2 --max_length 32 --offload optimizer,parameters --sharding shard_grad_op --dtype bfloat16"},
                       Case{"llama_micro", 3, "--batch_size 2 --max_length 32 --offload parameters --sharding no_shard --optimizer galore_adamw --rank 8"},
                       Case{"llama_tiny", 1, "--batch_size 4 --max_length 64 --offload optimizer,parameters --dtype bfloat16 --precision pure --activation_checkpointing"},
-                      Case{"llama_tiny", 2, "--batch_size 4 --max_length 64 --offload parameters --grad_clipping 0 --fuse_optimizer_with_backward"}),
+                      Case{"llama_tiny", 2, "--batch_size 4 --max_length 64 --offload parameters --grad_clipping 0 --fuse_optimizer_with_backward"},
+                      // --offload_step speculative: a second master and state for the units it steps (not
+                      // a sharded AdamwSN unit), and a staging buffer; a delayed update's staging buffer.
+                      Case{"llama_tiny", 1, "--batch_size 2 --max_length 32 --offload optimizer --offload_step speculative"},
+                      Case{"llama_micro", 2, "--batch_size 2 --max_length 32 --optimizer adamw_sn --offload optimizer --offload_step speculative"},
+                      Case{"llama_tiny", 2, "--batch_size 4 --max_length 64 --offload optimizer,parameters --offload_step speculative --optimizer_state_dtype bfloat16"},
+                      Case{"llama_tiny", 1, "--batch_size 2 --max_length 32 --offload optimizer --offload_delayed_update 1"}),
     case_name);
 
 TEST(EstimateCommand, BadInputIsExitTwo) {

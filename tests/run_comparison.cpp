@@ -64,10 +64,10 @@ std::string command_key(const std::string& text) {
 
 }  // namespace
 
-const RecordedRun& recorded_run(int ranks, const std::string& flags) {
+const RecordedRun& recorded_run(int ranks, const std::string& flags, const std::string& environment) {
   static std::mutex mutex;
   static std::map<std::string, RecordedRun> recorded;  // this process's, by command line
-  const std::string command = trainer_launcher(ranks) + " " + flags;
+  const std::string command = (environment.empty() ? "" : "env " + environment + " ") + trainer_launcher(ranks) + " " + flags;
   std::lock_guard<std::mutex> guard(mutex);
   if (auto found = recorded.find(command); found != recorded.end()) return found->second;
 

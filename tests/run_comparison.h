@@ -36,7 +36,8 @@ struct RecordedRun {
   std::filesystem::path run_dir() const { return dir / "run"; }
   std::filesystem::path save_dir() const { return dir / "ckpt"; }
 };
-const RecordedRun& recorded_run(int ranks, const std::string& flags);
+// environment: "NAME=VALUE ..." set for the run (the launcher's ranks inherit it), "" for none.
+const RecordedRun& recorded_run(int ranks, const std::string& flags, const std::string& environment = "");
 
 // Each folder holds a run's run/ (--run_dir) and ckpt/ (--save_dir). Every train step's loss,
 // gradient norm and lr, every eval loss, and the parameters and optimizer state of ckpt/step_<steps>

@@ -182,12 +182,19 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
   const bool sharded_across_ranks = context.world_size > 1 && run.sharding.strategy != ShardingStrategy::no_shard;
   // The optimizer's collectives go over the communicator of the device its state is on: the host's
   // with offload (NCCL cannot carry host tensors).
-  if (offloads_optimizer(run.sharding.offload))
+  if (offloads_optimizer(run.sharding.offload)) {
     offload_ = std::make_unique<OptimizerOffload>(sharded_, optimizer_settings(run), unit_update_rules(sharded_, run),
                                                   sharded_across_ranks ? &host_communicator_ : nullptr,
-                                                  run.sharding.offload_threads, run.sharding.offload_delayed_update);
-  else
+                                                  run.sharding.offload_threads, run.sharding.offload_delayed_update,
+                                                  run.sharding.offload_step == OffloadStep::speculative,
+                                                  run.logging.offload_trace);
+    if (run.logging.offload_trace)
+      offload_trace_.open(std::filesystem::path(run.logging.run_dir) /
+                              ("offload_trace.rank" + std::to_string(context.rank) + ".jsonl"),
+                          /*append=*/!run.checkpoint.continue_from.empty());
+  } else {
     device_optimizer_ = build_optimizer(run, sharded_, sharded_across_ranks ? &communicator_ : nullptr);
+  }
   if (run.fuse_optimizer_with_backward)
     for (size_t u = 0; u < sharded_.unit_count(); ++u) {
       // A unit's gradient shard lives from its reduction to its step (fused_step), as with offload.
@@ -312,7 +319,11 @@ TrainingOutcome Training::run() {
     if (outcome.preempted_by != 0 || !outcome.stopped_by.empty()) break;
   }
   defer_write_failures(false);
-  if (offload_) offload_->wait_all();  // the masters hold the last step before anything reads them
+  if (offload_) {
+    offload_->wait_all();  // the masters hold the last step before anything reads them
+    write_offload_trace();  // the last step's host steps
+    offload_trace_.close();
+  }
   watchdog_->progress(outcome.steps, "finish");
   if (const std::optional<PhaseSeconds> last = timer_.flush())  // read late (CUDA): the last step's phases
     records_.metrics().log_late_phases(outcome.steps, *last);
@@ -348,8 +359,23 @@ void Training::log_step(int64_t step, const StepResult& result, double seconds) 
     record.offloaded = true;
     record.offload_host_step_seconds = times.host_step_seconds;
     record.offload_wait_seconds = times.wait_seconds;
+    write_offload_trace();
   }
   records_.metrics().log_step(record);
+}
+
+// One line per event: the step it belongs to, its order, what happened to which unit, on which thread.
+void Training::write_offload_trace() {
+  for (const OffloadEvent& event : offload_->take_trace()) {
+    if (!offload_trace_.is_open()) continue;
+    nlohmann::json line{{"seq", event.sequence}, {"step", event.step}, {"what", event.what},
+                        {"thread", event.worker ? "worker" : "main"}, {"seconds", event.seconds}};
+    if (event.unit >= 0) {
+      line["unit"] = event.unit;
+      line["name"] = sharded_.unit(static_cast<size_t>(event.unit)).name();
+    }
+    offload_trace_.write_line(line.dump());
+  }
 }
 
 double Training::evaluate_and_record(int64_t step) {

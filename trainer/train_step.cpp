@@ -123,6 +123,7 @@ StepResult Training::train_step(int64_t step) {
     fused_lr_ = lr_at(step);
     device_optimizer_->begin_step();
   }
+  if (offload_) offload_->begin_step(lr_at(step));  // --offload_step speculative steps in backward at it
   const int64_t reads_before = host_reads();
   const at::Tensor loss_sum = forward_backward(step);
   StepResult result;

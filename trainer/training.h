@@ -110,6 +110,8 @@ class Training {
   // units' own shards. Declared after sharded_: destroyed (its worker stopped) before it.
   std::unique_ptr<OptimizerOffload> offload_;
   std::unique_ptr<ShardOptimizer> device_optimizer_;
+  RunFile offload_trace_;  // --offload_trace
+  void write_offload_trace();
   ShardOptimizer& optimizer() const { return offload_ ? offload_->optimizer() : *device_optimizer_; }
   TrainState state_;
   std::unique_ptr<RunCheckpoints> checkpoints_;  // after the optimizer: it holds views of its state

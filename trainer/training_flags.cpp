@@ -16,6 +16,7 @@ TrainingFlags::TrainingFlags(const RunConfig& defaults)
     : no_prefetch(!defaults.sharding.prefetch),
       sharding(kShardingValues, defaults.sharding.strategy),
       offload(kOffloadValues, defaults.sharding.offload),
+      offload_step(kOffloadStepValues, defaults.sharding.offload_step),
       communicator(kCommunicatorValues, defaults.sharding.communicator),
       scheduler(kSchedulerValues, defaults.optimizer.scheduler),
       dtype(kDTypeValues, defaults.precision.dtype),
@@ -180,6 +181,12 @@ void add_sharding_flags(CLI::App& app, NumberFlags& numbers, TrainingFlags& flag
                        "with --offload optimizer: after N exact steps, apply each step's host update one step "
                        "late, so the host step overlaps the next forward and backward (ZeRO-Offload's delayed "
                        "parameter update; not exact: docs/offload.md measures its loss); default -1, off"));
+  flags.add(flags.offload_step.add(
+      app, "--offload_step",
+      "with --offload optimizer, when each unit's host step runs: host (after backward, once the global "
+      "norm is known) or speculative (as each unit's gradient lands in backward, as if no clipping were "
+      "needed, into a second set of host buffers; adopted when the norm says so, else stepped again from "
+      "the kept state: exact either way, for a second master and optimizer state in host memory)"));
   flags.add(flags.communicator.add(
       app, "--communicator",
       "what carries collectives across ranks: auto (NCCL on GPUs, MPI on CPUs), nccl, or mpi "
@@ -364,6 +371,9 @@ void add_output_flags(CLI::App& app, NumberFlags& numbers, TrainingFlags& flags,
   flags.add(app.add_flag("--memory_snapshot", run.logging.memory_snapshot,
                          "CUDA only: record the allocator's history and write "
                          "RUN_DIR/memory_snapshot.rank<R>.pickle for pytorch.org/memory_viz"));
+  flags.add(app.add_flag("--offload_trace", run.logging.offload_trace,
+                         "with --offload optimizer: write RUN_DIR/offload_trace.rank<R>.jsonl, the host step's "
+                         "schedule event by event (docs/offload.md, \"The schedule, recorded\")"));
   flags.add(app.add_option("--on_write_error", run.logging.on_write_error,
                            "a failed write of a run file (metrics.jsonl, memory ledger, memory_report.md; disk "
                            "full, quota): stop (exit 2 naming the file, after a last checkpoint when --save_dir is "
@@ -487,6 +497,7 @@ void fill_run_from_flags(const TrainingFlags& flags, bool estimate, RunConfig& r
   run.sharding.strategy = flags.sharding.value();
   run.sharding.prefetch = !flags.no_prefetch;
   run.sharding.offload = flags.offload.value();
+  run.sharding.offload_step = flags.offload_step.value();
   run.sharding.communicator = flags.communicator.value();
   run.precision.dtype = flags.dtype.value();
   run.precision.mode = flags.precision.value();

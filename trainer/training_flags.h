@@ -56,6 +56,7 @@ struct TrainingFlags {
   bool no_prefetch;
   EnumFlag<ShardingStrategy> sharding;
   EnumFlag<Offload> offload;
+  EnumFlag<OffloadStep> offload_step;
   EnumFlag<CommunicatorChoice> communicator;
   EnumFlag<Scheduler> scheduler;
   EnumFlag<DType> dtype;
