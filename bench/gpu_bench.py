@@ -162,8 +162,16 @@ def cases(device):
         # Issue 43: offload's share at 32k and 128k tokens a step (the host step is per step, the GPU's
         # work per token), fp32 and bf16 state, against the 64k-token run without offload (acc8).
         # The delayed update (opt-in, not exact) at 8k tokens a step, after 2 exact steps, first.
+        # Then the step during backward (--offload_step speculative, exact) at 8k and 32k tokens a step,
+        # with the run's clipping and with none (every speculative step adopted).
         offload_steps = [Case("configs/llama_1b.json", "bfloat16", "pure", 8, 1024, 10, offload=True,
-                              levers="--offload_delayed_update 2", offload_of=speed_1b.name)] + [
+                              levers="--offload_delayed_update 2", offload_of=speed_1b.name),
+                         Case("configs/llama_1b.json", "bfloat16", "pure", 8, 1024, 10, offload=True,
+                              levers="--offload_step speculative", offload_of=speed_1b.name),
+                         Case("configs/llama_1b.json", "bfloat16", "pure", 8, 1024, 10, offload=True,
+                              levers="--offload_step speculative --grad_clipping 0", offload_of=speed_1b.name),
+                         Case("configs/llama_1b.json", "bfloat16", "pure", 8, 1024, 5, accumulation=4, offload=True,
+                              levers="--offload_step speculative", tag="acc4", offload_of=acc8_1b.name)] + [
                          Case("configs/llama_1b.json", "bfloat16", "pure", 8, 1024, 5, accumulation=acc, offload=True,
                               state_bf16=bf16, tag=f"acc{acc}", offload_of=acc8_1b.name)
                          for acc in (4, 16) for bf16 in (False, True)]
@@ -185,6 +193,8 @@ def cases(device):
                        lever_of=speed_1b.name)]
         offload_steps = [Case("configs/llama_micro.json", "bfloat16", "pure", 2, 32, 5, offload=True,
                               levers="--offload_delayed_update 2", offload_of=speed_1b.name),
+                         Case("configs/llama_micro.json", "bfloat16", "pure", 2, 32, 5, offload=True,
+                              levers="--offload_step speculative", offload_of=speed_1b.name),
                          Case("configs/llama_micro.json", "bfloat16", "pure", 2, 32, 5, accumulation=4, offload=True,
                               tag="acc4", offload_of=levers[-1].name)]
     # Speed first (issue 42): the default runs with their peers, then each lever; memory after.

@@ -108,8 +108,8 @@ OptimizerOffload::OptimizerOffload(ShardedModel& model, const OptimizerSettings&
     for (size_t u = 0; u < units; ++u)
       if (!optimizer_->unit_needs_collectives(u)) {
         const ShardOptimizer::UnitBuffers own = optimizer_->unit_buffers(u);
-        spare_[u] = {at::empty_like(own.master), at::empty_like(own.exp_avg), at::empty_like(own.exp_avg_sq),
-                     at::empty_like(own.projector)};
+        // Copies, not empty: elements no step writes (padding) hold the same values in both sets.
+        spare_[u] = {own.master.clone(), own.exp_avg.clone(), own.exp_avg_sq.clone(), own.projector.clone()};
       }
   // What offload holds in host memory, counted once: the buffers stay until the end (and the worker
   // swaps a speculative unit's two sets while the ledger reads this).
@@ -255,13 +255,17 @@ void OptimizerOffload::run(const Task& task) {
 }
 
 // step_unit into `destination`, timed as the host step's.
-void OptimizerOffload::host_update(size_t unit, double lr, double scale, at::Tensor& destination) {
+void OptimizerOffload::host_update(size_t unit, double lr, double scale, at::Tensor& destination,
+                                   const ShardOptimizer::UnitBuffers* from) {
   at::NoGradGuard no_grad;
   const auto started = std::chrono::steady_clock::now();
 #ifdef TRAINER_HAVE_CUDA
   if (on_cuda_) copies_->gradient_landed.at(unit).synchronize();
 #endif
-  optimizer_->step_unit(unit, lr, destination, scale);
+  if (from != nullptr)
+    optimizer_->step_unit_from(unit, *from, lr, destination, scale);
+  else
+    optimizer_->step_unit(unit, lr, destination, scale);
   std::lock_guard<std::mutex> lock(mutex_);
   times_.host_step_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
 }
@@ -293,20 +297,10 @@ at::Tensor& OptimizerOffload::staged_rows(size_t unit) {
 void OptimizerOffload::speculate(size_t unit, int64_t step, double lr) {
   at::NoGradGuard no_grad;
   record("speculate_begin", static_cast<int64_t>(unit), step);
-  const auto started = std::chrono::steady_clock::now();
-  const ShardOptimizer::UnitBuffers own = optimizer_->unit_buffers(unit);
-  ShardOptimizer::UnitBuffers& spare = spare_.at(unit);
-  spare.master.copy_(own.master);
-  spare.exp_avg.copy_(own.exp_avg);
-  spare.exp_avg_sq.copy_(own.exp_avg_sq);
-  spare.projector.copy_(own.projector);
-  kept_.at(unit) = optimizer_->rebind_unit(unit, spare);
-  spare_.at(unit) = {};
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    times_.host_step_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  }
-  host_update(unit, lr, 1.0, staged_rows(unit));  // as if no clipping were needed
+  // The unit's optimizer now writes its second set; the originals are kept, and read by the step
+  // (out of place for AdamW: no copy; optim/shard_optimizer.h).
+  kept_.at(unit) = optimizer_->rebind_unit(unit, std::exchange(spare_.at(unit), {}));
+  host_update(unit, lr, 1.0, staged_rows(unit), &kept_.at(unit));  // as if no clipping were needed
   record("speculate_end", static_cast<int64_t>(unit), step);
 }
 

@@ -37,15 +37,17 @@
 //
 // --offload_step speculative (SuperOffload's rule, exact): gradient_ready(u) also queues a speculative
 // step of u for the worker, at the step's lr (begin_step) and as if no clipping were needed: the
-// worker copies u's master and state into u's second set of buffers (ShardOptimizer::rebind_unit),
-// steps those and rounds the rows into u's staging buffer, while backward goes on and the originals
-// stay as they were. step(lr, scale) then queues u's resolution: with scale 1 (the norm says no
+// worker points u's optimizer at u's second set of buffers (ShardOptimizer::rebind_unit) and steps
+// from the originals into it (out of place for AdamW, whose kernel reads one set and writes the
+// other in its one pass; other rules copy first), rounding the rows into u's staging buffer, while
+// backward goes on and the originals stay as they were. step(lr, scale) then queues u's resolution: with scale 1 (the norm says no
 // clipping) the second set is adopted (the originals become the next step's spare) and the rows go
 // to the device; otherwise u is pointed back at its kept originals and stepped again with the real
 // coefficient, the exact step's own path. A non-finite gradient stops the run before step(): the
 // masters that message reads and the state are the originals. Collective units step after the norm,
-// as above. Costs a second master and state in host memory and, per unit, one more pass writing
-// them (the copy).
+// as above, and so do the units whose speculative step the worker had not begun when the norm came
+// (their step is then the exact one, in the optimizer's order). Costs a second master and state in
+// host memory; for AdamW no more bytes than the exact step.
 //
 // Units whose step is collective (subset-norm or GaLore sums across ranks: ShardOptimizer::
 // unit_needs_collectives) are stepped by the calling thread inside step(), in the same order on every
@@ -165,7 +167,9 @@ class OptimizerOffload {
   void step_on_host(size_t unit, int64_t step);
   void speculate(size_t unit, int64_t step, double lr);  // the step on the spare buffers, unclipped, rows to staging
   void resolve(size_t unit, int64_t step);    // adopt the speculative step, or step again from the originals
-  void host_update(size_t unit, double lr, double scale, at::Tensor& destination);  // step_unit, timed
+  // step_unit (from: step_unit_from those buffers), timed.
+  void host_update(size_t unit, double lr, double scale, at::Tensor& destination,
+                   const ShardOptimizer::UnitBuffers* from = nullptr);
   void deliver_staged(size_t unit);  // the staged rows to the compute shard / device
   at::Tensor& staged_rows(size_t unit);  // the staging buffer, once its last copy to the device is done
   void record(const char* what, int64_t unit, int64_t step);

@@ -121,8 +121,16 @@ void adamw_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg
 void adamw_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
                   at::Tensor& exp_avg_sq, double lr, const AdamWOptions& options,
                   double weight_decay, int64_t step, at::Tensor& compute_out, const StateRounding& rounding,
-                  double gradient_scale) {
+                  double gradient_scale, const AdamWSources* from) {
   check_update_arguments(param, grad, exp_avg, exp_avg_sq, lr, weight_decay, step);
+  if (from != nullptr) {
+    LLM_REQUIRE(!param.device().is_cuda(), "adamw_update", "from", "an out-of-place step runs on the host only");
+    for (auto [source, output] : {std::pair{&from->param, &param}, std::pair{&from->exp_avg, &exp_avg},
+                                  std::pair{&from->exp_avg_sq, &exp_avg_sq}})
+      LLM_REQUIRE(source->is_contiguous() && source->numel() == output->numel() &&
+                      source->scalar_type() == output->scalar_type() && source->device() == output->device(),
+                  "adamw_update", "from", "each source must be laid out like its output, got " + describe(*source));
+  }
   LLM_REQUIRE(std::isfinite(gradient_scale) && gradient_scale >= 0, "adamw_update", "gradient_scale",
               "must be finite and >= 0");
   if (compute_out.defined()) {
@@ -149,6 +157,11 @@ void adamw_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg
     } else {
       arrays.exp_avg = exp_avg.data_ptr<float>();
       arrays.exp_avg_sq = exp_avg_sq.data_ptr<float>();
+    }
+    if (from != nullptr) {
+      arrays.param_from = from->param.const_data_ptr<float>();
+      arrays.exp_avg_from = from->exp_avg.const_data_ptr();
+      arrays.exp_avg_sq_from = from->exp_avg_sq.const_data_ptr();
     }
     adamw_host_update(arrays, param.numel(), scalars, at::get_num_threads());
   }

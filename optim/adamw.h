@@ -40,10 +40,17 @@ void adamw_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg
 // (optim/state_rounding.h).
 // gradient_scale: the gradient is multiplied by it first, in the same pass (the clip coefficient:
 // the same bits as grad.mul_(gradient_scale) before the update, on an fp32 gradient).
+// from: an out-of-place step on the host (offload's speculative step): the master and moments before
+// the step are read from these (each like its output) and param, exp_avg, exp_avg_sq only written.
+struct AdamWSources {
+  const at::Tensor& param;
+  const at::Tensor& exp_avg;
+  const at::Tensor& exp_avg_sq;
+};
 void adamw_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg,
                   at::Tensor& exp_avg_sq, double lr, const AdamWOptions& options,
                   double weight_decay, int64_t step, at::Tensor& compute_out,
-                  const StateRounding& rounding, double gradient_scale = 1.0);
+                  const StateRounding& rounding, double gradient_scale = 1.0, const AdamWSources* from = nullptr);
 
 // The scalars of one update (lr >= 0, weight_decay >= 0, step >= 1: the caller checked them).
 AdamWScalars adamw_scalars(double lr, const AdamWOptions& options, double weight_decay,

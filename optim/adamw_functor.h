@@ -115,14 +115,20 @@ struct AdamWElementUpdate {
   AdamWScalars scalars;
   StateRounding rounding{};     // bf16 state only
   uint16_t* compute_out = nullptr;  // the updated param rounded to bf16 (nearest even), or nothing
+  // Out of place (optim/adamw_host.h's param_from, ...): where the values before the step are read;
+  // nullptr: from param, exp_avg and exp_avg_sq themselves.
+  const float* param_from = nullptr;
+  const StateElement* exp_avg_from = nullptr;
+  const StateElement* exp_avg_sq_from = nullptr;
 
   LLM_HOST_DEVICE void operator()(int64_t i) const {
     const float gradient = gradient_to_float(grad[i]) * scalars.gradient_scale;
-    const float decayed_param = param[i] * scalars.decay_factor;
-    const float first_moment = lerp_like_torch<kLerpFromStart>(state_to_float(exp_avg[i]), gradient,
-                                                               scalars.exp_avg_lerp_coefficient);
+    const float decayed_param = (param_from != nullptr ? param_from[i] : param[i]) * scalars.decay_factor;
+    const float first_moment = lerp_like_torch<kLerpFromStart>(
+        state_to_float(exp_avg_from != nullptr ? exp_avg_from[i] : exp_avg[i]), gradient, scalars.exp_avg_lerp_coefficient);
     const float second_moment =
-        state_to_float(exp_avg_sq[i]) * scalars.beta2 + (scalars.one_minus_beta2 * gradient) * gradient;
+        state_to_float(exp_avg_sq_from != nullptr ? exp_avg_sq_from[i] : exp_avg_sq[i]) * scalars.beta2 +
+        (scalars.one_minus_beta2 * gradient) * gradient;
     const float denominator =
         std::sqrt(second_moment) / scalars.bias_correction2_sqrt + scalars.eps;
     const float updated = decayed_param + (scalars.negative_step_size * first_moment) / denominator;

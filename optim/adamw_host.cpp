@@ -48,9 +48,12 @@ void scalar_range(const AdamWHostArrays& arrays, const AdamWScalars& scalars, in
     exp_avg = arrays.exp_avg;
     exp_avg_sq = arrays.exp_avg_sq;
   }
-  const AdamWElementUpdate<GradElement, kLerpFromStart, StateElement> update{
+  AdamWElementUpdate<GradElement, kLerpFromStart, StateElement> update{
       arrays.param, static_cast<const GradElement*>(arrays.grad), exp_avg, exp_avg_sq, scalars,
       arrays.rounding};
+  update.param_from = arrays.param_from;
+  update.exp_avg_from = static_cast<const StateElement*>(arrays.exp_avg_from);
+  update.exp_avg_sq_from = static_cast<const StateElement*>(arrays.exp_avg_sq_from);
   uint16_t* compute_out = arrays.compute_out;
   const float* param = arrays.param;
 #pragma omp simd

@@ -46,6 +46,12 @@ struct AdamWHostArrays {
   uint16_t* exp_avg_bf16 = nullptr;
   uint16_t* exp_avg_sq_bf16 = nullptr;
   StateRounding rounding{};
+  // Out of place (offload's speculative step, which keeps the values before it): the master and the
+  // moments are read from these and the arrays above only written. nullptr: in place. The moments'
+  // sources are bf16 bits where the state is bf16.
+  const float* param_from = nullptr;
+  const void* exp_avg_from = nullptr;
+  const void* exp_avg_sq_from = nullptr;
   bool state_is_bf16() const { return exp_avg_bf16 != nullptr; }
 };
 

@@ -59,6 +59,16 @@ void update_range(const llm::AdamWHostArrays& arrays, const llm::AdamWScalars& s
   uint16_t* __restrict compute_out = arrays.compute_out;
   uint16_t* __restrict exp_avg_bf16 = arrays.exp_avg_bf16;
   uint16_t* __restrict exp_avg_sq_bf16 = arrays.exp_avg_sq_bf16;
+  // What the step reads: the outputs themselves (in place), or the values before an out-of-place
+  // step. Not __restrict: in place they are the outputs.
+  const float* param_in = arrays.param_from != nullptr ? arrays.param_from : param;
+  const float* exp_avg_in = arrays.exp_avg_from != nullptr ? static_cast<const float*>(arrays.exp_avg_from) : exp_avg;
+  const float* exp_avg_sq_in =
+      arrays.exp_avg_sq_from != nullptr ? static_cast<const float*>(arrays.exp_avg_sq_from) : exp_avg_sq;
+  const uint16_t* exp_avg_bf16_in =
+      arrays.exp_avg_from != nullptr ? static_cast<const uint16_t*>(arrays.exp_avg_from) : exp_avg_bf16;
+  const uint16_t* exp_avg_sq_bf16_in =
+      arrays.exp_avg_sq_from != nullptr ? static_cast<const uint16_t*>(arrays.exp_avg_sq_from) : exp_avg_sq_bf16;
 
   const Float decay_factor = Vec::broadcast(scalars.decay_factor);
   const Float lerp_coefficient = Vec::broadcast(scalars.exp_avg_lerp_coefficient);
@@ -76,9 +86,9 @@ void update_range(const llm::AdamWHostArrays& arrays, const llm::AdamWScalars& s
   const auto update_vector = [&](int64_t i) __attribute__((always_inline)) {
     const Float gradient =
         Vec::mul(kGradBf16 ? Vec::load_bf16(grad_bf16 + i) : Vec::load(grad_fp32 + i), gradient_scale);
-    const Float first = kStateBf16 ? Vec::load_bf16(exp_avg_bf16 + i) : Vec::load(exp_avg + i);
-    const Float second = kStateBf16 ? Vec::load_bf16(exp_avg_sq_bf16 + i) : Vec::load(exp_avg_sq + i);
-    const Float decayed_param = Vec::mul(Vec::load(param + i), decay_factor);
+    const Float first = kStateBf16 ? Vec::load_bf16(exp_avg_bf16_in + i) : Vec::load(exp_avg_in + i);
+    const Float second = kStateBf16 ? Vec::load_bf16(exp_avg_sq_bf16_in + i) : Vec::load(exp_avg_sq_in + i);
+    const Float decayed_param = Vec::mul(Vec::load(param_in + i), decay_factor);
     const Float first_moment = Vec::add(kLerpFromStart ? first : gradient,
                                         Vec::mul(lerp_coefficient, Vec::sub(gradient, first)));
     const Float second_moment = Vec::add(Vec::mul(second, beta2),
@@ -111,13 +121,13 @@ void update_range(const llm::AdamWHostArrays& arrays, const llm::AdamWScalars& s
   constexpr int64_t kPageWalkAhead = 4096;
   // Every array's element i + elements_ahead (the gradient's in its own width).
   const auto prefetch_arrays = [&](int64_t i, int64_t elements_ahead) {
-    prefetch(param + i, elements_ahead * sizeof(float));
+    prefetch(param_in + i, elements_ahead * sizeof(float));
     if (kStateBf16) {
-      prefetch(exp_avg_bf16 + i, elements_ahead * sizeof(uint16_t));
-      prefetch(exp_avg_sq_bf16 + i, elements_ahead * sizeof(uint16_t));
+      prefetch(exp_avg_bf16_in + i, elements_ahead * sizeof(uint16_t));
+      prefetch(exp_avg_sq_bf16_in + i, elements_ahead * sizeof(uint16_t));
     } else {
-      prefetch(exp_avg + i, elements_ahead * sizeof(float));
-      prefetch(exp_avg_sq + i, elements_ahead * sizeof(float));
+      prefetch(exp_avg_in + i, elements_ahead * sizeof(float));
+      prefetch(exp_avg_sq_in + i, elements_ahead * sizeof(float));
     }
     if (kGradBf16)
       prefetch(grad_bf16 + i, elements_ahead * sizeof(uint16_t));

@@ -251,6 +251,33 @@ ShardOptimizer::UnitBuffers ShardOptimizer::rebind_unit(size_t unit, const UnitB
   return old;
 }
 
+void ShardOptimizer::step_unit_from(size_t unit, const UnitBuffers& from, double lr, at::Tensor& compute_out,
+                                    double gradient_scale) {
+  UnitState& state = units_.at(unit);
+  const bool adamw_only = std::all_of(state.parameters.begin(), state.parameters.end(),
+                                      [](const ParameterState& p) { return p.rule == UpdateRule::adamw; });
+  if (!adamw_only) {
+    state.master.copy_(from.master);
+    state.exp_avg.copy_(from.exp_avg);
+    state.exp_avg_sq.copy_(from.exp_avg_sq);
+    state.projector.copy_(from.projector);
+    step_unit(unit, lr, compute_out, gradient_scale);
+    return;
+  }
+  for (ParameterState& p : state.parameters) {
+    p.master_from = moved_view(p.master, state.master, from.master);
+    p.exp_avg_from = moved_view(p.exp_avg, state.exp_avg, from.exp_avg);
+    p.exp_avg_sq_from = moved_view(p.exp_avg_sq, state.exp_avg_sq, from.exp_avg_sq);
+  }
+  struct ClearSources {  // however the step ends, the next one is in place again
+    std::vector<ParameterState>& parameters;
+    ~ClearSources() {
+      for (ParameterState& p : parameters) p.master_from = p.exp_avg_from = p.exp_avg_sq_from = at::Tensor();
+    }
+  } clear{state.parameters};
+  step_unit(unit, lr, compute_out, gradient_scale);
+}
+
 bool ShardOptimizer::unit_needs_collectives(size_t unit) const {
   if (across_ == nullptr) return false;
   for (const ParameterState& p : units_.at(unit).parameters)

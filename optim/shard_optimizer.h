@@ -98,6 +98,12 @@ class ShardOptimizer {
   // Points the unit's parameters at other buffers of the same sizes, dtypes and device (each view at
   // its same offset) and returns the ones they pointed at. Changes no value.
   UnitBuffers rebind_unit(size_t unit, const UnitBuffers& buffers);
+  // step_unit with the master and state read from `from` (buffers like the unit's, which keep their
+  // values) and written to the unit's own: out of place for a unit of AdamW rules (their kernel reads
+  // one and writes the other in its one pass), else `from` copied in first. The same bits as
+  // copying `from` in and stepping in place.
+  void step_unit_from(size_t unit, const UnitBuffers& from, double lr, at::Tensor& compute_out,
+                      double gradient_scale = 1.0);
 
   size_t unit_count() const { return units_.size(); }
   // Whether step_unit(unit) may communicate: a rule with sums across ranks (subset-norm, GaLore)

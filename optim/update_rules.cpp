@@ -59,19 +59,17 @@ class TorchAdamW final : public Rule {
   }
   void update(ParameterState& state, const MomentInputs& inputs, const OptimizerSettings& settings,
               const StepScalars& scalars, Communicator*) const override {
-    const AdamWOptions options{settings.beta1, settings.beta2, settings.eps, settings.weight_decay};
     at::Tensor none;
-    adamw_update(state.master, inputs.first, state.exp_avg, state.exp_avg_sq, scalars.lr, options,
-                 state.parameter.decay ? settings.weight_decay : 0.0, scalars.t, none, state.exp_avg_rounding,
-                 scalars.gradient_scale);
+    update_and_round(state, inputs, settings, scalars, nullptr, none);
   }
   // The host kernel writes the bf16 copy in its one pass (optim/adamw_host.h).
   void update_and_round(ParameterState& state, const MomentInputs& inputs, const OptimizerSettings& settings,
                         const StepScalars& scalars, Communicator*, at::Tensor& compute_out) const override {
     const AdamWOptions options{settings.beta1, settings.beta2, settings.eps, settings.weight_decay};
+    const AdamWSources sources{state.master_from, state.exp_avg_from, state.exp_avg_sq_from};
     adamw_update(state.master, inputs.first, state.exp_avg, state.exp_avg_sq, scalars.lr, options,
                  state.parameter.decay ? settings.weight_decay : 0.0, scalars.t, compute_out, state.exp_avg_rounding,
-                 scalars.gradient_scale);
+                 scalars.gradient_scale, state.master_from.defined() ? &sources : nullptr);
   }
 };
 

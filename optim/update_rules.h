@@ -87,6 +87,9 @@ struct ParameterState {
   // the rank's elements start in the full state tensor; optim/state_rounding.h).
   int64_t model_index = 0;
   StateRounding exp_avg_rounding, exp_avg_sq_rounding;
+  // An out-of-place step in progress (ShardOptimizer::step_unit_from; the AdamW rule): the master and
+  // moments before it, which it reads, writing the tensors above. Undefined otherwise.
+  at::Tensor master_from, exp_avg_from, exp_avg_sq_from;
 };
 
 // One step's scalars, the same for every parameter.

@@ -177,6 +177,33 @@ TEST_P(EveryKernel, TheFoldedClipEqualsScalingTheGradientFirst) {
     }
 }
 
+// Out of place (offload's speculative step, optim/adamw_host.h's *_from): each kernel reads the
+// master and moments from one set and writes another, the bits of stepping a copy in place, and the
+// set it read keeps its values. Misaligned, vector tails, with and without the compute copy.
+TEST_P(EveryKernel, OutOfPlaceEqualsSteppingACopyInPlace) {
+  const HostIsa isa = GetParam();
+  if (!llm::host_isa_supported(isa))
+    GTEST_SKIP() << "this CPU (or build) has no " << llm::to_string(isa) << " kernel";
+  for (const Case& c : all_cases())
+    for (int64_t numel : kSizes) {
+      SCOPED_TRACE(std::string(llm::to_string(isa)) + ", " + describe(c, numel, 1));
+      const State before(numel, 1, c.bf16_grad, 11 + numel);
+      State in_place = before.clone();
+      llm::adamw_host_range(isa, in_place.arrays(true), scalars_of(c, 2), 0, numel);
+      const State kept = before.clone();
+      State out = before.clone();
+      for (at::Tensor* t : {&out.param, &out.exp_avg, &out.exp_avg_sq}) t->fill_(std::nanf(""));  // poisoned
+      llm::AdamWHostArrays arrays = out.arrays(true);
+      arrays.grad = before.grad.const_data_ptr();
+      arrays.param_from = before.param.const_data_ptr<float>();
+      arrays.exp_avg_from = before.exp_avg.const_data_ptr();
+      arrays.exp_avg_sq_from = before.exp_avg_sq.const_data_ptr();
+      llm::adamw_host_range(isa, arrays, scalars_of(c, 2), 0, numel);
+      expect_same_state(out, in_place, in_place.compute);
+      expect_same_state(before, kept, kept.compute);  // the sources are unchanged
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(AdamWHost, EveryKernel,
                          ::testing::Values(HostIsa::scalar, HostIsa::avx2, HostIsa::avx512),
                          [](const ::testing::TestParamInfo<HostIsa>& info) {
