@@ -67,6 +67,7 @@ const char* to_string(OffloadStep value) {
   switch (value) {
     case OffloadStep::host: return "host";
     case OffloadStep::speculative: return "speculative";
+    case OffloadStep::device: return "device";
   }
   return "?";
 }

@@ -41,8 +41,10 @@ enum class CommunicatorChoice { auto_select, nccl, mpi };
 // --offload_step: when and where --offload optimizer steps a unit (docs/offload.md, "Which mode to
 // pick"). host: on the host, once the global norm is known; speculative: on the host as soon as the
 // unit's gradient lands in backward, as if no clipping were needed, into a second set of buffers,
-// adopted when the norm says no clipping, else stepped again from the kept state (exact either way).
-enum class OffloadStep { host, speculative };
+// adopted when the norm says no clipping, else stepped again from the kept state (exact either way);
+// device: on the device, the same step as without offload, over master and state kept in host
+// memory and streamed through two device windows (offload/device_step.h).
+enum class OffloadStep { host, speculative, device };
 
 // Every value of each enum setting and every choice of each string setting: the one list that the
 // command line's check of a flag and --help's {a,b,...} (trainer/training_flags.cpp),
@@ -57,7 +59,7 @@ inline constexpr std::array kOffloadValues = {Offload::none, Offload::optimizer,
 inline constexpr const char* kOffloadBothReversed = "parameters,optimizer";
 inline constexpr std::array kCommunicatorValues = {CommunicatorChoice::auto_select, CommunicatorChoice::nccl,
                                                    CommunicatorChoice::mpi};
-inline constexpr std::array kOffloadStepValues = {OffloadStep::host, OffloadStep::speculative};
+inline constexpr std::array kOffloadStepValues = {OffloadStep::host, OffloadStep::speculative, OffloadStep::device};
 inline constexpr std::array kShardingValues = {ShardingStrategy::full_shard, ShardingStrategy::shard_grad_op,
                                                ShardingStrategy::no_shard};
 inline constexpr std::array<const char*, 2> kSubsetNormParamsChoices = {"linear", "all"};        // --subset_norm_params

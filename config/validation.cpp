@@ -224,10 +224,15 @@ void check_memory_flags(const RunConfig& run, const ModelConfig& model) {
     fail_user(kCommandLine, "--offload_step",
               std::string(to_string(run.sharding.offload_step)) +
                   " says when --offload optimizer's host step runs: add --offload optimizer, or leave it out");
-  if (run.sharding.offload_step == OffloadStep::speculative && run.sharding.offload_delayed_update >= 0)
+  if (run.sharding.offload_step != OffloadStep::host && run.sharding.offload_delayed_update >= 0)
     fail_user(kCommandLine, "--offload_step",
-              "speculative steps each unit in backward and applies it before the next forward; "
-              "--offload_delayed_update applies it a step late: pick one");
+              std::string(to_string(run.sharding.offload_step)) +
+                  " applies each step's update before the next forward; --offload_delayed_update applies it a "
+                  "step late: pick one");
+  if (run.sharding.offload_step == OffloadStep::device && offloads_parameters(run.sharding.offload))
+    fail_user(kCommandLine, "--offload_step",
+              "device writes each unit's rows on the device, which --offload parameters keeps in host memory: "
+              "use --offload optimizer, or --offload_step host");
   if (run.logging.offload_trace && !offloads_optimizer(run.sharding.offload))
     fail_user(kCommandLine, "--offload_trace",
               "records the schedule of --offload optimizer's host step: add --offload optimizer, or leave it out");
@@ -536,6 +541,14 @@ void validate_run_config(RunConfig& run, const ModelConfig& model, int world_siz
   if (run.logging.tensorboard_dir.rfind("{run_dir}", 0) == 0)
     run.logging.tensorboard_dir = run.logging.run_dir + run.logging.tensorboard_dir.substr(std::strlen("{run_dir}"));
   resolve_optimizer(run, model);
+  // The device step runs each unit's step on its own (no collective over the host's communicator):
+  // AdamW's is element-wise; AdamwSN's and GaLore's sum across ranks once the units are sharded.
+  if (run.sharding.offload_step == OffloadStep::device && run.optimizer.name != "adamw" && world_size > 1 &&
+      run.sharding.strategy != ShardingStrategy::no_shard)
+    fail_user(kCommandLine, "--offload_step",
+              "device steps each unit on its own, and " + run.optimizer.name + "'s step sums across the " +
+                  std::to_string(world_size) + " ranks that shard it: use --optimizer adamw, --sharding no_shard, "
+                  "or --offload_step host");
   if (model.tie_word_embeddings)
     fail_user(run.config_path, "tie_word_embeddings",
               "tied embeddings are not supported (the GaLore family is untied); set it to false");

@@ -60,7 +60,9 @@ struct EstimateOptions {
   double host_budget_gib = 0;
   double device_tflops = 0;
   double pcie_gbs = 25;
-  double host_gbs = 50;
+  // The host step's GB/s (--host_gbs); 0: derived from the cores (fit_host_gbs, memory/estimate_fit.h).
+  double host_gbs = 0;
+  int host_cores = 0;  // --host_cores: a node's cores for that; 0: this machine's
 };
 
 // One phase's window: the largest total inside it, and the categories at its closing point.

@@ -1,6 +1,7 @@
 #include "memory/estimate_fit.h"
 
 #include <algorithm>
+#include <thread>
 #include <cstdio>
 #include <sstream>
 #include <vector>
@@ -41,6 +42,17 @@ double device_tflops(const EstimateOptions& options, const std::string& device) 
   return device == "cuda" ? 200.0 : 0.07;
 }
 
+}  // namespace
+
+double fit_host_gbs(const EstimateOptions& options, int world_size) {
+  if (options.host_gbs > 0) return options.host_gbs;
+  const int cores = options.host_cores > 0 ? options.host_cores : std::max(1u, std::thread::hardware_concurrency());
+  const int ranks_on_node = options.ranks_per_node > 0 ? std::min(options.ranks_per_node, world_size) : world_size;
+  return std::min(kHostStepGbsCap, kHostStepGbsPerCore * cores / std::max(1, ranks_on_node));
+}
+
+namespace {
+
 // The seconds the levers add to a step (estimate_fit.h states the model).
 double added_seconds(const ModelConfig& model, const RunConfig& base, const RunConfig& run, int world,
                      const EstimateOptions& options, const std::string& device) {
@@ -62,11 +74,19 @@ double added_seconds(const ModelConfig& model, const RunConfig& base, const RunC
     seconds += flops * static_cast<double>(model.num_hidden_layers) * tokens / (device_tflops(options, device) * 1e12);
   }
   const double compute_bytes = static_cast<double>(ModelShape(model, run).compute_bytes());
-  if (offloads_optimizer(run.sharding.offload) && !offloads_optimizer(base.sharding.offload)) {
-    seconds += (4.0 + compute_bytes) * parameters / world / (options.pcie_gbs * 1e9);
-    const double step_bytes = run.optimizer.state_dtype == "bfloat16" ? 20.0 : 28.0;
-    seconds += step_bytes * parameters / world / (options.host_gbs * 1e9);
-  }
+  // The optimizer's offload, as the run steps it, less what the command's own costs already.
+  const auto optimizer_offload = [&](const RunConfig& r) {
+    if (!offloads_optimizer(r.sharding.offload)) return 0.0;
+    const bool bf16_state = r.optimizer.state_dtype == "bfloat16";
+    if (r.sharding.offload_step == OffloadStep::device)
+      return 2.0 * (4.0 + (bf16_state ? 4.0 : 8.0)) * parameters / world / (options.pcie_gbs * 1e9);
+    return (4.0 + compute_bytes) * parameters / world / (options.pcie_gbs * 1e9) +
+           (bf16_state ? 20.0 : 28.0) * parameters / world / (fit_host_gbs(options, world) * 1e9);
+  };
+  if (offloads_optimizer(run.sharding.offload) &&
+      (!offloads_optimizer(base.sharding.offload) || run.sharding.offload_step != base.sharding.offload_step ||
+       run.optimizer.state_dtype != base.optimizer.state_dtype))
+    seconds += optimizer_offload(run) - optimizer_offload(base);
   if (offloads_parameters(run.sharding.offload) && !offloads_parameters(base.sharding.offload)) {
     // Each gather copies the unit's rows in: twice a micro-batch (forward, backward) but for
     // shard_grad_op; the optimizer on the device also copies the updated rows out once a step.
@@ -112,7 +132,13 @@ std::vector<Candidate> candidates(const RunConfig& run, int world, bool cuda, bo
     if (state && !state_lever) continue;
     for (const std::string& recompute : recompute_choices) {
       if (!recompute.empty() && !checkpointing_lever) continue;
-      for (const Offload offload : offload_choices) {
+      for (const Offload offload : offload_choices)
+      for (const bool device_step : {false, true}) {
+        // The device step where the trainer allows it (validation refuses the rest below), added
+        // only to a command that leaves the step where it is by default.
+        if (device_step && (!cuda || !offloads_optimizer(offload) || offloads_parameters(offload) ||
+                            run.sharding.offload_step != OffloadStep::host))
+          continue;
         for (const bool fused : {false, true}) {
           // The fused step cannot clip, and the optimizer's offload already steps each unit as its
           // gradient lands.
@@ -139,6 +165,10 @@ std::vector<Candidate> candidates(const RunConfig& run, int world, bool cuda, bo
             if (offload != run.sharding.offload) {
               c.run.sharding.offload = offload;
               c.flags.push_back(std::string("--offload ") + to_string(offload));
+            }
+            if (device_step) {
+              c.run.sharding.offload_step = OffloadStep::device;
+              c.flags.push_back("--offload_step device");
             }
             if (fused) {
               c.run.fuse_optimizer_with_backward = true;
@@ -215,7 +245,7 @@ std::string run_fit_command(const ModelConfig& model, const RunConfig& run, cons
     return a->flags.size() < b->flags.size();
   });
   std::ostringstream out;
-  char line[1024];
+  char line[2048];
   std::snprintf(line, sizeof(line),
                 "Fit for %s on %d rank(s) (%s): budget %.2f GiB per rank, host %.2f GiB per node; %zu of %zu "
                 "combinations of the levers fit.\n",
@@ -225,11 +255,13 @@ std::string run_fit_command(const ModelConfig& model, const RunConfig& run, cons
   std::snprintf(line, sizeof(line),
                 "Cost model (seconds a lever adds to a step): checkpointing 2 P T FLOPs at %.3g TFLOP/s "
                 "(--device_tflops), --recompute its operations' forward FLOPs at the same rate; offload of the optimizer (4 + c) P / W bytes over PCIe at %.3g GB/s (--pcie_gbs) and the host "
-                "step's 28 P / W bytes (20 with bf16 state) at %.3g GB/s (--host_gbs); offload of the parameters c P / W bytes over PCIe per gather "
+                "step's 28 P / W bytes (20 with bf16 state) at %.3g GB/s (%s), or, stepped on the device (--offload_step device), "
+                "master and moments both ways, 2 (4 + m) P / W bytes over PCIe; offload of the parameters c P / W bytes over PCIe per gather "
                 "(2 a micro-batch, 1 for shard_grad_op) and once more a step when the optimizer stays on the device; bf16 state, the fused step "
                 "and a smaller micro-batch are not costed (ties: the command's precision, the larger micro-batch, then "
                 "fewer levers).\n",
-                device_tflops(options, device), options.pcie_gbs, options.host_gbs);
+                device_tflops(options, device), options.pcie_gbs, fit_host_gbs(options, world),
+                options.host_gbs > 0 ? "--host_gbs" : "8 GB/s per core of the rank's share of the node, --host_cores");
   out << line;
   const Candidate& best = *fitting.front();
   out << "\nAdd to the command: " << joined(best.flags) << "\n";

@@ -26,11 +26,16 @@
 //   recompute       the recomputed operations' forward FLOPs at --device_tflops, per layer and token:
 //                   norm 2 x 4h, SwiGLU 4I, MLP 6 h I, attention 4h^2 + 4 h kv + 4 h S (S the sequence
 //                   length); the norm and SwiGLU are memory-bound, which FLOPs undercount
-//   offload         of the optimizer: (4 + c) P / W bytes over PCIe (gradients down, parameters up)
-//                   at --pcie_gbs, and the host step's 28 P / W bytes (20 with bf16 state) at
-//                   --host_gbs; of the parameters: c P / W bytes in at each gather (2 a micro-batch,
-//                   1 for shard_grad_op; no_shard P, not P / W) and once out a step when the
-//                   optimizer stays on the device; none overlapped
+//   offload         of the optimizer, stepped on the host: (4 + c) P / W bytes over PCIe (gradients
+//                   down, parameters up) at --pcie_gbs, and the host step's 28 P / W bytes (20 with
+//                   bf16 state) at the host rate (fit_host_gbs); stepped on the device
+//                   (--offload_step device, tried wherever it is allowed: not with parameter
+//                   offload, AdamW when sharded): master and moments both ways, 2 (4 + m) P / W bytes
+//                   over PCIe (m: 8 with fp32 state, 4 with bf16), the kernel itself not costed; so
+//                   the host step wins on a host with cores to spare and the device step where a
+//                   rank's share of the host is small. Of the parameters: c P / W bytes in at each
+//                   gather (2 a micro-batch, 1 for shard_grad_op; no_shard P, not P / W) and once
+//                   out a step when the optimizer stays on the device; none overlapped
 //   bf16 state, the fused step: nothing
 //   a smaller micro-batch: not costed; among equal costs the larger micro-batch, then fewer levers,
 //                   rank first
@@ -46,6 +51,14 @@
 #include "memory/estimate.h"
 
 namespace llm {
+
+// The host step's GB/s per rank: --host_gbs, or kHostStepGbsPerCore per core of the rank's share of
+// its node (--host_cores, default this machine's, over the ranks on the node), at most
+// kHostStepGbsCap. 8 GB/s a core: the H200 machine's host step, 0.37-0.39 s for 38 B x 1.34 G
+// parameters on 16 threads (docs/gpu-results.md); the cap, a socket's memory bandwidth, is assumed.
+inline constexpr double kHostStepGbsPerCore = 8.0;
+inline constexpr double kHostStepGbsCap = 200.0;
+double fit_host_gbs(const EstimateOptions& options, int world_size);
 
 // run validated for options.world_size; options.memory_budget_gib > 0.
 std::string run_fit_command(const ModelConfig& model, const RunConfig& run, const EstimateOptions& options);

@@ -59,7 +59,8 @@ class StepSimulation {
         offload_(offloads_optimizer(model.run.sharding.offload)),
         offload_parameters_(offloads_parameters(model.run.sharding.offload)),
         fused_(model.run.fuse_optimizer_with_backward),
-        transient_gradient_(offload_ || fused_), timeline_(cuda) {
+        device_step_(offload_ && model.run.sharding.offload_step == OffloadStep::device),
+        transient_gradient_((offload_ && !device_step_) || fused_), timeline_(cuda) {
     const bool no_shard = m_.run.sharding.strategy == ShardingStrategy::no_shard;
     layout_world_ = no_shard ? 1 : world_;
     // One rank or no_shard: each unit is its whole shard and stays resident (sharding/fsdp_unit.h),
@@ -122,15 +123,22 @@ class StepSimulation {
     if (resident_) gathered_.assign(units_.size(), true);
     const int64_t compute_rows = m_.compute_bytes() * shard_elements_;
     if (offload_) {
-      const int64_t landing = (bf16_gradient_ ? 2 : 4) * shard_elements_;  // the gradients' host buffers
+      // The gradients' host buffers (none for the device step, which reads the shards in place).
+      const int64_t landing = device_step_ ? 0 : (bf16_gradient_ ? 2 : 4) * shard_elements_;
       // Staging: the updated rows on their way to the device (CUDA), a delayed update until the next
       // step, a speculative one until the norm decides (pageable beside host rows: no bus to cross).
       const bool speculative = m_.run.sharding.offload_step == OffloadStep::speculative;
-      const bool staging = ((cuda_ || m_.run.sharding.offload_delayed_update >= 0) && !offload_parameters_) || speculative;
+      const bool staging =
+          (((cuda_ || m_.run.sharding.offload_delayed_update >= 0) && !offload_parameters_) || speculative) && !device_step_;
       const int64_t host_rows = offload_parameters_ ? compute_rows : 0;
       offload_host_bytes_ = optimizer_state() + 4 * shard_elements_ + landing + host_rows + (staging ? compute_rows : 0) +
-                            (speculative ? speculative_second_set() : 0);
-      offload_pinned_bytes_ = cuda_ ? landing + host_rows + (offload_parameters_ ? 0 : compute_rows) : 0;
+                            (speculative ? unit_masters_and_state(/*largest=*/false) : 0);
+      // Page-locked: what crosses the bus (the device step: master and state, both ways, every step).
+      offload_pinned_bytes_ = !cuda_ ? 0
+                              : device_step_ ? optimizer_state() + 4 * shard_elements_
+                                             : landing + host_rows + (offload_parameters_ ? 0 : compute_rows);
+      // The device step's two windows, each the largest unit's master and state (offload/device_step.h).
+      if (device_step_) timeline_.add(kOptimizerDevice, 2 * unit_masters_and_state(/*largest=*/true));
       timeline_.add(kOptimizerHost, offload_host_bytes_);
     } else {
       timeline_.add(kOptimizerDevice, optimizer_state());
@@ -152,7 +160,7 @@ class StepSimulation {
     // unit: each unit's temporaries are gone before the next unit's step.
     // With offload the steps run on the host: on a GPU they are not the device's; on a CPU rank they
     // run on the worker thread, counted here as without offload.
-    if (!(offload_ && cuda_) && !fused_)  // fused: each unit stepped in backward (reduce_gradients)
+    if (!(offload_ && cuda_ && !device_step_) && !fused_)  // fused: each unit stepped in backward (reduce_gradients)
       for (const UnitAction& action : plan_.optimizer_pass())
         timeline_.spike(optimizer_transient(static_cast<size_t>(action.unit)));
     timeline_.point("optimizer");
@@ -422,7 +430,7 @@ class StepSimulation {
       timeline_.spike(optimizer_transient(u));
       timeline_.remove(kGradients, shard);
     }
-    if (offload_) hand_over_gradient(shard);
+    if (offload_ && !device_step_) hand_over_gradient(shard);
   }
   // The transient shard of `bytes` goes to the host; the one before it is freed (GPU), or this one
   // at once (CPU).
@@ -471,19 +479,20 @@ class StepSimulation {
     return bytes;
   }
 
-  // --offload_step speculative's second master and state, for every unit whose step is not collective
-  // (offload/optimizer_offload.h: a sharded AdamwSN or GaLore unit steps after the norm).
-  int64_t speculative_second_set() const {
+  // Each unit's master and state (4 S_u + its state): their sum over the units a speculative step
+  // runs on (not a unit whose step is collective: a sharded AdamwSN or GaLore one), or the largest
+  // (one device step window).
+  int64_t unit_masters_and_state(bool largest) const {
     const OptimizerSettings settings = optimizer_settings(m_.run);
     int64_t bytes = 0;
     for (const UnitGeometry& unit : units_) {
-      const bool collective = optimizer_world() > 1 && std::any_of(unit.rules.begin(), unit.rules.end(), [](UpdateRule rule) {
-        return rule == UpdateRule::subset_norm || rule == UpdateRule::galore;
-      });
-      if (collective) continue;
-      bytes += 4 * unit.shard_numel;
-      for (size_t i = 0; i < unit.layout.parameters.size(); ++i)
-        bytes += optimizer_state_bytes(settings, unit.layout.parameters[i], unit.rules[i], optimizer_world());
+      int64_t unit_bytes = 4 * unit.shard_numel;
+      bool collective = false;
+      for (size_t i = 0; i < unit.layout.parameters.size(); ++i) {
+        unit_bytes += optimizer_state_bytes(settings, unit.layout.parameters[i], unit.rules[i], optimizer_world());
+        collective |= optimizer_world() > 1 && (unit.rules[i] == UpdateRule::subset_norm || unit.rules[i] == UpdateRule::galore);
+      }
+      bytes = largest ? std::max(bytes, unit_bytes) : bytes + (collective ? 0 : unit_bytes);
     }
     return bytes;
   }
@@ -556,7 +565,7 @@ class StepSimulation {
 
   const ModelShape& m_;
   int world_, rank_;
-  bool cuda_, offload_, offload_parameters_, fused_, transient_gradient_;
+  bool cuda_, offload_, offload_parameters_, fused_, device_step_, transient_gradient_;
   int layout_world_ = 1;
   bool resident_ = false;
   bool bf16_gradient_ = false;  // resident units' gradient shards in bf16 (config.h's bf16_gradient_shards)

@@ -15,6 +15,7 @@
 
 #include "common/errors.h"
 #include "common/memory_stats.h"
+#include "offload/device_step.h"
 #include "sharding/sharded_model.h"
 
 #ifdef TRAINER_HAVE_CUDA
@@ -50,9 +51,13 @@ int offload_worker_threads(int rank_threads, bool on_cuda, int requested) {
 }
 
 OptimizerOffload::OptimizerOffload(ShardedModel& model, const OptimizerSettings& settings,
-                                   std::vector<std::vector<UpdateRule>> rules, Communicator* across, int worker_threads,
-                                   int64_t delayed_after, bool speculative, bool trace)
-    : model_(model), delayed_after_(delayed_after), speculative_(speculative), trace_(trace) {
+                                   std::vector<std::vector<UpdateRule>> rules, Communicator* across,
+                                   const OffloadOptions& options)
+    : model_(model),
+      delayed_after_(options.delayed_after),
+      speculative_(options.mode == OffloadStepMode::speculative),
+      trace_(options.trace) {
+  const bool on_device = options.mode == OffloadStepMode::device;
   // LLM_DEBUG_OFFLOAD_LAG_MS=N: the worker sleeps N ms before each task, so the tests see the main
   // thread run ahead of it (the next step's begin_step, forward and backward before this step's
   // host steps are done) whatever the machine's speed.
@@ -64,7 +69,9 @@ OptimizerOffload::OptimizerOffload(ShardedModel& model, const OptimizerSettings&
   const size_t units = model.unit_count();
   const c10::Device device = units > 0 ? model.unit(0).gradient_shard().device() : c10::Device(c10::kCPU);
   on_cuda_ = device.is_cuda();
-  intra_op_threads_ = offload_worker_threads(at::get_num_threads(), on_cuda_, worker_threads);
+  intra_op_threads_ = offload_worker_threads(at::get_num_threads(), on_cuda_, options.worker_threads);
+  LLM_REQUIRE(!on_device || delayed_after_ < 0, "offload", "--offload_step device",
+              "steps on the device before the next forward; --offload_delayed_update applies it a step late");
   std::vector<UnitShard> shards;
   for (size_t u = 0; u < units; ++u) {
     ShardedUnit& unit = model.unit(u);
@@ -73,30 +80,54 @@ OptimizerOffload::OptimizerOffload(ShardedModel& model, const OptimizerSettings&
     const at::TensorOptions host = at::TensorOptions().dtype(at::kFloat).device(at::kCPU);
     // Master and state in pageable host memory: they never cross the bus. The buffers the copies
     // read or write are page-locked on CUDA, so the copies are DMA and asynchronous.
-    masters_.push_back(at::empty({numel}, host));
+    // Device mode: the master crosses every step, so it is page-locked (on CUDA) too.
+    masters_.push_back(on_device ? exact_host_buffer(numel, at::kFloat, device) : at::empty({numel}, host));
     masters_.back().copy_(unit.master_shard());
     // Exact sizes (common/memory_stats.h): the caching host allocator would round each up to a
     // power of two, up to twice the pinned memory the estimate counts.
     // bf16 where the unit's shard is (pure bf16 AdamW at one rank): half the bytes across the bus and
     // into the host step, which reads bf16 gradients.
-    gradients_.push_back(exact_host_buffer(numel, unit.gradient_dtype(), device));
+    // Device mode: none; the step reads the unit's own shard on the device.
+    gradients_.push_back(on_device ? at::Tensor() : exact_host_buffer(numel, unit.gradient_dtype(), device));
     // With parameter offload the unit's compute shard is in host memory already: the step writes it.
     LLM_REQUIRE(delayed_after_ < 0 || !unit.parameters_offloaded(), "offload", "--offload_delayed_update",
                 "needs the units' rows on the device (not --offload parameters)");
     // A delayed update waits here, also on a CPU rank, until the step after the one that made it; a
     // speculative one until the norm decides (with parameter offload too: host rows, no bus).
-    if (((on_cuda_ || delayed_after_ >= 0) && !unit.parameters_offloaded()) || speculative_) {
+    if ((((on_cuda_ || delayed_after_ >= 0) && !unit.parameters_offloaded()) || speculative_) && !on_device) {
       staging_.push_back(exact_host_buffer(numel, model.options().compute_dtype,
                                            unit.parameters_offloaded() ? c10::Device(c10::kCPU) : device));
       staging_.back().copy_(masters_.back());  // the padding rows, which no step writes
     } else {
       staging_.emplace_back();
     }
+    LLM_REQUIRE(!on_device || !unit.parameters_offloaded(), "offload", "--offload_step device",
+                "writes each unit's rows on the device: not with --offload parameters");
     unit.offload_master();
-    unit.make_gradient_transient();  // each step's shard is handed to gradient_ready(), then freed
-    shards.push_back({unit.layout(), masters_.back(), gradients_.back(), std::move(rules[u])});
+    if (!on_device) unit.make_gradient_transient();  // each step's shard is handed to gradient_ready(), then freed
+    shards.push_back({unit.layout(), masters_.back(), on_device ? unit.gradient_shard() : gradients_.back(), std::move(rules[u])});
   }
   optimizer_ = std::make_unique<ShardOptimizer>(settings, std::move(shards), across);
+  if (on_device) {
+    // The state page-locked too (the optimizer made it pageable), and two device windows to step in.
+    std::vector<ShardOptimizer::UnitBuffers> host_buffers;
+    for (size_t u = 0; u < units; ++u) {
+      LLM_REQUIRE(!optimizer_->unit_needs_collectives(u), "offload", "--offload_step device",
+                  "steps AdamW, or any optimizer on one rank or no_shard: " + model.unit(u).name() +
+                      "'s step sums across ranks");
+      const ShardOptimizer::UnitBuffers pageable = optimizer_->unit_buffers(u);
+      ShardOptimizer::UnitBuffers pinned{pageable.master};
+      for (auto [into, from] : {std::pair{&pinned.exp_avg, &pageable.exp_avg}, std::pair{&pinned.exp_avg_sq, &pageable.exp_avg_sq},
+                                std::pair{&pinned.projector, &pageable.projector}}) {
+        *into = exact_host_buffer(from->numel(), from->scalar_type(), device);
+        into->copy_(*from);
+      }
+      optimizer_->rebind_unit(u, pinned);
+      optimizer_->set_unit_gradient(u, at::Tensor());  // the shard the step is handed, each step
+      host_buffers.push_back(pinned);
+    }
+    device_step_ = std::make_unique<DeviceStep>(*optimizer_, std::move(host_buffers), device);
+  }
   done_.assign(units, true);
   pending_.assign(units, false);
   speculated_.assign(units, false);
@@ -144,6 +175,10 @@ void OptimizerOffload::begin_step(double lr) {
 void OptimizerOffload::gradient_ready(size_t unit) {
   at::NoGradGuard no_grad;
   if (delayed_) wait_done(unit);  // the last step's host update of the unit has read its landing buffer
+  if (device_step_) {  // the shard stays on the device for the step
+    record("gradient", static_cast<int64_t>(unit), steps_ + 1);
+    return;
+  }
   land_gradient(unit);
   record("gradient", static_cast<int64_t>(unit), steps_ + 1);
   if (!speculative_ || optimizer_->unit_needs_collectives(unit)) return;
@@ -196,6 +231,10 @@ void OptimizerOffload::step(double lr, double gradient_scale) {
   // everything queued so far.
   if (on_cuda_) copies_->backward_done.record(c10::cuda::getCurrentCUDAStream(copies_->device));
 #endif
+  if (device_step_) {
+    step_on_device(lr, gradient_scale);
+    return;
+  }
   // The last step's updates are all on the device (and the worker is idle); speculative: the worker
   // is on this step's speculative steps, and the last step was done before the first of them.
   if (!speculative_) wait_all();
@@ -243,6 +282,24 @@ void OptimizerOffload::step(double lr, double gradient_scale) {
   for (size_t u : collective) {
     step_on_host(u, steps_);
     mark_done(u);
+  }
+}
+
+// Device mode: every unit, in the optimizer's order, through DeviceStep on the compute stream (its
+// state crossing on the copy streams); the next forward's reads come after on the same stream.
+void OptimizerOffload::step_on_device(double lr, double gradient_scale) {
+  ++steps_;
+  optimizer_->begin_step();
+  record("norm", -1, steps_);
+  for (const UnitAction& action : model_.plan().optimizer_pass()) {
+    const size_t u = static_cast<size_t>(action.unit);
+    ShardedUnit& sharded = model_.unit(u);
+    record("step_begin", static_cast<int64_t>(u), steps_);
+    sharded.wait_reduced();  // the step reads the shard on the compute stream
+    device_step_->step_unit(u, lr, gradient_scale, sharded.gradient_shard(), sharded.compute_shard());
+    sharded.publish_shard();  // no_shard's parameters from the compute shard
+    record("step_end", static_cast<int64_t>(u), steps_);
+    record("sent", static_cast<int64_t>(u), steps_);
   }
 }
 
@@ -364,8 +421,18 @@ at::Tensor& OptimizerOffload::rounded_destination(size_t unit) {
   return delayed_ ? staging_.at(unit) : sharded.compute_shard();
 }
 
+at::Tensor& OptimizerOffload::master(size_t unit) {
+  if (device_step_) device_step_->synchronize();
+  return masters_.at(unit);
+}
+
 void OptimizerOffload::publish(size_t unit) {
   at::NoGradGuard no_grad;
+  if (device_step_) {  // the rows live on the device only
+    model_.unit(unit).compute_shard().copy_(masters_.at(unit));  // rounds to the compute dtype
+    model_.unit(unit).publish_shard();
+    return;
+  }
   rounded_destination(unit).copy_(masters_.at(unit));  // rounds to the compute dtype
   send_to_device(unit);
 }
@@ -476,6 +543,7 @@ OffloadTimes OptimizerOffload::take_times() {
 }
 
 void OptimizerOffload::wait_all() {
+  if (device_step_) device_step_->synchronize();  // the host buffers hold the last step
   for (size_t u = 0; u < done_.size(); ++u) wait_done(u);
   for (size_t u = 0; u < done_.size(); ++u) {
     bool pending = false;
@@ -496,6 +564,7 @@ void OptimizerOffload::settle() {
 OwnedBytes OptimizerOffload::owned_bytes() const {
   OwnedBytes owned;
   owned.optimizer_host = host_bytes_;
+  if (device_step_) owned.optimizer_device = device_step_->window_bytes();
   return owned;
 }
 

@@ -78,6 +78,7 @@
 namespace llm {
 
 class Communicator;
+class DeviceStep;
 class ShardedModel;
 
 // Where offload's host time goes, summed since the last take_times(): the host step itself (the
@@ -107,18 +108,26 @@ struct OffloadEvent {
 // the worker's OpenMP team for a core. `requested` > 0 (--offload_threads) wins.
 int offload_worker_threads(int rank_threads, bool on_cuda, int requested);
 
+// When and where the offloaded step runs (--offload_step; docs/offload.md, "Which mode to pick").
+enum class OffloadStepMode { host, speculative, device };
+
+struct OffloadOptions {
+  int worker_threads = 0;          // the host step's threads (--offload_threads); 0: offload_worker_threads' default
+  int64_t delayed_after = -1;      // --offload_delayed_update's exact warm-up steps, after which each step's
+                                   // update reaches the device one step late (-1: never); needs the units' rows
+                                   // on the device
+  OffloadStepMode mode = OffloadStepMode::host;
+  bool trace = false;              // keep the schedule's events (take_trace)
+};
+
 class OptimizerOffload {
  public:
   // Copies every unit's master to host memory, moves the unit's own master off the device
   // (ShardedUnit::offload_master) and builds the optimizer over the host masters and gradients.
-  // rules: per unit, one update rule per parameter.
-  // worker_threads: the host step's threads (--offload_threads); 0: offload_worker_threads' default.
-  // delayed_after: --offload_delayed_update's exact warm-up steps, after which each step's update
-  // reaches the device one step late (-1: never). Needs the units' rows on the device.
-  // speculative: --offload_step speculative (above). trace: keep the schedule's events (take_trace).
+  // rules: per unit, one update rule per parameter. Device mode (offload/device_step.h): master and
+  // state page-locked on CUDA, the gradient shards kept on the device, no collective units.
   OptimizerOffload(ShardedModel& model, const OptimizerSettings& settings,
-                   std::vector<std::vector<UpdateRule>> rules, Communicator* across, int worker_threads = 0,
-                   int64_t delayed_after = -1, bool speculative = false, bool trace = false);
+                   std::vector<std::vector<UpdateRule>> rules, Communicator* across, const OffloadOptions& options);
   ~OptimizerOffload();  // waits for the worker, then stops it
   OptimizerOffload(const OptimizerOffload&) = delete;
   OptimizerOffload& operator=(const OptimizerOffload&) = delete;
@@ -139,8 +148,9 @@ class OptimizerOffload {
   // Delayed only: wait_all() (an evaluation sees the latest weights); exact steps need nothing.
   void settle();
 
-  // The host master of a unit (wait_all() first where it matters).
-  at::Tensor& master(size_t unit) { return masters_.at(unit); }
+  // The host master of a unit (wait_all() first where it matters; device mode waits for the copies
+  // back here, so the masters hold the last step).
+  at::Tensor& master(size_t unit);
   // After a checkpoint's rows were loaded into master(unit): refresh the device's compute shard.
   void publish(size_t unit);
   ShardOptimizer& optimizer() { return *optimizer_; }
@@ -163,6 +173,7 @@ class OptimizerOffload {
   };
   void land_gradient(size_t unit);  // the unit's gradient shard to its host landing buffer, then freed
   void run(const Task& task);  // either thread
+  void step_on_device(double lr, double gradient_scale);  // device mode's step()
   // Scale, step, publish to the device (delayed: stage only); either thread.
   void step_on_host(size_t unit, int64_t step);
   void speculate(size_t unit, int64_t step, double lr);  // the step on the spare buffers, unclipped, rows to staging
@@ -204,6 +215,7 @@ class OptimizerOffload {
   // Speculative: per unit, the buffers the optimizer is not bound to (the second set) and, while a
   // speculative step awaits the norm, the originals it kept; which units await; the norm's verdict.
   bool speculative_ = false, begun_ = false, adopt_ = false;
+  std::unique_ptr<DeviceStep> device_step_;  // --offload_step device
   std::vector<ShardOptimizer::UnitBuffers> spare_, kept_;
   std::vector<bool> speculated_;
   bool trace_ = false;

@@ -95,8 +95,9 @@ class ShardOptimizer {
     at::Tensor master, exp_avg, exp_avg_sq, projector;
   };
   UnitBuffers unit_buffers(size_t unit) const;
-  // Points the unit's parameters at other buffers of the same sizes, dtypes and device (each view at
-  // its same offset) and returns the ones they pointed at. Changes no value.
+  // Points the unit's parameters at other buffers of the same sizes and dtypes, on any device (each
+  // view at its same offset; offload's device step points them at device windows for its call), and
+  // returns the ones they pointed at. Changes no value.
   UnitBuffers rebind_unit(size_t unit, const UnitBuffers& buffers);
   // step_unit with the master and state read from `from` (buffers like the unit's, which keep their
   // values) and written to the unit's own: out of place for a unit of AdamW rules (their kernel reads

@@ -138,6 +138,39 @@ TEST(EstimateCpuTerm, WidenedBf16ProductsFollowTheCpuAndOneDnnsCap) {
 // GPU fits only with both offloaded (with the optimizer's alone its bf16 rows take 24.2 GiB), while
 // on 80 GiB the optimizer's alone is cheaper by the cost model (no rows copied in at each gather);
 // a 30B-class model on one 24 GiB GPU likewise. The device peak of the pick is within the budget.
+// Host or device stepping (--offload_step device) by the host's cores and the model's size: llama_7b
+// on one 40 GiB GPU needs the optimizer offloaded; with 2 cores the host step (16 GB/s) costs more
+// than moving master and moments across PCIe both ways, with 64 it costs less. The rate and its
+// source are printed with the cost model; --host_gbs still overrides it.
+TEST(EstimateFit, ChoosesHostOrDeviceSteppingByTheHostsCores) {
+  const std::string fit = testing::trainer_binary().string() + " estimate --config " +
+                          (testing::source_dir() / "configs/llama_7b.json").string() +
+                          " --device cuda --dtype bfloat16 --precision pure --batch_size 1 --max_length 2048 "
+                          "--world_size 1 --host_budget_gib 1024 --fit --memory_budget_gib 40";
+  const auto few = run_command(fit + " --host_cores 2");
+  ASSERT_EQ(few.exit_code, 0) << few.output;
+  EXPECT_NE(suggested_flags(few.output).find("--offload optimizer --offload_step device"), std::string::npos) << few.output;
+  EXPECT_NE(few.output.find("at 16 GB/s (8 GB/s per core"), std::string::npos) << few.output;
+  const auto many = run_command(fit + " --host_cores 64");
+  ASSERT_EQ(many.exit_code, 0) << many.output;
+  EXPECT_NE(suggested_flags(many.output).find("--offload optimizer"), std::string::npos) << many.output;
+  EXPECT_EQ(suggested_flags(many.output).find("--offload_step"), std::string::npos) << many.output;
+  EXPECT_NE(many.output.find("at 200 GB/s"), std::string::npos) << "the cap";
+  const auto given = run_command(fit + " --host_cores 2 --host_gbs 500");
+  ASSERT_EQ(given.exit_code, 0) << given.output;
+  EXPECT_EQ(suggested_flags(given.output).find("--offload_step"), std::string::npos) << given.output;
+  EXPECT_NE(given.output.find("at 500 GB/s (--host_gbs)"), std::string::npos) << given.output;
+  // The estimate of the device step's own flags: two windows on the device, no landing buffers.
+  const auto estimate = run_command(testing::trainer_binary().string() + " estimate --config " +
+                                    (testing::source_dir() / "configs/llama_7b.json").string() +
+                                    " --device cuda --dtype bfloat16 --precision pure --batch_size 1 --max_length 2048 "
+                                    "--world_size 1 --json " + suggested_flags(few.output));
+  ASSERT_EQ(estimate.exit_code, 0) << estimate.output;
+  const nlohmann::json json = nlohmann::json::parse(estimate.output.substr(estimate.output.find('{')));
+  EXPECT_LE(json.at("ranks")[0].at("peak_bytes").get<double>(), 40 * 1073741824.0);
+  EXPECT_GT(json.at("ranks")[0].at("max").at("optimizer_device").get<double>(), 0) << "the windows";
+}
+
 TEST(EstimateFit, ParameterOffloadIsChosenWhereOnlyItFits) {
   struct Want {
     const char* config;

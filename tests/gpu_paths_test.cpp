@@ -182,8 +182,34 @@ INSTANTIATE_TEST_SUITE_P(
         // --grouped_projections: q/k/v and gate/up one GEMM each (cuBLAS on the adjacent weights).
         GpuCase{"grouped_projections_bf16_mixed", 1, "", "--dtype bfloat16 --precision mixed --grouped_projections", 2e-2},
         GpuCase{"grouped_projections_fp32_2_ranks", 2, "", "--grouped_projections", 1e-4},
-        GpuCase{"padded_mlp_staged_2_ranks", 2, "", "--pad_matmul_dims on", 1e-4}),
+        GpuCase{"padded_mlp_staged_2_ranks", 2, "", "--pad_matmul_dims on", 1e-4},
+        // --offload_step (issue 43): the speculative host step and the device step over host state.
+        GpuCase{"offload_speculative_bf16_pure", 1, "", "--dtype bfloat16 --precision pure --offload optimizer --offload_step speculative", 2e-2},
+        GpuCase{"offload_device_bf16_pure", 1, "", "--dtype bfloat16 --precision pure --offload optimizer --offload_step device", 2e-2},
+        GpuCase{"offload_device_galore", 1, "", "--offload optimizer --offload_step device --optimizer galore_adamw --rank 8 --update_proj_gap 2", 1e-3},
+        GpuCase{"staged_2_ranks_offload_device_bf16_state", 2, "",
+                "--dtype bfloat16 --precision mixed --offload optimizer --offload_step device --optimizer_state_dtype bfloat16", 2e-2}),
     [](const ::testing::TestParamInfo<GpuCase>& info) { return info.param.name; });
+
+// --offload_step on the same GPU: the device step runs the kernel the step without offload runs, on
+// copies of the same state (the bits of no offload); the speculative host step gives the default
+// host step's bits. Clipping fires on some steps (--grad_clipping between the run's norms).
+TEST(OnGpuOffloadSteps, EachModeGivesItsExactTwinsBits) {
+  if (!have_gpu()) GTEST_SKIP() << "no GPU on this host";
+  for (const std::string& precision : {std::string("--dtype float32"), std::string("--dtype bfloat16 --precision pure"),
+                                       std::string("--dtype bfloat16 --precision mixed --optimizer_state_dtype bfloat16")}) {
+    SCOPED_TRACE(precision);
+    const std::string base = "--device cuda --grad_clipping 0.6 " + precision;
+    ScratchDir plain_dir("gpu_offload_none"), device_dir("gpu_offload_device"), host_dir("gpu_offload_host"),
+        speculative_dir("gpu_offload_speculative");
+    const Losses plain = train("", 1, base, plain_dir.path());
+    const Losses device = train("", 1, base + " --offload optimizer --offload_step device", device_dir.path());
+    const Losses host = train("", 1, base + " --offload optimizer", host_dir.path());
+    const Losses speculative = train("", 1, base + " --offload optimizer --offload_step speculative", speculative_dir.path());
+    expect_equal_bits(plain, device);
+    expect_equal_bits(host, speculative);
+  }
+}
 
 // --fused_ops (CUDA only, so not against the CPU): the fused RMSNorm, SwiGLU, rotary and cross-entropy kernels train as the
 // ATen forms do on the same GPU, to bf16 rounding per step (fp32 to the sums' order).

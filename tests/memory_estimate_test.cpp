@@ -202,7 +202,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"llama_tiny", 1, "--batch_size 2 --max_length 32 --offload optimizer --offload_step speculative"},
                       Case{"llama_micro", 2, "--batch_size 2 --max_length 32 --optimizer adamw_sn --offload optimizer --offload_step speculative"},
                       Case{"llama_tiny", 2, "--batch_size 4 --max_length 64 --offload optimizer,parameters --offload_step speculative --optimizer_state_dtype bfloat16"},
-                      Case{"llama_tiny", 1, "--batch_size 2 --max_length 32 --offload optimizer --offload_delayed_update 1"}),
+                      Case{"llama_tiny", 1, "--batch_size 2 --max_length 32 --offload optimizer --offload_delayed_update 1"},
+                      // --offload_step device: two windows of the largest unit's master and state on the
+                      // device, the gradient shards kept there, master and state (only) on the host.
+                      Case{"llama_tiny", 1, "--batch_size 2 --max_length 32 --offload optimizer --offload_step device"},
+                      Case{"llama_micro", 2, "--batch_size 2 --max_length 32 --optimizer galore_adamw --rank 8 --sharding no_shard --offload optimizer --offload_step device"},
+                      Case{"llama_tiny", 2, "--batch_size 2 --max_length 32 --dtype bfloat16 --precision pure --optimizer_state_dtype bfloat16 --offload optimizer --offload_step device"}),
     case_name);
 
 TEST(EstimateCommand, BadInputIsExitTwo) {

@@ -135,6 +135,78 @@ const ScheduleCase kCases[] = {
 INSTANTIATE_TEST_SUITE_P(Cases, SpeculativeStep, ::testing::ValuesIn(kCases),
                          [](const auto& info) { return info.param.name; });
 
+// --offload_step device: the step without offload's own kernel over copies of the host-resident
+// master and state (on a CPU rank the "device" is the host: the same schedule, in-line copies), so
+// no offload's bits; the two windows are the device's optimizer bytes, and the gradient shards stay.
+class OffloadOnDevice : public ::testing::TestWithParam<ScheduleCase> {};
+
+TEST_P(OffloadOnDevice, EqualsTheStepWithoutOffloadBitwise) {
+  const ScheduleCase& c = GetParam();
+  const std::string clipping = clipping_between_norms(c);
+  const testing::RecordedRun& plain = micro_run(c, clipping);
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  const testing::RecordedRun& device = micro_run(c, clipping + " --offload optimizer --offload_step device --offload_trace");
+  ASSERT_EQ(device.exit_code, 0) << device.output;
+  testing::expect_same_run(plain.dir, device.dir, testing::kMicroSteps);
+  for (int r = 0; r < c.ranks; ++r) {
+    const auto points = testing::read_ledger_events(device.run_dir(), r, "point");
+    ASSERT_FALSE(points.empty());
+    const auto plain_points = testing::read_ledger_events(plain.run_dir(), r, "point");
+    const int64_t plain_state = plain_points.front().at("optimizer_device");
+    for (const json& point : points) {
+      EXPECT_GT(point.at("optimizer_device").get<int64_t>(), 0) << "rank " << r << ": the two windows";
+      EXPECT_GT(point.at("optimizer_host").get<int64_t>(), plain_state) << "rank " << r << ": the state and the masters";
+    }
+  }
+  // The gradient shards stay on the device (the step reads them there), as without offload.
+  const auto plain_shards = testing::read_metrics_events(plain.run_dir(), "sharded_state").at(0).at("ranks");
+  const auto device_shards = testing::read_metrics_events(device.run_dir(), "sharded_state").at(0).at("ranks");
+  for (int r = 0; r < c.ranks; ++r)
+    EXPECT_EQ(device_shards[r].at("gradient_shard_bytes"), plain_shards[r].at("gradient_shard_bytes")) << "rank " << r;
+}
+
+const ScheduleCase kDeviceCases[] = {
+    {"adamw_1rank", 1, testing::micro_case("adamw").flags},
+    {"adamw_4ranks", 4, testing::micro_case("adamw").flags},
+    {"adamw_sn_1rank", 1, testing::micro_case("adamw_sn_general_all").flags},
+    {"galore_1rank", 1, testing::micro_case("galore_right").flags},
+    {"adamw_pure_bf16_1rank", 1, "--optimizer adamw --lr 1e-2 --dtype bfloat16 --precision pure"},
+    {"adamw_pure_bf16_4ranks", 4, "--optimizer adamw --lr 1e-2 --dtype bfloat16 --precision pure"},
+    {"adamw_mixed_bf16_shard_grad_op_2ranks", 2,
+     "--optimizer adamw --lr 1e-2 --dtype bfloat16 --precision mixed --sharding shard_grad_op"},
+    {"adamw_sn_no_shard_2ranks", 2, "--optimizer adamw_sn --lr 2e-2 --sharding no_shard"},
+    {"adamw_bf16_state_3ranks", 3, testing::micro_case("adamw").flags + " --optimizer_state_dtype bfloat16"},
+};
+
+INSTANTIATE_TEST_SUITE_P(Cases, OffloadOnDevice, ::testing::ValuesIn(kDeviceCases),
+                         [](const auto& info) { return info.param.name; });
+
+// Saved with the device step at step 3 (its masters and state copied back before the save), resumed
+// with the default host step: the plain run's bits to the end.
+TEST(OffloadOnDevice, ItsCheckpointResumesExactlyInAnotherMode) {
+  const ScheduleCase c{"adamw_2ranks", 2, testing::micro_case("adamw").flags};
+  const std::string clipping = clipping_between_norms(c);
+  const testing::RecordedRun& plain = micro_run(c, clipping);
+  const testing::RecordedRun& saved = micro_run(c, clipping + " --offload optimizer --offload_step device");
+  ASSERT_EQ(saved.exit_code, 0) << saved.output;
+  testing::ScratchDir dir("device_step_resume");
+  const auto resumed = testing::run_command(
+      testing::trainer_launcher(2) + " " + testing::micro_run_flags(2, c.flags + clipping + " --offload optimizer") +
+      " --continue_from " + (saved.save_dir() / ("step_" + std::to_string(testing::kMicroSaveAt))).string() +
+      " --run_dir " + (dir / "run").string() + " --save_dir " + (dir / "ckpt").string());
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  const auto whole = testing::read_metrics_events(plain.run_dir(), "train");
+  const auto rest = testing::read_metrics_events(dir / "run", "train");
+  ASSERT_EQ(rest.size(), static_cast<size_t>(testing::kMicroSteps - testing::kMicroSaveAt));
+  for (size_t i = 0; i < rest.size(); ++i)
+    EXPECT_EQ(rest[i].at("loss").get<double>(), whole[testing::kMicroSaveAt + i].at("loss").get<double>()) << i;
+  const std::string last = "step_" + std::to_string(testing::kMicroSteps);
+  const testing::Checkpoint want = testing::load_checkpoint((plain.save_dir() / last).string());
+  const testing::Checkpoint got = testing::load_checkpoint((dir / "ckpt" / last).string());
+  for (const auto& [key, tensor] : want.model) EXPECT_TRUE(at::equal(got.model.at(key), tensor)) << key;
+  for (const auto& [key, tensor] : want.optimizer) EXPECT_TRUE(at::equal(got.optimizer.at(key), tensor)) << key;
+}
+
 // Saved by a speculative run of 4 ranks at step 3 and resumed speculatively by 4: the plain run's
 // bits to the end. Resumed by 2 (resharded): the bits of the same checkpoint resumed by 2 without
 // offload (Reshard checks that against the uninterrupted run, to its tolerance).
@@ -234,7 +306,7 @@ void expect_schedule(const std::vector<json>& events, bool speculative, int unit
     }
     EXPECT_TRUE(at.emplace(std::tuple{step, unit, kind}, seq).second) << what << ": " << kind << " twice";
     if (kind == "step_begin" || kind == "speculate_begin") stepped_order[step].push_back(unit);
-    if (kind == "step_begin" || kind == "speculate_begin" || kind == "restep_begin")
+    if (kind == "speculate_begin" || kind == "restep_begin" || (kind == "step_begin" && !what.starts_with("device")))
       EXPECT_EQ(event.at("thread"), "worker") << what << ": " << event.dump();
   }
   ASSERT_EQ(norm.size(), static_cast<size_t>(testing::kMicroSteps)) << what;
@@ -288,6 +360,8 @@ TEST(OffloadSchedule, RecordedEventsFollowEachModesOrder) {
       c.ranks, testing::micro_run_flags(c.ranks, c.flags + clipping + speculative_flags(c)), "LLM_DEBUG_OFFLOAD_LAG_MS=10");
   ASSERT_EQ(lagging.exit_code, 0) << lagging.output;
   testing::expect_same_run(host.dir, lagging.dir, testing::kMicroSteps);
+  const testing::RecordedRun& device = micro_run(c, clipping + " --offload optimizer --offload_step device --offload_trace");
+  ASSERT_EQ(device.exit_code, 0) << device.output;
   const int units = 4;  // llama_micro: embed, layer.0, layer.1, head
   for (int r = 0; r < c.ranks; ++r) {
     const std::vector<json> host_events = read_trace(host.run_dir(), r), speculative_events = read_trace(speculative.run_dir(), r);
@@ -306,6 +380,12 @@ TEST(OffloadSchedule, RecordedEventsFollowEachModesOrder) {
     EXPECT_LT(lagging_speculated, units * testing::kMicroSteps) << "rank " << r << ": some step is left to the norm";
     for (const json& event : host_events)
       EXPECT_FALSE(std::string(event.at("what")).starts_with("speculate")) << "host mode speculates nothing";
+    // The device step: the main thread steps every unit after the norm, the embedding first.
+    int device_speculated = 0;
+    const std::vector<json> device_events = read_trace(device.run_dir(), r);
+    expect_schedule(device_events, false, units, "device, rank " + std::to_string(r), &device_speculated);
+    for (const json& event : device_events)
+      if (event.at("what") == "step_begin") EXPECT_EQ(event.at("thread"), "main") << event.dump();
   }
 }
 
@@ -317,13 +397,23 @@ TEST(OffloadSchedule, TheFlagsNeedOptimizerOffload) {
   for (const std::string& flags : {" --offload_step speculative", " --offload parameters --offload_step speculative",
                                    " --offload_trace",
                                    " --offload optimizer --offload_step speculative --offload_delayed_update 2",
-                                   " --offload optimizer --offload_step sideways"}) {
+                                   " --offload optimizer --offload_step sideways",
+                                   " --offload optimizer,parameters --offload_step device",
+                                   " --offload optimizer --offload_step device --offload_delayed_update 1"}) {
     const auto refused = testing::run_command(base + flags);
     EXPECT_EQ(refused.exit_code, 2) << flags << "\n" << refused.output;
     EXPECT_NE(refused.output.find(flags.find("trace") != std::string::npos ? "--offload_trace" : "--offload_step"),
               std::string::npos) << refused.output;
   }
   EXPECT_EQ(testing::run_command(base + " --offload optimizer --offload_step speculative --offload_trace").exit_code, 0);
+  // Sharded AdamwSN steps with a sum across ranks, which the device step does not make.
+  const std::string estimate = testing::trainer_binary().string() + " estimate --config " +
+                               (testing::source_dir() / "configs/llama_micro.json").string() +
+                               " --max_length 32 --offload optimizer --offload_step device --optimizer adamw_sn";
+  const auto sharded = testing::run_command(estimate + " --world_size 2");
+  EXPECT_EQ(sharded.exit_code, 2) << sharded.output;
+  EXPECT_NE(sharded.output.find("--offload_step: device steps each unit on its own"), std::string::npos) << sharded.output;
+  EXPECT_EQ(testing::run_command(estimate + " --world_size 2 --sharding no_shard").exit_code, 0);
 }
 
 }  // namespace

@@ -149,9 +149,12 @@ void add_estimate_verb(CLI::App& app, NumberFlags& numbers, EstimateOptions& est
               NumberRange<double>{smallest_gib, 1e6, rate_range + " (GB/s)"})
       ->capture_default_str();
   numbers.add(*estimate_app, "--host_gbs", estimate.host_gbs,
-              "--fit: host memory bandwidth, GB/s, for offload's host step (build/bench/adamw_bench measures it)",
-              NumberRange<double>{smallest_gib, 1e6, rate_range + " (GB/s)"})
-      ->capture_default_str();
+              "--fit: the host step's GB/s per rank, for offload's host step (build/bench/adamw_bench measures it); "
+              "default: 8 GB/s per core of the rank's share of its node (--host_cores), at most 200",
+              NumberRange<double>{smallest_gib, 1e6, rate_range + " (GB/s)"});
+  numbers.add(*estimate_app, "--host_cores", estimate.host_cores,
+              "--fit: a node's cores, for the host step's default rate (--host_gbs); default: this machine's",
+              NumberRange<int>{1, 1 << 20, "a core count in [1, 1048576]"});
   verbs.estimate = estimate_app;
 }
 

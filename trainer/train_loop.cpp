@@ -183,11 +183,15 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
   // The optimizer's collectives go over the communicator of the device its state is on: the host's
   // with offload (NCCL cannot carry host tensors).
   if (offloads_optimizer(run.sharding.offload)) {
+    OffloadOptions options;
+    options.worker_threads = run.sharding.offload_threads;
+    options.delayed_after = run.sharding.offload_delayed_update;
+    options.mode = run.sharding.offload_step == OffloadStep::speculative ? OffloadStepMode::speculative
+                   : run.sharding.offload_step == OffloadStep::device    ? OffloadStepMode::device
+                                                                          : OffloadStepMode::host;
+    options.trace = run.logging.offload_trace;
     offload_ = std::make_unique<OptimizerOffload>(sharded_, optimizer_settings(run), unit_update_rules(sharded_, run),
-                                                  sharded_across_ranks ? &host_communicator_ : nullptr,
-                                                  run.sharding.offload_threads, run.sharding.offload_delayed_update,
-                                                  run.sharding.offload_step == OffloadStep::speculative,
-                                                  run.logging.offload_trace);
+                                                  sharded_across_ranks ? &host_communicator_ : nullptr, options);
     if (run.logging.offload_trace)
       offload_trace_.open(std::filesystem::path(run.logging.run_dir) /
                               ("offload_trace.rank" + std::to_string(context.rank) + ".jsonl"),

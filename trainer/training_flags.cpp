@@ -183,10 +183,12 @@ void add_sharding_flags(CLI::App& app, NumberFlags& numbers, TrainingFlags& flag
                        "parameter update; not exact: docs/offload.md measures its loss); default -1, off"));
   flags.add(flags.offload_step.add(
       app, "--offload_step",
-      "with --offload optimizer, when each unit's host step runs: host (after backward, once the global "
-      "norm is known) or speculative (as each unit's gradient lands in backward, as if no clipping were "
-      "needed, into a second set of host buffers; adopted when the norm says so, else stepped again from "
-      "the kept state: exact either way, for a second master and optimizer state in host memory)"));
+      "with --offload optimizer, when and where each unit's step runs: host (on the host, after backward, "
+      "once the global norm is known), speculative (on the host as each unit's gradient lands in backward, "
+      "as if no clipping were needed, into a second set of host buffers; adopted when the norm says so, "
+      "else stepped again from the kept state: a second master and state in host memory), or device (on "
+      "the device, the step without offload's own kernel, over master and state kept in page-locked host "
+      "memory and streamed through two device windows; AdamW when sharded). All exact"));
   flags.add(flags.communicator.add(
       app, "--communicator",
       "what carries collectives across ranks: auto (NCCL on GPUs, MPI on CPUs), nccl, or mpi "
