@@ -174,7 +174,13 @@ def cases(device):
                               levers="--offload_step speculative", tag="acc4", offload_of=acc8_1b.name)] + [
                          Case("configs/llama_1b.json", "bfloat16", "pure", 8, 1024, 5, accumulation=acc, offload=True,
                               state_bf16=bf16, tag=f"acc{acc}", offload_of=acc8_1b.name)
-                         for acc in (4, 16) for bf16 in (False, True)]
+                         for acc in (4, 16) for bf16 in (False, True)] + [
+                         # Last: llama_7b on one GPU (no run without offload fits it, so no share: its
+                         # tokens/s per mode, host against device stepping), bf16 state so the host
+                         # holds it (about 81 GB host, 54 GB page-locked for the device step).
+                         Case("configs/llama_7b.json", "bfloat16", "pure", 4, 1024, 4, accumulation=2, offload=True,
+                              checkpointing=True, state_bf16=True, levers=f"--offload_step {mode}")
+                         for mode in ("host", "device")]
     else:
         speed_350m = Case("configs/llama_micro.json", "bfloat16", "mixed", 2, 32, 6, peer=True)
         speed_1b = Case("configs/llama_micro.json", "bfloat16", "pure", 2, 32, 6, peer=True)

@@ -62,6 +62,32 @@ std::vector<json> read_trace(const std::filesystem::path& run_dir, int rank) {
   return events;
 }
 
+std::vector<double> losses(const std::filesystem::path& run_dir) {
+  std::vector<double> values;
+  for (const json& step : testing::read_metrics_events(run_dir, "train")) values.push_back(step.at("loss"));
+  return values;
+}
+
+// The checkpoint folders' parameters and optimizer state, bit for bit.
+void expect_same_checkpoint(const std::filesystem::path& expected, const std::filesystem::path& actual) {
+  const testing::Checkpoint want = testing::load_checkpoint(expected.string());
+  const testing::Checkpoint got = testing::load_checkpoint(actual.string());
+  ASSERT_EQ(got.model.size(), want.model.size());
+  ASSERT_EQ(got.optimizer.size(), want.optimizer.size());
+  for (const auto& [key, tensor] : want.model) EXPECT_TRUE(at::equal(got.model.at(key), tensor)) << key;
+  for (const auto& [key, tensor] : want.optimizer) EXPECT_TRUE(at::equal(got.optimizer.at(key), tensor)) << key;
+}
+
+const std::string kLastStep = "step_" + std::to_string(testing::kMicroSteps);
+
+// A micro run of `ranks` resumed from `checkpoint` into dir's run/ and ckpt/.
+void resume_micro_run(int ranks, const std::string& flags, const std::string& checkpoint, const testing::ScratchDir& dir) {
+  const auto result = testing::run_command(testing::trainer_launcher(ranks) + " " + testing::micro_run_flags(ranks, flags) +
+                                           " --continue_from " + checkpoint + " --run_dir " + (dir / "run").string() +
+                                           " --save_dir " + (dir / "ckpt").string());
+  EXPECT_EQ(result.exit_code, 0) << result.output;
+}
+
 std::string speculative_flags(const ScheduleCase& c) {
   return " --offload " + c.offload + " --offload_step speculative --offload_trace";
 }
@@ -190,21 +216,12 @@ TEST(OffloadOnDevice, ItsCheckpointResumesExactlyInAnotherMode) {
   const testing::RecordedRun& saved = micro_run(c, clipping + " --offload optimizer --offload_step device");
   ASSERT_EQ(saved.exit_code, 0) << saved.output;
   testing::ScratchDir dir("device_step_resume");
-  const auto resumed = testing::run_command(
-      testing::trainer_launcher(2) + " " + testing::micro_run_flags(2, c.flags + clipping + " --offload optimizer") +
-      " --continue_from " + (saved.save_dir() / ("step_" + std::to_string(testing::kMicroSaveAt))).string() +
-      " --run_dir " + (dir / "run").string() + " --save_dir " + (dir / "ckpt").string());
-  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-  const auto whole = testing::read_metrics_events(plain.run_dir(), "train");
-  const auto rest = testing::read_metrics_events(dir / "run", "train");
+  resume_micro_run(2, c.flags + clipping + " --offload optimizer",
+                   (saved.save_dir() / ("step_" + std::to_string(testing::kMicroSaveAt))).string(), dir);
+  const std::vector<double> whole = losses(plain.run_dir()), rest = losses(dir / "run");
   ASSERT_EQ(rest.size(), static_cast<size_t>(testing::kMicroSteps - testing::kMicroSaveAt));
-  for (size_t i = 0; i < rest.size(); ++i)
-    EXPECT_EQ(rest[i].at("loss").get<double>(), whole[testing::kMicroSaveAt + i].at("loss").get<double>()) << i;
-  const std::string last = "step_" + std::to_string(testing::kMicroSteps);
-  const testing::Checkpoint want = testing::load_checkpoint((plain.save_dir() / last).string());
-  const testing::Checkpoint got = testing::load_checkpoint((dir / "ckpt" / last).string());
-  for (const auto& [key, tensor] : want.model) EXPECT_TRUE(at::equal(got.model.at(key), tensor)) << key;
-  for (const auto& [key, tensor] : want.optimizer) EXPECT_TRUE(at::equal(got.optimizer.at(key), tensor)) << key;
+  for (size_t i = 0; i < rest.size(); ++i) EXPECT_EQ(rest[i], whole[testing::kMicroSaveAt + i]) << "step " << i + 4;
+  expect_same_checkpoint(plain.save_dir() / kLastStep, dir / "ckpt" / kLastStep);
 }
 
 // Saved by a speculative run of 4 ranks at step 3 and resumed speculatively by 4: the plain run's
@@ -217,40 +234,18 @@ TEST(SpeculativeStep, ResumesExactlyAtTheSameAndAtAnotherWorldSize) {
   const testing::RecordedRun& saved = micro_run(c, clipping + speculative_flags(c));
   ASSERT_EQ(saved.exit_code, 0) << saved.output;
   const std::string checkpoint = (saved.save_dir() / ("step_" + std::to_string(testing::kMicroSaveAt))).string();
-  const auto resume = [&](int ranks, const std::string& more, const testing::ScratchDir& dir) {
-    const auto result = testing::run_command(testing::trainer_launcher(ranks) + " " +
-                                             testing::micro_run_flags(ranks, c.flags + clipping + more) +
-                                             " --continue_from " + checkpoint + " --run_dir " + (dir / "run").string() +
-                                             " --save_dir " + (dir / "ckpt").string());
-    EXPECT_EQ(result.exit_code, 0) << result.output;
-  };
-  const auto losses = [](const std::filesystem::path& run_dir) {
-    std::vector<double> values;
-    for (const json& step : testing::read_metrics_events(run_dir, "train")) values.push_back(step.at("loss"));
-    return values;
-  };
-  const auto expect_same_final = [](const std::filesystem::path& expected, const std::filesystem::path& actual) {
-    const std::string last = "step_" + std::to_string(testing::kMicroSteps);
-    const testing::Checkpoint want = testing::load_checkpoint((expected / last).string());
-    const testing::Checkpoint got = testing::load_checkpoint((actual / last).string());
-    ASSERT_EQ(got.model.size(), want.model.size());
-    ASSERT_EQ(got.optimizer.size(), want.optimizer.size());
-    for (const auto& [key, tensor] : want.model) EXPECT_TRUE(at::equal(got.model.at(key), tensor)) << key;
-    for (const auto& [key, tensor] : want.optimizer) EXPECT_TRUE(at::equal(got.optimizer.at(key), tensor)) << key;
-  };
-
   testing::ScratchDir same("speculative_resume_4");
-  resume(4, speculative_flags(c), same);
+  resume_micro_run(4, c.flags + clipping + speculative_flags(c), checkpoint, same);
   const std::vector<double> whole = losses(plain.run_dir()), resumed = losses(same / "run");
   ASSERT_EQ(resumed.size(), static_cast<size_t>(testing::kMicroSteps - testing::kMicroSaveAt));
   for (size_t i = 0; i < resumed.size(); ++i) EXPECT_EQ(resumed[i], whole[testing::kMicroSaveAt + i]) << "step " << i + 4;
-  expect_same_final(plain.save_dir(), same / "ckpt");
+  expect_same_checkpoint(plain.save_dir() / kLastStep, same / "ckpt" / kLastStep);
 
   testing::ScratchDir two_plain("speculative_reshard_plain"), two_speculative("speculative_reshard_2");
-  resume(2, "", two_plain);
-  resume(2, speculative_flags(c), two_speculative);
+  resume_micro_run(2, c.flags + clipping, checkpoint, two_plain);
+  resume_micro_run(2, c.flags + clipping + speculative_flags(c), checkpoint, two_speculative);
   EXPECT_EQ(losses(two_speculative / "run"), losses(two_plain / "run"));
-  expect_same_final(two_plain / "ckpt", two_speculative / "ckpt");
+  expect_same_checkpoint(two_plain / "ckpt" / kLastStep, two_speculative / "ckpt" / kLastStep);
 }
 
 // A run whose gradient turns non-finite: with --lr 1e4 step 1 blows the weights up and step 2's loss
@@ -275,10 +270,7 @@ TEST(SpeculativeStep, ANonFiniteGradientStopsWithTheLastStepsWeights) {
   };
   EXPECT_FALSE(stop_line(exact.output).empty()) << exact.output;
   EXPECT_EQ(stop_line(stepped.output), stop_line(exact.output));
-  const testing::Checkpoint want = testing::load_checkpoint((host / "ckpt/step_1").string());
-  const testing::Checkpoint got = testing::load_checkpoint((speculative / "ckpt/step_1").string());
-  for (const auto& [key, tensor] : want.model) EXPECT_TRUE(at::equal(got.model.at(key), tensor)) << key;
-  for (const auto& [key, tensor] : want.optimizer) EXPECT_TRUE(at::equal(got.optimizer.at(key), tensor)) << key;
+  expect_same_checkpoint(host / "ckpt/step_1", speculative / "ckpt/step_1");
 }
 
 // The schedule, from the recorded events' order. Both modes: every unit's gradient lands before the
