@@ -3,6 +3,7 @@
 // layouts. Apart from estimate.cpp because it is the bulk of the estimate: the step op by op. The
 // extrapolation for deep models, which runs it on a few layers, is in estimate_extrapolation.cpp.
 #include "memory/estimate_simulation.h"
+#include "memory/estimate_optimizer.h"
 
 #include <algorithm>
 #include <string>
@@ -25,20 +26,6 @@
 namespace llm {
 namespace {
 
-// One unit as this rank holds it: the layout the runtime builds (sharding/flat_layout.h) and the
-// rules the optimizer gives its parameters.
-struct UnitGeometry {
-  const UnitSpec* spec = nullptr;
-  FlatShardLayout layout;        // this rank's rows of each parameter
-  FlatShardLayout whole;         // the unsharded layout (a checkpoint's full tensors)
-  std::vector<UpdateRule> rules;
-  int64_t first_galore = 0;      // the model-wide index of the unit's first GaLore matrix
-  int64_t numel = 0;             // P_u
-  std::vector<int64_t> compute_numels;  // each parameter's module tensor (with the compute side's pads)
-  int64_t compute_numel = 0;            // their sum: a gathered copy, the full gradients
-  int64_t shard_numel = 0;       // S_u, padded rows
-  int64_t gathered_numel = 0;    // world x S_u: the all-gather / reduce-scatter buffer
-};
 
 // One rank's step, as train() and ShardedModel run it (docs/sharding.md), for the last step of a run
 // (it evaluates) with a GaLore projector refresh (step 1 always has one). The order of the step is the
@@ -59,8 +46,7 @@ class StepSimulation {
         offload_(offloads_optimizer(model.run.sharding.offload)),
         offload_parameters_(offloads_parameters(model.run.sharding.offload)),
         fused_(model.run.fuse_optimizer_with_backward),
-        device_step_(offload_ && model.run.sharding.offload_step == OffloadStep::device),
-        transient_gradient_((offload_ && !device_step_) || fused_), timeline_(cuda) {
+        device_step_(offload_ && model.run.sharding.offload_step == OffloadStep::device), timeline_(cuda) {
     const bool no_shard = m_.run.sharding.strategy == ShardingStrategy::no_shard;
     layout_world_ = no_shard ? 1 : world_;
     // One rank or no_shard: each unit is its whole shard and stays resident (sharding/fsdp_unit.h),
@@ -109,6 +95,7 @@ class StepSimulation {
     // rows are in host memory (page-locked on CUDA), and the device keeps the master alone, or nothing
     // once the optimizer is offloaded too; on CUDA they take the staging buffer's place.
     for (const UnitGeometry& unit : units_) {
+      const size_t u = static_cast<size_t>(&unit - units_.data());
       shard_elements_ += unit.shard_numel;
       if (offload_parameters_) {
         if (!offload_) timeline_.add(kParameters, 4 * unit.shard_numel);
@@ -118,7 +105,7 @@ class StepSimulation {
         timeline_.add(kParameters, 4 * unit.shard_numel);
         if (m_.mode == Mode::pure && resident_) timeline_.add(kParameters, 2 * unit.shard_numel);
       }
-      if (!transient_gradient_) timeline_.add(kGradients, gradient_shard_bytes(unit));
+      if (!transient(u)) timeline_.add(kGradients, gradient_shard_bytes(unit));
     }
     if (resident_) gathered_.assign(units_.size(), true);
     const int64_t compute_rows = m_.compute_bytes() * shard_elements_;
@@ -139,6 +126,10 @@ class StepSimulation {
                                              : landing + host_rows + (offload_parameters_ ? 0 : compute_rows);
       // The device step's two windows, each the largest unit's master and state (offload/device_step.h).
       if (device_step_) timeline_.add(kOptimizerDevice, 2 * unit_masters_and_state(/*largest=*/true));
+      // GaLore's projection on the device: the projectors' device copies (offload/lowrank_gradients.h).
+      for (size_t u = 0; u < units_.size(); ++u)
+        if (projects_on_device(u))
+          timeline_.add(kOptimizerDevice, estimate_galore_projectors(units_[u], optimizer_settings(m_.run), optimizer_world(), shard_rank()));
       timeline_.add(kOptimizerHost, offload_host_bytes_);
     } else {
       timeline_.add(kOptimizerDevice, optimizer_state());
@@ -381,7 +372,7 @@ class StepSimulation {
   // With offload a resident fp32 unit's shard is new each step: prepare_gradients() makes it
   // before the first micro-batch's backward of the unit.
   void parameter_gradients(size_t u, int64_t micro) {
-    if (micro == 0 && gradients_in_shard() && transient_gradient_) timeline_.add(kGradients, gradient_shard_bytes(units_[u]));
+    if (micro == 0 && gradients_in_shard() && transient(u)) timeline_.add(kGradients, gradient_shard_bytes(units_[u]));
     if (micro == 0 && !gradients_in_shard())
       timeline_.add(kGradients, full_grad_bytes(u));
     else
@@ -402,7 +393,7 @@ class StepSimulation {
     const UnitGeometry& unit = units_[u];
     const int64_t shard = gradient_shard_bytes(unit);
     if (resident_) {
-      if (transient_gradient_ && !gradients_in_shard()) timeline_.add(kGradients, shard);
+      if (transient(u) && !gradients_in_shard()) timeline_.add(kGradients, shard);
       if (!gradients_in_shard()) timeline_.remove(kGradients, full_grad_bytes(u));
     } else {
       // On a GPU the reduction runs on the reduce stream and its flat input stays until the compute
@@ -415,9 +406,9 @@ class StepSimulation {
       const int64_t flat = bf16_gradient_ ? 0 : 4 * unit.gathered_numel;
       timeline_.add(kActivations, flat);
       // (the bf16 shard is made first and takes each gradient as it goes; the fp32 one after the flat copies)
-      if (transient_gradient_ && bf16_gradient_) timeline_.add(kGradients, shard);
+      if (transient(u) && bf16_gradient_) timeline_.add(kGradients, shard);
       for (int64_t numel : unit.compute_numels) timeline_.remove(kGradients, m_.compute_bytes() * numel);
-      if (transient_gradient_ && !bf16_gradient_) timeline_.add(kGradients, shard);
+      if (transient(u) && !bf16_gradient_) timeline_.add(kGradients, shard);
       if (kept)
         reducing_flat_ = flat;
       else
@@ -430,7 +421,7 @@ class StepSimulation {
       timeline_.spike(optimizer_transient(u));
       timeline_.remove(kGradients, shard);
     }
-    if (offload_ && !device_step_) hand_over_gradient(shard);
+    if (offload_ && transient(u)) hand_over_gradient(shard);
   }
   // The transient shard of `bytes` goes to the host; the one before it is freed (GPU), or this one
   // at once (CPU).
@@ -470,102 +461,28 @@ class StepSimulation {
   int optimizer_world() const { return layout_world_; }
   int shard_rank() const { return layout_world_ == 1 ? 0 : rank_; }
 
-  int64_t optimizer_state() const {
-    const OptimizerSettings settings = optimizer_settings(m_.run);
-    int64_t bytes = 0;
-    for (const UnitGeometry& unit : units_)
-      for (size_t i = 0; i < unit.layout.parameters.size(); ++i)
-        bytes += optimizer_state_bytes(settings, unit.layout.parameters[i], unit.rules[i], optimizer_world());
-    return bytes;
+  // GaLore's units under the default offload step, whole on this rank: projected on the device, their
+  // gradient shards kept there until the step (offload/lowrank_gradients.h).
+  bool projects_on_device(size_t u) const {
+    return offload_ && m_.run.sharding.offload_step == OffloadStep::host && m_.run.sharding.offload_delayed_update < 0 &&
+           optimizer_world() == 1 &&
+           std::count(units_[u].rules.begin(), units_[u].rules.end(), UpdateRule::galore) > 0;
   }
+  // A unit's gradient shard lives only from its reduction to its step (the fused step) or to its copy
+  // to the host (offload), unless the step reads it on the device (the device step, GaLore's projection).
+  bool transient(size_t u) const { return fused_ || (offload_ && !device_step_ && !projects_on_device(u)); }
 
-  // Each unit's master and state (4 S_u + its state): their sum over the units a speculative step
-  // runs on (not a unit whose step is collective: a sharded AdamwSN or GaLore one), or the largest
-  // (one device step window).
+  int64_t optimizer_state() const { return estimate_optimizer_state(units_, optimizer_settings(m_.run), optimizer_world()); }
   int64_t unit_masters_and_state(bool largest) const {
-    const OptimizerSettings settings = optimizer_settings(m_.run);
-    int64_t bytes = 0;
-    for (const UnitGeometry& unit : units_) {
-      int64_t unit_bytes = 4 * unit.shard_numel;
-      bool collective = false;
-      for (size_t i = 0; i < unit.layout.parameters.size(); ++i) {
-        unit_bytes += optimizer_state_bytes(settings, unit.layout.parameters[i], unit.rules[i], optimizer_world());
-        collective |= optimizer_world() > 1 && (unit.rules[i] == UpdateRule::subset_norm || unit.rules[i] == UpdateRule::galore);
-      }
-      bytes = largest ? std::max(bytes, unit_bytes) : bytes + (collective ? 0 : unit_bytes);
-    }
-    return bytes;
+    return estimate_masters_and_state(units_, optimizer_settings(m_.run), optimizer_world(), largest);
   }
-
-  // One unit's optimizer step's own temporaries (optim/update_rules.cpp; AdamW's fused kernel has
-  // none), and GaLore's projector refresh before them. They are gone before the next unit's step.
   int64_t optimizer_transient(size_t u) const {
-    const OptimizerSettings settings = optimizer_settings(m_.run);
-    if (settings.kind == "adamw") return 0;
-    const int world = optimizer_world();
-    const UnitGeometry& unit = units_[u];
-    int64_t refresh = 0, kept = 0, phase1 = 0, phase2 = 0;
-    int64_t galore_index = unit.first_galore;
-    // bf16 state: the update steps fp32 copies of the moments (optim/update_rules.cpp).
-    const bool bf16 = settings.state_is_bf16();
-    const int64_t first_moment = settings.beta1 > 0 ? 1 : 0;
-    for (size_t i = 0; i < unit.layout.parameters.size(); ++i) {
-      const ShardedParameter& shard = unit.layout.parameters[i];
-      const int64_t local = 4 * shard.rows_per_rank * shard.cols;
-      switch (unit.rules[i]) {
-        case UpdateRule::adam_hf:
-          phase2 = std::max(phase2, 2 * local + (bf16 ? (first_moment + 1) * local : 0));  // sqrt(v) + eps, m / denominator
-          break;
-        case UpdateRule::subset_norm: {
-          const SubsetGeometry geometry = make_subset_geometry(shard, settings.subset_size, world);
-          const int64_t state = 4 * c10::multiply_integers(geometry.local_state_shape);
-          phase1 = std::max(phase1, kept + local);  // grad^2 before its sums
-          kept += state;                             // the sums, kept for the update
-          phase2 = std::max(phase2, (geometry.kind == SubsetKind::block ? 2 * local : state) +
-                                        (bf16 ? first_moment * local + state : 0));
-          break;
-        }
-        case UpdateRule::galore: {
-          const GaLoreGeometry geometry = make_galore_geometry(shard, settings, galore_index, shard_rank(), world);
-          const int64_t lowrank = 4 * c10::multiply_integers(geometry.local_state_shape);
-          const int64_t m = shard.rows, cols = shard.cols, r = geometry.rank;
-          // Refresh: the gathered gradient of this one matrix, the full projector, and on its owner
-          // the thin SVD: LibTorch's copy of the input for LAPACK (m n) and U, S, Vh (m k + k + k n).
-          // LAPACK's own workspace is allocated by the LAPACK library, outside LibTorch's allocator
-          // (not in the tracked total; in the resident set). "subspace": a few (n x r), (r x r).
-          int64_t one = 4 * c10::multiply_integers(geometry.full_projector_shape);
-          if (settings.projector_method == "svd") {
-            if (world > 1) one += 4 * world * shard.rows_per_rank * cols;
-            if (world == 1 || geometry.owner == shard_rank()) {
-              const int64_t k = std::min(m, cols);
-              one += 4 * (m * cols + m * k + k + k * cols);
-            }
-          } else {
-            one += 4 * (4 * cols * r + shard.rows_per_rank * r + 2 * r * r);
-          }
-          refresh = std::max(refresh, one);
-          // The inputs keep the projected gradient; a left projection reduce-scatters (r x n) partials.
-          if (!geometry.right) phase1 = std::max(phase1, kept + 4 * (r * cols + world * geometry.chunk));
-          kept += lowrank;
-          // The update: denominator and normalised update, then the update projected back and scaled;
-          // a left projection first all-gathers the normalised update (world x chunk), which is freed
-          // before the scaling.
-          int64_t back = 2 * lowrank + 2 * local;
-          if (!geometry.right && world > 1) back = 2 * lowrank + std::max(4 * world * geometry.chunk + local, 2 * local);
-          phase2 = std::max(phase2, back + (bf16 ? (first_moment + 1) * lowrank : 0));
-          ++galore_index;
-          break;
-        }
-        case UpdateRule::adamw:
-          break;
-      }
-    }
-    return std::max({refresh, phase1, kept + phase2});
+    return estimate_optimizer_transient(units_[u], optimizer_settings(m_.run), optimizer_world(), shard_rank());
   }
 
   const ModelShape& m_;
   int world_, rank_;
-  bool cuda_, offload_, offload_parameters_, fused_, device_step_, transient_gradient_;
+  bool cuda_, offload_, offload_parameters_, fused_, device_step_;
   int layout_world_ = 1;
   bool resident_ = false;
   bool bf16_gradient_ = false;  // resident units' gradient shards in bf16 (config.h's bf16_gradient_shards)

@@ -16,6 +16,8 @@
 #include "common/errors.h"
 #include "common/memory_stats.h"
 #include "offload/device_step.h"
+#include "offload/offload_copies.h"
+#include "offload/lowrank_gradients.h"
 #include "sharding/sharded_model.h"
 
 #ifdef TRAINER_HAVE_CUDA
@@ -25,25 +27,6 @@
 #endif
 
 namespace llm {
-
-#ifdef TRAINER_HAVE_CUDA
-struct OptimizerOffload::CudaCopies {
-  c10::DeviceIndex device;
-  c10::cuda::CUDAStream to_host, to_device;
-  // Per unit: the gradient left the device (D2H) / the compute shard holds the update (H2D) / the
-  // compute stream is past its last read of the unit before the H2D copy overwrites it.
-  std::vector<c10::cuda::CUDAEvent> gradient_landed, update_landed;
-  c10::cuda::CUDAEvent backward_done;
-  explicit CudaCopies(c10::DeviceIndex index, size_t units)
-      : device(index),
-        to_host(c10::cuda::getStreamFromPool(false, index)),
-        to_device(c10::cuda::getStreamFromPool(false, index)),
-        gradient_landed(units),
-        update_landed(units) {}
-};
-#else
-struct OptimizerOffload::CudaCopies {};
-#endif
 
 int offload_worker_threads(int rank_threads, bool on_cuda, int requested) {
   if (requested > 0) return requested;
@@ -72,6 +55,14 @@ OptimizerOffload::OptimizerOffload(ShardedModel& model, const OptimizerSettings&
   intra_op_threads_ = offload_worker_threads(at::get_num_threads(), on_cuda_, options.worker_threads);
   LLM_REQUIRE(!on_device || delayed_after_ < 0, "offload", "--offload_step device",
               "steps on the device before the next forward; --offload_delayed_update applies it a step late");
+  // GaLore's units that project on the device (offload/lowrank_gradients.h): the default mode,
+  // every matrix on this rank whole (no collective).
+  const auto projects_on_device = [&](size_t u) {
+    return options.mode == OffloadStepMode::host && delayed_after_ < 0 && across == nullptr &&
+           std::count(rules[u].begin(), rules[u].end(), UpdateRule::galore) > 0;
+  };
+  std::vector<bool> keeps_gradient(units);
+  for (size_t u = 0; u < units; ++u) keeps_gradient[u] = on_device || projects_on_device(u);
   std::vector<UnitShard> shards;
   for (size_t u = 0; u < units; ++u) {
     ShardedUnit& unit = model.unit(u);
@@ -104,7 +95,9 @@ OptimizerOffload::OptimizerOffload(ShardedModel& model, const OptimizerSettings&
     LLM_REQUIRE(!on_device || !unit.parameters_offloaded(), "offload", "--offload_step device",
                 "writes each unit's rows on the device: not with --offload parameters");
     unit.offload_master();
-    if (!on_device) unit.make_gradient_transient();  // each step's shard is handed to gradient_ready(), then freed
+    // Each step's shard is handed to gradient_ready(), then freed; the device step and GaLore's
+    // projection on the device read it at step() instead.
+    if (!keeps_gradient[u]) unit.make_gradient_transient();
     shards.push_back({unit.layout(), masters_.back(), on_device ? unit.gradient_shard() : gradients_.back(), std::move(rules[u])});
   }
   optimizer_ = std::make_unique<ShardOptimizer>(settings, std::move(shards), across);
@@ -128,6 +121,8 @@ OptimizerOffload::OptimizerOffload(ShardedModel& model, const OptimizerSettings&
     }
     device_step_ = std::make_unique<DeviceStep>(*optimizer_, std::move(host_buffers), device);
   }
+  if (std::any_of(keeps_gradient.begin(), keeps_gradient.end(), [](bool keeps) { return keeps; }) && !on_device)
+    lowrank_ = std::make_unique<LowRankGradients>(*optimizer_, gradients_, device);
   done_.assign(units, true);
   pending_.assign(units, false);
   speculated_.assign(units, false);
@@ -175,12 +170,12 @@ void OptimizerOffload::begin_step(double lr) {
 void OptimizerOffload::gradient_ready(size_t unit) {
   at::NoGradGuard no_grad;
   if (delayed_) wait_done(unit);  // the last step's host update of the unit has read its landing buffer
-  if (device_step_) {  // the shard stays on the device for the step
+  if (device_step_ || (lowrank_ && lowrank_->covers(unit))) {  // the shard stays on the device for the step
     record("gradient", static_cast<int64_t>(unit), steps_ + 1);
     return;
   }
   land_gradient(unit);
-  record("gradient", static_cast<int64_t>(unit), steps_ + 1);
+  record("gradient", static_cast<int64_t>(unit), steps_ + 1, static_cast<int64_t>(gradients_.at(unit).nbytes()));
   if (!speculative_ || optimizer_->unit_needs_collectives(unit)) return;
   if (!begun_) {  // the step's first unit: the last step is done (this step's forward read every unit)
     for (size_t u = 0; u < done_.size(); ++u) wait_done(u);
@@ -196,32 +191,6 @@ void OptimizerOffload::gradient_ready(size_t unit) {
   }
   record("speculate_queued", static_cast<int64_t>(unit), steps_ + 1);
   changed_.notify_all();
-}
-
-void OptimizerOffload::land_gradient(size_t unit) {
-  // The unit gives its shard up: when this reference goes, the device memory is free again.
-  ShardedUnit& sharded = model_.unit(unit);
-  at::Tensor shard = sharded.take_gradient_shard();
-#ifdef TRAINER_HAVE_CUDA
-  if (on_cuda_) {
-    // The shard is final once the compute stream reaches here (a resident unit's reduction ran
-    // there) and the reduce stream is past its reduce-scatter (a sharded unit's).
-    c10::cuda::CUDAEvent reduced;
-    reduced.record(c10::cuda::getCurrentCUDAStream(copies_->device));
-    reduced.block(copies_->to_host);
-    sharded.order_after_reduce(copies_->to_host.unwrap());
-    c10::cuda::CUDAStreamGuard on_copy_stream(copies_->to_host);
-    gradients_.at(unit).copy_(shard, /*non_blocking=*/true);
-    copies_->gradient_landed.at(unit).record(copies_->to_host);
-    // The block was allocated on the compute stream and is read by the copy stream: the caching
-    // allocator must not hand it out again before the copy is done. recordStream defers its reuse
-    // to that point (an event it queries at later allocations), as FSDP does for its reduce-scatter
-    // outputs handed across streams.
-    shard.record_stream(copies_->to_host.unwrap());
-    return;
-  }
-#endif
-  gradients_.at(unit).copy_(shard);
 }
 
 void OptimizerOffload::step(double lr, double gradient_scale) {
@@ -267,6 +236,10 @@ void OptimizerOffload::step(double lr, double gradient_scale) {
       task = queue_.erase(task);
     }
   }
+  // GaLore's device half, in the optimizer's order, before the worker may step a unit.
+  if (lowrank_)
+    for (const UnitAction& action : model_.plan().optimizer_pass())
+      if (lowrank_->covers(static_cast<size_t>(action.unit))) land_lowrank(static_cast<size_t>(action.unit), gradient_scale);
   std::vector<size_t> collective;
   for (const UnitAction& action : model_.plan().optimizer_pass()) {
     const size_t u = static_cast<size_t>(action.unit);
@@ -343,14 +316,6 @@ void OptimizerOffload::step_on_host(size_t unit, int64_t step) {
   record("sent", static_cast<int64_t>(unit), step);
 }
 
-at::Tensor& OptimizerOffload::staged_rows(size_t unit) {
-#ifdef TRAINER_HAVE_CUDA
-  if (on_cuda_ && !model_.unit(unit).parameters_offloaded())
-    copies_->update_landed.at(unit).synchronize();  // the staging buffer's last H2D copy is done
-#endif
-  return staging_.at(unit);
-}
-
 void OptimizerOffload::speculate(size_t unit, int64_t step, double lr) {
   at::NoGradGuard no_grad;
   record("speculate_begin", static_cast<int64_t>(unit), step);
@@ -386,39 +351,10 @@ void OptimizerOffload::resolve(size_t unit, int64_t step) {
   record("sent", static_cast<int64_t>(unit), step);
 }
 
-// The staged rows where the unit's next read finds them: over the host compute shard (a CPU rank, or
-// parameter offload once the last gather has read it) or across the bus (send_to_device).
-void OptimizerOffload::deliver_staged(size_t unit) {
-  ShardedUnit& sharded = model_.unit(unit);
-  if (sharded.parameters_offloaded()) {
-    sharded.wait_host_reads();
-    sharded.compute_shard().copy_(staging_.at(unit));
-  } else if (!on_cuda_) {
-    sharded.compute_shard().copy_(staging_.at(unit));
-  }
-  send_to_device(unit);
-}
-
 void OptimizerOffload::apply_delayed(size_t unit) {
   at::NoGradGuard no_grad;
   if (!on_cuda_) model_.unit(unit).compute_shard().copy_(staging_.at(unit));  // CUDA: send_to_device's copy
   send_to_device(unit);
-}
-
-at::Tensor& OptimizerOffload::rounded_destination(size_t unit) {
-  ShardedUnit& sharded = model_.unit(unit);
-  if (sharded.parameters_offloaded()) {
-    sharded.wait_host_reads();  // every gather issued so far has copied the shard to the device
-    return sharded.compute_shard();
-  }
-#ifdef TRAINER_HAVE_CUDA
-  if (on_cuda_) {
-    copies_->update_landed.at(unit).synchronize();  // the staging buffer's last H2D copy is done
-    return staging_.at(unit);
-  }
-#endif
-  // Delayed, the forward and backward read the compute shard while the step runs: staged instead.
-  return delayed_ ? staging_.at(unit) : sharded.compute_shard();
 }
 
 at::Tensor& OptimizerOffload::master(size_t unit) {
@@ -435,22 +371,7 @@ void OptimizerOffload::publish(size_t unit) {
   }
   rounded_destination(unit).copy_(masters_.at(unit));  // rounds to the compute dtype
   send_to_device(unit);
-}
-
-void OptimizerOffload::send_to_device(size_t unit) {
-  ShardedUnit& sharded = model_.unit(unit);
-#ifdef TRAINER_HAVE_CUDA
-  // A host compute shard (parameter offload) crosses at its next gather instead.
-  if (on_cuda_ && !sharded.parameters_offloaded()) {
-    copies_->backward_done.block(copies_->to_device);
-    c10::cuda::CUDAStreamGuard on_copy_stream(copies_->to_device);
-    sharded.compute_shard().copy_(staging_.at(unit), /*non_blocking=*/true);
-    sharded.publish_shard();  // no_shard's parameters from the compute shard
-    copies_->update_landed.at(unit).record(copies_->to_device);
-    return;
-  }
-#endif
-  sharded.publish_shard();
+  if (lowrank_ && lowrank_->covers(unit)) lowrank_->publish(unit);  // the device projectors from the host state
 }
 
 void OptimizerOffload::worker_loop() {
@@ -504,14 +425,6 @@ void OptimizerOffload::wait_unit(size_t unit) {
   record("read", static_cast<int64_t>(unit), steps_);
 }
 
-void OptimizerOffload::order_after_update(size_t unit) {
-#ifdef TRAINER_HAVE_CUDA
-  if (on_cuda_) copies_->update_landed.at(unit).block(c10::cuda::getCurrentCUDAStream(copies_->device));
-#else
-  (void)unit;
-#endif
-}
-
 void OptimizerOffload::wait_done(size_t unit) {
   {
     std::unique_lock<std::mutex> lock(mutex_);
@@ -524,12 +437,12 @@ void OptimizerOffload::wait_done(size_t unit) {
   }
 }
 
-void OptimizerOffload::record(const char* what, int64_t unit, int64_t step) {
+void OptimizerOffload::record(const char* what, int64_t unit, int64_t step, int64_t bytes) {
   if (!trace_) return;
   const bool on_worker = std::this_thread::get_id() == worker_.get_id();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - built_).count();
   std::lock_guard<std::mutex> lock(mutex_);
-  events_.push_back({sequence_++, step, what, unit, on_worker, seconds});
+  events_.push_back({sequence_++, step, what, unit, on_worker, seconds, bytes});
 }
 
 std::vector<OffloadEvent> OptimizerOffload::take_trace() {
@@ -565,6 +478,7 @@ OwnedBytes OptimizerOffload::owned_bytes() const {
   OwnedBytes owned;
   owned.optimizer_host = host_bytes_;
   if (device_step_) owned.optimizer_device = device_step_->window_bytes();
+  if (lowrank_) owned.optimizer_device = lowrank_->device_bytes();  // the projectors' device copies
   return owned;
 }
 

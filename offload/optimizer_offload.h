@@ -49,6 +49,10 @@
 // (their step is then the exact one, in the optimizer's order). Costs a second master and state in
 // host memory; for AdamW no more bytes than the exact step.
 //
+// GaLore in the default mode (offload/lowrank_gradients.h): a unit with GaLore matrices and no
+// collective keeps its gradient shard on the device until step(), which projects each matrix's
+// gradient there and sends only the low-rank gradient (and the projector) to the host.
+//
 // Units whose step is collective (subset-norm or GaLore sums across ranks: ShardOptimizer::
 // unit_needs_collectives) are stepped by the calling thread inside step(), in the same order on every
 // rank: MPI is initialised FUNNELED (sharding/world.h), so only that thread may communicate. Each
@@ -79,6 +83,7 @@ namespace llm {
 
 class Communicator;
 class DeviceStep;
+class LowRankGradients;
 class ShardedModel;
 
 // Where offload's host time goes, summed since the last take_times(): the host step itself (the
@@ -100,6 +105,7 @@ struct OffloadEvent {
   int64_t unit = -1;  // -1: the step as a whole
   bool worker = false;
   double seconds = 0;
+  int64_t bytes = 0;  // gradient, lowrank: the bytes that crossed to the host
 };
 
 // The host step's threads for a rank of `rank_threads` (LibTorch's count on the main thread): all of
@@ -151,7 +157,8 @@ class OptimizerOffload {
   // The host master of a unit (wait_all() first where it matters; device mode waits for the copies
   // back here, so the masters hold the last step).
   at::Tensor& master(size_t unit);
-  // After a checkpoint's rows were loaded into master(unit): refresh the device's compute shard.
+  // After a checkpoint's rows and state were loaded into master(unit) and the optimizer: refresh the
+  // device's compute shard (and GaLore's device projectors).
   void publish(size_t unit);
   ShardOptimizer& optimizer() { return *optimizer_; }
   // Everything offload holds in host memory (masters, gradients, staging, state): optimizer_host.
@@ -172,6 +179,8 @@ class OptimizerOffload {
     double lr = 0;     // a speculative step's (begin_step's when it was queued)
   };
   void land_gradient(size_t unit);  // the unit's gradient shard to its host landing buffer, then freed
+  // GaLore's device half of the unit's step and its low-rank gradients to the landing buffer.
+  void land_lowrank(size_t unit, double gradient_scale);
   void run(const Task& task);  // either thread
   void step_on_device(double lr, double gradient_scale);  // device mode's step()
   // Scale, step, publish to the device (delayed: stage only); either thread.
@@ -183,7 +192,7 @@ class OptimizerOffload {
                    const ShardOptimizer::UnitBuffers* from = nullptr);
   void deliver_staged(size_t unit);  // the staged rows to the compute shard / device
   at::Tensor& staged_rows(size_t unit);  // the staging buffer, once its last copy to the device is done
-  void record(const char* what, int64_t unit, int64_t step);
+  void record(const char* what, int64_t unit, int64_t step, int64_t bytes = 0);
   void wait_done(size_t unit);     // until the worker has stepped the unit
   void order_after_update(size_t unit);  // the compute stream after the unit's last H2D copy (CUDA)
   void apply_delayed(size_t unit);  // the staged update to the device
@@ -216,6 +225,7 @@ class OptimizerOffload {
   // speculative step awaits the norm, the originals it kept; which units await; the norm's verdict.
   bool speculative_ = false, begun_ = false, adopt_ = false;
   std::unique_ptr<DeviceStep> device_step_;  // --offload_step device
+  std::unique_ptr<LowRankGradients> lowrank_;  // GaLore's units in host mode (offload/lowrank_gradients.h)
   std::vector<ShardOptimizer::UnitBuffers> spare_, kept_;
   std::vector<bool> speculated_;
   bool trace_ = false;

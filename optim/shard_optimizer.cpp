@@ -166,15 +166,22 @@ void ShardOptimizer::step_unit(size_t unit, double lr, at::Tensor& compute_out, 
   const StepScalars scalars{lr, t, lr * std::sqrt(bias_correction2) / bias_correction1, gradient_scale};
 
   for (ParameterState& p : parameters) {
-    // Clipping: the AdamW rule's kernel scales as it reads; the others read a scaled gradient.
-    if (gradient_scale != 1.0 && p.rule != UpdateRule::adamw) p.gradient.mul_(gradient_scale);
-    rule_of(p.rule).refresh(p, settings_, t, across_, &projector_seconds_);
+    // Clipping: the AdamW rule's kernel scales as it reads; the others read a scaled gradient. A
+    // precomputed input was scaled, refreshed and projected where it was made.
+    if (!p.precomputed_input.defined()) {
+      if (gradient_scale != 1.0 && p.rule != UpdateRule::adamw) p.gradient.mul_(gradient_scale);
+      rule_of(p.rule).refresh(p, settings_, t, across_, &projector_seconds_);
+    }
     p.exp_avg_rounding.key = p.exp_avg_sq_rounding.key = rounding_key(settings_.state_rounding_seed, t, p.model_index);
   }
 
   std::vector<MomentInputs> inputs;
   std::vector<size_t> summed;
   for (size_t i = 0; i < parameters.size(); ++i) {
+    if (parameters[i].precomputed_input.defined()) {
+      inputs.push_back({parameters[i].precomputed_input, at::Tensor(), false});
+      continue;
+    }
     inputs.push_back(rule_of(parameters[i].rule).inputs(parameters[i], across_));
     if (inputs.back().sum_over_ranks) summed.push_back(i);
   }

@@ -143,6 +143,11 @@ class ShardOptimizer {
     std::vector<ParameterState> parameters;
   };
   const UnitState& unit_state(size_t unit) const { return units_.at(unit); }
+  // A parameter's moment input made elsewhere (ParameterState::precomputed_input): offload's GaLore
+  // projection on the device (offload/lowrank_gradients.h). Undefined: the rule makes it.
+  void set_precomputed_input(size_t unit, size_t parameter, const at::Tensor& input) {
+    units_.at(unit).parameters.at(parameter).precomputed_input = input;
+  }
 
  private:
 

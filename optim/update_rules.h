@@ -90,6 +90,10 @@ struct ParameterState {
   // An out-of-place step in progress (ShardOptimizer::step_unit_from; the AdamW rule): the master and
   // moments before it, which it reads, writing the tensors above. Undefined otherwise.
   at::Tensor master_from, exp_avg_from, exp_avg_sq_from;
+  // The moments' input for this step made elsewhere, already clipped (GaLore's low-rank gradient
+  // projected on the device under offload, offload/lowrank_gradients.h): the step neither scales the
+  // gradient, refreshes the projector nor calls inputs(). Undefined otherwise.
+  at::Tensor precomputed_input;
 };
 
 // One step's scalars, the same for every parameter.

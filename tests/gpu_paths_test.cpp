@@ -186,6 +186,9 @@ INSTANTIATE_TEST_SUITE_P(
         // --offload_step (issue 43): the speculative host step and the device step over host state.
         GpuCase{"offload_speculative_bf16_pure", 1, "", "--dtype bfloat16 --precision pure --offload optimizer --offload_step speculative", 2e-2},
         GpuCase{"offload_device_bf16_pure", 1, "", "--dtype bfloat16 --precision pure --offload optimizer --offload_step device", 2e-2},
+        // GaLore whole on one rank under the default offload: projected on the device, the low-rank
+        // gradient and projector across, the moments and projection back on the host.
+        GpuCase{"offload_galore_projected_on_device", 1, "", "--offload optimizer --optimizer galore_adamw --rank 8 --update_proj_gap 2", 1e-3},
         GpuCase{"offload_device_galore", 1, "", "--offload optimizer --offload_step device --optimizer galore_adamw --rank 8 --update_proj_gap 2", 1e-3},
         GpuCase{"staged_2_ranks_offload_device_bf16_state", 2, "",
                 "--dtype bfloat16 --precision mixed --offload optimizer --offload_step device --optimizer_state_dtype bfloat16", 2e-2}),

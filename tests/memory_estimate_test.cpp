@@ -207,7 +207,11 @@ INSTANTIATE_TEST_SUITE_P(
                       // device, the gradient shards kept there, master and state (only) on the host.
                       Case{"llama_tiny", 1, "--batch_size 2 --max_length 32 --offload optimizer --offload_step device"},
                       Case{"llama_micro", 2, "--batch_size 2 --max_length 32 --optimizer galore_adamw --rank 8 --sharding no_shard --offload optimizer --offload_step device"},
-                      Case{"llama_tiny", 2, "--batch_size 2 --max_length 32 --dtype bfloat16 --precision pure --optimizer_state_dtype bfloat16 --offload optimizer --offload_step device"}),
+                      Case{"llama_tiny", 2, "--batch_size 2 --max_length 32 --dtype bfloat16 --precision pure --optimizer_state_dtype bfloat16 --offload optimizer --offload_step device"},
+                      // GaLore whole on a rank projects on the device: the layers' gradient shards kept
+                      // until the step, the projectors' device copies.
+                      Case{"llama_micro", 1, "--batch_size 2 --max_length 32 --optimizer galore_adamw --rank 8 --offload optimizer"},
+                      Case{"llama_micro", 2, "--batch_size 2 --max_length 32 --optimizer galore_adamw --rank 8 --proj_type left --sharding no_shard --optimizer_state_dtype bfloat16 --offload optimizer"}),
     case_name);
 
 TEST(EstimateCommand, BadInputIsExitTwo) {

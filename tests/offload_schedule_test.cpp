@@ -381,6 +381,76 @@ TEST(OffloadSchedule, RecordedEventsFollowEachModesOrder) {
   }
 }
 
+// GaLore whole on one rank, default mode (offload/lowrank_gradients.h): a layer's crossing to the host
+// (the "lowrank" event, after the norm: each matrix's low-rank gradient and projector, the norm gains
+// whole) is under half the layer's full gradient shard, which AdamW's run sends whole ("gradient"
+// events of the same model); the embedding and head, which have no GaLore matrix, send theirs whole.
+// Bitwise equal to no offload: Cases/OffloadEquivalence galore_1rank, and the speculative twins.
+TEST(OffloadSchedule, GaLoreSendsOnlyTheLowRankGradient) {
+  const ScheduleCase galore{"galore_1rank", 1, testing::micro_case("galore_right").flags};
+  const ScheduleCase adamw{"adamw_1rank", 1, testing::micro_case("adamw").flags};
+  const testing::RecordedRun& projected = micro_run(galore, " --offload optimizer --offload_trace");
+  const testing::RecordedRun& whole = micro_run(adamw, " --offload optimizer --offload_trace");
+  ASSERT_EQ(projected.exit_code, 0) << projected.output;
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  std::map<int64_t, int64_t> full;  // unit -> its gradient shard's bytes
+  for (const json& event : read_trace(whole.run_dir(), 0))
+    if (event.at("what") == "gradient") full[event.at("unit")] = event.at("bytes");
+  ASSERT_EQ(full.size(), 4u);
+  std::map<int64_t, int> lowrank_steps;
+  for (const json& event : read_trace(projected.run_dir(), 0)) {
+    const int64_t unit = event.value("unit", int64_t{-1});
+    if (event.at("what") == "lowrank") {
+      ++lowrank_steps[unit];
+      EXPECT_LT(2 * event.at("bytes").get<int64_t>(), full.at(unit)) << event.dump();
+      EXPECT_GT(event.at("bytes").get<int64_t>(), 0) << event.dump();
+    }
+    if (event.at("what") == "gradient" && event.contains("bytes")) {
+      EXPECT_EQ(event.at("bytes").get<int64_t>(), full.at(unit)) << "a unit without GaLore sends its gradient whole";
+      EXPECT_TRUE(unit == 0 || unit == 3) << event.dump();
+    }
+  }
+  EXPECT_EQ(lowrank_steps, (std::map<int64_t, int>{{1, testing::kMicroSteps}, {2, testing::kMicroSteps}}))
+      << "each layer, every step";
+}
+
+// GaLore projected on the device equals GaLore without offload, bit for bit, for each projector
+// (right, left, subspace), strategy (one rank, no_shard) and precision, with clipping firing on some
+// steps; and resumed from its step-3 checkpoint (whose projectors, refreshed at step 1, the device
+// copies take from the loaded state), the uninterrupted run's bits.
+class GaLoreOnDevice : public ::testing::TestWithParam<ScheduleCase> {};
+
+TEST_P(GaLoreOnDevice, EqualsGaLoreWithoutOffloadBitwiseAndResumes) {
+  const ScheduleCase& c = GetParam();
+  const std::string clipping = clipping_between_norms(c);
+  const testing::RecordedRun& plain = micro_run(c, clipping);
+  const testing::RecordedRun& offloaded = micro_run(c, clipping + " --offload optimizer --offload_trace");
+  ASSERT_EQ(offloaded.exit_code, 0) << offloaded.output;
+  testing::expect_same_run(plain.dir, offloaded.dir, testing::kMicroSteps);
+  int lowrank = 0;
+  for (const json& event : read_trace(offloaded.run_dir(), 0)) lowrank += event.at("what") == "lowrank";
+  EXPECT_GT(lowrank, 0) << "the low-rank path ran";
+  testing::ScratchDir dir("galore_on_device_resume");
+  resume_micro_run(c.ranks, c.flags + clipping + " --offload optimizer",
+                   (offloaded.save_dir() / ("step_" + std::to_string(testing::kMicroSaveAt))).string(), dir);
+  const std::vector<double> whole = losses(plain.run_dir()), rest = losses(dir / "run");
+  ASSERT_EQ(rest.size(), static_cast<size_t>(testing::kMicroSteps - testing::kMicroSaveAt));
+  for (size_t i = 0; i < rest.size(); ++i) EXPECT_EQ(rest[i], whole[testing::kMicroSaveAt + i]) << "step " << i + 4;
+  expect_same_checkpoint(plain.save_dir() / kLastStep, dir / "ckpt" / kLastStep);
+}
+
+const ScheduleCase kGaLoreCases[] = {
+    {"right_1rank", 1, testing::micro_case("galore_right").flags},
+    {"left_1rank", 1, testing::micro_case("galore_left").flags},
+    {"subspace_1rank", 1, testing::micro_case("galore_subspace").flags},
+    {"right_no_shard_2ranks", 2, testing::micro_case("galore_right").flags + " --sharding no_shard"},
+    {"left_bf16_state_pure_1rank", 1,
+     testing::micro_case("galore_left").flags + " --optimizer_state_dtype bfloat16 --dtype bfloat16 --precision pure"},
+};
+
+INSTANTIATE_TEST_SUITE_P(Cases, GaLoreOnDevice, ::testing::ValuesIn(kGaLoreCases),
+                         [](const auto& info) { return info.param.name; });
+
 // The flags' refusals: a mode of --offload optimizer, not with the delayed update; a trace of it.
 TEST(OffloadSchedule, TheFlagsNeedOptimizerOffload) {
   const std::string base = testing::trainer_binary().string() + " --config " +

@@ -170,9 +170,7 @@ void RunCheckpoints::resume(const std::string& folder) {
   for (size_t u = 0; u < model.unit_count(); ++u) {
     master(u).zero_();  // padding rows stay zero
     for (const StatePiece& piece : master_pieces(u)) checkpoint.read(piece.key, piece.begin, piece.values);
-    if (state_.offload) state_.offload->publish(u);
   }
-  if (!state_.offload) model.publish_shards();
   // Moments saved in another dtype convert as they are read (CheckpointReader::read): bf16 into fp32
   // exactly, fp32 into bf16 rounded to nearest even.
   const std::string saved_state_dtype = manifest.value("optimizer_state_dtype", std::string("float32"));
@@ -183,6 +181,12 @@ void RunCheckpoints::resume(const std::string& folder) {
   state_.optimizer.load_state_pieces(
       [&](const std::string& key, int64_t begin, const at::Tensor& destination) { checkpoint.read(key, begin, destination); },
       manifest.at("optimizer_step").get<int64_t>());
+  // The loaded masters to the rows the model computes with (and, offloaded, what the device keeps
+  // of the state: GaLore's projectors).
+  if (state_.offload)
+    for (size_t u = 0; u < model.unit_count(); ++u) state_.offload->publish(u);
+  else
+    model.publish_shards();
   state_.train_batches.seek(saved.samples_consumed);
   state_.position.step = saved.step;
   state_.position.samples_consumed = saved.samples_consumed;

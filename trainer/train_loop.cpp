@@ -374,6 +374,7 @@ void Training::write_offload_trace() {
     if (!offload_trace_.is_open()) continue;
     nlohmann::json line{{"seq", event.sequence}, {"step", event.step}, {"what", event.what},
                         {"thread", event.worker ? "worker" : "main"}, {"seconds", event.seconds}};
+    if (event.bytes > 0) line["bytes"] = event.bytes;
     if (event.unit >= 0) {
       line["unit"] = event.unit;
       line["name"] = sharded_.unit(static_cast<size_t>(event.unit)).name();
