@@ -151,9 +151,12 @@ class StepSimulation {
     // unit: each unit's temporaries are gone before the next unit's step.
     // With offload the steps run on the host: on a GPU they are not the device's; on a CPU rank they
     // run on the worker thread, counted here as without offload.
-    if (!(offload_ && cuda_ && !device_step_) && !fused_)  // fused: each unit stepped in backward (reduce_gradients)
+    // GaLore's device half under offload (refresh, projection) runs on a GPU too: its temporaries
+    // counted as the whole step's, an upper bound.
+    if (!fused_)  // fused: each unit stepped in backward (reduce_gradients)
       for (const UnitAction& action : plan_.optimizer_pass())
-        timeline_.spike(optimizer_transient(static_cast<size_t>(action.unit)));
+        if (!(offload_ && cuda_ && !device_step_) || projects_on_device(static_cast<size_t>(action.unit)))
+          timeline_.spike(optimizer_transient(static_cast<size_t>(action.unit)));
     timeline_.point("optimizer");
 
     evaluation(n);
@@ -461,11 +464,10 @@ class StepSimulation {
   int optimizer_world() const { return layout_world_; }
   int shard_rank() const { return layout_world_ == 1 ? 0 : rank_; }
 
-  // GaLore's units under the default offload step, whole on this rank: projected on the device, their
-  // gradient shards kept there until the step (offload/lowrank_gradients.h).
+  // GaLore's units under the default offload step: projected on the device, their gradient shards
+  // kept there until the step (offload/lowrank_gradients.h).
   bool projects_on_device(size_t u) const {
     return offload_ && m_.run.sharding.offload_step == OffloadStep::host && m_.run.sharding.offload_delayed_update < 0 &&
-           optimizer_world() == 1 &&
            std::count(units_[u].rules.begin(), units_[u].rules.end(), UpdateRule::galore) > 0;
   }
   // A unit's gradient shard lives only from its reduction to its step (the fused step) or to its copy

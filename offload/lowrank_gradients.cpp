@@ -6,10 +6,11 @@
 
 namespace llm {
 
-LowRankGradients::LowRankGradients(ShardOptimizer& optimizer, const std::vector<at::Tensor>& landing, c10::Device device)
-    : optimizer_(optimizer), settings_(optimizer.settings()), matrices_(optimizer.unit_count()), landing_(landing) {
+LowRankGradients::LowRankGradients(ShardOptimizer& optimizer, const std::vector<at::Tensor>& landing, c10::Device device,
+                                   Communicator* across)
+    : optimizer_(optimizer), settings_(optimizer.settings()), across_(across), matrices_(optimizer.unit_count()),
+      landing_(landing) {
   for (size_t u = 0; u < optimizer_.unit_count(); ++u) {
-    if (optimizer_.unit_needs_collectives(u)) continue;
     const std::vector<ParameterState>& parameters = optimizer_.unit_state(u).parameters;
     for (size_t i = 0; i < parameters.size(); ++i) {
       const ParameterState& host = parameters[i];
@@ -48,12 +49,12 @@ std::vector<std::pair<at::Tensor, at::Tensor>> LowRankGradients::prepare(size_t 
     const ParameterState& host = parameters[matrix.parameter];
     ParameterState& p = matrix.on_device;
     // As ShardOptimizer::step_unit does on the host: the gradient scaled in place, then the refresh,
-    // then the projection (no collective: the unit is whole on this rank).
+    // then the projection.
     p.gradient = device_gradient.narrow(0, host.parameter.shard_offset, host.parameter.shard_numel());
     if (gradient_scale != 1.0) p.gradient.mul_(gradient_scale);
     const Rule& rule = rule_of(UpdateRule::galore);
-    rule.refresh(p, settings_, t, nullptr, &projector_seconds);
-    const at::Tensor lowrank = rule.inputs(p, nullptr).first;
+    rule.refresh(p, settings_, t, across_, &projector_seconds);
+    const at::Tensor lowrank = rule.inputs(p, across_).first;
     copies.emplace_back(host.precomputed_input, lowrank);
     copies.emplace_back(host.projector, p.projector);
     p.gradient = at::Tensor();  // nothing keeps the shard alive past its step

@@ -1,11 +1,12 @@
 // GaLore under --offload optimizer, stepped on the host (issue 43 point 6): only the low-rank
 // gradient crosses to the host.
 //
-// For a unit with GaLore matrices whose step needs no collective (one rank, or no_shard), the
-// unit's gradient shard stays on the device until the step (not handed over in backward), and
-// there, once the global norm is known, each GaLore matrix's gradient is scaled by the clip
-// coefficient, its projector (a device copy of the host's) refreshed when the schedule says so, and
-// the gradient projected, by the rule's own code (optim/update_rules.h), on the device:
+// For a unit with GaLore matrices, the unit's gradient shard stays on the device until the step (not
+// handed over in backward), and there, once the global norm is known, each GaLore matrix's gradient
+// is scaled by the clip coefficient, its projector (a device copy of the host's) refreshed when the
+// schedule says so, and the gradient projected, by the rule's own code (optim/update_rules.h), on
+// the device, its collectives (a sharded matrix's refresh gathers its gradient; a left projection
+// sums across ranks) over the device's communicator, every rank in the optimizer's order:
 //   the low-rank gradient (rows x r or r x cols, in place of rows x cols) crosses into the first
 //   elements of the matrix's range of the unit's host landing buffer, where the host step reads it
 //   as the moments' input (ParameterState::precomputed_input);
@@ -28,11 +29,15 @@
 
 namespace llm {
 
+class Communicator;
+
 class LowRankGradients {
  public:
   // landing: every unit's host landing buffer (the optimizer's gradient shards). Covers the units
-  // with a GaLore matrix that need no collective; their matrices' host inputs are set here.
-  LowRankGradients(ShardOptimizer& optimizer, const std::vector<at::Tensor>& landing, c10::Device device);
+  // with a GaLore matrix; their matrices' host inputs are set here. across: the device tensors'
+  // communicator over the ranks that shard the units (nullptr: whole on each rank).
+  LowRankGradients(ShardOptimizer& optimizer, const std::vector<at::Tensor>& landing, c10::Device device,
+                   Communicator* across);
 
   bool covers(size_t unit) const { return !matrices_.at(unit).empty(); }
   bool any() const;
@@ -52,6 +57,7 @@ class LowRankGradients {
   };
   ShardOptimizer& optimizer_;
   const OptimizerSettings& settings_;
+  Communicator* across_;
   std::vector<std::vector<Matrix>> matrices_;  // per unit
   std::vector<at::Tensor> landing_;
 };

@@ -55,10 +55,11 @@ OptimizerOffload::OptimizerOffload(ShardedModel& model, const OptimizerSettings&
   intra_op_threads_ = offload_worker_threads(at::get_num_threads(), on_cuda_, options.worker_threads);
   LLM_REQUIRE(!on_device || delayed_after_ < 0, "offload", "--offload_step device",
               "steps on the device before the next forward; --offload_delayed_update applies it a step late");
-  // GaLore's units that project on the device (offload/lowrank_gradients.h): the default mode,
-  // every matrix on this rank whole (no collective).
+  // GaLore's units that project on the device (offload/lowrank_gradients.h): the default mode.
+  LLM_REQUIRE(across == nullptr || options.device_across != nullptr, "offload", "device_across",
+              "sharded units need the device's communicator for GaLore's device half");
   const auto projects_on_device = [&](size_t u) {
-    return options.mode == OffloadStepMode::host && delayed_after_ < 0 && across == nullptr &&
+    return options.mode == OffloadStepMode::host && delayed_after_ < 0 &&
            std::count(rules[u].begin(), rules[u].end(), UpdateRule::galore) > 0;
   };
   std::vector<bool> keeps_gradient(units);
@@ -122,7 +123,7 @@ OptimizerOffload::OptimizerOffload(ShardedModel& model, const OptimizerSettings&
     device_step_ = std::make_unique<DeviceStep>(*optimizer_, std::move(host_buffers), device);
   }
   if (std::any_of(keeps_gradient.begin(), keeps_gradient.end(), [](bool keeps) { return keeps; }) && !on_device)
-    lowrank_ = std::make_unique<LowRankGradients>(*optimizer_, gradients_, device);
+    lowrank_ = std::make_unique<LowRankGradients>(*optimizer_, gradients_, device, across ? options.device_across : nullptr);
   done_.assign(units, true);
   pending_.assign(units, false);
   speculated_.assign(units, false);

@@ -49,9 +49,10 @@
 // (their step is then the exact one, in the optimizer's order). Costs a second master and state in
 // host memory; for AdamW no more bytes than the exact step.
 //
-// GaLore in the default mode (offload/lowrank_gradients.h): a unit with GaLore matrices and no
-// collective keeps its gradient shard on the device until step(), which projects each matrix's
-// gradient there and sends only the low-rank gradient (and the projector) to the host.
+// GaLore in the default mode (offload/lowrank_gradients.h): a unit with GaLore matrices keeps its
+// gradient shard on the device until step(), which projects each matrix's gradient there (its
+// collectives over the device's communicator) and sends only the low-rank gradient (and the
+// projector) to the host.
 //
 // Units whose step is collective (subset-norm or GaLore sums across ranks: ShardOptimizer::
 // unit_needs_collectives) are stepped by the calling thread inside step(), in the same order on every
@@ -124,6 +125,9 @@ struct OffloadOptions {
                                    // on the device
   OffloadStepMode mode = OffloadStepMode::host;
   bool trace = false;              // keep the schedule's events (take_trace)
+  // The model's communicator over the ranks that shard the units, for device tensors (nullptr: the
+  // units are whole on each rank): GaLore's device half sums and gathers over it.
+  Communicator* device_across = nullptr;
 };
 
 class OptimizerOffload {

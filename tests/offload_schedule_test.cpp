@@ -415,7 +415,7 @@ TEST(OffloadSchedule, GaLoreSendsOnlyTheLowRankGradient) {
 }
 
 // GaLore projected on the device equals GaLore without offload, bit for bit, for each projector
-// (right, left, subspace), strategy (one rank, no_shard) and precision, with clipping firing on some
+// (right, left, subspace), strategy and world size and precision, with clipping firing on some
 // steps; and resumed from its step-3 checkpoint (whose projectors, refreshed at step 1, the device
 // copies take from the loaded state), the uninterrupted run's bits.
 class GaLoreOnDevice : public ::testing::TestWithParam<ScheduleCase> {};
@@ -444,6 +444,11 @@ const ScheduleCase kGaLoreCases[] = {
     {"left_1rank", 1, testing::micro_case("galore_left").flags},
     {"subspace_1rank", 1, testing::micro_case("galore_subspace").flags},
     {"right_no_shard_2ranks", 2, testing::micro_case("galore_right").flags + " --sharding no_shard"},
+    // Sharded: the refresh gathers the matrix's gradient, a left projection sums across ranks, on the
+    // device's communicator; a left projection's update is gathered back on the host's.
+    {"right_4ranks", 4, testing::micro_case("galore_right").flags},
+    {"left_shard_grad_op_3ranks", 3, testing::micro_case("galore_left").flags + " --sharding shard_grad_op"},
+    {"subspace_2ranks", 2, testing::micro_case("galore_subspace").flags},
     {"left_bf16_state_pure_1rank", 1,
      testing::micro_case("galore_left").flags + " --optimizer_state_dtype bfloat16 --dtype bfloat16 --precision pure"},
 };

@@ -190,6 +190,7 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
                    : run.sharding.offload_step == OffloadStep::device    ? OffloadStepMode::device
                                                                           : OffloadStepMode::host;
     options.trace = run.logging.offload_trace;
+    options.device_across = sharded_across_ranks ? &communicator_ : nullptr;
     offload_ = std::make_unique<OptimizerOffload>(sharded_, optimizer_settings(run), unit_update_rules(sharded_, run),
                                                   sharded_across_ranks ? &host_communicator_ : nullptr, options);
     if (run.logging.offload_trace)
