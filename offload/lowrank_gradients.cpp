@@ -56,7 +56,7 @@ std::vector<std::pair<at::Tensor, at::Tensor>> LowRankGradients::prepare(size_t 
     rule.refresh(p, settings_, t, across_, &projector_seconds);
     const at::Tensor lowrank = rule.inputs(p, across_).first;
     copies.emplace_back(host.precomputed_input, lowrank);
-    copies.emplace_back(host.projector, p.projector);
+    if (galore_refreshes_at(p, settings_, t)) copies.emplace_back(host.projector, p.projector);  // a new one
     p.gradient = at::Tensor();  // nothing keeps the shard alive past its step
     projected[matrix.parameter] = true;
   }

@@ -10,7 +10,7 @@
 //   the low-rank gradient (rows x r or r x cols, in place of rows x cols) crosses into the first
 //   elements of the matrix's range of the unit's host landing buffer, where the host step reads it
 //   as the moments' input (ParameterState::precomputed_input);
-//   the projector crosses back into the host state (project_back and checkpoints read it there);
+//   at a refresh, the projector crosses into the host state (project_back and checkpoints read it);
 //   the unit's other parameters (norm gains) cross as they are, and the host step scales them.
 // So the host step runs the same operations on the same values as GaLore without offload: the
 // scale before the refresh and the projection, the refresh from the scaled gradient.
@@ -43,7 +43,7 @@ class LowRankGradients {
   bool any() const;
   // The device half of the unit's step t (after begin_step), on the current stream: scale, refresh,
   // project. Returns the copies to make, (host destination, device source), in order: each GaLore
-  // matrix's low-rank gradient and projector, then each other parameter's gradient.
+  // matrix's low-rank gradient (and its projector at a refresh), then each other parameter's gradient.
   std::vector<std::pair<at::Tensor, at::Tensor>> prepare(size_t unit, const at::Tensor& device_gradient,
                                                          double gradient_scale);
   // The unit's device projectors from the host state (after a checkpoint's state was loaded).

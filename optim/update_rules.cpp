@@ -224,8 +224,7 @@ class GaLore final : public HfStyleRule {
   void refresh(ParameterState& state, const OptimizerSettings& settings, int64_t t, Communicator* across,
                double* projector_seconds) const override {
     const bool have_projectors = t > 1;
-    const int64_t phase = t - 1 - state.refresh_offset;
-    if (have_projectors && !(phase >= 0 && phase % settings.update_proj_gap == 0)) return;
+    if (!galore_refreshes_at(state, settings, t)) return;
     const auto started = std::chrono::steady_clock::now();
     if (settings.projector_method == "subspace")
       refresh_projector_subspace(state.galore, state.parameter, state.gradient, state.projector, have_projectors,
@@ -249,6 +248,11 @@ class GaLore final : public HfStyleRule {
 };
 
 }  // namespace
+
+bool galore_refreshes_at(const ParameterState& state, const OptimizerSettings& settings, int64_t t) {
+  const int64_t phase = t - 1 - state.refresh_offset;
+  return t == 1 || (phase >= 0 && phase % settings.update_proj_gap == 0);
+}
 
 const char* to_string(UpdateRule rule) {
   switch (rule) {

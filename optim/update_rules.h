@@ -147,6 +147,9 @@ class Rule {
 };
 
 const Rule& rule_of(UpdateRule rule);
+// Whether GaLore's refresh recomputes the parameter's projector at step t (1-based): at step 1, and
+// at 1 + refresh_offset + j T (T = update_proj_gap).
+bool galore_refreshes_at(const ParameterState& state, const OptimizerSettings& settings, int64_t t);
 
 // bf16 state for the rules written in ATen operations (the HF rules): `values` (fp32, destination's
 // numel, on its device) stored into `destination` (bf16) rounded stochastically, element j with the
