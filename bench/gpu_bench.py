@@ -171,7 +171,12 @@ def cases(device):
                          Case("configs/llama_1b.json", "bfloat16", "pure", 8, 1024, 10, offload=True,
                               levers="--offload_step speculative --grad_clipping 0", offload_of=speed_1b.name),
                          Case("configs/llama_1b.json", "bfloat16", "pure", 8, 1024, 5, accumulation=4, offload=True,
-                              levers="--offload_step speculative", tag="acc4", offload_of=acc8_1b.name)] + [
+                              levers="--offload_step speculative", tag="acc4", offload_of=acc8_1b.name),
+                         # The device step (master and state across PCIe, the step on the GPU) at 8k and 32k.
+                         Case("configs/llama_1b.json", "bfloat16", "pure", 8, 1024, 10, offload=True,
+                              levers="--offload_step device", offload_of=speed_1b.name),
+                         Case("configs/llama_1b.json", "bfloat16", "pure", 8, 1024, 5, accumulation=4, offload=True,
+                              levers="--offload_step device", tag="acc4", offload_of=acc8_1b.name)] + [
                          Case("configs/llama_1b.json", "bfloat16", "pure", 8, 1024, 5, accumulation=acc, offload=True,
                               state_bf16=bf16, tag=f"acc{acc}", offload_of=acc8_1b.name)
                          for acc in (4, 16) for bf16 in (False, True)] + [
@@ -201,6 +206,8 @@ def cases(device):
                               levers="--offload_delayed_update 2", offload_of=speed_1b.name),
                          Case("configs/llama_micro.json", "bfloat16", "pure", 2, 32, 5, offload=True,
                               levers="--offload_step speculative", offload_of=speed_1b.name),
+                         Case("configs/llama_micro.json", "bfloat16", "pure", 2, 32, 5, offload=True,
+                              levers="--offload_step device", offload_of=speed_1b.name),
                          Case("configs/llama_micro.json", "bfloat16", "pure", 2, 32, 5, accumulation=4, offload=True,
                               tag="acc4", offload_of=levers[-1].name)]
     # Speed first (issue 42): the default runs with their peers, then each lever; memory after.

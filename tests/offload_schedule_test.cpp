@@ -102,6 +102,10 @@ TEST_P(SpeculativeStep, EqualsTheStepWithoutOffloadBitwiseWhetherClippingFiresOr
   const testing::RecordedRun& speculative = micro_run(c, clipping + speculative_flags(c));
   ASSERT_EQ(speculative.exit_code, 0) << speculative.output;
   testing::expect_same_run(plain.dir, speculative.dir, testing::kMicroSteps);
+  // The default host step too, at the same clipping (OffloadEquivalence's runs clip at every step).
+  const testing::RecordedRun& host = micro_run(c, clipping + " --offload " + c.offload);
+  ASSERT_EQ(host.exit_code, 0) << host.output;
+  testing::expect_same_run(plain.dir, host.dir, testing::kMicroSteps);
   // And with a worker that lags (10 ms before each task): the next step's forward and backward run
   // ahead of this step's host steps, whatever this machine's speed.
   const testing::RecordedRun& lagging = testing::recorded_run(
@@ -208,7 +212,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, OffloadOnDevice, ::testing::ValuesIn(kDeviceCase
                          [](const auto& info) { return info.param.name; });
 
 // Saved with the device step at step 3 (its masters and state copied back before the save), resumed
-// with the default host step: the plain run's bits to the end.
+// with the default host step: the plain run's bits to the end. Resumed by 3 ranks (resharded) with
+// the device step: the bits of the same checkpoint resumed by 3 without offload.
 TEST(OffloadOnDevice, ItsCheckpointResumesExactlyInAnotherMode) {
   const ScheduleCase c{"adamw_2ranks", 2, testing::micro_case("adamw").flags};
   const std::string clipping = clipping_between_norms(c);
@@ -222,6 +227,13 @@ TEST(OffloadOnDevice, ItsCheckpointResumesExactlyInAnotherMode) {
   ASSERT_EQ(rest.size(), static_cast<size_t>(testing::kMicroSteps - testing::kMicroSaveAt));
   for (size_t i = 0; i < rest.size(); ++i) EXPECT_EQ(rest[i], whole[testing::kMicroSaveAt + i]) << "step " << i + 4;
   expect_same_checkpoint(plain.save_dir() / kLastStep, dir / "ckpt" / kLastStep);
+
+  const std::string checkpoint = (saved.save_dir() / ("step_" + std::to_string(testing::kMicroSaveAt))).string();
+  testing::ScratchDir three_plain("device_step_reshard_plain"), three_device("device_step_reshard");
+  resume_micro_run(3, c.flags + clipping, checkpoint, three_plain);
+  resume_micro_run(3, c.flags + clipping + " --offload optimizer --offload_step device", checkpoint, three_device);
+  EXPECT_EQ(losses(three_device / "run"), losses(three_plain / "run"));
+  expect_same_checkpoint(three_plain / "ckpt" / kLastStep, three_device / "ckpt" / kLastStep);
 }
 
 // Saved by a speculative run of 4 ranks at step 3 and resumed speculatively by 4: the plain run's
