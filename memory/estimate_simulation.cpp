@@ -126,10 +126,14 @@ class StepSimulation {
                                              : landing + host_rows + (offload_parameters_ ? 0 : compute_rows);
       // The device step's two windows, each the largest unit's master and state (offload/device_step.h).
       if (device_step_) timeline_.add(kOptimizerDevice, 2 * unit_masters_and_state(/*largest=*/true));
-      // GaLore's projection on the device: the projectors' device copies (offload/lowrank_gradients.h).
+      // GaLore's projection on the device: the projectors' device copies, and on CUDA their host
+      // state page-locked (offload/lowrank_gradients.h).
       for (size_t u = 0; u < units_.size(); ++u)
-        if (projects_on_device(u))
-          timeline_.add(kOptimizerDevice, estimate_galore_projectors(units_[u], optimizer_settings(m_.run), optimizer_world(), shard_rank()));
+        if (projects_on_device(u)) {
+          const int64_t projectors = estimate_galore_projectors(units_[u], optimizer_settings(m_.run), optimizer_world(), shard_rank());
+          timeline_.add(kOptimizerDevice, projectors);
+          if (cuda_) offload_pinned_bytes_ += projectors;
+        }
       timeline_.add(kOptimizerHost, offload_host_bytes_);
     } else {
       timeline_.add(kOptimizerDevice, optimizer_state());

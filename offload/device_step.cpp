@@ -72,7 +72,16 @@ DeviceStep::DeviceStep(ShardOptimizer& optimizer, std::vector<ShardOptimizer::Un
 #endif
 }
 
-DeviceStep::~DeviceStep() = default;
+DeviceStep::~DeviceStep() {
+#ifdef TRAINER_HAVE_CUDA
+  // The windows go back to the caching allocator and the host buffers with their owner: the copies
+  // that read and write them first.
+  if (streams_) {
+    streams_->to_device.synchronize();
+    streams_->to_host.synchronize();
+  }
+#endif
+}
 
 int64_t DeviceStep::window_bytes() const {
   return 2 * static_cast<int64_t>(windows_.front().nbytes());

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/errors.h"
+#include "common/memory_stats.h"
 
 namespace llm {
 
@@ -11,6 +12,21 @@ LowRankGradients::LowRankGradients(ShardOptimizer& optimizer, const std::vector<
     : optimizer_(optimizer), settings_(optimizer.settings()), across_(across), matrices_(optimizer.unit_count()),
       landing_(landing) {
   for (size_t u = 0; u < optimizer_.unit_count(); ++u) {
+    const std::vector<UpdateRule> rules = [&] {
+      std::vector<UpdateRule> out;
+      for (const ParameterState& p : optimizer_.unit_state(u).parameters) out.push_back(p.rule);
+      return out;
+    }();
+    if (std::count(rules.begin(), rules.end(), UpdateRule::galore) == 0) continue;
+    if (device.is_cuda()) {
+      // The projectors cross at each refresh: into page-locked host state, so the copy is
+      // asynchronous and the next unit's device half is queued without waiting for this one's.
+      ShardOptimizer::UnitBuffers buffers = optimizer_.unit_buffers(u);
+      at::Tensor pinned = exact_host_buffer(buffers.projector.numel(), buffers.projector.scalar_type(), device);
+      pinned.copy_(buffers.projector);
+      buffers.projector = pinned;
+      optimizer_.rebind_unit(u, buffers);
+    }
     const std::vector<ParameterState>& parameters = optimizer_.unit_state(u).parameters;
     for (size_t i = 0; i < parameters.size(); ++i) {
       const ParameterState& host = parameters[i];

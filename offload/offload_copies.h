@@ -22,12 +22,17 @@ struct OptimizerOffload::CudaCopies {
   // compute stream is past its last read of the unit before the H2D copy overwrites it.
   std::vector<c10::cuda::CUDAEvent> gradient_landed, update_landed;
   c10::cuda::CUDAEvent backward_done;
+  // The host waits on gradient_landed and update_landed (cudaEventSynchronize): blocking-sync events,
+  // so the waiting thread sleeps instead of spinning a core the host step's threads need.
   explicit CudaCopies(c10::DeviceIndex index, size_t units)
       : device(index),
         to_host(c10::cuda::getStreamFromPool(false, index)),
-        to_device(c10::cuda::getStreamFromPool(false, index)),
-        gradient_landed(units),
-        update_landed(units) {}
+        to_device(c10::cuda::getStreamFromPool(false, index)) {
+    for (size_t u = 0; u < units; ++u) {
+      gradient_landed.emplace_back(cudaEventDisableTiming | cudaEventBlockingSync);
+      update_landed.emplace_back(cudaEventDisableTiming | cudaEventBlockingSync);
+    }
+  }
 };
 #else
 struct OptimizerOffload::CudaCopies {};

@@ -161,6 +161,13 @@ OptimizerOffload::~OptimizerOffload() {
   }
   changed_.notify_all();
   worker_.join();
+#ifdef TRAINER_HAVE_CUDA
+  // The last copies from and into the page-locked buffers, which go with this object.
+  if (copies_) {
+    copies_->to_device.synchronize();
+    copies_->to_host.synchronize();
+  }
+#endif
 }
 
 void OptimizerOffload::begin_step(double lr) {
@@ -371,6 +378,11 @@ void OptimizerOffload::publish(size_t unit) {
     return;
   }
   rounded_destination(unit).copy_(masters_.at(unit));  // rounds to the compute dtype
+#ifdef TRAINER_HAVE_CUDA
+  // The copy overwrites rows the compute stream may still be writing or reading (the units' first
+  // rounding at start-up, a forward): after everything queued there so far.
+  if (on_cuda_) copies_->backward_done.record(c10::cuda::getCurrentCUDAStream(copies_->device));
+#endif
   send_to_device(unit);
   if (lowrank_ && lowrank_->covers(unit)) lowrank_->publish(unit);  // the device projectors from the host state
 }

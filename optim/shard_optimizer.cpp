@@ -127,6 +127,7 @@ ShardOptimizer::ShardOptimizer(const OptimizerSettings& settings, std::vector<Un
         if (suffix == ".exp_avg") p.exp_avg_rounding.index_base = static_cast<uint32_t>(span.needed_begin);
         if (suffix == ".exp_avg_sq") p.exp_avg_sq_rounding.index_base = static_cast<uint32_t>(span.needed_begin);
       }
+    state_bytes_ += static_cast<int64_t>(state.exp_avg.nbytes() + state.exp_avg_sq.nbytes() + state.projector.nbytes());
     units_.push_back(std::move(state));
   }
 }
@@ -290,13 +291,6 @@ bool ShardOptimizer::unit_needs_collectives(size_t unit) const {
   for (const ParameterState& p : units_.at(unit).parameters)
     if (p.rule == UpdateRule::subset_norm || p.rule == UpdateRule::galore) return true;
   return false;
-}
-
-int64_t ShardOptimizer::state_bytes() const {
-  int64_t bytes = 0;
-  for (const UnitState& unit : units_)
-    bytes += static_cast<int64_t>(unit.exp_avg.nbytes() + unit.exp_avg_sq.nbytes() + unit.projector.nbytes());
-  return bytes;
 }
 
 OwnedBytes ShardOptimizer::owned_bytes() const {

@@ -112,7 +112,7 @@ class ShardOptimizer {
   bool unit_needs_collectives(size_t unit) const;
   int64_t steps_taken() const { return step_; }
   // Bytes of optimizer state this rank holds (moments, subset norms, projectors).
-  int64_t state_bytes() const;
+  int64_t state_bytes() const { return state_bytes_; }
   OwnedBytes owned_bytes() const;
   // Seconds spent recomputing GaLore projectors since the last begin_step (0 for the other rules).
   double last_projector_seconds() const { return projector_seconds_; }
@@ -156,6 +156,9 @@ class ShardOptimizer {
   Communicator* across_;
   int64_t step_ = 0;
   double projector_seconds_ = 0;
+  // The state's bytes, counted once built: the buffers keep their sizes, and offload's worker points
+  // a unit at other buffers (rebind_unit) while the ledger reads this.
+  int64_t state_bytes_ = 0;
 };
 
 // Optimizer-state bytes one rank holds for one parameter under `rule`, from the geometry alone (the

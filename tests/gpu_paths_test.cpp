@@ -184,6 +184,7 @@ INSTANTIATE_TEST_SUITE_P(
         GpuCase{"grouped_projections_fp32_2_ranks", 2, "", "--grouped_projections", 1e-4},
         GpuCase{"padded_mlp_staged_2_ranks", 2, "", "--pad_matmul_dims on", 1e-4},
         // --offload_step (issue 43): the speculative host step and the device step over host state.
+        GpuCase{"offload_delayed_bf16_pure", 1, "", "--dtype bfloat16 --precision pure --offload optimizer --offload_delayed_update 1", 2e-2},
         GpuCase{"offload_speculative_bf16_pure", 1, "", "--dtype bfloat16 --precision pure --offload optimizer --offload_step speculative", 2e-2},
         GpuCase{"offload_device_bf16_pure", 1, "", "--dtype bfloat16 --precision pure --offload optimizer --offload_step device", 2e-2},
         // GaLore whole on one rank under the default offload: projected on the device, the low-rank
@@ -211,6 +212,12 @@ TEST(OnGpuOffloadSteps, EachModeGivesItsExactTwinsBits) {
     const Losses speculative = train("", 1, base + " --offload optimizer --offload_step speculative", speculative_dir.path());
     expect_equal_bits(plain, device);
     expect_equal_bits(host, speculative);
+    // A worker that lags 10 ms a task: the next step's forward and backward run ahead of its host
+    // steps and most speculative steps are left to the norm; the same bits.
+    ScratchDir lagging_dir("gpu_offload_speculative_lagging");
+    const Losses lagging = train("LLM_DEBUG_OFFLOAD_LAG_MS=10", 1, base + " --offload optimizer --offload_step speculative",
+                                 lagging_dir.path());
+    expect_equal_bits(host, lagging);
   }
 }
 
