@@ -137,7 +137,7 @@ case "$stage" in
     done
     ;;
   smoke)
-    step gpu_paths "unit_tests --gtest_filter='${SMOKE_FILTER:-Features/OnGpu.*:OnGpuCheckpoints.*:OnGpuDevices.*:OnGpuMemoryCheck.*:OnGpuParameterOffload.*:OnGpuFusedOps.*}' --gtest_brief=1"
+    step gpu_paths "unit_tests --gtest_filter='${SMOKE_FILTER:-Features/OnGpu.*:OnGpuCheckpoints.*:OnGpuDevices.*:OnGpuMemoryCheck.*:OnGpuParameterOffload.*:OnGpuFusedOps.*:OnGpuOffloadSteps.*}' --gtest_brief=1"
     ;;
   sanitize)
     if ! command -v compute-sanitizer >/dev/null; then
