@@ -171,7 +171,9 @@ void ShardOptimizer::step_unit(size_t unit, double lr, at::Tensor& compute_out, 
     // precomputed input was scaled, refreshed and projected where it was made.
     if (!p.precomputed_input.defined()) {
       if (gradient_scale != 1.0 && p.rule != UpdateRule::adamw) p.gradient.mul_(gradient_scale);
-      rule_of(p.rule).refresh(p, settings_, t, across_, &projector_seconds_);
+      double refresh_seconds = 0;
+      rule_of(p.rule).refresh(p, settings_, t, across_, &refresh_seconds);
+      projector_seconds_ += refresh_seconds;
     }
     p.exp_avg_rounding.key = p.exp_avg_sq_rounding.key = rounding_key(settings_.state_rounding_seed, t, p.model_index);
   }

@@ -35,6 +35,7 @@
 // any world size without any rank holding the full state.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -115,7 +116,7 @@ class ShardOptimizer {
   int64_t state_bytes() const { return state_bytes_; }
   OwnedBytes owned_bytes() const;
   // Seconds spent recomputing GaLore projectors since the last begin_step (0 for the other rules).
-  double last_projector_seconds() const { return projector_seconds_; }
+  double last_projector_seconds() const { return projector_seconds_.load(); }
   const OptimizerSettings& settings() const { return settings_; }
 
   // Full tensors, the same at any world size. Collective. load_full_state_dict checks every key and
@@ -155,7 +156,8 @@ class ShardOptimizer {
   std::vector<UnitState> units_;
   Communicator* across_;
   int64_t step_ = 0;
-  double projector_seconds_ = 0;
+  // Atomic: offload's worker steps units (and refreshes their projectors) while a record reads it.
+  std::atomic<double> projector_seconds_ = 0;
   // The state's bytes, counted once built: the buffers keep their sizes, and offload's worker points
   // a unit at other buffers (rebind_unit) while the ledger reads this.
   int64_t state_bytes_ = 0;
