@@ -160,6 +160,12 @@ at::Tensor exact_host_buffer(int64_t elements, at::ScalarType dtype, c10::Device
   return at::empty({elements}, options);
 }
 
+at::Tensor exact_host_copy(const at::Tensor& from, c10::Device pinned_for) {
+  at::Tensor copy = exact_host_buffer(from.numel(), from.scalar_type(), pinned_for);
+  copy.copy_(from.reshape({-1}));
+  return copy;
+}
+
 int64_t exact_pinned_bytes() { return exact_pinned.load(); }
 
 int64_t device_peak_allocated_bytes(c10::Device device) {

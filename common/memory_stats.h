@@ -57,6 +57,8 @@ PinnedMemoryStats pinned_memory_stats(c10::Device device);
 // the current one). Freed (cudaFreeHost) with its last tensor; not in pinned_memory_stats, but in
 // exact_pinned_bytes().
 at::Tensor exact_host_buffer(int64_t elements, at::ScalarType dtype, c10::Device pinned_for);
+// A flat copy of `from` (its elements and dtype) in an exact_host_buffer.
+at::Tensor exact_host_copy(const at::Tensor& from, c10::Device pinned_for);
 // The bytes exact_host_buffer holds page-locked now, in this process (0 on CPU).
 int64_t exact_pinned_bytes();
 

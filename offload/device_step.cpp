@@ -21,28 +21,15 @@ int64_t unit_bytes(const ShardOptimizer::UnitBuffers& buffers) {
                               buffers.exp_avg_sq.nbytes());
 }
 
-// A unit's four buffers, paired with another set's, in window order: fp32 first (master, projector),
-// then the moments (fp32 or bf16), so every part starts at a multiple of its element size.
-template <typename A, typename B, typename Each>
-void for_each_part(A& a, B& b, Each each) {
-  each(a.master, b.master);
-  each(a.projector, b.projector);
-  each(a.exp_avg, b.exp_avg);
-  each(a.exp_avg_sq, b.exp_avg_sq);
-}
-
-// Every buffer of `to` from `from`'s (asynchronous on CUDA between page-locked and device memory).
-void copy_all(const ShardOptimizer::UnitBuffers& to, const ShardOptimizer::UnitBuffers& from, bool async) {
-  for_each_part(to, from, [async](const at::Tensor& into, const at::Tensor& source) { into.copy_(source, async); });
-}
-
-}  // namespace
-
-int64_t device_step_window_bytes(const std::vector<ShardOptimizer::UnitBuffers>& units) {
+// One window's bytes: the largest unit's master and state (the estimate's estimate_masters_and_state
+// with largest, memory/estimate_optimizer.h).
+int64_t window_bytes_for(const std::vector<ShardOptimizer::UnitBuffers>& units) {
   int64_t largest = 0;
   for (const ShardOptimizer::UnitBuffers& unit : units) largest = std::max(largest, unit_bytes(unit));
   return largest;
 }
+
+}  // namespace
 
 #ifdef TRAINER_HAVE_CUDA
 struct DeviceStep::Streams {
@@ -64,7 +51,7 @@ DeviceStep::DeviceStep(ShardOptimizer& optimizer, std::vector<ShardOptimizer::Un
     : optimizer_(optimizer), host_(std::move(host)), device_(device) {
   LLM_REQUIRE(host_.size() == optimizer_.unit_count(), "offload", "--offload_step device",
               "needs every unit's host buffers");
-  const int64_t bytes = std::max<int64_t>(device_step_window_bytes(host_), 1);
+  const int64_t bytes = std::max<int64_t>(window_bytes_for(host_), 1);
   for (int w = 0; w < 2; ++w)
     windows_.push_back(at::empty({bytes}, at::TensorOptions().dtype(at::kByte).device(device_)));
 #ifdef TRAINER_HAVE_CUDA
@@ -91,11 +78,14 @@ ShardOptimizer::UnitBuffers DeviceStep::window_views(size_t window, size_t unit)
   const ShardOptimizer::UnitBuffers& host = host_.at(unit);
   ShardOptimizer::UnitBuffers views;
   int64_t offset = 0;
-  for_each_part(views, host, [&](at::Tensor& view, const at::Tensor& from) {
-    const int64_t bytes = static_cast<int64_t>(from.nbytes());
-    view = windows_.at(window).narrow(0, offset, bytes).view(from.scalar_type());
+  // fp32 first (master, projector), then the moments (fp32 or bf16): every part starts at a multiple
+  // of its element size.
+  for (auto [view, from] : {std::pair{&views.master, &host.master}, std::pair{&views.projector, &host.projector},
+                            std::pair{&views.exp_avg, &host.exp_avg}, std::pair{&views.exp_avg_sq, &host.exp_avg_sq}}) {
+    const int64_t bytes = static_cast<int64_t>(from->nbytes());
+    *view = windows_.at(window).narrow(0, offset, bytes).view(from->scalar_type());
     offset += bytes;
-  });
+  }
   return views;
 }
 
@@ -112,14 +102,14 @@ void DeviceStep::step_unit(size_t unit, double lr, double scale, const at::Tenso
       c10::cuda::CUDAStreamGuard on_copy(s.to_device);
       s.window_free.at(window).block(s.to_device);  // (a never-recorded event blocks nothing)
       s.unit_back.at(unit).block(s.to_device);      // the unit's last step is back in its host buffers
-      copy_all(views, host, /*async=*/true);
+      views.copy_from(host, /*non_blocking=*/true);
       s.window_in.at(window).record(s.to_device);
     }
     s.window_in.at(window).block(compute);
   } else
 #endif
   {
-    copy_all(views, host, /*async=*/false);
+    views.copy_from(host);
   }
   // The step itself, on the compute stream: the optimizer pointed at the window for the call.
   optimizer_.rebind_unit(unit, views);
@@ -141,13 +131,13 @@ void DeviceStep::step_unit(size_t unit, double lr, double scale, const at::Tenso
     stepped.record(c10::cuda::getCurrentCUDAStream(device_.index()));
     stepped.block(s.to_host);
     c10::cuda::CUDAStreamGuard on_copy(s.to_host);
-    copy_all(host, views, /*async=*/true);
+    host.copy_from(views, /*non_blocking=*/true);
     s.window_free.at(window).record(s.to_host);
     s.unit_back.at(unit).record(s.to_host);
     return;
   }
 #endif
-  copy_all(host, views, /*async=*/false);
+  host.copy_from(views);
 }
 
 void DeviceStep::synchronize() {

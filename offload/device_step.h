@@ -60,7 +60,4 @@ class DeviceStep {
   std::unique_ptr<Streams> streams_;
 };
 
-// The bytes of one window for these units: the largest unit's master and state (the estimate's).
-int64_t device_step_window_bytes(const std::vector<ShardOptimizer::UnitBuffers>& units);
-
 }  // namespace llm

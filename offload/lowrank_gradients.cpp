@@ -12,19 +12,14 @@ LowRankGradients::LowRankGradients(ShardOptimizer& optimizer, const std::vector<
     : optimizer_(optimizer), settings_(optimizer.settings()), across_(across), matrices_(optimizer.unit_count()),
       landing_(landing) {
   for (size_t u = 0; u < optimizer_.unit_count(); ++u) {
-    const std::vector<UpdateRule> rules = [&] {
-      std::vector<UpdateRule> out;
-      for (const ParameterState& p : optimizer_.unit_state(u).parameters) out.push_back(p.rule);
-      return out;
-    }();
-    if (std::count(rules.begin(), rules.end(), UpdateRule::galore) == 0) continue;
+    const std::vector<ParameterState>& unit = optimizer_.unit_state(u).parameters;
+    if (std::none_of(unit.begin(), unit.end(), [](const ParameterState& p) { return p.rule == UpdateRule::galore; }))
+      continue;
     if (device.is_cuda()) {
       // The projectors cross at each refresh: into page-locked host state, so the copy is
       // asynchronous and the next unit's device half is queued without waiting for this one's.
       ShardOptimizer::UnitBuffers buffers = optimizer_.unit_buffers(u);
-      at::Tensor pinned = exact_host_buffer(buffers.projector.numel(), buffers.projector.scalar_type(), device);
-      pinned.copy_(buffers.projector);
-      buffers.projector = pinned;
+      buffers.projector = exact_host_copy(buffers.projector, device);
       optimizer_.rebind_unit(u, buffers);
     }
     const std::vector<ParameterState>& parameters = optimizer_.unit_state(u).parameters;
@@ -50,16 +45,11 @@ LowRankGradients::LowRankGradients(ShardOptimizer& optimizer, const std::vector<
   }
 }
 
-bool LowRankGradients::any() const {
-  return std::any_of(matrices_.begin(), matrices_.end(), [](const std::vector<Matrix>& m) { return !m.empty(); });
-}
-
 std::vector<std::pair<at::Tensor, at::Tensor>> LowRankGradients::prepare(size_t unit, const at::Tensor& device_gradient,
                                                                           double gradient_scale) {
   const std::vector<ParameterState>& parameters = optimizer_.unit_state(unit).parameters;
   const int64_t t = optimizer_.steps_taken();
   std::vector<std::pair<at::Tensor, at::Tensor>> copies;
-  std::vector<bool> projected(parameters.size(), false);
   double projector_seconds = 0;
   for (Matrix& matrix : matrices_.at(unit)) {
     const ParameterState& host = parameters[matrix.parameter];
@@ -74,10 +64,9 @@ std::vector<std::pair<at::Tensor, at::Tensor>> LowRankGradients::prepare(size_t 
     copies.emplace_back(host.precomputed_input, lowrank);
     if (galore_refreshes_at(p, settings_, t)) copies.emplace_back(host.projector, p.projector);  // a new one
     p.gradient = at::Tensor();  // nothing keeps the shard alive past its step
-    projected[matrix.parameter] = true;
   }
   for (size_t i = 0; i < parameters.size(); ++i) {
-    if (projected[i]) continue;
+    if (parameters[i].precomputed_input.defined()) continue;  // a GaLore matrix's, above
     const ShardedParameter& parameter = parameters[i].parameter;
     copies.emplace_back(landing_.at(unit).narrow(0, parameter.shard_offset, parameter.shard_numel()),
                         device_gradient.narrow(0, parameter.shard_offset, parameter.shard_numel()));

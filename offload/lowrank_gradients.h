@@ -40,7 +40,6 @@ class LowRankGradients {
                    Communicator* across);
 
   bool covers(size_t unit) const { return !matrices_.at(unit).empty(); }
-  bool any() const;
   // The device half of the unit's step t (after begin_step), on the current stream: scale, refresh,
   // project. Returns the copies to make, (host destination, device source), in order: each GaLore
   // matrix's low-rank gradient (and its projector at a refresh), then each other parameter's gradient.

@@ -13,25 +13,35 @@ void OptimizerOffload::land_gradient(size_t unit) {
   ShardedUnit& sharded = model_.unit(unit);
   at::Tensor shard = sharded.take_gradient_shard();
 #ifdef TRAINER_HAVE_CUDA
+  // The shard is final once the compute stream reaches here (a resident unit's reduction ran there;
+  // copy_to_host orders after it) and the reduce stream is past its reduce-scatter (a sharded unit's).
+  if (on_cuda_) sharded.order_after_reduce(copies_->to_host.unwrap());
+#endif
+  copy_to_host(unit, {{gradients_.at(unit), shard}});
+}
+
+// Each (host, device) pair's device tensor into its host one, after everything queued on the compute
+// stream so far; the unit's landing event marks them done (CUDA: on the copy stream; CPU: in line).
+void OptimizerOffload::copy_to_host(size_t unit, const std::vector<std::pair<at::Tensor, at::Tensor>>& copies) {
+#ifdef TRAINER_HAVE_CUDA
   if (on_cuda_) {
-    // The shard is final once the compute stream reaches here (a resident unit's reduction ran
-    // there) and the reduce stream is past its reduce-scatter (a sharded unit's).
-    c10::cuda::CUDAEvent reduced;
-    reduced.record(c10::cuda::getCurrentCUDAStream(copies_->device));
-    reduced.block(copies_->to_host);
-    sharded.order_after_reduce(copies_->to_host.unwrap());
+    c10::cuda::CUDAEvent ready;
+    ready.record(c10::cuda::getCurrentCUDAStream(copies_->device));
+    ready.block(copies_->to_host);
     c10::cuda::CUDAStreamGuard on_copy_stream(copies_->to_host);
-    gradients_.at(unit).copy_(shard, /*non_blocking=*/true);
+    for (const auto& [host, device] : copies) {
+      host.copy_(device, /*non_blocking=*/true);
+      // The block was allocated on the compute stream and is read by the copy stream: the caching
+      // allocator must not hand it out again before the copy is done. recordStream defers its reuse
+      // to that point (an event it queries at later allocations), as FSDP does for its reduce-scatter
+      // outputs handed across streams.
+      device.record_stream(copies_->to_host.unwrap());
+    }
     copies_->gradient_landed.at(unit).record(copies_->to_host);
-    // The block was allocated on the compute stream and is read by the copy stream: the caching
-    // allocator must not hand it out again before the copy is done. recordStream defers its reuse
-    // to that point (an event it queries at later allocations), as FSDP does for its reduce-scatter
-    // outputs handed across streams.
-    shard.record_stream(copies_->to_host.unwrap());
     return;
   }
 #endif
-  gradients_.at(unit).copy_(shard);
+  for (const auto& [host, device] : copies) host.copy_(device);
 }
 
 at::Tensor& OptimizerOffload::staged_rows(size_t unit) {
@@ -61,12 +71,7 @@ at::Tensor& OptimizerOffload::rounded_destination(size_t unit) {
     sharded.wait_host_reads();  // every gather issued so far has copied the shard to the device
     return sharded.compute_shard();
   }
-#ifdef TRAINER_HAVE_CUDA
-  if (on_cuda_) {
-    copies_->update_landed.at(unit).synchronize();  // the staging buffer's last H2D copy is done
-    return staging_.at(unit);
-  }
-#endif
+  if (on_cuda_) return staged_rows(unit);
   // Delayed, the forward and backward read the compute shard while the step runs: staged instead.
   return delayed_ ? staging_.at(unit) : sharded.compute_shard();
 }
@@ -104,21 +109,7 @@ void OptimizerOffload::land_lowrank(size_t unit, double gradient_scale) {
   int64_t bytes = 0;
   for (const auto& copy : copies) bytes += static_cast<int64_t>(copy.second.nbytes());
   record("lowrank", static_cast<int64_t>(unit), steps_, bytes);
-#ifdef TRAINER_HAVE_CUDA
-  if (on_cuda_) {
-    c10::cuda::CUDAEvent projected;
-    projected.record(c10::cuda::getCurrentCUDAStream(copies_->device));
-    projected.block(copies_->to_host);
-    c10::cuda::CUDAStreamGuard on_copy_stream(copies_->to_host);
-    for (const auto& [host, device] : copies) {
-      host.copy_(device, /*non_blocking=*/true);
-      device.record_stream(copies_->to_host.unwrap());  // the low-rank results: kept until copied
-    }
-    copies_->gradient_landed.at(unit).record(copies_->to_host);
-    return;
-  }
-#endif
-  for (const auto& [host, device] : copies) host.copy_(device);
+  copy_to_host(unit, copies);
 }
 
 }  // namespace llm

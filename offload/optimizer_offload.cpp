@@ -110,12 +110,9 @@ OptimizerOffload::OptimizerOffload(ShardedModel& model, const OptimizerSettings&
                   "steps AdamW, or any optimizer on one rank or no_shard: " + model.unit(u).name() +
                       "'s step sums across ranks");
       const ShardOptimizer::UnitBuffers pageable = optimizer_->unit_buffers(u);
-      ShardOptimizer::UnitBuffers pinned{pageable.master};
-      for (auto [into, from] : {std::pair{&pinned.exp_avg, &pageable.exp_avg}, std::pair{&pinned.exp_avg_sq, &pageable.exp_avg_sq},
-                                std::pair{&pinned.projector, &pageable.projector}}) {
-        *into = exact_host_buffer(from->numel(), from->scalar_type(), device);
-        into->copy_(*from);
-      }
+      const ShardOptimizer::UnitBuffers pinned{pageable.master, exact_host_copy(pageable.exp_avg, device),
+                                               exact_host_copy(pageable.exp_avg_sq, device),
+                                               exact_host_copy(pageable.projector, device)};
       optimizer_->rebind_unit(u, pinned);
       optimizer_->set_unit_gradient(u, at::Tensor());  // the shard the step is handed, each step
       host_buffers.push_back(pinned);

@@ -185,6 +185,7 @@ class OptimizerOffload {
   void land_gradient(size_t unit);  // the unit's gradient shard to its host landing buffer, then freed
   // GaLore's device half of the unit's step and its low-rank gradients to the landing buffer.
   void land_lowrank(size_t unit, double gradient_scale);
+  void copy_to_host(size_t unit, const std::vector<std::pair<at::Tensor, at::Tensor>>& copies);
   void run(const Task& task);  // either thread
   void step_on_device(double lr, double gradient_scale);  // device mode's step()
   // Scale, step, publish to the device (delayed: stage only); either thread.
@@ -195,7 +196,7 @@ class OptimizerOffload {
   void host_update(size_t unit, double lr, double scale, at::Tensor& destination,
                    const ShardOptimizer::UnitBuffers* from = nullptr);
   void deliver_staged(size_t unit);  // the staged rows to the compute shard / device
-  at::Tensor& staged_rows(size_t unit);  // the staging buffer, once its last copy to the device is done
+  at::Tensor& staged_rows(size_t unit);  // the staging buffer, once its last copy to the device is done (CUDA)
   void record(const char* what, int64_t unit, int64_t step, int64_t bytes = 0);
   void wait_done(size_t unit);     // until the worker has stepped the unit
   void order_after_update(size_t unit);  // the compute stream after the unit's last H2D copy (CUDA)

@@ -267,10 +267,7 @@ void ShardOptimizer::step_unit_from(size_t unit, const UnitBuffers& from, double
   const bool adamw_only = std::all_of(state.parameters.begin(), state.parameters.end(),
                                       [](const ParameterState& p) { return p.rule == UpdateRule::adamw; });
   if (!adamw_only) {
-    state.master.copy_(from.master);
-    state.exp_avg.copy_(from.exp_avg);
-    state.exp_avg_sq.copy_(from.exp_avg_sq);
-    state.projector.copy_(from.projector);
+    unit_buffers(unit).copy_from(from);
     step_unit(unit, lr, compute_out, gradient_scale);
     return;
   }

@@ -94,6 +94,13 @@ class ShardOptimizer {
   // offload/optimizer_offload.h).
   struct UnitBuffers {
     at::Tensor master, exp_avg, exp_avg_sq, projector;
+    // Each buffer from `from`'s (a set laid out alike; non_blocking as copy_'s).
+    void copy_from(const UnitBuffers& from, bool non_blocking = false) const {
+      master.copy_(from.master, non_blocking);
+      exp_avg.copy_(from.exp_avg, non_blocking);
+      exp_avg_sq.copy_(from.exp_avg_sq, non_blocking);
+      projector.copy_(from.projector, non_blocking);
+    }
   };
   UnitBuffers unit_buffers(size_t unit) const;
   // Points the unit's parameters at other buffers of the same sizes and dtypes, on any device (each
