@@ -27,6 +27,7 @@
 #include "checkpoint/interchange/safetensors.h"
 #include "common/crc32c.h"
 #include "common/errors.h"
+#include "common/output_files.h"
 #include "common/watchdog.h"
 #include "sharding/communicator.h"
 #include "sharding/world.h"
@@ -77,21 +78,14 @@ constexpr const char* kNotSaved =
 // file. The bytes are fsynced before the close is checked, so that once the save says "saved" a power
 // loss cannot leave the file empty or short; a failed fsync is a failed write.
 void write_checked(const fs::path& path, const char* data, size_t size) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int fd = open_output_file(path, O_WRONLY | O_TRUNC, "--save_dir");
   if (fd < 0) {
     const int error_number = errno;  // before any argument's construction can change it
     fail_save(path, "could not be written", "", error_number);
   }
-  while (size > 0) {
-    const ssize_t written = ::write(fd, data, size);
-    if (written < 0 && errno == EINTR) continue;
-    if (written <= 0) {
-      const int error_number = written < 0 ? errno : EIO;
-      ::close(fd);
-      fail_save(path, "could not be written", "", error_number);
-    }
-    data += written;
-    size -= static_cast<size_t>(written);
+  if (const int error_number = write_fully(fd, data, size); error_number != 0) {
+    ::close(fd);
+    fail_save(path, "could not be written", "", error_number);
   }
   if (::fsync(fd) != 0) {
     const int error_number = errno;

@@ -22,6 +22,7 @@
 #include "config/training_settings.h"
 #include "data/corpus_identity.h"
 #include "data/token_corpus.h"
+#include "common/json_file.h"
 
 namespace llm {
 namespace fs = std::filesystem;
@@ -43,8 +44,9 @@ nlohmann::json read_manifest(const fs::path& folder) {
     fail_user(path.string(), "", not_regular + ": the folder is not a checkpoint");
   std::ifstream in(path);
   LLM_REQUIRE(in.good(), path.string(), "", "missing checkpoint file");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   try {
-    return nlohmann::json::parse(in);
+    return parse_json_text(text, path.string());
   } catch (const nlohmann::json::exception& parse_error) {
     fail_user(path.string(), "", std::string("not valid JSON: ") + parse_error.what());
   }
@@ -168,12 +170,12 @@ nlohmann::json intact_manifest(const fs::path& root, std::string* problem) {
                       manifest.at(key).get<int64_t>() >= least,
                   "manifest.json", key,
                   "expected an integer >= " + std::to_string(least) + " (got " +
-                      (manifest.contains(key) ? manifest.at(key).dump() : std::string("nothing")) + ")");
+                      (manifest.contains(key) ? json_excerpt(manifest.at(key)) : std::string("nothing")) + ")");
     };
     integer_at_least("world_size", 1);
     if (manifest.contains("optimizer_step")) integer_at_least("optimizer_step", 0);
     LLM_REQUIRE(!manifest.contains("run_id") || manifest.at("run_id").is_string(), "manifest.json", "run_id",
-                "expected a string (got " + manifest.value("run_id", nlohmann::json()).dump() + ")");
+                "expected a string (got " + json_excerpt(manifest.value("run_id", nlohmann::json())) + ")");
   } catch (const UserError& error) {
     *problem = error.what();
     return nullptr;
@@ -202,7 +204,7 @@ nlohmann::json intact_manifest(const fs::path& root, std::string* problem) {
     if (!listed.is_object() || !listed.contains("bytes") || !listed.at("bytes").is_number_unsigned() ||
         listed.at("bytes").get<uint64_t>() != size) {
       *problem = name + ": " + std::to_string(size) + " bytes, but manifest.json lists " +
-                 (listed.is_object() && listed.contains("bytes") ? listed.at("bytes").dump() : std::string("no size"));
+                 (listed.is_object() && listed.contains("bytes") ? json_excerpt(listed.at("bytes")) : std::string("no size"));
       return nullptr;
     }
   }
@@ -247,8 +249,10 @@ std::string staging_problem(const fs::path& staging) {
   if (kind != "a folder") return "is " + kind;
   for (const auto& entry : fs::directory_iterator(staging, error)) {
     const std::string name = entry.path().filename().string();
-    if (!is_checkpoint_part(name) || entry.is_symlink(error) || !entry.is_regular_file(error))
-      return "holds " + name + ", which no save writes";
+    if (entry.is_symlink(error))  // even under a save's name: a save writes files, never links
+      return "holds " + name + ", a symbolic link (to " + link_target(entry.path()) + "), which no save writes";
+    if (!is_checkpoint_part(name) || !entry.is_regular_file(error))
+      return "holds " + name + (entry.is_directory(error) ? ", a folder," : "") + ", which no save writes";
   }
   return "";
 }
@@ -368,8 +372,8 @@ void require_same_model(const std::string& folder, const nlohmann::json& manifes
   if (saved.is_object())
     for (const auto& [key, value] : ours.items())
       if (saved.value(key, nlohmann::json()) != value)
-        differences += (differences.empty() ? "" : ", ") + key + " " + saved.value(key, nlohmann::json()).dump() +
-                       " there, " + value.dump() + " here";
+        differences += (differences.empty() ? "" : ", ") + key + " " + json_excerpt(saved.value(key, nlohmann::json())) +
+                       " there, " + json_excerpt(value) + " here";
   fail_user(folder, "manifest.json: model",
             "the checkpoint was made for another model config" +
                 (differences.empty() ? std::string() : " (" + differences + ")") + " than --config " + model.name +
@@ -465,8 +469,8 @@ void warn_of_other_data(const RunConfig& run, const std::string& folder, const n
   const nlohmann::json now = data_fingerprint(ours);
   if (now.is_null() || now == recorded) return;
   const std::string what = now.value("bytes", uint64_t{0}) != recorded.value("bytes", uint64_t{0})
-                               ? recorded.value("bytes", nlohmann::json()).dump() + " bytes then, " +
-                                     now.at("bytes").dump() + " now"
+                               ? json_excerpt(recorded.value("bytes", nlohmann::json())) + " bytes then, " +
+                                     json_excerpt(now.at("bytes")) + " now"
                                : "the same size, but its first MiB differs";
   log::warn("--data: {} has changed since the checkpoint {} was saved ({}; manifest.json: data_file): the resume is "
             "not exact; {} over the file as it is now. If that is not meant, put back the file the run trained on",
@@ -521,6 +525,10 @@ nlohmann::json check_same_data(const RunConfig& run, const ModelConfig& model, c
 void refuse_changed_training_settings(const RunConfig& run, const std::string& folder, const nlohmann::json& state,
                                       bool log_warnings) {
   if (!state.is_object() || !state.contains("run")) return;  // an older build's checkpoint
+  // A "run" that is not an object would turn the check off without a word: damage, said.
+  LLM_REQUIRE(state.at("run").is_object(), folder + "/manifest.json", "run",
+              "expected an object of the flags that wrote the checkpoint (got " + json_excerpt(state.at("run")) +
+                  "): the manifest is damaged or was edited; resume from an earlier step_<N> folder");
   const std::vector<SettingDifference> differences = training_setting_differences(state.at("run"), run);
   if (!differences.empty() && !run.checkpoint.allow_changed_flags)
     fail_user(folder + "/manifest.json", "run",

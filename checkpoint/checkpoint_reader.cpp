@@ -21,6 +21,7 @@
 #include "common/crc32c.h"
 #include "common/errors.h"
 #include "common/watchdog.h"
+#include "common/json_file.h"
 
 namespace llm {
 namespace fs = std::filesystem;
@@ -53,7 +54,7 @@ CheckpointReader::CheckpointReader(std::string folder) : folder_(std::move(folde
                     ": the file is damaged; resume from an earlier step_<N> folder");
     nlohmann::json index;
     try {
-      index = nlohmann::json::parse(text);
+      index = parse_json_text(text, path.string());
     } catch (const nlohmann::json::exception& parse_error) {
       fail_user(path.string(), "", std::string("not valid JSON: ") + parse_error.what());
     }
@@ -68,7 +69,7 @@ CheckpointReader::CheckpointReader(std::string folder) : folder_(std::move(folde
           !entry.at("count").is_number_unsigned() || !entry.at("crc32c").is_string())
         bad("expected {\"shape\": [...], \"begin\", \"count\", \"crc32c\"}");
       for (const nlohmann::json& size : entry.at("shape"))
-        if (!size.is_number_unsigned()) bad("shape holds " + size.dump() + ", not a size: the index is damaged");
+        if (!size.is_number_unsigned()) bad("shape holds " + json_excerpt(size) + ", not a size: the index is damaged");
       Tensor& tensor = tensors_[key];
       const std::vector<int64_t> shape = entry.at("shape").get<std::vector<int64_t>>();
       if (checked_element_count(shape) < 0)
@@ -76,8 +77,10 @@ CheckpointReader::CheckpointReader(std::string folder) : folder_(std::move(folde
       if (tensor.parts.empty()) tensor.full_shape = shape;
       if (shape != tensor.full_shape)
         bad("full shape " + shape_text(shape) + " here, " + shape_text(tensor.full_shape) + " in another rank's index");
-      tensor.parts.push_back({file_names_.size() - 1, entry.at("begin").get<int64_t>(), entry.at("count").get<int64_t>(),
-                              static_cast<uint32_t>(std::stoul(entry.at("crc32c").get<std::string>(), nullptr, 16))});
+      uint32_t crc = 0;
+      if (!parse_crc_text(entry.at("crc32c").get<std::string>(), &crc))
+        bad("crc32c " + json_excerpt(entry.at("crc32c")) + " is not a CRC-32C (8 hex digits): the index is damaged");
+      tensor.parts.push_back({file_names_.size() - 1, entry.at("begin").get<int64_t>(), entry.at("count").get<int64_t>(), crc});
     }
   }
   // The ranks' parts of each tensor tile its shape exactly: a shape that claims more (or fewer)

@@ -1,6 +1,7 @@
 #include "checkpoint/train_state.h"
 
 #include "common/errors.h"
+#include "common/json_file.h"
 
 namespace llm {
 
@@ -23,7 +24,7 @@ TrainState TrainState::from_json(const nlohmann::json& object, const std::string
   // Checkpoints written before the seed was part of the state lack it: the run's --seed stands.
   if (object.contains("seed")) {
     LLM_REQUIRE(object.at("seed").is_number_unsigned(), source, "seed",
-                "expected an integer >= 0 (got " + object.at("seed").dump() + ")");
+                "expected an integer >= 0 (got " + json_excerpt(object.at("seed")) + ")");
     state.seed = object.at("seed").get<uint64_t>();
   }
   return state;

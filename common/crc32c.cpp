@@ -57,4 +57,16 @@ std::string crc_text(uint32_t crc) {
   return text;
 }
 
+bool parse_crc_text(const std::string& text, uint32_t* crc) {
+  if (text.size() != 8) return false;
+  uint32_t value = 0;
+  for (const char c : text) {
+    const int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    if (digit < 0) return false;
+    value = value << 4 | static_cast<uint32_t>(digit);
+  }
+  *crc = value;
+  return true;
+}
+
 }  // namespace llm

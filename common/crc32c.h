@@ -17,4 +17,8 @@ uint32_t crc32c(const void* data, size_t size, uint32_t crc = 0);
 // A CRC as checkpoints and data identities write it: 8 lower-case hex digits.
 std::string crc_text(uint32_t crc);
 
+// The CRC that `text` writes as crc_text does (8 hex digits, either case); false for anything else
+// (a damaged or hand-edited index: the caller names the file and key).
+bool parse_crc_text(const std::string& text, uint32_t* crc);
+
 }  // namespace llm

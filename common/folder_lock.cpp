@@ -10,6 +10,7 @@
 #include <ctime>
 
 #include "common/errors.h"
+#include "common/output_files.h"
 
 namespace llm {
 namespace fs = std::filesystem;
@@ -23,6 +24,8 @@ std::string read_holder(int descriptor) {
   while (!holder.empty() && (holder.back() == '\n' || holder.back() == '\0')) holder.pop_back();
   return holder;
 }
+
+std::string article(const std::string& noun) { return (noun.starts_with("o") ? "an " : "a ") + noun; }
 
 std::string this_holder() {
   char host[256] = {};
@@ -46,9 +49,15 @@ FolderLock::FolderLock(const fs::path& lock_file, const fs::path& named, const s
 }
 
 std::unique_ptr<FolderLock> FolderLock::output(const fs::path& output, const std::string& what) {
+  refuse_inside_checkpoint(output, what);
   const fs::path absolute = fs::absolute(output).lexically_normal();
   const fs::path parent = absolute.has_filename() ? absolute.parent_path() : absolute.parent_path().parent_path();
   const std::string name = (absolute.has_filename() ? absolute : absolute.parent_path()).filename().string();
+  // The output's folders are created (export's --to "runs/a/b" where runs/a is new): the lock sits in
+  // the parent, so it must exist first.
+  if (const std::error_code error = create_folders_durably(parent))
+    throw UserError(what + " " + output.string() + ": cannot create its folder " + parent.string() + " (" +
+                    error.message() + ")");
   return std::unique_ptr<FolderLock>(
       new FolderLock(parent / ("." + name + ".trainer.lock"), output, what, /*remove_when_released=*/true));
 }
@@ -59,10 +68,10 @@ void FolderLock::take(const fs::path& path, const std::string& subject, const st
   // before, and would then lock an unlinked inode while a third creates a new one. So after locking,
   // the path must still name the locked file; else open it again.
   for (int attempt = 0;; ++attempt) {
-    descriptor_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    descriptor_ = open_output_file(path, O_RDWR, subject + "'s lock");
     if (descriptor_ < 0)
       throw UserError(subject + ": cannot open its lock file " + path.string() + " (" + std::strerror(errno) +
-                      "); pass a " + noun + " you can write");
+                      "); pass " + article(noun) + " you can write");
     if (::flock(descriptor_, LOCK_EX | LOCK_NB) != 0) {
       const int error_number = errno;
       const std::string holder = read_holder(descriptor_);
@@ -74,7 +83,7 @@ void FolderLock::take(const fs::path& path, const std::string& subject, const st
                         "): two jobs on one " + noun + " would interleave or replace each other's files. Wait for it "
                         "to end, stop it, or pass another " + noun);
       throw UserError(subject + ": cannot lock " + path.string() + " (" + std::strerror(error_number) +
-                      "): the file system does not support locks (Lustre: mount with -o flock); pass a " + noun +
+                      "): the file system does not support locks (Lustre: mount with -o flock); pass " + article(noun) +
                       " on one that does");
     }
     struct stat locked {}, named {};

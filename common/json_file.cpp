@@ -85,7 +85,50 @@ std::pair<int, std::string> locate_number(const std::string& text, const std::st
   return {line, open == std::string::npos ? "" : text.substr(open + 1, close - open - 1)};
 }
 
+// The line (1-based) where `text`'s arrays and objects first nest deeper than `limit`, or 0. Brackets
+// inside strings do not count; the text need not be valid JSON (the parser says what else is wrong).
+int line_nesting_deeper_than(std::string_view text, int limit) {
+  int depth = 0, line = 1;
+  bool in_string = false, escaped = false;
+  for (const char c : text) {
+    if (c == '\n') ++line;
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+      continue;
+    }
+    if (c == '"') in_string = true;
+    else if (c == '[' || c == '{') {
+      if (++depth > limit) return line;
+    } else if ((c == ']' || c == '}') && depth > 0) --depth;
+  }
+  return 0;
+}
+
+void refuse_deep_nesting(std::string_view text, const std::string& source) {
+  if (const int line = line_nesting_deeper_than(text, kMaxJsonDepth); line > 0)
+    fail_user(source, "",
+              "its JSON nests arrays or objects more than " + std::to_string(kMaxJsonDepth) + " deep (line " +
+                  std::to_string(line) + "): no file the trainer reads nests more than a few levels; is it "
+                  "damaged, or not the file meant?");
+}
+
 }  // namespace
+
+json parse_json_text(std::string_view text, const std::string& source, bool allow_exceptions) {
+  if (!allow_exceptions && line_nesting_deeper_than(text, kMaxJsonDepth) > 0) return json(json::value_t::discarded);
+  refuse_deep_nesting(text, source);
+  return json::parse(text, nullptr, allow_exceptions);
+}
+
+std::string json_excerpt(const json& value, size_t max_chars) {
+  std::string text = value.dump();
+  if (text.size() <= max_chars) return text;
+  const size_t full = text.size();
+  text.resize(max_chars > 3 ? max_chars - 3 : 0);
+  return text + "... (" + std::to_string(full) + " characters)";
+}
 
 json read_json_file(const std::string& path, const std::string& what_to_pass) {
   // A device, fifo or socket: /dev/null reads as nothing and a fifo would block start-up forever;
@@ -103,6 +146,7 @@ json read_json_file(const std::string& path, const std::string& what_to_pass) {
 
   json object;
   try {
+    refuse_deep_nesting(text, path);
     object = parse_rejecting_duplicate_keys(text, path);
   } catch (const json::parse_error& parse_error) {
     // nlohmann's text is "[json.exception.parse_error.101] parse error at line L, column C: ...".

@@ -12,6 +12,7 @@
 #include <ATen/ops/from_blob.h>
 
 #include "common/errors.h"
+#include "common/output_files.h"
 
 #ifdef TRAINER_HAVE_CUDA
 #include <ATen/Context.h>
@@ -197,9 +198,7 @@ void write_device_memory_snapshot(c10::Device device, const std::string& path) {
   require_cuda(device);
 #ifdef TRAINER_HAVE_CUDA
   const std::string pickled = torch::cuda::_memory_snapshot_pickled();
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  LLM_REQUIRE(out.good(), path, "", "cannot write the memory snapshot; check --run_dir");
-  out.write(pickled.data(), static_cast<std::streamsize>(pickled.size()));
+  write_file_atomically(path, pickled);
 #else
   (void)path;
 #endif

@@ -4,7 +4,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
@@ -39,6 +41,67 @@ void refuse_unless_absent_or(const fs::path& path, OutputKind kind, const std::s
   if (found.empty() || found == wanted) return;
   throw UserError(what + ": " + path.string() + " exists and is " + found + ", not " + wanted +
                   "; it is never replaced: choose another path");
+}
+
+namespace {
+bool is_step_folder_name(std::string name) {
+  if (name.ends_with(".tmp")) name.resize(name.size() - 4);
+  return name.size() > 5 && name.starts_with("step_") &&
+         std::all_of(name.begin() + 5, name.end(), [](unsigned char c) { return std::isdigit(c) != 0; });
+}
+}  // namespace
+
+fs::path checkpoint_folder_holding(const fs::path& path, const fs::path& save_dir) {
+  std::error_code error;
+  const fs::path saves = save_dir.empty() ? fs::path() : fs::weakly_canonical(fs::absolute(save_dir), error);
+  for (fs::path at = fs::weakly_canonical(fs::absolute(path), error); at.has_relative_path(); at = at.parent_path()) {
+    if (!is_step_folder_name(at.filename().string())) continue;
+    if ((!saves.empty() && at.parent_path() == saves) || fs::is_regular_file(at / "manifest.json", error)) return at;
+  }
+  return {};
+}
+
+void refuse_inside_checkpoint(const fs::path& path, const std::string& what, const fs::path& save_dir) {
+  const fs::path folder = checkpoint_folder_holding(path, save_dir);
+  if (folder.empty()) return;
+  std::error_code error;
+  const bool in_save_dir =
+      !save_dir.empty() && folder.parent_path() == fs::weakly_canonical(fs::absolute(save_dir), error);
+  fail_user(kCommandLine, what,
+            "\"" + path.string() + "\" is inside the checkpoint folder " + folder.string() +
+                (in_save_dir ? " of --save_dir" : "") +
+                ": a checkpoint holds only what a save writes (a save of that step would not replace it, "
+                "--keep_last or a resume that saves that step again would remove it without a word); pass a path "
+                "outside the step_<N> folders");
+}
+
+int open_output_file(const fs::path& path, int flags, const std::string& what) {
+  const int descriptor = ::open(path.c_str(), flags | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (descriptor >= 0) return descriptor;
+  const int error_number = errno;
+  struct stat link {};
+  if ((error_number == ELOOP || error_number == EEXIST) && ::lstat(path.c_str(), &link) == 0 && S_ISLNK(link.st_mode)) {
+    std::error_code unreadable;
+    const fs::path target = fs::read_symlink(path, unreadable);
+    throw UserError(what + ": " + path.string() + " is a symbolic link" +
+                    (unreadable ? std::string() : " (to " + target.string() + ")") +
+                    ", which the trainer never writes through (it would overwrite the file it points to); "
+                    "remove the link, or choose another folder");
+  }
+  errno = error_number;
+  return -1;
+}
+
+std::FILE* open_output_stream(const fs::path& path, const std::string& what) {
+  const int descriptor = open_output_file(path, O_WRONLY | O_TRUNC, what);
+  if (descriptor < 0) return nullptr;
+  std::FILE* stream = ::fdopen(descriptor, "wb");
+  if (stream == nullptr) {
+    const int error_number = errno;
+    ::close(descriptor);
+    errno = error_number;
+  }
+  return stream;
 }
 
 WriteError::WriteError(const fs::path& path, const std::string& reason)
@@ -90,24 +153,29 @@ void run_file_write_failed(const fs::path& path, const std::string& reason) {
             "from here", path.string(), reason);
 }
 
-void write_file_atomically(const fs::path& path, std::string_view text) {
-  refuse_unless_absent_or(path, OutputKind::file, "output file");
-  const fs::path staging = path.string() + ".tmp";
-  const int descriptor = ::open(staging.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (descriptor < 0) throw WriteError(path, std::strerror(errno));
-  size_t written = 0;
-  while (written < text.size()) {
-    const ssize_t n = ::write(descriptor, text.data() + written, text.size() - written);
+int write_fully(int descriptor, const void* data, size_t size) {
+  const char* bytes = static_cast<const char*>(data);
+  while (size > 0) {
+    const ssize_t n = ::write(descriptor, bytes, size);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int error_number = n < 0 ? errno : ENOSPC;
-      ::close(descriptor);
-      ::unlink(staging.c_str());
-      throw WriteError(path, std::strerror(error_number));
-    }
-    written += static_cast<size_t>(n);
+    if (n <= 0) return n < 0 ? errno : ENOSPC;
+    bytes += n;
+    size -= static_cast<size_t>(n);
   }
-  const int synced = ::fsync(descriptor) == 0 ? 0 : errno;
+  return 0;
+}
+
+void write_file_atomically(const fs::path& path, std::string_view text, const AtomicWrite& how) {
+  refuse_unless_absent_or(path, OutputKind::file, "output file");
+  const fs::path staging = path.string() + how.staging_suffix;
+  const int descriptor = open_output_file(staging, O_WRONLY | O_TRUNC, "output file's staging file");
+  if (descriptor < 0) throw WriteError(path, std::strerror(errno));
+  if (const int error_number = write_fully(descriptor, text.data(), text.size()); error_number != 0) {
+    ::close(descriptor);
+    ::unlink(staging.c_str());
+    throw WriteError(path, std::strerror(error_number));
+  }
+  const int synced = !how.durable || ::fsync(descriptor) == 0 ? 0 : errno;
   const int closed = ::close(descriptor) == 0 ? 0 : errno;
   if (synced != 0 || closed != 0) {
     const int error_number = synced != 0 ? synced : closed;
@@ -148,7 +216,7 @@ RunFile::~RunFile() {
 void RunFile::open(const fs::path& path, bool append) {
   refuse_unless_absent_or(path, OutputKind::file, "run file");
   path_ = path;
-  descriptor_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | (append ? O_APPEND : O_TRUNC), 0644);
+  descriptor_ = open_output_file(path, O_WRONLY | (append ? O_APPEND : O_TRUNC), "run file");
   if (descriptor_ < 0) throw WriteError(path, std::strerror(errno));
   struct stat info {};
   if (::fstat(descriptor_, &info) != 0) throw WriteError(path, std::strerror(errno));
@@ -163,19 +231,9 @@ void RunFile::write_line(std::string_view line) {
 
 void RunFile::write_record(std::string_view text) {
   if (descriptor_ < 0 || failed_) return;
-  size_t written = 0;
-  int error_number = 0;
-  while (written < text.size()) {
-    const ssize_t n = ::write(descriptor_, text.data() + written, text.size() - written);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      error_number = n < 0 ? errno : ENOSPC;
-      break;
-    }
-    written += static_cast<size_t>(n);
-  }
+  const int error_number = write_fully(descriptor_, text.data(), text.size());
   if (error_number == 0) {
-    size_ += static_cast<off_t>(written);
+    size_ += static_cast<off_t>(text.size());
     return;
   }
   // Part of the record may be in: cut it off, so the file ends with the last whole one.

@@ -15,6 +15,7 @@
 
 #include <sys/types.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -34,6 +35,30 @@ std::string describe_path_kind(const std::filesystem::path& path);
 // Throws UserError unless `path` is absent or already of `kind` (following symbolic links). `what`
 // names the output for the message ("--output", "--run_dir", "metrics file").
 void refuse_unless_absent_or(const std::filesystem::path& path, OutputKind kind, const std::string& what);
+
+// The checkpoint folder that holds `path` (or is it): the nearest folder above it named step_<N> or
+// step_<N>.tmp (the names a save gives a checkpoint, checkpoint/checkpoint.h) that holds a
+// manifest.json or sits in `save_dir`; empty when there is none.
+std::filesystem::path checkpoint_folder_holding(const std::filesystem::path& path,
+                                                const std::filesystem::path& save_dir = {});
+
+// A folder or file the trainer writes (--run_dir, --tensorboard_dir, prepare's --output, export's
+// --to, report's --out) inside a checkpoint folder is a UserError naming `what` and the folder: a
+// checkpoint holds only what a save writes, and --keep_last, or a resume that saves that step again,
+// would delete the output with it without a word (issue 51). Refused before anything is created.
+void refuse_inside_checkpoint(const std::filesystem::path& path, const std::string& what,
+                              const std::filesystem::path& save_dir = {});
+
+// The one way the trainer opens a file it writes (a lock, a staging .tmp, a run file, a checkpoint's
+// shard, a token file): `flags` (O_WRONLY or O_RDWR, and O_TRUNC, O_APPEND, O_EXCL as wanted) with
+// O_CREAT (0644), O_CLOEXEC and O_NOFOLLOW. Why: a `.trainer.lock` that was a symbolic link to a
+// user's file was followed and truncated to the lock's text; nothing the trainer creates may follow a
+// link that an attacker or an accident left under its name. A link there (to anything, or to nothing)
+// is a UserError naming `what`, the path and where it points, never followed and never removed (it is
+// not ours). Returns the descriptor, or -1 with errno set for any other failure (the caller names the
+// file, as it did with open(2)). Folders the user names (--run_dir, --save_dir) may be links; only the
+// last part of the path is not followed.
+int open_output_file(const std::filesystem::path& path, int flags, const std::string& what);
 
 // A write of a run file failed: thrown under --on_write_error stop; exit status 2 like any bad
 // input (the user's disk, quota or permissions), with the file and the system's reason.
@@ -66,10 +91,23 @@ void defer_write_failures(bool deferred);
 std::unique_ptr<WriteError> take_pending_write_failure();
 bool write_failure_pending();
 
-// Writes `text` to `path` through PATH.tmp, fsync and rename, every call checked; refuses a `path`
-// that exists and is not a regular file. Throws WriteError (whatever the policy: the caller decides)
-// naming the file.
-void write_file_atomically(const std::filesystem::path& path, std::string_view text);
+// open_output_file(path, O_WRONLY | O_TRUNC) as a stdio stream ("wb"); nullptr with errno set as there.
+std::FILE* open_output_stream(const std::filesystem::path& path, const std::string& what);
+
+// Writes all `size` bytes to `descriptor` (retrying short writes and EINTR). Returns 0, or the errno
+// of the failure (ENOSPC for a write that took nothing).
+int write_fully(int descriptor, const void* data, size_t size);
+
+// Writes `text` to `path` through a staging file (PATH.tmp, or PATH + `staging_suffix` where several
+// processes may write the same file), fsync (unless `durable` is false: a file rewritten every few
+// seconds whose loss costs nothing) and rename, every call checked; refuses a `path` that exists and
+// is not a regular file, and a staging file that is a link (open_output_file). Throws WriteError
+// (whatever the policy: the caller decides) naming the file; the staging file is removed on failure.
+struct AtomicWrite {
+  std::string staging_suffix = ".tmp";
+  bool durable = true;
+};
+void write_file_atomically(const std::filesystem::path& path, std::string_view text, const AtomicWrite& how = {});
 
 // create_directories, made durable: each folder it creates has its entry in its parent synced, up to
 // the first folder that existed before (a power loss then cannot take back a folder the run went on to

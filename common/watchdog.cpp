@@ -19,6 +19,8 @@
 
 #include "common/errors.h"
 #include "common/log.h"
+#include "common/output_files.h"
+#include "common/json_file.h"
 
 namespace llm {
 namespace {
@@ -56,7 +58,8 @@ Heartbeat read_heartbeat(const std::string& run_dir, int rank) {
   std::ifstream in(heartbeat_path(run_dir, rank));
   if (!in.good()) return beat;
   try {
-    const nlohmann::json fields = nlohmann::json::parse(in);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const nlohmann::json fields = parse_json_text(text, heartbeat_path(run_dir, rank).string());
     beat.step = fields.at("step").get<int64_t>();
     beat.phase = fields.at("phase").get<std::string>();
     beat.unit = fields.at("unit").get<int>();
@@ -146,14 +149,11 @@ void StallWatchdog::write_heartbeat(double idle_seconds) {
                                  {"idle_s", idle_seconds},
                                  {"written_unix_s", wall_seconds()}};
   const fs::path path = heartbeat_path(run_dir_, rank_);
-  const fs::path staging = path.string() + ".tmp";
-  {
-    std::ofstream out(staging, std::ios::trunc);
-    out << fields.dump() << '\n';
-    if (!out.good()) return;  // a full disk must not end the run: the heartbeat is only a diagnosis
+  try {
+    write_file_atomically(path, fields.dump() + "\n", {.durable = false});
+  } catch (const UserError&) {
+    // a full disk (or a link left under its name) must not end the run: the heartbeat is only a diagnosis
   }
-  std::error_code ignored;
-  fs::rename(staging, path, ignored);
 }
 
 void StallWatchdog::watch() {

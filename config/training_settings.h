@@ -27,7 +27,9 @@
 // --max_train_tokens, --stop_at_step, --max_runtime, --divergence_patience, --collective_timeout,
 // --preemption_grace_seconds, --skip_memory_check). --num_training_steps is the length of the
 // schedule under cosine and linear: training longer (or shorter) is a common, meant change, so it is
-// allowed and said (schedule_length_change).
+// allowed and said (schedule_length_change), and so is --warmup_steps left to its default on both
+// sides, which follows it. --precision is not compared when both runs are float32 (it means nothing
+// there).
 #pragma once
 
 #include <string>

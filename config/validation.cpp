@@ -20,6 +20,7 @@
 #include <string>
 
 #include "common/errors.h"
+#include "common/output_files.h"
 #include "common/run_deadline.h"
 #include "common/split.h"
 #include "common/watchdog.h"
@@ -402,36 +403,11 @@ void resolve_optimizer(RunConfig& run, const ModelConfig& model) {
   }
 }
 
-// step_<N> or step_<N>.tmp: the names a save gives a checkpoint folder (checkpoint/checkpoint.h).
-bool is_step_folder_name(std::string name) {
-  if (name.ends_with(".tmp")) name.resize(name.size() - 4);
-  return name.size() > 5 && name.starts_with("step_") &&
-         std::all_of(name.begin() + 5, name.end(), [](unsigned char c) { return std::isdigit(c) != 0; });
-}
-
 // A folder this run creates (--run_dir, --tensorboard_dir) inside a checkpoint folder: in
-// SAVE_DIR/step_<N> (or its .tmp), or in any step_<N> folder that holds a manifest.json. A save of that
-// step refuses to replace the folder, --keep_last would remove the run's files with it, and a resume
-// would find files no save wrote (issue 44). Refused here, before anything is created.
+// SAVE_DIR/step_<N> (or its .tmp), or in any step_<N> folder that holds a manifest.json (issue 44).
 void refuse_folders_inside_checkpoints(const RunConfig& run) {
-  std::error_code error;
-  const fs::path save_dir =
-      run.checkpoint.save_dir.empty() ? fs::path() : fs::weakly_canonical(fs::absolute(run.checkpoint.save_dir), error);
-  const auto check = [&](const std::string& path, const char* flag) {
-    if (path.empty()) return;
-    for (fs::path at = fs::weakly_canonical(fs::absolute(path), error); at.has_relative_path(); at = at.parent_path()) {
-      if (!is_step_folder_name(at.filename().string())) continue;
-      const bool in_save_dir = !save_dir.empty() && at.parent_path() == save_dir;
-      if (in_save_dir || fs::is_regular_file(at / "manifest.json", error))
-        fail_user(kCommandLine, flag,
-                  "\"" + path + "\" is inside the checkpoint folder " + at.string() +
-                      (in_save_dir ? " of --save_dir" : "") +
-                      ": a checkpoint holds only what a save writes (a save of that step would not replace it, "
-                      "--keep_last would remove this run's files with it); pass a folder outside the step_<N> folders");
-    }
-  };
-  check(run.logging.run_dir, "--run_dir");
-  check(run.logging.tensorboard_dir, "--tensorboard_dir");
+  for (const auto& [path, flag] : {std::pair{run.logging.run_dir, "--run_dir"}, {run.logging.tensorboard_dir, "--tensorboard_dir"}})
+    if (!path.empty()) refuse_inside_checkpoint(path, flag, run.checkpoint.save_dir);
 }
 
 // --save_dir's companions and the folders of --save_dir, --continue_from and --init_from.

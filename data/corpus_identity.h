@@ -16,7 +16,10 @@
 
 namespace llm {
 
-// {"tokens": T, "shards": [{"file", "format", "tokens", "bytes", "head_crc32c"}, ...], "folders": [...]}.
+// {"tokens": T, "shards": [{"file", "format", "tokens", "bytes", "head_crc32c", "sampled_crc32c"}, ...],
+// "folders": [...]}: head_crc32c of a shard's first 4 KiB, sampled_crc32c of 16 blocks of 4 KiB spread
+// evenly through it (first and last included; the whole file up to 64 KiB). A change to a shard of the
+// same size is seen where it touches one of those blocks, not elsewhere.
 // Throws UserError naming the shard if one cannot be read.
 nlohmann::json corpus_identity(const TokenCorpus& corpus);
 

@@ -20,6 +20,7 @@
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <iterator>
 #include <fstream>
 #include <span>
 #include <thread>
@@ -35,7 +36,9 @@
 #include "data/hf_tokenizer.h"
 #include "data/prepare_inputs.h"
 #include "data/text_input.h"
+#include "data/token_corpus.h"
 #include "data/token_file.h"
+#include "common/json_file.h"
 
 namespace llm {
 namespace {
@@ -175,17 +178,7 @@ std::string train_tokenizer(const PrepareOptions& options) {
   if (sentences.error()) std::rethrow_exception(sentences.error());
   if (!status.ok()) fail_tokenizer_training(options, status);
 
-  const std::string temporary_path = model_path + ".tmp";
-  {
-    std::ofstream out(temporary_path, std::ios::binary | std::ios::trunc);
-    out.write(serialized_model.data(), static_cast<std::streamsize>(serialized_model.size()));
-    out.flush();
-    LLM_REQUIRE(out.good(), temporary_path, "write",
-                "cannot write the tokenizer model; check that the folder exists and is writable");
-  }
-  std::error_code error;
-  std::filesystem::rename(temporary_path, model_path, error);
-  LLM_REQUIRE(!error, model_path, "write", "cannot rename " + temporary_path + " to it");
+  write_file_atomically(model_path, serialized_model);  // never leaves a .tmp: the reason named
   return model_path;
 }
 
@@ -199,7 +192,27 @@ class PreparedOutput {
         format_(options.format == "llmc"       ? TokenFormat::llmc
                 : options.format == "megatron" ? TokenFormat::megatron
                                                : TokenFormat::trainer) {
-    if (options.shard_tokens == 0) writer_ = std::make_unique<TokenFileWriter>(options.output, vocab_size, format_);
+    if (options.shard_tokens == 0) {
+      writer_ = std::make_unique<TokenFileWriter>(options.output, vocab_size, format_);
+      return;
+    }
+    // The shards an earlier prepare left (listed by its index.json, or by the unfinished marker of one
+    // that was killed): removed once this one's index is in place, unless written again.
+    namespace fs = std::filesystem;
+    const fs::path folder = options.output;
+    for (const char* listing : {"index.json", kUnfinishedPrepareFile}) {
+      std::error_code error;
+      if (!fs::exists(folder / listing, error)) continue;
+      std::ifstream in(folder / listing);
+      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      const nlohmann::json old = parse_json_text(text, (folder / listing).string(), /*allow_exceptions=*/false);
+      if (old.is_object() && old.contains("shards") && old.at("shards").is_array())
+        for (const nlohmann::json& shard : old.at("shards")) {
+          const nlohmann::json name = shard.is_object() ? shard.value("file", nlohmann::json()) : shard;
+          if (name.is_string()) earlier_.push_back(name.get<std::string>());
+        }
+    }
+    mark_unfinished();
   }
   // `ids` with the ends of the documents in it (offsets into ids, rising): Megatron's shards record
   // them and close at the first document end at or past --shard_tokens (whole documents a shard); the
@@ -237,13 +250,6 @@ class PreparedOutput {
     namespace fs = std::filesystem;
     const fs::path folder = options_.output;
     const fs::path index = folder / "index.json";
-    std::vector<std::string> earlier;
-    if (fs::exists(index)) {
-      std::ifstream in(index);
-      const nlohmann::json old = nlohmann::json::parse(in, nullptr, false);
-      if (old.is_object() && old.contains("shards"))
-        for (const nlohmann::json& shard : old.at("shards")) earlier.push_back(shard.value("file", std::string()));
-    }
     nlohmann::json listed = nlohmann::json::array();
     std::vector<std::string> files;
     for (const auto& [file, tokens] : shards_) {
@@ -257,23 +263,17 @@ class PreparedOutput {
     for (const std::string& input : options_.inputs) inputs.push_back(fs::absolute(input).string());
     record["inputs"] = inputs;
     const std::string text = record.dump(1) + "\n";
-    const fs::path temporary = folder / "index.json.tmp";
-    {
-      std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-      out << text;
-      out.flush();
-      LLM_REQUIRE(out.good(), temporary.string(), "write", "cannot write the shards' index; is the disk full?");
-    }
+    write_file_atomically(index, text);
     std::error_code error;
-    fs::rename(temporary, index, error);
-    LLM_REQUIRE(!error, index.string(), "write", "cannot rename " + temporary.string() + " to it (" + error.message() + ")");
-    for (const std::string& file : earlier)
+    // An earlier prepare's shard this one did not write again (and a Megatron shard's index): only
+    // names a prepare gives its shards, so an index.json edited to list a user's file removes nothing.
+    for (const std::string& file : earlier_)
       if (std::none_of(shards_.begin(), shards_.end(), [&](const auto& shard) { return shard.first == file; }) &&
-          plain_name_problem(file).empty())  // never a path out of the folder (common/input_paths.h)
-      {
-        fs::remove(folder / file, error);  // an earlier prepare's shard this one did not write again
-        if (file.ends_with(".bin")) fs::remove(fs::path(folder / file).replace_extension(".idx"), error);  // and its Megatron index
+          is_prepared_shard_name(file)) {
+        fs::remove(folder / file, error);
+        if (file.ends_with(".bin")) fs::remove(fs::path(folder / file).replace_extension(".idx"), error);
       }
+    fs::remove(folder / kUnfinishedPrepareFile, error);  // the index is in place: finished
     return files;
   }
 
@@ -282,10 +282,20 @@ class PreparedOutput {
     if (writer_ == nullptr) open_shard();
     writer_->append(ids);
   }
+  // The unfinished marker, listing every shard this prepare began and the earlier ones not yet removed:
+  // what a later --overwrite removes if this one never finishes.
+  void mark_unfinished() {
+    nlohmann::json shards = nlohmann::json::array();
+    for (const std::string& file : earlier_) shards.push_back(file);
+    for (const auto& shard : shards_) shards.push_back(shard.first);
+    write_file_atomically(std::filesystem::path(options_.output) / kUnfinishedPrepareFile,
+                          nlohmann::json{{"shards", shards}}.dump() + "\n");
+  }
   void open_shard() {
     char name[32];
     std::snprintf(name, sizeof(name), "shard_%06zu.%s", shards_.size(), format_ == TokenFormat::trainer ? "tok" : "bin");
     shards_.emplace_back(name, 0);
+    mark_unfinished();
     writer_ = std::make_unique<TokenFileWriter>((std::filesystem::path(options_.output) / name).string(), vocab_size_,
                                                 format_);
   }
@@ -301,6 +311,7 @@ class PreparedOutput {
   TokenFormat format_;
   std::unique_ptr<TokenFileWriter> writer_;
   std::vector<std::pair<std::string, int64_t>> shards_;  // file name, tokens
+  std::vector<std::string> earlier_;  // the shard names an earlier prepare's index or marker listed
   int64_t done_tokens_ = 0;
 };
 

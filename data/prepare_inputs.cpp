@@ -12,6 +12,7 @@
 
 #include "common/errors.h"
 #include "common/output_files.h"
+#include "data/token_corpus.h"
 #include "data/text_input.h"
 #include "data/token_file.h"
 
@@ -111,6 +112,10 @@ static void check_shard_folder(const PrepareOptions& options) {
     LLM_REQUIRE(fs::absolute(input).parent_path() != fs::absolute(folder), options.output, "--output",
                 "holds the --input " + input + ": the shards' folder must be another than the inputs'");
   if (fs::is_empty(folder, error)) return;
+  LLM_REQUIRE(!fs::exists(folder / kUnfinishedPrepareFile, error) || options.overwrite, options.output, "--output",
+              std::string("holds the shards of a `trainer prepare` that did not finish (killed, or out of space: ") +
+                  kUnfinishedPrepareFile + " is there): pass --overwrite to replace them, or choose another folder");
+  if (fs::exists(folder / kUnfinishedPrepareFile, error)) return;
   LLM_REQUIRE(fs::exists(folder / "index.json"), options.output, "--output",
               "is a folder that holds other files (no index.json of an earlier `trainer prepare`); choose a new or "
               "empty folder for the shards");

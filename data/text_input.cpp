@@ -16,6 +16,7 @@
 
 #include "common/errors.h"
 #include "data/python_helper.h"
+#include "common/json_file.h"
 
 namespace llm {
 namespace {
@@ -376,7 +377,7 @@ struct DocumentReader::Impl {
                                   std::to_string(kMaxRecordBytes >> 20) + " MiB: is this a JSON Lines file?");
       strip_carriage_return(record);
       if (record.find_first_not_of(" \t") == std::string::npos) continue;  // a blank line
-      nlohmann::json parsed = nlohmann::json::parse(record, nullptr, /*allow_exceptions=*/false);
+      nlohmann::json parsed = parse_json_text(record, path, /*allow_exceptions=*/false);
       if (parsed.is_discarded())
         fail_user(path, flag, record_name() + " is not JSON (a JSON Lines file holds one JSON object a "
                                   "line; name a text file *.txt to read it as lines)");

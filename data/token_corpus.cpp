@@ -34,6 +34,10 @@ bool has_extension(const fs::path& path, std::initializer_list<const char*> exte
 std::vector<std::string> folder_shards(const std::string& folder, const std::string& flag) {
   std::vector<std::string> files;
   std::error_code error;
+  LLM_REQUIRE(!fs::exists(fs::path(folder) / kUnfinishedPrepareFile, error), kSource, flag,
+              folder + " holds the shards of a `trainer prepare` that did not finish (killed, or out of space: " +
+                  kUnfinishedPrepareFile + " is there, index.json is not), so some of its text is missing: run the "
+                  "prepare again with --overwrite");
   for (const fs::directory_entry& entry : fs::directory_iterator(folder, error)) {
     std::error_code entry_error;
     const std::string name = entry.path().filename().string();
@@ -115,7 +119,8 @@ std::optional<std::string> misplaced_item(const std::string& item, const std::st
   const std::string whole = " a mixture file is the whole of " + flag + " (" + flag + " " + item +
                             "), never an item of a list or of a mixture: add the other items to its \"sources\"";
   std::ifstream in(item);
-  const nlohmann::json json = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const nlohmann::json json = parse_json_text(text, item, /*allow_exceptions=*/false);
   if (json.is_object() && json.contains("sources")) return item + " is a mixture file, not a token file, in \"" + spec + "\":" + whole;
   if (json.is_object() && json.contains("shards"))
     return item + " is a shard folder's index.json, not a token file: name its folder (" +
@@ -142,11 +147,11 @@ std::string mixture_source_spec(const nlohmann::json& data, const std::string& p
   if (data.is_string()) items.push_back(data.get<std::string>());
   if (data.is_array())
     for (const nlohmann::json& item : data) {
-      LLM_REQUIRE(item.is_string(), path, where + ".data", "lists " + item.dump() + ", not a path; " + kMixtureExample);
+      LLM_REQUIRE(item.is_string(), path, where + ".data", "lists " + json_excerpt(item) + ", not a path; " + kMixtureExample);
       items.push_back(item.get<std::string>());
     }
   LLM_REQUIRE(data.is_string() || data.is_array(), path, where + ".data",
-              "is " + data.dump() + ": give a file, folder or glob, or a list of them; " + kMixtureExample);
+              "is " + json_excerpt(data) + ": give a file, folder or glob, or a list of them; " + kMixtureExample);
   LLM_REQUIRE(!items.empty(), path, where + ".data", "is an empty list; name the source's shards");
   std::string spec;
   for (const std::string& item : items) {
@@ -173,13 +178,13 @@ std::vector<DataSource> read_mixture_file(const std::string& path, const std::st
   for (const nlohmann::json& entry : mixture.at("sources")) {
     const std::string where = "sources[" + std::to_string(sources.size()) + "]";
     LLM_REQUIRE(entry.is_object() && entry.contains("data") && entry.contains("weight"), path, where,
-                "is " + entry.dump() + ": each source is {\"data\": ..., \"weight\": ...}; " + kMixtureExample);
+                "is " + json_excerpt(entry) + ": each source is {\"data\": ..., \"weight\": ...}; " + kMixtureExample);
     for (const auto& [key, value] : entry.items())
       LLM_REQUIRE(key == "data" || key == "weight", path, where + "." + key,
                   "is not a source's key (it has \"data\" and \"weight\")");
     const nlohmann::json& weight = entry.at("weight");
     LLM_REQUIRE(weight.is_number() && std::isfinite(weight.get<double>()) && weight.get<double>() > 0, path,
-                where + ".weight", "is " + weight.dump() + ", not a positive number");
+                where + ".weight", "is " + json_excerpt(weight) + ", not a positive number");
     sources.push_back({mixture_source_spec(entry.at("data"), path, where), weight.get<double>()});
   }
   return sources;
@@ -270,6 +275,12 @@ std::vector<std::string> expand_data_spec(const std::string& spec, const std::st
   return files;
 }
 
+bool is_prepared_shard_name(const std::string& name) {
+  return name.size() == 16 && name.starts_with("shard_") &&
+         std::all_of(name.begin() + 6, name.begin() + 12, [](unsigned char c) { return std::isdigit(c) != 0; }) &&
+         (name.ends_with(".tok") || name.ends_with(".bin") || name.ends_with(".idx"));
+}
+
 std::string absolute_data_spec(const std::string& spec) {
   std::string absolute;
   for (const std::string& item : split_list(spec)) {
@@ -284,22 +295,33 @@ std::string absolute_data_spec(const std::string& spec) {
 namespace {
 
 // Each shard keeps its descriptor open for the run's reads: 1,000 shards pass the usual soft limit of
-// 1,024 open files, which is raised toward the hard limit as far as the shards need.
+// 1,024 open files, which is raised toward the hard limit as far as the shards need, beside the files
+// the process has open already (--data's shards when --eval_data is opened: 12,000 of each once met
+// "Too many open files" on a shard of --eval_data, with advice about --data).
 void allow_open_files(size_t shards, const std::string& flag) {
   constexpr rlim_t kSpare = 256;   // what is raised for the process's other files: logs, sockets, checkpoints
   constexpr rlim_t kAtLeast = 32;  // what they need at the least
   rlimit limit{};
   if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return;
-  const rlim_t wanted = static_cast<rlim_t>(shards) + kSpare;
+  std::error_code error;
+  rlim_t open_now = 0;
+  for (auto entry = fs::directory_iterator("/proc/self/fd", error); !error && entry != fs::directory_iterator();
+       entry.increment(error))
+    ++open_now;
+  const rlim_t wanted = open_now + static_cast<rlim_t>(shards) + kSpare;
   if (wanted > limit.rlim_cur) {
     rlimit raised = limit;
     raised.rlim_cur = limit.rlim_max == RLIM_INFINITY ? wanted : std::min(wanted, limit.rlim_max);
     if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) limit = raised;
   }
-  LLM_REQUIRE(static_cast<rlim_t>(shards) + kAtLeast <= limit.rlim_cur, kSource, flag,
-              "names " + std::to_string(shards) + " shards, each read through a file kept open, but this process may "
-              "open at most " + std::to_string(limit.rlim_cur) + " files (ulimit -n, at most ulimit -Hn): raise the "
-              "limit, or join shards");
+  LLM_REQUIRE(open_now + static_cast<rlim_t>(shards) + kAtLeast <= limit.rlim_cur, kSource, flag,
+              "names " + std::to_string(shards) + " shards, each read through a file kept open, beside the " +
+                  std::to_string(open_now) + " files this process has open already (--data's shards among them "
+                  "when this is --eval_data), but it may open at most " + std::to_string(limit.rlim_cur) +
+                  " files (ulimit -n; its hard limit, ulimit -Hn, is " +
+                  (limit.rlim_max == RLIM_INFINITY ? std::string("unlimited") : std::to_string(limit.rlim_max)) +
+                  "): raise the hard limit (ulimit -Hn as root, or the job's limits) to at least " +
+                  std::to_string(open_now + shards + kSpare) + ", or join shards (trainer prepare --shard_tokens)");
 }
 
 // For messages: the one shard's path, or "--data SPEC (N shards)".
@@ -315,7 +337,7 @@ std::shared_ptr<TokenCorpus> TokenCorpus::open(const std::string& spec, int64_t 
   const std::vector<std::string> files = expand_data_spec(spec, flag);
   allow_open_files(files.size(), flag);
   std::vector<std::shared_ptr<TokenFile>> shards;
-  for (const std::string& file : files) shards.push_back(TokenFile::open(file, model_vocab_size, memmap_bytes));
+  for (const std::string& file : files) shards.push_back(TokenFile::open(file, model_vocab_size, memmap_bytes, flag));
   const std::string name = corpus_name(shards, spec, flag);
   return std::make_shared<TokenCorpus>(std::move(shards), name);
 }

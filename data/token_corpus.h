@@ -48,6 +48,15 @@ bool is_mixture_file(const std::string& spec);  // one item ending in .json
 // (a missing file, an empty folder, a glob without matches) or a file listed twice.
 std::vector<std::string> expand_data_spec(const std::string& spec, const std::string& flag = "--data");
 
+// A sharded `trainer prepare` marks its --output folder with this file from its first shard until
+// index.json is in place (data/prepare.cpp): a folder that still has it holds the shards of a prepare
+// that was killed or ran out of space, which --data refuses to read (some shards are missing) and
+// `prepare --overwrite` replaces. The file lists the shards begun, one JSON object {"shards": [...]}.
+constexpr const char* kUnfinishedPrepareFile = ".trainer_prepare_unfinished";
+// A name a sharded prepare gives its shards (shard_NNNNNN.tok, .bin or .idx): the only names it ever
+// removes from a folder, whatever an index.json lists.
+bool is_prepared_shard_name(const std::string& name);
+
 // --data with each item made absolute, weights kept (for the checkpoint's record): a single file's
 // absolute path.
 std::string absolute_data_spec(const std::string& spec);

@@ -62,7 +62,8 @@ const char* to_string(TokenFormat format) {
   return "?";
 }
 
-std::shared_ptr<TokenFile> TokenFile::open(const std::string& path, int64_t model_vocab_size, int memmap_bytes) {
+std::shared_ptr<TokenFile> TokenFile::open(const std::string& path, int64_t model_vocab_size, int memmap_bytes,
+                                           const std::string& flag) {
   LLM_REQUIRE(model_vocab_size > 0, path, "model vocab",
               "the model's vocab_size is " + std::to_string(model_vocab_size) +
                   "; set a positive vocab_size in the model config");
@@ -73,7 +74,7 @@ std::shared_ptr<TokenFile> TokenFile::open(const std::string& path, int64_t mode
   file.fd = ::open(ids_path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (file.fd < 0)
     fail_user(ids_path, "token file",
-              "cannot open (" + errno_text() + "); check --data, or create the file with "
+              "cannot open (" + errno_text() + "); check " + flag + ", or create the file with "
               "`trainer prepare` (or use the synthetic corpus)");
   struct stat info {};
   if (::fstat(file.fd, &info) != 0)
@@ -204,7 +205,7 @@ TokenFileWriter::TokenFileWriter(const std::string& path, int64_t vocab_size, To
               "vocab_size " + std::to_string(vocab_size) + " must be in [1, 2^32]");
   bytes_per_token_ = vocab_size <= 65536 ? 2 : 4;
   refuse_unless_absent_or(path_, OutputKind::file, "token file");  // the rename below would replace it
-  file_ = std::fopen(temporary_path_.c_str(), "wb");
+  file_ = open_output_stream(temporary_path_, "token file");
   if (file_ == nullptr)
     fail_user(temporary_path_, "write",
               "cannot create the file (" + errno_text() + "); check that the folder exists and "
@@ -241,7 +242,7 @@ namespace {
 // document, written to PATH.tmp then renamed.
 void write_megatron_index(const std::string& path, int bytes_per_token, const std::vector<int32_t>& lengths) {
   const std::string temporary = path + ".tmp";
-  std::FILE* file = std::fopen(temporary.c_str(), "wb");
+  std::FILE* file = open_output_stream(temporary, "token file's index");
   if (file == nullptr) fail_user(temporary, "write", "cannot create the file (" + errno_text() + ")");
   std::vector<unsigned char> bytes(9 + 8 + 1 + 8 + 8);
   std::memcpy(bytes.data(), "MMIDIDX\0\0", 9);

@@ -51,7 +51,9 @@ class TokenFile {
   // above the model's vocab_size.
   // memmap_bytes: 2 or 4 to read a file in no known format as headerless ids of that width
   // (--memmap_dtype); 0: such a file is an error.
-  static std::shared_ptr<TokenFile> open(const std::string& path, int64_t model_vocab_size, int memmap_bytes = 0);
+  // flag: the flag that named the file (--data, --eval_data), for the messages.
+  static std::shared_ptr<TokenFile> open(const std::string& path, int64_t model_vocab_size, int memmap_bytes = 0,
+                                         const std::string& flag = "--data");
   ~TokenFile();
   TokenFile(const TokenFile&) = delete;
   TokenFile& operator=(const TokenFile&) = delete;

@@ -43,6 +43,7 @@ struct MemoryCategories {
   void raise_to(const MemoryCategories& other);
 
   nlohmann::json to_json() const;
+  bool operator==(const MemoryCategories&) const = default;
   // Missing keys read as 0 (a record from a run without offload has optimizer_host 0 anyway).
   static MemoryCategories from_json(const nlohmann::json& object);
 };

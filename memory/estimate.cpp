@@ -14,6 +14,8 @@
 #include "common/log.h"
 #include "config/optimizer_setup.h"
 #include "memory/estimate_simulation.h"
+#include "model/units.h"
+#include "sharding/flat_layout.h"
 
 namespace llm {
 std::string estimate_device(const RunConfig& run, const EstimateOptions& options) {
@@ -56,19 +58,22 @@ RankEstimate finish_rank(int rank, bool cuda, bool offload, std::vector<PhaseEst
   return estimate;
 }
 
-// What tells an AdamW rank's step apart from another's, as a key. The layout gives every rank the
-// same shard size (rows padded to a multiple of the world size), so with AdamW, whose state is the
-// shard's size, ranks differ only in how many of their rows are real (the key lists them, per
-// parameter: the tail ranks hold fewer) and in rank 0's host copy of an --async_save. AdamW-SN's
-// subsets and GaLore's projectors depend on which rows and matrices a rank holds: there every rank is
-// simulated on its own (estimate_memory). parameter_rows: every parameter's rows, in unit order.
-std::string rank_kind(const std::vector<int64_t>& parameter_rows, const RunConfig& run, int world, int rank) {
+// What tells a rank's step apart from another's, as a key. The layout gives every rank the same
+// shard size (rows padded to a multiple of the world size), so ranks differ only in how many of their
+// rows are real (the key lists them, per parameter: the tail ranks hold fewer), in rank 0's host copy
+// of an --async_save, and under GaLore in whether the rank owns a matrix's SVD at a refresh (matrix i
+// is rank i mod world's): a rank that owns one is a kind of its own, the ranks that own none are
+// alike. AdamW-SN's subsets are a function of the rows alone. parameter_rows: every parameter's rows,
+// in unit order; galore_matrices: how many matrices GaLore projects.
+std::string rank_kind(const std::vector<int64_t>& parameter_rows, int64_t galore_matrices, const RunConfig& run,
+                      int world, int rank) {
   std::string key = rank == 0 ? "0;" : "r;";
   if (run.sharding.strategy == ShardingStrategy::no_shard || world == 1) return key;
   for (const int64_t rows : parameter_rows) {
     const int64_t per_rank = (rows + world - 1) / world;
     key += std::to_string(std::clamp<int64_t>(rows - per_rank * rank, 0, per_rank)) + ",";
   }
+  if (rank < galore_matrices) key += ";owns " + std::to_string(rank);
   return key;
 }
 
@@ -105,15 +110,24 @@ MemoryEstimate estimate_memory(const ModelConfig& config, const RunConfig& run, 
   // The rows of every parameter of the embedding, one decoder layer (they are alike: one says what
   // all say, and 10^8 layers are never listed) and the head.
   std::vector<int64_t> parameter_rows;
+  int64_t galore_matrices = 0;
   ModelConfig one_layer = model;
   one_layer.num_hidden_layers = std::min<int64_t>(model.num_hidden_layers, 1);
-  for (const UnitSpec& unit : describe_units(one_layer))
-    for (const ParameterSpec& parameter : unit.parameters) parameter_rows.push_back(parameter.rows());
-  const bool kinds_alike = !options.simulate_every_rank && optimizer_settings(run).kind == "adamw";
+  for (const UnitSpec& unit : describe_units(one_layer)) {
+    std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
+    for (const ParameterSpec& parameter : unit.parameters) {
+      parameter_rows.push_back(parameter.rows());
+      shapes.emplace_back(parameter.name, parameter.shape);
+    }
+    const std::vector<UpdateRule> rules = update_rules_for(FlatShardLayout::from_shapes(unit.name, shapes, 0, 1), run);
+    const int64_t projected = std::count(rules.begin(), rules.end(), UpdateRule::galore);
+    galore_matrices += unit.kind == UnitKind::decoder_layer ? projected * model.num_hidden_layers : projected;
+  }
+  const bool kinds_alike = !options.simulate_every_rank;
   const auto started = std::chrono::steady_clock::now();
   auto last_report = started;
   for (int rank = 0; rank < options.world_size; ++rank) {
-    const std::string kind = kinds_alike ? rank_kind(parameter_rows, run, options.world_size, rank) : "";
+    const std::string kind = kinds_alike ? rank_kind(parameter_rows, galore_matrices, run, options.world_size, rank) : "";
     SimulatedRank simulated;
     if (kind.empty()) {
       ++estimate.simulated_ranks;
@@ -126,9 +140,9 @@ MemoryEstimate estimate_memory(const ModelConfig& config, const RunConfig& run, 
       }
       simulated = found->second;
     }
-    // Ranks that are each their own kind (AdamW-SN, GaLore) take a simulation each: say how far along.
+    // Many ranks of their own kind (GaLore's SVD owners) take a simulation each: say how far along.
     const auto now = std::chrono::steady_clock::now();
-    if (now - last_report > std::chrono::seconds(5)) {
+    if (options.progress && now - last_report > std::chrono::seconds(5)) {
       last_report = now;
       log::info("estimate: {} of {} ranks done ({} simulated, {:.0f} s)", rank + 1, options.world_size,
                 estimate.simulated_ranks, std::chrono::duration<double>(now - started).count());

@@ -50,6 +50,9 @@ struct EstimateOptions {
   // Ranks of one kind are alike (estimate.cpp: rank_kind): each kind is simulated once, so the cost
   // does not grow with --world_size. Tests set this to simulate every rank and compare.
   bool simulate_every_rank = false;
+  // Log how far along a long estimate is (every 5 s); --fit, which makes one estimate per candidate,
+  // says its own progress over all of them instead.
+  bool progress = true;
   // --fit (memory/estimate_fit.h): the levers to add so the run fits memory_budget_gib per rank and
   // host_budget_gib per node (0: node_memory_gib, else this machine's RAM), ranked by the seconds they
   // add at these rates (device_tflops 0: 200 on CUDA, 0.07 on a CPU).
@@ -70,6 +73,7 @@ struct PhaseEstimate {
   std::string label;           // "forward:layer.0", "backward:head", "optimizer", ...
   int64_t peak_bytes = 0;      // the worst moment inside the window
   MemoryCategories at_point;   // at the closing point (what the ledger's point records)
+  bool operator==(const PhaseEstimate&) const = default;
 };
 
 // What a CUDA rank's device holds beside its tensors, which the simulation does not see (it counts
@@ -93,6 +97,7 @@ struct PhaseEstimate {
 struct CudaRuntimeBytes {
   int64_t modules = 0, cublas_workspaces = 0, nccl_buffers = 0, allocator_slack = 0;
   int64_t total() const { return modules + cublas_workspaces + nccl_buffers + allocator_slack; }
+  bool operator==(const CudaRuntimeBytes&) const = default;
 };
 CudaRuntimeBytes cuda_runtime_bytes(int64_t tensor_peak_bytes, bool nccl);
 
@@ -115,7 +120,12 @@ struct RankEstimate {
   // the start-up check compares with the GPU's free memory.
   CudaRuntimeBytes runtime;
   std::vector<PhaseEstimate> phases;
+  bool operator==(const RankEstimate&) const = default;
 };
+
+// Consecutive ranks whose estimates are equal but for the rank, as [first, last] pairs: what the
+// estimate prints once (65536 ranks of GaLore once made 2 GB of JSON).
+std::vector<std::pair<int, int>> ranks_alike(const std::vector<RankEstimate>& ranks);
 
 // The ranks of one node (consecutive world ranks) and the host memory they hold together: the sum of
 // their host peaks (the ranks step in lockstep, so their peaks meet).

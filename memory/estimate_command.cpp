@@ -14,13 +14,31 @@
 
 namespace llm {
 
+std::vector<std::pair<int, int>> ranks_alike(const std::vector<RankEstimate>& ranks) {
+  std::vector<std::pair<int, int>> groups;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    if (!groups.empty()) {
+      RankEstimate as_first = ranks[r];
+      as_first.rank = ranks[static_cast<size_t>(groups.back().first)].rank;
+      if (as_first == ranks[static_cast<size_t>(groups.back().first)]) {
+        groups.back().second = static_cast<int>(r);
+        continue;
+      }
+    }
+    groups.emplace_back(static_cast<int>(r), static_cast<int>(r));
+  }
+  return groups;
+}
+
 nlohmann::json estimate_to_json(const MemoryEstimate& estimate) {
   nlohmann::json ranks = nlohmann::json::array();
-  for (const RankEstimate& rank : estimate.ranks) {
+  for (const auto& [first, last] : ranks_alike(estimate.ranks)) {
+    const RankEstimate& rank = estimate.ranks[static_cast<size_t>(first)];
     nlohmann::json phases = nlohmann::json::array();
     for (const PhaseEstimate& phase : rank.phases)
       phases.push_back({{"label", phase.label}, {"peak_bytes", phase.peak_bytes}, {"at_point", phase.at_point.to_json()}});
     ranks.push_back({{"rank", rank.rank},
+                     {"last_rank", estimate.ranks[static_cast<size_t>(last)].rank},
                      {"peak_bytes", rank.peak_bytes},
                      {"peak_phase", rank.peak_phase},
                      {"max", rank.max.to_json()},
@@ -86,16 +104,8 @@ std::string node_memory_section(const MemoryEstimate& estimate, const EstimateOp
 std::string run_estimate_command(const ModelConfig& model, const RunConfig& run, const EstimateOptions& options) {
   const MemoryEstimate estimate = estimate_memory(model, run, options);
   if (options.json) return estimate_to_json(estimate).dump(1) + "\n";
-  std::vector<RankMemorySummary> as_summaries;
   int64_t largest = 0, largest_checkpoint = 0;
   for (const RankEstimate& rank : estimate.ranks) {
-    RankMemorySummary summary;
-    summary.rank = rank.rank;
-    summary.peak_bytes = rank.peak_bytes;
-    summary.max = rank.max;
-    summary.at_peak = rank.at_peak;
-    summary.peak_phase = rank.peak_phase;
-    as_summaries.push_back(summary);
     largest = std::max(largest, rank.peak_bytes);
     largest_checkpoint = std::max(largest_checkpoint, rank.checkpoint_peak_bytes);
   }
@@ -116,8 +126,10 @@ std::string run_estimate_command(const ModelConfig& model, const RunConfig& run,
       << unit.name << ".\n\n";
   out << "| rank | peak | peak in | parameters | gradients | optimizer (device) | offloaded (host) | activations | other | checkpoint save |\n"
       << "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|\n";
-  for (const RankEstimate& rank : estimate.ranks) {
-    out << "| " << rank.rank << " | " << format_in(rank.peak_bytes, unit) << " | " << rank.peak_phase << " |";
+  for (const auto& [first, last] : ranks_alike(estimate.ranks)) {
+    const RankEstimate& rank = estimate.ranks[static_cast<size_t>(first)];
+    out << "| " << rank.rank << (last > first ? "-" + std::to_string(estimate.ranks[static_cast<size_t>(last)].rank) : "")
+        << " | " << format_in(rank.peak_bytes, unit) << " | " << rank.peak_phase << " |";
     for (int i = 0; i < MemoryCategories::kCount; ++i) out << ' ' << format_in(rank.max.at(i), unit) << " |";
     out << ' ' << format_in(rank.checkpoint_peak_bytes, unit) << " |\n";
   }

@@ -1,12 +1,15 @@
 #include "memory/estimate_fit.h"
 
 #include <algorithm>
+#include <chrono>
+#include <functional>
 #include <thread>
 #include <cstdio>
 #include <sstream>
 #include <vector>
 
 #include "common/errors.h"
+#include "common/log.h"
 #include "common/memory_stats.h"
 #include "memory/estimate_simulation.h"
 #include "model/recompute.h"
@@ -110,9 +113,23 @@ std::vector<Candidate> candidates(const RunConfig& run, int world, bool cuda, bo
     precisions.push_back("pure");
   }
   const int64_t per_rank = run.data.total_batch_size / world;  // sequences a rank takes a step
-  std::vector<int64_t> micro_batches;
-  for (int64_t m = run.data.batch_size; m >= 1; --m)
-    if (per_rank % m == 0) micro_batches.push_back(m);
+  // The micro-batches that divide a rank's share and are at most --batch_size, largest first, found
+  // in sqrt(per_rank) steps (--batch_size 2^40 once counted down 2^40 candidates and never answered);
+  // where there are more than 32, the largest at most --batch_size, at most half of it, a quarter, ...
+  std::vector<int64_t> divisors;
+  for (int64_t d = 1; d <= per_rank / d; ++d)
+    if (per_rank % d == 0)
+      for (const int64_t divisor : {d, per_rank / d})
+        if (divisor <= run.data.batch_size && (divisors.empty() || divisors.back() != divisor)) divisors.push_back(divisor);
+  std::sort(divisors.begin(), divisors.end(), std::greater<>());
+  std::vector<int64_t> micro_batches = divisors;
+  if (divisors.size() > 32) {
+    micro_batches.clear();
+    for (int64_t most = run.data.batch_size; most >= 1; most /= 2) {
+      const int64_t fitting = *std::find_if(divisors.begin(), divisors.end(), [&](int64_t d) { return d <= most; });
+      if (micro_batches.empty() || micro_batches.back() != fitting) micro_batches.push_back(fitting);
+    }
+  }
   const bool state_lever = run.optimizer.state_dtype != "bfloat16";
   const bool checkpointing_lever = run.activation_checkpointing_every == 0 && run.recompute.empty();
   // The recompute choices, least first: none, the memory-bound operations, the matmul-heavy ones too,
@@ -189,6 +206,24 @@ std::vector<Candidate> candidates(const RunConfig& run, int world, bool cuda, bo
   return out;
 }
 
+// How far along --fit is, over all its candidates (each an estimate), logged every 5 s.
+class FitProgress {
+ public:
+  explicit FitProgress(size_t total) : total_(total) {}
+  void next() {
+    const auto now = std::chrono::steady_clock::now();
+    if (done_++ > 0 && now - last_ > std::chrono::seconds(5)) {
+      last_ = now;
+      log::info("estimate --fit: {} of {} configurations estimated ({:.0f} s)", done_ - 1, total_,
+                std::chrono::duration<double>(now - started_).count());
+    }
+  }
+
+ private:
+  size_t total_, done_ = 0;
+  std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now(), last_ = started_;
+};
+
 }  // namespace
 
 std::string run_fit_command(const ModelConfig& model, const RunConfig& run, const EstimateOptions& options) {
@@ -202,10 +237,14 @@ std::string run_fit_command(const ModelConfig& model, const RunConfig& run, cons
   EstimateOptions quiet = options;
   quiet.memory_budget_gib = 0;
   quiet.json = false;
+  quiet.progress = false;
+  quiet.progress = false;
 
   const std::string device = estimate_device(run, options);
   std::vector<Candidate> all = candidates(run, world, /*cuda=*/device == "cuda", options.fit_precision);
+  FitProgress progress(all.size());
   for (Candidate& c : all) {
+    progress.next();
     try {
       validate_run_config(c.run, model, world);
     } catch (const UserError&) {
@@ -283,6 +322,7 @@ std::vector<LeverAdvice> lowest_peak_levers(const ModelConfig& model, const RunC
   EstimateOptions quiet = options;
   quiet.memory_budget_gib = 0;
   quiet.json = false;
+  quiet.progress = false;
   const int world = options.world_size;
   const std::string device = estimate_device(run, options);
   const MemoryEstimate as_is = estimate_memory(model, run, quiet);

@@ -148,8 +148,13 @@ class StepSimulation {
     if (m_.mode == Mode::pure) timeline_.add(kOther, 2 * m_.run.data.max_length * head_dim * 2);  // bf16 copies
     timeline_.open_window();
 
+    // Micro-batches of one kind are alike: the first (it creates the gradients), one of the middle
+    // ones (each adds into them and leaves the live bytes as it found them), and the last (it
+    // reduces). So the middle ones are simulated once, whatever their number: the estimate's cost
+    // does not grow with --total_batch_size (2^23 micro-batches once took 21 GB and never answered).
     const int64_t micro_batches = std::max<int64_t>(1, m_.run.data.gradient_accumulation);
-    for (int64_t micro = 0; micro < micro_batches; ++micro) micro_batch(micro, micro + 1 == micro_batches);
+    for (int64_t micro = 0; micro < std::min<int64_t>(micro_batches - 1, 2); ++micro) micro_batch(micro, /*last=*/false);
+    micro_batch(micro_batches - 1, /*last=*/true);
 
     // Clipping (a dot product per gradient shard: nothing allocated), then the optimizer, unit by
     // unit: each unit's temporaries are gone before the next unit's step.
@@ -440,8 +445,10 @@ class StepSimulation {
 
   void evaluation(int64_t n) {
     const int64_t batch = 2 * n * 8;  // the eval batch is not an owned buffer: the ledger sees it here
+    // The first batch gathers what the training step released; the second stands for every later one
+    // (alike: each leaves the live bytes as it found them), simulated once whatever --eval_sequences.
     const int64_t micro_steps = eval_micro_steps(eval_sequences_of_job(m_.run.data, world_), m_.run.data, world_);
-    for (int64_t b = 0; b < micro_steps; ++b) {
+    for (int64_t b = 0; b < std::min<int64_t>(micro_steps, 2); ++b) {
       timeline_.add(kActivations, batch);
       for (const UnitAction& action : plan_.forward_pass()) {
         if (action.op != UnitOp::forward) {

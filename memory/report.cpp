@@ -8,11 +8,13 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "common/errors.h"
+#include "common/folder_lock.h"
 #include "common/output_files.h"
 #include "config/config.h"
 #include "memory/categories.h"
@@ -139,6 +141,9 @@ void write_memory_report(const std::vector<std::string>& run_dirs, const std::st
   refuse_report_over_a_run(out, runs);
   refuse_unless_absent_or(out, OutputKind::folder, "--out");
   refuse_unless_absent_or(plots, OutputKind::folder, "--out (its memory/ folder of plots)");
+  // One writer per --out (two reports to one folder left one's markdown beside the other's plots):
+  // the second is refused, naming the first, before anything is written.
+  const std::unique_ptr<FolderLock> lock = FolderLock::output(out, "--out");
   std::error_code error;
   fs::create_directories(plots, error);
   LLM_REQUIRE(!error, out_dir, "--out", "cannot create the folder (" + error.message() + ")");

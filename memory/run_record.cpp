@@ -17,6 +17,7 @@
 #include "memory/categories.h"
 #include "memory/estimate.h"
 #include "memory/svg.h"
+#include "common/json_file.h"
 
 namespace llm {
 namespace {
@@ -60,7 +61,7 @@ JsonlFile read_jsonl(const fs::path& path) {
     JsonlRecord record;
     record.line = file.lines;
     try {
-      record.value = json::parse(line);
+      record.value = parse_json_text(line, path.string() + " line " + std::to_string(file.lines));
     } catch (const json::parse_error&) {
       file.fail(record, "is not a JSON object (a truncated file, or not one the trainer wrote?)");
     }
@@ -98,7 +99,7 @@ double number_or_nan(const json& record, const char* key, double fallback) {
 void check_byte_counts(const JsonlFile& file, const JsonlRecord& record, const json& object, const std::string& prefix) {
   auto check = [&](const std::string& key, const json& value) {
     if (value.is_number() && value.get<double>() < 0)
-      file.fail(record, prefix + key + ": expected a byte count >= 0 (got " + value.dump() +
+      file.fail(record, prefix + key + ": expected a byte count >= 0 (got " + json_excerpt(value) +
                             "): the file is damaged or was not written by this trainer");
   };
   for (const char* key : MemoryCategories::keys())

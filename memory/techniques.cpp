@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <sstream>
 
 #include "common/errors.h"
+#include "common/folder_lock.h"
 #include "common/output_files.h"
 #include "memory/run_record.h"
 #include "memory/svg.h"
@@ -242,6 +244,9 @@ void write_techniques_report(const std::vector<std::string>& technique_dirs, con
   const fs::path out(out_dir), plots = out / "techniques";
   refuse_unless_absent_or(out, OutputKind::folder, "--out");
   refuse_unless_absent_or(plots, OutputKind::folder, "--out (its techniques/ folder of plots)");
+  // One writer per --out (two reports to one folder left one's markdown beside the other's plots):
+  // the second is refused, naming the first, before anything is written.
+  const std::unique_ptr<FolderLock> lock = FolderLock::output(out, "--out");
   std::error_code error;
   fs::create_directories(plots, error);
   LLM_REQUIRE(!error, out_dir, "--out", "cannot create the folder (" + error.message() + ")");

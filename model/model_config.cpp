@@ -173,8 +173,7 @@ bool iequals(std::string_view a, std::string_view b) {
 
 // "integer 3", "float 1.5", "string \"abc\"", "boolean true", "null", "array [...]".
 std::string describe_json_value(const json& value) {
-  std::string text = value.dump();
-  if (text.size() > 60) text = text.substr(0, 57) + "...";
+  const std::string text = json_excerpt(value, 60);
   if (value.is_number_integer()) return "integer " + text;
   if (value.is_number_float()) return "float " + text;
   if (value.is_null()) return "null";
@@ -241,7 +240,7 @@ void read_rope_parameters(const ModelConfigReader& reader, ModelConfig& config) 
       if (!theta.is_number() || !(theta.get<double>() > 0))
         reader.fail_expected("rope_parameters", "a rope_theta above 0", theta);
       if (reader.present("rope_theta") && theta.get<double>() != config.rope_theta)
-        reader.fail("rope_parameters", "rope_theta " + theta.dump() + " differs from the top-level rope_theta " +
+        reader.fail("rope_parameters", "rope_theta " + json_excerpt(theta) + " differs from the top-level rope_theta " +
                                            std::to_string(config.rope_theta) + ": keep one of the two");
       config.rope_theta = theta.get<double>();
     }

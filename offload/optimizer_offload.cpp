@@ -369,6 +369,10 @@ at::Tensor& OptimizerOffload::master(size_t unit) {
 
 void OptimizerOffload::publish(size_t unit) {
   at::NoGradGuard no_grad;
+  // The loaded optimizer's step count is where this run counts on from: a resumed run's delayed
+  // update stays past its warm-up (the warm-up is the run's first steps, not each process's), and its
+  // trace numbers its steps as the uninterrupted run's.
+  steps_ = optimizer_->steps_taken();
   if (device_step_) {  // the rows live on the device only
     model_.unit(unit).compute_shard().copy_(masters_.at(unit));  // rounds to the compute dtype
     model_.unit(unit).publish_shard();

@@ -162,7 +162,8 @@ class OptimizerOffload {
   // back here, so the masters hold the last step).
   at::Tensor& master(size_t unit);
   // After a checkpoint's rows and state were loaded into master(unit) and the optimizer: refresh the
-  // device's compute shard (and GaLore's device projectors).
+  // device's compute shard (and GaLore's device projectors), and count steps on from the loaded
+  // optimizer's (the delayed update's warm-up, the trace's step numbers).
   void publish(size_t unit);
   ShardOptimizer& optimizer() { return *optimizer_; }
   // Everything offload holds in host memory (masters, gradients, staging, state): optimizer_host.

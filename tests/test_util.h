@@ -99,6 +99,19 @@ std::vector<nlohmann::json> read_metrics_events(const std::filesystem::path& run
 std::vector<nlohmann::json> read_ledger_events(const std::filesystem::path& run_dir, int rank,
                                                const std::string& event);
 
+// `trainer estimate --json`'s ranks, one entry per rank: the estimate prints consecutive ranks that are
+// alike once, as [rank, last_rank] (memory/estimate.h: ranks_alike); each entry here has its own rank.
+inline nlohmann::json estimate_per_rank(const nlohmann::json& estimate) {
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const nlohmann::json& kind : estimate.at("ranks"))
+    for (int rank = kind.at("rank").get<int>(); rank <= kind.at("last_rank").get<int>(); ++rank) {
+      ranks.push_back(kind);
+      ranks.back()["rank"] = rank;
+      ranks.back().erase("last_rank");
+    }
+  return ranks;
+}
+
 // A parameterised test's name in ctest's list from its text parameter: letters and digits kept, any
 // other character '_' ("building the model" -> "building_the_model"). Use as the name generator of
 // INSTANTIATE_TEST_SUITE_P, so the list says what each instance runs rather than /0, /1.

@@ -237,6 +237,14 @@ TEST(Train, DivergenceStopsWithAClearMessage) {
   EXPECT_EQ(result.exit_code, 3) << result.output;
   EXPECT_NE(result.output.find("training stopped: step"), std::string::npos) << result.output;
   EXPECT_NE(result.output.find("Lower --lr"), std::string::npos) << result.output;
+  // An fp32 run is not told to use fp32 (issue 51); a bf16 run is.
+  EXPECT_EQ(result.output.find("--dtype float32"), std::string::npos) << result.output;
+  ScratchDir bf16("diverge_bf16");
+  auto in_bf16 = run_command(trainer_command(
+      "--num_training_steps 30 --warmup_steps 0 --lr 1e30 --grad_clipping 0 --batch_size 2 --dtype bfloat16 "
+      "--max_length 16 --eval_every 0 --run_dir " + bf16.path().string()));
+  EXPECT_EQ(in_bf16.exit_code, 3) << in_bf16.output;
+  EXPECT_NE(in_bf16.output.find("or use --dtype float32"), std::string::npos) << in_bf16.output;
 }
 
 // Divergence without a NaN (trainer/divergence.h): a huge lr and no clipping drive llama_micro either

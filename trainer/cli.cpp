@@ -33,6 +33,7 @@ struct Verbs {
   CLI::Option* tokenizer = nullptr;      // prepare: exactly one of --tokenizer and --vocab_size
   CLI::Option* vocab_size = nullptr;
   CLI::Option* context_sweep = nullptr;  // report: only with --techniques
+  std::vector<CLI::Option*> fit_only;    // estimate: flags that only shape --fit's suggestions
   std::string max_shard_size = "5GB";    // export: read as text, turned into bytes after parsing
 };
 
@@ -135,26 +136,26 @@ void add_estimate_verb(CLI::App& app, NumberFlags& numbers, EstimateOptions& est
   estimate_app->add_flag("--fit", estimate.fit,
                          "with --memory_budget_gib: the memory levers to add to this command so it fits, ranked by "
                          "what they cost (memory/estimate_fit.h); exit 2 naming the smallest peak when nothing fits");
-  estimate_app->add_flag("--fit_precision", estimate.fit_precision,
+  verbs.fit_only.push_back(estimate_app->add_flag("--fit_precision", estimate.fit_precision,
                          "--fit: also try bf16 (--dtype bfloat16 --precision mixed, and pure) on an fp32 command; it "
-                         "changes the arithmetic, so it ranks after every choice that keeps fp32 at the same cost");
-  numbers.add(*estimate_app, "--host_budget_gib", estimate.host_budget_gib,
+                         "changes the arithmetic, so it ranks after every choice that keeps fp32 at the same cost"));
+  verbs.fit_only.push_back(numbers.add(*estimate_app, "--host_budget_gib", estimate.host_budget_gib,
               "--fit: host memory per node, GiB; default: --node_memory_gib, else this machine's RAM",
-              NumberRange<double>{smallest_gib, kMaxEstimateGib, gib_range + ": one node's host memory for --fit"});
+              NumberRange<double>{smallest_gib, kMaxEstimateGib, gib_range + ": one node's host memory for --fit"}));
   const std::string rate_range = "a number above 0 and at most 1e6";
-  numbers.add(*estimate_app, "--device_tflops", estimate.device_tflops,
+  verbs.fit_only.push_back(numbers.add(*estimate_app, "--device_tflops", estimate.device_tflops,
               "--fit: the device's sustained TFLOP/s for recomputation; default 200 on CUDA, 0.07 on a CPU",
-              NumberRange<double>{smallest_gib, 1e6, rate_range + " (TFLOP/s)"});
-  numbers.add(*estimate_app, "--pcie_gbs", estimate.pcie_gbs, "--fit: host-device bandwidth, GB/s, for offload",
+              NumberRange<double>{smallest_gib, 1e6, rate_range + " (TFLOP/s)"}));
+  verbs.fit_only.push_back(numbers.add(*estimate_app, "--pcie_gbs", estimate.pcie_gbs, "--fit: host-device bandwidth, GB/s, for offload",
               NumberRange<double>{smallest_gib, 1e6, rate_range + " (GB/s)"})
-      ->capture_default_str();
-  numbers.add(*estimate_app, "--host_gbs", estimate.host_gbs,
+      ->capture_default_str());
+  verbs.fit_only.push_back(numbers.add(*estimate_app, "--host_gbs", estimate.host_gbs,
               "--fit: the host step's GB/s per rank, for offload's host step (build/bench/adamw_bench measures it); "
               "default: 8 GB/s per core of the rank's share of its node (--host_cores), at most 200",
-              NumberRange<double>{smallest_gib, 1e6, rate_range + " (GB/s)"});
-  numbers.add(*estimate_app, "--host_cores", estimate.host_cores,
+              NumberRange<double>{smallest_gib, 1e6, rate_range + " (GB/s)"}));
+  verbs.fit_only.push_back(numbers.add(*estimate_app, "--host_cores", estimate.host_cores,
               "--fit: a node's cores, for the host step's default rate (--host_gbs); default: this machine's",
-              NumberRange<int>{1, 1 << 20, "a core count in [1, 1048576]"});
+              NumberRange<int>{1, 1 << 20, "a core count in [1, 1048576]"}));
   verbs.estimate = estimate_app;
 }
 
@@ -287,6 +288,12 @@ Command parse_command_line(int argc, const char* const* argv) {
     command.kind = Command::Kind::export_model;
     return command;
   }
+  if (verbs.estimate->parsed() && !command.estimate.fit)
+    for (const CLI::Option* flag : verbs.fit_only)  // given without --fit, it would be silently unused
+      if (flag->count() > 0)
+        fail_user(kCommandLine, flag->get_name(),
+                  "only shapes what --fit suggests, and this estimate has no --fit: add --fit --memory_budget_gib G, "
+                  "or leave it out");
   apply_training_flags(app, training, verbs.estimate->parsed(), command.run, command.warnings);
   command.kind = verbs.estimate->parsed() ? Command::Kind::estimate : Command::Kind::train;
   return command;

@@ -224,17 +224,6 @@ int run_command(const llm::Command& command, const llm::World& world) {
   llm::RunConfig run = command.run;
   const llm::ModelConfig model = llm::load_model_config(run.config_path);
   if (command.kind == Kind::estimate) {
-    // A flag that only shapes --fit's suggestions, given without --fit, would be silently unused.
-    const llm::EstimateOptions& estimate = command.estimate;
-    const char* fit_only = estimate.fit               ? nullptr
-                           : estimate.fit_precision    ? "--fit_precision"
-                           : estimate.host_budget_gib > 0 ? "--host_budget_gib"
-                           : estimate.device_tflops > 0   ? "--device_tflops"
-                                                          : nullptr;
-    if (fit_only != nullptr)
-      llm::fail_user(llm::kCommandLine, fit_only,
-                     "only shapes what --fit suggests, and this estimate has no --fit: add --fit "
-                     "--memory_budget_gib G, or leave it out");
     llm::validate_run_config(run, model, command.estimate.world_size);
     if (world.rank == 0)
       std::cout << (command.estimate.fit ? llm::run_fit_command(model, run, command.estimate)

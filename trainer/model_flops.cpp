@@ -16,6 +16,8 @@
 
 #include "common/device.h"
 #include "common/log.h"
+#include "common/output_files.h"
+#include "common/json_file.h"
 
 namespace llm {
 namespace fs = std::filesystem;
@@ -89,7 +91,8 @@ PeakFlops cpu_peak(at::ScalarType dtype, int threads) {
   const fs::path file = cache_file();
   nlohmann::json cache = nlohmann::json::object();
   if (std::ifstream in(file); in) {
-    cache = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    cache = parse_json_text(text, file.string(), /*allow_exceptions=*/false);
     if (!cache.is_object()) cache = nlohmann::json::object();  // unreadable: measured again and rewritten
   }
   auto describe = [&](double flops, const std::string& how) {
@@ -105,16 +108,10 @@ PeakFlops cpu_peak(at::ScalarType dtype, int threads) {
   // Through a file of this process's own, renamed over the cache: a reader never sees half a file.
   std::error_code error;
   fs::create_directories(file.parent_path(), error);
-  const fs::path partial = file.string() + "." + std::to_string(::getpid()) + ".tmp";
-  bool written = false;
-  {
-    std::ofstream out(partial);
-    out << cache.dump(1) << '\n';
-    written = static_cast<bool>(out.flush());
-  }
-  if (written) fs::rename(partial, file, error);
-  if (!written || error) {
-    fs::remove(partial, error);
+  try {
+    if (error) throw WriteError(file.parent_path(), error.message());
+    write_file_atomically(file, cache.dump(1) + "\n", {.staging_suffix = "." + std::to_string(::getpid()) + ".tmp"});
+  } catch (const UserError&) {
     log::warn("could not cache the measured GEMM peak in {}: it is measured again next run", file.string());
   }
   return {flops, describe(flops, "measured now, cached in")};

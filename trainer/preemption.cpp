@@ -21,7 +21,9 @@
 namespace llm {
 namespace {
 
-constexpr std::array<int, 3> kPreemptionSignals = {SIGINT, SIGUSR1, SIGTERM};
+// SIGHUP too: the terminal or ssh session of an interactive run went away, and launch/mpirun.sh treats
+// it as a preemption; its default action ended a run without saving (exit 129).
+constexpr std::array<int, 4> kPreemptionSignals = {SIGINT, SIGUSR1, SIGHUP, SIGTERM};
 std::atomic<int> received_signal{0};
 std::atomic<int64_t> received_at_ns{0};  // CLOCK_MONOTONIC when the first signal came
 static_assert(std::atomic<int>::is_always_lock_free && std::atomic<int64_t>::is_always_lock_free,
@@ -40,7 +42,7 @@ extern "C" void record_preemption_signal(int signal) {
     return;
   }
   // A second Ctrl-C at a terminal means "stop now": end at once (write and _exit are async-signal-safe).
-  // A second SIGTERM or SIGUSR1 (a scheduler repeating its notice) changes nothing.
+  // A second SIGTERM, SIGUSR1 or SIGHUP (a scheduler repeating its notice) changes nothing.
   if (signal == SIGINT) {
     static const char message[] = "\nsecond SIGINT: stopping at once, without waiting for the step or the save\n";
     const ssize_t ignored = ::write(STDERR_FILENO, message, sizeof(message) - 1);
@@ -124,6 +126,7 @@ const char* signal_name(int signal) {
     case SIGTERM: return "SIGTERM";
     case SIGINT: return "SIGINT";
     case SIGUSR1: return "SIGUSR1";
+    case SIGHUP: return "SIGHUP";
     default: return "a signal";
   }
 }

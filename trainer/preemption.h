@@ -1,4 +1,5 @@
-// Preemption: SIGTERM, SIGINT or SIGUSR1 (a cluster's notice; mpirun forwards each to every rank)
+// Preemption: SIGTERM, SIGINT, SIGUSR1 or SIGHUP (a cluster's notice, a closed terminal; mpirun forwards
+// SIGUSR1 to every rank, launch/mpirun.sh passes the others on as it)
 // ends a training run at a step boundary, with a checkpoint of the step just finished when
 // --save_dir is set, instead of ending the process mid-step with nothing saved.
 //
@@ -20,7 +21,7 @@ namespace llm {
 
 class Communicator;
 
-// Installs the handlers for SIGTERM, SIGINT and SIGUSR1 (again on each call: after a library that may
+// Installs the handlers for SIGTERM, SIGINT, SIGUSR1 and SIGHUP (again on each call: after a library that may
 // have set its own, such as MPI).
 void install_preemption_handlers();
 // For a command that does not train (prepare, export, report, estimate, --print_config): the signals'
@@ -35,7 +36,7 @@ int preemption_signal_received();
 
 // Collective over `communicator` (one all-reduce of three counters): the preemption signal any rank
 // has received, 0 when none has; the same on every rank. When ranks received different ones, SIGINT
-// is named before SIGUSR1 before SIGTERM. With `written` (every rank passes it or none: an
+// is named before SIGUSR1 before SIGHUP before SIGTERM. With `written` (every rank passes it or none: an
 // asynchronous save in flight, checkpoint/checkpoint.h's BackgroundSave), the same all-reduce carries a
 // fourth counter: in, whether this rank's files are written; out, whether every rank's are. With
 // `write_failed` (every rank passes it or none), one more: in, whether this rank could not write a run
@@ -45,7 +46,7 @@ int preemption_signal_received();
 int preemption_agreed(Communicator& communicator, bool* written = nullptr, bool* write_failed = nullptr,
                       bool* time_up = nullptr);
 
-// "SIGTERM", "SIGINT", "SIGUSR1", else "a signal".
+// "SIGTERM", "SIGINT", "SIGUSR1", "SIGHUP", else "a signal".
 const char* signal_name(int signal);
 
 }  // namespace llm

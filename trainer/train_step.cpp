@@ -71,7 +71,9 @@ std::string Training::what_to_change() const {
   if (!run_.fuse_optimizer_with_backward)
     out << "set --grad_clipping (now " << run_.optimizer.grad_clipping << (run_.optimizer.grad_clipping > 0 ? "" : ", e.g. 1.0")
         << "), ";
-  out << "raise --warmup_steps (now " << run_.optimizer.warmup_steps.value() << "), or use --dtype float32";
+  out << (run_.precision.dtype == DType::float32 ? "or raise" : "raise") << " --warmup_steps (now "
+      << run_.optimizer.warmup_steps.value() << ")";
+  if (run_.precision.dtype != DType::float32) out << ", or use --dtype float32";  // advice an fp32 run cannot take
   return out.str();
 }
 

@@ -3,6 +3,7 @@
 #include <optional>
 
 #include "common/errors.h"
+#include "common/json_file.h"
 
 #ifndef TRAINER_TRANSFORMERS_VERSION
 #define TRAINER_TRANSFORMERS_VERSION "5.23.0"
@@ -36,7 +37,7 @@ class FolderConfig {
                     const char* why = "the weights are of another model shape") const {
     const std::optional<json> given = value(key);
     if (!given && !hf_default) refuse(key, "missing", std::to_string(ours), "the folder does not say its size");
-    if (given && !given->is_number_integer()) refuse(key, given->dump(), std::to_string(ours), "expected an integer");
+    if (given && !given->is_number_integer()) refuse(key, json_excerpt(*given), std::to_string(ours), "expected an integer");
     const int64_t theirs = given ? given->get<int64_t>() : *hf_default;
     if (theirs != ours)
       refuse(key, std::to_string(theirs) + (given ? "" : " (LlamaConfig's default)"), std::to_string(ours),
@@ -44,21 +45,21 @@ class FolderConfig {
   }
   void same_number(const std::string& key, const std::optional<json>& given, double ours, double hf_default,
                    const char* why) const {
-    if (given && !given->is_number()) refuse(key, given->dump(), format_number(ours), "expected a number");
+    if (given && !given->is_number()) refuse(key, json_excerpt(*given), format_number(ours), "expected a number");
     const double theirs = given ? given->get<double>() : hf_default;
     if (theirs != ours)
       refuse(key, format_number(theirs) + (given ? "" : " (LlamaConfig's default)"), format_number(ours), why);
   }
   void same_boolean(const char* key, bool ours, bool hf_default, const char* why) const {
     const std::optional<json> given = value(key);
-    if (given && !given->is_boolean()) refuse(key, given->dump(), ours ? "true" : "false", "expected true or false");
+    if (given && !given->is_boolean()) refuse(key, json_excerpt(*given), ours ? "true" : "false", "expected true or false");
     const bool theirs = given ? given->get<bool>() : hf_default;
     if (theirs != ours) refuse(key, theirs ? "true" : "false", ours ? "true" : "false", why);
   }
   void same_string(const char* key, const std::string& ours, const char* why) const {
     const std::optional<json> given = value(key);
     if (given && (!given->is_string() || given->get<std::string>() != ours))
-      refuse(key, given->dump(), "\"" + ours + "\"", why);
+      refuse(key, json_excerpt(*given), "\"" + ours + "\"", why);
   }
 
   // A RoPE scaling in rope_scaling (transformers 4) or rope_parameters (5): refused by its type. Returns
@@ -68,13 +69,13 @@ class FolderConfig {
     for (const char* key : {"rope_scaling", "rope_parameters"}) {
       const std::optional<json> rope = value(key);
       if (!rope) continue;
-      if (!rope->is_object()) refuse(key, rope->dump(), "no RoPE scaling", "expected an object");
+      if (!rope->is_object()) refuse(key, json_excerpt(*rope), "no RoPE scaling", "expected an object");
       std::string type = "default";
       for (const char* type_key : {"rope_type", "type"})
         if (rope->contains(type_key) && rope->at(type_key).is_string()) type = rope->at(type_key).get<std::string>();
       if (!rope->contains("rope_type") && !rope->contains("type") && std::string(key) == "rope_parameters" &&
           !rope->empty() && !rope->contains("rope_theta"))
-        refuse(key, rope->dump().substr(0, 80), "one RoPE for every layer",
+        refuse(key, json_excerpt(*rope), "one RoPE for every layer",
                "per-layer-type RoPE parameters are not run here");
       if (type != "default" && type != "none")
         fail_user(source_, std::string(key) + ".rope_type",

@@ -16,6 +16,7 @@
 #include "checkpoint/interchange/hf_config.h"
 #include "checkpoint/interchange/safetensors.h"
 #include "model/units.h"
+#include "common/json_file.h"
 
 namespace llm {
 namespace fs = std::filesystem;
@@ -28,8 +29,9 @@ constexpr const char* kResave =
 nlohmann::json read_json(const fs::path& path, const std::string& what) {
   std::ifstream in(path);
   LLM_REQUIRE(in.good(), path.string(), "", "missing: " + what);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   try {
-    return nlohmann::json::parse(in);
+    return parse_json_text(text, path.string());
   } catch (const nlohmann::json::exception& error) {
     fail_user(path.string(), "", std::string("not valid JSON: ") + error.what());
   }
@@ -78,7 +80,7 @@ PretrainedFolder::PretrainedFolder(const std::string& folder, const ModelConfig&
     if (config.contains("pad_token_id") && config.at("pad_token_id").is_number_integer() &&
         config.at("pad_token_id").get<int64_t>() != ours)
       log::warn("--init_from: {} has pad_token_id {}; --config {} makes row {} the padding row (no gradient "
-                "reaches it)", config_path.string(), config.at("pad_token_id").dump(), model.name, ours);
+                "reaches it)", config_path.string(), json_excerpt(config.at("pad_token_id")), model.name, ours);
   }
 
   // The tensors' files: an index naming shards, or one model.safetensors.

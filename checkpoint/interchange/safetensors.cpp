@@ -16,6 +16,8 @@
 
 #include "common/crc32c.h"
 #include "common/errors.h"
+#include "common/output_files.h"
+#include "common/json_file.h"
 
 namespace llm {
 namespace fs = std::filesystem;
@@ -98,24 +100,29 @@ SafetensorsWriter::SafetensorsWriter(std::string path, std::vector<SafetensorsEn
   text.append((8 - text.size() % 8) % 8, ' ');  // every tensor 8-byte aligned in the file
   const uint64_t length = text.size();
   file_bytes_ = 8 + length + offset;
-  out_.open(temporary_path_, std::ios::binary | std::ios::trunc);
-  if (!out_.good()) fail_write();
-  out_.write(reinterpret_cast<const char*>(&length), 8);
-  out_.write(text.data(), static_cast<std::streamsize>(text.size()));
-  if (!out_.good()) fail_write();
+  descriptor_ = open_output_file(temporary_path_, O_WRONLY | O_TRUNC, "safetensors file");
+  if (descriptor_ < 0) fail_write(errno);
+  int error_number = write_fully(descriptor_, &length, 8);
+  if (error_number == 0) error_number = write_fully(descriptor_, text.data(), text.size());
+  if (error_number != 0) {  // no destructor runs for a constructor that throws
+    ::close(descriptor_);
+    std::error_code ignored;
+    fs::remove(temporary_path_, ignored);
+    fail_write(error_number);
+  }
   file_crc_ = llm::crc32c(text.data(), text.size(), llm::crc32c(&length, 8));
 }
 
 SafetensorsWriter::~SafetensorsWriter() {
   if (finished_) return;
-  out_.close();
+  if (descriptor_ >= 0) ::close(descriptor_);
   std::error_code ignored;
   fs::remove(temporary_path_, ignored);
 }
 
-void SafetensorsWriter::fail_write() const {
+void SafetensorsWriter::fail_write(int error_number) const {
   fail_user(temporary_path_, "",
-            std::string("could not be written (") + std::strerror(errno) +
+            std::string("could not be written (") + std::strerror(error_number) +
                 "): disk full, over quota or not writable? Nothing was put under the final name " + path_);
 }
 
@@ -127,8 +134,8 @@ uint32_t SafetensorsWriter::write(const std::string& name, const at::Tensor& ten
               "shape " + shape_text(tensor.sizes().vec()) + " differs from the declared " + shape_text(entry.shape));
   // The one converted copy that exists at a time: this tensor in the file's dtype, on the host.
   const at::Tensor bytes = tensor.detach().to(at::kCPU).to(entry.dtype).contiguous();
-  out_.write(static_cast<const char*>(bytes.data_ptr()), static_cast<std::streamsize>(entry.nbytes()));
-  if (!out_.good()) fail_write();
+  if (const int error_number = write_fully(descriptor_, bytes.data_ptr(), entry.nbytes()); error_number != 0)
+    fail_write(error_number);
   ++next_;
   const uint32_t crc = llm::crc32c(bytes.data_ptr(), entry.nbytes());
   file_crc_ = llm::crc32c(bytes.data_ptr(), entry.nbytes(), file_crc_);
@@ -139,17 +146,11 @@ uint64_t SafetensorsWriter::finish() {
   LLM_REQUIRE(next_ == entries_.size(), path_, "",
               "closed after " + std::to_string(next_) + " of " + std::to_string(entries_.size()) +
                   " tensors (a bug)");
-  out_.close();
-  if (out_.fail()) fail_write();
   // On disk before the rename: a power loss then leaves no file under PATH that is short or empty.
-  const int fd = ::open(temporary_path_.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0 || ::fsync(fd) != 0) {
-    const int error_number = errno;
-    if (fd >= 0) ::close(fd);
-    errno = error_number;
-    fail_write();
-  }
-  ::close(fd);
+  const int synced = ::fsync(descriptor_) == 0 ? 0 : errno;
+  const int closed = ::close(descriptor_) == 0 ? 0 : errno;
+  descriptor_ = -1;
+  if (synced != 0 || closed != 0) fail_write(synced != 0 ? synced : closed);
   std::error_code error;
   fs::rename(temporary_path_, path_, error);
   LLM_REQUIRE(!error, path_, "", "cannot rename " + temporary_path_ + " to it (" + error.message() + ")");
@@ -179,7 +180,7 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
   data_start_ = 8 + length;
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(text);
+    header = parse_json_text(text, path_ + " (its header)");
   } catch (const nlohmann::json::exception& parse_error) {
     fail_user(path_, "header", std::string("not safetensors: the header is not JSON (") + parse_error.what() + ")");
   }
@@ -210,7 +211,7 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
     if (!shape.is_array()) bad("shape is not an array");
     for (const nlohmann::json& size : shape) {
       if (!size.is_number_unsigned() || size.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int32_t>::max()))
-        bad("shape holds " + size.dump() + ", not a size");
+        bad("shape holds " + json_excerpt(size) + ", not a size");
       entry.shape.push_back(size.get<int64_t>());
     }
     const nlohmann::json& offsets = value.at("data_offsets");

@@ -70,13 +70,13 @@ class SafetensorsWriter {
   const std::string& path() const { return path_; }
 
  private:
-  [[noreturn]] void fail_write() const;
+  [[noreturn]] void fail_write(int error_number) const;
   std::string path_, temporary_path_;
   std::vector<SafetensorsEntry> entries_;
   size_t next_ = 0;
   uint64_t file_bytes_ = 0;
   uint32_t file_crc_ = 0;
-  std::ofstream out_;
+  int descriptor_ = -1;  // the staging file (open_output_file: never through a link)
   bool finished_ = false;
 };
 
