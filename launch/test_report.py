@@ -3,8 +3,10 @@
 
 Reads BUILD/setup-times.json (launch/setup.sh: seconds of set-up and of the build), the ctest JUnit
 file (one <testcase> per ctest entry) and the gtest XML of each unit_tests entry in BUILD/test-results
-(tests/ctest_entries.py), and prints the set-up, build and test times, then the ten slowest ctest
-entries and the ten slowest single tests, so the change that slows the suite shows at once.
+(tests/ctest_entries.py), and prints the set-up, build and test times, the entries and the gtest
+cases that passed, failed and were skipped (gtest's own count: an entry with some cases skipped still
+passes, so its skips are counted and said by reason here), then the ten slowest ctest entries and the
+ten slowest single tests, so the change that slows the suite shows at once.
 
     test_report.py --build BUILD --ctest-junit FILE --tests-wall SECONDS --jobs N
 """
@@ -27,7 +29,8 @@ def ctest_entries(path):
 
 
 def gtest_cases(folder):
-    """[(Suite.name, seconds, failed)] of every gtest XML file in `folder`."""
+    """[(Suite.name, seconds, outcome, why)] of every gtest XML file in `folder`: outcome "failed",
+    "skipped" (why: GTEST_SKIP's message, its source line dropped) or "passed"."""
     cases = []
     for path in sorted(glob.glob(os.path.join(folder, "*.xml"))):
         try:
@@ -35,9 +38,26 @@ def gtest_cases(folder):
         except (OSError, ElementTree.ParseError):
             continue  # an entry killed mid-run (its timeout) leaves no complete file
         for case in root.iter("testcase"):
-            failed = case.find("failure") is not None
-            cases.append((f"{case.get('classname')}.{case.get('name')}", float(case.get("time") or 0), failed))
+            skipped = case.find("skipped")
+            outcome = ("failed" if case.find("failure") is not None
+                       else "skipped" if skipped is not None or case.get("result") == "skipped" else "passed")
+            why = (skipped.get("message") or "").split("\n")[-1].strip() if skipped is not None else ""
+            cases.append((f"{case.get('classname')}.{case.get('name')}", float(case.get("time") or 0), outcome, why))
     return cases
+
+
+def skipped_summary(cases):
+    """The skipped gtest cases by reason: "N skipped: 41 no GPU on this host (CrossEntropyOnCuda.*, ...)"."""
+    reasons = {}
+    for name, _, outcome, why in cases:
+        if outcome == "skipped":
+            reasons.setdefault(why or "no reason given", []).append(name)
+    lines = []
+    for why, names in sorted(reasons.items(), key=lambda item: -len(item[1])):
+        suites = sorted({name.split(".")[0] for name in names})
+        shown = ", ".join(suites[:6]) + (f" and {len(suites) - 6} more suites" if len(suites) > 6 else "")
+        lines.append(f"  {len(names):4d}  {why}: {shown}")
+    return lines
 
 
 def table(rows, total):
@@ -62,6 +82,9 @@ def main():
     entries = ctest_entries(args.ctest_junit)
     cases = gtest_cases(os.path.join(args.build, "test-results"))
     test_time = sum(seconds for _, seconds, _ in entries)
+    passed_cases = sum(1 for case in cases if case[2] == "passed")
+    failed_cases = sum(1 for case in cases if case[2] == "failed")
+    skipped_cases = sum(1 for case in cases if case[2] == "skipped")
 
     setup = times.get("setup_s")
     build = times.get("build_s")
@@ -72,15 +95,20 @@ def main():
     print(f"[test.sh] {', '.join(parts)}: {total:.0f} s in all")
     failed = [name for name, _, status in entries if status not in ("run", "notrun", "disabled")]
     skipped = sum(1 for _, _, status in entries if status == "notrun")
-    print(f"[test.sh] {len(entries)} ctest entries ({len(cases)} gtest cases of unit_tests): "
-          f"{len(entries) - len(failed) - skipped} passed, {len(failed)} failed, {skipped} not run"
+    print(f"[test.sh] {len(entries)} ctest entries: "
+          f"{len(entries) - len(failed) - skipped} passed, {len(failed)} failed, {skipped} not run (all their cases skipped)"
           + (f": {', '.join(failed)}" if failed else ""))
+    # An entry passes when its cases pass or skip: gtest's own count says how many of them ran.
+    print(f"[test.sh] {len(cases)} gtest cases of unit_tests: {passed_cases} passed, {failed_cases} failed, "
+          f"{skipped_cases} skipped" + (", by reason:" if skipped_cases else ""))
+    for line in skipped_summary(cases):
+        print(line)
     if entries:
         slowest = sorted(((name, seconds) for name, seconds, _ in entries), key=lambda row: -row[1])[:10]
         print("[test.sh] the ten slowest ctest entries (share of the test time):")
         print(table(slowest, test_time))
     if cases:
-        slowest = sorted(((name, seconds) for name, seconds, _ in cases), key=lambda row: -row[1])[:10]
+        slowest = sorted(((name, seconds) for name, seconds, _, _ in cases), key=lambda row: -row[1])[:10]
         print("[test.sh] the ten slowest single tests:")
         print(table(slowest, test_time))
     return 0

@@ -79,10 +79,17 @@ void relist(const fs::path& checkpoint, const std::string& name) {
 
 TEST(DeepJson, EveryReaderRefusesItNamingTheFile) {
   ScratchDir dir("deep_json");
-  // --config
+  // --config, nested arrays and nested objects
   std::ofstream(dir / "config.json") << "{\"hidden_size\": " << nested(kDeep) << "}";
   expect_deep_refused(run_command(trainer() + " --config " + (dir / "config.json").string() + " --device cpu"),
                       dir / "config.json");
+  {
+    std::ofstream objects(dir / "objects.json");
+    for (int i = 0; i < kDeep; ++i) objects << "{\"a\": ";
+    objects << "1" << std::string(kDeep, '}');
+  }
+  expect_deep_refused(run_command(trainer() + " --config " + (dir / "objects.json").string() + " --device cpu"),
+                      dir / "objects.json");
   // a --data mixture file
   std::ofstream(dir / "mix.json") << "{\"sources\": " << nested(kDeep) << "}";
   expect_deep_refused(run_command(trainer_command("--num_training_steps 1 --data " + (dir / "mix.json").string() +
