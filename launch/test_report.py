@@ -99,7 +99,8 @@ def main():
           f"{len(entries) - len(failed) - skipped} passed, {len(failed)} failed, {skipped} not run (all their cases skipped)"
           + (f": {', '.join(failed)}" if failed else ""))
     # An entry passes when its cases pass or skip: gtest's own count says how many of them ran.
-    print(f"[test.sh] {len(cases)} gtest cases of unit_tests: {passed_cases} passed, {failed_cases} failed, "
+    print(f"[test.sh] {len(cases)} gtest cases (unit_tests, and rank 0 of mpi_tests at each world size): "
+          f"{passed_cases} passed, {failed_cases} failed, "
           f"{skipped_cases} skipped" + (", by reason:" if skipped_cases else ""))
     for line in skipped_summary(cases):
         print(line)

@@ -282,8 +282,4 @@ std::string attention_backend(int64_t heads, int64_t kv_heads, int64_t seq, int6
   return "error (no kernel)";
 }
 
-at::Tensor rms_norm_composed(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  return rms_norm_forward(x, weight, eps).first;  // under autograd: it derives the composition's backward
-}
-
 }  // namespace llm

@@ -66,7 +66,4 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps, R
 std::string attention_backend(int64_t heads, int64_t kv_heads, int64_t seq, int64_t head_dim, at::ScalarType dtype,
                               at::Device device);
 
-// transformers' LlamaRMSNorm as autograd composes it: the reference rms_norm's aten form equals.
-at::Tensor rms_norm_composed(const at::Tensor& x, const at::Tensor& weight, double eps);
-
 }  // namespace llm

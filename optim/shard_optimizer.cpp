@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <cmath>
+#include <cstdlib>
 
 #include <ATen/ATen.h>
 
@@ -15,6 +16,37 @@ namespace llm {
 namespace {
 
 constexpr const char* kOptimizerSource = "optimizer";
+
+// LLM_DEBUG_PERTURB_UPDATE=STEP:FACTOR[:UNIT] (tests only): optimizer step STEP (1-based, the count a
+// checkpoint's optimizer_step holds) runs at FACTOR times its lr and FACTOR times its gradient scale
+// (so its moments see a scaled gradient too), for unit UNIT or every unit: a deliberately wrong update
+// that the tests' run comparisons must catch on CPU, as they would on a GPU (tests/rounding_bounds.h).
+// Every rule and device steps through step_unit: the host kernels, the CUDA functor, offload's worker,
+// the speculative and device steps, the fused step. FACTOR 0: the step's update is not applied.
+struct UpdatePerturbation {
+  int64_t step = 0;  // 0: none
+  double factor = 1;
+  int64_t unit = -1;  // -1: every unit
+};
+
+const UpdatePerturbation& update_perturbation() {
+  static const UpdatePerturbation perturbation = [] {
+    UpdatePerturbation p;
+    const char* text = std::getenv("LLM_DEBUG_PERTURB_UPDATE");
+    if (text == nullptr || *text == '\0') return p;
+    char* end = nullptr;
+    p.step = std::strtoll(text, &end, 10);
+    LLM_REQUIRE(end != text && *end == ':' && p.step >= 1, "LLM_DEBUG_PERTURB_UPDATE", text, "expected STEP:FACTOR[:UNIT]");
+    const char* factor = end + 1;
+    p.factor = std::strtod(factor, &end);
+    LLM_REQUIRE(end != factor && std::isfinite(p.factor) && p.factor >= 0, "LLM_DEBUG_PERTURB_UPDATE", text,
+                "FACTOR must be a finite number >= 0");
+    if (*end == ':') p.unit = std::strtoll(end + 1, &end, 10);
+    LLM_REQUIRE(*end == '\0', "LLM_DEBUG_PERTURB_UPDATE", text, "expected STEP:FACTOR[:UNIT]");
+    return p;
+  }();
+  return perturbation;
+}
 
 // Views of a unit's flat state buffer for each parameter, in order; the buffer is sized here.
 at::Tensor allocate_views(std::vector<ParameterState>& parameters,
@@ -160,6 +192,11 @@ void ShardOptimizer::step_unit(size_t unit, double lr, at::Tensor& compute_out, 
   LLM_REQUIRE(std::isfinite(gradient_scale) && gradient_scale >= 0, kOptimizerSource, "gradient_scale",
               "must be finite and >= 0");
   LLM_REQUIRE(step_ >= 1, kOptimizerSource, "step", "step_unit before the first begin_step()");
+  if (const UpdatePerturbation& wrong = update_perturbation();
+      wrong.step == step_ && (wrong.unit < 0 || wrong.unit == static_cast<int64_t>(unit))) {
+    lr *= wrong.factor;
+    gradient_scale *= wrong.factor;
+  }
   std::vector<ParameterState>& parameters = units_.at(unit).parameters;
   const int64_t t = step_;
   const double bias_correction1 = 1.0 - std::pow(settings_.beta1, static_cast<double>(t));

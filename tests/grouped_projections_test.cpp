@@ -17,6 +17,7 @@
 
 #include "common/autocast.h"
 #include "model/grouped_linear.h"
+#include "tests/rounding_bounds.h"
 #include "tests/run_comparison.h"
 #include "tests/tensor_checks.h"
 #include "tests/test_util.h"
@@ -117,13 +118,14 @@ TEST(GroupedLinearWeights, OnlyAdjacentWeightsInOrderAreGrouped) {
       << "the model never falls back silently";
 }
 
-// The trainer's runs: with --grouped_projections against without, the same losses and gradient
-// norms to rounding (fp32: the input's gradient summed in another grouping; bf16: its rounding).
+// The trainer's runs: with --grouped_projections against without, the same run to rounding (fp32: the
+// input's gradient summed in another grouping; bf16: its rounding): every step's loss and gradient
+// norm and the last checkpoint's weights and moments, by tests/rounding_bounds.h's bounds.
 struct RunCase {
   std::string name;
   int ranks;
   std::string flags;
-  double tolerance;
+  testing::RoundingBounds bounds;
 };
 
 std::string run_flags(const RunCase& c, bool grouped) {
@@ -143,20 +145,26 @@ TEST_P(GroupedRun, TrainsAsTheSeparateProjections) {
   ASSERT_EQ(plain.exit_code, 0) << plain.output;
   const testing::RecordedRun& grouped = run(c, true);
   ASSERT_EQ(grouped.exit_code, 0) << grouped.output;
-  testing::expect_close_run(plain.dir, grouped.dir, 4, c.tolerance);
+  const std::vector<std::string> differences = testing::rounding_differences(
+      testing::read_run(plain.run_dir(), plain.save_dir() / "step_4"),
+      testing::read_run(grouped.run_dir(), grouped.save_dir() / "step_4"), c.bounds, /*grad_clipping=*/0.05);
+  EXPECT_TRUE(differences.empty()) << testing::joined_lines(differences);
   const auto start = testing::read_metrics_events(grouped.run_dir(), "start");
   ASSERT_EQ(start.size(), 1u);
   EXPECT_EQ(start.at(0).at("grouped_projections"), true);
 }
 
 const RunCase kRunCases[] = {
-    {"fp32_1rank_resident", 1, "", 1e-5},
-    {"fp32_full_shard_4ranks", 4, "", 1e-5},
-    {"bf16_mixed_2ranks", 2, "--dtype bfloat16 --precision mixed", 1e-2},
-    {"bf16_pure_shard_grad_op_2ranks", 2, "--dtype bfloat16 --precision pure --sharding shard_grad_op", 1e-2},
-    {"galore_no_shard_2ranks", 2, "--optimizer galore_adamw --rank 8 --update_proj_gap 2 --sharding no_shard", 1e-5},
-    {"offload_parameters_recompute_2ranks", 2, "--offload optimizer,parameters --recompute norm,swiglu,attention", 1e-5},
-    {"padded_bf16_pure_1rank", 1, "--dtype bfloat16 --precision pure --pad_matmul_dims on --recompute mlp", 1e-2},
+    {"fp32_1rank_resident", 1, "", testing::fp32_bounds()},
+    {"fp32_full_shard_4ranks", 4, "", testing::fp32_bounds()},
+    {"bf16_mixed_2ranks", 2, "--dtype bfloat16 --precision mixed", testing::bf16_bounds()},
+    {"bf16_pure_shard_grad_op_2ranks", 2, "--dtype bfloat16 --precision pure --sharding shard_grad_op", testing::bf16_bounds()},
+    {"galore_no_shard_2ranks", 2, "--optimizer galore_adamw --rank 8 --update_proj_gap 2 --sharding no_shard",
+     testing::galore_bounds(testing::fp32_bounds())},
+    {"offload_parameters_recompute_2ranks", 2, "--offload optimizer,parameters --recompute norm,swiglu,attention",
+     testing::fp32_bounds()},
+    {"padded_bf16_pure_1rank", 1, "--dtype bfloat16 --precision pure --pad_matmul_dims on --recompute mlp",
+     testing::bf16_bounds()},
 };
 
 INSTANTIATE_TEST_SUITE_P(Cases, GroupedRun, ::testing::ValuesIn(kRunCases), [](const auto& info) { return info.param.name; });

@@ -1,6 +1,7 @@
-// The decoder layer's element-wise operations (model/layer_ops.h) against transformers' forms: the
-// rotary roll form and the RMSNorm node bit for bit, forward and backward, in fp32 and bf16, the
-// norm also where its input has another reader (the residual) and under --recompute norm.
+// The decoder layer's element-wise operations (model/layer_ops.h) against transformers' forms, written
+// in this file from transformers' source: the rotary roll form and the RMSNorm node bit for bit,
+// forward and backward, in fp32 and bf16, the norm also where its input has another reader (the
+// residual) and under --recompute norm (against no recomputation), and within rounding of float64.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -76,8 +77,34 @@ TEST(Rotary, SignedSineNegatesTheFirstHalfOnly) {
   EXPECT_TRUE(at::equal(rotary_signed_sine(sin), expected));
 }
 
+// transformers' LlamaRMSNorm.forward (modeling_llama.py), written here from its source, not taken from
+// model/layer_ops (before issue 52 both sides of these comparisons ran the product's own forward):
+//   hidden_states = hidden_states.to(torch.float32)
+//   variance = hidden_states.pow(2).mean(-1, keepdim=True)
+//   hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+//   return self.weight * hidden_states.to(input_dtype)
+// Under autograd its backward is autograd's derivative of that formula.
+at::Tensor hf_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const at::Tensor h = x.to(at::kFloat);
+  const at::Tensor variance = h.pow(2).mean(-1, /*keepdim=*/true);
+  return weight * (h * at::rsqrt(variance + eps)).to(x.scalar_type());
+}
+
+// The formula in float64 from the same (rounded) inputs: what each form's rounding is measured against.
+at::Tensor rms_norm_float64(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const at::Tensor h = x.to(at::kDouble);
+  return weight.to(at::kDouble) * h / (h.pow(2).mean(-1, /*keepdim=*/true) + eps).sqrt();
+}
+
+// The largest relative difference of `got` from `exact` (float64), over the elements.
+double relative_error(const at::Tensor& got, const at::Tensor& exact) {
+  return ((got.to(at::kCPU, at::kDouble) - exact).abs() / exact.abs().clamp_min(1e-30)).max().item<double>();
+}
+
 // RMSNorm in a layer's shape: y = x + f(norm(x)) as the residual stream does, so x's gradient is
-// the sum of the residual's and the norm's, in the order autograd sums them.
+// the sum of the residual's and the norm's, in the order autograd sums them. `reference`: transformers'
+// formula (hf_rms_norm) without recompute, whatever the case says; else ours, recomputed where the
+// case says (so the recompute's claim, bitwise equal to no recomputation, is checked too).
 struct NormCase {
   at::ScalarType x_dtype, weight_dtype;
   bool recompute;
@@ -87,7 +114,7 @@ struct NormResult {
   at::Tensor out, x_grad, weight_grad;
 };
 
-NormResult run_norm(const NormCase& c, bool composed) {
+NormResult run_norm(const NormCase& c, bool reference) {
   at::manual_seed(11);
   const int64_t hidden = 48;
   const at::Tensor values = (at::randn({3, 5, hidden}) * 2.5 + 0.3).to(c.x_dtype);
@@ -97,10 +124,10 @@ NormResult run_norm(const NormCase& c, bool composed) {
   at::Tensor x = values.clone().requires_grad_(true);
   at::Tensor weight = gains.clone().requires_grad_(true);
   auto norm = [&](const at::Tensor& input) {
-    return composed ? rms_norm_composed(input, weight, 1e-5) : rms_norm(input, weight, 1e-5);
+    return reference ? hf_rms_norm(input, weight, 1e-5) : rms_norm(input, weight, 1e-5);
   };
   at::Tensor residual = x, normed;
-  if (c.recompute)
+  if (c.recompute && !reference)
     std::tie(residual, normed) = recompute_norm(norm, x);
   else
     normed = norm(x);
@@ -111,12 +138,21 @@ NormResult run_norm(const NormCase& c, bool composed) {
 
 class RmsNormNode : public ::testing::TestWithParam<NormCase> {};
 
-TEST_P(RmsNormNode, IsTheCompositionBitForBit) {
-  const NormResult ours = run_norm(GetParam(), /*composed=*/false);
-  const NormResult reference = run_norm(GetParam(), /*composed=*/true);
+TEST_P(RmsNormNode, IsTransformersFormulaBitForBit) {
+  const NormCase& c = GetParam();
+  const NormResult ours = run_norm(c, /*reference=*/false);
+  const NormResult reference = run_norm(c, /*reference=*/true);
   EXPECT_TRUE(at::equal(ours.out, reference.out));
   EXPECT_TRUE(at::equal(ours.x_grad, reference.x_grad)) << (ours.x_grad - reference.x_grad).abs().max();
   EXPECT_TRUE(at::equal(ours.weight_grad, reference.weight_grad)) << (ours.weight_grad - reference.weight_grad).abs().max();
+  // And accurate, so a slip both forms shared would show: against float64 of the same inputs, fp32
+  // within (hidden + 3) u (a mean of 48 squares, the rsqrt and two products), bf16 within two
+  // roundings to bf16 (the normed value's and the weight's product).
+  at::manual_seed(11);  // run_norm's inputs again
+  const at::Tensor values = (at::randn({3, 5, 48}) * 2.5 + 0.3).to(c.x_dtype);
+  const at::Tensor gains = (1 + 0.2 * at::randn({48})).to(c.weight_dtype);
+  const bool bf16 = c.x_dtype == at::kBFloat16 || c.weight_dtype == at::kBFloat16;
+  EXPECT_LE(relative_error(ours.out, rms_norm_float64(values, gains, 1e-5)), bf16 ? 2 * 0x1p-8 + 1e-6 : 51 * 0x1p-24);
 }
 
 // fp32 (and mixed: the residual stream is fp32 there), pure bf16, each with and without recompute.
@@ -136,7 +172,9 @@ TEST(RmsNormNode, IsOneNodeOverXTwiceAndTheWeightAndNoNodeWithoutGrad) {
   EXPECT_EQ(out.grad_fn()->next_edges().size(), 3u);  // x, x again, weight
   const at::Tensor detached = rms_norm(x.detach(), weight.detach(), 1e-6);
   EXPECT_FALSE(detached.requires_grad());
-  EXPECT_TRUE(at::equal(detached, out.detach()));
+  const at::Tensor transformers = hf_rms_norm(x.detach(), weight.detach(), 1e-6);
+  EXPECT_TRUE(at::equal(detached, transformers));
+  EXPECT_TRUE(at::equal(out.detach(), transformers));
 }
 
 TEST(RmsNormNode, TheFusedFormIsCudaOnly) {
@@ -193,6 +231,15 @@ double relative_difference(const at::Tensor& got, const at::Tensor& want) {
   return ((got.to(at::kDouble) - want.to(at::kDouble)).abs().max() / want.to(at::kDouble).abs().max()).item<double>();
 }
 
+// transformers' LlamaMLP's act_fn(gate) * up with SiLU written out, g / (1 + exp(-g)) * u, in float64
+// from the same (rounded) inputs, its gradients autograd's: independent of model/layer_ops.
+SwigluResult swiglu_float64(const at::Tensor& gate_values, const at::Tensor& up_values, const at::Tensor& upstream) {
+  at::Tensor gate = gate_values.to(at::kDouble).requires_grad_(true), up = up_values.to(at::kDouble).requires_grad_(true);
+  const at::Tensor out = gate / (1 + at::exp(-gate)) * up;
+  out.backward(upstream.to(at::kDouble));
+  return {out.detach(), gate.grad(), up.grad()};
+}
+
 TEST(FusedSwiglu, TheCpuFormOfTheKernelIsEagerToRounding) {
   for (at::ScalarType dtype : {at::kFloat, at::kBFloat16})
     for (int64_t rows : {1, 7, 333}) {
@@ -207,6 +254,13 @@ TEST(FusedSwiglu, TheCpuFormOfTheKernelIsEagerToRounding) {
       EXPECT_LE(relative_difference(fused.out, eager.out), tolerance);
       EXPECT_LE(relative_difference(fused.grad_gate, eager.grad_gate), tolerance);
       EXPECT_LE(relative_difference(fused.grad_up, eager.grad_up), tolerance);
+      // Both forms against the formula in float64: a slip both shared would show.
+      const SwigluResult exact = swiglu_float64(gate, up, upstream);
+      for (const SwigluResult* form : {&eager, &fused}) {
+        EXPECT_LE(relative_difference(form->out, exact.out), tolerance);
+        EXPECT_LE(relative_difference(form->grad_gate, exact.grad_gate), tolerance);
+        EXPECT_LE(relative_difference(form->grad_up, exact.grad_up), tolerance);
+      }
     }
 }
 
@@ -227,7 +281,7 @@ TEST(LayerOpsOnCuda, RotaryRollFormIsHfBitForBit) {
     for (int64_t head_dim : {64, 128}) expect_rotary_is_hf(dtype, head_dim, at::kCUDA);
 }
 
-TEST(LayerOpsOnCuda, RmsNormAtenFormIsTheCompositionBitForBit) {
+TEST(LayerOpsOnCuda, RmsNormAtenFormIsTransformersFormulaBitForBit) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no GPU on this host";
   for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
     at::manual_seed(3);
@@ -236,7 +290,7 @@ TEST(LayerOpsOnCuda, RmsNormAtenFormIsTheCompositionBitForBit) {
     const at::Tensor upstream = at::randn({4, 64, 1024}).to(at::kCUDA, dtype);
     auto run = [&](bool composed) {
       at::Tensor x = values.clone().requires_grad_(true), w = gains.clone().requires_grad_(true);
-      const at::Tensor out = composed ? rms_norm_composed(x, w, 1e-5) : rms_norm(x, w, 1e-5);
+      const at::Tensor out = composed ? hf_rms_norm(x, w, 1e-5) : rms_norm(x, w, 1e-5);
       out.backward(upstream);
       return std::vector<at::Tensor>{out.detach(), x.grad(), w.grad()};
     };
@@ -253,10 +307,11 @@ TEST(LayerOpsOnCuda, FusedRmsNormIsWithinRoundingOfAnFp32Reference) {
     const at::Tensor values = (at::randn({8, 256, hidden}) * 2 + 0.5).to(dtype);
     const at::Tensor gains = (1 + 0.1 * at::randn({hidden})).to(dtype);
     const at::Tensor upstream = at::randn({8, 256, hidden}).to(dtype);
-    // The reference: the same (rounded) inputs in fp32 on the CPU.
-    at::Tensor x32 = values.to(at::kFloat).requires_grad_(true), w32 = gains.to(at::kFloat).requires_grad_(true);
-    const at::Tensor expected = rms_norm_composed(x32, w32, 1e-5);
-    expected.backward(upstream.to(at::kFloat));
+    // The reference: transformers' formula on the same (rounded) inputs in float64 on the CPU, its
+    // gradients autograd's.
+    at::Tensor x64 = values.to(at::kDouble).requires_grad_(true), w64 = gains.to(at::kDouble).requires_grad_(true);
+    const at::Tensor expected = hf_rms_norm(x64, w64, 1e-5);
+    expected.backward(upstream.to(at::kDouble));
     // Ours on the GPU (LibTorch allocates the outputs: an element a kernel skipped would hold
     // whatever the caching allocator's block held, which the comparison catches).
     at::Tensor x = values.to(at::kCUDA).requires_grad_(true), w = gains.to(at::kCUDA).requires_grad_(true);
@@ -268,12 +323,12 @@ TEST(LayerOpsOnCuda, FusedRmsNormIsWithinRoundingOfAnFp32Reference) {
     const double output_tolerance = dtype == at::kBFloat16 ? 1.0 / 128 : 1e-5;
     const double grad_tolerance = dtype == at::kBFloat16 ? 1.0 / 64 : 1e-4;
     auto relative = [](const at::Tensor& got, const at::Tensor& want) {
-      return ((got.to(at::kCPU, at::kFloat) - want).abs().max() / want.abs().max()).item<double>();
+      return ((got.to(at::kCPU, at::kDouble) - want).abs().max() / want.abs().max()).item<double>();
     };
     for (const at::Tensor& t : {out, x.grad(), w.grad()}) EXPECT_TRUE(at::isfinite(t).all().item<bool>());
     EXPECT_LE(relative(out, expected.detach()), output_tolerance);
-    EXPECT_LE(relative(x.grad(), x32.grad()), grad_tolerance);
-    EXPECT_LE(relative(w.grad(), w32.grad()), grad_tolerance);
+    EXPECT_LE(relative(x.grad(), x64.grad()), grad_tolerance);
+    EXPECT_LE(relative(w.grad(), w64.grad()), grad_tolerance);
   }
 }
 

@@ -15,6 +15,7 @@
 
 #include "model/model_config.h"
 #include "model/units.h"
+#include "tests/rounding_bounds.h"
 #include "tests/run_comparison.h"
 #include "tests/test_util.h"
 
@@ -73,17 +74,28 @@ struct PaddingCase {
   std::string name;
   int ranks;
   std::string flags;
-  double tolerance;  // relative, on each step's loss and gradient norm
+  // The pads add exact zeros: what changes is the blocking of the matmuls and the order of their sums
+  // (fp32), or a bf16 rounding (bf16): tests/rounding_bounds.h's bounds, weights and moments included.
+  testing::RoundingBounds bounds;
 };
 
-const testing::RecordedRun& odd_run(const PaddingCase& c, const std::string& padding) {
+constexpr double kClipping = 0.05;  // every step clips (the odd config's norms are far above it)
+
+// environment: LLM_DEBUG_PERTURB_UPDATE for a wrong run (PaddedRunBounds), "" for none.
+const testing::RecordedRun& odd_run(const PaddingCase& c, const std::string& padding, const std::string& environment = "") {
   constexpr int kGlobalBatch = 8;
   return testing::recorded_run(
       c.ranks, "--config " + odd_config() +
                    " --device cpu --num_training_steps 4 --warmup_steps 1 --max_length 32 --eval_every 2 --eval_batches 1"
                    " --weight_decay 0.1 --grad_clipping 0.05 --lr 1e-2 --save_every 4 --total_batch_size " +
                    std::to_string(kGlobalBatch) + " --batch_size " + std::to_string(kGlobalBatch / c.ranks / 2) + " " +
-                   c.flags + " --pad_matmul_dims " + padding);
+                   c.flags + " --pad_matmul_dims " + padding,
+      environment);
+}
+
+std::vector<std::string> differences(const PaddingCase& c, const testing::RecordedRun& want, const testing::RecordedRun& got) {
+  return testing::rounding_differences(testing::read_run(want.run_dir(), want.save_dir() / "step_4"),
+                                       testing::read_run(got.run_dir(), got.save_dir() / "step_4"), c.bounds, kClipping);
 }
 
 class PaddedRun : public ::testing::TestWithParam<PaddingCase> {};
@@ -94,22 +106,16 @@ TEST_P(PaddedRun, TrainsAsTheUnpaddedRunAndSavesTheSameTensors) {
   ASSERT_EQ(plain.exit_code, 0) << plain.output;
   const testing::RecordedRun& padded = odd_run(c, "on");
   ASSERT_EQ(padded.exit_code, 0) << padded.output;
-  testing::expect_close_run(plain.dir, padded.dir, 4, c.tolerance);
-  // The checkpoints: the same tensors by name and shape (the logical ones), equal to rounding.
+  // Every step's loss and gradient norm, and the checkpoints' tensors (the logical ones, by name and
+  // shape), to the rounding bounds of the case's precision.
+  const std::vector<std::string> found = differences(c, plain, padded);
+  EXPECT_TRUE(found.empty()) << testing::joined_lines(found);
   const testing::Checkpoint want = testing::load_checkpoint((plain.save_dir() / "step_4").string());
   const testing::Checkpoint have = testing::load_checkpoint((padded.save_dir() / "step_4").string());
-  for (const auto* maps : {&want.model, &want.optimizer}) {
-    const auto& other = maps == &want.model ? have.model : have.optimizer;
-    ASSERT_EQ(maps->size(), other.size());
-    for (const auto& [name, tensor] : *maps) {
-      const auto found = other.find(name);
-      ASSERT_NE(found, other.end()) << name;
-      ASSERT_EQ(found->second.sizes(), tensor.sizes()) << name;
-      if (tensor.is_floating_point())
-        EXPECT_LE((found->second.to(at::kDouble) - tensor.to(at::kDouble)).abs().max().item<double>(),
-                  c.tolerance * 10 * std::max(1.0, tensor.to(at::kDouble).abs().max().item<double>()))
-            << name;
-    }
+  ASSERT_EQ(want.optimizer.size(), have.optimizer.size());
+  for (const auto& [name, tensor] : want.optimizer) {
+    ASSERT_TRUE(have.optimizer.count(name)) << name;
+    EXPECT_EQ(have.optimizer.at(name).sizes(), tensor.sizes()) << name;
   }
   // The start record says the width each computed at, and the attention kernel ATen picked.
   const auto plain_start = testing::read_metrics_events(plain.run_dir(), "start");
@@ -133,19 +139,36 @@ TEST_P(PaddedRun, TrainsAsTheUnpaddedRunAndSavesTheSameTensors) {
 // Each optimizer, strategy and precision, 1 to 4 ranks; fp32 to a few ulps of the sums (the pads
 // add exact zeros, but the matmuls may block another way), bf16 to its rounding.
 const PaddingCase kCases[] = {
-    {"adamw_fp32_1rank", 1, "", 1e-5},
-    {"adamw_fp32_full_shard_4ranks", 4, "", 1e-5},
-    {"adamw_sn_fp32_shard_grad_op_2ranks", 2, "--optimizer adamw_sn --sharding shard_grad_op", 1e-5},
-    {"galore_fp32_no_shard_2ranks", 2, "--optimizer galore_adamw --rank 8 --update_proj_gap 2 --sharding no_shard", 1e-5},
-    {"adamw_bf16_mixed_2ranks", 2, "--dtype bfloat16 --precision mixed", 1e-2},
-    {"adamw_sn_bf16_pure_4ranks", 4, "--dtype bfloat16 --precision pure --optimizer adamw_sn", 1e-2},
+    {"adamw_fp32_1rank", 1, "", testing::fp32_bounds()},
+    {"adamw_fp32_full_shard_4ranks", 4, "", testing::fp32_bounds()},
+    {"adamw_sn_fp32_shard_grad_op_2ranks", 2, "--optimizer adamw_sn --sharding shard_grad_op", testing::fp32_bounds()},
+    {"galore_fp32_no_shard_2ranks", 2, "--optimizer galore_adamw --rank 8 --update_proj_gap 2 --sharding no_shard",
+     testing::galore_bounds(testing::fp32_bounds())},
+    {"adamw_bf16_mixed_2ranks", 2, "--dtype bfloat16 --precision mixed", testing::bf16_bounds()},
+    {"adamw_sn_bf16_pure_4ranks", 4, "--dtype bfloat16 --precision pure --optimizer adamw_sn", testing::bf16_bounds()},
     {"galore_bf16_pure_1rank", 1, "--dtype bfloat16 --precision pure --optimizer galore_adamw --rank 8 --update_proj_gap 2",
-     1e-2},
-    {"offload_optimizer_parameters_2ranks", 2, "--offload optimizer,parameters", 1e-5},
-    {"recompute_and_checkpointing_2ranks", 2, "--recompute norm,swiglu", 1e-5},
+     testing::galore_bounds(testing::bf16_bounds())},
+    {"offload_optimizer_parameters_2ranks", 2, "--offload optimizer,parameters", testing::fp32_bounds()},
+    {"recompute_and_checkpointing_2ranks", 2, "--recompute norm,swiglu", testing::fp32_bounds()},
 };
 
 INSTANTIATE_TEST_SUITE_P(Cases, PaddedRun, ::testing::ValuesIn(kCases), [](const auto& info) { return info.param.name; });
+
+// The bounds can fail: a padded run whose first update is a little too large (fp32: 1 %, bf16: a
+// quarter; LLM_DEBUG_PERTURB_UPDATE) breaks the weights' and the loss's (before issue 52 the checkpoint
+// was compared to 0.1 absolute in bf16, where the weights move at most about 0.04).
+TEST(PaddedRunBounds, AWrongUpdateInThePaddedRunBreaksThem) {
+  for (const PaddingCase& c : {kCases[0], kCases[4]}) {
+    SCOPED_TRACE(c.name);
+    const testing::RecordedRun& plain = odd_run(c, "off");
+    const testing::RecordedRun& wrong =
+        odd_run(c, "on", std::string("LLM_DEBUG_PERTURB_UPDATE=") + (c.bounds.u > 1e-6 ? "1:1.25" : "1:1.01"));
+    ASSERT_EQ(wrong.exit_code, 0) << wrong.output;
+    const std::vector<std::string> found = differences(c, plain, wrong);
+    for (const char* quantity : {"weights", "loss"})
+      EXPECT_TRUE(testing::names_quantity(found, quantity)) << quantity << ":\n" << testing::joined_lines(found);
+  }
+}
 
 // A checkpoint saved padded resumes unpadded, and the other way: the continued steps are those of
 // the uninterrupted run of the other kind, to rounding.
@@ -168,10 +191,18 @@ TEST(PaddedCheckpoints, ResumeAcrossPaddedAndUnpadded) {
     ASSERT_EQ(whole.exit_code, 0) << whole.output;
     const auto continued = testing::read_metrics_events(dir / "b", "train");
     const auto uninterrupted = testing::read_metrics_events(dir / "c", "train");
-    ASSERT_GE(uninterrupted.size(), 4u);
-    ASSERT_GE(continued.size(), 2u);
-    const double want = uninterrupted.back().at("loss"), have = continued.back().at("loss");
-    EXPECT_NEAR(have, want, 1e-5 * std::abs(want));
+    ASSERT_EQ(uninterrupted.size(), 4u);
+    ASSERT_EQ(continued.size(), 2u);
+    // Steps 3 and 4, each to fp32's rounding bounds (tests/rounding_bounds.h): the loss to its floor
+    // plus its movement's rounding, the gradient norm relatively.
+    const testing::RoundingBounds fp32 = testing::fp32_bounds();
+    for (size_t i = 0; i < 2; ++i) {
+      const double want = uninterrupted[2 + i].at("loss"), have = continued[i].at("loss");
+      EXPECT_NEAR(have, want, fp32.loss_floor + fp32.loss_k * fp32.u * std::abs(want - uninterrupted[0].at("loss").get<double>()))
+          << "step " << 3 + i;
+      const double want_norm = uninterrupted[2 + i].at("grad_norm"), norm = continued[i].at("grad_norm");
+      EXPECT_NEAR(norm, want_norm, fp32.norm_k * fp32.u * want_norm) << "step " << 3 + i;
+    }
   }
 }
 

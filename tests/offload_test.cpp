@@ -170,10 +170,18 @@ namespace {
 // --offload_delayed_update N (ZeRO-Offload's delayed parameter update, opt-in, not exact): the first
 // N steps are the exact offload's bit for bit; from step N + 2 on, each forward runs on the weights
 // of two steps before (the update of the step just taken is applied one step late), so the losses
-// part; the run still trains. An evaluation (or a save) applies the late update first.
-TEST(DelayedUpdate, ExactThroughTheWarmUpThenOneStepLate) {
+// part. An evaluation (or a save) applies the late update first.
+//
+// "One step late", checked exactly: with N = 3 (and the evaluation at 3), step 5 runs on the exact
+// run's weights after step 3 (E_3; step 4's update is the first delayed one) and step 6 on E_4 (step
+// 4's gradient was taken on E_3, as the exact run's). The reference for "a step's batch on the weights
+// E_k" is the exact run resumed from its step_k checkpoint with updates too small to change a weight
+// (--lr 1e-30: |lr * update| is far below half an ulp of every weight, which its last checkpoint
+// shows): its steps k+1, k+2 are E_k's loss and gradient on those batches. Before issue 52 the test
+// checked the last loss within 5 %, which an update never applied passes.
+TEST(DelayedUpdate, ExactThroughTheWarmUpThenEachUpdateExactlyOneStepLate) {
   const OffloadCase c{"adamw_1rank", 1, testing::micro_case("adamw").flags + " --offload optimizer"};
-  const testing::RecordedRun& exact = micro_run(c);
+  const testing::RecordedRun& exact = micro_run(c, " --save_every 1");  // E_1 .. E_6
   const testing::RecordedRun& never = micro_run(c, " --offload_delayed_update 100");
   const testing::RecordedRun& delayed = micro_run(c, " --offload_delayed_update 3");
   for (const auto* run : {&exact, &never, &delayed}) ASSERT_EQ(run->exit_code, 0) << run->output;
@@ -181,14 +189,37 @@ TEST(DelayedUpdate, ExactThroughTheWarmUpThenOneStepLate) {
   const auto want = testing::read_metrics_events(exact.run_dir(), "train");
   const auto got = testing::read_metrics_events(delayed.run_dir(), "train");
   ASSERT_EQ(got.size(), 6u);
-  // Steps 1 to 4 run on the same weights (step 4's forward on step 3's update, applied at once: the
-  // evaluation at step 3 would have applied it anyway); step 4's update is the first delayed one, so
-  // step 5's forward runs on step 3's weights still.
   for (size_t i = 0; i < 4; ++i) EXPECT_EQ(got[i].at("loss").get<double>(), want[i].at("loss").get<double>()) << i + 1;
-  EXPECT_NE(got[4].at("loss").get<double>(), want[4].at("loss").get<double>()) << "step 5 on stale weights";
-  // Not exact, but training: the last loss within 5 % of the exact run's.
-  EXPECT_NEAR(got[5].at("loss").get<double>(), want[5].at("loss").get<double>(),
-              0.05 * want[5].at("loss").get<double>());
+  // E_k on the batches after step k.
+  const auto frozen = [&](int k, const ScratchDir& dir) {
+    const std::filesystem::path from = exact.save_dir() / ("step_" + std::to_string(k));
+    const auto result = run_command(testing::trainer_launcher(1) + " " + testing::micro_run_flags(1, c.flags) +
+                                    " --lr 1e-30 --allow_changed_flags --continue_from " + from.string() + " --run_dir " +
+                                    (dir / "run").string() + " --save_dir " + (dir / "ckpt").string());
+    EXPECT_EQ(result.exit_code, 0) << result.output;
+    const testing::Checkpoint start = testing::load_checkpoint(from.string());
+    const testing::Checkpoint end = testing::load_checkpoint((dir / "ckpt/step_6").string());
+    for (const auto& [name, tensor] : start.model)
+      EXPECT_TRUE(at::equal(end.model.at(name), tensor)) << "the weights from step " << k << " moved: " << name;
+    return testing::read_metrics_events(dir / "run", "train");  // steps k+1 .. 6
+  };
+  ScratchDir on3("delayed_frozen_3"), on4("delayed_frozen_4");
+  const auto from3 = frozen(3, on3), from4 = frozen(4, on4);
+  ASSERT_EQ(from3.size(), 3u);
+  ASSERT_EQ(from4.size(), 2u);
+  const auto value = [](const nlohmann::json& step, const char* field) { return step.at(field).get<double>(); };
+  // Controls: a frozen run's first step is the exact run's (its weights, its batch).
+  EXPECT_EQ(value(from3[0], "loss"), value(want[3], "loss")) << "step 4 on E_3";
+  EXPECT_EQ(value(from4[0], "loss"), value(want[4], "loss")) << "step 5 on E_4";
+  // One step late, bit for bit: step 5 on E_3, step 6 on E_4, loss and gradient norm.
+  for (const char* field : {"loss", "grad_norm"}) {
+    EXPECT_EQ(value(got[4], field), value(from3[1], field)) << field << ": step 5 ran on the weights of step 3";
+    EXPECT_EQ(value(got[5], field), value(from4[1], field)) << field << ": step 6 ran on the weights of step 4";
+  }
+  // What the check tells apart: applied at once (the exact run's step 5 is on E_4) and never applied
+  // (step 6 on E_3).
+  EXPECT_NE(value(want[4], "loss"), value(from3[1], "loss"));
+  EXPECT_NE(value(from3[2], "loss"), value(from4[1], "loss"));
 }
 
 TEST(DelayedUpdate, TheFlagNeedsOptimizerOffloadOnly) {

@@ -4,6 +4,7 @@
 // a new schedule length is said (config/training_settings.h).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "config/config.h"
 #include "config/training_settings.h"
 #include "tests/checkpoint_test_util.h"
+#include "tests/rounding_bounds.h"
 #include "tests/test_util.h"
 
 namespace llm::resume_flags_test {
@@ -62,6 +64,23 @@ TEST_F(ResumeFlags, AllowChangedFlagsGoesOnAndSaysEach) {
       << allowed.output;
   EXPECT_EQ(testing::read_metrics_events(dir_ / "allowed", "train").size(), 2u);
   EXPECT_EQ(testing::manifest(dir_ / "ckpt/step_4").at("run").at("lr"), 0.002);
+  // The lr alone changed (into a save_dir of its own): the learning rate acts only in the update after
+  // a step's forward, so step 3 (the checkpoint's weights, batch 3) is the first run's bit for bit, and
+  // step 4 is not (the new lr's update); each step's lr is the first run's twice (exactly: 2x commutes
+  // with rounding).
+  const auto lr_only = run_command(trainer_command("--num_training_steps 4 --lr 0.002 --allow_changed_flags --save_dir " +
+                                                   (dir_ / "ckpt_lr").string() + " --continue_from " +
+                                                   (dir_ / "ckpt/step_2").string() + " --run_dir " +
+                                                   (dir_ / "lr_only").string()));
+  ASSERT_EQ(lr_only.exit_code, 0) << lr_only.output;
+  const auto first = testing::read_metrics_events(dir_ / "first", "train");
+  const auto steps = testing::read_metrics_events(dir_ / "lr_only", "train");
+  ASSERT_EQ(first.size(), 4u);
+  ASSERT_EQ(steps.size(), 2u);
+  EXPECT_EQ(steps[0].at("loss").get<double>(), first[2].at("loss").get<double>()) << "step 3: the checkpoint's weights";
+  EXPECT_NE(steps[1].at("loss").get<double>(), first[3].at("loss").get<double>()) << "step 4: the new lr's update";
+  for (size_t i = 0; i < 2; ++i)
+    EXPECT_EQ(steps[i].at("lr").get<double>(), 2 * first[2 + i].at("lr").get<double>()) << "step " << 3 + i;
 }
 
 // What lays the work out, logs, evaluates and saves does not change the steps: the same losses as
@@ -75,18 +94,33 @@ TEST_F(ResumeFlags, LayoutLoggingAndSavingFlagsMayDiffer) {
                                                                 (dir_ / "two_ranks").string()));
   ASSERT_EQ(two_ranks.exit_code, 0) << two_ranks.output;
   EXPECT_FALSE(mentions(two_ranks.output, "changed flags")) << two_ranks.output;
+  // Its steps 3 and 4 are the first run's to fp32's rounding bounds (tests/rounding_bounds.h: step 3
+  // is the checkpoint's weights with the mean over the tokens summed in another order, step 4 one
+  // update later): the loss to its floor plus its movement's rounding, the gradient norm relatively.
+  const auto first = testing::read_metrics_events(dir_ / "first", "train");
+  ASSERT_EQ(first.size(), 4u);
+  const auto resumed_two = testing::read_metrics_events(dir_ / "two_ranks", "train");
+  ASSERT_EQ(resumed_two.size(), 2u);
+  const testing::RoundingBounds fp32 = testing::fp32_bounds();
+  for (size_t i = 0; i < 2; ++i) {
+    const double want = first[2 + i].at("loss"), have = resumed_two[i].at("loss");
+    EXPECT_NEAR(have, want, fp32.loss_floor + fp32.loss_k * fp32.u * std::abs(want - first[0].at("loss").get<double>()))
+        << "step " << 3 + i;
+    const double want_norm = first[2 + i].at("grad_norm"), norm = resumed_two[i].at("grad_norm");
+    EXPECT_NEAR(norm, want_norm, fp32.norm_k * fp32.u * want_norm) << "step " << 3 + i;
+  }
   const auto resumed = resume("layout", "--batch_size 1 --total_batch_size 2 --offload optimizer "
                                         "--activation_checkpointing --pad_matmul_dims on "
                                         "--no_prefetch --eval_every 1 --log_every 2 --save_every 1 --keep_last 1 "
                                         "--name other --divergence_patience 3");
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   EXPECT_FALSE(mentions(resumed.output, "changed flags")) << resumed.output;
-  const auto first = testing::read_metrics_events(dir_ / "first", "train");
   const auto steps = testing::read_metrics_events(dir_ / "layout", "train");
-  ASSERT_EQ(first.size(), 4u);
   ASSERT_EQ(steps.size(), 1u) << "--log_every 2: step 4 only";
   EXPECT_EQ(steps[0].at("step"), 4);
-  EXPECT_NEAR(steps[0].at("loss").get<double>(), first[3].at("loss").get<double>(), 1e-5)
+  EXPECT_NEAR(steps[0].at("loss").get<double>(), first[3].at("loss").get<double>(),
+              fp32.loss_floor + fp32.loss_k * fp32.u * std::abs(first[3].at("loss").get<double>() -
+                                                                first[0].at("loss").get<double>()))
       << "gradient accumulation sums the micro-batches in another grouping";
 }
 

@@ -102,19 +102,6 @@ const RecordedRun& recorded_run(int ranks, const std::string& flags, const std::
   return recorded.emplace(command, std::move(run)).first->second;
 }
 
-void expect_close_run(const std::filesystem::path& expected, const std::filesystem::path& actual, size_t steps,
-                      double tolerance) {
-  const auto expected_steps = read_metrics_events(expected / "run", "train");
-  const auto actual_steps = read_metrics_events(actual / "run", "train");
-  ASSERT_EQ(expected_steps.size(), steps);
-  ASSERT_EQ(actual_steps.size(), steps);
-  for (size_t i = 0; i < steps; ++i)
-    for (const char* field : {"loss", "grad_norm"}) {
-      const double want = expected_steps[i].at(field), have = actual_steps[i].at(field);
-      EXPECT_NEAR(have, want, tolerance * std::abs(want)) << field << " of step " << i + 1;
-    }
-}
-
 void expect_same_run(const std::filesystem::path& expected, const std::filesystem::path& actual, size_t steps) {
   const auto expected_steps = read_metrics_events(expected / "run", "train");
   const auto actual_steps = read_metrics_events(actual / "run", "train");

@@ -43,10 +43,7 @@ const RecordedRun& recorded_run(int ranks, const std::string& flags, const std::
 // gradient norm and lr, every eval loss, and the parameters and optimizer state of ckpt/step_<steps>
 // are the same bits in both; `steps` train steps each.
 void expect_same_run(const std::filesystem::path& expected, const std::filesystem::path& actual, size_t steps);
-// Two runs' folders (run/ under each) that must train alike to `tolerance`, relative: every train
-// step's loss and gradient norm; `steps` train steps each. For levers that change rounding only.
-void expect_close_run(const std::filesystem::path& expected, const std::filesystem::path& actual, size_t steps,
-                      double tolerance);
+// (Runs that differ by rounding only: tests/rounding_bounds.h.)
 // Two checkpoint folders: the same position and the same bits in every parameter and state tensor.
 void expect_same_checkpoint(const std::filesystem::path& expected, const std::filesystem::path& actual);
 

@@ -41,6 +41,11 @@ TEST_P(WorldSizes, NRanksEqualOneRank) {
     for (size_t i = 0; i < steps.size(); ++i) {
       const double expected = reference_steps[i].at("loss"), actual = steps[i].at("loss");
       EXPECT_LE(std::abs(actual - expected) / std::abs(expected), 1e-5) << "step " << i + 1 << ": " << actual << " vs " << expected;
+      // The gradient norm too: clipping and Adam's normalisation hide a gradient off by a constant
+      // factor from the losses and weights (a reduction that sums where it should average).
+      const double expected_norm = reference_steps[i].at("grad_norm"), norm = steps[i].at("grad_norm");
+      EXPECT_LE(std::abs(norm - expected_norm) / expected_norm, 1e-5) << "step " << i + 1 << ": grad_norm " << norm
+                                                                       << " vs " << expected_norm;
     }
     const testing::Checkpoint final_state = testing::load_checkpoint((run.save_dir() / last).string());
     ASSERT_EQ(final_state.model.size(), reference_final.model.size());

@@ -56,6 +56,7 @@ int main(int argc, char** argv) {
   ::testing::TestEventListeners& listeners = ::testing::UnitTest::GetInstance()->listeners();
   if (world.rank != 0) {
     delete listeners.Release(listeners.default_result_printer());
+    delete listeners.Release(listeners.default_xml_generator());  // rank 0 writes --gtest_output's file alone
     listeners.Append(new RankFailurePrinter(world.rank, world.host));
   }
 
