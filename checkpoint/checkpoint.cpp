@@ -56,6 +56,7 @@ struct SaveFolders {
 struct WrittenPart {
   std::array<int64_t, 4> files{};
   std::exception_ptr failure;
+  SaveRole role;  // resolved: file_index >= 0
 };
 
 namespace {
@@ -185,12 +186,21 @@ SaveFolders begin_save(const std::string& folder, Communicator& communicator, st
   return save;
 }
 
-// 2. This rank's own files (no collective: an asynchronous save runs it on its own thread).
-WrittenPart write_part(const SaveFolders& save, int rank, int world_size, const std::vector<StatePiece>& pieces,
+// This rank's role with its file index resolved (the communicator's rank when not given).
+SaveRole resolved(SaveRole role, const Communicator& communicator) {
+  if (role.file_index < 0) role.file_index = communicator.rank();
+  return role;
+}
+
+// 2. This rank's own files (no collective: an asynchronous save runs it on its own thread); nothing for
+// a rank that writes none. `files_written`: how many ranks write (the index's world_size).
+WrittenPart write_part(const SaveFolders& save, SaveRole role, int files_written, const std::vector<StatePiece>& pieces,
                        const std::atomic<bool>* cancelled = nullptr) {
   WrittenPart part;
+  part.role = role;
+  if (!role.writes) return part;
   try {
-    part.files = write_rank_files(save.staging, rank, world_size, pieces, cancelled);
+    part.files = write_rank_files(save.staging, role.file_index, files_written, pieces, cancelled);
   } catch (const UserError& error) {
     part.failure = std::make_exception_ptr(UserError(std::string(error.what()) + "; " + kNotSaved));
   } catch (...) {
@@ -206,11 +216,13 @@ void commit_save(const SaveFolders& save, const WrittenPart& part, nlohmann::jso
   std::exception_ptr failure = part.failure;
   std::error_code ignored;
   const at::TensorOptions longs = at::TensorOptions().dtype(at::kLong).device(communicator.device());
-  const at::Tensor mine = at::tensor(
-      {failure ? int64_t{1} : int64_t{0}, part.files[0], part.files[1], part.files[2], part.files[3]}, longs);
-  at::Tensor everyone = at::empty({5 * world_size}, longs);
+  const at::Tensor mine = at::tensor({failure ? int64_t{1} : int64_t{0}, part.role.writes ? int64_t{1} : int64_t{0},
+                                      int64_t{part.role.file_index}, part.files[0], part.files[1], part.files[2],
+                                      part.files[3]},
+                                     longs);
+  at::Tensor everyone = at::empty({7 * world_size}, longs);
   communicator.all_gather(mine, everyone);
-  const at::Tensor files = everyone.view({world_size, 5}).cpu();
+  const at::Tensor files = everyone.view({world_size, 7}).cpu();
   if (files.select(1, 0).sum().item<int64_t>() != 0) {
     if (rank == 0) fs::remove_all(save.staging, ignored);
     communicator.barrier();  // the staging folder is gone before any rank ends the job
@@ -220,13 +232,22 @@ void commit_save(const SaveFolders& save, const WrittenPart& part, nlohmann::jso
   bool renamed = false, keep_staging = false;
   if (rank == 0) try {
       nlohmann::json listed = nlohmann::json::object();
+      int64_t writers = 0;
+      for (int r = 0; r < world_size; ++r) writers += files[r][1].item<int64_t>();
+      std::vector<bool> numbered(static_cast<size_t>(writers), false);
       for (int r = 0; r < world_size; ++r) {
         const auto row = files[r];
-        listed[rank_file(r, ".safetensors")] = {{"bytes", row[1].item<int64_t>()},
-                                                {"crc32c", crc_text(static_cast<uint32_t>(row[2].item<int64_t>()))}};
-        listed[rank_file(r, ".json")] = {{"bytes", row[3].item<int64_t>()},
-                                         {"crc32c", crc_text(static_cast<uint32_t>(row[4].item<int64_t>()))}};
+        if (row[1].item<int64_t>() == 0) continue;  // a replica: its shard is written by group 0
+        const int64_t index = row[2].item<int64_t>();
+        if (index < 0 || index >= writers || numbered[static_cast<size_t>(index)])
+          throw std::logic_error("save: the writers' file indices are not 0 .. " + std::to_string(writers - 1));
+        numbered[static_cast<size_t>(index)] = true;
+        listed[rank_file(static_cast<int>(index), ".safetensors")] = {
+            {"bytes", row[3].item<int64_t>()}, {"crc32c", crc_text(static_cast<uint32_t>(row[4].item<int64_t>()))}};
+        listed[rank_file(static_cast<int>(index), ".json")] = {
+            {"bytes", row[5].item<int64_t>()}, {"crc32c", crc_text(static_cast<uint32_t>(row[6].item<int64_t>()))}};
       }
+      manifest["world_size"] = writers;  // the files' world: a hybrid save's is one group's
       manifest["format"] = kFormat;
       manifest["format_version"] = kFormatVersion;
       manifest["files"] = listed;
@@ -268,10 +289,19 @@ void commit_save(const SaveFolders& save, const WrittenPart& part, nlohmann::jso
 
 }  // namespace
 
+// How many ranks write files (collective): every rank's count of itself, summed.
+int count_writers(const SaveRole& role, Communicator& communicator) {
+  at::Tensor writes = at::full({1}, role.writes ? 1 : 0, at::TensorOptions().dtype(at::kLong).device(communicator.device()));
+  communicator.all_reduce(writes, ReduceOp::sum);
+  return static_cast<int>(writes.item<int64_t>());
+}
+
 void save_checkpoint(const std::string& folder, const std::vector<StatePiece>& pieces, nlohmann::json manifest,
-                     Communicator& communicator) {
+                     Communicator& communicator, SaveRole role) {
+  role = resolved(role, communicator);
+  const int writers = count_writers(role, communicator);
   const SaveFolders save = begin_save(folder, communicator);
-  const WrittenPart part = write_part(save, communicator.rank(), communicator.world_size(), pieces);
+  const WrittenPart part = write_part(save, role, writers, pieces);
   commit_save(save, part, std::move(manifest), communicator);
 }
 
@@ -286,18 +316,24 @@ struct BackgroundSave::Writing {
 };
 
 BackgroundSave::BackgroundSave(std::string folder, std::vector<StatePiece> pieces, nlohmann::json manifest,
-                               Communicator& communicator, std::exception_ptr preparation_failure)
+                               Communicator& communicator, std::exception_ptr preparation_failure, SaveRole role)
     : folder_(std::move(folder)), communicator_(communicator), writing_(std::make_unique<Writing>()) {
+  role = resolved(role, communicator_);
+  const int writers = count_writers(role, communicator_);
   writing_->folders = begin_save(folder_, communicator_, preparation_failure);
   writing_->pieces = std::move(pieces);
   writing_->manifest = std::move(manifest);
+  writing_->part.role = role;
+  if (!role.writes) {  // a replica's save: nothing to write, done at once
+    writing_->written.store(true, std::memory_order_release);
+    return;
+  }
   Writing* writing = writing_.get();
-  const int rank = communicator_.rank(), world_size = communicator_.world_size();
   // A debugging knob: each background write starts this much later (what the tests use to show that
   // training goes on meanwhile and that the host copies are what gets written).
   const char* delay_text = std::getenv("LLM_DEBUG_SAVE_DELAY_SECONDS");
   const double delay = delay_text == nullptr ? 0.0 : std::strtod(delay_text, nullptr);
-  writing_->thread = std::thread([writing, rank, world_size, delay] {
+  writing_->thread = std::thread([writing, role, writers, delay] {
     const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(delay);
     // It stands for a slow disk whose writes advance: progress to the watchdog meanwhile, as each
     // tensor written is.
@@ -305,7 +341,7 @@ BackgroundSave::BackgroundSave(std::string folder, std::vector<StatePiece> piece
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
       StallWatchdog::mark_alive();
     }
-    writing->part = write_part(writing->folders, rank, world_size, writing->pieces, &writing->cancelled);
+    writing->part = write_part(writing->folders, role, writers, writing->pieces, &writing->cancelled);
     writing->pieces.clear();  // the host copies go as soon as they are on disk
     writing->written.store(true, std::memory_order_release);
   });

@@ -62,6 +62,16 @@ namespace llm {
 class Communicator;
 class SafetensorsFile;
 
+// Which files a rank writes into a save: by default its own, rank<R> (file_index -1: the
+// communicator's rank). Hybrid sharding writes one copy of each replicated shard: the ranks of group 0
+// write the files of their shard index, the other groups' ranks none (writes false). The manifest
+// lists the writers' files, which must be numbered 0 .. W - 1, and says world_size W: a hybrid
+// checkpoint of groups of S is a full_shard checkpoint of S ranks, and reshards as one.
+struct SaveRole {
+  bool writes = true;
+  int file_index = -1;
+};
+
 // Writes FOLDER.tmp (rank 0 creates it; every rank writes its rank<R> files from `pieces`; rank 0
 // writes the manifest, `manifest` with "format" and "files" added), fsyncs, renames it to FOLDER and
 // fsyncs the save_dir (and any folder above it this save created). Collective: every rank learns
@@ -70,7 +80,7 @@ class SafetensorsFile;
 // never remains. A FOLDER or FOLDER.tmp the save may not replace or wipe (see above) is a UserError
 // naming it, left as it is (for FOLDER, with the complete checkpoint kept in FOLDER.tmp).
 void save_checkpoint(const std::string& folder, const std::vector<StatePiece>& pieces, nlohmann::json manifest,
-                     Communicator& communicator);
+                     Communicator& communicator, SaveRole role = {});
 
 // The same save with this rank's files written on a thread of its own (--async_save), while training
 // goes on. The constructor creates FOLDER.tmp as save_checkpoint does (collective) and starts the
@@ -85,7 +95,7 @@ class BackgroundSave {
  public:
   // `preparation_failure`: this rank could not make its host copies; every rank fails together.
   BackgroundSave(std::string folder, std::vector<StatePiece> pieces, nlohmann::json manifest,
-                 Communicator& communicator, std::exception_ptr preparation_failure = nullptr);
+                 Communicator& communicator, std::exception_ptr preparation_failure = nullptr, SaveRole role = {});
   ~BackgroundSave();
   BackgroundSave(const BackgroundSave&) = delete;
   BackgroundSave& operator=(const BackgroundSave&) = delete;

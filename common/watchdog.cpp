@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/collective_log.h"
 #include "common/errors.h"
 #include "common/log.h"
 #include "common/output_files.h"
@@ -51,6 +52,7 @@ struct Heartbeat {
   int unit = -1;
   double idle_seconds = 0;  // since the rank's last progress, when written
   double written = 0;       // wall clock
+  nlohmann::json fields;    // the whole heartbeat (its collectives: common/collective_log.h)
 };
 
 Heartbeat read_heartbeat(const std::string& run_dir, int rank) {
@@ -65,6 +67,7 @@ Heartbeat read_heartbeat(const std::string& run_dir, int rank) {
     beat.unit = fields.at("unit").get<int>();
     beat.idle_seconds = fields.at("idle_s").get<double>();
     beat.written = fields.at("written_unix_s").get<double>();
+    beat.fields = fields;
     beat.found = true;
   } catch (const std::exception&) {
     // A file being replaced, or not ours: no heartbeat.
@@ -142,12 +145,13 @@ StallWatchdog::~StallWatchdog() {
 }
 
 void StallWatchdog::write_heartbeat(double idle_seconds) {
-  const nlohmann::json fields = {{"rank", rank_},
-                                 {"step", step_.load(std::memory_order_relaxed)},
-                                 {"phase", phase_.load(std::memory_order_relaxed)},
-                                 {"unit", unit_.load(std::memory_order_relaxed)},
-                                 {"idle_s", idle_seconds},
-                                 {"written_unix_s", wall_seconds()}};
+  nlohmann::json fields = {{"rank", rank_},
+                           {"step", step_.load(std::memory_order_relaxed)},
+                           {"phase", phase_.load(std::memory_order_relaxed)},
+                           {"unit", unit_.load(std::memory_order_relaxed)},
+                           {"idle_s", idle_seconds},
+                           {"written_unix_s", wall_seconds()}};
+  fields.update(CollectiveLog::heartbeat_fields());  // its last collectives, and the one it is in
   const fs::path path = heartbeat_path(run_dir_, rank_);
   try {
     write_file_atomically(path, fields.dump() + "\n", {.durable = false});
@@ -245,12 +249,17 @@ std::string StallWatchdog::diagnose(const std::string& run_dir, int rank, int wo
     everyone << (r ? "; " : "") << "rank " << r << ": "
              << (beat.found ? where(beat) + ", idle " + seconds_text(beat.idle_seconds) : std::string("no heartbeat"));
   }
+  // Which collective each rank is in, and which ranks of its communicator never reached it.
+  std::vector<nlohmann::json> fields;
+  for (const Heartbeat& beat : beats) fields.push_back(beat.found ? beat.fields : nlohmann::json());
+  const std::string in_flight = collectives_in_flight(fields, now);
+  const std::string collectives = in_flight.empty() ? "" : " In collectives: " + in_flight + ".";
   if (stale_count > 0)
     return "Not responding: " + stale.str() +
            ". Its process is stopped or hung as a whole (SIGSTOP, a debugger, swapping), or its node is gone; the "
-           "other ranks wait for it in a collective.";
+           "other ranks wait for it in a collective." + collectives;
   if (behind_count > 0)
-    return "Behind the others, which wait for it: " + behind.str() + ".";
+    return "Behind the others, which wait for it: " + behind.str() + "." + collectives;
   if (!unseen.empty()) {
     std::ostringstream nodes;
     for (size_t i = 0; i < unseen.size(); ++i) {
@@ -264,7 +273,8 @@ std::string StallWatchdog::diagnose(const std::string& run_dir, int rank, int wo
            "lets every node name it.";
   }
   return "Every rank is alive and at the same point (" + everyone.str() +
-         "): a collective that does not complete (network, NCCL or MPI), or a rank stuck inside a computation.";
+         "): a collective that does not complete (network, NCCL or MPI), or a rank stuck inside a computation." +
+         collectives;
 }
 
 }  // namespace llm

@@ -61,7 +61,8 @@ inline constexpr std::array kCommunicatorValues = {CommunicatorChoice::auto_sele
                                                    CommunicatorChoice::mpi};
 inline constexpr std::array kOffloadStepValues = {OffloadStep::host, OffloadStep::speculative, OffloadStep::device};
 inline constexpr std::array kShardingValues = {ShardingStrategy::full_shard, ShardingStrategy::shard_grad_op,
-                                               ShardingStrategy::no_shard};
+                                               ShardingStrategy::no_shard, ShardingStrategy::hybrid_shard,
+                                               ShardingStrategy::hybrid_shard_grad_op};
 inline constexpr std::array<const char*, 2> kSubsetNormParamsChoices = {"linear", "all"};        // --subset_norm_params
 inline constexpr std::array<const char*, 4> kProjTypeChoices = {"std", "reverse_std", "left", "right"};  // --proj_type
 inline constexpr std::array<const char*, 2> kGaloreProjectorChoices = {"svd", "subspace"};       // --galore_projector
@@ -180,6 +181,9 @@ struct ShardingConfig {
   int64_t offload_delayed_update = -1;
   OffloadStep offload_step = OffloadStep::host;  // --offload_step
   CommunicatorChoice communicator = CommunicatorChoice::auto_select;  // --communicator
+  // --shard_group_size S (hybrid_*): the ranks a group shards over; 0 until resolved, then by default
+  // the ranks of one node (trainer/main.cpp); it divides the world size (sharding/topology.h).
+  int group_size = 0;
 };
 
 // The dtype the model computes in.
@@ -286,6 +290,12 @@ struct RunConfig {
   nlohmann::json to_json() const;
 };
 
+// The ranks a unit is sharded over: 1 under no_shard, the group's under hybrid_*, else the world.
+inline int shard_world(const RunConfig& run, int world_size) {
+  if (run.sharding.strategy == ShardingStrategy::no_shard) return 1;
+  return is_hybrid(run.sharding.strategy) && run.sharding.group_size > 0 ? run.sharding.group_size : world_size;
+}
+
 // Pure bf16 AdamW on one rank keeps each resident unit's gradient shard in bf16 (sharding/fsdp_unit.h's
 // keep_bf16_gradient): autograd accumulates into it and the AdamW kernel reads it, with no fp32 copy of
 // a bf16 gradient; with --offload optimizer the bf16 shard is what crosses to the host step. Not with
@@ -311,6 +321,11 @@ RunConfig run_config_from_json(const nlohmann::json& object, const std::string& 
 // --gradient_accumulation N sets total_batch_size = batch_size * world * N (an error naming both
 // flags when a given --total_batch_size differs); --max_train_tokens then sets num_training_steps.
 void validate_run_config(RunConfig& run, const ModelConfig& model, int world_size);
+
+// --sharding hybrid_* and --shard_group_size against the world (config/sharding_validation.cpp, called
+// by validate_run_config): the group size given only with a hybrid strategy, resolved (> 0: main
+// resolves the default, the ranks of one node, first), and dividing the world size.
+void check_sharding_topology(const RunConfig& run, int world_size);
 
 // "" for an optimizer this trainer has (adamw, adamw_sn, galore_adamw); for another, what it is and
 // the nearest flags here (GaLore's and AdamW-SN's other optimizers by name, e.g.

@@ -519,12 +519,13 @@ void validate_run_config(RunConfig& run, const ModelConfig& model, int world_siz
   resolve_optimizer(run, model);
   // The device step runs each unit's step on its own (no collective over the host's communicator):
   // AdamW's is element-wise; AdamwSN's and GaLore's sum across ranks once the units are sharded.
-  if (run.sharding.offload_step == OffloadStep::device && run.optimizer.name != "adamw" && world_size > 1 &&
-      run.sharding.strategy != ShardingStrategy::no_shard)
+  check_sharding_topology(run, world_size);
+  if (run.sharding.offload_step == OffloadStep::device && run.optimizer.name != "adamw" &&
+      shard_world(run, world_size) > 1)
     fail_user(kCommandLine, "--offload_step",
               "device steps each unit on its own, and " + run.optimizer.name + "'s step sums across the " +
-                  std::to_string(world_size) + " ranks that shard it: use --optimizer adamw, --sharding no_shard, "
-                  "or --offload_step host");
+                  std::to_string(shard_world(run, world_size)) + " ranks that shard it: use --optimizer adamw, "
+                  "--sharding no_shard, or --offload_step host");
   if (model.tie_word_embeddings)
     fail_user(run.config_path, "tie_word_embeddings",
               "tied embeddings are not supported (the GaLore family is untied); set it to false");

@@ -65,15 +65,20 @@ RankEstimate finish_rank(int rank, bool cuda, bool offload, std::vector<PhaseEst
 // is rank i mod world's): a rank that owns one is a kind of its own, the ranks that own none are
 // alike. AdamW-SN's subsets are a function of the rows alone. parameter_rows: every parameter's rows,
 // in unit order; galore_matrices: how many matrices GaLore projects.
+// Under hybrid sharding a rank is its shard of its group (rank % S, consecutive ranks a group), and
+// the ranks of group 0 are apart (they write the checkpoint: an --async_save's host copy).
 std::string rank_kind(const std::vector<int64_t>& parameter_rows, int64_t galore_matrices, const RunConfig& run,
                       int world, int rank) {
   std::string key = rank == 0 ? "0;" : "r;";
-  if (run.sharding.strategy == ShardingStrategy::no_shard || world == 1) return key;
+  const int shards = shard_world(run, world);
+  if (is_hybrid(run.sharding.strategy)) key += rank < shards ? "w;" : "g;";
+  if (shards == 1) return key;
+  const int shard = rank % shards;
   for (const int64_t rows : parameter_rows) {
-    const int64_t per_rank = (rows + world - 1) / world;
-    key += std::to_string(std::clamp<int64_t>(rows - per_rank * rank, 0, per_rank)) + ",";
+    const int64_t per_rank = (rows + shards - 1) / shards;
+    key += std::to_string(std::clamp<int64_t>(rows - per_rank * shard, 0, per_rank)) + ",";
   }
-  if (rank < galore_matrices) key += ";owns " + std::to_string(rank);
+  if (shard < galore_matrices) key += ";owns " + std::to_string(shard);
   return key;
 }
 
@@ -152,8 +157,7 @@ MemoryEstimate estimate_memory(const ModelConfig& config, const RunConfig& run, 
     estimate.gathered_units = static_cast<int>(simulated.totals.gathered_units);
     if (estimate.device == "cuda")
       estimate.ranks.back().runtime =
-          cuda_runtime_bytes(estimate.ranks.back().peak_bytes,
-                             options.world_size > 1 && run.sharding.communicator != CommunicatorChoice::mpi);
+          cuda_runtime_bytes(estimate.ranks.back().peak_bytes, nccl_communicators(run, options.world_size));
   }
   LLM_REQUIRE(options.ranks_per_node >= 0, "command line", "--ranks_per_node",
               "expected 0 (every rank on one node) or a positive number of ranks per node");
@@ -172,13 +176,20 @@ MemoryEstimate estimate_memory(const ModelConfig& config, const RunConfig& run, 
   return estimate;
 }
 
-CudaRuntimeBytes cuda_runtime_bytes(int64_t tensor_peak_bytes, bool nccl) {
+int nccl_communicators(const RunConfig& run, int world_size) {
+  if (world_size == 1 || run.sharding.communicator == CommunicatorChoice::mpi) return 0;
+  if (!is_hybrid(run.sharding.strategy)) return 1;
+  const int group = shard_world(run, world_size);  // the world's, the group's and the replicas' (one rank: none)
+  return 1 + (group > 1 ? 1 : 0) + (world_size / group > 1 ? 1 : 0);
+}
+
+CudaRuntimeBytes cuda_runtime_bytes(int64_t tensor_peak_bytes, int nccl_communicators) {
   constexpr int64_t kMiB = int64_t{1} << 20;
   CudaRuntimeBytes bytes;
   bytes.modules = 512 * kMiB;
   // 2 handles x (cuBLAS + cuBLASLt) x 32 MiB, and the main thread's handle on the reduce stream
   bytes.cublas_workspaces = (2 * 2 + 1) * 32 * kMiB;
-  bytes.nccl_buffers = nccl ? 2 * 32 * 9 * kMiB : 0;
+  bytes.nccl_buffers = nccl_communicators * 2 * 32 * 9 * kMiB;
   bytes.allocator_slack = tensor_peak_bytes / 16 + 40 * kMiB;
   return bytes;
 }

@@ -99,7 +99,10 @@ struct CudaRuntimeBytes {
   int64_t total() const { return modules + cublas_workspaces + nccl_buffers + allocator_slack; }
   bool operator==(const CudaRuntimeBytes&) const = default;
 };
-CudaRuntimeBytes cuda_runtime_bytes(int64_t tensor_peak_bytes, bool nccl);
+// The NCCL communicators a rank makes (0 over MPI or at one rank; hybrid sharding: the world's, its
+// group's and the replicas', each with its own buffers), and what it holds beside its tensors.
+int nccl_communicators(const RunConfig& run, int world_size);
+CudaRuntimeBytes cuda_runtime_bytes(int64_t tensor_peak_bytes, int nccl_communicators);
 
 struct RankEstimate {
   int rank = 0;

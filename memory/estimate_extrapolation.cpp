@@ -247,8 +247,7 @@ SimulatedRank simulate_rank(const ModelShape& shape, const ModelConfig& model, c
   // projectors have owners in turn over the ranks.
   const int64_t every = std::max<int64_t>(1, run.activation_checkpointing_every);
   const int64_t owners =
-      optimizer_settings(run).kind == "galore_adamw" && run.sharding.strategy != ShardingStrategy::no_shard
-          ? options.world_size : 1;
+      optimizer_settings(run).kind == "galore_adamw" ? shard_world(run, options.world_size) : 1;
   const int64_t period = every / greatest_common_divisor(every, owners) * owners;
   const int64_t first = 2 * period + 2;  // the margins: no boundary within reach of the repeated layers
   const int64_t layers = model.num_hidden_layers;

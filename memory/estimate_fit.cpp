@@ -82,9 +82,9 @@ double added_seconds(const ModelConfig& model, const RunConfig& base, const RunC
     if (!offloads_optimizer(r.sharding.offload)) return 0.0;
     const bool bf16_state = r.optimizer.state_dtype == "bfloat16";
     if (r.sharding.offload_step == OffloadStep::device)
-      return 2.0 * (4.0 + (bf16_state ? 4.0 : 8.0)) * parameters / world / (options.pcie_gbs * 1e9);
-    return (4.0 + compute_bytes) * parameters / world / (options.pcie_gbs * 1e9) +
-           (bf16_state ? 20.0 : 28.0) * parameters / world / (fit_host_gbs(options, world) * 1e9);
+      return 2.0 * (4.0 + (bf16_state ? 4.0 : 8.0)) * parameters / shard_world(r, world) / (options.pcie_gbs * 1e9);
+    return (4.0 + compute_bytes) * parameters / shard_world(r, world) / (options.pcie_gbs * 1e9) +
+           (bf16_state ? 20.0 : 28.0) * parameters / shard_world(r, world) / (fit_host_gbs(options, world) * 1e9);
   };
   if (offloads_optimizer(run.sharding.offload) &&
       (!offloads_optimizer(base.sharding.offload) || run.sharding.offload_step != base.sharding.offload_step ||
@@ -93,11 +93,10 @@ double added_seconds(const ModelConfig& model, const RunConfig& base, const RunC
   if (offloads_parameters(run.sharding.offload) && !offloads_parameters(base.sharding.offload)) {
     // Each gather copies the unit's rows in: twice a micro-batch (forward, backward) but for
     // shard_grad_op; the optimizer on the device also copies the updated rows out once a step.
-    const bool no_shard = run.sharding.strategy == ShardingStrategy::no_shard;
-    const double rows = compute_bytes * parameters / (no_shard ? 1 : world);
+    const double rows = compute_bytes * parameters / shard_world(run, world);
     const double micro_batches =
         static_cast<double>(std::max<int64_t>(1, run.data.total_batch_size / world / std::max<int64_t>(1, run.data.batch_size)));
-    const double gathers = (run.sharding.strategy == ShardingStrategy::shard_grad_op ? 1.0 : 2.0) * micro_batches;
+    const double gathers = (within_group(run.sharding.strategy) == ShardingStrategy::shard_grad_op ? 1.0 : 2.0) * micro_batches;
     seconds += (gathers + (offloads_optimizer(run.sharding.offload) ? 0.0 : 1.0)) * rows / (options.pcie_gbs * 1e9);
   }
   return seconds;

@@ -47,8 +47,9 @@ class StepSimulation {
         offload_parameters_(offloads_parameters(model.run.sharding.offload)),
         fused_(model.run.fuse_optimizer_with_backward),
         device_step_(offload_ && model.run.sharding.offload_step == OffloadStep::device), timeline_(cuda) {
-    const bool no_shard = m_.run.sharding.strategy == ShardingStrategy::no_shard;
-    layout_world_ = no_shard ? 1 : world_;
+    // The ranks a unit is sharded over: one under no_shard, a group's under hybrid sharding (whose
+    // replicas' all-reduce is in place: nothing allocated), else the world.
+    layout_world_ = shard_world(m_.run, world_);
     // One rank or no_shard: each unit is its whole shard and stays resident (sharding/fsdp_unit.h),
     // unless its parameters are offloaded.
     resident_ = layout_world_ == 1 && !offload_parameters_ && !model.config.matmul_padded();
@@ -75,7 +76,7 @@ class StepSimulation {
     }
     gathered_.assign(units_.size(), false);
     ShardingOptions options;
-    options.strategy = m_.run.sharding.strategy;
+    options.strategy = within_group(m_.run.sharding.strategy);  // as Training builds the sharded model
     options.offload_parameters = offload_parameters_;
     plan_ = StepPlan(static_cast<int64_t>(units_.size()), plan_strategy(options, resident_), m_.run.sharding.prefetch);
     plan_.set_recomputed(recomputed_units(units, m_.run.activation_checkpointing_every));  // as the trainer
@@ -177,7 +178,7 @@ class StepSimulation {
     // buffer kept from the first save on (pinned on a GPU unless offloaded: the state is in host
     // memory already). At most: padding rows and a projector every rank holds are counted on each.
     // Under no_shard rank 0 alone saves.
-    if (m_.run.checkpoint.async_save && (rank_ == 0 || m_.run.sharding.strategy != ShardingStrategy::no_shard)) {
+    if (m_.run.checkpoint.async_save && writes_checkpoint_state()) {
       totals.async_save = true;
       totals.async_save_bytes = 4 * shard_elements_ + optimizer_state();
     }
@@ -473,7 +474,13 @@ class StepSimulation {
   }
 
   int optimizer_world() const { return layout_world_; }
-  int shard_rank() const { return layout_world_ == 1 ? 0 : rank_; }
+  // Ranks in groups of consecutive ranks (hybrid: block placement; sharding/topology.h groups by host).
+  int shard_rank() const { return layout_world_ == 1 ? 0 : rank_ % layout_world_; }
+  // RunCheckpoints::save_role: rank 0 alone under no_shard, group 0 under hybrid sharding, else all.
+  bool writes_checkpoint_state() const {
+    if (m_.run.sharding.strategy == ShardingStrategy::no_shard) return rank_ == 0;
+    return !is_hybrid(m_.run.sharding.strategy) || rank_ < layout_world_;
+  }
 
   // GaLore's units under the default offload step: projected on the device, their gradient shards
   // kept there until the step (offload/lowrank_gradients.h).

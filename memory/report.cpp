@@ -91,6 +91,32 @@ std::string categories_side_by_side(const std::vector<RunRecord>& runs) {
   return out.str();
 }
 
+// The bytes a step sends on each kind of link, the seconds in those collectives, and the steps that
+// named a straggler: what explains two runs' tokens/s beside each other (docs/sharding.md has the
+// formulas the bytes follow).
+std::string communication_side_by_side(const std::vector<RunRecord>& runs) {
+  double largest = 0;
+  for (const RunRecord& run : runs) largest = std::max({largest, run.group.bytes, run.across.bytes});
+  const ByteUnit unit = byte_unit_for(static_cast<int64_t>(largest));
+  std::ostringstream out;
+  out << "Rank 0's bytes sent a step inside its shard group and across groups (hybrid sharding; every other strategy "
+         "has one group: all its bytes are inside it), and the seconds in those collectives; medians over the steps "
+         "after the first.\n\n"
+      << "| run | sharding | ranks | group size | inside the group (" << unit.name << ") | s | across groups ("
+      << unit.name << ") | s | steps with a straggler |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n";
+  for (const RunRecord& run : runs) {
+    out << "| " << run.label << " | " << to_string(run.run.sharding.strategy) << " | " << run.world << " | "
+        << (is_hybrid(run.run.sharding.strategy) ? run.run.sharding.group_size : run.world) << " | ";
+    if (run.has_links)
+      out << format_in(static_cast<int64_t>(run.group.bytes), unit) << " | " << format_number(run.group.seconds, "%.4f")
+          << " | " << format_in(static_cast<int64_t>(run.across.bytes), unit) << " | "
+          << format_number(run.across.seconds, "%.4f") << " | " << run.straggler_steps << " |\n";
+    else
+      out << "n/a | n/a | n/a | n/a | n/a (a run from before the step record counted its links) |\n";
+  }
+  return out.str();
+}
+
 std::string estimate_beside_measured(const RunRecord& run) {
   if (!run.has_estimate) return "No estimate: " + run.estimate_error + "\n";
   int64_t largest = 0;
@@ -168,7 +194,7 @@ void write_memory_report(const std::vector<std::string>& run_dirs, const std::st
      << "## Runs side by side\n\n"
      << side_by_side(runs) << "\n![peak per rank, per run](memory/peak_per_rank.svg)\n\n"
      << "## Categories side by side\n\n"
-     << categories_side_by_side(runs);
+     << categories_side_by_side(runs) << "\n## Communication per step\n\n" << communication_side_by_side(runs);
   for (const RunRecord& run : runs) {
     const std::string name = file_label(run.label);
     const bool cuda = run.device.rfind("cuda", 0) == 0;

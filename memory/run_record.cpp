@@ -189,7 +189,7 @@ void read_metrics(const std::string& dir, RunRecord& record) {
   LLM_REQUIRE(not_regular != "is missing", dir, "metrics.jsonl",
               "missing: not a training run folder (the trainer writes metrics.jsonl into --run_dir)");
   require_regular_file(metrics_path, dir, "metrics.jsonl", "a run's metrics file");
-  std::vector<double> rates;
+  std::vector<double> rates, group_bytes, group_seconds, across_bytes, across_seconds;
   const JsonlFile metrics = read_jsonl(metrics_path);
   const JsonlRecord* start = nullptr;
   for (const JsonlRecord& line : metrics.records)
@@ -205,6 +205,14 @@ void read_metrics(const std::string& dir, RunRecord& record) {
         rates.push_back(fields.value("tokens_per_s", 0.0));
         record.final_loss = number_or_nan(fields, "loss", 0.0);
         record.steps = std::max(record.steps, fields.value("step", int64_t{0}));
+        const json links = fields.value("links", json());
+        if (links.is_object() && links.value("group", json()).is_object() && links.value("across", json()).is_object()) {
+          group_bytes.push_back(links["group"].value("bytes", 0.0));
+          group_seconds.push_back(links["group"].value("s", 0.0));
+          across_bytes.push_back(links["across"].value("bytes", 0.0));
+          across_seconds.push_back(links["across"].value("s", 0.0));
+        }
+        if (fields.value("straggler", json()).is_object()) ++record.straggler_steps;
       } else if (event == "end") {
         record.final_loss = number_or_nan(fields, "final_loss", record.final_loss);
         record.final_eval_loss = number_or_nan(fields, "final_eval_loss", 0.0);
@@ -216,6 +224,17 @@ void read_metrics(const std::string& dir, RunRecord& record) {
                                       : "no start record: the run did not get past its start-up");
   if (rates.size() > 1) rates.erase(rates.begin());  // the first step includes one-off work
   record.tokens_per_second = median(rates);
+  if (!group_bytes.empty()) {
+    // As the rate: the first step also gathers what later steps find in place (the optimizer's lazy
+    // state, the first prefetch), so it is left out when there are others.
+    const auto after_first = [](std::vector<double> values) {
+      if (values.size() > 1) values.erase(values.begin());
+      return median(values);
+    };
+    record.has_links = true;
+    record.group = {after_first(group_bytes), after_first(group_seconds)};
+    record.across = {after_first(across_bytes), after_first(across_seconds)};
+  }
   record.start = start->value;
   read_record(metrics, *start, [&](const json& fields) {
     const int64_t world = fields.value("world_size", int64_t{1});

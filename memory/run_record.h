@@ -35,6 +35,16 @@ struct RunRecord {
   // run is still going, or was killed): its final_loss is then the last step's loss, not the end's.
   std::string ended;
   double tokens_per_second = 0;
+  // The bytes rank 0 sent a step inside its shard group and across groups, and the seconds in those
+  // collectives: medians over the train records after the first (a run written before the step
+  // record carried "links" has none: has_links false). straggler_steps: the steps whose record named
+  // a straggler.
+  struct Link {
+    double bytes = 0, seconds = 0;
+  };
+  Link group, across;
+  bool has_links = false;
+  int64_t straggler_steps = 0;
   double final_loss = 0, final_eval_loss = 0;
   std::vector<RankMemorySummary> ranks;
   std::vector<RankTimeline> timeline;  // every rank's points of the step with rank 0's peak

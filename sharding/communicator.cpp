@@ -9,11 +9,15 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/util/BFloat16.h>
 
+#include <algorithm>
+#include <chrono>
 #include <climits>
+#include <thread>
 #include <cstdlib>
 #include <cstdint>
 #include <sstream>
 
+#include "common/collective_log.h"
 #include "common/errors.h"
 
 namespace llm {
@@ -45,6 +49,114 @@ at::Tensor gather_rows(Communicator& communicator, const std::vector<int64_t>& r
   at::Tensor on_device = table.to(communicator.device());
   communicator.all_reduce(on_device, ReduceOp::sum);
   return on_device.to(at::kCPU);
+}
+
+// --- what each collective carried: traffic and the collective log -------------------------------
+
+namespace {
+
+// LLM_DEBUG_DELAY_COLLECTIVE=RANK:LABEL:NUMBER:SECONDS (tests): world rank RANK sleeps SECONDS before
+// collective NUMBER of its communicator labelled LABEL (NUMBER 0: before each of them), as a rank held
+// back would arrive late: a straggler (every one), or a stall past --collective_timeout (one).
+struct CollectiveDelay {
+  int rank = -1;
+  std::string label;
+  int64_t number = 0;
+  double seconds = 0;
+};
+
+const CollectiveDelay& collective_delay() {
+  static const CollectiveDelay delay = [] {
+    CollectiveDelay d;
+    const char* text = std::getenv("LLM_DEBUG_DELAY_COLLECTIVE");
+    if (text == nullptr || *text == '\0') return d;
+    std::istringstream fields(text);
+    std::string rank, number, seconds;
+    if (std::getline(fields, rank, ':') && std::getline(fields, d.label, ':') && std::getline(fields, number, ':') &&
+        std::getline(fields, seconds)) {
+      d.rank = std::stoi(rank);
+      d.number = std::stoll(number);
+      d.seconds = std::stod(seconds);
+    }
+    return d;
+  }();
+  return delay;
+}
+
+}  // namespace
+
+void Communicator::set_label(std::string label) {
+  label_ = std::move(label);
+  log_name_ = label_ + " (ranks ";
+  for (size_t i = 0; i < world_ranks_.size(); ++i) log_name_ += (i ? ", " : "") + std::to_string(world_ranks_[i]);
+  log_name_ += ")";
+}
+
+class Communicator::Record {
+ public:
+  Record(Communicator& communicator, const char* kind, int64_t bytes)
+      : communicator_(communicator), started_(std::chrono::steady_clock::now()), bytes_(bytes) {
+    if (communicator.label_.empty()) return;
+    const CollectiveDelay& delay = collective_delay();
+    const int64_t number = ++communicator.collectives_begun_;
+    if (delay.rank == communicator.world_ranks_[static_cast<size_t>(communicator.rank_)] &&
+        delay.label == communicator.label_ && (delay.number == 0 || delay.number == number)) {
+      std::this_thread::sleep_for(std::chrono::duration<double>(delay.seconds));
+      started_ = std::chrono::steady_clock::now();  // held back outside the collective
+    }
+    slot_ = CollectiveLog::begin(communicator.log_name_, communicator.world_ranks_, kind, bytes);
+  }
+  ~Record() {
+    LinkTraffic& traffic = communicator_.traffic_;
+    traffic.bytes_sent += bytes_;
+    traffic.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+    traffic.collectives += 1;
+    if (slot_ != kNone) CollectiveLog::end(slot_);
+  }
+  Record(const Record&) = delete;
+  Record& operator=(const Record&) = delete;
+
+ private:
+  static constexpr size_t kNone = static_cast<size_t>(-1);
+  Communicator& communicator_;
+  std::chrono::steady_clock::time_point started_;
+  int64_t bytes_;
+  size_t slot_ = kNone;
+};
+
+LinkTraffic Communicator::take_traffic() {
+  const LinkTraffic taken = traffic_;
+  traffic_ = LinkTraffic{};
+  return taken;
+}
+
+std::unique_ptr<Communicator> Communicator::split(int color, int key) {
+  LLM_REQUIRE(color >= 0, "split (" + backend_name() + " communicator)", "color",
+              "must be >= 0 (got " + std::to_string(color) + ")");
+  // Every rank's (color, key) and world rank, on this communicator's device (NCCL gathers CUDA tensors).
+  at::Tensor mine = at::tensor(std::vector<int64_t>{color, key, world_ranks_[static_cast<size_t>(rank_)]}, at::kLong);
+  at::Tensor all = at::zeros({3 * static_cast<int64_t>(world_size_)}, at::kLong);
+  if (world_size_ > 1) {
+    const at::Tensor on_device = all.to(device_);
+    all_gather(mine.to(device_), on_device);
+    all = on_device.to(at::kCPU);
+  } else {
+    all.copy_(mine);
+  }
+  std::vector<std::pair<int64_t, int>> order;  // (key, rank here) of this rank's group
+  for (int r = 0; r < world_size_; ++r)
+    if (all[3 * r].item<int64_t>() == color) order.emplace_back(all[3 * r + 1].item<int64_t>(), r);
+  std::sort(order.begin(), order.end());
+  std::vector<int> members, world_ranks;
+  for (const auto& [group_key, r] : order) {
+    members.push_back(r);
+    world_ranks.push_back(static_cast<int>(all[3 * r + 2].item<int64_t>()));
+  }
+  std::unique_ptr<Communicator> split;
+  if (world_size_ > 1) split = run_split(color, key, members);  // collective: every rank takes part
+  if (members.size() == 1) split = make_single_rank_communicator(device_);
+  split->set_world_ranks(std::move(world_ranks));
+  return split;
 }
 
 // --- argument checks ---------------------------------------------------------------------------
@@ -104,6 +216,7 @@ void Communicator::all_gather(const at::Tensor& input, const at::Tensor& output,
                 "(rank + 1) * n]); use separate buffers or exactly that slice");
   }
   if (input.numel() == 0) return;
+  const Record record(*this, kName, (world_size_ - 1) * static_cast<int64_t>(input.nbytes()));
   run_all_gather(input, output, in_place, stream);
 }
 
@@ -125,6 +238,7 @@ void Communicator::reduce_scatter(const at::Tensor& input, const at::Tensor& out
   LLM_REQUIRE(output.numel() == 0 || !overlaps(input, output), where(kName, *this), "output",
               "overlaps the input; reduce_scatter needs separate buffers");
   if (output.numel() == 0) return;
+  const Record record(*this, kName, (world_size_ - 1) * static_cast<int64_t>(output.nbytes()));
   run_reduce_scatter(input, output, op, stream);
 }
 
@@ -134,6 +248,7 @@ void Communicator::all_reduce(const at::Tensor& tensor, ReduceOp op, CollectiveS
   check_stream(kName, stream);
   check_reduce_op(kName, tensor, op);
   if (tensor.numel() == 0) return;
+  const Record record(*this, kName, 2 * (world_size_ - 1) * static_cast<int64_t>(tensor.nbytes()) / world_size_);
   run_all_reduce(tensor, op, stream);
 }
 
@@ -145,10 +260,14 @@ void Communicator::broadcast(const at::Tensor& tensor, int root, CollectiveStrea
               std::to_string(root) + " is not a rank of this world (0 to " +
                   std::to_string(world_size_ - 1) + ")");
   if (tensor.numel() == 0) return;
+  const Record record(*this, kName, (world_size_ - 1) * static_cast<int64_t>(tensor.nbytes()) / world_size_);
   run_broadcast(tensor, root, stream);
 }
 
-void Communicator::barrier() { run_barrier(); }
+void Communicator::barrier() {
+  const Record record(*this, "barrier", 0);
+  run_barrier();
+}
 
 // --- a world of one ------------------------------------------------------------------------------
 
@@ -177,6 +296,9 @@ class SingleRankCommunicator final : public Communicator {
   void run_all_reduce(const at::Tensor&, ReduceOp, CollectiveStream) override {}
   void run_broadcast(const at::Tensor&, int, CollectiveStream) override {}
   void run_barrier() override {}
+  std::unique_ptr<Communicator> run_split(int, int, const std::vector<int>&) override {
+    return std::make_unique<SingleRankCommunicator>(device());  // (a world of one splits into itself)
+  }
 };
 
 // --- MPI, for CPU tensors ------------------------------------------------------------------------
@@ -195,11 +317,30 @@ void add_bfloat16_pairs(void* input, void* inout, int* length, MPI_Datatype*) {
     accumulator[i] = c10::BFloat16(static_cast<float>(in[i]) + static_cast<float>(accumulator[i]));
 }
 
+MPI_Comm duplicate_world() {
+  MPI_Comm comm = MPI_COMM_NULL;
+  LLM_CHECK_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &comm));
+  return comm;
+}
+
+int comm_rank(MPI_Comm comm) {
+  int rank = 0;
+  LLM_CHECK_MPI(MPI_Comm_rank(comm, &rank));
+  return rank;
+}
+
+int comm_size(MPI_Comm comm) {
+  int size = 0;
+  LLM_CHECK_MPI(MPI_Comm_size(comm, &size));
+  return size;
+}
+
 class MpiCommunicator final : public Communicator {
  public:
-  explicit MpiCommunicator(const World& world)
-      : Communicator(world.rank, world.world_size, c10::Device(c10::kCPU)) {
-    LLM_CHECK_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &comm_));
+  explicit MpiCommunicator(const World&) : MpiCommunicator(duplicate_world()) {}
+  // Takes `comm` (freed with the communicator).
+  explicit MpiCommunicator(MPI_Comm comm)
+      : Communicator(comm_rank(comm), comm_size(comm), c10::Device(c10::kCPU)), comm_(comm) {
     LLM_CHECK_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     LLM_CHECK_MPI(MPI_Type_contiguous(2, MPI_BYTE, &bfloat16_type_));
     LLM_CHECK_MPI(MPI_Type_commit(&bfloat16_type_));
@@ -252,6 +393,13 @@ class MpiCommunicator final : public Communicator {
   }
 
   void run_barrier() override { LLM_CHECK_MPI(MPI_Barrier(comm_)); }
+
+  std::unique_ptr<Communicator> run_split(int color, int key, const std::vector<int>& members) override {
+    MPI_Comm part = MPI_COMM_NULL;
+    LLM_CHECK_MPI(MPI_Comm_split(comm_, members.size() == 1 ? MPI_UNDEFINED : color, key, &part));
+    if (part == MPI_COMM_NULL) return nullptr;  // alone: split() makes a single one
+    return std::make_unique<MpiCommunicator>(part);
+  }
 
  private:
   MPI_Datatype datatype(const at::Tensor& tensor) const {

@@ -59,6 +59,19 @@ std::string reduce_op_name(ReduceOp op);
 // CPU backends accept only std::nullopt.
 using CollectiveStream = std::optional<c10::Stream>;
 
+// What a communicator's collectives carried since the last take_traffic(): the bytes this rank sent,
+// counted as the bandwidth-optimal (ring) algorithms send them on W ranks (all_gather: (W - 1) times
+// the input; reduce_scatter: (W - 1) times the output; all_reduce: 2 (W - 1) / W of the tensor;
+// broadcast: (W - 1) / W of it, on average over the ranks), the seconds its calls took on the host
+// (NCCL: to enqueue), and how many there were. Per communicator, so hybrid sharding's step record
+// says what crossed inside a group and what across groups (docs/multinode.md has the formulas and
+// the interfaces' own counts beside them).
+struct LinkTraffic {
+  int64_t bytes_sent = 0;
+  double seconds = 0;
+  int64_t collectives = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -84,9 +97,32 @@ class Communicator {
   // stream (the one host synchronisation of that backend).
   void barrier();
 
+  // The ranks of this communicator that pass the same `color` (>= 0), ordered by `key` (then by their
+  // rank here), as a communicator of the same backend on the same device; a rank alone in its group
+  // gets the "single" backend. Collective over this communicator: every rank calls it. (Hybrid
+  // sharding's groups and the replicas across them: sharding/topology.h.)
+  std::unique_ptr<Communicator> split(int color, int key);
+  // This communicator's ranks as ranks of the world, in its own rank order.
+  const std::vector<int>& world_ranks() const { return world_ranks_; }
+
+  // A name for the collective log and the stall message ("world", "group", "across"); a communicator
+  // without one (a backend's inner one) is not logged.
+  void set_label(std::string label);
+  const std::string& label() const { return label_; }
+  // The traffic since the last call (LinkTraffic above), and from now on counted anew.
+  LinkTraffic take_traffic();
+
  protected:
   Communicator(int rank, int world_size, c10::Device device)
-      : rank_(rank), world_size_(world_size), device_(device) {}
+      : rank_(rank), world_size_(world_size), device_(device), world_ranks_(static_cast<size_t>(world_size)) {
+    for (int r = 0; r < world_size; ++r) world_ranks_[static_cast<size_t>(r)] = r;
+  }
+  // The backend's split: every rank of this communicator calls it (it is collective), with its group's
+  // `members` (its ranks here, in the new communicator's order). A rank alone in its group takes part
+  // without a group (MPI_UNDEFINED, NCCL_SPLIT_NOCOLOR) and may return nullptr: split() gives it a
+  // "single" communicator.
+  virtual std::unique_ptr<Communicator> run_split(int color, int key, const std::vector<int>& members) = 0;
+  void set_world_ranks(std::vector<int> world_ranks) { world_ranks_ = std::move(world_ranks); }
 
   // Called with validated arguments only. in_place means input is output's slice for this rank.
   virtual void run_all_gather(const at::Tensor& input, const at::Tensor& output, bool in_place,
@@ -102,9 +138,17 @@ class Communicator {
   void check_stream(const char* collective, const CollectiveStream& stream) const;
   void check_reduce_op(const char* collective, const at::Tensor& tensor, ReduceOp op) const;
 
+  // Counts a collective (traffic, the collective log) from construction to destruction.
+  class Record;
+
   int rank_;
   int world_size_;
   c10::Device device_;
+  std::vector<int> world_ranks_;
+  std::string label_;
+  std::string log_name_;  // "across (ranks 1, 3)": the label and the ranks, for the collective log
+  int64_t collectives_begun_ = 0;  // (labelled ones: the collective log's numbers)
+  LinkTraffic traffic_;
 };
 
 // The backend for this world and device: "single" when world_size == 1, "nccl" for a CUDA device,

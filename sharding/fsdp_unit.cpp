@@ -71,23 +71,15 @@ void ShardedUnit::allocate_compute_parameters() {
   }
 }
 
-const char* to_string(ShardingStrategy strategy) {
-  switch (strategy) {
-    case ShardingStrategy::full_shard: return "full_shard";
-    case ShardingStrategy::shard_grad_op: return "shard_grad_op";
-    case ShardingStrategy::no_shard: return "no_shard";
-  }
-  return "?";
-}
-
 ShardedUnit::ShardedUnit(std::string name, std::vector<std::pair<std::string, at::Tensor>> parameters,
                          Communicator& communicator, ShardingStrategy strategy,
                          at::ScalarType compute_dtype, bool resident_when_whole, bool offload_parameters,
-                         std::vector<std::vector<int64_t>> logical_shapes)
+                         std::vector<std::vector<int64_t>> logical_shapes, Communicator* replicas)
     : name_(std::move(name)),
       parameters_(std::move(parameters)),
       logical_shapes_(std::move(logical_shapes)),
       communicator_(communicator),
+      replicas_(replicas),
       strategy_(strategy) {
   const bool sharded = strategy_ != ShardingStrategy::no_shard;
   if (logical_shapes_.empty())
@@ -396,7 +388,10 @@ void ShardedUnit::reduce_into_shard() {
         parameters_[i].second.mutable_grad() = at::Tensor();
       }
     }
-    if (communicator_.world_size() > 1) communicator_.all_reduce(gradient_, ReduceOp::average);
+    if (replicas_ != nullptr)
+      average_over_replicas(gradient_, std::nullopt);
+    else if (communicator_.world_size() > 1)
+      communicator_.all_reduce(gradient_, ReduceOp::average);
     return;
   }
   // keep_bf16_gradient on a gathered unit (one rank, its compute copies padded): the shard is laid out
@@ -431,6 +426,9 @@ void ShardedUnit::reduce_into_shard() {
       if (strategy_ == ShardingStrategy::no_shard) {
         communicator_.all_reduce(flat, ReduceOp::average, reduce_stream_);
         gradient_.copy_(flat);
+      } else if (replicas_ != nullptr) {
+        communicator_.reduce_scatter(flat, gradient_, ReduceOp::sum, reduce_stream_);
+        average_over_replicas(gradient_, reduce_stream_);
       } else {
         communicator_.reduce_scatter(flat, gradient_, ReduceOp::average, reduce_stream_);
       }
@@ -448,9 +446,17 @@ void ShardedUnit::reduce_into_shard() {
   if (strategy_ == ShardingStrategy::no_shard) {
     communicator_.all_reduce(flat, ReduceOp::average);
     gradient_.copy_(flat);
+  } else if (replicas_ != nullptr) {
+    communicator_.reduce_scatter(flat, gradient_, ReduceOp::sum);
+    average_over_replicas(gradient_, std::nullopt);
   } else {
     communicator_.reduce_scatter(flat, gradient_, ReduceOp::average);
   }
+}
+
+void ShardedUnit::average_over_replicas(const at::Tensor& summed, const CollectiveStream& stream) {
+  if (replicas_->world_size() > 1) replicas_->all_reduce(summed, ReduceOp::sum, stream);
+  summed.div_(communicator_.world_size() * replicas_->world_size());  // on the current stream: the caller's
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ShardedUnit::gather_full(const at::Tensor& flat) {

@@ -80,10 +80,14 @@ class ShardedUnit {
   // the checkpoints hold that part only, a gather writes it and zeroes the pads, and a reduction
   // reads it. Empty: the tensors' own shapes. A padded unit is never resident (its parameters
   // cannot be views of a shard laid out without the pads).
+  // replicas: hybrid sharding's ranks holding this rank's shard in the other groups (communicator is
+  // then this rank's group): the reduced gradient shard is summed over them and divided by every
+  // rank's count once (sum, sum, divide: one rounding of the mean, as full_shard's MPI average), once
+  // per optimizer step, on the reduce stream.
   ShardedUnit(std::string name, std::vector<std::pair<std::string, at::Tensor>> parameters,
               Communicator& communicator, ShardingStrategy strategy, at::ScalarType compute_dtype,
               bool resident_when_whole = false, bool offload_parameters = false,
-              std::vector<std::vector<int64_t>> logical_shapes = {});
+              std::vector<std::vector<int64_t>> logical_shapes = {}, Communicator* replicas = nullptr);
 
   ~ShardedUnit();
 
@@ -204,8 +208,12 @@ class ShardedUnit {
   // The part of a tensor shaped like parameter i's that the layout holds (the tensor when unpadded).
   at::Tensor logical(size_t i, const at::Tensor& tensor) const;
   Communicator& communicator_;
+  Communicator* replicas_ = nullptr;  // hybrid: across the groups (the constructor)
   ShardingStrategy strategy_;
   FlatShardLayout layout_;
+  // Hybrid: `summed` (this rank's shard, summed over its group) summed over the replicas, then divided
+  // by every rank's count (on `stream`, a CUDA side stream, or in line).
+  void average_over_replicas(const at::Tensor& summed, const CollectiveStream& stream);
   // All-gathers the shard into freshly allocated compute storage on the current stream (the
   // collective on `stream`: the same stream, passed for NCCL).
   void fill_compute_parameters(const CollectiveStream& stream);

@@ -48,6 +48,11 @@ class NcclCommunicator final : public Communicator {
     barrier_flag_ = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(device));
   }
 
+  // Takes `comm` (a split's), `members` ranks of it.
+  NcclCommunicator(ncclComm_t comm, int rank, int size, c10::Device device) : Communicator(rank, size, device), comm_(comm) {
+    barrier_flag_ = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(device));
+  }
+
   ~NcclCommunicator() override {
     if (comm_ == nullptr) return;
     // Never throws: a destructor may run while another error unwinds the stack.
@@ -97,6 +102,19 @@ class NcclCommunicator final : public Communicator {
     c10::cuda::CUDAGuard device_guard(device().index());
     LLM_CHECK_NCCL(ncclBroadcast(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(),
                                  nccl_datatype(tensor), root, comm_, cuda_stream(stream)));
+  }
+
+  // ncclCommSplit, collective over this communicator; no shared resources (splitShare 0): the
+  // split's collectives run beside this one's on other streams (the reduce and gather streams).
+  std::unique_ptr<Communicator> run_split(int color, int key, const std::vector<int>& members) override {
+    c10::cuda::CUDAGuard device_guard(device().index());
+    ncclComm_t part = nullptr;
+    LLM_CHECK_NCCL(ncclCommSplit(comm_, members.size() == 1 ? NCCL_SPLIT_NOCOLOR : color, key, &part, nullptr));
+    if (members.size() == 1) return nullptr;
+    int rank = 0, size = 0;
+    LLM_CHECK_NCCL(ncclCommUserRank(part, &rank));
+    LLM_CHECK_NCCL(ncclCommCount(part, &size));
+    return std::make_unique<NcclCommunicator>(part, rank, size, device());
   }
 
   // NCCL has no barrier: a one-element all-reduce proves every rank got here, and waiting for

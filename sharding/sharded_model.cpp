@@ -1,5 +1,7 @@
 #include "sharding/sharded_model.h"
 
+#include "common/collective_log.h"
+
 #include <optional>
 
 #include <stdexcept>
@@ -41,7 +43,7 @@ size_t ShardedModel::add_unit(std::string name, std::vector<std::pair<std::strin
   units_.push_back(std::make_unique<ShardedUnit>(std::move(name), std::move(parameters), communicator_,
                                                  options_.strategy, options_.compute_dtype,
                                                  options_.resident_when_whole, options_.offload_parameters,
-                                                 std::move(logical_shapes)));
+                                                 std::move(logical_shapes), options_.replicas));
   units_.back()->set_reduce_stream(reduce_stream_);
   if (options_.bf16_gradient_shards) units_.back()->keep_bf16_gradient();
   forwards_.push_back(std::move(forward));
@@ -136,7 +138,9 @@ void ShardedModel::backward(Activations& boundaries, const at::Tensor& loss, boo
           // One reduction in flight (CUDA): the compute stream waits for the last unit's before this
           // one's, and its flat input goes (sharding/fsdp_unit.h).
           for (auto& unit : units_) unit->wait_reduced();
+          CollectiveLog::set_unit(static_cast<int64_t>(u));
           units_[u]->reduce_gradients();
+          CollectiveLog::set_unit(-1);
         }
         emit(UnitEvent::gradient_shard_ready, u, Pass::train);
         break;
@@ -161,6 +165,10 @@ void ShardedModel::publish_shards() {
 void ShardedModel::apply(const UnitAction& action, Pass pass) {
   ShardedUnit& unit = *units_.at(static_cast<size_t>(action.unit));
   StepTimer::Scope timed(timer_, StepPhase::collectives);
+  struct LoggedUnit {  // the unit a gather's collective belongs to (the stall message names it)
+    explicit LoggedUnit(int64_t unit) { CollectiveLog::set_unit(unit); }
+    ~LoggedUnit() { CollectiveLog::set_unit(-1); }
+  } logged(action.unit);
   switch (action.op) {
     case UnitOp::gather:
       emit(UnitEvent::before_shard_read, static_cast<size_t>(action.unit), pass);

@@ -63,6 +63,10 @@ struct ShardingOptions {
   // bf16 units at one rank keep their gradient shard in bf16 (ShardedUnit::keep_bf16_gradient);
   // the trainer sets it for pure bf16 AdamW (config/config.h's bf16_gradient_shards).
   bool bf16_gradient_shards = false;
+  // Hybrid sharding (sharding/topology.h): the model's communicator is this rank's group and
+  // `strategy` what the group does (full_shard, shard_grad_op); each gradient shard is all-reduced
+  // over `replicas` (the ranks holding the same shard in the other groups) once per optimizer step.
+  Communicator* replicas = nullptr;
 };
 
 // The gather plan's strategy for units built with these options: no_shard's for resident units,

@@ -29,8 +29,10 @@ namespace {
 
 class StagedCommunicator final : public Communicator {
  public:
-  StagedCommunicator(const World& world, c10::Device device)
-      : Communicator(world.rank, world.world_size, device), host_(make_mpi_communicator(world)) {}
+  StagedCommunicator(const World& world, c10::Device device) : StagedCommunicator(make_mpi_communicator(world), device) {}
+  // Over `host`, an MPI communicator of CPU tensors (a split of another staged one's).
+  StagedCommunicator(std::unique_ptr<Communicator> host, c10::Device device)
+      : Communicator(host->rank(), host->world_size(), device), host_(std::move(host)) {}
 
   std::string backend_name() const override { return "mpi (staged through host memory)"; }
 
@@ -73,6 +75,13 @@ class StagedCommunicator final : public Communicator {
     const Guard on(*this, std::nullopt);
     on.synchronize();
     host_->barrier();
+  }
+
+  // The host communicator split alike (collective over it), staged to this device.
+  std::unique_ptr<Communicator> run_split(int color, int key, const std::vector<int>& members) override {
+    std::unique_ptr<Communicator> host = host_->split(color, key);
+    if (members.size() == 1) return nullptr;
+    return std::make_unique<StagedCommunicator>(std::move(host), device());
   }
 
  private:

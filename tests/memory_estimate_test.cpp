@@ -212,7 +212,12 @@ INSTANTIATE_TEST_SUITE_P(
                       // GaLore whole on a rank projects on the device: the layers' gradient shards kept
                       // until the step, the projectors' device copies.
                       Case{"llama_micro", 1, "--batch_size 2 --max_length 32 --optimizer galore_adamw --rank 8 --offload optimizer"},
-                      Case{"llama_micro", 2, "--batch_size 2 --max_length 32 --optimizer galore_adamw --rank 8 --proj_type left --sharding no_shard --optimizer_state_dtype bfloat16 --offload optimizer"}),
+                      Case{"llama_micro", 2, "--batch_size 2 --max_length 32 --optimizer galore_adamw --rank 8 --proj_type left --sharding no_shard --optimizer_state_dtype bfloat16 --offload optimizer"},
+                      // Hybrid sharding: shards over the group of 2, a gradient shard all-reduced across
+                      // the groups; each form and the optimizer's offload.
+                      Case{"llama_tiny", 4, "--batch_size 4 --max_length 64 --sharding hybrid_shard --shard_group_size 2"},
+                      Case{"llama_micro", 4, "--batch_size 2 --max_length 32 --sharding hybrid_shard_grad_op --shard_group_size 2 --optimizer galore_adamw --rank 8"},
+                      Case{"llama_tiny", 4, "--batch_size 2 --max_length 32 --sharding hybrid_shard --shard_group_size 2 --offload optimizer --dtype bfloat16"}),
     case_name);
 
 TEST(EstimateCommand, BadInputIsExitTwo) {

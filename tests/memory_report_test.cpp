@@ -136,6 +136,10 @@ TEST_F(MemoryReport, MarkdownComparesTheRunsAndListsEveryRank) {
     EXPECT_NE(markdown_.find("memory/" + run + "_timeline.svg", section), std::string::npos);
   }
   EXPECT_NE(markdown_.find("memory/peak_per_rank.svg"), std::string::npos);
+  // Runs recorded before the step record counted its links say so (tests/hybrid_test.cpp reads the
+  // bytes of runs that have them).
+  EXPECT_NE(markdown_.find("## Communication per step"), std::string::npos);
+  EXPECT_NE(markdown_.find("| adamw_fp32_w1 | full_shard | 1 | 1 | n/a |"), std::string::npos) << markdown_;
 }
 
 TEST_F(MemoryReport, TimelinePlotsHaveAPanelPerRankAndABarPerPoint) {

@@ -1,5 +1,5 @@
-// Preemption through the trainer binary on CPU (trainer/preemption.h): SIGTERM to one rank, at one
-// and two ranks, stops every rank after the same step, saves it and exits 0, and resuming from the
+// Preemption through the trainer binary on CPU (trainer/preemption.h): SIGTERM to one rank, at one,
+// two ranks and hybrid 2x2, stops every rank after the same step, saves it and exits 0, and resuming from the
 // save_dir ends with the same loss as the uninterrupted run, bit for bit; a second signal changes
 // nothing; without --save_dir the exit status says the work is lost (128 + 15); a grace period too
 // short for the step ends the job at its deadline; SIGUSR1 to mpirun reaches every rank, and so does
@@ -66,10 +66,20 @@ CommandResult run_and_signal(const std::string& command, const fs::path& run_dir
       after_steps);
 }
 
-class Preemption : public ::testing::TestWithParam<int> {};
+// At one and two ranks, and hybrid 2x2, where the signalled rank (the last) is in the group that
+// writes nothing: the writers of group 0 save the step all agreed on.
+struct PreemptionCase {
+  int ranks;
+  std::string flags;
+};
+
+class Preemption : public ::testing::TestWithParam<PreemptionCase> {};
 
 TEST_P(Preemption, SigtermToOneRankSavesTheStepAndResumingEqualsTheUninterruptedRun) {
-  const int ranks = GetParam();
+  const int ranks = GetParam().ranks;
+  const auto command = [&](int n, const std::string& flags) {
+    return preemption_test::command(n, GetParam().flags + " " + flags);
+  };
   ScratchDir dir("preempt" + std::to_string(ranks));
   auto uninterrupted = run_command(command(ranks, "--run_dir " + (dir / "full").string()));
   ASSERT_EQ(uninterrupted.exit_code, 0) << uninterrupted.output;
@@ -118,8 +128,12 @@ TEST_P(Preemption, SigtermToOneRankSavesTheStepAndResumingEqualsTheUninterrupted
             testing::read_metrics_events(dir / "full", "end").at(0).at("final_loss").get<double>());
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, Preemption, ::testing::Values(1, 2),
-                         [](const auto& info) { return std::to_string(info.param) + "_ranks"; });
+INSTANTIATE_TEST_SUITE_P(Ranks, Preemption,
+                         ::testing::Values(PreemptionCase{1, ""}, PreemptionCase{2, ""},
+                                           PreemptionCase{4, "--sharding hybrid_shard --shard_group_size 2 --batch_size 1"}),
+                         [](const auto& info) {
+                           return std::to_string(info.param.ranks) + "_ranks" + (info.param.flags.empty() ? "" : "_hybrid");
+                         });
 
 TEST(PreemptionWithoutSaveDir, ExitStatusSaysTheStepsAreLost) {
   ScratchDir dir("preempt_nosave");

@@ -127,6 +127,39 @@ TEST_F(ConfigRunValidation, TiedEmbeddingsAreRefusedByTheConfigCheck) {
   expect_mentions(error_with([](RunConfig&) {}), {"llama_tiny", "tie_word_embeddings", "not supported", "false"});
 }
 
+// --shard_group_size: a divisor of the world size, with a hybrid strategy only; the divisors listed.
+TEST_F(ConfigRunValidation, ShardGroupSizeDividesTheWorldAndNeedsAHybridStrategy) {
+  for (const int group : {1, 2, 3, 6}) {
+    RunConfig run = valid();
+    run.sharding.strategy = ShardingStrategy::hybrid_shard;
+    run.sharding.group_size = group;
+    EXPECT_NO_THROW(validate_run_config(run, model_, 6)) << group;
+  }
+  expect_mentions(error_with(
+                      [](RunConfig& r) {
+                        r.sharding.strategy = ShardingStrategy::hybrid_shard_grad_op;
+                        r.sharding.group_size = 4;
+                      },
+                      6),
+                  {"--shard_group_size", "4 does not divide the 6 ranks", "1, 2, 3, 6", "ranks of one node"});
+  expect_mentions(error_with([](RunConfig& r) { r.sharding.group_size = 2; }, 4),
+                  {"--shard_group_size", "--sharding is full_shard", "hybrid_shard"});
+  expect_mentions(error_with(
+                      [](RunConfig& r) {
+                        r.sharding.strategy = ShardingStrategy::hybrid_shard;
+                        r.sharding.group_size = 0;
+                      },
+                      4),
+                  {"--shard_group_size", "at least 1", "got 0"});
+  // In a run's JSON (the start record, --print_config) and back.
+  RunConfig run = valid();
+  run.sharding.strategy = ShardingStrategy::hybrid_shard;
+  run.sharding.group_size = 3;
+  const RunConfig back = run_config_from_json(run.to_json(), "test");
+  EXPECT_EQ(back.sharding.group_size, 3);
+  EXPECT_EQ(back.sharding.strategy, ShardingStrategy::hybrid_shard);
+}
+
 // The shortest stall timeout that can tell a stopped rank from a live one, and 0 (off), are accepted.
 TEST_F(ConfigRunValidation, CollectiveTimeoutAtLeastTheStalenessOfAHeartbeat) {
   for (const double seconds : {0.0, 2.5, 3.0, 600.0}) {

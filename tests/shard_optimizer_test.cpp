@@ -194,6 +194,10 @@ class CommunicatorOfAnotherDevice final : public Communicator {
   void run_all_reduce(const at::Tensor&, ReduceOp, CollectiveStream) override { ADD_FAILURE(); }
   void run_broadcast(const at::Tensor&, int, CollectiveStream) override { ADD_FAILURE(); }
   void run_barrier() override {}
+  std::unique_ptr<Communicator> run_split(int, int, const std::vector<int>&) override {
+    ADD_FAILURE();
+    return nullptr;
+  }
 };
 
 TEST(ShardOptimizerDevices, ACommunicatorOfAnotherDeviceIsRefusedAtConstruction) {

@@ -88,7 +88,7 @@ TEST(MemoryCheck, GpuPeakAgainstFreeDeviceMemoryThenNodeHost) {
 TEST(MemoryCheck, OnCudaTheRuntimesOwnMemoryCounts) {
   RunConfig run;
   MemoryEstimate estimate = two_ranks("cuda", 3 * kGiB);
-  for (RankEstimate& rank : estimate.ranks) rank.runtime = cuda_runtime_bytes(rank.peak_bytes, /*nccl=*/true);
+  for (RankEstimate& rank : estimate.ranks) rank.runtime = cuda_runtime_bytes(rank.peak_bytes, /*nccl_communicators=*/1);
   const CudaRuntimeBytes& runtime = estimate.ranks[1].runtime;
   EXPECT_EQ(runtime.nccl_buffers, 576 * (int64_t{1} << 20));
   EXPECT_EQ(runtime.allocator_slack, 10 * kGiB / 16 + 40 * (int64_t{1} << 20));
@@ -100,7 +100,7 @@ TEST(MemoryCheck, OnCudaTheRuntimesOwnMemoryCounts) {
                              "allocator slack 0.66 GiB", "10.50 GiB free"});
   EXPECT_FALSE(memory_check_failure(estimate, 1, 2, {need, 100 * kGiB}, run)) << "equal fits";
   // One rank (or MPI): no NCCL buffers.
-  EXPECT_EQ(cuda_runtime_bytes(kGiB, /*nccl=*/false).nccl_buffers, 0);
+  EXPECT_EQ(cuda_runtime_bytes(kGiB, /*nccl_communicators=*/0).nccl_buffers, 0);
   // Two ranks on one GPU (--communicator mpi) share its free memory: twice the need must fit.
   MemoryAvailable shared{2 * need - 1, 100 * kGiB};
   shared.ranks_per_gpu = 2;

@@ -41,6 +41,7 @@
 #include "memory/techniques.h"
 #include "memory/startup_check.h"
 #include "trainer/preemption.h"
+#include "sharding/topology.h"
 #include "trainer/train_loop.h"
 #include "common/watchdog.h"
 
@@ -191,6 +192,19 @@ int train_command(const llm::ModelConfig& model, const llm::RunConfig& run, cons
   std::unique_ptr<llm::Communicator> host_communicator;
   if (!context.device.is_cpu()) host_communicator = llm::make_communicator(world, c10::Device(c10::kCPU));
   context.host_communicator = host_communicator ? host_communicator.get() : communicator.get();
+  communicator->set_label("world");
+  if (host_communicator) host_communicator->set_label("host");
+  // Hybrid sharding: this rank's group and the replicas across the groups (sharding/topology.h).
+  llm::HybridCommunicators hybrid;
+  std::unique_ptr<llm::Communicator> host_group;
+  if (llm::is_hybrid(run.sharding.strategy)) {
+    context.topology = llm::make_topology(world, run.sharding.group_size);
+    hybrid = llm::split_hybrid(*communicator, context.topology);
+    if (host_communicator) host_group = host_communicator->split(context.topology.group, context.topology.shard);
+    context.shard_communicator = hybrid.group.get();
+    context.replicas = hybrid.across.get();
+    context.host_shard_communicator = host_group ? host_group.get() : hybrid.group.get();
+  }
   llm::start_preemption_deadline(run.preemption_grace_seconds);
   return exit_status(llm::train(model, run, context), run, world);
 }
@@ -223,6 +237,17 @@ int run_command(const llm::Command& command, const llm::World& world) {
   }
   llm::RunConfig run = command.run;
   const llm::ModelConfig model = llm::load_model_config(run.config_path);
+  // A hybrid strategy's group size by default: the ranks of one node (the estimate's: --ranks_per_node,
+  // else every rank on one node).
+  if (llm::is_hybrid(run.sharding.strategy) && run.sharding.group_size == 0) {
+    if (command.kind == Kind::estimate)
+      run.sharding.group_size =
+          command.estimate.ranks_per_node > 0 ? command.estimate.ranks_per_node : command.estimate.world_size;
+    else if ((run.sharding.group_size = llm::ranks_per_node(world)) == 0)
+      llm::fail_user(llm::kCommandLine, "--shard_group_size",
+                     "the nodes hold different numbers of ranks, so there is no default group (the ranks of one "
+                     "node): give --shard_group_size");
+  }
   if (command.kind == Kind::estimate) {
     llm::validate_run_config(run, model, command.estimate.world_size);
     if (world.rank == 0)

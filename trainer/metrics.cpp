@@ -73,13 +73,22 @@ void MetricsLog::log_step(const StepRecord& r) {
   if (r.peak_on_cuda) record["peak_cuda_allocated_bytes"] = r.peak_memory_bytes;
   if (r.offloaded)
     record["offload"] = {{"host_step_s", r.offload_host_step_seconds}, {"wait_s", r.offload_wait_seconds}};
+  const auto link = [](const LinkTraffic& traffic) {
+    return nlohmann::json{{"bytes", traffic.bytes_sent}, {"s", traffic.seconds}, {"collectives", traffic.collectives}};
+  };
+  record["links"] = {{"group", link(r.group)}, {"across", link(r.across)}};
+  record["straggler"] = r.straggler ? nlohmann::json{{"rank", r.straggler->rank},
+                                                     {"compute_s", r.straggler->compute_seconds},
+                                                     {"others_median_s", r.straggler->median_seconds}}
+                                    : nlohmann::json();
   write(record);
   if (tensorboard_) {
     std::vector<std::pair<std::string, double>> scalars = {
         {"train/loss", r.loss}, {"train/lr", r.lr}, {"train/grad_norm", r.grad_norm},
         {"train/tokens_per_s", r.tokens_per_second}, {"train/mfu", r.mfu}, {"train/step_time_s", r.step_seconds},
         {"train/tokens_seen", static_cast<double>(r.tokens_seen)},
-        {r.peak_on_cuda ? "memory/peak_cuda_allocated_bytes" : "memory/peak_rss_bytes", static_cast<double>(r.peak_memory_bytes)}};
+        {r.peak_on_cuda ? "memory/peak_cuda_allocated_bytes" : "memory/peak_rss_bytes", static_cast<double>(r.peak_memory_bytes)},
+        {"comm/group_bytes", static_cast<double>(r.group.bytes_sent)}, {"comm/across_bytes", static_cast<double>(r.across.bytes_sent)}};
     tensorboard_->scalars(r.step, scalars);
     if (r.phase_seconds) log_phases_to_tensorboard(r.phase_step, *r.phase_seconds);
   }

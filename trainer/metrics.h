@@ -33,6 +33,8 @@
 #include "common/output_files.h"
 
 #include "common/step_timer.h"
+#include "sharding/communicator.h"
+#include "trainer/step_ranks.h"
 #include "trainer/tensorboard.h"
 
 namespace llm {
@@ -61,6 +63,11 @@ struct StepRecord {
   // (offload/optimizer_offload.h, OffloadTimes), since the last record.
   bool offloaded = false;
   double offload_host_step_seconds = 0, offload_wait_seconds = 0;
+  // The bytes this rank sent, and the seconds its collectives took, inside its group (the world when
+  // not hybrid) and across the groups (hybrid), in the step (Communicator::take_traffic).
+  LinkTraffic group, across;
+  bool hybrid = false;
+  std::optional<Straggler> straggler;  // a rank much slower than the others at this step (step_ranks.h)
 };
 
 class MetricsLog {

@@ -48,17 +48,25 @@ std::vector<StatePiece> RunCheckpoints::master_pieces(size_t u) const {
   return pieces;
 }
 
+SaveRole RunCheckpoints::save_role() const {
+  // Hybrid sharding: one copy of each replicated shard, group 0's, under its shard index.
+  if (is_hybrid(run_.sharding.strategy)) return {context_.topology.group == 0, context_.topology.shard};
+  return {};
+}
+
 RunCheckpoints::Checkpoint RunCheckpoints::checkpoint_of(int64_t step) {
   if (state_.offload) state_.offload->wait_all();
   Checkpoint checkpoint;
-  if (context_.rank == 0 || run_.sharding.strategy != ShardingStrategy::no_shard) {
+  if (save_role().writes && (context_.rank == 0 || run_.sharding.strategy != ShardingStrategy::no_shard)) {
     for (size_t u = 0; u < state_.model.unit_count(); ++u)
       for (StatePiece& piece : master_pieces(u)) checkpoint.pieces.push_back(std::move(piece));
     for (StatePiece& piece : state_.optimizer.state_pieces()) checkpoint.pieces.push_back(std::move(piece));
   }
   checkpoint.manifest = state_.position.to_json();
   checkpoint.manifest["run_id"] = run_id_;
-  checkpoint.manifest["world_size"] = context_.world_size;
+  // (world_size, the files' world, is the save's: one group's under hybrid sharding)
+  checkpoint.manifest["sharding"] = {{"strategy", to_string(run_.sharding.strategy)}, {"ranks", context_.world_size},
+                                     {"group_size", shard_world(run_, context_.world_size)}};
   checkpoint.manifest["optimizer"] = run_.optimizer.name;
   checkpoint.manifest["optimizer_step"] = state_.optimizer.steps_taken();
   checkpoint.manifest["optimizer_state_dtype"] = run_.optimizer.state_dtype;  // the dtype its moments are saved in
@@ -75,7 +83,8 @@ RunCheckpoints::Checkpoint RunCheckpoints::checkpoint_of(int64_t step) {
 std::string RunCheckpoints::save(int64_t step) {
   const auto started = std::chrono::steady_clock::now();
   Checkpoint checkpoint = checkpoint_of(step);
-  save_checkpoint(checkpoint.folder, checkpoint.pieces, std::move(checkpoint.manifest), *context_.communicator);
+  save_checkpoint(checkpoint.folder, checkpoint.pieces, std::move(checkpoint.manifest), *context_.communicator,
+                  save_role());
   saved(checkpoint.folder, step, step, seconds_since(started));
   return checkpoint.folder;
 }
@@ -110,7 +119,7 @@ void RunCheckpoints::start_background_save(int64_t step) {
   std::exception_ptr failure;
   try {
     at::NoGradGuard no_grad;
-    if (!save_copy_.defined() || save_copy_.numel() < bytes) {
+    if (bytes > 0 && (!save_copy_.defined() || save_copy_.numel() < bytes)) {  // (a replica saves nothing)
       save_copy_ = at::Tensor();  // the smaller one goes first
       save_copy_ = exact_host_buffer(bytes, at::kByte, state_.offload ? c10::Device(c10::kCPU) : context_.device);
     }
@@ -128,7 +137,8 @@ void RunCheckpoints::start_background_save(int64_t step) {
     checkpoint.pieces.clear();
   }
   background_save_ = std::make_unique<BackgroundSave>(checkpoint.folder, std::move(checkpoint.pieces),
-                                                      std::move(checkpoint.manifest), *context_.communicator, failure);
+                                                      std::move(checkpoint.manifest), *context_.communicator, failure,
+                                                      save_role());
   background_save_step_ = step;
   background_save_blocked_ = seconds_since(started);
   log::info("saving checkpoint {} in the background (a host copy of {} on this rank)", checkpoint.folder,

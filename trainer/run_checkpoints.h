@@ -28,6 +28,7 @@ class ShardOptimizer;
 class ShardedModel;
 struct RuntimeContext;
 struct TrainState;
+struct SaveRole;
 
 // The training state a checkpoint holds and a resume fills: views of the Training's own members.
 struct CheckpointedState {
@@ -72,6 +73,7 @@ class RunCheckpoints {
     nlohmann::json manifest;
   };
   Checkpoint checkpoint_of(int64_t step);
+  SaveRole save_role() const;  // which files this rank writes (hybrid: group 0, by shard)
   std::vector<StatePiece> master_pieces(size_t unit) const;
   at::Tensor master(size_t unit) const;  // unit's fp32 master shard (the host master with offload)
   // A save of step `step` completed at the end of step `completed_at`, having held the training loop

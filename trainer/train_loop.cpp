@@ -119,6 +119,9 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
       device_(context.device),
       communicator_(*context.communicator),
       host_communicator_(context.host_communicator ? *context.host_communicator : *context.communicator),
+      shard_communicator_(context.shard_communicator ? *context.shard_communicator : communicator_),
+      host_shard_communicator_(context.host_shard_communicator ? *context.host_shard_communicator : host_communicator_),
+      replicas_(context.replicas),
       autocast_(run.precision.dtype == DType::bfloat16 && run.precision.mode == Precision::mixed),
       prepared_(prepare_run(run, device_)),
       records_(model_config, run, context),
@@ -131,11 +134,11 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
                     run.seed, context.rank, context.world_size, run.data.batch_size,
                     /*whole_corpus=*/held_out_ != nullptr, window_start(run)),
       timer_(device_),
-      sharded_(communicator_,
-               {run.sharding.strategy, run.sharding.prefetch,
+      sharded_(shard_communicator_,
+               {within_group(run.sharding.strategy), run.sharding.prefetch,
                 run.precision.dtype == DType::bfloat16 && run.precision.mode == Precision::pure ? at::kBFloat16 : at::kFloat,
                 resident_units_allowed() && !model_config.matmul_padded(), offloads_parameters(run.sharding.offload),
-                bf16_gradient_shards(run, context.world_size)}),
+                bf16_gradient_shards(run, context.world_size), replicas_}),
       model_(seeded(model_config, run.seed),
              [this](const UnitSpec& unit, NamedTensors parameters) { shard_when_built(unit, std::move(parameters)); }),
       divergence_(run.divergence_patience, run.optimizer.warmup_steps.value(), model_config.vocab_size) {
@@ -179,9 +182,11 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
     else if (event == UnitEvent::after_backward)
       ledger_.point("backward", sharded_.unit(u).name(), owned_now());
   });
-  const bool sharded_across_ranks = context.world_size > 1 && run.sharding.strategy != ShardingStrategy::no_shard;
+  const bool sharded_across_ranks =
+      shard_communicator_.world_size() > 1 && run.sharding.strategy != ShardingStrategy::no_shard;
   // The optimizer's collectives go over the communicator of the device its state is on: the host's
-  // with offload (NCCL cannot carry host tensors).
+  // with offload (NCCL cannot carry host tensors); the group's under hybrid sharding (each group steps
+  // its shards alike: a GaLore projector is the same in every group).
   if (offloads_optimizer(run.sharding.offload)) {
     OffloadOptions options;
     options.worker_threads = run.sharding.offload_threads;
@@ -190,15 +195,15 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
                    : run.sharding.offload_step == OffloadStep::device    ? OffloadStepMode::device
                                                                           : OffloadStepMode::host;
     options.trace = run.logging.offload_trace;
-    options.device_across = sharded_across_ranks ? &communicator_ : nullptr;
+    options.device_across = sharded_across_ranks ? &shard_communicator_ : nullptr;
     offload_ = std::make_unique<OptimizerOffload>(sharded_, optimizer_settings(run), unit_update_rules(sharded_, run),
-                                                  sharded_across_ranks ? &host_communicator_ : nullptr, options);
+                                                  sharded_across_ranks ? &host_shard_communicator_ : nullptr, options);
     if (run.logging.offload_trace)
       offload_trace_.open(std::filesystem::path(run.logging.run_dir) /
                               ("offload_trace.rank" + std::to_string(context.rank) + ".jsonl"),
                           /*append=*/!run.checkpoint.continue_from.empty());
   } else {
-    device_optimizer_ = build_optimizer(run, sharded_, sharded_across_ranks ? &communicator_ : nullptr);
+    device_optimizer_ = build_optimizer(run, sharded_, sharded_across_ranks ? &shard_communicator_ : nullptr);
   }
   if (run.fuse_optimizer_with_backward)
     for (size_t u = 0; u < sharded_.unit_count(); ++u) {
@@ -295,7 +300,11 @@ TrainingOutcome Training::run() {
     current_step_ = step;
     watchdog_->progress(step, "step start");
     const auto started = std::chrono::steady_clock::now();
-    const StepResult result = train_step(step);
+    shard_communicator_.take_traffic();  // what went before (the last evaluation, a save) is not the step's
+    if (replicas_) replicas_->take_traffic();
+    StepResult result = train_step(step);
+    result.group = shard_communicator_.take_traffic();
+    if (replicas_) result.across = replicas_->take_traffic();
     // The step's time is the step's span: the one-off record of the sharded state below (a file
     // written after the first step) is not part of it, so the phases add up to it.
     const double seconds = seconds_since(started);
@@ -359,6 +368,15 @@ void Training::log_step(int64_t step, const StepResult& result, double seconds) 
   record.phase_step = result.phase_step;
   record.host_reads = result.host_reads;
   record.host_phase_seconds = timer_.host_seconds();
+  record.group = result.group;
+  record.across = result.across;
+  record.hybrid = replicas_ != nullptr;
+  // The slow rank, by its step less its time inside the model's collectives (every rank here).
+  record.straggler = stragglers_.observe(host_communicator_, seconds - result.group.seconds - result.across.seconds);
+  if (record.straggler && context_.rank == 0)
+    log::warn("step {}: rank {} is a straggler: {:.3f} s of its steps outside the collectives (its median over up to {} logged steps), the others' {:.3f} s",
+              step, record.straggler->rank, record.straggler->compute_seconds, kStragglerWindow,
+              record.straggler->median_seconds);
   if (offload_) {
     const OffloadTimes times = offload_->take_times();
     record.offloaded = true;

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "config/config.h"
+#include "sharding/topology.h"
 
 namespace llm {
 
@@ -37,6 +38,13 @@ struct RuntimeContext {
   // agreement. The device communicator on a CPU rank; MPI beside NCCL on a GPU (NCCL
   // carries device tensors only). nullptr: the device communicator (a CPU rank's tests).
   Communicator* host_communicator = nullptr;
+  // Hybrid sharding (sharding/topology.h): this rank's group (what the units are sharded over; for
+  // the device, and for host tensors beside NCCL), the ranks holding the same shard in the other
+  // groups, and where this rank is. nullptr: the world's communicators (every other strategy).
+  Communicator* shard_communicator = nullptr;
+  Communicator* host_shard_communicator = nullptr;
+  Communicator* replicas = nullptr;
+  ShardTopology topology;
   // The checkpoint --continue_from resolved to at start-up (check_checkpoints_at_start,
   // checkpoint/checkpoint.h); "" for a fresh run, or to resolve it in train().
   std::string resume_folder;

@@ -21,6 +21,7 @@
 #include "trainer/divergence.h"
 #include "trainer/run_checkpoints.h"
 #include "trainer/run_records.h"
+#include "trainer/step_ranks.h"
 #include "trainer/train_loop.h"
 
 namespace llm {
@@ -41,6 +42,9 @@ struct StepResult {
   std::optional<PhaseSeconds> phase_seconds;
   int64_t phase_step = 0;
   int64_t host_reads = 0;  // reads of device values the step made (common/device.h)
+  // What the step's collectives carried: over the communicator the units are sharded over (hybrid:
+  // inside the group) and, hybrid only, across the groups (sharding/communicator.h).
+  LinkTraffic group, across;
 };
 
 // Everything one rank's training holds. The constructor is the set-up, in the order the memory
@@ -90,8 +94,14 @@ class Training {
   const RunConfig& run_;
   const RuntimeContext& context_;
   const c10::Device device_;
-  Communicator& communicator_;
+  Communicator& communicator_;       // every rank: the loss's average, the records, the saves
   Communicator& host_communicator_;  // host tensors: offload's collectives, the preemption agreement
+  StragglerWatch stragglers_;        // over host_communicator_, at each logged step
+  // What the units are sharded over (hybrid: this rank's group; else the world), for the device's and
+  // for host tensors, and hybrid's replicas across the groups (nullptr otherwise).
+  Communicator& shard_communicator_;
+  Communicator& host_shard_communicator_;
+  Communicator* replicas_;
   const bool autocast_;  // bf16 mixed: fp32 parameters, bf16 autocast in the forward
   const bool prepared_;
   RunRecords records_;  // metrics.jsonl and the memory ledger

@@ -156,7 +156,13 @@ void add_warmup_flag(CLI::App& app, NumberFlags& numbers, TrainingFlags& flags) 
 // How the model is spread over the ranks and what carries their collectives.
 void add_sharding_flags(CLI::App& app, NumberFlags& numbers, TrainingFlags& flags, RunConfig& run) {
   flags.add(flags.sharding.add(app, "--sharding",
-                               "full_shard (ZeRO-3), shard_grad_op (ZeRO-2) or no_shard (data parallel)"));
+                               "full_shard (ZeRO-3), shard_grad_op (ZeRO-2), no_shard (data parallel), or "
+                               "hybrid_shard / hybrid_shard_grad_op (full_shard / shard_grad_op inside each group "
+                               "of --shard_group_size ranks, replicated across the groups)"));
+  flags.add(numbers.add(app, "--shard_group_size", run.sharding.group_size,
+                        "hybrid_*: the ranks each group shards over (default: the ranks of one node); it divides "
+                        "the world size",
+                        NumberRange<int>{1, 1 << 20, "a rank count in [1, 1048576] that divides the world size"}));
   flags.add(app.add_flag("--no_prefetch", flags.no_prefetch,
                          "gather each unit only when it runs (default: the next unit's all-gather is "
                          "prefetched while one runs, on a CUDA side stream)"));

@@ -20,12 +20,14 @@
 // ranks may skip a collective: checks after a collective are EXPECT_*, never ASSERT_*.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <map>
 #include <memory>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <torch/cuda.h>
@@ -326,6 +328,58 @@ INSTANTIATE_TEST_SUITE_P(Backends, ArgumentErrorTest,
                          });
 
 // --- the factory ---------------------------------------------------------------------------------
+
+// --- split: hybrid sharding's groups and the replicas across them ---------------------------------
+
+class SplitTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    std::string why_not;
+    comm_ = Communicators::instance().get(GetParam(), why_not);
+    if (comm_ == nullptr) GTEST_SKIP() << why_not;
+  }
+  Communicator* comm_ = nullptr;
+};
+
+// Groups of consecutive ranks (color rank / 2) and the ranks across them (color rank % 2, ordered by
+// the key): each its members in key order, a sum over exactly them, its bytes counted by the ring
+// formula; a rank alone in its group gets a communicator of one.
+TEST_P(SplitTest, GroupsAndAcrossSumOverTheirMembersOnly) {
+  const int rank = comm_->rank(), world = comm_->world_size();
+  for (const bool consecutive : {true, false}) {
+    SCOPED_TRACE(consecutive ? "groups of consecutive ranks" : "across the groups");
+    const int color = consecutive ? rank / 2 : rank % 2;
+    const std::unique_ptr<Communicator> part = comm_->split(color, consecutive ? rank : world - rank);
+    ASSERT_NE(part, nullptr);
+    std::vector<int> members;
+    for (int r = 0; r < world; ++r)
+      if ((consecutive ? r / 2 : r % 2) == color) members.push_back(r);
+    if (!consecutive) std::reverse(members.begin(), members.end());  // key world - rank: descending
+    EXPECT_EQ(part->world_size(), static_cast<int>(members.size()));
+    EXPECT_EQ(part->world_ranks(), members);
+    ASSERT_LT(part->rank(), part->world_size());
+    EXPECT_EQ(members[static_cast<size_t>(part->rank())], rank);
+    EXPECT_EQ(part->device(), comm_->device());
+
+    part->set_label("part");
+    const at::Tensor values = filled(*comm_, at::kFloat, 1000, static_cast<double>(1 << rank));
+    part->all_reduce(values, ReduceOp::sum);
+    double expected = 0;
+    for (int member : members) expected += static_cast<double>(1 << member);
+    EXPECT_EQ(values.to(at::kCPU).max().item<double>(), expected);
+    EXPECT_EQ(values.to(at::kCPU).min().item<double>(), expected);
+    const llm::LinkTraffic traffic = part->take_traffic();
+    const int size = part->world_size();
+    EXPECT_EQ(traffic.bytes_sent, 2 * (size - 1) * 4000 / size);
+    EXPECT_EQ(traffic.collectives, 1);
+    EXPECT_EQ(part->take_traffic().collectives, 0) << "taken: counted anew";
+  }
+  EXPECT_THROW(comm_->split(-1, 0), llm::UserError);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, SplitTest,
+                         ::testing::Values("single", "mpi", "mpi_staged", "nccl", "single_cuda", "mpi_staged_cuda"),
+                         [](const auto& info) { return info.param; });
 
 TEST(MakeCommunicator, PicksTheBackendFromWorldAndDevice) {
   const llm::World& world = llm::current_world();

@@ -1,0 +1,43 @@
+#include "trainer/step_ranks.h"
+
+#include <algorithm>
+
+#include <ATen/ATen.h>
+
+namespace llm {
+namespace {
+
+double median_of(std::vector<double> values) {
+  std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2), values.end());
+  return values[values.size() / 2];
+}
+
+}  // namespace
+
+std::optional<Straggler> StragglerWatch::observe(Communicator& communicator, double compute_seconds) {
+  const int world = communicator.world_size();
+  if (world < 2) return std::nullopt;
+  const at::Tensor table = gather_rows(communicator, {static_cast<int64_t>(compute_seconds * 1e6)});
+  std::vector<double> step;
+  for (int r = 0; r < world; ++r) step.push_back(1e-6 * static_cast<double>(table[r][0].item<int64_t>()));
+  window_.push_back(std::move(step));
+  if (window_.size() > kStragglerWindow) window_.pop_front();
+  if (window_.size() < kStragglerMinSteps) return std::nullopt;
+
+  std::vector<double> per_rank;  // each rank's median over the window
+  for (int r = 0; r < world; ++r) {
+    std::vector<double> seconds;
+    for (const std::vector<double>& logged : window_) seconds.push_back(logged[static_cast<size_t>(r)]);
+    per_rank.push_back(median_of(seconds));
+  }
+  const int slowest = static_cast<int>(std::max_element(per_rank.begin(), per_rank.end()) - per_rank.begin());
+  std::vector<double> others;
+  for (int r = 0; r < world; ++r)
+    if (r != slowest) others.push_back(per_rank[static_cast<size_t>(r)]);
+  const double median = median_of(others);
+  const double slow = per_rank[static_cast<size_t>(slowest)];
+  if (slow <= kStragglerRatio * median || slow - median < 1e-3) return std::nullopt;
+  return Straggler{communicator.world_ranks()[static_cast<size_t>(slowest)], slow, median};
+}
+
+}  // namespace llm
