@@ -145,6 +145,7 @@ json RunConfig::to_json() const {
       {"device", to_string(device)},
       {"sharding", llm::to_string(sharding.strategy)},
       {"shard_group_size", sharding.group_size},
+      {"backward_gather_size", sharding.backward_gather_size},
       {"prefetch", sharding.prefetch},
       {"offload", to_string(sharding.offload)},
       {"offload_threads", sharding.offload_threads},
@@ -266,6 +267,7 @@ RunConfig run_config_from_json(const json& object, const std::string& source) {
   read_enum("device", run.device, kDeviceChoiceValues);
   read_enum("sharding", run.sharding.strategy, kShardingValues);
   read("shard_group_size", run.sharding.group_size);
+  read("backward_gather_size", run.sharding.backward_gather_size);
   read("prefetch", run.sharding.prefetch);
   if (object.contains("offload") && object["offload"] == kOffloadBothReversed)
     run.sharding.offload = Offload::optimizer_and_parameters;

@@ -184,6 +184,10 @@ struct ShardingConfig {
   // --shard_group_size S (hybrid_*): the ranks a group shards over; 0 until resolved, then by default
   // the ranks of one node (trainer/main.cpp); it divides the world size (sharding/topology.h).
   int group_size = 0;
+  // --backward_gather_size R (full_shard): after each unit's forward its rows are kept over groups of
+  // R ranks (a node), and the backward gathers inside the group (ZeRO++ hpZ, FSDP2's
+  // reshard_after_forward=R); 0: off. R divides the world and is below it (sharding/topology.h).
+  int backward_gather_size = 0;
 };
 
 // The dtype the model computes in.

@@ -6,7 +6,42 @@
 
 namespace llm {
 
+namespace {
+
+// --backward_gather_size: full_shard's node-local copy for the backward gathers.
+void check_backward_gather(const RunConfig& run, int world_size) {
+  const int size = run.sharding.backward_gather_size;
+  if (size == 0) return;
+  const std::string flag = "--backward_gather_size";
+  if (run.sharding.strategy != ShardingStrategy::full_shard)
+    fail_user(kCommandLine, flag,
+              std::string("keeps a copy of each unit's rows over a node between its forward and backward for "
+                          "full_shard's backward gathers, and --sharding is ") +
+                  to_string(run.sharding.strategy) +
+                  ": shard_grad_op and no_shard do not gather in the backward, and hybrid_shard's gathers are "
+                  "inside its group already; pass --sharding full_shard, or leave it out");
+  if (offloads_parameters(run.sharding.offload))
+    fail_user(kCommandLine, flag,
+              "with --offload parameters the rows a backward gathers come from host memory; a copy kept on "
+              "the device between forward and backward would undo the offload: use one or the other");
+  if (size < 1)
+    fail_user(kCommandLine, flag, "must be at least 1 (got " + std::to_string(size) + "); 0 turns it off");
+  if (world_size % size != 0 || size >= world_size) {
+    std::string divisors;
+    for (int d = 1; d < world_size; ++d)
+      if (world_size % d == 0) divisors += (divisors.empty() ? "" : ", ") + std::to_string(d);
+    fail_user(kCommandLine, flag,
+              std::to_string(size) + (size >= world_size ? " is not below the " : " does not divide the ") +
+                  std::to_string(world_size) + " ranks" +
+                  (divisors.empty() ? ": one rank gathers nothing; leave it out"
+                                    : ": give a divisor below the world size (" + divisors + "), the ranks of one node"));
+  }
+}
+
+}  // namespace
+
 void check_sharding_topology(const RunConfig& run, int world_size) {
+  check_backward_gather(run, world_size);
   const int group = run.sharding.group_size;
   const std::string strategy = to_string(run.sharding.strategy);
   if (!is_hybrid(run.sharding.strategy)) {

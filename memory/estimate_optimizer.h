@@ -26,6 +26,7 @@ struct UnitGeometry {
   int64_t compute_numel = 0;            // their sum: a gathered copy, the full gradients
   int64_t shard_numel = 0;       // S_u, padded rows
   int64_t gathered_numel = 0;    // world x S_u: the all-gather / reduce-scatter buffer
+  int64_t backward_numel = 0;    // --backward_gather_size R: this rank's rows over its node (0: off)
 };
 
 // The state this rank holds for the units (ShardOptimizer::state_bytes).

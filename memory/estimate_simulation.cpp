@@ -50,6 +50,7 @@ class StepSimulation {
     // The ranks a unit is sharded over: one under no_shard, a group's under hybrid sharding (whose
     // replicas' all-reduce is in place: nothing allocated), else the world.
     layout_world_ = shard_world(m_.run, world_);
+    backward_gather_ = m_.run.sharding.backward_gather_size;
     // One rank or no_shard: each unit is its whole shard and stays resident (sharding/fsdp_unit.h),
     // unless its parameters are offloaded.
     resident_ = layout_world_ == 1 && !offload_parameters_ && !model.config.matmul_padded();
@@ -72,9 +73,13 @@ class StepSimulation {
       }
       geometry.shard_numel = geometry.layout.shard_numel;
       geometry.gathered_numel = layout_world_ * geometry.shard_numel;
+      if (backward_gather_ > 0)  // the node's copy for the backward (ShardedUnit::gather_backward_within)
+        geometry.backward_numel =
+            FlatShardLayout::from_shapes(unit.name, shapes, rank_ % backward_gather_, backward_gather_).shard_numel;
       units_.push_back(geometry);
     }
     gathered_.assign(units_.size(), false);
+    backward_copies_.assign(units_.size(), false);
     ShardingOptions options;
     options.strategy = within_group(m_.run.sharding.strategy);  // as Training builds the sharded model
     options.offload_parameters = offload_parameters_;
@@ -206,6 +211,18 @@ class StepSimulation {
     if (gathered_[u]) return;
     const UnitGeometry& unit = units_[u];
     const int64_t element = m_.compute_bytes();
+    if (backward_copies_[u]) {
+      // The backward's gather from the node's copy: its all-gather buffer (R x the copy), the copy
+      // freed, then the parameters (ShardedUnit::fill_compute_parameters).
+      const int64_t buffer = element * backward_gather_ * unit.backward_numel;
+      timeline_.add(kActivations, buffer);
+      timeline_.remove(kParameters, element * unit.backward_numel);
+      backward_copies_[u] = false;
+      for (int64_t numel : unit.compute_numels) timeline_.add(kParameters, element * numel);
+      timeline_.remove(kActivations, buffer);
+      gathered_[u] = true;
+      return;
+    }
     // The send buffer: parameter offload's copy of the host rows (a CPU rank sends them in place);
     // else pure bf16's rounded master (optimizer offload keeps a compute shard on the device).
     const int64_t send = offload_parameters_ ? (cuda_ ? element * unit.shard_numel : 0)
@@ -220,6 +237,13 @@ class StepSimulation {
     timeline_.remove(kActivations, buffer);
     if (layout_world_ == 1) timeline_.remove(kActivations, send);
     gathered_[u] = true;
+  }
+  // A training forward's release under --backward_gather_size: this rank's rows over its node, copied
+  // from the gathered parameters first (ShardedUnit::keep_backward_copy).
+  void keep_backward_copy(size_t u) {
+    if (backward_gather_ == 0 || !gathered_[u] || resident_) return;
+    timeline_.add(kParameters, m_.compute_bytes() * units_[u].backward_numel);
+    backward_copies_[u] = true;
   }
   void release(size_t u) {
     if (!gathered_[u] || resident_) return;
@@ -292,6 +316,7 @@ class StepSimulation {
   void forward(int64_t n) {
     for (const UnitAction& action : plan_.forward_pass()) {
       if (action.op != UnitOp::forward) {
+        if (action.op == UnitOp::release) keep_backward_copy(static_cast<size_t>(action.unit));
         apply(action);
         continue;
       }
@@ -504,6 +529,8 @@ class StepSimulation {
   int world_, rank_;
   bool cuda_, offload_, offload_parameters_, fused_, device_step_;
   int layout_world_ = 1;
+  int backward_gather_ = 0;                // --backward_gather_size
+  std::vector<bool> backward_copies_;      // units holding their node's copy for the backward
   bool resident_ = false;
   bool bf16_gradient_ = false;  // resident units' gradient shards in bf16 (config.h's bf16_gradient_shards)
   int64_t offload_host_bytes_ = 0, offload_pinned_bytes_ = 0;

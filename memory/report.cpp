@@ -96,23 +96,25 @@ std::string categories_side_by_side(const std::vector<RunRecord>& runs) {
 // formulas the bytes follow).
 std::string communication_side_by_side(const std::vector<RunRecord>& runs) {
   double largest = 0;
-  for (const RunRecord& run : runs) largest = std::max({largest, run.group.bytes, run.across.bytes});
+  for (const RunRecord& run : runs) largest = std::max({largest, run.group.bytes, run.across.bytes, run.node.bytes});
   const ByteUnit unit = byte_unit_for(static_cast<int64_t>(largest));
   std::ostringstream out;
   out << "Rank 0's bytes sent a step inside its shard group and across groups (hybrid sharding; every other strategy "
-         "has one group: all its bytes are inside it), and the seconds in those collectives; medians over the steps "
-         "after the first.\n\n"
+         "has one group: all its bytes are inside it), the backward's gathers inside a node under "
+         "--backward_gather_size, and the seconds in those collectives; medians over the steps after the first.\n\n"
       << "| run | sharding | ranks | group size | inside the group (" << unit.name << ") | s | across groups ("
-      << unit.name << ") | s | steps with a straggler |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n";
+      << unit.name << ") | s | backward in the node (" << unit.name
+      << ") | s | steps with a straggler |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   for (const RunRecord& run : runs) {
     out << "| " << run.label << " | " << to_string(run.run.sharding.strategy) << " | " << run.world << " | "
         << (is_hybrid(run.run.sharding.strategy) ? run.run.sharding.group_size : run.world) << " | ";
     if (run.has_links)
       out << format_in(static_cast<int64_t>(run.group.bytes), unit) << " | " << format_number(run.group.seconds, "%.4f")
           << " | " << format_in(static_cast<int64_t>(run.across.bytes), unit) << " | "
-          << format_number(run.across.seconds, "%.4f") << " | " << run.straggler_steps << " |\n";
+          << format_number(run.across.seconds, "%.4f") << " | " << format_in(static_cast<int64_t>(run.node.bytes), unit)
+          << " | " << format_number(run.node.seconds, "%.4f") << " | " << run.straggler_steps << " |\n";
     else
-      out << "n/a | n/a | n/a | n/a | n/a (a run from before the step record counted its links) |\n";
+      out << "n/a | n/a | n/a | n/a | n/a | n/a | n/a (a run from before the step record counted its links) |\n";
   }
   return out.str();
 }

@@ -189,7 +189,7 @@ void read_metrics(const std::string& dir, RunRecord& record) {
   LLM_REQUIRE(not_regular != "is missing", dir, "metrics.jsonl",
               "missing: not a training run folder (the trainer writes metrics.jsonl into --run_dir)");
   require_regular_file(metrics_path, dir, "metrics.jsonl", "a run's metrics file");
-  std::vector<double> rates, group_bytes, group_seconds, across_bytes, across_seconds;
+  std::vector<double> rates, group_bytes, group_seconds, across_bytes, across_seconds, node_bytes, node_seconds;
   const JsonlFile metrics = read_jsonl(metrics_path);
   const JsonlRecord* start = nullptr;
   for (const JsonlRecord& line : metrics.records)
@@ -211,6 +211,9 @@ void read_metrics(const std::string& dir, RunRecord& record) {
           group_seconds.push_back(links["group"].value("s", 0.0));
           across_bytes.push_back(links["across"].value("bytes", 0.0));
           across_seconds.push_back(links["across"].value("s", 0.0));
+          const json node = links.value("node", json::object());
+          node_bytes.push_back(node.is_object() ? node.value("bytes", 0.0) : 0.0);
+          node_seconds.push_back(node.is_object() ? node.value("s", 0.0) : 0.0);
         }
         if (fields.value("straggler", json()).is_object()) ++record.straggler_steps;
       } else if (event == "end") {
@@ -234,6 +237,7 @@ void read_metrics(const std::string& dir, RunRecord& record) {
     record.has_links = true;
     record.group = {after_first(group_bytes), after_first(group_seconds)};
     record.across = {after_first(across_bytes), after_first(across_seconds)};
+    record.node = {after_first(node_bytes), after_first(node_seconds)};
   }
   record.start = start->value;
   read_record(metrics, *start, [&](const json& fields) {

@@ -42,7 +42,7 @@ struct RunRecord {
   struct Link {
     double bytes = 0, seconds = 0;
   };
-  Link group, across;
+  Link group, across, node;  // node: --backward_gather_size's backward gathers
   bool has_links = false;
   int64_t straggler_steps = 0;
   double final_loss = 0, final_eval_loss = 0;

@@ -200,12 +200,17 @@ void ShardedUnit::fill_compute_parameters(const CollectiveStream& stream) {
   } else {
     send = compute_.defined() ? compute_ : master_.to(compute_dtype_);
   }
+  // The backward of a unit that kept its node's copy (hpZ): that copy, gathered over the node.
+  const bool from_copy = backward_copy_.defined();
+  if (from_copy) send = std::exchange(backward_copy_, at::Tensor());
+  const FlatShardLayout& layout = from_copy ? backward_layout_ : layout_;
+  Communicator& over = from_copy ? *backward_group_ : communicator_;
   // A whole-unit layout (one rank, or no_shard with parameter offload) has nothing to gather: the
   // parameters are filled from the send buffer itself.
   at::Tensor gathered = send;
-  if (layout_.world_size > 1) {
-    gathered = at::empty({layout_.world_size * layout_.shard_numel}, send.options());
-    communicator_.all_gather(send, gathered, stream);
+  if (layout.world_size > 1) {
+    gathered = at::empty({layout.world_size * layout.shard_numel}, send.options());
+    over.all_gather(send, gathered, stream);
   }
   send = at::Tensor();
   allocate_compute_parameters();
@@ -213,8 +218,24 @@ void ShardedUnit::fill_compute_parameters(const CollectiveStream& stream) {
     const at::Tensor& parameter = parameters_[i].second;
     // Fresh storage may hold anything (a NaN times a zero weight is NaN): the pads are zeroed each time.
     if (padded_) zero_padding(logical_shapes_[i], parameter.variable_data());
-    layout_.copy_full_from_gathered(layout_.parameters[i], gathered, logical(i, parameter.variable_data()));
+    layout.copy_full_from_gathered(layout.parameters[i], gathered, logical(i, parameter.variable_data()));
   }
+}
+
+void ShardedUnit::gather_backward_within(Communicator& group) {
+  backward_group_ = &group;
+  backward_layout_ = layout_for(name_, parameters_, group, ShardingStrategy::full_shard, logical_shapes_);
+}
+
+void ShardedUnit::keep_backward_copy() {
+  if (backward_group_ == nullptr || !gathers_ || !gathered_) return;
+  at::NoGradGuard no_grad;
+  wait_gathered();
+  const at::Tensor& first = parameters_.front().second;
+  backward_copy_ = at::empty({backward_layout_.shard_numel}, first.options());
+  for (size_t i = 0; i < parameters_.size(); ++i)
+    slice(backward_copy_, backward_layout_.parameters[i])
+        .copy_(backward_layout_.take_rows(backward_layout_.parameters[i], logical(i, parameters_[i].second.variable_data())));
 }
 
 void ShardedUnit::gather() {
@@ -497,7 +518,7 @@ OwnedBytes ShardedUnit::owned_bytes() const {
   OwnedBytes owned;
   // A host compute shard (parameter offload) is offloaded memory, counted with the optimizer's.
   owned.parameters = distinct_storage_bytes({master_, parameters_offloaded_ ? at::Tensor() : compute_}) +
-                     compute_parameter_bytes();
+                     compute_parameter_bytes() + backward_copy_bytes();
   if (parameters_offloaded_) owned.optimizer_host += static_cast<int64_t>(compute_.nbytes());
   owned.gradients = (gradient_.defined() ? static_cast<int64_t>(gradient_.nbytes()) : 0) + full_gradient_bytes();
   return owned;

@@ -107,6 +107,15 @@ class ShardedUnit {
   void wait_gathered();
   bool gather_in_flight() const { return gather_in_flight_; }
   void release();
+  // --backward_gather_size (ZeRO++ hpZ, FSDP2's reshard_after_forward=int): `group` is this rank's node
+  // (a split of the communicator's ranks into groups of R). After the unit's training forward, before
+  // its release, keep_backward_copy() copies this rank's rows of the gathered parameters under a
+  // layout over the group (1/R of the unit, in the compute dtype); the next gather (the backward's)
+  // all-gathers those over the group instead of the shards over every rank, and frees the copy. The
+  // parameters are the same bits either way. Nothing to keep for a unit not gathered.
+  void gather_backward_within(Communicator& group);
+  void keep_backward_copy();
+  int64_t backward_copy_bytes() const { return backward_copy_.defined() ? static_cast<int64_t>(backward_copy_.nbytes()) : 0; }
   // Before this unit's backward: a resident fp32 unit zeroes its gradient shard if the last step
   // consumed it (the first micro-batch of a step then accumulates into zeros).
   void prepare_gradients();
@@ -209,6 +218,9 @@ class ShardedUnit {
   at::Tensor logical(size_t i, const at::Tensor& tensor) const;
   Communicator& communicator_;
   Communicator* replicas_ = nullptr;  // hybrid: across the groups (the constructor)
+  Communicator* backward_group_ = nullptr;  // gather_backward_within
+  FlatShardLayout backward_layout_;         // the unit over backward_group_'s ranks
+  at::Tensor backward_copy_;                // keep_backward_copy: this rank's rows under backward_layout_
   ShardingStrategy strategy_;
   FlatShardLayout layout_;
   // Hybrid: `summed` (this rank's shard, summed over its group) summed over the replicas, then divided

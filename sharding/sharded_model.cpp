@@ -45,6 +45,8 @@ size_t ShardedModel::add_unit(std::string name, std::vector<std::pair<std::strin
                                                  options_.resident_when_whole, options_.offload_parameters,
                                                  std::move(logical_shapes), options_.replicas));
   units_.back()->set_reduce_stream(reduce_stream_);
+  if (options_.backward_gather != nullptr && !units_.back()->resident())
+    units_.back()->gather_backward_within(*options_.backward_gather);
   if (options_.bf16_gradient_shards) units_.back()->keep_bf16_gradient();
   forwards_.push_back(std::move(forward));
   // Nothing has run yet, so a fresh plan over the units so far is the plan.
@@ -75,6 +77,9 @@ Activations ShardedModel::forward(const at::Tensor& input, Pass pass) {
   at::Tensor x = input;
   for (const UnitAction& action : plan_.forward_pass()) {
     if (action.op != UnitOp::forward) {
+      // A training forward's release keeps the node's copy for the backward's gather (hpZ).
+      if (action.op == UnitOp::release && pass == Pass::train && at::GradMode::is_enabled())
+        units_.at(static_cast<size_t>(action.unit))->keep_backward_copy();
       apply(action, pass);
       continue;
     }

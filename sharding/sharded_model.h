@@ -67,6 +67,9 @@ struct ShardingOptions {
   // `strategy` what the group does (full_shard, shard_grad_op); each gradient shard is all-reduced
   // over `replicas` (the ranks holding the same shard in the other groups) once per optimizer step.
   Communicator* replicas = nullptr;
+  // --backward_gather_size (full_shard): each gathered unit keeps its rows over this group (a node)
+  // after its training forward, and its backward gathers them over it (ShardedUnit::gather_backward_within).
+  Communicator* backward_gather = nullptr;
 };
 
 // The gather plan's strategy for units built with these options: no_shard's for resident units,

@@ -6,9 +6,10 @@
 
 namespace llm {
 
-std::vector<ShardTopology> topology_from_hosts(const std::vector<std::string>& hosts, int group_size) {
+std::vector<ShardTopology> topology_from_hosts(const std::vector<std::string>& hosts, int group_size,
+                                               const std::string& flag) {
   const int world = static_cast<int>(hosts.size());
-  LLM_REQUIRE(group_size >= 1 && world % group_size == 0, kCommandLine, "--shard_group_size",
+  LLM_REQUIRE(group_size >= 1 && world % group_size == 0, kCommandLine, flag,
               std::to_string(group_size) + " does not divide the " + std::to_string(world) + " ranks");
   // The hosts in the order of their first rank, each with its ranks in world-rank order.
   std::vector<std::string> order;
@@ -19,11 +20,11 @@ std::vector<ShardTopology> topology_from_hosts(const std::vector<std::string>& h
   }
   const int per_host = static_cast<int>(ranks.at(order.front()).size());
   for (const std::string& host : order)
-    LLM_REQUIRE(static_cast<int>(ranks.at(host).size()) == per_host, kCommandLine, "--sharding",
-                "hybrid sharding needs the same number of ranks on every node (" + order.front() + " has " +
+    LLM_REQUIRE(static_cast<int>(ranks.at(host).size()) == per_host, kCommandLine, flag,
+                "groups of ranks by node need the same number of ranks on every node (" + order.front() + " has " +
                     std::to_string(per_host) + ", " + host + " has " + std::to_string(ranks.at(host).size()) +
                     "): launch as many ranks on each");
-  LLM_REQUIRE(per_host % group_size == 0 || group_size % per_host == 0, kCommandLine, "--shard_group_size",
+  LLM_REQUIRE(per_host % group_size == 0 || group_size % per_host == 0, kCommandLine, flag,
               std::to_string(group_size) + " neither divides the " + std::to_string(per_host) +
                   " ranks of a node nor spans whole nodes (a multiple of " + std::to_string(per_host) +
                   "): a group would straddle nodes unevenly; give a divisor or a multiple of " +
@@ -43,8 +44,8 @@ std::vector<ShardTopology> topology_from_hosts(const std::vector<std::string>& h
   return topology;
 }
 
-ShardTopology make_topology(const World& world, int group_size) {
-  return topology_from_hosts(all_gather_text(world.host), group_size).at(static_cast<size_t>(world.rank));
+ShardTopology make_topology(const World& world, int group_size, const std::string& flag) {
+  return topology_from_hosts(all_gather_text(world.host), group_size, flag).at(static_cast<size_t>(world.rank));
 }
 
 int ranks_per_node(const World& world) {

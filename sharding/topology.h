@@ -30,9 +30,11 @@ struct ShardTopology {
 // Every rank's (group, shard) from every rank's host, in world-rank order (the rule above). UserError
 // naming --shard_group_size when the hosts hold different numbers of ranks, or S neither divides the
 // ranks per host nor is a multiple of them.
-std::vector<ShardTopology> topology_from_hosts(const std::vector<std::string>& hosts, int group_size);
+// `flag`: the flag that set the size, for the messages.
+std::vector<ShardTopology> topology_from_hosts(const std::vector<std::string>& hosts, int group_size,
+                                               const std::string& flag = "--shard_group_size");
 // This rank's, from the hosts of every rank (all_gather_text: collective over the world).
-ShardTopology make_topology(const World& world, int group_size);
+ShardTopology make_topology(const World& world, int group_size, const std::string& flag = "--shard_group_size");
 
 // The ranks of `world` per node when every node has the same number, else 0 (collective).
 int ranks_per_node(const World& world);

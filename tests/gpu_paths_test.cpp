@@ -203,7 +203,14 @@ INSTANTIATE_TEST_SUITE_P(
         GpuCase{"offload_galore_projected_on_device", 1, "", "--offload optimizer --optimizer galore_adamw --rank 8 --update_proj_gap 2", testing::galore_bounds(testing::bf16_bounds())},
         GpuCase{"offload_device_galore", 1, "", "--offload optimizer --offload_step device --optimizer galore_adamw --rank 8 --update_proj_gap 2", testing::galore_bounds(testing::bf16_bounds())},
         GpuCase{"staged_2_ranks_offload_device_bf16_state", 2, "",
-                "--dtype bfloat16 --precision mixed --offload optimizer --offload_step device --optimizer_state_dtype bfloat16", testing::bf16_bounds()}),
+                "--dtype bfloat16 --precision mixed --offload optimizer --offload_step device --optimizer_state_dtype bfloat16", testing::bf16_bounds()},
+        // Hybrid sharding (issue 53): two groups of two on one GPU through the staged communicator's
+        // split (the group's gathers and reduce-scatters, the all-reduce across); full_shard's node
+        // copy for the backward gathers (the copy on the device, gathered over the group of 2).
+        GpuCase{"staged_hybrid_2x2", 4, "", "--sharding hybrid_shard --shard_group_size 2", testing::fp32_bounds()},
+        GpuCase{"staged_hybrid_grad_op_2x2_offload_bf16", 4, "",
+                "--sharding hybrid_shard_grad_op --shard_group_size 2 --dtype bfloat16 --precision mixed --offload optimizer", testing::bf16_bounds()},
+        GpuCase{"staged_4_ranks_node_copy_bf16_pure", 4, "", "--backward_gather_size 2 --dtype bfloat16 --precision pure", testing::bf16_bounds()}),
     [](const ::testing::TestParamInfo<GpuCase>& info) { return info.param.name; });
 
 // --offload_step on the same GPU: the device step runs the kernel the step without offload runs, on

@@ -233,7 +233,7 @@ TEST(HybridReport, ShowsEachRunsBytesPerLink) {
     const size_t at = markdown.find("\n| " + label + " | " + (r == 0 ? "full_shard" : "hybrid_shard") + " |", section);
     ASSERT_NE(at, std::string::npos) << label << " has no row:\n" << markdown.substr(section);
     const std::vector<std::string> cells = cells_of(at + 1);
-    ASSERT_EQ(cells.size(), 9u) << markdown.substr(at);
+    ASSERT_EQ(cells.size(), 11u) << markdown.substr(at);
     EXPECT_NEAR(std::stod(cells[4]) * scale, median("group"), 0.01 * scale) << cells[4];
     EXPECT_NEAR(std::stod(cells[6]) * scale, median("across"), 0.01 * scale) << cells[6];
   }

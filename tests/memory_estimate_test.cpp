@@ -217,7 +217,11 @@ INSTANTIATE_TEST_SUITE_P(
                       // the groups; each form and the optimizer's offload.
                       Case{"llama_tiny", 4, "--batch_size 4 --max_length 64 --sharding hybrid_shard --shard_group_size 2"},
                       Case{"llama_micro", 4, "--batch_size 2 --max_length 32 --sharding hybrid_shard_grad_op --shard_group_size 2 --optimizer galore_adamw --rank 8"},
-                      Case{"llama_tiny", 4, "--batch_size 2 --max_length 32 --sharding hybrid_shard --shard_group_size 2 --offload optimizer --dtype bfloat16"}),
+                      Case{"llama_tiny", 4, "--batch_size 2 --max_length 32 --sharding hybrid_shard --shard_group_size 2 --offload optimizer --dtype bfloat16"},
+                      // full_shard's node-local copy for the backward: 1/R of each unit kept from its
+                      // forward to its backward gather.
+                      Case{"llama_tiny", 4, "--batch_size 4 --max_length 64 --backward_gather_size 2"},
+                      Case{"llama_9m", 4, "--batch_size 2 --max_length 64 --backward_gather_size 2 --dtype bfloat16 --precision pure --activation_checkpointing"}),
     case_name);
 
 TEST(EstimateCommand, BadInputIsExitTwo) {

@@ -160,6 +160,39 @@ TEST_F(ConfigRunValidation, ShardGroupSizeDividesTheWorldAndNeedsAHybridStrategy
   EXPECT_EQ(back.sharding.strategy, ShardingStrategy::hybrid_shard);
 }
 
+// --backward_gather_size: full_shard's, a divisor below the world size, not with parameter offload.
+TEST_F(ConfigRunValidation, BackwardGatherSizeIsFullShardsAndDividesTheWorld) {
+  for (const int size : {1, 2, 4}) {
+    RunConfig run = valid();
+    run.sharding.backward_gather_size = size;
+    EXPECT_NO_THROW(validate_run_config(run, model_, 8)) << size;
+  }
+  expect_mentions(error_with([](RunConfig& r) { r.sharding.backward_gather_size = 3; }, 8),
+                  {"--backward_gather_size", "3 does not divide the 8 ranks", "(1, 2, 4)"});
+  expect_mentions(error_with([](RunConfig& r) { r.sharding.backward_gather_size = 8; }, 8),
+                  {"--backward_gather_size", "8 is not below the 8 ranks"});
+  expect_mentions(error_with([](RunConfig& r) { r.sharding.backward_gather_size = 1; }, 1),
+                  {"--backward_gather_size", "one rank gathers nothing"});
+  expect_mentions(error_with(
+                      [](RunConfig& r) {
+                        r.sharding.backward_gather_size = 2;
+                        r.sharding.strategy = ShardingStrategy::hybrid_shard;
+                        r.sharding.group_size = 2;
+                      },
+                      4),
+                  {"--backward_gather_size", "--sharding is hybrid_shard", "inside its group already"});
+  expect_mentions(error_with(
+                      [](RunConfig& r) {
+                        r.sharding.backward_gather_size = 2;
+                        r.sharding.offload = Offload::parameters;
+                      },
+                      4),
+                  {"--backward_gather_size", "--offload parameters"});
+  RunConfig run = valid();
+  run.sharding.backward_gather_size = 2;
+  EXPECT_EQ(run_config_from_json(run.to_json(), "test").sharding.backward_gather_size, 2);
+}
+
 // The shortest stall timeout that can tell a stopped rank from a live one, and 0 (off), are accepted.
 TEST_F(ConfigRunValidation, CollectiveTimeoutAtLeastTheStalenessOfAHeartbeat) {
   for (const double seconds : {0.0, 2.5, 3.0, 600.0}) {

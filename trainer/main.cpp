@@ -205,6 +205,14 @@ int train_command(const llm::ModelConfig& model, const llm::RunConfig& run, cons
     context.replicas = hybrid.across.get();
     context.host_shard_communicator = host_group ? host_group.get() : hybrid.group.get();
   }
+  // full_shard's backward gathers inside a node (--backward_gather_size): the node's ranks, by host.
+  std::unique_ptr<llm::Communicator> backward_gather;
+  if (run.sharding.backward_gather_size > 0) {
+    const llm::ShardTopology node = llm::make_topology(world, run.sharding.backward_gather_size, "--backward_gather_size");
+    backward_gather = communicator->split(node.group, node.shard);
+    backward_gather->set_label("node");
+    context.backward_gather = backward_gather.get();
+  }
   llm::start_preemption_deadline(run.preemption_grace_seconds);
   return exit_status(llm::train(model, run, context), run, world);
 }

@@ -76,7 +76,7 @@ void MetricsLog::log_step(const StepRecord& r) {
   const auto link = [](const LinkTraffic& traffic) {
     return nlohmann::json{{"bytes", traffic.bytes_sent}, {"s", traffic.seconds}, {"collectives", traffic.collectives}};
   };
-  record["links"] = {{"group", link(r.group)}, {"across", link(r.across)}};
+  record["links"] = {{"group", link(r.group)}, {"across", link(r.across)}, {"node", link(r.node)}};
   record["straggler"] = r.straggler ? nlohmann::json{{"rank", r.straggler->rank},
                                                      {"compute_s", r.straggler->compute_seconds},
                                                      {"others_median_s", r.straggler->median_seconds}}
@@ -88,7 +88,8 @@ void MetricsLog::log_step(const StepRecord& r) {
         {"train/tokens_per_s", r.tokens_per_second}, {"train/mfu", r.mfu}, {"train/step_time_s", r.step_seconds},
         {"train/tokens_seen", static_cast<double>(r.tokens_seen)},
         {r.peak_on_cuda ? "memory/peak_cuda_allocated_bytes" : "memory/peak_rss_bytes", static_cast<double>(r.peak_memory_bytes)},
-        {"comm/group_bytes", static_cast<double>(r.group.bytes_sent)}, {"comm/across_bytes", static_cast<double>(r.across.bytes_sent)}};
+        {"comm/group_bytes", static_cast<double>(r.group.bytes_sent)}, {"comm/across_bytes", static_cast<double>(r.across.bytes_sent)},
+        {"comm/node_bytes", static_cast<double>(r.node.bytes_sent)}};
     tensorboard_->scalars(r.step, scalars);
     if (r.phase_seconds) log_phases_to_tensorboard(r.phase_step, *r.phase_seconds);
   }

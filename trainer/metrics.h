@@ -66,6 +66,7 @@ struct StepRecord {
   // The bytes this rank sent, and the seconds its collectives took, inside its group (the world when
   // not hybrid) and across the groups (hybrid), in the step (Communicator::take_traffic).
   LinkTraffic group, across;
+  LinkTraffic node;  // --backward_gather_size: the backward's gathers inside the node (hpZ)
   bool hybrid = false;
   std::optional<Straggler> straggler;  // a rank much slower than the others at this step (step_ranks.h)
 };

@@ -138,7 +138,7 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
                {within_group(run.sharding.strategy), run.sharding.prefetch,
                 run.precision.dtype == DType::bfloat16 && run.precision.mode == Precision::pure ? at::kBFloat16 : at::kFloat,
                 resident_units_allowed() && !model_config.matmul_padded(), offloads_parameters(run.sharding.offload),
-                bf16_gradient_shards(run, context.world_size), replicas_}),
+                bf16_gradient_shards(run, context.world_size), replicas_, context.backward_gather}),
       model_(seeded(model_config, run.seed),
              [this](const UnitSpec& unit, NamedTensors parameters) { shard_when_built(unit, std::move(parameters)); }),
       divergence_(run.divergence_patience, run.optimizer.warmup_steps.value(), model_config.vocab_size) {
@@ -302,9 +302,11 @@ TrainingOutcome Training::run() {
     const auto started = std::chrono::steady_clock::now();
     shard_communicator_.take_traffic();  // what went before (the last evaluation, a save) is not the step's
     if (replicas_) replicas_->take_traffic();
+    if (context_.backward_gather) context_.backward_gather->take_traffic();
     StepResult result = train_step(step);
     result.group = shard_communicator_.take_traffic();
     if (replicas_) result.across = replicas_->take_traffic();
+    if (context_.backward_gather) result.node = context_.backward_gather->take_traffic();
     // The step's time is the step's span: the one-off record of the sharded state below (a file
     // written after the first step) is not part of it, so the phases add up to it.
     const double seconds = seconds_since(started);
@@ -370,6 +372,7 @@ void Training::log_step(int64_t step, const StepResult& result, double seconds) 
   record.host_phase_seconds = timer_.host_seconds();
   record.group = result.group;
   record.across = result.across;
+  record.node = result.node;
   record.hybrid = replicas_ != nullptr;
   // The slow rank, by its step less its time inside the model's collectives (every rank here).
   record.straggler = stragglers_.observe(host_communicator_, seconds - result.group.seconds - result.across.seconds);

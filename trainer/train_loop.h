@@ -45,6 +45,8 @@ struct RuntimeContext {
   Communicator* host_shard_communicator = nullptr;
   Communicator* replicas = nullptr;
   ShardTopology topology;
+  // --backward_gather_size: this rank's node (groups of R ranks), where full_shard's backward gathers.
+  Communicator* backward_gather = nullptr;
   // The checkpoint --continue_from resolved to at start-up (check_checkpoints_at_start,
   // checkpoint/checkpoint.h); "" for a fresh run, or to resolve it in train().
   std::string resume_folder;

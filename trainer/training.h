@@ -45,6 +45,7 @@ struct StepResult {
   // What the step's collectives carried: over the communicator the units are sharded over (hybrid:
   // inside the group) and, hybrid only, across the groups (sharding/communicator.h).
   LinkTraffic group, across;
+  LinkTraffic node;  // --backward_gather_size: the backward's gathers inside the node
 };
 
 // Everything one rank's training holds. The constructor is the set-up, in the order the memory

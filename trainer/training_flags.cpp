@@ -163,6 +163,10 @@ void add_sharding_flags(CLI::App& app, NumberFlags& numbers, TrainingFlags& flag
                         "hybrid_*: the ranks each group shards over (default: the ranks of one node); it divides "
                         "the world size",
                         NumberRange<int>{1, 1 << 20, "a rank count in [1, 1048576] that divides the world size"}));
+  flags.add(numbers.add(app, "--backward_gather_size", run.sharding.backward_gather_size,
+                        "full_shard: after each unit's forward keep its rows over groups of this many ranks (a "
+                        "node), so the backward's all-gathers stay inside the group (ZeRO++ hpZ); 0: off",
+                        NumberRange<int>{0, 1 << 20, "a rank count in [0, 1048576] that divides the world size"}));
   flags.add(app.add_flag("--no_prefetch", flags.no_prefetch,
                          "gather each unit only when it runs (default: the next unit's all-gather is "
                          "prefetched while one runs, on a CUDA side stream)"));

@@ -14,48 +14,9 @@
 #
 # Needs root (ip netns, unshare): exit 77 (ctest's skip) naming what is missing otherwise.
 source "$(dirname "$0")/../cluster_test_lib.sh" "$1" "$2"
-command -v ip >/dev/null && command -v unshare >/dev/null || skip "no ip or unshare here (iproute2, util-linux)"
+source "$(dirname "$0")/namespaces.sh"
+cluster_start 10.78.0 3
 
-tag=$(( $$ % 1000 ))
-bridge=trbr$tag
-work=$(mktemp -d /tmp/multinode_test.XXXXXX)
-nodes=()
-cleanup() {
-  pkill -9 -f "lost-node-agent-$tag" 2>/dev/null
-  for ns in "${nodes[@]}"; do
-    ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null
-    ip netns del "$ns" 2>/dev/null
-  done
-  ip link del "$bridge" 2>/dev/null
-  [ -n "${KEEP_MULTINODE_TEST:-}" ] || rm -rf "$work"
-}
-trap cleanup EXIT
-
-ip link add "$bridge" type bridge 2>/dev/null || skip "cannot make a bridge here (ip link add type bridge: needs root or CAP_NET_ADMIN)"
-ip link set "$bridge" up
-ip addr add 10.78.0.254/24 dev "$bridge"
-for k in 1 2 3; do
-  ns=trn${tag}_$k
-  ip netns add "$ns" || skip "cannot make a network namespace here (ip netns add)"
-  nodes+=("$ns")
-  ip link add "trv${tag}_$k" type veth peer name eth0 netns "$ns" || skip "cannot make veth links here"
-  ip link set "trv${tag}_$k" master "$bridge"
-  ip link set "trv${tag}_$k" up
-  ip -n "$ns" addr add "10.78.0.$k/24" dev eth0
-  ip -n "$ns" link set eth0 up
-  ip -n "$ns" link set lo up
-done
-ip netns exec "${nodes[0]}" unshare --uts true 2>/dev/null || skip "cannot make a UTS namespace here (unshare --uts)"
-
-# The launch agent: Open MPI runs "AGENT HOST COMMAND..." where ssh would go; COMMAND is a line for the
-# remote shell (with mpirun given by its absolute path it begins "PATH=...; export PATH; ..."), so it
-# runs under sh -c as it is, not exec'd.
-cat > "$work/agent.sh" <<AGENT
-#!/usr/bin/env bash
-host=\$1; shift
-k=\${host##*.}
-exec ip netns exec trn${tag}_\$k unshare --uts sh -c "hostname node\$k; \$*"
-AGENT
 # The same, with a folder of the node's own at $work/private (a mount namespace with a tmpfs there): a
 # --run_dir no other node sees. And as ssh to a machine that lost its power does, the agent does not
 # end when the node's processes are killed (ssh would wait for its connection's timeout, minutes):
@@ -71,14 +32,7 @@ status=\$?
 [ "\$status" -eq 137 ] && exec -a "lost-node-agent-$tag" sleep 600  # killed with the node: the "connection" stays
 exit "\$status"
 AGENT
-chmod +x "$work/agent.sh" "$work/agent_private.sh"
-hostfile() {  # nodes ranks_per_node
-  for k in $(seq 1 "$1"); do echo "10.78.0.$k slots=$2"; done > "$work/hosts_$1"
-  echo "$work/hosts_$1"
-}
-export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-across=(--mca plm_rsh_agent "$work/agent.sh" --mca oob_tcp_if_include 10.78.0.0/24
-        --mca btl_tcp_if_include 10.78.0.0/24 --mca btl self,tcp,vader -x OMP_NUM_THREADS)
+chmod +x "$work/agent_private.sh"
 flags=(--config "$SOURCE/configs/llama_micro.json" --device cpu --max_length 16 --total_batch_size 12
        --eval_every 0 --eval_batches 1 --warmup_steps 2 --lr 1e-2)
 
@@ -149,13 +103,7 @@ echo "SIGTERM to launch/mpirun.sh across 2 nodes: every rank saved $(basename "$
 #    after 3 retransmissions (net.ipv4.tcp_retries2=3, that namespace only; Linux's default 15 would
 #    keep mpirun waiting on the lost node's daemon for about 15 minutes: docs/multinode.md).
 launcher_ns=trn${tag}_0
-ip netns add "$launcher_ns" && nodes+=("$launcher_ns")
-ip link add "trv${tag}_0" type veth peer name eth0 netns "$launcher_ns"
-ip link set "trv${tag}_0" master "$bridge"
-ip link set "trv${tag}_0" up
-ip -n "$launcher_ns" addr add 10.78.0.250/24 dev eth0
-ip -n "$launcher_ns" link set eth0 up
-ip -n "$launcher_ns" link set lo up
+cluster_node 0 10.78.0.250
 ip netns exec "$launcher_ns" sysctl -q -w net.ipv4.tcp_retries2=3 || skip "cannot set a namespace's net.ipv4.tcp_retries2 here"
 private=(--mca plm_rsh_agent "$work/agent_private.sh" --mca oob_tcp_if_include 10.78.0.0/24
          --mca btl_tcp_if_include 10.78.0.0/24 --mca btl self,tcp,vader -x OMP_NUM_THREADS)

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Hybrid sharding against full_shard between nodes: the namespace cluster (tests/multinode), 2 nodes x 2
+# ranks, the link between the nodes shaped by tc to 1 Gbit/s and to 200 Mbit/s, each strategy side by
+# side in one run: step time, tokens a second, and the bytes that explain them (between nodes from the
+# interfaces' counters, all ranks' from the trainer's own count). Needs root (network namespaces).
+#   bash bench/multinode_links.sh [OUT.md] [CONFIG]     (default docs/bench/multinode_links.md, llama_9m)
+#   ROUNDS=3 bash bench/multinode_links.sh ...          (rounds per row; default 2)
+set -eu
+cd "$(dirname "$0")/.."
+out=${1:-docs/bench/multinode_links.md}
+config=${2:-llama_9m}
+table=$(mktemp)
+bash tests/multinode/link_bytes_test.sh build/trainer "${MPIEXEC:-mpirun}" --bench "$table" "$config"
+{
+  echo "# Hybrid sharding between nodes: bench/multinode_links.sh"
+  echo
+  dirty=$(git status --porcelain --untracked-files=no | grep -q . && echo " with uncommitted changes" || true)
+  echo "Made $(date -u +%Y-%m-%d) at commit $(git rev-parse --short HEAD)$dirty on this machine ($(nproc) cores), $config,"
+  echo "4 ranks on 2 namespace nodes (tests/multinode), micro-batch 2 x 32 tokens, 2 micro-batches a step,"
+  echo "${ROUNDS:-2} rounds a row. Step time and tokens/s: the trainer's step records, the median over the steps"
+  echo "after the first, then over the rounds (min-max beside). Bytes between nodes: both nodes' eth0 counters"
+  echo "over a 5-step run less a 2-step one, a step; the time to send them: the busier direction's half at the"
+  echo "rate. All ranks' bytes: the trainer's count (docs/sharding.md has the formulas both follow)."
+  echo
+  cat "$table"
+} > "$out"
+rm -f "$table"
+echo "wrote $out"
