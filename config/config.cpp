@@ -146,6 +146,7 @@ json RunConfig::to_json() const {
       {"sharding", llm::to_string(sharding.strategy)},
       {"shard_group_size", sharding.group_size},
       {"backward_gather_size", sharding.backward_gather_size},
+      {"shard_optimizer_across_groups", sharding.optimizer_across_groups},
       {"prefetch", sharding.prefetch},
       {"offload", to_string(sharding.offload)},
       {"offload_threads", sharding.offload_threads},
@@ -268,6 +269,7 @@ RunConfig run_config_from_json(const json& object, const std::string& source) {
   read_enum("sharding", run.sharding.strategy, kShardingValues);
   read("shard_group_size", run.sharding.group_size);
   read("backward_gather_size", run.sharding.backward_gather_size);
+  read("shard_optimizer_across_groups", run.sharding.optimizer_across_groups);
   read("prefetch", run.sharding.prefetch);
   if (object.contains("offload") && object["offload"] == kOffloadBothReversed)
     run.sharding.offload = Offload::optimizer_and_parameters;

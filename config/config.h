@@ -188,6 +188,11 @@ struct ShardingConfig {
   // R ranks (a node), and the backward gathers inside the group (ZeRO++ hpZ, FSDP2's
   // reshard_after_forward=R); 0: off. R divides the world and is below it (sharding/topology.h).
   int backward_gather_size = 0;
+  // --shard_optimizer_across_groups (hybrid_*): the masters' and optimizer state's rows of a group's
+  // shard are split once more over the G groups (each rank steps 1/N of the model, as under
+  // full_shard), the gradient reduce-scattered across the groups and the updated rows all-gathered
+  // back (sharding/fsdp_unit.h): optimizer memory per rank falls by G, the bytes across are the same.
+  bool optimizer_across_groups = false;
 };
 
 // The dtype the model computes in.

@@ -38,10 +38,32 @@ void check_backward_gather(const RunConfig& run, int world_size) {
   }
 }
 
+// --shard_optimizer_across_groups: hybrid's, and not yet with what moves the optimizer elsewhere.
+void check_optimizer_across_groups(const RunConfig& run) {
+  if (!run.sharding.optimizer_across_groups) return;
+  const std::string flag = "--shard_optimizer_across_groups";
+  if (!is_hybrid(run.sharding.strategy))
+    fail_user(kCommandLine, flag,
+              std::string("splits a hybrid group's optimizer rows over the groups, and --sharding is ") +
+                  to_string(run.sharding.strategy) +
+                  (run.sharding.strategy == ShardingStrategy::no_shard
+                       ? ": pass --sharding hybrid_shard, or leave it out"
+                       : ": full_shard and shard_grad_op shard the optimizer over every rank already; leave it out"));
+  if (run.sharding.offload != Offload::none)
+    fail_user(kCommandLine, flag,
+              "not yet with --offload (the host step and its copies work on a group's whole shard): use one or the "
+              "other");
+  if (run.fuse_optimizer_with_backward)
+    fail_user(kCommandLine, flag,
+              "not yet with --fuse_optimizer_with_backward (the fused step would all-gather each unit's rows "
+              "inside the backward): use one or the other");
+}
+
 }  // namespace
 
 void check_sharding_topology(const RunConfig& run, int world_size) {
   check_backward_gather(run, world_size);
+  check_optimizer_across_groups(run);
   const int group = run.sharding.group_size;
   const std::string strategy = to_string(run.sharding.strategy);
   if (!is_hybrid(run.sharding.strategy)) {

@@ -70,10 +70,13 @@ RankEstimate finish_rank(int rank, bool cuda, bool offload, std::vector<PhaseEst
 std::string rank_kind(const std::vector<int64_t>& parameter_rows, int64_t galore_matrices, const RunConfig& run,
                       int world, int rank) {
   std::string key = rank == 0 ? "0;" : "r;";
-  const int shards = shard_world(run, world);
-  if (is_hybrid(run.sharding.strategy)) key += rank < shards ? "w;" : "g;";
+  const int group = shard_world(run, world);
+  // --shard_optimizer_across_groups: the world's layout, rank k G + g of it (every rank writes).
+  const bool blocks = is_hybrid(run.sharding.strategy) && run.sharding.optimizer_across_groups;
+  const int shards = blocks ? world : group;
+  if (is_hybrid(run.sharding.strategy) && !blocks) key += rank < shards ? "w;" : "g;";
   if (shards == 1) return key;
-  const int shard = rank % shards;
+  const int shard = blocks ? (rank % group) * (world / group) + rank / group : rank % shards;
   for (const int64_t rows : parameter_rows) {
     const int64_t per_rank = (rows + shards - 1) / shards;
     key += std::to_string(std::clamp<int64_t>(rows - per_rank * shard, 0, per_rank)) + ",";
@@ -178,9 +181,12 @@ MemoryEstimate estimate_memory(const ModelConfig& config, const RunConfig& run, 
 
 int nccl_communicators(const RunConfig& run, int world_size) {
   if (world_size == 1 || run.sharding.communicator == CommunicatorChoice::mpi) return 0;
-  if (!is_hybrid(run.sharding.strategy)) return 1;
+  // The node's for the backward's gathers (--backward_gather_size; one rank a node: none).
+  const int node = run.sharding.backward_gather_size > 1 ? 1 : 0;
+  if (!is_hybrid(run.sharding.strategy)) return 1 + node;
   const int group = shard_world(run, world_size);  // the world's, the group's and the replicas' (one rank: none)
-  return 1 + (group > 1 ? 1 : 0) + (world_size / group > 1 ? 1 : 0);
+  // and the optimizer's, in its layout's order (--shard_optimizer_across_groups)
+  return 1 + (group > 1 ? 1 : 0) + (world_size / group > 1 ? 1 : 0) + (run.sharding.optimizer_across_groups ? 1 : 0);
 }
 
 CudaRuntimeBytes cuda_runtime_bytes(int64_t tensor_peak_bytes, int nccl_communicators) {

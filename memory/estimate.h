@@ -66,6 +66,9 @@ struct EstimateOptions {
   // The host step's GB/s (--host_gbs); 0: derived from the cores (fit_host_gbs, memory/estimate_fit.h).
   double host_gbs = 0;
   int host_cores = 0;  // --host_cores: a node's cores for that; 0: this machine's
+  // --inter_node_gbs: one node's link to the others, GB/s each way, for the sharding lever of --fit
+  // (hybrid sharding, the node's copy for the backward) on more than one node (--ranks_per_node).
+  double inter_node_gbs = 25;
 };
 
 // One phase's window: the largest total inside it, and the categories at its closing point.
@@ -100,7 +103,8 @@ struct CudaRuntimeBytes {
   bool operator==(const CudaRuntimeBytes&) const = default;
 };
 // The NCCL communicators a rank makes (0 over MPI or at one rank; hybrid sharding: the world's, its
-// group's and the replicas', each with its own buffers), and what it holds beside its tensors.
+// group's and the replicas', and the optimizer's with --shard_optimizer_across_groups; the node's with
+// --backward_gather_size; each with its own buffers), and what it holds beside its tensors.
 int nccl_communicators(const RunConfig& run, int world_size);
 CudaRuntimeBytes cuda_runtime_bytes(int64_t tensor_peak_bytes, int nccl_communicators);
 

@@ -56,12 +56,41 @@ double fit_host_gbs(const EstimateOptions& options, int world_size) {
 
 namespace {
 
+// One node's bytes out to the other nodes a step (estimate_fit.h's model: ring collectives, the
+// ranks of a node consecutive, a group of whole nodes or inside one): 0 on one node.
+double bytes_between_nodes(const ModelConfig& model, const RunConfig& run, int world, int per_node) {
+  if (per_node <= 0 || per_node >= world) return 0.0;
+  const double parameters = static_cast<double>(model.num_parameters());
+  // no_shard: the ring all-reduce of every gradient leaves the node once.
+  if (run.sharding.strategy == ShardingStrategy::no_shard) return 2.0 * (world - 1) / world * 4.0 * parameters;
+  const double c = static_cast<double>(ModelShape(model, run).compute_bytes());
+  const double micro = static_cast<double>(std::max<int64_t>(1, run.data.gradient_accumulation));
+  const bool grad_op = within_group(run.sharding.strategy) == ShardingStrategy::shard_grad_op;
+  const int group = shard_world(run, world);
+  // The gathers a step over the group: forward and backward a micro-batch (shard_grad_op, or the
+  // node's copy for the backward: the forward's only).
+  const double gathers = (grad_op || run.sharding.backward_gather_size > 0 ? 1.0 : 2.0) * micro;
+  double out = 0;
+  if (group > per_node)  // the group's ring leaves each node once: (S - 1) shards a gather, and the reduce-scatter
+    out += (group - 1) * (gathers * c + 4.0) * parameters / group;
+  if (is_hybrid(run.sharding.strategy) && world > group) {
+    const double groups = static_cast<double>(world / group);
+    // Each rank of the node all-reduces its shard across the groups (or reduce-scatters and all-gathers it).
+    out += per_node * 2.0 * (groups - 1) / groups * 4.0 * parameters / group;
+  }
+  return out;
+}
+
 // The seconds the levers add to a step (estimate_fit.h states the model).
 double added_seconds(const ModelConfig& model, const RunConfig& base, const RunConfig& run, int world,
                      const EstimateOptions& options, const std::string& device) {
   const double parameters = static_cast<double>(model.num_parameters());
   const double tokens = static_cast<double>(run.data.total_batch_size * run.data.max_length) / world;
   double seconds = 0;
+  // The sharding across nodes: what a node sends to the others at --inter_node_gbs (negative: faster).
+  seconds += (bytes_between_nodes(model, run, world, options.ranks_per_node) -
+              bytes_between_nodes(model, base, world, options.ranks_per_node)) /
+             (options.inter_node_gbs * 1e9);
   if (run.activation_checkpointing_every > 0 && base.activation_checkpointing_every == 0)
     seconds += 2.0 * parameters * tokens / (device_tflops(options, device) * 1e12);
   if (run.recompute != base.recompute && run.activation_checkpointing_every == 0) {
@@ -103,7 +132,37 @@ double added_seconds(const ModelConfig& model, const RunConfig& base, const RunC
 }
 
 // Every combination of the levers the command leaves off.
-std::vector<Candidate> candidates(const RunConfig& run, int world, bool cuda, bool precision_lever) {
+// The sharding choices across nodes, the command's first: with full_shard or shard_grad_op on more
+// than one node, hybrid groups of whole nodes (1, 2, 4, ... nodes, fewer than all), each also with the
+// optimizer across the groups; full_shard's copy for the backward over a node.
+struct ShardingChoice {
+  std::string flags;
+  ShardingStrategy strategy;
+  int group_size = 0, backward_gather_size = 0;
+  bool optimizer_across_groups = false;
+};
+std::vector<ShardingChoice> sharding_choices(const RunConfig& run, int world, int per_node) {
+  std::vector<ShardingChoice> choices = {{"", run.sharding.strategy, run.sharding.group_size,
+                                          run.sharding.backward_gather_size, run.sharding.optimizer_across_groups}};
+  const ShardingStrategy strategy = run.sharding.strategy;
+  if (per_node <= 0 || per_node >= world || world % per_node != 0 ||
+      (strategy != ShardingStrategy::full_shard && strategy != ShardingStrategy::shard_grad_op) ||
+      run.sharding.backward_gather_size > 0)
+    return choices;
+  const ShardingStrategy hybrid =
+      strategy == ShardingStrategy::full_shard ? ShardingStrategy::hybrid_shard : ShardingStrategy::hybrid_shard_grad_op;
+  for (int group = per_node; group < world; group *= 2) {
+    if (world % group != 0) continue;
+    const std::string flags = std::string("--sharding ") + to_string(hybrid) + " --shard_group_size " + std::to_string(group);
+    choices.push_back({flags, hybrid, group, 0, false});
+    choices.push_back({flags + " --shard_optimizer_across_groups", hybrid, group, 0, true});
+  }
+  if (strategy == ShardingStrategy::full_shard)
+    choices.push_back({"--backward_gather_size " + std::to_string(per_node), strategy, 0, per_node, false});
+  return choices;
+}
+
+std::vector<Candidate> candidates(const RunConfig& run, int world, int per_node, bool cuda, bool precision_lever) {
   std::vector<Candidate> out;
   // The precisions, the command's first: with --fit_precision an fp32 command may become bf16.
   std::vector<std::string> precisions = {""};
@@ -143,6 +202,7 @@ std::vector<Candidate> candidates(const RunConfig& run, int world, bool cuda, bo
           (offloads_optimizer(choice) || !offloads_optimizer(run.sharding.offload)) &&
           (offloads_parameters(choice) || !offloads_parameters(run.sharding.offload)))
         offload_choices.push_back(choice);
+  for (const ShardingChoice& sharding : sharding_choices(run, world, per_node))
   for (const std::string& precision : precisions)
   for (const bool state : {false, true}) {
     if (state && !state_lever) continue;
@@ -162,6 +222,13 @@ std::vector<Candidate> candidates(const RunConfig& run, int world, bool cuda, bo
             continue;
           for (const int64_t micro : micro_batches) {
             Candidate c{run, {}};
+            if (!sharding.flags.empty()) {
+              c.run.sharding.strategy = sharding.strategy;
+              c.run.sharding.group_size = sharding.group_size;
+              c.run.sharding.backward_gather_size = sharding.backward_gather_size;
+              c.run.sharding.optimizer_across_groups = sharding.optimizer_across_groups;
+              c.flags.push_back(sharding.flags);
+            }
             if (!precision.empty()) {
               c.run.precision.dtype = DType::bfloat16;
               c.run.precision.mode = precision == "pure" ? Precision::pure : Precision::mixed;
@@ -240,7 +307,7 @@ std::string run_fit_command(const ModelConfig& model, const RunConfig& run, cons
   quiet.progress = false;
 
   const std::string device = estimate_device(run, options);
-  std::vector<Candidate> all = candidates(run, world, /*cuda=*/device == "cuda", options.fit_precision);
+  std::vector<Candidate> all = candidates(run, world, options.ranks_per_node, /*cuda=*/device == "cuda", options.fit_precision);
   FitProgress progress(all.size());
   for (Candidate& c : all) {
     progress.next();
@@ -295,20 +362,23 @@ std::string run_fit_command(const ModelConfig& model, const RunConfig& run, cons
                 "(--device_tflops), --recompute its operations' forward FLOPs at the same rate; offload of the optimizer (4 + c) P / W bytes over PCIe at %.3g GB/s (--pcie_gbs) and the host "
                 "step's 28 P / W bytes (20 with bf16 state) at %.3g GB/s (%s), or, stepped on the device (--offload_step device), "
                 "master and moments both ways, 2 (4 + m) P / W bytes over PCIe; offload of the parameters c P / W bytes over PCIe per gather "
-                "(2 a micro-batch, 1 for shard_grad_op) and once more a step when the optimizer stays on the device; bf16 state, the fused step "
+                "(2 a micro-batch, 1 for shard_grad_op) and once more a step when the optimizer stays on the device; across nodes (--ranks_per_node) "
+                "a node's bytes out a step at %.3g GB/s (--inter_node_gbs): a group's ring (S - 1)(g c + 4) P / S where it spans nodes, "
+                "hybrid's all-reduce across the G groups 2 (G - 1) / G 4 P / S per rank of the node (negative: faster); bf16 state, the fused step "
                 "and a smaller micro-batch are not costed (ties: the command's precision, the larger micro-batch, then "
                 "fewer levers).\n",
                 device_tflops(options, device), options.pcie_gbs, fit_host_gbs(options, world),
-                options.host_gbs > 0 ? "--host_gbs" : "8 GB/s per core of the rank's share of the node, --host_cores");
+                options.host_gbs > 0 ? "--host_gbs" : "8 GB/s per core of the rank's share of the node, --host_cores",
+                options.inter_node_gbs);
   out << line;
   const Candidate& best = *fitting.front();
   out << "\nAdd to the command: " << joined(best.flags) << "\n";
-  std::snprintf(line, sizeof(line), "  peak %s GiB per rank, host %s GiB per node, +%.3f s a step\n",
+  std::snprintf(line, sizeof(line), "  peak %s GiB per rank, host %s GiB per node, %+.3f s a step\n",
                 gib(best.device_bytes).c_str(), gib(best.host_bytes).c_str(), best.added_seconds);
   out << line;
   out << "\n| # | add | peak per rank (GiB) | host per node (GiB) | added s/step |\n|---:|---|---:|---:|---:|\n";
   for (size_t i = 0; i < fitting.size() && i < 10; ++i) {
-    std::snprintf(line, sizeof(line), "| %zu | %s | %s | %s | %.3f |\n", i + 1, joined(fitting[i]->flags).c_str(),
+    std::snprintf(line, sizeof(line), "| %zu | %s | %s | %s | %+.3f |\n", i + 1, joined(fitting[i]->flags).c_str(),
                   gib(fitting[i]->device_bytes).c_str(), gib(fitting[i]->host_bytes).c_str(),
                   fitting[i]->added_seconds);
     out << line;
@@ -327,7 +397,7 @@ std::vector<LeverAdvice> lowest_peak_levers(const ModelConfig& model, const RunC
   const MemoryEstimate as_is = estimate_memory(model, run, quiet);
   std::vector<LeverAdvice> advice(as_is.ranks.size());
   for (size_t r = 0; r < as_is.ranks.size(); ++r) advice[r].peak_bytes = advice[r].lowered_bytes = as_is.ranks[r].peak_bytes;
-  for (Candidate& c : candidates(run, world, /*cuda=*/device == "cuda", /*precision_lever=*/false)) {
+  for (Candidate& c : candidates(run, world, /*per_node=*/0, /*cuda=*/device == "cuda", /*precision_lever=*/false)) {
     if (c.flags.size() != 1) continue;  // one lever at a time
     try {
       validate_run_config(c.run, model, world);

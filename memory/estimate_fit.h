@@ -13,6 +13,12 @@
 //                                      without the optimizer's offload
 //   --batch_size m                     any smaller micro-batch that divides the rank's share of the
 //                                      global batch (accumulation keeps --total_batch_size)
+//   --sharding hybrid_shard[_grad_op] --shard_group_size S [--shard_optimizer_across_groups]
+//                                      across nodes only (--ranks_per_node below the world): groups of
+//                                      1, 2, 4, ... whole nodes, fewer than all, each with and without
+//                                      the optimizer across the groups, for a full_shard or
+//                                      shard_grad_op command; and full_shard's node copy
+//                                      (--backward_gather_size, the ranks of a node)
 // Precision only with --fit_precision (it changes the arithmetic): an fp32 command may then take
 //   --dtype bfloat16 --precision mixed or pure; not costed, and among equal costs the choices that keep
 //   the command's precision rank first.
@@ -36,6 +42,14 @@
 //                   rank's share of the host is small. Of the parameters: c P / W bytes in at each
 //                   gather (2 a micro-batch, 1 for shard_grad_op; no_shard P, not P / W) and once
 //                   out a step when the optimizer stays on the device; none overlapped
+//   sharding        a node's bytes out to the other nodes a step at --inter_node_gbs (default 25,
+//                   a 200 Gbit/s NIC), ring collectives with a node's ranks consecutive: a group that
+//                   spans nodes (S ranks) sends (S - 1)(g c + 4) P / S (g gathers a step: 2 a
+//                   micro-batch, 1 for shard_grad_op or with the node copy), hybrid's exchange across
+//                   the G groups 2 (G - 1) / G x 4 P / S per rank of the node, no_shard's all-reduce
+//                   2 (N - 1) / N x 4 P; the change from the command's, so a faster choice is negative.
+//                   Link latency and overlap with compute are not modelled (bench/multinode_links.sh
+//                   measures them)
 //   bf16 state, the fused step: nothing
 //   a smaller micro-batch: not costed; among equal costs the larger micro-batch, then fewer levers,
 //                   rank first

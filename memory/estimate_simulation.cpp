@@ -51,6 +51,13 @@ class StepSimulation {
     // replicas' all-reduce is in place: nothing allocated), else the world.
     layout_world_ = shard_world(m_.run, world_);
     backward_gather_ = m_.run.sharding.backward_gather_size;
+    // --shard_optimizer_across_groups: the world's layout (ShardedUnit's state_across_replicas), each
+    // rank holding its group's G consecutive world shards as the rows it gathers.
+    if (is_hybrid(m_.run.sharding.strategy) && m_.run.sharding.optimizer_across_groups) {
+      blocks_ = world_ / layout_world_;
+      group_size_ = layout_world_;
+      layout_world_ = world_;
+    }
     // One rank or no_shard: each unit is its whole shard and stays resident (sharding/fsdp_unit.h),
     // unless its parameters are offloaded.
     resident_ = layout_world_ == 1 && !offload_parameters_ && !model.config.matmul_padded();
@@ -108,7 +115,7 @@ class StepSimulation {
       } else if (offload_) {
         timeline_.add(kParameters, m_.compute_bytes() * unit.shard_numel);
       } else {
-        timeline_.add(kParameters, 4 * unit.shard_numel);
+        timeline_.add(kParameters, 4 * blocks_ * unit.shard_numel);  // the block of G world shards, or the master
         if (m_.mode == Mode::pure && resident_) timeline_.add(kParameters, 2 * unit.shard_numel);
       }
       if (!transient(u)) timeline_.add(kGradients, gradient_shard_bytes(unit));
@@ -226,7 +233,7 @@ class StepSimulation {
     // The send buffer: parameter offload's copy of the host rows (a CPU rank sends them in place);
     // else pure bf16's rounded master (optimizer offload keeps a compute shard on the device).
     const int64_t send = offload_parameters_ ? (cuda_ ? element * unit.shard_numel : 0)
-                         : m_.mode == Mode::pure && !offload_ ? 2 * unit.shard_numel
+                         : m_.mode == Mode::pure && !offload_ ? 2 * blocks_ * unit.shard_numel
                                                               : 0;
     // A whole-unit layout fills the parameters from the send buffer itself: no all-gather buffer.
     const int64_t buffer = layout_world_ > 1 ? element * unit.gathered_numel : 0;
@@ -443,6 +450,8 @@ class StepSimulation {
       // A bf16 shard at one rank takes the gradients straight in: no flat buffer, no reduction.
       const int64_t flat = bf16_gradient_ ? 0 : 4 * unit.gathered_numel;
       timeline_.add(kActivations, flat);
+      // The block summed over the group, reduce-scattered across the groups (ShardedUnit::reduce_over_groups).
+      if (blocks_ > 1) timeline_.spike(4 * blocks_ * unit.shard_numel);
       // (the bf16 shard is made first and takes each gradient as it goes; the fp32 one after the flat copies)
       if (transient(u) && bf16_gradient_) timeline_.add(kGradients, shard);
       for (int64_t numel : unit.compute_numels) timeline_.remove(kGradients, m_.compute_bytes() * numel);
@@ -500,11 +509,14 @@ class StepSimulation {
 
   int optimizer_world() const { return layout_world_; }
   // Ranks in groups of consecutive ranks (hybrid: block placement; sharding/topology.h groups by host).
-  int shard_rank() const { return layout_world_ == 1 ? 0 : rank_ % layout_world_; }
+  int shard_rank() const {
+    if (blocks_ > 1) return (rank_ % group_size_) * blocks_ + rank_ / group_size_;  // k G + g
+    return layout_world_ == 1 ? 0 : rank_ % layout_world_;
+  }
   // RunCheckpoints::save_role: rank 0 alone under no_shard, group 0 under hybrid sharding, else all.
   bool writes_checkpoint_state() const {
     if (m_.run.sharding.strategy == ShardingStrategy::no_shard) return rank_ == 0;
-    return !is_hybrid(m_.run.sharding.strategy) || rank_ < layout_world_;
+    return !is_hybrid(m_.run.sharding.strategy) || blocks_ > 1 || rank_ < layout_world_;
   }
 
   // GaLore's units under the default offload step: projected on the device, their gradient shards
@@ -529,6 +541,8 @@ class StepSimulation {
   int world_, rank_;
   bool cuda_, offload_, offload_parameters_, fused_, device_step_;
   int layout_world_ = 1;
+  int blocks_ = 1;                         // --shard_optimizer_across_groups: G (world shards a rank gathers)
+  int group_size_ = 0;                     // and S, the group they are gathered over
   int backward_gather_ = 0;                // --backward_gather_size
   std::vector<bool> backward_copies_;      // units holding their node's copy for the backward
   bool resident_ = false;

@@ -74,7 +74,8 @@ void ShardedUnit::allocate_compute_parameters() {
 ShardedUnit::ShardedUnit(std::string name, std::vector<std::pair<std::string, at::Tensor>> parameters,
                          Communicator& communicator, ShardingStrategy strategy,
                          at::ScalarType compute_dtype, bool resident_when_whole, bool offload_parameters,
-                         std::vector<std::vector<int64_t>> logical_shapes, Communicator* replicas)
+                         std::vector<std::vector<int64_t>> logical_shapes, Communicator* replicas,
+                         bool state_across_replicas)
     : name_(std::move(name)),
       parameters_(std::move(parameters)),
       logical_shapes_(std::move(logical_shapes)),
@@ -88,15 +89,30 @@ ShardedUnit::ShardedUnit(std::string name, std::vector<std::pair<std::string, at
     throw std::logic_error("ShardedUnit " + name_ + ": a logical shape for each parameter, or none");
   for (size_t i = 0; i < parameters_.size(); ++i) padded_ = padded_ || parameters_[i].second.sizes().vec() != logical_shapes_[i];
   layout_ = layout_for(name_, parameters_, communicator_, strategy_, logical_shapes_);
+  const bool blocks = state_across_replicas && replicas_ != nullptr && sharded;
+  const int groups = blocks ? replicas_->world_size() : 1;
+  const auto world_layout = [&](int index) {  // rank `index` of the world's N = S G layout
+    return layout_for(name_, parameters_, communicator_, strategy_, logical_shapes_, index,
+                      communicator_.world_size() * groups);
+  };
+  if (blocks) layout_ = world_layout(communicator_.rank() * groups + replicas_->rank());
   {
     // Without autograd: copying from parameters that require grad would make the shard a non-leaf
     // with a CopySlices history, and every in-place optimizer update would then extend that graph
     // (and keep the tensors its nodes save) for the rest of the run.
     at::NoGradGuard no_grad;
-    master_ = at::empty({layout_.shard_numel}, parameters_.front().second.options().dtype(at::kFloat));
-    for (size_t i = 0; i < parameters_.size(); ++i)
-      slice(master_, layout_.parameters[i]).copy_(layout_.take_rows(layout_.parameters[i], logical(i, parameters_[i].second)));
-    gradient_ = at::zeros_like(master_);
+    const at::TensorOptions fp32 = parameters_.front().second.options().dtype(at::kFloat);
+    // Each world shard of the block (one: this rank's shard) from the parameters' rows.
+    at::Tensor rows = at::empty({groups * layout_.shard_numel}, fp32);
+    for (int j = 0; j < groups; ++j) {
+      const FlatShardLayout layout = blocks ? world_layout(communicator_.rank() * groups + j) : layout_;
+      at::Tensor shard = rows.narrow(0, j * layout_.shard_numel, layout_.shard_numel);
+      for (size_t i = 0; i < parameters_.size(); ++i)
+        slice(shard, layout.parameters[i]).copy_(layout.take_rows(layout.parameters[i], logical(i, parameters_[i].second)));
+    }
+    if (blocks) block_ = rows;
+    master_ = blocks ? rows.narrow(0, replicas_->rank() * layout_.shard_numel, layout_.shard_numel) : rows;
+    gradient_ = at::zeros({layout_.shard_numel}, fp32);
     gradient_options_ = gradient_.options();
   }
   compute_dtype_ = compute_dtype;
@@ -113,7 +129,7 @@ ShardedUnit::ShardedUnit(std::string name, std::vector<std::pair<std::string, at
     compute_ = exact_host_buffer(layout_.shard_numel, compute_dtype, master_.device());
     compute_.copy_(master_);  // rounds to the compute dtype
   } else if (compute_dtype == at::kFloat)
-    compute_ = master_;
+    compute_ = gathered_rows();
   else if (resident_) {
     at::NoGradGuard no_grad;
     compute_ = master_.to(compute_dtype);
@@ -140,10 +156,12 @@ ShardedUnit::ShardedUnit(std::string name, std::vector<std::pair<std::string, at
 FlatShardLayout ShardedUnit::layout_for(const std::string& name,
                                         const std::vector<std::pair<std::string, at::Tensor>>& parameters,
                                         const Communicator& communicator, ShardingStrategy strategy,
-                                        const std::vector<std::vector<int64_t>>& logical_shapes) {
+                                        const std::vector<std::vector<int64_t>>& logical_shapes, int rank_of,
+                                        int world_of) {
   // no_shard: every rank holds the whole unit, laid out as rank 0 of a world of one.
   const bool sharded = strategy != ShardingStrategy::no_shard;
-  const int rank = sharded ? communicator.rank() : 0, world = sharded ? communicator.world_size() : 1;
+  const int rank = world_of > 0 ? rank_of : sharded ? communicator.rank() : 0;
+  const int world = world_of > 0 ? world_of : sharded ? communicator.world_size() : 1;
   if (logical_shapes.empty()) return FlatShardLayout::build(name, parameters, rank, world);
   std::vector<std::pair<std::string, std::vector<int64_t>>> shapes;
   for (size_t i = 0; i < parameters.size(); ++i) shapes.emplace_back(parameters[i].first, logical_shapes.at(i));
@@ -156,6 +174,10 @@ at::Tensor ShardedUnit::logical(size_t i, const at::Tensor& tensor) const {
 
 void ShardedUnit::publish_shard() {
   at::NoGradGuard no_grad;
+  if (block_.defined()) {  // every replica's updated shard into the block, in place (its own is already)
+    if (replicas_->world_size() > 1) replicas_->all_gather(master_, block_);
+    return;
+  }
   const at::Tensor& source = master_.defined() ? master_ : compute_;
   const bool written = std::exchange(compute_written_by_step_, false);
   if (master_.defined() && compute_.defined() && !compute_.is_same(master_) && !written)
@@ -198,7 +220,7 @@ void ShardedUnit::fill_compute_parameters(const CollectiveStream& stream) {
     }
 #endif
   } else {
-    send = compute_.defined() ? compute_ : master_.to(compute_dtype_);
+    send = compute_.defined() ? compute_ : gathered_rows().to(compute_dtype_);
   }
   // The backward of a unit that kept its node's copy (hpZ): that copy, gathered over the node.
   const bool from_copy = backward_copy_.defined();
@@ -448,8 +470,7 @@ void ShardedUnit::reduce_into_shard() {
         communicator_.all_reduce(flat, ReduceOp::average, reduce_stream_);
         gradient_.copy_(flat);
       } else if (replicas_ != nullptr) {
-        communicator_.reduce_scatter(flat, gradient_, ReduceOp::sum, reduce_stream_);
-        average_over_replicas(gradient_, reduce_stream_);
+        reduce_over_groups(flat, reduce_stream_);
       } else {
         communicator_.reduce_scatter(flat, gradient_, ReduceOp::average, reduce_stream_);
       }
@@ -468,11 +489,24 @@ void ShardedUnit::reduce_into_shard() {
     communicator_.all_reduce(flat, ReduceOp::average);
     gradient_.copy_(flat);
   } else if (replicas_ != nullptr) {
-    communicator_.reduce_scatter(flat, gradient_, ReduceOp::sum);
-    average_over_replicas(gradient_, std::nullopt);
+    reduce_over_groups(flat, std::nullopt);
   } else {
     communicator_.reduce_scatter(flat, gradient_, ReduceOp::average);
   }
+}
+
+void ShardedUnit::reduce_over_groups(const at::Tensor& flat, const CollectiveStream& stream) {
+  if (!block_.defined()) {
+    communicator_.reduce_scatter(flat, gradient_, ReduceOp::sum, stream);
+    average_over_replicas(gradient_, stream);
+    return;
+  }
+  // The block's rows summed over the group, then each replica's world shard of it summed over the
+  // replicas: every rank's sum, as full_shard's reduce-scatter at N ranks (another order of the adds).
+  const at::Tensor summed = at::empty({block_.numel()}, gradient_options_);
+  communicator_.reduce_scatter(flat, summed, ReduceOp::sum, stream);
+  replicas_->reduce_scatter(summed, gradient_, ReduceOp::sum, stream);
+  gradient_.div_(communicator_.world_size() * replicas_->world_size());  // on the current stream: the caller's
 }
 
 void ShardedUnit::average_over_replicas(const at::Tensor& summed, const CollectiveStream& stream) {

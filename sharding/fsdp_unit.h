@@ -84,10 +84,19 @@ class ShardedUnit {
   // then this rank's group): the reduced gradient shard is summed over them and divided by every
   // rank's count once (sum, sum, divide: one rounding of the mean, as full_shard's MPI average), once
   // per optimizer step, on the reduce stream.
+  // state_across_replicas (hybrid, --shard_optimizer_across_groups): the layout is the world's (N = S G
+  // ranks), this rank being rank k G + g of it (k its place in its group, g its group), and the unit
+  // keeps a "block", the G consecutive world shards k G .. k G + G - 1, as the fp32 rows it gathers
+  // over its group (S blocks in group order are the N shards in world order). master_shard() is its
+  // own world shard, a view of the block: the optimizer steps it (laid out as full_shard's at N ranks,
+  // over a communicator in that order). The reduction reduce-scatters the full gradients over the
+  // group (summing the block's rows) and then over the replicas (each its shard), and divides by N;
+  // publish_shard() all-gathers the updated shards across the replicas back into the block.
   ShardedUnit(std::string name, std::vector<std::pair<std::string, at::Tensor>> parameters,
               Communicator& communicator, ShardingStrategy strategy, at::ScalarType compute_dtype,
               bool resident_when_whole = false, bool offload_parameters = false,
-              std::vector<std::vector<int64_t>> logical_shapes = {}, Communicator* replicas = nullptr);
+              std::vector<std::vector<int64_t>> logical_shapes = {}, Communicator* replicas = nullptr,
+              bool state_across_replicas = false);
 
   ~ShardedUnit();
 
@@ -96,7 +105,8 @@ class ShardedUnit {
   static FlatShardLayout layout_for(const std::string& name,
                                     const std::vector<std::pair<std::string, at::Tensor>>& parameters,
                                     const Communicator& communicator, ShardingStrategy strategy,
-                                    const std::vector<std::vector<int64_t>>& logical_shapes = {});
+                                    const std::vector<std::vector<int64_t>>& logical_shapes = {},
+                                    int rank = -1, int world = 0);  // world > 0: that rank of that world
 
   void gather();  // also waits for a prefetch in flight
   // Starts the gather on gather_stream (a CUDA stream of the communicator's device) and returns at
@@ -182,6 +192,9 @@ class ShardedUnit {
   const FlatShardLayout& layout() const { return layout_; }
   const std::string& name() const { return name_; }
   at::Tensor& master_shard() { return master_; }             // (shard_numel) fp32; undefined once offloaded
+  // The fp32 rows the gathers send: the block (state across replicas, a view of which is the master)
+  // or the master itself.
+  const at::Tensor& gathered_rows() const { return block_.defined() ? block_ : master_; }
   // (shard_numel) compute dtype: the master itself in fp32, a rounded copy for a resident bf16 unit,
   // undefined for a gathered bf16 unit (each gather rounds the master into a transient buffer); with
   // parameter offload a host buffer of its own in any dtype.
@@ -223,9 +236,15 @@ class ShardedUnit {
   at::Tensor backward_copy_;                // keep_backward_copy: this rank's rows under backward_layout_
   ShardingStrategy strategy_;
   FlatShardLayout layout_;
-  // Hybrid: `summed` (this rank's shard, summed over its group) summed over the replicas, then divided
-  // by every rank's count (on `stream`, a CUDA side stream, or in line).
+  // Hybrid: the full gradients `flat` reduce-scattered over the group (summed), then over the replicas:
+  // summed across them (all-reduce), or with the state across replicas reduce-scattered into this
+  // rank's world shard; then divided by every rank's count once (on `stream`, a CUDA side stream, or
+  // in line).
+  void reduce_over_groups(const at::Tensor& flat, const CollectiveStream& stream);
+  // The resident path's (and reduce_over_groups's without the state across replicas): `summed`, this
+  // rank's shard summed over its group, summed over the replicas, then divided by every rank's count.
   void average_over_replicas(const at::Tensor& summed, const CollectiveStream& stream);
+
   // All-gathers the shard into freshly allocated compute storage on the current stream (the
   // collective on `stream`: the same stream, passed for NCCL).
   void fill_compute_parameters(const CollectiveStream& stream);
@@ -237,6 +256,7 @@ class ShardedUnit {
   void drop_parameter_gradients();
 
   at::Tensor master_, compute_, gradient_;
+  at::Tensor block_;  // state across replicas: the G world shards this rank gathers (master_ views one)
   at::DataPtr compute_block_;  // a gathered unit's parameters, one allocation (allocate_compute_parameters)
   at::Tensor gradient_squares_;        // (1) fp32, see gradient_squares()
   at::TensorOptions gradient_options_;  // fp32 on the unit's device

@@ -43,7 +43,8 @@ size_t ShardedModel::add_unit(std::string name, std::vector<std::pair<std::strin
   units_.push_back(std::make_unique<ShardedUnit>(std::move(name), std::move(parameters), communicator_,
                                                  options_.strategy, options_.compute_dtype,
                                                  options_.resident_when_whole, options_.offload_parameters,
-                                                 std::move(logical_shapes), options_.replicas));
+                                                 std::move(logical_shapes), options_.replicas,
+                                                 options_.state_across_replicas));
   units_.back()->set_reduce_stream(reduce_stream_);
   if (options_.backward_gather != nullptr && !units_.back()->resident())
     units_.back()->gather_backward_within(*options_.backward_gather);

@@ -70,6 +70,9 @@ struct ShardingOptions {
   // --backward_gather_size (full_shard): each gathered unit keeps its rows over this group (a node)
   // after its training forward, and its backward gathers them over it (ShardedUnit::gather_backward_within).
   Communicator* backward_gather = nullptr;
+  // --shard_optimizer_across_groups: each unit's masters and state split over `replicas` too
+  // (ShardedUnit's state_across_replicas).
+  bool state_across_replicas = false;
 };
 
 // The gather plan's strategy for units built with these options: no_shard's for resident units,

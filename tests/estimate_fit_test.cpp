@@ -171,6 +171,44 @@ TEST(EstimateFit, ChoosesHostOrDeviceSteppingByTheHostsCores) {
   EXPECT_GT(json.at("ranks")[0].at("max").at("optimizer_device").get<double>(), 0) << "the windows";
 }
 
+// Across nodes (--ranks_per_node), --fit weighs the sharding too: llama_7b on 2 nodes of 8 GPUs over a
+// 12.5 GB/s link. With room for a node's shard hybrid groups of a node come first (faster: negative
+// added seconds); with a budget plain hybrid misses, the optimizer across the groups (full_shard's
+// state per rank, hybrid's bytes); on one node the lever is not offered.
+TEST(EstimateFit, WeighsHybridShardingAcrossNodes) {
+  const std::string fit = testing::trainer_binary().string() + " estimate --config " +
+                          (testing::source_dir() / "configs/llama_7b.json").string() +
+                          " --device cuda --dtype bfloat16 --precision pure --batch_size 1 --max_length 2048 "
+                          "--world_size 16 --host_budget_gib 1024 --fit --inter_node_gbs 12.5";
+  const auto roomy = run_command(fit + " --ranks_per_node 8 --memory_budget_gib 80");
+  ASSERT_EQ(roomy.exit_code, 0) << roomy.output;
+  const std::string roomy_flags = suggested_flags(roomy.output);
+  EXPECT_NE(roomy_flags.find("--sharding hybrid_shard --shard_group_size 8"), std::string::npos) << roomy.output;
+  const std::regex negative(R"(GiB per node, -\d+\.\d+ s a step)");
+  EXPECT_TRUE(std::regex_search(roomy.output, negative)) << "hybrid is faster: " << roomy.output;
+  EXPECT_NE(roomy.output.find("at 12.5 GB/s (--inter_node_gbs)"), std::string::npos) << roomy.output;
+  // The suggestion's estimate fits the budget.
+  const auto estimate = run_command(testing::trainer_binary().string() + " estimate --config " +
+                                    (testing::source_dir() / "configs/llama_7b.json").string() +
+                                    " --device cuda --dtype bfloat16 --precision pure --batch_size 1 --max_length 2048 "
+                                    "--world_size 16 --ranks_per_node 8 --json " + roomy_flags);
+  ASSERT_EQ(estimate.exit_code, 0) << estimate.output;
+  const nlohmann::json json = nlohmann::json::parse(estimate.output.substr(estimate.output.find('{')));
+  EXPECT_LE(json.at("ranks")[0].at("peak_bytes").get<double>(), 80 * 1073741824.0);
+  // A budget plain hybrid misses (27.45 GiB a rank) but the optimizer across the groups meets (23.11):
+  // the same bytes between nodes, the state of full_shard.
+  const auto tight = run_command(fit + " --ranks_per_node 8 --memory_budget_gib 25");
+  ASSERT_EQ(tight.exit_code, 0) << tight.output;
+  EXPECT_NE(suggested_flags(tight.output).find("--sharding hybrid_shard --shard_group_size 8 --shard_optimizer_across_groups"),
+            std::string::npos)
+      << tight.output;
+  // On one node nothing crosses: no sharding lever.
+  const auto one_node = run_command(fit + " --ranks_per_node 16 --memory_budget_gib 80");
+  ASSERT_EQ(one_node.exit_code, 0) << one_node.output;
+  EXPECT_EQ(one_node.output.find("hybrid_shard"), std::string::npos) << one_node.output;
+  EXPECT_EQ(one_node.output.find("--backward_gather_size"), std::string::npos) << one_node.output;
+}
+
 TEST(EstimateFit, ParameterOffloadIsChosenWhereOnlyItFits) {
   struct Want {
     const char* config;

@@ -210,7 +210,10 @@ INSTANTIATE_TEST_SUITE_P(
         GpuCase{"staged_hybrid_2x2", 4, "", "--sharding hybrid_shard --shard_group_size 2", testing::fp32_bounds()},
         GpuCase{"staged_hybrid_grad_op_2x2_offload_bf16", 4, "",
                 "--sharding hybrid_shard_grad_op --shard_group_size 2 --dtype bfloat16 --precision mixed --offload optimizer", testing::bf16_bounds()},
-        GpuCase{"staged_4_ranks_node_copy_bf16_pure", 4, "", "--backward_gather_size 2 --dtype bfloat16 --precision pure", testing::bf16_bounds()}),
+        GpuCase{"staged_4_ranks_node_copy_bf16_pure", 4, "", "--backward_gather_size 2 --dtype bfloat16 --precision pure", testing::bf16_bounds()},
+        // ... and the optimizer across the groups (reduce-scatter across, the shards all-gathered back).
+        GpuCase{"staged_hybrid_2x2_optimizer_across", 4, "",
+                "--sharding hybrid_shard --shard_group_size 2 --shard_optimizer_across_groups --optimizer adamw_sn", testing::fp32_bounds()}),
     [](const ::testing::TestParamInfo<GpuCase>& info) { return info.param.name; });
 
 // --offload_step on the same GPU: the device step runs the kernel the step without offload runs, on

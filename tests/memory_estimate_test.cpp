@@ -221,7 +221,11 @@ INSTANTIATE_TEST_SUITE_P(
                       // full_shard's node-local copy for the backward: 1/R of each unit kept from its
                       // forward to its backward gather.
                       Case{"llama_tiny", 4, "--batch_size 4 --max_length 64 --backward_gather_size 2"},
-                      Case{"llama_9m", 4, "--batch_size 2 --max_length 64 --backward_gather_size 2 --dtype bfloat16 --precision pure --activation_checkpointing"}),
+                      Case{"llama_9m", 4, "--batch_size 2 --max_length 64 --backward_gather_size 2 --dtype bfloat16 --precision pure --activation_checkpointing"},
+                      // Hybrid with the optimizer across the groups: the block of G world shards, the
+                      // world shard's gradient and state.
+                      Case{"llama_tiny", 4, "--batch_size 4 --max_length 64 --sharding hybrid_shard --shard_group_size 2 --shard_optimizer_across_groups"},
+                      Case{"llama_micro", 4, "--batch_size 2 --max_length 32 --sharding hybrid_shard_grad_op --shard_group_size 2 --shard_optimizer_across_groups --optimizer galore_adamw --rank 8 --dtype bfloat16 --precision pure"}),
     case_name);
 
 TEST(EstimateCommand, BadInputIsExitTwo) {
@@ -237,7 +241,7 @@ TEST(EstimateCommand, BadInputIsExitTwo) {
   EXPECT_NE(unknown.output.find("--no_such_flag"), std::string::npos) << unknown.output;
   // --fit's own flags without --fit (issue 44): refused, not silently unused.
   for (const std::string& flag : {"--fit_precision", "--host_budget_gib 64", "--device_tflops 100", "--host_cores 64",
-                                  "--host_gbs 20", "--pcie_gbs 25"}) {
+                                  "--host_gbs 20", "--pcie_gbs 25", "--inter_node_gbs 50"}) {
     auto unused = run_command(testing::trainer_binary().string() + " estimate --config " +
                               (testing::source_dir() / "configs/llama_micro.json").string() + " " + flag);
     EXPECT_EQ(unused.exit_code, 2) << flag << ": " << unused.output;

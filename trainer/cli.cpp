@@ -149,6 +149,11 @@ void add_estimate_verb(CLI::App& app, NumberFlags& numbers, EstimateOptions& est
   verbs.fit_only.push_back(numbers.add(*estimate_app, "--pcie_gbs", estimate.pcie_gbs, "--fit: host-device bandwidth, GB/s, for offload",
               NumberRange<double>{smallest_gib, 1e6, rate_range + " (GB/s)"})
       ->capture_default_str());
+  verbs.fit_only.push_back(numbers.add(*estimate_app, "--inter_node_gbs", estimate.inter_node_gbs,
+              "--fit: a node's link to the other nodes, GB/s each way, for the sharding choices across nodes "
+              "(hybrid_shard and its group size, --shard_optimizer_across_groups, --backward_gather_size)",
+              NumberRange<double>{smallest_gib, 1e6, rate_range + " (GB/s)"})
+      ->capture_default_str());
   verbs.fit_only.push_back(numbers.add(*estimate_app, "--host_gbs", estimate.host_gbs,
               "--fit: the host step's GB/s per rank, for offload's host step (build/bench/adamw_bench measures it); "
               "default: 8 GB/s per core of the rank's share of its node (--host_cores), at most 200",

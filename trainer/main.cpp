@@ -205,6 +205,14 @@ int train_command(const llm::ModelConfig& model, const llm::RunConfig& run, cons
     context.replicas = hybrid.across.get();
     context.host_shard_communicator = host_group ? host_group.get() : hybrid.group.get();
   }
+  // The optimizer over every rank in its layout's order (rank k G + g), --shard_optimizer_across_groups.
+  std::unique_ptr<llm::Communicator> optimizer_communicator;
+  if (run.sharding.optimizer_across_groups) {
+    const int groups = context.topology.groups();
+    optimizer_communicator = communicator->split(0, context.topology.shard * groups + context.topology.group);
+    optimizer_communicator->set_label("optimizer");
+    context.optimizer_communicator = optimizer_communicator.get();
+  }
   // full_shard's backward gathers inside a node (--backward_gather_size): the node's ranks, by host.
   std::unique_ptr<llm::Communicator> backward_gather;
   if (run.sharding.backward_gather_size > 0) {

@@ -123,7 +123,7 @@ void RunRecords::sharded_state(const ShardedModel& sharded, const ShardOptimizer
     // The device's persistent rows: the master, or once offloaded the compute-dtype copy (none when
     // the parameters are offloaded too: that copy is in host memory).
     if (!unit.master_offloaded())
-      parameters += static_cast<int64_t>(unit.master_shard().nbytes());
+      parameters += static_cast<int64_t>(unit.gathered_rows().nbytes());
     else if (!unit.parameters_offloaded())
       parameters += static_cast<int64_t>(unit.compute_shard().nbytes());
     // 0 with offload: the shard is transient, gone to host memory after each backward.

@@ -122,6 +122,7 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
       shard_communicator_(context.shard_communicator ? *context.shard_communicator : communicator_),
       host_shard_communicator_(context.host_shard_communicator ? *context.host_shard_communicator : host_communicator_),
       replicas_(context.replicas),
+      optimizer_communicator_(context.optimizer_communicator ? *context.optimizer_communicator : shard_communicator_),
       autocast_(run.precision.dtype == DType::bfloat16 && run.precision.mode == Precision::mixed),
       prepared_(prepare_run(run, device_)),
       records_(model_config, run, context),
@@ -138,7 +139,8 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
                {within_group(run.sharding.strategy), run.sharding.prefetch,
                 run.precision.dtype == DType::bfloat16 && run.precision.mode == Precision::pure ? at::kBFloat16 : at::kFloat,
                 resident_units_allowed() && !model_config.matmul_padded(), offloads_parameters(run.sharding.offload),
-                bf16_gradient_shards(run, context.world_size), replicas_, context.backward_gather}),
+                bf16_gradient_shards(run, context.world_size), replicas_, context.backward_gather,
+                run.sharding.optimizer_across_groups}),
       model_(seeded(model_config, run.seed),
              [this](const UnitSpec& unit, NamedTensors parameters) { shard_when_built(unit, std::move(parameters)); }),
       divergence_(run.divergence_patience, run.optimizer.warmup_steps.value(), model_config.vocab_size) {
@@ -183,7 +185,7 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
       ledger_.point("backward", sharded_.unit(u).name(), owned_now());
   });
   const bool sharded_across_ranks =
-      shard_communicator_.world_size() > 1 && run.sharding.strategy != ShardingStrategy::no_shard;
+      optimizer_communicator_.world_size() > 1 && run.sharding.strategy != ShardingStrategy::no_shard;
   // The optimizer's collectives go over the communicator of the device its state is on: the host's
   // with offload (NCCL cannot carry host tensors); the group's under hybrid sharding (each group steps
   // its shards alike: a GaLore projector is the same in every group).
@@ -203,7 +205,7 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
                               ("offload_trace.rank" + std::to_string(context.rank) + ".jsonl"),
                           /*append=*/!run.checkpoint.continue_from.empty());
   } else {
-    device_optimizer_ = build_optimizer(run, sharded_, sharded_across_ranks ? &shard_communicator_ : nullptr);
+    device_optimizer_ = build_optimizer(run, sharded_, sharded_across_ranks ? &optimizer_communicator_ : nullptr);
   }
   if (run.fuse_optimizer_with_backward)
     for (size_t u = 0; u < sharded_.unit_count(); ++u) {

@@ -47,6 +47,9 @@ struct RuntimeContext {
   ShardTopology topology;
   // --backward_gather_size: this rank's node (groups of R ranks), where full_shard's backward gathers.
   Communicator* backward_gather = nullptr;
+  // --shard_optimizer_across_groups: every rank in the order of the world layout the optimizer steps
+  // (rank k G + g: place k in group g), over which its collectives and the gradient norm go.
+  Communicator* optimizer_communicator = nullptr;
   // The checkpoint --continue_from resolved to at start-up (check_checkpoints_at_start,
   // checkpoint/checkpoint.h); "" for a fresh run, or to resolve it in train().
   std::string resume_folder;

@@ -137,9 +137,9 @@ StepResult Training::train_step(int64_t step) {
   {
     StepTimer::Scope timed(&timer_, StepPhase::optimizer);
     // The loss and the squared norm in one read: the step's one wait for the device before clipping.
-    // The squared norms summed over the ranks that shard the units (hybrid: the group; the replicas
-    // hold the same shards after their all-reduce).
-    const std::vector<double> read = read_to_host({loss, global_gradient_squares(sharded_, shard_communicator_)});
+    // The squared norms summed over the ranks that shard the units (hybrid: the group, whose replicas
+    // hold the same shards after their all-reduce; with the state across the groups, every rank).
+    const std::vector<double> read = read_to_host({loss, global_gradient_squares(sharded_, optimizer_communicator_)});
     result.loss = read[0];
     result.grad_norm = std::sqrt(read[1]);
     stop_unless_finite(step, result);
@@ -202,7 +202,7 @@ void Training::stop_unless_finite(int64_t step, const StepResult& result) const 
     message << "; training stopped before the weights were corrupted. "
             << describe_weights_at_divergence(  // names a non-finite (or out-of-range) weight tensor
                    sharded_, [this](size_t u) { return offload_ ? offload_->master(u) : sharded_.unit(u).master_shard(); },
-                   shard_communicator_, step == start_step_ + 1);
+                   optimizer_communicator_, step == start_step_ + 1);
   message << what_to_change();
   throw TrainingError(message.str());
 }

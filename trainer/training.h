@@ -103,6 +103,9 @@ class Training {
   Communicator& shard_communicator_;
   Communicator& host_shard_communicator_;
   Communicator* replicas_;
+  // What the optimizer's collectives and the gradient norm go over: the shard communicator, or with
+  // --shard_optimizer_across_groups every rank in the world layout's order.
+  Communicator& optimizer_communicator_;
   const bool autocast_;  // bf16 mixed: fp32 parameters, bf16 autocast in the forward
   const bool prepared_;
   RunRecords records_;  // metrics.jsonl and the memory ledger

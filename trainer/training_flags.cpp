@@ -167,6 +167,10 @@ void add_sharding_flags(CLI::App& app, NumberFlags& numbers, TrainingFlags& flag
                         "full_shard: after each unit's forward keep its rows over groups of this many ranks (a "
                         "node), so the backward's all-gathers stay inside the group (ZeRO++ hpZ); 0: off",
                         NumberRange<int>{0, 1 << 20, "a rank count in [0, 1048576] that divides the world size"}));
+  flags.add(app.add_flag("--shard_optimizer_across_groups", run.sharding.optimizer_across_groups,
+                         "hybrid_*: split the masters and optimizer state of a group's shard over the groups too "
+                         "(each rank steps 1/N of the model; optimizer memory per rank falls by the number of "
+                         "groups; the gradient is reduce-scattered across the groups and the rows all-gathered)"));
   flags.add(app.add_flag("--no_prefetch", flags.no_prefetch,
                          "gather each unit only when it runs (default: the next unit's all-gather is "
                          "prefetched while one runs, on a CUDA side stream)"));

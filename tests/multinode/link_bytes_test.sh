@@ -48,12 +48,13 @@ run() {  # NAME STEPS SHARDING...: trains; sets grown to the counters' growth "E
   grown="$(( $3 - $1 )) $(( $4 - $2 ))"
 }
 strategies=("full_shard" "full_shard --backward_gather_size 2" "shard_grad_op" "hybrid_shard --shard_group_size 2"
-            "hybrid_shard_grad_op --shard_group_size 2")
+            "hybrid_shard --shard_group_size 2 --shard_optimizer_across_groups" "hybrid_shard_grad_op --shard_group_size 2")
 
 if [ -z "$bench_out" ]; then
   for strategy in "${strategies[@]}"; do
     name=${strategy%% *}
     [[ "$strategy" == *backward_gather* ]] && name=${name}_node_copy
+    [[ "$strategy" == *optimizer_across* ]] && name=${name}_optimizer_across
     run "${name}_2" 2 --sharding $strategy
     short=$grown
     run "${name}_6" 6 --sharding $strategy
@@ -69,6 +70,7 @@ B_p, B_g = state["parameter_shard_bytes"], state["gradient_shard_bytes"]
 N, nodes, per_node, M = 4, 2, 2, 2  # 4 ranks, 2 nodes of 2, two micro-batches a step
 hybrid = strategy.startswith("hybrid")
 node_copy = "backward_gather" in strategy
+optimizer_across = "optimizer_across" in strategy
 S = 2 if hybrid else N
 G = N // S
 gathers = 1 if "grad_op" in strategy else 2
@@ -79,8 +81,12 @@ gathers = 1 if "grad_op" in strategy else 2
 #   full_shard with the node's copy (--backward_gather_size 2): the backward's gathers stay inside
 #   the node, so only the forward's cross.
 #   hybrid: a group is a node, so only the all-reduce of the gradient shard across the G groups
-#   crosses: every rank sends 2 (G - 1) / G of it (ring).
-if hybrid:
+#   crosses: every rank sends 2 (G - 1) / G of it (ring). With the optimizer across the groups, a
+#   reduce-scatter of the block and an all-gather of the stepped shards (B_g the world shard): the same
+#   2 (G - 1) B_g a rank.
+if optimizer_across:
+    between = N * 2 * (G - 1) * B_g
+elif hybrid:
     between = N * 2 * (G - 1) / G * B_g
 else:
     crossing_gathers = 1 if node_copy else gathers
@@ -94,7 +100,7 @@ print(f"{strategy}: between nodes {measured / 1e3:.1f} kB a step, formula {betwe
       f"({measured / between - 1:+.1%}); all ranks sent {sent / 1e3:.1f} kB (eth0 + lo), the trainer counted "
       f"{counted / 1e3:.1f} kB ({sent / counted - 1:+.1%}); model {S * B_p / 1e3:.1f} kB (fp32, padded)")
 with open(sys.argv[7], "a") as out:
-    out.write(f"{strategy.split()[0]}{'_node_copy' if node_copy else ''} {measured}\n")
+    out.write(f"{strategy.split()[0]}{'_node_copy' if node_copy else ''}{'_optimizer_across' if optimizer_across else ''} {measured}\n")
 # The counters carry each packet's Ethernet, IP and TCP headers (66 B a segment, 4.6 % of a full one),
 # the acknowledgements, MPI's own headers and the few scalars a step (the norm, the loss, the
 # straggler watch): at most 10 % over.
@@ -108,7 +114,7 @@ PY
 import sys
 between = dict((name, float(value)) for name, value in (line.split() for line in open(sys.argv[1])))
 for hybrid, flat in (("hybrid_shard", "full_shard"), ("hybrid_shard_grad_op", "shard_grad_op"),
-                     ("full_shard_node_copy", "full_shard")):
+                     ("hybrid_shard_optimizer_across", "full_shard"), ("full_shard_node_copy", "full_shard")):
     ratio = between[hybrid] / between[flat]
     print(f"{hybrid} / {flat} between nodes: {ratio:.3f}")
     assert ratio <= (0.75 if hybrid.endswith("node_copy") else 0.5), ratio
@@ -132,6 +138,7 @@ for rate in 1gbit 200mbit; do
   for strategy in "${strategies[@]}"; do
     name=${strategy%% *}
     [[ "$strategy" == *backward_gather* ]] && name=${name}_node_copy
+    [[ "$strategy" == *optimizer_across* ]] && name=${name}_optimizer_across
     for round in $(seq 1 "$rounds"); do
       run "${name}_${rate}_${round}_short" 2 --sharding $strategy
       short=$grown
