@@ -38,7 +38,7 @@ void check_backward_gather(const RunConfig& run, int world_size) {
   }
 }
 
-// --shard_optimizer_across_groups: hybrid's, and not yet with what moves the optimizer elsewhere.
+// --shard_optimizer_across_groups: hybrid's, and not yet with what moves the optimizer to the host.
 void check_optimizer_across_groups(const RunConfig& run) {
   if (!run.sharding.optimizer_across_groups) return;
   const std::string flag = "--shard_optimizer_across_groups";
@@ -53,10 +53,6 @@ void check_optimizer_across_groups(const RunConfig& run) {
     fail_user(kCommandLine, flag,
               "not yet with --offload (the host step and its copies work on a group's whole shard): use one or the "
               "other");
-  if (run.fuse_optimizer_with_backward)
-    fail_user(kCommandLine, flag,
-              "not yet with --fuse_optimizer_with_backward (the fused step would all-gather each unit's rows "
-              "inside the backward): use one or the other");
 }
 
 }  // namespace

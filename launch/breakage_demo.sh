@@ -97,7 +97,7 @@ cmake --build "$WORK/build" > /dev/null 2>&1 || true  # back to the unbroken tre
 {
   echo "# What the suite catches: one breakage at a time"
   echo
-  echo "Made by \`bash launch/breakage_demo.sh\` at commit $commit on $(date -u +%Y-%m-%d) ($(nproc) cores)."
+  echo "Made by \`bash launch/breakage_demo.sh\` at commit $commit on $(date -u +%Y-%m-%d) ($(nproc --all) cores)."
   echo "Each patch of \`tests/breakage/\` breaks one property of the product code with a small,"
   echo "realistic bug (never in tests/); the tree is rebuilt with it and the ctest entries it names are"
   echo "run whole. A property is shown only where its patch makes tests fail; \`breakage_patches_apply\`"

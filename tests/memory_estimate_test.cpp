@@ -225,7 +225,8 @@ INSTANTIATE_TEST_SUITE_P(
                       // Hybrid with the optimizer across the groups: the block of G world shards, the
                       // world shard's gradient and state.
                       Case{"llama_tiny", 4, "--batch_size 4 --max_length 64 --sharding hybrid_shard --shard_group_size 2 --shard_optimizer_across_groups"},
-                      Case{"llama_micro", 4, "--batch_size 2 --max_length 32 --sharding hybrid_shard_grad_op --shard_group_size 2 --shard_optimizer_across_groups --optimizer galore_adamw --rank 8 --dtype bfloat16 --precision pure"}),
+                      Case{"llama_micro", 4, "--batch_size 2 --max_length 32 --sharding hybrid_shard_grad_op --shard_group_size 2 --shard_optimizer_across_groups --optimizer galore_adamw --rank 8 --dtype bfloat16 --precision pure"},
+                      Case{"llama_tiny", 4, "--batch_size 2 --max_length 32 --sharding hybrid_shard --shard_group_size 2 --shard_optimizer_across_groups --fuse_optimizer_with_backward --grad_clipping 0"}),
     case_name);
 
 TEST(EstimateCommand, BadInputIsExitTwo) {

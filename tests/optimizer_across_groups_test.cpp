@@ -63,8 +63,8 @@ TEST_P(AcrossGroups, EqualsFullShardAtTheWorldSize) {
 INSTANTIATE_TEST_SUITE_P(Optimizers, AcrossGroups, ::testing::ValuesIn(testing::micro_optimizers()),
                          [](const auto& info) { return info.param.name; });
 
-// Composed with activation checkpointing, recompute, grouped projections, padded matmuls and bf16
-// moments (the shard_grad_op form), each against full_shard at 4 ranks with the same flags.
+// Composed with activation checkpointing, recompute, grouped projections, padded matmuls, bf16 moments
+// (the shard_grad_op form) and the fused step, each against full_shard at 4 ranks with the same flags.
 class AcrossGroupsComposes : public ::testing::TestWithParam<std::pair<std::string, std::string>> {};
 
 TEST_P(AcrossGroupsComposes, AsFullShardDoes) {
@@ -85,8 +85,13 @@ TEST_P(AcrossGroupsComposes, AsFullShardDoes) {
 INSTANTIATE_TEST_SUITE_P(
     Features, AcrossGroupsComposes,
     ::testing::Values(std::pair<std::string, std::string>{"hybrid_shard", "--activation_checkpointing --grouped_projections --pad_matmul_dims on"},
-                      std::pair<std::string, std::string>{"hybrid_shard_grad_op", "--recompute mlp,attention --optimizer_state_dtype bfloat16"}),
-    [](const auto& info) { return info.param.first; });
+                      std::pair<std::string, std::string>{"hybrid_shard_grad_op", "--recompute mlp,attention --optimizer_state_dtype bfloat16"},
+                      // Each unit stepped in backward as its world shard's gradient lands, its rows
+                      // all-gathered across the groups there.
+                      std::pair<std::string, std::string>{"hybrid_shard", "--fuse_optimizer_with_backward --grad_clipping 0"}),
+    [](const auto& info) {
+      return info.param.first + (info.param.second.find("--fuse") != std::string::npos ? "_fused_step" : "");
+    });
 
 // Every rank writes its shard (the world layout's, as full_shard at 4 ranks), and the checkpoint
 // resumes under plain hybrid and at 3 ranks under full_shard; a full_shard checkpoint resumes with the
@@ -158,8 +163,7 @@ TEST(AcrossGroupsFlags, WhatIsNotBuiltIsRefused) {
   for (const Refusal& refusal :
        {Refusal{"--sharding full_shard", "and --sharding is full_shard"},
         Refusal{"--sharding hybrid_shard --shard_group_size 2 --offload optimizer", "not yet with --offload"},
-        Refusal{"--sharding hybrid_shard --shard_group_size 2 --fuse_optimizer_with_backward --grad_clipping 0",
-                "not yet with --fuse_optimizer_with_backward"}}) {
+        Refusal{"--sharding hybrid_shard --shard_group_size 2 --offload parameters", "not yet with --offload"}}) {
     const testing::CommandResult result = testing::run_command(testing::mpirun(4) + settings + " " + refusal.flags);
     EXPECT_EQ(result.exit_code, 2) << refusal.flags << "\n" << result.output;
     EXPECT_NE(result.output.find("--shard_optimizer_across_groups: " ), std::string::npos) << result.output;
