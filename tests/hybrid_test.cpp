@@ -59,7 +59,7 @@ const auto case_name = [](const auto& info) { return info.param.name; };
 INSTANTIATE_TEST_SUITE_P(Optimizers, HybridOptimizers, ::testing::ValuesIn(testing::micro_optimizers()), case_name);
 
 // Hybrid composed with the other features, each against full_shard at 4 ranks with the same flags:
-// the optimizer's offload (host step), parameter offload, activation checkpointing and recompute,
+// the optimizer's offload (every mode), parameter offload, activation checkpointing and recompute,
 // grouped projections and padded matmuls, the fused step, bf16 compute, the shard_grad_op form.
 struct Composition {
   std::string name, flags;
@@ -103,6 +103,11 @@ INSTANTIATE_TEST_SUITE_P(
         Composition{"offload_checkpointing_grouped_padded",
                     "--offload optimizer --activation_checkpointing --grouped_projections --pad_matmul_dims on"},
         Composition{"parameter_offload_recompute", "--offload optimizer,parameters --recompute attention"},
+        // The other places the offloaded step runs: on the device over streamed windows, speculatively in
+        // backward (clipping at 0.5 fires, so some units are stepped again), one step late.
+        Composition{"offload_step_device", "--offload optimizer --offload_step device"},
+        Composition{"offload_step_speculative", "--offload optimizer --offload_step speculative"},
+        Composition{"offload_delayed_update", "--offload optimizer --offload_delayed_update 2"},
         Composition{"fused_step", "--fuse_optimizer_with_backward --grad_clipping 0"},
         Composition{"grad_op_bf16_state", "--sharding hybrid_shard_grad_op --optimizer_state_dtype bfloat16", false, true},
         Composition{"bf16_mixed", "--dtype bfloat16 --precision mixed", true}),
