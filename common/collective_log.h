@@ -39,6 +39,14 @@ class CollectiveLog {
   static void end(size_t slot);
   // The unit the next collectives belong to (the sharded model's current unit; -1: none).
   static void set_unit(int64_t unit);
+  // set_unit(unit) for the scope's life, then -1 (also when the work in it throws).
+  class UnitScope {
+   public:
+    explicit UnitScope(int64_t unit) { set_unit(unit); }
+    ~UnitScope() { set_unit(-1); }
+    UnitScope(const UnitScope&) = delete;
+    UnitScope& operator=(const UnitScope&) = delete;
+  };
   // The last `count` entries, oldest first, and each communicator's ranks and last begun and last
   // ended sequence numbers, as the heartbeat writes them: {"collectives": [...], "communicators":
   // {NAME: {"ranks": [...], "begun": B, "ended": E}}}.

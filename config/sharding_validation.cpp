@@ -8,6 +8,14 @@ namespace llm {
 
 namespace {
 
+// "1, 2, 4": the divisors of n up to `most`, for the messages.
+std::string divisors_text(int n, int most) {
+  std::string divisors;
+  for (int d = 1; d <= most; ++d)
+    if (n % d == 0) divisors += (divisors.empty() ? "" : ", ") + std::to_string(d);
+  return divisors;
+}
+
 // --backward_gather_size: full_shard's node-local copy for the backward gathers.
 void check_backward_gather(const RunConfig& run, int world_size) {
   const int size = run.sharding.backward_gather_size;
@@ -27,9 +35,7 @@ void check_backward_gather(const RunConfig& run, int world_size) {
   if (size < 1)
     fail_user(kCommandLine, flag, "must be at least 1 (got " + std::to_string(size) + "); 0 turns it off");
   if (world_size % size != 0 || size >= world_size) {
-    std::string divisors;
-    for (int d = 1; d < world_size; ++d)
-      if (world_size % d == 0) divisors += (divisors.empty() ? "" : ", ") + std::to_string(d);
+    const std::string divisors = divisors_text(world_size, world_size - 1);
     fail_user(kCommandLine, flag,
               std::to_string(size) + (size >= world_size ? " is not below the " : " does not divide the ") +
                   std::to_string(world_size) + " ranks" +
@@ -72,12 +78,9 @@ void check_sharding_topology(const RunConfig& run, int world_size) {
   if (group < 1)  // main resolves the default before validation; a config file or a caller that did not
     fail_user(kCommandLine, "--shard_group_size", "must be at least 1 (got " + std::to_string(group) + ")");
   if (world_size % group == 0) return;
-  std::string divisors;
-  for (int d = 1; d <= world_size; ++d)
-    if (world_size % d == 0) divisors += (divisors.empty() ? "" : ", ") + std::to_string(d);
   fail_user(kCommandLine, "--shard_group_size",
             std::to_string(group) + " does not divide the " + std::to_string(world_size) + " ranks into groups of " +
-                "equal size: give a divisor of " + std::to_string(world_size) + " (" + divisors +
+                "equal size: give a divisor of " + std::to_string(world_size) + " (" + divisors_text(world_size, world_size) +
                 "); the default is the ranks of one node");
 }
 

@@ -16,6 +16,7 @@
 #include "memory/estimate_simulation.h"
 #include "model/units.h"
 #include "sharding/flat_layout.h"
+#include "sharding/topology.h"
 
 namespace llm {
 std::string estimate_device(const RunConfig& run, const EstimateOptions& options) {
@@ -76,7 +77,7 @@ std::string rank_kind(const std::vector<int64_t>& parameter_rows, int64_t galore
   const int shards = blocks ? world : group;
   if (is_hybrid(run.sharding.strategy) && !blocks) key += rank < shards ? "w;" : "g;";
   if (shards == 1) return key;
-  const int shard = blocks ? (rank % group) * (world / group) + rank / group : rank % shards;
+  const int shard = blocks ? world_shard_index(rank % group, rank / group, world / group) : rank % shards;
   for (const int64_t rows : parameter_rows) {
     const int64_t per_rank = (rows + shards - 1) / shards;
     key += std::to_string(std::clamp<int64_t>(rows - per_rank * shard, 0, per_rank)) + ",";

@@ -136,29 +136,35 @@ double added_seconds(const ModelConfig& model, const RunConfig& base, const RunC
 // than one node, hybrid groups of whole nodes (1, 2, 4, ... nodes, fewer than all), each also with the
 // optimizer across the groups; full_shard's copy for the backward over a node.
 struct ShardingChoice {
-  std::string flags;
-  ShardingStrategy strategy;
-  int group_size = 0, backward_gather_size = 0;
-  bool optimizer_across_groups = false;
+  std::string flags;  // empty: the command's own
+  ShardingConfig sharding;
 };
 std::vector<ShardingChoice> sharding_choices(const RunConfig& run, int world, int per_node) {
-  std::vector<ShardingChoice> choices = {{"", run.sharding.strategy, run.sharding.group_size,
-                                          run.sharding.backward_gather_size, run.sharding.optimizer_across_groups}};
+  std::vector<ShardingChoice> choices = {{"", run.sharding}};
   const ShardingStrategy strategy = run.sharding.strategy;
   if (per_node <= 0 || per_node >= world || world % per_node != 0 ||
       (strategy != ShardingStrategy::full_shard && strategy != ShardingStrategy::shard_grad_op) ||
       run.sharding.backward_gather_size > 0)
     return choices;
+  // The command's sharding with these fields changed.
+  const auto choice = [&](std::string flags, ShardingStrategy as, int group, int backward_gather, bool across) {
+    ShardingConfig sharding = run.sharding;
+    sharding.strategy = as;
+    sharding.group_size = group;
+    sharding.backward_gather_size = backward_gather;
+    sharding.optimizer_across_groups = across;
+    choices.push_back({std::move(flags), sharding});
+  };
   const ShardingStrategy hybrid =
       strategy == ShardingStrategy::full_shard ? ShardingStrategy::hybrid_shard : ShardingStrategy::hybrid_shard_grad_op;
   for (int group = per_node; group < world; group *= 2) {
     if (world % group != 0) continue;
     const std::string flags = std::string("--sharding ") + to_string(hybrid) + " --shard_group_size " + std::to_string(group);
-    choices.push_back({flags, hybrid, group, 0, false});
-    choices.push_back({flags + " --shard_optimizer_across_groups", hybrid, group, 0, true});
+    choice(flags, hybrid, group, 0, false);
+    choice(flags + " --shard_optimizer_across_groups", hybrid, group, 0, true);
   }
   if (strategy == ShardingStrategy::full_shard)
-    choices.push_back({"--backward_gather_size " + std::to_string(per_node), strategy, 0, per_node, false});
+    choice("--backward_gather_size " + std::to_string(per_node), strategy, 0, per_node, false);
   return choices;
 }
 
@@ -222,13 +228,8 @@ std::vector<Candidate> candidates(const RunConfig& run, int world, int per_node,
             continue;
           for (const int64_t micro : micro_batches) {
             Candidate c{run, {}};
-            if (!sharding.flags.empty()) {
-              c.run.sharding.strategy = sharding.strategy;
-              c.run.sharding.group_size = sharding.group_size;
-              c.run.sharding.backward_gather_size = sharding.backward_gather_size;
-              c.run.sharding.optimizer_across_groups = sharding.optimizer_across_groups;
-              c.flags.push_back(sharding.flags);
-            }
+            c.run.sharding = sharding.sharding;  // the offload levers below change it further
+            if (!sharding.flags.empty()) c.flags.push_back(sharding.flags);
             if (!precision.empty()) {
               c.run.precision.dtype = DType::bfloat16;
               c.run.precision.mode = precision == "pure" ? Precision::pure : Precision::mixed;

@@ -22,6 +22,7 @@
 #include "optim/subset_norm.h"
 #include "sharding/flat_layout.h"
 #include "sharding/step_plan.h"
+#include "sharding/topology.h"
 
 namespace llm {
 namespace {
@@ -510,7 +511,7 @@ class StepSimulation {
   int optimizer_world() const { return layout_world_; }
   // Ranks in groups of consecutive ranks (hybrid: block placement; sharding/topology.h groups by host).
   int shard_rank() const {
-    if (blocks_ > 1) return (rank_ % group_size_) * blocks_ + rank_ / group_size_;  // k G + g
+    if (blocks_ > 1) return world_shard_index(rank_ % group_size_, rank_ / group_size_, blocks_);
     return layout_world_ == 1 ? 0 : rank_ % layout_world_;
   }
   // RunCheckpoints::save_role: rank 0 alone under no_shard, group 0 under hybrid sharding, else all.

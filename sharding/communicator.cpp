@@ -12,10 +12,10 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
-#include <thread>
-#include <cstdlib>
 #include <cstdint>
+#include <cstdlib>
 #include <sstream>
+#include <thread>
 
 #include "common/collective_log.h"
 #include "common/errors.h"

@@ -7,11 +7,11 @@
 #include <ATen/ops/dot.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
-#include <ATen/ops/zeros_like.h>
 #include <c10/core/StorageImpl.h>
 
 #include "common/memory_stats.h"
 #include "common/padded_tensor.h"
+#include "sharding/topology.h"
 #ifdef TRAINER_HAVE_CUDA
 #include <c10/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -95,7 +95,7 @@ ShardedUnit::ShardedUnit(std::string name, std::vector<std::pair<std::string, at
     return layout_for(name_, parameters_, communicator_, strategy_, logical_shapes_, index,
                       communicator_.world_size() * groups);
   };
-  if (blocks) layout_ = world_layout(communicator_.rank() * groups + replicas_->rank());
+  if (blocks) layout_ = world_layout(world_shard_index(communicator_.rank(), replicas_->rank(), groups));
   {
     // Without autograd: copying from parameters that require grad would make the shard a non-leaf
     // with a CopySlices history, and every in-place optimizer update would then extend that graph
@@ -105,10 +105,8 @@ ShardedUnit::ShardedUnit(std::string name, std::vector<std::pair<std::string, at
     // Each world shard of the block (one: this rank's shard) from the parameters' rows.
     at::Tensor rows = at::empty({groups * layout_.shard_numel}, fp32);
     for (int j = 0; j < groups; ++j) {
-      const FlatShardLayout layout = blocks ? world_layout(communicator_.rank() * groups + j) : layout_;
-      at::Tensor shard = rows.narrow(0, j * layout_.shard_numel, layout_.shard_numel);
-      for (size_t i = 0; i < parameters_.size(); ++i)
-        slice(shard, layout.parameters[i]).copy_(layout.take_rows(layout.parameters[i], logical(i, parameters_[i].second)));
+      const FlatShardLayout layout = blocks ? world_layout(world_shard_index(communicator_.rank(), j, groups)) : layout_;
+      copy_rows_into(layout, rows.narrow(0, j * layout_.shard_numel, layout_.shard_numel));
     }
     if (blocks) block_ = rows;
     master_ = blocks ? rows.narrow(0, replicas_->rank() * layout_.shard_numel, layout_.shard_numel) : rows;
@@ -255,9 +253,13 @@ void ShardedUnit::keep_backward_copy() {
   wait_gathered();
   const at::Tensor& first = parameters_.front().second;
   backward_copy_ = at::empty({backward_layout_.shard_numel}, first.options());
+  copy_rows_into(backward_layout_, backward_copy_);
+}
+
+void ShardedUnit::copy_rows_into(const FlatShardLayout& layout, const at::Tensor& shard) const {
   for (size_t i = 0; i < parameters_.size(); ++i)
-    slice(backward_copy_, backward_layout_.parameters[i])
-        .copy_(backward_layout_.take_rows(backward_layout_.parameters[i], logical(i, parameters_[i].second.variable_data())));
+    slice(shard, layout.parameters[i])
+        .copy_(layout.take_rows(layout.parameters[i], logical(i, parameters_[i].second.variable_data())));
 }
 
 void ShardedUnit::gather() {

@@ -229,6 +229,9 @@ class ShardedUnit {
   bool padded_ = false;                               // some parameter has pads
   // The part of a tensor shaped like parameter i's that the layout holds (the tensor when unpadded).
   at::Tensor logical(size_t i, const at::Tensor& tensor) const;
+  // Each parameter's rows under `layout` (this rank's, or another's of the same world) into `shard`,
+  // laid out as the layout says (the caller holds a NoGradGuard).
+  void copy_rows_into(const FlatShardLayout& layout, const at::Tensor& shard) const;
   Communicator& communicator_;
   Communicator* replicas_ = nullptr;  // hybrid: across the groups (the constructor)
   Communicator* backward_group_ = nullptr;  // gather_backward_within

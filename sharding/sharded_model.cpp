@@ -144,9 +144,8 @@ void ShardedModel::backward(Activations& boundaries, const at::Tensor& loss, boo
           // One reduction in flight (CUDA): the compute stream waits for the last unit's before this
           // one's, and its flat input goes (sharding/fsdp_unit.h).
           for (auto& unit : units_) unit->wait_reduced();
-          CollectiveLog::set_unit(static_cast<int64_t>(u));
+          const CollectiveLog::UnitScope logged(static_cast<int64_t>(u));
           units_[u]->reduce_gradients();
-          CollectiveLog::set_unit(-1);
         }
         emit(UnitEvent::gradient_shard_ready, u, Pass::train);
         break;
@@ -171,10 +170,7 @@ void ShardedModel::publish_shards() {
 void ShardedModel::apply(const UnitAction& action, Pass pass) {
   ShardedUnit& unit = *units_.at(static_cast<size_t>(action.unit));
   StepTimer::Scope timed(timer_, StepPhase::collectives);
-  struct LoggedUnit {  // the unit a gather's collective belongs to (the stall message names it)
-    explicit LoggedUnit(int64_t unit) { CollectiveLog::set_unit(unit); }
-    ~LoggedUnit() { CollectiveLog::set_unit(-1); }
-  } logged(action.unit);
+  const CollectiveLog::UnitScope logged(action.unit);  // the unit a gather's collective belongs to (the stall message names it)
   switch (action.op) {
     case UnitOp::gather:
       emit(UnitEvent::before_shard_read, static_cast<size_t>(action.unit), pass);

@@ -19,12 +19,18 @@
 
 namespace llm {
 
+// --shard_optimizer_across_groups lays the optimizer out over the world: the rank at place k of group
+// g (of G groups) holds world shard k G + g, so the S blocks of G consecutive world shards, one per place
+// in a group, are the N shards in world order (sharding/fsdp_unit.h).
+inline int world_shard_index(int shard, int group, int groups) { return shard * groups + group; }
+
 struct ShardTopology {
   int world_size = 1;
   int group_size = 1;  // S
   int group = 0;       // g: this rank's group, 0 .. G - 1
   int shard = 0;       // k: its position in the group, the shard it holds
   int groups() const { return world_size / group_size; }
+  int world_shard() const { return world_shard_index(shard, group, groups()); }
 };
 
 // Every rank's (group, shard) from every rank's host, in world-rank order (the rule above). UserError

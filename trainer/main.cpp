@@ -208,8 +208,7 @@ int train_command(const llm::ModelConfig& model, const llm::RunConfig& run, cons
   // The optimizer over every rank in its layout's order (rank k G + g), --shard_optimizer_across_groups.
   std::unique_ptr<llm::Communicator> optimizer_communicator;
   if (run.sharding.optimizer_across_groups) {
-    const int groups = context.topology.groups();
-    optimizer_communicator = communicator->split(0, context.topology.shard * groups + context.topology.group);
+    optimizer_communicator = communicator->split(0, context.topology.world_shard());
     optimizer_communicator->set_label("optimizer");
     context.optimizer_communicator = optimizer_communicator.get();
   }

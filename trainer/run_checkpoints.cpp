@@ -52,7 +52,7 @@ SaveRole RunCheckpoints::save_role() const {
   // Hybrid sharding: one copy of each replicated shard, group 0's, under its shard index.
   // With the state across the groups every rank writes its world shard (rank k G + g of the layout).
   if (is_hybrid(run_.sharding.strategy) && run_.sharding.optimizer_across_groups)
-    return {true, context_.topology.shard * context_.topology.groups() + context_.topology.group};
+    return {true, context_.topology.world_shard()};
   if (is_hybrid(run_.sharding.strategy)) return {context_.topology.group == 0, context_.topology.shard};
   return {};
 }

@@ -4,15 +4,9 @@
 
 #include <ATen/ATen.h>
 
+#include "memory/categories.h"
+
 namespace llm {
-namespace {
-
-double median_of(std::vector<double> values) {
-  std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2), values.end());
-  return values[values.size() / 2];
-}
-
-}  // namespace
 
 std::optional<Straggler> StragglerWatch::observe(Communicator& communicator, double compute_seconds) {
   const int world = communicator.world_size();
@@ -28,16 +22,16 @@ std::optional<Straggler> StragglerWatch::observe(Communicator& communicator, dou
   for (int r = 0; r < world; ++r) {
     std::vector<double> seconds;
     for (const std::vector<double>& logged : window_) seconds.push_back(logged[static_cast<size_t>(r)]);
-    per_rank.push_back(median_of(seconds));
+    per_rank.push_back(median(seconds));
   }
   const int slowest = static_cast<int>(std::max_element(per_rank.begin(), per_rank.end()) - per_rank.begin());
   std::vector<double> others;
   for (int r = 0; r < world; ++r)
     if (r != slowest) others.push_back(per_rank[static_cast<size_t>(r)]);
-  const double median = median_of(others);
+  const double others_median = median(others);
   const double slow = per_rank[static_cast<size_t>(slowest)];
-  if (slow <= kStragglerRatio * median || slow - median < 1e-3) return std::nullopt;
-  return Straggler{communicator.world_ranks()[static_cast<size_t>(slowest)], slow, median};
+  if (slow <= kStragglerRatio * others_median || slow - others_median < 1e-3) return std::nullopt;
+  return Straggler{communicator.world_ranks()[static_cast<size_t>(slowest)], slow, others_median};
 }
 
 }  // namespace llm
