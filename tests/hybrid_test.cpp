@@ -23,13 +23,7 @@ namespace fs = std::filesystem;
 using testing::run_command;
 using testing::ScratchDir;
 
-// A case's flags with its --sharding replaced by `sharding` (the strategy and, for hybrid, the size).
-std::string with_sharding(std::string flags, const std::string& sharding) {
-  const std::string full = "--sharding full_shard";
-  const size_t at = flags.find(full);
-  if (at != std::string::npos) flags.erase(at, full.size());
-  return flags + " " + sharding;
-}
+using testing::with_sharding;
 const std::string kHybrid = "--sharding hybrid_shard --shard_group_size 2";
 
 // Each optimizer: hybrid 2x2 against full_shard at 4 ranks (another order of the same sums: within

@@ -36,6 +36,15 @@ struct MicroCase {
   bool bf16_state = false;  // bf16 moments: compared against one rank only through a resume
 };
 
+// A case's flags with its `--sharding full_shard` (micro_strategies()[0]'s, which the optimizer cases
+// take) replaced by `sharding`: the strategy and its flags (hybrid's group size, ...).
+inline std::string with_sharding(std::string flags, const std::string& sharding) {
+  const std::string full = "--sharding full_shard";
+  const size_t at = flags.find(full);
+  if (at != std::string::npos) flags.erase(at, full.size());
+  return flags + " " + sharding;
+}
+
 // adamw: --adam_eps 1e-6 because sharding changes only the order of the cross-rank sums, so a
 // gradient element differs by fp32 rounding (about 1e-10 on a sum that cancels), and Adam turns that
 // into a weight difference of up to lr x 1e-10 / eps per step: 3e-5 with torch's eps 1e-8, which

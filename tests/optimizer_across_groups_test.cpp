@@ -21,13 +21,7 @@ namespace fs = std::filesystem;
 
 const std::string kAcross = "--sharding hybrid_shard --shard_group_size 2 --shard_optimizer_across_groups";
 
-// A case's flags with its --sharding replaced.
-std::string with_sharding(std::string flags, const std::string& sharding) {
-  const std::string full = "--sharding full_shard";
-  const size_t at = flags.find(full);
-  if (at != std::string::npos) flags.erase(at, full.size());
-  return flags + " " + sharding;
-}
+using testing::with_sharding;
 
 class AcrossGroups : public ::testing::TestWithParam<testing::MicroCase> {};
 
