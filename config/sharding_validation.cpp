@@ -55,10 +55,6 @@ void check_optimizer_across_groups(const RunConfig& run) {
                   (run.sharding.strategy == ShardingStrategy::no_shard
                        ? ": pass --sharding hybrid_shard, or leave it out"
                        : ": full_shard and shard_grad_op shard the optimizer over every rank already; leave it out"));
-  if (run.sharding.offload != Offload::none)
-    fail_user(kCommandLine, flag,
-              "not yet with --offload (the host step and its copies work on a group's whole shard): use one or the "
-              "other");
 }
 
 }  // namespace

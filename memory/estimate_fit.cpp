@@ -110,14 +110,17 @@ double added_seconds(const ModelConfig& model, const RunConfig& base, const RunC
   const auto optimizer_offload = [&](const RunConfig& r) {
     if (!offloads_optimizer(r.sharding.offload)) return 0.0;
     const bool bf16_state = r.optimizer.state_dtype == "bfloat16";
+    // The ranks the optimizer's rows are split over: the whole world with the optimizer across groups.
+    const double ranks = r.sharding.optimizer_across_groups ? world : shard_world(r, world);
     if (r.sharding.offload_step == OffloadStep::device)
-      return 2.0 * (4.0 + (bf16_state ? 4.0 : 8.0)) * parameters / shard_world(r, world) / (options.pcie_gbs * 1e9);
-    return (4.0 + compute_bytes) * parameters / shard_world(r, world) / (options.pcie_gbs * 1e9) +
-           (bf16_state ? 20.0 : 28.0) * parameters / shard_world(r, world) / (fit_host_gbs(options, world) * 1e9);
+      return 2.0 * (4.0 + (bf16_state ? 4.0 : 8.0)) * parameters / ranks / (options.pcie_gbs * 1e9);
+    return (4.0 + compute_bytes) * parameters / ranks / (options.pcie_gbs * 1e9) +
+           (bf16_state ? 20.0 : 28.0) * parameters / ranks / (fit_host_gbs(options, world) * 1e9);
   };
   if (offloads_optimizer(run.sharding.offload) &&
       (!offloads_optimizer(base.sharding.offload) || run.sharding.offload_step != base.sharding.offload_step ||
-       run.optimizer.state_dtype != base.optimizer.state_dtype))
+       run.optimizer.state_dtype != base.optimizer.state_dtype ||
+       run.sharding.optimizer_across_groups != base.sharding.optimizer_across_groups))
     seconds += optimizer_offload(run) - optimizer_offload(base);
   if (offloads_parameters(run.sharding.offload) && !offloads_parameters(base.sharding.offload)) {
     // Each gather copies the unit's rows in: twice a micro-batch (forward, backward) but for

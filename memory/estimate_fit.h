@@ -32,7 +32,8 @@
 //   recompute       the recomputed operations' forward FLOPs at --device_tflops, per layer and token:
 //                   norm 2 x 4h, SwiGLU 4I, MLP 6 h I, attention 4h^2 + 4 h kv + 4 h S (S the sequence
 //                   length); the norm and SwiGLU are memory-bound, which FLOPs undercount
-//   offload         of the optimizer, stepped on the host: (4 + c) P / W bytes over PCIe (gradients
+//   offload         (W: the ranks the rows are split over, the world's with the optimizer across
+//                   groups) of the optimizer, stepped on the host: (4 + c) P / W bytes over PCIe (gradients
 //                   down, parameters up) at --pcie_gbs, and the host step's 28 P / W bytes (20 with
 //                   bf16 state) at the host rate (fit_host_gbs); stepped on the device
 //                   (--offload_step device, tried wherever it is allowed: not with parameter

@@ -111,10 +111,11 @@ class StepSimulation {
     for (const UnitGeometry& unit : units_) {
       const size_t u = static_cast<size_t>(&unit - units_.data());
       shard_elements_ += unit.shard_numel;
+      // (With the optimizer across the groups each is the block of G world shards: blocks_.)
       if (offload_parameters_) {
-        if (!offload_) timeline_.add(kParameters, 4 * unit.shard_numel);
+        if (!offload_) timeline_.add(kParameters, 4 * blocks_ * unit.shard_numel);
       } else if (offload_) {
-        timeline_.add(kParameters, m_.compute_bytes() * unit.shard_numel);
+        timeline_.add(kParameters, m_.compute_bytes() * blocks_ * unit.shard_numel);
       } else {
         timeline_.add(kParameters, 4 * blocks_ * unit.shard_numel);  // the block of G world shards, or the master
         if (m_.mode == Mode::pure && resident_) timeline_.add(kParameters, 2 * unit.shard_numel);
@@ -122,7 +123,9 @@ class StepSimulation {
       if (!transient(u)) timeline_.add(kGradients, gradient_shard_bytes(unit));
     }
     if (resident_) gathered_.assign(units_.size(), true);
-    const int64_t compute_rows = m_.compute_bytes() * shard_elements_;
+    // The compute-dtype rows: of this rank's shard (what the host step writes), and of the block it
+    // gathers (the host's rows under parameter offload; the same but with the optimizer across groups).
+    const int64_t compute_rows = m_.compute_bytes() * shard_elements_, block_rows = blocks_ * compute_rows;
     if (offload_) {
       // The gradients' host buffers (none for the device step, which reads the shards in place).
       const int64_t landing = device_step_ ? 0 : (bf16_gradient_ ? 2 : 4) * shard_elements_;
@@ -131,7 +134,7 @@ class StepSimulation {
       const bool speculative = m_.run.sharding.offload_step == OffloadStep::speculative;
       const bool staging =
           (((cuda_ || m_.run.sharding.offload_delayed_update >= 0) && !offload_parameters_) || speculative) && !device_step_;
-      const int64_t host_rows = offload_parameters_ ? compute_rows : 0;
+      const int64_t host_rows = offload_parameters_ ? block_rows : 0;
       offload_host_bytes_ = optimizer_state() + 4 * shard_elements_ + landing + host_rows + (staging ? compute_rows : 0) +
                             (speculative ? unit_masters_and_state(/*largest=*/false) : 0);
       // Page-locked: what crosses the bus (the device step: master and state, both ways, every step).
@@ -152,8 +155,8 @@ class StepSimulation {
     } else {
       timeline_.add(kOptimizerDevice, optimizer_state());
       if (offload_parameters_) {
-        offload_host_bytes_ = compute_rows;
-        offload_pinned_bytes_ = cuda_ ? compute_rows : 0;
+        offload_host_bytes_ = block_rows;
+        offload_pinned_bytes_ = cuda_ ? block_rows : 0;
         timeline_.add(kOptimizerHost, offload_host_bytes_);
       }
     }
@@ -233,7 +236,7 @@ class StepSimulation {
     }
     // The send buffer: parameter offload's copy of the host rows (a CPU rank sends them in place);
     // else pure bf16's rounded master (optimizer offload keeps a compute shard on the device).
-    const int64_t send = offload_parameters_ ? (cuda_ ? element * unit.shard_numel : 0)
+    const int64_t send = offload_parameters_ ? (cuda_ ? element * blocks_ * unit.shard_numel : 0)
                          : m_.mode == Mode::pure && !offload_ ? 2 * blocks_ * unit.shard_numel
                                                               : 0;
     // A whole-unit layout fills the parameters from the send buffer itself: no all-gather buffer.

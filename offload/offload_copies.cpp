@@ -58,9 +58,9 @@ void OptimizerOffload::deliver_staged(size_t unit) {
   ShardedUnit& sharded = model_.unit(unit);
   if (sharded.parameters_offloaded()) {
     sharded.wait_host_reads();
-    sharded.compute_shard().copy_(staging_.at(unit));
+    sharded.stepped_rows().copy_(staging_.at(unit));
   } else if (!on_cuda_) {
-    sharded.compute_shard().copy_(staging_.at(unit));
+    sharded.stepped_rows().copy_(staging_.at(unit));
   }
   send_to_device(unit);
 }
@@ -69,11 +69,11 @@ at::Tensor& OptimizerOffload::rounded_destination(size_t unit) {
   ShardedUnit& sharded = model_.unit(unit);
   if (sharded.parameters_offloaded()) {
     sharded.wait_host_reads();  // every gather issued so far has copied the shard to the device
-    return sharded.compute_shard();
+    return sharded.stepped_rows();
   }
   if (on_cuda_) return staged_rows(unit);
   // Delayed, the forward and backward read the compute shard while the step runs: staged instead.
-  return delayed_ ? staging_.at(unit) : sharded.compute_shard();
+  return delayed_ ? staging_.at(unit) : sharded.stepped_rows();
 }
 
 void OptimizerOffload::send_to_device(size_t unit) {
@@ -83,7 +83,7 @@ void OptimizerOffload::send_to_device(size_t unit) {
   if (on_cuda_ && !sharded.parameters_offloaded()) {
     copies_->backward_done.block(copies_->to_device);
     c10::cuda::CUDAStreamGuard on_copy_stream(copies_->to_device);
-    sharded.compute_shard().copy_(staging_.at(unit), /*non_blocking=*/true);
+    sharded.stepped_rows().copy_(staging_.at(unit), /*non_blocking=*/true);
     sharded.publish_shard();  // no_shard's parameters from the compute shard
     copies_->update_landed.at(unit).record(copies_->to_device);
     return;

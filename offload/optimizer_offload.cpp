@@ -274,7 +274,7 @@ void OptimizerOffload::step_on_device(double lr, double gradient_scale) {
     ShardedUnit& sharded = model_.unit(u);
     record("step_begin", static_cast<int64_t>(u), steps_);
     sharded.wait_reduced();  // the step reads the shard on the compute stream
-    device_step_->step_unit(u, lr, gradient_scale, sharded.gradient_shard(), sharded.compute_shard());
+    device_step_->step_unit(u, lr, gradient_scale, sharded.gradient_shard(), sharded.stepped_rows());
     sharded.publish_shard();  // no_shard's parameters from the compute shard
     record("step_end", static_cast<int64_t>(u), steps_);
     record("sent", static_cast<int64_t>(u), steps_);
@@ -358,7 +358,7 @@ void OptimizerOffload::resolve(size_t unit, int64_t step) {
 
 void OptimizerOffload::apply_delayed(size_t unit) {
   at::NoGradGuard no_grad;
-  if (!on_cuda_) model_.unit(unit).compute_shard().copy_(staging_.at(unit));  // CUDA: send_to_device's copy
+  if (!on_cuda_) model_.unit(unit).stepped_rows().copy_(staging_.at(unit));  // CUDA: send_to_device's copy
   send_to_device(unit);
 }
 
@@ -374,7 +374,7 @@ void OptimizerOffload::publish(size_t unit) {
   // trace numbers its steps as the uninterrupted run's.
   steps_ = optimizer_->steps_taken();
   if (device_step_) {  // the rows live on the device only
-    model_.unit(unit).compute_shard().copy_(masters_.at(unit));  // rounds to the compute dtype
+    model_.unit(unit).stepped_rows().copy_(masters_.at(unit));  // rounds to the compute dtype
     model_.unit(unit).publish_shard();
     return;
   }

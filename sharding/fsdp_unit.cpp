@@ -81,6 +81,7 @@ ShardedUnit::ShardedUnit(std::string name, std::vector<std::pair<std::string, at
       logical_shapes_(std::move(logical_shapes)),
       communicator_(communicator),
       replicas_(replicas),
+      host_replicas_(replicas),
       strategy_(strategy) {
   const bool sharded = strategy_ != ShardingStrategy::no_shard;
   if (logical_shapes_.empty())
@@ -95,6 +96,7 @@ ShardedUnit::ShardedUnit(std::string name, std::vector<std::pair<std::string, at
     return layout_for(name_, parameters_, communicator_, strategy_, logical_shapes_, index,
                       communicator_.world_size() * groups);
   };
+  blocks_ = blocks;
   if (blocks) layout_ = world_layout(world_shard_index(communicator_.rank(), replicas_->rank(), groups));
   {
     // Without autograd: copying from parameters that require grad would make the shard a non-leaf
@@ -124,8 +126,8 @@ ShardedUnit::ShardedUnit(std::string name, std::vector<std::pair<std::string, at
   // buffer of its own (the header).
   if (offload_parameters) {
     at::NoGradGuard no_grad;
-    compute_ = exact_host_buffer(layout_.shard_numel, compute_dtype, master_.device());
-    compute_.copy_(master_);  // rounds to the compute dtype
+    compute_ = exact_host_buffer(block_numel(), compute_dtype, master_.device());
+    compute_.copy_(gathered_rows());  // rounds to the compute dtype
   } else if (compute_dtype == at::kFloat)
     compute_ = gathered_rows();
   else if (resident_) {
@@ -172,8 +174,15 @@ at::Tensor ShardedUnit::logical(size_t i, const at::Tensor& tensor) const {
 
 void ShardedUnit::publish_shard() {
   at::NoGradGuard no_grad;
-  if (block_.defined()) {  // every replica's updated shard into the block, in place (its own is already)
+  if (blocks_) {
+    if (!master_.defined()) {  // offloaded: the next gather brings the replicas' rows (the header)
+      replicas_stale_ = true;
+      return;
+    }
+    // Every replica's updated shard into the block, in place (its own is already), and a host copy
+    // of it (parameter offload) from there, as below.
     if (replicas_->world_size() > 1) replicas_->all_gather(master_, block_);
+    if (parameters_offloaded_) compute_.copy_(block_, /*non_blocking=*/block_.is_cuda());
     return;
   }
   const at::Tensor& source = master_.defined() ? master_ : compute_;
@@ -190,8 +199,21 @@ void ShardedUnit::publish_shard() {
 void ShardedUnit::offload_master() {
   if (!master_.defined()) return;
   at::NoGradGuard no_grad;
-  if (!compute_.defined()) compute_ = master_.to(compute_dtype_);
+  if (!compute_.defined()) compute_ = gathered_rows().to(compute_dtype_);
+  stepped_ = blocks_ ? compute_.narrow(0, replicas_->rank() * layout_.shard_numel, layout_.shard_numel) : compute_;
   master_ = at::Tensor();  // fp32: compute_ still holds the storage (the device copy of the rows)
+  block_ = at::Tensor();
+}
+
+int64_t ShardedUnit::block_numel() const {
+  return blocks_ ? replicas_->world_size() * layout_.shard_numel : layout_.shard_numel;
+}
+
+void ShardedUnit::gather_replicas() {
+  if (!std::exchange(replicas_stale_, false)) return;
+  at::NoGradGuard no_grad;
+  Communicator& over = parameters_offloaded_ ? *host_replicas_ : *replicas_;
+  if (over.world_size() > 1) over.all_gather(stepped_, compute_);  // in place: its own rows are there
 }
 
 ShardedUnit::~ShardedUnit() {
@@ -268,12 +290,14 @@ void ShardedUnit::gather() {
     wait_gathered();
     return;
   }
+  gather_replicas();
   fill_compute_parameters(std::nullopt);
   gathered_ = true;
 }
 
 void ShardedUnit::gather_async(const CollectiveStream& gather_stream) {
   if (gathered_ || resident_) return;
+  gather_replicas();  // on the compute stream, which the gather stream waits for below
 #ifdef TRAINER_HAVE_CUDA
   // gradient_options_, not the gradient shard: a transient shard (offload, the fused step) does not
   // exist between steps, when the next forward's prefetches are issued.
@@ -498,14 +522,14 @@ void ShardedUnit::reduce_into_shard() {
 }
 
 void ShardedUnit::reduce_over_groups(const at::Tensor& flat, const CollectiveStream& stream) {
-  if (!block_.defined()) {
+  if (!blocks_) {
     communicator_.reduce_scatter(flat, gradient_, ReduceOp::sum, stream);
     average_over_replicas(gradient_, stream);
     return;
   }
   // The block's rows summed over the group, then each replica's world shard of it summed over the
   // replicas: every rank's sum, as full_shard's reduce-scatter at N ranks (another order of the adds).
-  const at::Tensor summed = at::empty({block_.numel()}, gradient_options_);
+  const at::Tensor summed = at::empty({block_numel()}, gradient_options_);
   communicator_.reduce_scatter(flat, summed, ReduceOp::sum, stream);
   replicas_->reduce_scatter(summed, gradient_, ReduceOp::sum, stream);
   gradient_.div_(communicator_.world_size() * replicas_->world_size());  // on the current stream: the caller's

@@ -91,7 +91,11 @@ class ShardedUnit {
   // own world shard, a view of the block: the optimizer steps it (laid out as full_shard's at N ranks,
   // over a communicator in that order). The reduction reduce-scatters the full gradients over the
   // group (summing the block's rows) and then over the replicas (each its shard), and divides by N;
-  // publish_shard() all-gathers the updated shards across the replicas back into the block.
+  // publish_shard() all-gathers the updated shards across the replicas back into the block. Offloaded
+  // (offload_master), the block is the compute shard, in the compute dtype: the host step writes this
+  // rank's world shard of it (stepped_rows), and the next gather first all-gathers the replicas' rows
+  // into it, on the calling thread (publish_shard may run on offload's worker, which must not
+  // communicate: MPI is FUNNELED), once per update.
   ShardedUnit(std::string name, std::vector<std::pair<std::string, at::Tensor>> parameters,
               Communicator& communicator, ShardingStrategy strategy, at::ScalarType compute_dtype,
               bool resident_when_whole = false, bool offload_parameters = false,
@@ -124,6 +128,9 @@ class ShardedUnit {
   // all-gathers those over the group instead of the shards over every rank, and frees the copy. The
   // parameters are the same bits either way. Nothing to keep for a unit not gathered.
   void gather_backward_within(Communicator& group);
+  // A host compute block's all-gather across the replicas (--offload parameters with the state across
+  // replicas) goes over this communicator of host tensors (a GPU rank's; on a CPU rank the replicas').
+  void set_host_replicas(Communicator& host_replicas) { host_replicas_ = &host_replicas; }
   void keep_backward_copy();
   int64_t backward_copy_bytes() const { return backward_copy_.defined() ? static_cast<int64_t>(backward_copy_.nbytes()) : 0; }
   // Before this unit's backward: a resident fp32 unit zeroes its gradient shard if the last step
@@ -162,6 +169,9 @@ class ShardedUnit {
   // parameters.
   void offload_master();
   bool master_offloaded() const { return !master_.defined(); }
+  // Once offloaded: the rows of the compute shard the host step writes (this rank's shard: all of it,
+  // or with the state across replicas its world shard of the block).
+  at::Tensor& stepped_rows() { return stepped_; }
   // --offload parameters: compute_shard() is in host memory (above).
   bool parameters_offloaded() const { return parameters_offloaded_; }
   // Blocks until the device has read the host compute shard for every gather issued so far, so that
@@ -195,9 +205,10 @@ class ShardedUnit {
   // The fp32 rows the gathers send: the block (state across replicas, a view of which is the master)
   // or the master itself.
   const at::Tensor& gathered_rows() const { return block_.defined() ? block_ : master_; }
-  // (shard_numel) compute dtype: the master itself in fp32, a rounded copy for a resident bf16 unit,
-  // undefined for a gathered bf16 unit (each gather rounds the master into a transient buffer); with
-  // parameter offload a host buffer of its own in any dtype.
+  // (shard_numel; with the state across replicas the block's G shard_numel) compute dtype: the master
+  // (the block) itself in fp32, a rounded copy for a resident bf16 unit, undefined for a gathered bf16
+  // unit (each gather rounds the master into a transient buffer); with parameter offload a host
+  // buffer of its own in any dtype; once the master is offloaded, its rows in the compute dtype.
   at::Tensor& compute_shard() { return compute_; }
   const at::Tensor& compute_shard() const { return compute_; }
   // (shard_numel) fp32; undefined between steps once the gradient is transient.
@@ -234,6 +245,12 @@ class ShardedUnit {
   void copy_rows_into(const FlatShardLayout& layout, const at::Tensor& shard) const;
   Communicator& communicator_;
   Communicator* replicas_ = nullptr;  // hybrid: across the groups (the constructor)
+  Communicator* host_replicas_ = nullptr;  // the same ranks for host tensors (set_host_replicas)
+  bool blocks_ = false;  // the state across replicas: the gathered rows are a block of G world shards
+  int64_t block_numel() const;  // G shard_numel with blocks, else shard_numel
+  // Offloaded with blocks: the host step wrote stepped_rows() since the replicas' rows were gathered.
+  bool replicas_stale_ = false;
+  void gather_replicas();  // their rows into the compute block, once stale (gather and gather_async)
   Communicator* backward_group_ = nullptr;  // gather_backward_within
   FlatShardLayout backward_layout_;         // the unit over backward_group_'s ranks
   at::Tensor backward_copy_;                // keep_backward_copy: this rank's rows under backward_layout_
@@ -260,6 +277,7 @@ class ShardedUnit {
 
   at::Tensor master_, compute_, gradient_;
   at::Tensor block_;  // state across replicas: the G world shards this rank gathers (master_ views one)
+  at::Tensor stepped_;  // stepped_rows(): compute_ or its world shard (offload_master)
   at::DataPtr compute_block_;  // a gathered unit's parameters, one allocation (allocate_compute_parameters)
   at::Tensor gradient_squares_;        // (1) fp32, see gradient_squares()
   at::TensorOptions gradient_options_;  // fp32 on the unit's device

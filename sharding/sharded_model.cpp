@@ -46,6 +46,7 @@ size_t ShardedModel::add_unit(std::string name, std::vector<std::pair<std::strin
                                                  std::move(logical_shapes), options_.replicas,
                                                  options_.state_across_replicas));
   units_.back()->set_reduce_stream(reduce_stream_);
+  if (options_.host_replicas != nullptr) units_.back()->set_host_replicas(*options_.host_replicas);
   if (options_.backward_gather != nullptr && !units_.back()->resident())
     units_.back()->gather_backward_within(*options_.backward_gather);
   if (options_.bf16_gradient_shards) units_.back()->keep_bf16_gradient();

@@ -73,6 +73,9 @@ struct ShardingOptions {
   // --shard_optimizer_across_groups: each unit's masters and state split over `replicas` too
   // (ShardedUnit's state_across_replicas).
   bool state_across_replicas = false;
+  // The replicas for host tensors (a GPU rank's; nullptr: `replicas`): parameter offload's host rows
+  // all-gathered across them (ShardedUnit::set_host_replicas).
+  Communicator* host_replicas = nullptr;
 };
 
 // The gather plan's strategy for units built with these options: no_shard's for resident units,

@@ -213,7 +213,12 @@ INSTANTIATE_TEST_SUITE_P(
         GpuCase{"staged_4_ranks_node_copy_bf16_pure", 4, "", "--backward_gather_size 2 --dtype bfloat16 --precision pure", testing::bf16_bounds()},
         // ... and the optimizer across the groups (reduce-scatter across, the shards all-gathered back).
         GpuCase{"staged_hybrid_2x2_optimizer_across", 4, "",
-                "--sharding hybrid_shard --shard_group_size 2 --shard_optimizer_across_groups --optimizer adamw_sn", testing::fp32_bounds()}),
+                "--sharding hybrid_shard --shard_group_size 2 --shard_optimizer_across_groups --optimizer adamw_sn", testing::fp32_bounds()},
+        // ... offloaded: the host steps each world shard (AdamwSN's sums over the host's world-ordered
+        // communicator), the host block (parameter offload) all-gathered across over the host's.
+        GpuCase{"staged_hybrid_2x2_optimizer_across_offload_bf16", 4, "",
+                "--sharding hybrid_shard --shard_group_size 2 --shard_optimizer_across_groups --optimizer adamw_sn "
+                "--dtype bfloat16 --precision mixed --offload optimizer,parameters", testing::bf16_bounds()}),
     [](const ::testing::TestParamInfo<GpuCase>& info) { return info.param.name; });
 
 // --offload_step on the same GPU: the device step runs the kernel the step without offload runs, on

@@ -3,7 +3,7 @@
 // (the same layout, another order of the sums) for every optimizer; the optimizer state per rank is
 // full_shard's, half of plain hybrid's; every rank
 // writes its shard of a checkpoint that resumes under the other strategies; the bytes a step follow the
-// formulas; the flag's combinations not built yet are refused.
+// formulas; the flag outside hybrid sharding is refused.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -58,11 +58,16 @@ INSTANTIATE_TEST_SUITE_P(Optimizers, AcrossGroups, ::testing::ValuesIn(testing::
                          [](const auto& info) { return info.param.name; });
 
 // Composed with activation checkpointing, recompute, grouped projections, padded matmuls, bf16 moments
-// (the shard_grad_op form) and the fused step, each against full_shard at 4 ranks with the same flags.
-class AcrossGroupsComposes : public ::testing::TestWithParam<std::pair<std::string, std::string>> {};
+// (the shard_grad_op form), the fused step and every offload mode, each against full_shard at 4 ranks
+// with the same flags.
+struct Composition {
+  std::string name, sharding, flags;
+};
+
+class AcrossGroupsComposes : public ::testing::TestWithParam<Composition> {};
 
 TEST_P(AcrossGroupsComposes, AsFullShardDoes) {
-  const auto& [sharding, flags] = GetParam();
+  const auto& [name, sharding, flags] = GetParam();
   const std::string adamw = testing::micro_case("adamw").flags + " " + flags;
   const testing::RecordedRun& across = testing::recorded_run(
       4, testing::micro_run_flags(4, with_sharding(adamw, "--sharding " + sharding +
@@ -78,18 +83,43 @@ TEST_P(AcrossGroupsComposes, AsFullShardDoes) {
 
 INSTANTIATE_TEST_SUITE_P(
     Features, AcrossGroupsComposes,
-    ::testing::Values(std::pair<std::string, std::string>{"hybrid_shard", "--activation_checkpointing --grouped_projections --pad_matmul_dims on"},
-                      std::pair<std::string, std::string>{"hybrid_shard_grad_op", "--recompute mlp,attention --optimizer_state_dtype bfloat16"},
-                      // Each unit stepped in backward as its world shard's gradient lands, its rows
-                      // all-gathered across the groups there.
-                      std::pair<std::string, std::string>{"hybrid_shard", "--fuse_optimizer_with_backward --grad_clipping 0"}),
-    [](const auto& info) {
-      return info.param.first + (info.param.second.find("--fuse") != std::string::npos ? "_fused_step" : "");
-    });
+    ::testing::Values(
+        Composition{"hybrid_shard", "hybrid_shard", "--activation_checkpointing --grouped_projections --pad_matmul_dims on"},
+        Composition{"hybrid_shard_grad_op", "hybrid_shard_grad_op", "--recompute mlp,attention --optimizer_state_dtype bfloat16"},
+        // Each unit stepped in backward as its world shard's gradient lands, its rows all-gathered
+        // across the groups there.
+        Composition{"hybrid_shard_fused_step", "hybrid_shard", "--fuse_optimizer_with_backward --grad_clipping 0"},
+        // Offloaded, the host steps this rank's world shard and the block's other rows come across the
+        // groups at the unit's next gather, in every place the offloaded step runs.
+        Composition{"offload_host", "hybrid_shard", "--offload optimizer --activation_checkpointing"},
+        Composition{"offload_optimizer_parameters", "hybrid_shard", "--offload optimizer,parameters --recompute attention"},
+        Composition{"offload_parameters", "hybrid_shard_grad_op", "--offload parameters"},
+        Composition{"offload_step_device", "hybrid_shard", "--offload optimizer --offload_step device"},
+        Composition{"offload_step_speculative", "hybrid_shard", "--offload optimizer --offload_step speculative"},
+        Composition{"offload_delayed_update", "hybrid_shard_grad_op", "--offload optimizer --offload_delayed_update 2"}),
+    [](const auto& info) { return info.param.name; });
+
+// The offloaded step of the optimizers whose step sums or gathers across ranks (subset norms, GaLore's
+// projectors), over the world layout's host communicator, and bf16 moments.
+class AcrossGroupsOffload : public ::testing::TestWithParam<testing::MicroCase> {};
+
+TEST_P(AcrossGroupsOffload, EqualsFullShardOffloaded) {
+  const std::string flags = GetParam().flags + " --offload optimizer";
+  const testing::RecordedRun& across = testing::recorded_run(4, testing::micro_run_flags(4, with_sharding(flags, kAcross)));
+  ASSERT_EQ(across.exit_code, 0) << across.output;
+  const testing::RecordedRun& full_shard = testing::recorded_run(4, testing::micro_run_flags(4, flags));
+  ASSERT_EQ(full_shard.exit_code, 0) << full_shard.output;
+  testing::expect_same_up_to_sum_order(full_shard.dir, across.dir, testing::kMicroSteps, GetParam().bf16_state);
+}
+
+INSTANTIATE_TEST_SUITE_P(Optimizers, AcrossGroupsOffload,
+                         ::testing::Values(testing::micro_case("adamw_sn_general_all"), testing::micro_case("galore_right"),
+                                           testing::micro_case("galore_left"), testing::micro_case("adamw_bf16_state")),
+                         [](const auto& info) { return info.param.name; });
 
 // Every rank writes its shard (the world layout's, as full_shard at 4 ranks), and the checkpoint
-// resumes under plain hybrid and at 3 ranks under full_shard; a full_shard checkpoint resumes with the
-// optimizer across the groups. Each resumed run's steps within the sums' order of the uninterrupted.
+// resumes under plain hybrid, at 3 ranks under full_shard and offloaded; a full_shard checkpoint
+// resumes with the optimizer across the groups. Each resumed run's steps within the sums' order of the uninterrupted.
 TEST(AcrossGroupsCheckpoint, EveryRankWritesItsShardAndItResumesAnywhere) {
   const std::string adamw = testing::micro_case("adamw").flags;
   const testing::RecordedRun& across = testing::recorded_run(4, testing::micro_run_flags(4, with_sharding(adamw, kAcross)));
@@ -108,7 +138,10 @@ TEST(AcrossGroupsCheckpoint, EveryRankWritesItsShardAndItResumesAnywhere) {
   };
   for (const Resume& resume :
        {Resume{4, "--sharding hybrid_shard --shard_group_size 2", saved}, Resume{3, "--sharding full_shard", saved},
-        Resume{4, kAcross, full_shard.save_dir() / ("step_" + std::to_string(testing::kMicroSaveAt))}}) {
+        Resume{4, kAcross, full_shard.save_dir() / ("step_" + std::to_string(testing::kMicroSaveAt))},
+        // Offloaded: the loaded world shards go to the host, and each block's rows come across the
+        // groups at its first gather.
+        Resume{4, kAcross + " --offload optimizer", saved}}) {
     SCOPED_TRACE(std::to_string(resume.ranks) + " ranks, " + resume.sharding + " from " + resume.from.string());
     testing::ScratchDir dir("across_resume");
     const testing::CommandResult result = testing::run_command(
@@ -147,7 +180,7 @@ TEST(AcrossGroupsLinks, EachStepSendsWhatTheFormulaSays) {
   }
 }
 
-TEST(AcrossGroupsFlags, WhatIsNotBuiltIsRefused) {
+TEST(AcrossGroupsFlags, OutsideHybridShardingIsRefused) {
   const std::string settings = testing::trainer_binary().string() + " --config " +
                                (testing::source_dir() / "configs/llama_micro.json").string() +
                                " --max_length 32 --device cpu --print_config --shard_optimizer_across_groups";
@@ -156,8 +189,7 @@ TEST(AcrossGroupsFlags, WhatIsNotBuiltIsRefused) {
   };
   for (const Refusal& refusal :
        {Refusal{"--sharding full_shard", "and --sharding is full_shard"},
-        Refusal{"--sharding hybrid_shard --shard_group_size 2 --offload optimizer", "not yet with --offload"},
-        Refusal{"--sharding hybrid_shard --shard_group_size 2 --offload parameters", "not yet with --offload"}}) {
+        Refusal{"--sharding no_shard", "and --sharding is no_shard"}}) {
     const testing::CommandResult result = testing::run_command(testing::mpirun(4) + settings + " " + refusal.flags);
     EXPECT_EQ(result.exit_code, 2) << refusal.flags << "\n" << result.output;
     EXPECT_NE(result.output.find("--shard_optimizer_across_groups: " ), std::string::npos) << result.output;

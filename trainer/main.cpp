@@ -196,7 +196,7 @@ int train_command(const llm::ModelConfig& model, const llm::RunConfig& run, cons
   if (host_communicator) host_communicator->set_label("host");
   // Hybrid sharding: this rank's group and the replicas across the groups (sharding/topology.h).
   llm::HybridCommunicators hybrid;
-  std::unique_ptr<llm::Communicator> host_group;
+  std::unique_ptr<llm::Communicator> host_group, host_replicas;
   if (llm::is_hybrid(run.sharding.strategy)) {
     context.topology = llm::make_topology(world, run.sharding.group_size);
     hybrid = llm::split_hybrid(*communicator, context.topology);
@@ -204,13 +204,21 @@ int train_command(const llm::ModelConfig& model, const llm::RunConfig& run, cons
     context.shard_communicator = hybrid.group.get();
     context.replicas = hybrid.across.get();
     context.host_shard_communicator = host_group ? host_group.get() : hybrid.group.get();
+    if (host_communicator && run.sharding.optimizer_across_groups) {  // a host block's all-gather
+      host_replicas = host_communicator->split(context.topology.shard, context.topology.group);
+      context.host_replicas = host_replicas.get();
+    }
   }
   // The optimizer over every rank in its layout's order (rank k G + g), --shard_optimizer_across_groups.
-  std::unique_ptr<llm::Communicator> optimizer_communicator;
+  std::unique_ptr<llm::Communicator> optimizer_communicator, host_optimizer_communicator;
   if (run.sharding.optimizer_across_groups) {
     optimizer_communicator = communicator->split(0, context.topology.world_shard());
     optimizer_communicator->set_label("optimizer");
     context.optimizer_communicator = optimizer_communicator.get();
+    if (host_communicator) {  // the offloaded optimizer's, for host tensors
+      host_optimizer_communicator = host_communicator->split(0, context.topology.world_shard());
+      context.host_optimizer_communicator = host_optimizer_communicator.get();
+    }
   }
   // full_shard's backward gathers inside a node (--backward_gather_size): the node's ranks, by host.
   std::unique_ptr<llm::Communicator> backward_gather;

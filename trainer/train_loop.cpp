@@ -140,7 +140,7 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
                 run.precision.dtype == DType::bfloat16 && run.precision.mode == Precision::pure ? at::kBFloat16 : at::kFloat,
                 resident_units_allowed() && !model_config.matmul_padded(), offloads_parameters(run.sharding.offload),
                 bf16_gradient_shards(run, context.world_size), replicas_, context.backward_gather,
-                run.sharding.optimizer_across_groups}),
+                run.sharding.optimizer_across_groups, context.host_replicas}),
       model_(seeded(model_config, run.seed),
              [this](const UnitSpec& unit, NamedTensors parameters) { shard_when_built(unit, std::move(parameters)); }),
       divergence_(run.divergence_patience, run.optimizer.warmup_steps.value(), model_config.vocab_size) {
@@ -197,9 +197,14 @@ Training::Training(const ModelConfig& model_config, const RunConfig& run, const 
                    : run.sharding.offload_step == OffloadStep::device    ? OffloadStepMode::device
                                                                           : OffloadStepMode::host;
     options.trace = run.logging.offload_trace;
-    options.device_across = sharded_across_ranks ? &shard_communicator_ : nullptr;
+    // With the optimizer across the groups, both in the world layout's order (its own communicators).
+    Communicator& host_optimizer =
+        context.host_optimizer_communicator ? *context.host_optimizer_communicator
+        : context.optimizer_communicator    ? optimizer_communicator_
+                                            : host_shard_communicator_;
+    options.device_across = sharded_across_ranks ? &optimizer_communicator_ : nullptr;
     offload_ = std::make_unique<OptimizerOffload>(sharded_, optimizer_settings(run), unit_update_rules(sharded_, run),
-                                                  sharded_across_ranks ? &host_shard_communicator_ : nullptr, options);
+                                                  sharded_across_ranks ? &host_optimizer : nullptr, options);
     if (run.logging.offload_trace)
       offload_trace_.open(std::filesystem::path(run.logging.run_dir) /
                               ("offload_trace.rank" + std::to_string(context.rank) + ".jsonl"),

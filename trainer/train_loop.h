@@ -44,12 +44,15 @@ struct RuntimeContext {
   Communicator* shard_communicator = nullptr;
   Communicator* host_shard_communicator = nullptr;
   Communicator* replicas = nullptr;
+  Communicator* host_replicas = nullptr;  // the replicas for host tensors beside NCCL (nullptr: replicas)
   ShardTopology topology;
   // --backward_gather_size: this rank's node (groups of R ranks), where full_shard's backward gathers.
   Communicator* backward_gather = nullptr;
   // --shard_optimizer_across_groups: every rank in the order of the world layout the optimizer steps
   // (rank k G + g: place k in group g), over which its collectives and the gradient norm go.
   Communicator* optimizer_communicator = nullptr;
+  // The same for host tensors beside NCCL (the offloaded optimizer's; nullptr: optimizer_communicator).
+  Communicator* host_optimizer_communicator = nullptr;
   // The checkpoint --continue_from resolved to at start-up (check_checkpoints_at_start,
   // checkpoint/checkpoint.h); "" for a fresh run, or to resolve it in train().
   std::string resume_folder;
