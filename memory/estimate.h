@@ -69,6 +69,13 @@ struct EstimateOptions {
   // --inter_node_gbs: one node's link to the others, GB/s each way, for the sharding lever of --fit
   // (hybrid sharding, the node's copy for the backward) on more than one node (--ranks_per_node).
   double inter_node_gbs = 25;
+  // The step time (memory/step_time.h): --profile SECONDS measures the units on this machine's
+  // device (0: the matmuls at --device_tflops); the links inside a node (--intra_node_gbs, 0: 2 GB/s
+  // on a CPU, MPI's shared memory; 150 on CUDA) and each ring step's latency (--link_latency_us,
+  // 0: 20 us on a CPU, 10 on CUDA).
+  double profile_seconds = 0;
+  double intra_node_gbs = 0;
+  double link_latency_us = 0;
 };
 
 // One phase's window: the largest total inside it, and the categories at its closing point.

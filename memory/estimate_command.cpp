@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/memory_stats.h"
+#include "memory/step_time.h"
 
 namespace llm {
 
@@ -103,7 +104,14 @@ std::string node_memory_section(const MemoryEstimate& estimate, const EstimateOp
 
 std::string run_estimate_command(const ModelConfig& model, const RunConfig& run, const EstimateOptions& options) {
   const MemoryEstimate estimate = estimate_memory(model, run, options);
-  if (options.json) return estimate_to_json(estimate).dump(1) + "\n";
+  // The step time when its compute rate is measured (--profile) or given (--device_tflops).
+  const bool timed = options.profile_seconds > 0 || options.device_tflops > 0;
+  const StepTimeEstimate step_time = timed ? predict_step_time(model, run, options, estimate.device) : StepTimeEstimate{};
+  if (options.json) {
+    nlohmann::json json = estimate_to_json(estimate);
+    if (timed) json["step_time"] = step_time.to_json();
+    return json.dump(1) + "\n";
+  }
   int64_t largest = 0, largest_checkpoint = 0;
   for (const RankEstimate& rank : estimate.ranks) {
     largest = std::max(largest, rank.peak_bytes);
@@ -167,6 +175,9 @@ std::string run_estimate_command(const ModelConfig& model, const RunConfig& run,
         << format_in(runtime.allocator_slack, unit) << ". The start-up check counts them.\n";
   }
   out << node_memory_section(estimate, options);
+  out << (timed ? step_time_section(step_time, run, options.world_size)
+                : "\nStep time: pass --profile SECONDS to time this machine's device (or --device_tflops T) for the "
+                  "predicted step time, tokens a second and exposed communication (memory/step_time.h).\n");
   return out.str();
 }
 

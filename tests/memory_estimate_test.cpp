@@ -240,15 +240,15 @@ TEST(EstimateCommand, BadInputIsExitTwo) {
                              (testing::source_dir() / "configs/llama_micro.json").string() + " --no_such_flag");
   EXPECT_EQ(unknown.exit_code, 2) << unknown.output;
   EXPECT_NE(unknown.output.find("--no_such_flag"), std::string::npos) << unknown.output;
-  // --fit's own flags without --fit (issue 44): refused, not silently unused.
-  for (const std::string& flag : {"--fit_precision", "--host_budget_gib 64", "--device_tflops 100", "--host_cores 64",
-                                  "--host_gbs 20", "--pcie_gbs 25", "--inter_node_gbs 50"}) {
+  // --fit's flags without --fit (issue 44), the rates without it or the step time (54): refused, not unused.
+  for (const std::string& flag : {"--fit_precision", "--host_budget_gib 64", "--host_cores 64", "--host_gbs 20",
+                                  "--pcie_gbs 25", "--inter_node_gbs 50", "--intra_node_gbs 5", "--link_latency_us 3"}) {
     auto unused = run_command(testing::trainer_binary().string() + " estimate --config " +
                               (testing::source_dir() / "configs/llama_micro.json").string() + " " + flag);
     EXPECT_EQ(unused.exit_code, 2) << flag << ": " << unused.output;
-    EXPECT_NE(unused.output.find(flag.substr(0, flag.find(' ')) + ": only shapes what --fit suggests"),
-              std::string::npos)
-        << unused.output;
+    const bool fit_only = flag == "--fit_precision" || flag == "--host_budget_gib 64";
+    EXPECT_NE(unused.output.find(flag.substr(0, flag.find(' ')) + (fit_only ? ": only shapes what --fit" : ": only shapes --fit's costs")),
+              std::string::npos) << unused.output;
   }
 }
 

@@ -34,6 +34,7 @@ struct Verbs {
   CLI::Option* vocab_size = nullptr;
   CLI::Option* context_sweep = nullptr;  // report: only with --techniques
   std::vector<CLI::Option*> fit_only;    // estimate: flags that only shape --fit's suggestions
+  std::vector<CLI::Option*> rates;       // estimate: the rates --fit's costs and the step time use
   std::string max_shard_size = "5GB";    // export: read as text, turned into bytes after parsing
 };
 
@@ -143,24 +144,37 @@ void add_estimate_verb(CLI::App& app, NumberFlags& numbers, EstimateOptions& est
               "--fit: host memory per node, GiB; default: --node_memory_gib, else this machine's RAM",
               NumberRange<double>{smallest_gib, kMaxEstimateGib, gib_range + ": one node's host memory for --fit"}));
   const std::string rate_range = "a number above 0 and at most 1e6";
-  verbs.fit_only.push_back(numbers.add(*estimate_app, "--device_tflops", estimate.device_tflops,
-              "--fit: the device's sustained TFLOP/s for recomputation; default 200 on CUDA, 0.07 on a CPU",
-              NumberRange<double>{smallest_gib, 1e6, rate_range + " (TFLOP/s)"}));
-  verbs.fit_only.push_back(numbers.add(*estimate_app, "--pcie_gbs", estimate.pcie_gbs, "--fit: host-device bandwidth, GB/s, for offload",
+  numbers.add(*estimate_app, "--device_tflops", estimate.device_tflops,
+              "the device's sustained TFLOP/s: --fit's recomputation, and the step time without --profile; default 200 "
+              "on CUDA, 0.07 on a CPU",
+              NumberRange<double>{smallest_gib, 1e6, rate_range + " (TFLOP/s)"});
+  verbs.rates.push_back(numbers.add(*estimate_app, "--pcie_gbs", estimate.pcie_gbs, "host-device bandwidth, GB/s, for offload (--fit, the step time)",
               NumberRange<double>{smallest_gib, 1e6, rate_range + " (GB/s)"})
       ->capture_default_str());
-  verbs.fit_only.push_back(numbers.add(*estimate_app, "--inter_node_gbs", estimate.inter_node_gbs,
-              "--fit: a node's link to the other nodes, GB/s each way, for the sharding choices across nodes "
-              "(hybrid_shard and its group size, --shard_optimizer_across_groups, --backward_gather_size)",
+  verbs.rates.push_back(numbers.add(*estimate_app, "--inter_node_gbs", estimate.inter_node_gbs,
+              "a node's link to the other nodes, GB/s each way: the step time's, and --fit's for the sharding choices "
+              "across nodes (hybrid_shard and its group size, --shard_optimizer_across_groups, --backward_gather_size)",
               NumberRange<double>{smallest_gib, 1e6, rate_range + " (GB/s)"})
       ->capture_default_str());
-  verbs.fit_only.push_back(numbers.add(*estimate_app, "--host_gbs", estimate.host_gbs,
-              "--fit: the host step's GB/s per rank, for offload's host step (build/bench/adamw_bench measures it); "
-              "default: 8 GB/s per core of the rank's share of its node (--host_cores), at most 200",
+  verbs.rates.push_back(numbers.add(*estimate_app, "--host_gbs", estimate.host_gbs,
+              "the host step's GB/s per rank, for offload's host step (--fit, the step time; build/bench/adamw_bench "
+              "measures it); default: 8 GB/s per core of the rank's share of its node (--host_cores), at most 200",
               NumberRange<double>{smallest_gib, 1e6, rate_range + " (GB/s)"}));
-  verbs.fit_only.push_back(numbers.add(*estimate_app, "--host_cores", estimate.host_cores,
-              "--fit: a node's cores, for the host step's default rate (--host_gbs); default: this machine's",
+  verbs.rates.push_back(numbers.add(*estimate_app, "--host_cores", estimate.host_cores,
+              "a node's cores, for the host step's default rate (--host_gbs) and the step time's threads; default: "
+              "this machine's",
               NumberRange<int>{1, 1 << 20, "a core count in [1, 1048576]"}));
+  numbers.add(*estimate_app, "--profile", estimate.profile_seconds,
+              "seconds to time each unit's forward and backward and the optimizer on this machine's device for the "
+              "step time (memory/step_time.h); default: none, the matmuls at --device_tflops",
+              NumberRange<double>{smallest_gib, 3600, "a number of seconds above 0 and at most 3600"});
+  verbs.rates.push_back(numbers.add(*estimate_app, "--intra_node_gbs", estimate.intra_node_gbs,
+              "the links inside a node, GB/s each way per rank, for the step time; default 2 on a CPU (MPI's shared "
+              "memory), 150 on CUDA",
+              NumberRange<double>{smallest_gib, 1e6, rate_range + " (GB/s)"}));
+  verbs.rates.push_back(numbers.add(*estimate_app, "--link_latency_us", estimate.link_latency_us,
+              "each ring step's latency, microseconds, for the step time; default 20 on a CPU, 10 on CUDA",
+              NumberRange<double>{smallest_gib, 1e6, "a number above 0 and at most 1e6 (microseconds)"}));
   verbs.estimate = estimate_app;
 }
 
@@ -293,12 +307,19 @@ Command parse_command_line(int argc, const char* const* argv) {
     command.kind = Command::Kind::export_model;
     return command;
   }
-  if (verbs.estimate->parsed() && !command.estimate.fit)
+  if (verbs.estimate->parsed() && !command.estimate.fit) {
     for (const CLI::Option* flag : verbs.fit_only)  // given without --fit, it would be silently unused
       if (flag->count() > 0)
         fail_user(kCommandLine, flag->get_name(),
                   "only shapes what --fit suggests, and this estimate has no --fit: add --fit --memory_budget_gib G, "
                   "or leave it out");
+    const bool timed = command.estimate.profile_seconds > 0 || command.estimate.device_tflops > 0;
+    for (const CLI::Option* flag : verbs.rates)  // likewise without --fit and without the step time
+      if (flag->count() > 0 && !timed)
+        fail_user(kCommandLine, flag->get_name(),
+                  "only shapes --fit's costs and the step time, and this estimate has neither: add --profile SECONDS "
+                  "(or --device_tflops T) for the step time, --fit --memory_budget_gib G for the levers, or leave it out");
+  }
   apply_training_flags(app, training, verbs.estimate->parsed(), command.run, command.warnings);
   command.kind = verbs.estimate->parsed() ? Command::Kind::estimate : Command::Kind::train;
   return command;

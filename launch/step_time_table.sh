@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# The step-time model against measured runs on this machine (issue 54's validation table): for each row,
+# `trainer estimate --profile` predicts the step, and the trainer runs it ROUNDS times; the measured step
+# is the median over the rounds of each run's median step time (steps 3 to the last: the first two
+# carry the allocator's and oneDNN's warm-up). The links inside the node are probed first with
+# build/bench/communicator_bench at the ranks of the 4-rank rows (its all-gather and reduce-scatter bus
+# bandwidth at 1 MiB, its latency at 4 KiB), and passed to the estimate as --intra_node_gbs and
+# --link_latency_us. Writes a Markdown table (default docs/step_time.md) with the commit, the probe and
+# each row's predicted and measured step and phases.
+#
+#   bash launch/step_time_table.sh [OUT]        # ROUNDS=3 STEPS=8 BUILD_DIR=build; run on an idle machine
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:-docs/step_time.md}
+BUILD=${BUILD_DIR:-build}
+ROUNDS=${ROUNDS:-3}
+STEPS=${STEPS:-8}
+WORK=$(mktemp -d /tmp/step_time_table.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+PY=$(command -v python3)
+MODEL="--config configs/llama_9m.json --device cpu --max_length 128 --eval_every 0 --total_batch_size 8"
+
+# The probe: 4 ranks, as the 4-rank rows.
+mpirun --oversubscribe -np 4 "$BUILD/bench/communicator_bench" --collectives all_gather,reduce_scatter \
+  --min-bytes 4K --max-bytes 1M --step-factor 256 --iters 20 > "$WORK/probe.txt"
+read -r GBS LATENCY_US < <("$PY" - "$WORK/probe.txt" <<'EOF'
+import sys
+rows = [l.split() for l in open(sys.argv[1]) if l.strip() and not l.startswith('#')]
+big = [float(r[7]) for r in rows if int(r[1]) == 1048576]
+small = [float(r[5]) for r in rows if int(r[1]) == 4096]
+# A ring step's latency: the 4 KiB collective's time over its n - 1 = 3 steps.
+print(sum(big) / len(big), sum(small) / len(small) / 3)
+EOF
+)
+echo "[step_time] probe: ${GBS} GB/s bus bandwidth at 1 MiB, ${LATENCY_US} us a ring step"
+
+ROWS=(
+  "1 rank|1|--batch_size 4"
+  "1 rank, --offload optimizer|1|--batch_size 4 --offload optimizer"
+  "4 ranks full_shard|4|--batch_size 2"
+  "4 ranks shard_grad_op|4|--batch_size 2 --sharding shard_grad_op"
+  "4 ranks no_shard|4|--batch_size 2 --sharding no_shard"
+  "4 ranks hybrid_shard 2 x 2|4|--batch_size 2 --sharding hybrid_shard --shard_group_size 2"
+  "4 ranks full_shard, --offload optimizer|4|--batch_size 2 --offload optimizer"
+)
+{
+  echo "# Step time: predicted against measured"
+  echo
+  echo "Made by \`bash launch/step_time_table.sh\` at commit $(git rev-parse --short HEAD) on $(date -u +%F) ($(nproc) cores,"
+  echo "OMP_NUM_THREADS=$OMP_NUM_THREADS, llama_9m, 8 x 128 tokens a step, $STEPS steps a run, $ROUNDS runs a row)."
+  echo "Links probed with communicator_bench at 4 ranks: ${GBS} GB/s, ${LATENCY_US} us a ring step."
+  echo "Predicted: \`trainer estimate --profile 3\` (memory/step_time.h). Measured: the median over the runs of each"
+  echo "run's median step_time_s from step 3 on. Error: predicted / measured - 1."
+  echo
+  echo "| row | predicted s | measured s (runs) | error | predicted forward / backward / collectives / optimizer | measured |"
+  echo "|---|---:|---:|---:|---|---|"
+} > "$WORK/table.md"
+for row in "${ROWS[@]}"; do
+  IFS='|' read -r name ranks flags <<< "$row"
+  launch=("$BUILD/trainer")
+  [ "$ranks" -gt 1 ] && launch=(mpirun --oversubscribe -np "$ranks" "$BUILD/trainer")
+  # shellcheck disable=SC2086
+  "$BUILD/trainer" estimate $MODEL $flags --world_size "$ranks" --profile 3 --intra_node_gbs "$GBS" \
+    --link_latency_us "$LATENCY_US" --json > "$WORK/estimate.json"
+  for round in $(seq "$ROUNDS"); do
+    rm -rf "$WORK/run"
+    # shellcheck disable=SC2086
+    "${launch[@]}" $MODEL $flags --num_training_steps "$STEPS" --run_dir "$WORK/run" > "$WORK/run.log" 2>&1 \
+      || { echo "[step_time] $name: the run failed (see below)" >&2; tail -20 "$WORK/run.log" >&2; exit 1; }
+    cp "$WORK/run/metrics.jsonl" "$WORK/metrics.$round.jsonl"
+  done
+  "$PY" - "$name" "$WORK" "$ROUNDS" >> "$WORK/table.md" <<'EOF'
+import json, statistics, sys
+name, work, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
+text = open(f"{work}/estimate.json").read()
+step = json.loads(text[text.index('{'):])["step_time"]
+phases = ["forward", "backward", "collectives", "optimizer"]
+runs, by_phase = [], {p: [] for p in phases}
+for r in range(1, rounds + 1):
+    train = [json.loads(l) for l in open(f"{work}/metrics.{r}.jsonl")]
+    train = [e for e in train if e.get("event") == "train" and e["step"] >= 3]
+    runs.append(statistics.median(e["step_time_s"] for e in train))
+    for p in phases:
+        by_phase[p].append(statistics.median(e["phase_s"][p] for e in train))
+measured = statistics.median(runs)
+predicted = step["step_seconds"]
+fmt = lambda xs: " / ".join(f"{x:.3g}" for x in xs)
+print(f"| {name} | {predicted:.3g} | {measured:.3g} ({', '.join(f'{x:.3g}' for x in runs)}) | {100 * (predicted / measured - 1):+.0f} % "
+      f"| {fmt(step['phase_s'][p] for p in phases)} | {fmt(statistics.median(by_phase[p]) for p in phases)} |")
+EOF
+  echo "[step_time] $(tail -1 "$WORK/table.md")"
+done
+cp "$WORK/table.md" "$OUT"
+echo "[step_time] $OUT"

@@ -1,0 +1,112 @@
+// `trainer estimate --profile SECONDS`: each unit kind's forward and backward, and the AdamW kernel,
+// timed on the local device (memory/step_time.h).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/autograd.h>
+
+#include "common/autocast.h"
+#include "common/device.h"
+#include "memory/categories.h"
+#include "memory/step_time.h"
+#include "model/cross_entropy.h"
+#include "model/llama.h"
+#include "optim/adamw.h"
+
+namespace llm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+// Everything queued on the device so far is done (a read of one element; nothing to wait for on a CPU).
+void settle(const at::Tensor& tensor) {
+  if (tensor.is_cuda()) read_to_host(tensor.detach().flatten()[0].to(at::kFloat));
+}
+
+}  // namespace
+
+ComputeRates profile_compute(const ModelConfig& model, const RunConfig& run, c10::Device device, double seconds,
+                             int threads) {
+  const int previous_threads = at::get_num_threads();
+  at::set_num_threads(threads);
+  ModelConfig one_layer = model;
+  one_layer.num_hidden_layers = 1;
+  at::manual_seed(0);
+  LlamaForCausalLM network(one_layer);
+  const bool pure = run.precision.dtype == DType::bfloat16 && run.precision.mode == Precision::pure;
+  const bool autocast = run.precision.dtype == DType::bfloat16 && run.precision.mode == Precision::mixed;
+  network->to(device, pure ? at::kBFloat16 : at::kFloat);
+  const at::Tensor ids =
+      at::randint(model.vocab_size, {run.data.batch_size, run.data.max_length}, at::TensorOptions().dtype(at::kLong).device(device));
+  constexpr size_t kUnits = 3;  // the embedding, the one layer, the head
+  std::vector<std::vector<double>> forward(kUnits), backward(kUnits);
+  const Clock::time_point started = Clock::now();
+  // Two warm-up passes (the allocator's first blocks, oneDNN's first primitives: a run's first steps
+  // are several times slower than the rest), then passes until the time is up, at least three.
+  constexpr int kWarmUp = 2;
+  for (int iteration = 0; iteration < 200 && (iteration < kWarmUp + 3 || seconds_since(started) < seconds); ++iteration) {
+    UnitContext context;
+    std::vector<at::Tensor> inputs(kUnits), outputs(kUnits);
+    at::Tensor loss;
+    for (size_t u = 0; u < kUnits; ++u) {
+      const Clock::time_point start = Clock::now();
+      {
+        AutocastRegion region(device.type(), at::kBFloat16, autocast);
+        inputs[u] = u == 0 ? ids : outputs[u - 1].detach().requires_grad_(true);
+        outputs[u] = network->forward_unit(u, inputs[u], context);
+        if (u + 1 == kUnits) loss = causal_lm_loss(outputs[u], ids, CrossEntropyForm::blocked, model.vocab_size);
+      }
+      settle(u + 1 == kUnits ? loss : outputs[u]);
+      if (iteration >= kWarmUp) forward[u].push_back(seconds_since(start));
+    }
+    for (size_t u = kUnits; u-- > 0;) {  // unit by unit, as ShardedModel's backward
+      const Clock::time_point start = Clock::now();
+      if (u + 1 == kUnits)
+        loss.backward();
+      else
+        torch::autograd::backward({outputs[u]}, {inputs[u + 1].grad()});
+      settle(u > 0 ? inputs[u].grad() : network->parameters().front().grad());
+      if (iteration >= kWarmUp) backward[u].push_back(seconds_since(start));
+    }
+    for (at::Tensor parameter : network->parameters()) parameter.mutable_grad() = at::Tensor();
+  }
+  ComputeRates rates;
+  rates.embed = {median(forward[0]), median(backward[0])};
+  rates.layer = {median(forward[1]), median(backward[1])};
+  rates.head = {median(forward[2]), median(backward[2])};
+  rates.threads = threads;
+
+  // The optimizer: the AdamW kernel over a layer's rows (at most 2^24), the median of five passes.
+  if (device.is_cpu()) {
+    int64_t numel = 0;
+    for (const auto& named : network->unit_parameters(1)) numel += named.second.numel();
+    numel = std::min<int64_t>(numel, int64_t{1} << 24);
+    const at::TensorOptions fp32 = at::TensorOptions().dtype(at::kFloat);
+    at::Tensor master = at::randn({numel}, fp32), grad = at::randn({numel}, fp32), m = at::zeros({numel}, fp32),
+               v = at::zeros({numel}, fp32);
+    std::vector<double> passes;
+    for (int pass = 0; pass < 6; ++pass) {
+      const Clock::time_point start = Clock::now();
+      adamw_update_host(master.data_ptr<float>(), grad.data_ptr<float>(), m.data_ptr<float>(), v.data_ptr<float>(), numel,
+                        adamw_scalars(1e-3, AdamWOptions{}, 0.0, pass + 1), nullptr, threads);
+      if (pass > 0) passes.push_back(seconds_since(start));
+    }
+    rates.optimizer_seconds_per_element = median(passes) / static_cast<double>(numel);
+  } else {
+    rates.optimizer_seconds_per_element = 28.0 / 3e12;  // HBM at about 3 TB/s: the kernel reads and writes 28 B
+  }
+  at::set_num_threads(previous_threads);
+  char text[160];
+  std::snprintf(text, sizeof(text), "measured by --profile for %.3g s on %s at %d thread(s), %zu passes", seconds,
+                device.str().c_str(), threads, forward[0].size());
+  rates.source = text;
+  return rates;
+}
+
+}  // namespace llm

@@ -1,0 +1,101 @@
+// `trainer estimate`'s step time (issue 54): how long one optimizer step takes on each rank, split as
+// the run's own step records split it (phase_s: forward, backward, collectives, optimizer, other), so a
+// run can put its measured phases beside the prediction.
+//
+// The model, per rank (all ranks alike; M micro-batches a step, L decoder layers, W ranks, S the ranks
+// a unit is sharded over, G = W / S hybrid groups):
+//   compute      per micro-batch, each unit kind's forward and backward seconds (UnitTimes): measured
+//                on the local device by running one unit of each kind at the run's micro-batch, dtype
+//                and threads (--profile SECONDS: profile_compute), or the FLOPs of each unit at a
+//                declared rate (--device_tflops: declared_compute). The forward is M (embed + L layer
+//                + head with the loss); the backward the same, plus what is recomputed: whole layers
+//                under activation checkpointing, the --recompute operations' share of a layer's
+//                forward FLOPs. CPU ranks that oversubscribe the cores (ranks on a node x threads >
+//                cores) share them: the compute is stretched by that ratio.
+//   collectives  ring collectives, each (n - 1) steps of one chunk: latency + chunk / bandwidth, the
+//                inter-node link's when the communicator spans nodes (--ranks_per_node), else the
+//                intra-node link's. Per unit and step: full_shard gathers 2 M times (shard_grad_op M;
+//                the node copy's backward gathers over the node) in the compute dtype, reduce-scatters
+//                once in fp32; hybrid adds the all-reduce (or reduce-scatter and all-gather) of the
+//                shard across the G groups; no_shard all-reduces the whole gradient. On a CPU rank
+//                every collective is in line (exposed); on CUDA a gather hides behind the unit before
+//                it and a reduce-scatter behind the unit after it, as the prefetch and the reduce
+//                stream allow, and only what exceeds that compute is exposed.
+//   optimizer    the rank's optimizer rows at the AdamW kernel's measured (or declared) seconds per
+//                element; offloaded on CUDA, the host step at --host_gbs and the copies at --pcie_gbs.
+//   other        the loss's and the gradient norm's all-reduces (latency).
+// What it leaves out: data loading, the first step's allocations, kernels' launch overhead beyond what
+// the profile sees, contention between collectives and compute for memory bandwidth, stragglers.
+// docs/memory.md ("Step time") lists where every constant comes from.
+#pragma once
+
+#include <array>
+#include <string>
+#include <vector>
+
+#include <c10/core/Device.h>
+#include <nlohmann/json.hpp>
+
+#include "config/config.h"
+
+namespace llm {
+
+struct UnitTimes {
+  double forward = 0, backward = 0;  // seconds for one micro-batch
+};
+
+struct ComputeRates {
+  UnitTimes embed, layer, head;    // head: the logits and the loss
+  double optimizer_seconds_per_element = 0;  // the device's optimizer step, per fp32 shard element
+  int threads = 1;                 // the threads a rank computes with (what the profile ran at)
+  std::string source;              // "--profile 3 s on cpu, 2 thread(s)" or "declared: ..."
+};
+
+struct LinkRates {
+  double intra_gbs = 0, inter_gbs = 0;  // GB/s each way, per rank
+  double latency_seconds = 0;           // per ring step
+  int ranks_per_node = 0;               // 0: every rank on one node
+  std::string source;
+};
+
+// The run's phases in StepTimer's order (forward, backward, collectives, optimizer, other).
+inline constexpr int kPredictedPhases = 5;
+const char* predicted_phase_name(int phase);
+
+struct StepTimeEstimate {
+  std::array<double, kPredictedPhases> phases{};  // exposed seconds in each
+  double step_seconds = 0;
+  double tokens_per_second = 0;       // the whole job's
+  double collective_seconds = 0;      // every collective's time, hidden or not
+  double inter_node_bytes = 0;        // what this rank sends over the link between nodes a step
+  double intra_node_bytes = 0;        // ... and inside its node
+  std::string compute_source, link_source;
+  nlohmann::json to_json() const;
+};
+
+// Measures UnitTimes on `device` at the run's micro-batch, dtype and precision with `threads` threads:
+// a model of one decoder layer, each unit's forward and backward timed apart (as the trainer runs
+// them, unit by unit), repeated for about `seconds`, the median of each after one warm-up; and the
+// AdamW kernel over a layer's rows.
+ComputeRates profile_compute(const ModelConfig& model, const RunConfig& run, c10::Device device, double seconds,
+                             int threads);
+// Each unit's FLOPs (forward 2 per matmul parameter and token plus the attention's 4 h S per token,
+// backward twice that) at `tflops`, and the optimizer's bytes (28 a parameter for AdamW) at `memory_gbs`.
+ComputeRates declared_compute(const ModelConfig& model, const RunConfig& run, double tflops, double memory_gbs);
+
+// world ranks, `cores` per node (for the CPU's oversubscription; 0: no stretch), on "cpu" or "cuda".
+StepTimeEstimate estimate_step_time(const ModelConfig& model, const RunConfig& run, int world,
+                                    const std::string& device, const ComputeRates& compute, const LinkRates& links,
+                                    int cores, double host_gbs, double pcie_gbs);
+
+// The estimate's step time for `options` (world size, links, --profile or --device_tflops) on
+// `device` ("cpu" or "cuda"): the rates from the options' defaults (estimate.h), the rank's threads
+// as the trainer picks them (OMP_NUM_THREADS, else its share of the node's cores).
+struct EstimateOptions;
+StepTimeEstimate predict_step_time(const ModelConfig& model, const RunConfig& run, const EstimateOptions& options,
+                                   const std::string& device);
+
+// The Markdown section `trainer estimate` prints.
+std::string step_time_section(const StepTimeEstimate& estimate, const RunConfig& run, int world);
+
+}  // namespace llm

@@ -1,0 +1,143 @@
+// The step-time model (memory/step_time.h) on given rates: its phases add up to the step, its bytes
+// are the sharding's (the formulas of docs/sharding.md), hybrid sends about 1/S of full_shard's between
+// nodes, a faster link shortens exactly the collectives, CUDA's overlap hides only what compute
+// covers; and `trainer estimate` prints it when asked, measured (--profile) or declared, in
+// seconds at 65536 ranks. No assertion on this machine's speed: the validation is a script
+// (launch/step_time_table.sh, docs/step_time.md).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "config/config.h"
+#include "memory/step_time.h"
+#include "model/model_config.h"
+#include "tests/test_util.h"
+
+namespace llm::step_time_test {
+namespace {
+
+ModelConfig micro() { return load_model_config((testing::source_dir() / "configs/llama_micro.json").string()); }
+
+RunConfig run_with(ShardingStrategy sharding, int group = 0, int micro_batches = 2) {
+  RunConfig run;
+  run.data.batch_size = 2;
+  run.data.max_length = 32;
+  run.data.gradient_accumulation = micro_batches;
+  run.data.total_batch_size = 2 * micro_batches * 8;
+  run.sharding.strategy = sharding;
+  run.sharding.group_size = group;
+  return run;
+}
+
+ComputeRates rates() {
+  ComputeRates compute;
+  compute.embed = {0.001, 0.002};
+  compute.layer = {0.010, 0.020};
+  compute.head = {0.004, 0.008};
+  compute.optimizer_seconds_per_element = 1e-9;
+  compute.source = "given";
+  return compute;
+}
+
+LinkRates links(double intra, double inter, double latency, int per_node) {
+  LinkRates rates;
+  rates.intra_gbs = intra;
+  rates.inter_gbs = inter;
+  rates.latency_seconds = latency;
+  rates.ranks_per_node = per_node;
+  return rates;
+}
+
+TEST(StepTime, PhasesAddUpToTheStepAndTheComputeIsEveryUnitsAMicroBatch) {
+  const ModelConfig model = micro();
+  const RunConfig run = run_with(ShardingStrategy::full_shard);
+  const StepTimeEstimate estimate = estimate_step_time(model, run, 8, "cpu", rates(), links(1, 1, 0, 8), 0, 1, 1);
+  double sum = 0;
+  for (double seconds : estimate.phases) sum += seconds;
+  EXPECT_DOUBLE_EQ(sum, estimate.step_seconds);
+  const double layers = static_cast<double>(model.num_hidden_layers);
+  EXPECT_NEAR(estimate.phases[0], 2 * (0.001 + layers * 0.010 + 0.004), 1e-12);  // two micro-batches
+  EXPECT_NEAR(estimate.phases[1], 2 * (0.002 + layers * 0.020 + 0.008), 1e-12);
+  EXPECT_NEAR(estimate.tokens_per_second, 32.0 * 32 / estimate.step_seconds, 1e-6);
+  // On a CPU every collective is in line: all of it exposed.
+  EXPECT_DOUBLE_EQ(estimate.phases[2], estimate.collective_seconds);
+}
+
+TEST(StepTime, BytesAreTheShardingsAndHybridSendsAboutOneSthBetweenNodes) {
+  const ModelConfig model = micro();
+  const double P = static_cast<double>(model.num_parameters());
+  // full_shard over 4 ranks on one node: each unit gathered 2 M times in fp32 and reduce-scattered once,
+  // (S - 1)(2 M + 1) shards of 4 P / S bytes.
+  const StepTimeEstimate flat = estimate_step_time(model, run_with(ShardingStrategy::full_shard), 4, "cpu", rates(), links(1, 1, 0, 4), 0, 1, 1);
+  EXPECT_NEAR(flat.intra_node_bytes, 3.0 * 5 * 4 * P / 4, 1e-6 * P);
+  EXPECT_EQ(flat.inter_node_bytes, 0);
+  // 2 nodes of 4: full_shard's ring crosses the nodes, hybrid's groups of a node send only the
+  // shard's all-reduce across: 2 (G - 1) / G x 4 P / S.
+  const StepTimeEstimate spans = estimate_step_time(model, run_with(ShardingStrategy::full_shard), 8, "cpu", rates(), links(1, 1, 0, 4), 0, 1, 1);
+  const StepTimeEstimate hybrid =
+      estimate_step_time(model, run_with(ShardingStrategy::hybrid_shard, 4), 8, "cpu", rates(), links(1, 1, 0, 4), 0, 1, 1);
+  EXPECT_NEAR(spans.inter_node_bytes, 7.0 * 5 * 4 * P / 8, 1e-6 * P);
+  EXPECT_NEAR(hybrid.inter_node_bytes, 2.0 * 1 * 4 * P / 4 / 2, 1e-6 * P);
+  EXPECT_LT(hybrid.inter_node_bytes, spans.inter_node_bytes / 4);
+  EXPECT_LT(hybrid.step_seconds, spans.step_seconds);
+}
+
+TEST(StepTime, AFasterLinkShortensOnlyTheCollectives) {
+  const ModelConfig model = micro();
+  const RunConfig run = run_with(ShardingStrategy::shard_grad_op);
+  const StepTimeEstimate slow = estimate_step_time(model, run, 4, "cpu", rates(), links(1, 1, 0, 4), 0, 1, 1);
+  const StepTimeEstimate fast = estimate_step_time(model, run, 4, "cpu", rates(), links(2, 2, 0, 4), 0, 1, 1);
+  EXPECT_NEAR(fast.collective_seconds, slow.collective_seconds / 2, 1e-12);  // no latency: bandwidth alone
+  for (int phase : {0, 1, 3}) EXPECT_DOUBLE_EQ(fast.phases[phase], slow.phases[phase]) << predicted_phase_name(phase);
+}
+
+TEST(StepTime, OnCudaPrefetchHidesWhatComputeCoversAndNoMore) {
+  const ModelConfig model = micro();
+  RunConfig run = run_with(ShardingStrategy::full_shard);
+  const StepTimeEstimate cpu = estimate_step_time(model, run, 4, "cpu", rates(), links(0.001, 0.001, 0, 4), 0, 1, 1);
+  const StepTimeEstimate hidden = estimate_step_time(model, run, 4, "cuda", rates(), links(100, 100, 0, 4), 0, 1, 1);
+  const StepTimeEstimate exposed = estimate_step_time(model, run, 4, "cuda", rates(), links(0.001, 0.001, 0, 4), 0, 1, 1);
+  EXPECT_LT(hidden.phases[2], hidden.collective_seconds / 2);     // a fast link: mostly behind compute
+  EXPECT_LT(exposed.phases[2], exposed.collective_seconds);       // a slow one: some hidden ...
+  EXPECT_GT(exposed.phases[2], exposed.collective_seconds * 0.5);  // ... most of it not
+  EXPECT_DOUBLE_EQ(cpu.collective_seconds, exposed.collective_seconds);
+  run.sharding.prefetch = false;
+  const StepTimeEstimate in_line = estimate_step_time(model, run, 4, "cuda", rates(), links(100, 100, 0, 4), 0, 1, 1);
+  EXPECT_DOUBLE_EQ(in_line.phases[2], in_line.collective_seconds);
+}
+
+TEST(StepTime, OversubscribedCpuRanksShareTheCores) {
+  const ModelConfig model = micro();
+  ComputeRates compute = rates();
+  compute.threads = 1;
+  const RunConfig run = run_with(ShardingStrategy::full_shard);
+  const StepTimeEstimate alone = estimate_step_time(model, run, 2, "cpu", compute, links(1, 1, 0, 2), 2, 1, 1);
+  const StepTimeEstimate shared = estimate_step_time(model, run, 4, "cpu", compute, links(1, 1, 0, 4), 2, 1, 1);
+  EXPECT_NEAR(shared.phases[0], 2 * alone.phases[0], 1e-12);
+}
+
+std::string estimate_command(const std::string& flags) {
+  return testing::trainer_binary().string() + " estimate --config " + (testing::source_dir() / "configs/llama_micro.json").string() +
+         " --device cpu --max_length 32 --batch_size 2 " + flags;
+}
+
+TEST(StepTimeCommand, MeasuredOrDeclaredAndInSecondsAt65536Ranks) {
+  const testing::CommandResult profiled = testing::run_command(estimate_command("--world_size 2 --profile 0.5 --json"));
+  ASSERT_EQ(profiled.exit_code, 0) << profiled.output;
+  const nlohmann::json step = nlohmann::json::parse(profiled.output.substr(profiled.output.find('{'))).at("step_time");
+  EXPECT_NE(step.at("compute_source").get<std::string>().find("measured by --profile"), std::string::npos);
+  EXPECT_GT(step.at("phase_s").at("forward").get<double>(), 0);
+  EXPECT_GT(step.at("phase_s").at("backward").get<double>(), 0);
+  EXPECT_GT(step.at("step_seconds").get<double>(), 0);
+  const testing::CommandResult plain = testing::run_command(estimate_command("--world_size 2"));
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  EXPECT_NE(plain.output.find("pass --profile SECONDS"), std::string::npos) << plain.output;
+  const testing::CommandResult wide = testing::run_command(estimate_command(
+      "--world_size 65536 --ranks_per_node 8 --sharding hybrid_shard --shard_group_size 8 --device_tflops 100"));
+  ASSERT_EQ(wide.exit_code, 0) << wide.output;
+  EXPECT_NE(wide.output.find("Step time (predicted"), std::string::npos) << wide.output;
+  EXPECT_NE(wide.output.find("declared: 100 TFLOP/s"), std::string::npos) << wide.output;
+}
+
+}  // namespace
+}  // namespace llm::step_time_test
