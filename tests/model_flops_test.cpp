@@ -1,6 +1,8 @@
 // The MFU figure (trainer/model_flops.h) against hand computations, and where its peak comes from.
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -67,6 +69,87 @@ TEST(ModelFlops, TheFlagOverridesAndTheCpuPeakIsMeasuredOnceThenCached) {
   EXPECT_EQ(cached.flops_per_second, measured.flops_per_second);
   EXPECT_NE(cached.source.find("cached in"), std::string::npos) << cached.source;
   EXPECT_TRUE(std::filesystem::exists(cache / "peak_flops.json"));
+}
+
+// The line of `output` that holds `text`, or "" when none does.
+std::string line_with(const std::string& output, const std::string& text) {
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);)
+    if (line.find(text) != std::string::npos) return line;
+  return "";
+}
+
+// Four steps of llama_micro on one CPU thread (the peak's cache entry is the 1-thread one), with the
+// peak's cache in SCRATCH/cache and the run in SCRATCH/run.
+testing::CommandResult micro_run(const testing::ScratchDir& scratch, const std::string& extra) {
+  return testing::run_command("TRAINER_CACHE=" + (scratch / "cache").string() + " OMP_NUM_THREADS=1 " +
+                              testing::trainer_binary().string() + " --config " +
+                              (testing::source_dir() / "configs/llama_micro.json").string() +
+                              " --device cpu --batch_size 4 --max_length 16 --num_training_steps 4 --eval_every 0"
+                              " --run_dir " + (scratch / "run").string() + " " + extra);
+}
+
+// Every step's MFU is a share of the peak: above 0 (the peak is known) and at most 1.
+void expect_every_mfu_a_share(const std::filesystem::path& run_dir) {
+  const auto steps = testing::read_metrics_events(run_dir, "train");
+  ASSERT_EQ(steps.size(), 4u);
+  for (const nlohmann::json& step : steps) {
+    EXPECT_GT(step.at("mfu").get<double>(), 0) << step.dump();
+    EXPECT_LE(step.at("mfu").get<double>(), 1.0) << step.dump();
+  }
+}
+
+// A CPU peak cached while the machine was busy (issue 55: 92.9 GFLOP/s cached where the idle peak is
+// 186, and every later run read an MFU of 1.13 to 1.51), here 1 MFLOP/s, which any run outpaces at its
+// first step: the peak is measured again, the cache keeps the higher figure, a warning names the stale
+// one and where it came from, and no step's MFU is above 1.
+TEST(ModelFlops, APeakCachedWhileTheMachineWasBusyIsMeasuredAgainWhenARunOutpacesIt) {
+  testing::ScratchDir scratch("mfu_stale_peak");
+  const std::filesystem::path cache = scratch / "cache" / "peak_flops.json";
+  const std::string key = cpu_peak_cache_key(at::kFloat, 1);
+  constexpr double kStale = 1e6;
+  std::filesystem::create_directories(cache.parent_path());
+  std::ofstream(cache) << nlohmann::json{{key, kStale}}.dump(1) << "\n";
+  const auto run = micro_run(scratch, "");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  // The start: the stale peak, named with the file it came from.
+  const nlohmann::json start = testing::read_metrics_events(scratch / "run", "start").at(0);
+  EXPECT_EQ(start.at("peak_flops").get<double>(), kStale);
+  const std::string stale_source = start.at("peak_flops_source").get<std::string>();
+  EXPECT_NE(stale_source.find("cached in " + cache.string()), std::string::npos) << stale_source;
+  EXPECT_NE(stale_source.find("0.001 GFLOP/s"), std::string::npos) << stale_source;
+  expect_every_mfu_a_share(scratch / "run");
+  // The warning names the stale peak (its figure and file) and the new one.
+  const std::string warning = line_with(run.output, "stale MFU peak");
+  EXPECT_NE(warning.find("warning"), std::string::npos) << run.output;
+  EXPECT_NE(warning.find(stale_source), std::string::npos) << run.output;
+  // The cache keeps the higher figure, and a record names the peak the MFU reads against from the
+  // outpaced step on: the cache's.
+  const double cached = nlohmann::json::parse(testing::read_text(cache)).at(key).get<double>();
+  EXPECT_GT(cached, kStale);
+  const auto peaks = testing::read_metrics_events(scratch / "run", "peak_flops");
+  ASSERT_EQ(peaks.size(), 1u) << run.output;
+  EXPECT_EQ(peaks[0].at("stale_peak_flops").get<double>(), kStale);
+  EXPECT_EQ(peaks[0].at("peak_flops").get<double>(), cached);
+  EXPECT_FALSE(peaks[0].at("capped").get<bool>());
+  EXPECT_NE(warning.find(peaks[0].at("peak_flops_source").get<std::string>()), std::string::npos) << run.output;
+}
+
+// A --peak_tflops far below what the run achieves (1 MFLOP/s) is the user's word and stays, but no
+// MFU reads above 1 against it: capped, with a warning naming the flag.
+TEST(ModelFlops, APeakTflopsBelowWhatTheRunAchievesCapsTheMfuWithAWarning) {
+  testing::ScratchDir scratch("mfu_low_flag");
+  const auto run = micro_run(scratch, "--peak_tflops 1e-6");
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  expect_every_mfu_a_share(scratch / "run");
+  const std::string warning = line_with(run.output, "MFU capped at 1");
+  EXPECT_NE(warning.find("warning"), std::string::npos) << run.output;
+  EXPECT_NE(warning.find("--peak_tflops 1e-06"), std::string::npos) << run.output;
+  const auto peaks = testing::read_metrics_events(scratch / "run", "peak_flops");
+  ASSERT_EQ(peaks.size(), 1u) << run.output;
+  EXPECT_TRUE(peaks[0].at("capped").get<bool>());
+  EXPECT_DOUBLE_EQ(peaks[0].at("peak_flops").get<double>(), 1e6);
+  EXPECT_FALSE(std::filesystem::exists(scratch / "cache")) << "a given peak is not measured, nor cached";
 }
 
 // bench/train_vs_pytorch.sh's summary (bench/pytorch_peers.py) gives the trainer's MFU with its own

@@ -108,7 +108,7 @@ def main():
                 continue
             expected = record[key[0]][key[1]] if isinstance(key, tuple) else record[key]
             check(e.value == f32(expected), f"{tag} at step {e.step}: {e.value}, metrics.jsonl {expected}")
-    check(all(train[s]["mfu"] > 0 for s in train), "an mfu of 0 in metrics.jsonl: the CPU peak was not found")
+    check(all(0 < train[s]["mfu"] <= 1 for s in train), "an mfu of 0 (the CPU peak was not found) or above 1 in metrics.jsonl")
 
     if evals:
         eval_steps = [e.step for e in accumulator.Scalars("eval/loss")] if "eval/loss" in scalars else []
@@ -133,6 +133,10 @@ def main():
         config = json.loads(accumulator.Tensors("config")[-1].tensor_proto.string_val[0].decode()
                             .removeprefix("```json\n").removesuffix("\n```"))
         check(config["world_size"] == args.ranks, f"config world_size {config['world_size']}")
+        start = [record for record in records if record.get("event") == "start"][-1]
+        check((config.get("peak_flops"), config.get("peak_flops_source")) == (start["peak_flops"], start["peak_flops_source"]),
+              f"the config text's MFU peak {config.get('peak_flops')} ({config.get('peak_flops_source')}) is not the "
+              f"start record's {start['peak_flops']} ({start['peak_flops_source']})")
         if args.resumed_at:
             check(config["run"]["name"] == "tb-test" and config["run"]["tags"] == ["a", "b"],
                   f"--name/--tags not in the config text: {config['run'].get('name')} {config['run'].get('tags')}")

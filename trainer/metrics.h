@@ -8,9 +8,12 @@
 //    "tokens_seen", "peak_rss_bytes", ["peak_cuda_allocated_bytes",] "peak_memory_bytes",
 //    "peak_memory_source", "projector_s", "phase_s": {"forward", "backward", "collectives",
 //    "optimizer", "other"}}  (phase_s: where the step's time went, common/step_timer.h; mfu:
-//    trainer/model_flops.h, 0 when the device's peak is unknown; peak_memory_bytes is the step
-//    line's figure, named by peak_memory_source: "rss" on CPU, "cuda_allocated" on CUDA)
+//    trainer/model_flops.h, 0 when the device's peak is unknown, never above 1; peak_memory_bytes is
+//    the step line's figure, named by peak_memory_source: "rss" on CPU, "cuda_allocated" on CUDA)
 //   {"event":"eval", "step", "eval_loss", "eval_tokens"}
+//   {"event":"peak_flops", "step", "peak_flops", "peak_flops_source", "capped", "stale_peak_flops",
+//    "stale_peak_flops_source"}  a step outpaced the MFU's peak (trainer/model_flops.h): the peak from
+//    that step on, and the one it replaces
 //   {"event":"memory", "ranks":[{...}]}  every rank's memory summary (memory/ledger.h)
 //   {"event":"gather_schedule", "strategy", "prefetch", "side_stream", "units",
 //    "peak_gathered_units", "schedule_peak_gathered_units", "inline_gathers", "prefetches"}

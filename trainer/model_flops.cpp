@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <sstream>
 
 #include <ATen/ATen.h>
@@ -85,25 +86,39 @@ double measure_gemm_flops(at::ScalarType dtype, int threads) {
   return 2.0 * n * n * n / best;
 }
 
-PeakFlops cpu_peak(at::ScalarType dtype, int threads) {
-  const std::string dtype_name = dtype == at::kBFloat16 ? "bfloat16" : "float32";
-  const std::string key = cpu_model() + " | " + std::to_string(threads) + " threads | " + dtype_name;
-  const fs::path file = cache_file();
-  nlohmann::json cache = nlohmann::json::object();
-  if (std::ifstream in(file); in) {
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    cache = parse_json_text(text, file.string(), /*allow_exceptions=*/false);
-    if (!cache.is_object()) cache = nlohmann::json::object();  // unreadable: measured again and rewritten
-  }
-  auto describe = [&](double flops, const std::string& how) {
-    std::ostringstream text;
-    text << "measured " << dtype_name << " GEMM peak of this CPU at " << threads << " thread(s), "
-         << static_cast<int64_t>(flops / 1e9) << " GFLOP/s (" << how << " " << file.string() << ")";
-    return text.str();
-  };
-  if (const auto found = cache.find(key); found != cache.end() && found->is_number() && found->get<double>() > 0)
-    return {found->get<double>(), describe(found->get<double>(), "cached in")};
-  const double flops = measure_gemm_flops(dtype, threads);
+std::string dtype_name(at::ScalarType dtype) { return dtype == at::kBFloat16 ? "bfloat16" : "float32"; }
+
+// "186.4 GFLOP/s": four digits, so that a stale figure far below the device's (1 MFLOP/s) reads as
+// itself rather than as 0.
+std::string flops_rate(double flops) {
+  std::ostringstream text;
+  text << std::setprecision(4);
+  if (flops >= 1e12)
+    text << flops / 1e12 << " TFLOP/s";
+  else
+    text << flops / 1e9 << " GFLOP/s";
+  return text.str();
+}
+
+nlohmann::json read_cache(const fs::path& file) {
+  std::ifstream in(file);
+  if (!in) return nlohmann::json::object();
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  nlohmann::json cache = parse_json_text(text, file.string(), /*allow_exceptions=*/false);
+  return cache.is_object() ? cache : nlohmann::json::object();  // unreadable: measured again and rewritten
+}
+
+double cached_flops(const nlohmann::json& cache, const std::string& key) {
+  const auto found = cache.find(key);
+  return found != cache.end() && found->is_number() ? found->get<double>() : 0;
+}
+
+// Keeps `flops` as the entry's figure unless the cache holds more: the best of every measurement, so a
+// busy machine's reading never replaces an idle one's. The file is read again here, since another run
+// may have written it since this one started.
+void keep_in_cache(const fs::path& file, const std::string& key, double flops) {
+  nlohmann::json cache = read_cache(file);
+  if (cached_flops(cache, key) >= flops) return;
   cache[key] = flops;
   // Through a file of this process's own, renamed over the cache: a reader never sees half a file.
   std::error_code error;
@@ -114,7 +129,21 @@ PeakFlops cpu_peak(at::ScalarType dtype, int threads) {
   } catch (const UserError&) {
     log::warn("could not cache the measured GEMM peak in {}: it is measured again next run", file.string());
   }
-  return {flops, describe(flops, "measured now, cached in")};
+}
+
+std::string describe_cpu_peak(at::ScalarType dtype, int threads, double flops, const std::string& how) {
+  return "measured " + dtype_name(dtype) + " GEMM peak of this CPU at " + std::to_string(threads) + " thread(s), " +
+         flops_rate(flops) + " (" + how + ")";
+}
+
+PeakFlops cpu_peak(at::ScalarType dtype, int threads) {
+  const fs::path file = cache_file();
+  const std::string key = cpu_peak_cache_key(dtype, threads);
+  if (const double cached = cached_flops(read_cache(file), key); cached > 0)
+    return {cached, describe_cpu_peak(dtype, threads, cached, "cached in " + file.string()), true};
+  const double flops = measure_gemm_flops(dtype, threads);
+  keep_in_cache(file, key, flops);
+  return {flops, describe_cpu_peak(dtype, threads, flops, "measured now, cached in " + file.string()), true};
 }
 
 }  // namespace
@@ -158,6 +187,33 @@ PeakFlops device_peak_flops(c10::Device device, at::ScalarType dtype, int thread
     return peak;
   }
   return cpu_peak(dtype, threads);
+}
+
+std::string cpu_peak_cache_key(at::ScalarType dtype, int threads) {
+  return cpu_model() + " | " + std::to_string(threads) + " threads | " + dtype_name(dtype);
+}
+
+PeakFlops outpaced_peak(const PeakFlops& stale, double achieved, at::ScalarType dtype, int threads) {
+  if (!stale.measured) {
+    log::warn("MFU capped at 1: the peak in use, {} ({}), is below what this run achieves, {} of model FLOPs per rank; "
+              "give the device's dense peak with --peak_tflops",
+              flops_rate(stale.flops_per_second), stale.source, flops_rate(achieved));
+    PeakFlops capped = stale;
+    capped.capped = true;
+    return capped;
+  }
+  const double measured = measure_gemm_flops(dtype, threads);
+  const double flops = std::max(measured, achieved);
+  const fs::path file = cache_file();
+  keep_in_cache(file, cpu_peak_cache_key(dtype, threads), flops);
+  const std::string how = measured >= achieved ? "measured again, cached in " + file.string()
+                                               : "this run's model FLOP rate, the machine still busy measuring " +
+                                                     flops_rate(measured) + " again; cached in " + file.string();
+  PeakFlops raised{flops, describe_cpu_peak(dtype, threads, flops, how), true};
+  log::warn("stale MFU peak: this run achieves {} of model FLOPs per rank, above the peak in use, the {}, which must "
+            "have been measured while the machine was busy; the MFU's peak from here on: the {}",
+            flops_rate(achieved), stale.source, raised.source);
+  return raised;
 }
 
 double model_flops_utilisation(double flops_per_token, double tokens_per_second, const PeakFlops& peak, int ranks) {

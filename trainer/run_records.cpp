@@ -2,6 +2,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -38,6 +39,10 @@ nlohmann::json gather_schedule_record(const ShardedModel& sharded) {
           {"prefetches", schedule.prefetches()}};
 }
 
+at::ScalarType compute_dtype(const RunConfig& run) {
+  return run.precision.dtype == DType::bfloat16 ? at::kBFloat16 : at::kFloat;
+}
+
 }  // namespace
 
 RunRecords::RunRecords(const ModelConfig& model_config, const RunConfig& run, const RuntimeContext& context)
@@ -55,8 +60,7 @@ void RunRecords::start(const RunStart& start) {
   const c10::Device device = context_.device;
   flops_per_token_ = model_flops_per_token(model_config_, run_.data.max_length);
   if (context_.rank == 0) {
-    peak_ = device_peak_flops(device, run_.precision.dtype == DType::bfloat16 ? at::kBFloat16 : at::kFloat,
-                              at::get_num_threads(), run_.logging.peak_tflops);
+    peak_ = device_peak_flops(device, compute_dtype(run_), at::get_num_threads(), run_.logging.peak_tflops);
     log::info("MFU against {}", peak_.flops_per_second > 0 ? peak_.source : "nothing (" + peak_.source + ")");
   }
   metrics_.write({{"event", "start"}, {"model", model_config_.to_json()}, {"run", run_.to_json()},
@@ -104,7 +108,7 @@ void RunRecords::start(const RunStart& start) {
       // The resolved settings, as `--print_config` prints them (GaLore's --name and --tags among them).
       const nlohmann::json config = {{"model", model_config_.to_json()}, {"run", run_.to_json()},
                                      {"world_size", context_.world_size}, {"device", device.str()},
-                                     {"peak_flops_source", peak_.source}};
+                                     {"peak_flops", peak_.flops_per_second}, {"peak_flops_source", peak_.source}};
       tensorboard->text("config", start.start_step, "```json\n" + config.dump(2) + "\n```");
       log::info("TensorBoard events in {}", tensorboard->path().string());
     }
@@ -140,8 +144,23 @@ void RunRecords::sharded_state(const ShardedModel& sharded, const ShardOptimizer
   metrics_.write({{"event", "sharded_state"}, {"ranks", ranks}});
 }
 
-double RunRecords::model_flops_utilisation(double tokens_per_second) const {
-  return llm::model_flops_utilisation(flops_per_token_, tokens_per_second, peak_, context_.world_size);
+double RunRecords::model_flops_utilisation(int64_t step, double tokens_per_second) {
+  const double achieved = flops_per_token_ * tokens_per_second / context_.world_size;  // per rank
+  if (peak_.flops_per_second > 0 && achieved > peak_.flops_per_second && !peak_.capped) {
+    const PeakFlops stale = peak_;
+    peak_ = outpaced_peak(stale, achieved, compute_dtype(run_), at::get_num_threads());
+    // The start record's peak no longer holds: what a program reads the MFU against from this step.
+    const nlohmann::json record = {{"event", "peak_flops"}, {"step", step}, {"peak_flops", peak_.flops_per_second},
+                                   {"peak_flops_source", peak_.source}, {"capped", peak_.capped},
+                                   {"stale_peak_flops", stale.flops_per_second},
+                                   {"stale_peak_flops_source", stale.source}};
+    metrics_.write(record);
+    if (TensorBoardWriter* tensorboard = metrics_.tensorboard())
+      tensorboard->text("peak_flops", step, "```json\n" + record.dump(2) + "\n```");
+  }
+  // At most 1: the peak now covers the run's rate, or is a given one that the warning said is capped
+  // (and peak x ranks may round a hair below the rate it was raised to).
+  return std::min(1.0, llm::model_flops_utilisation(flops_per_token_, tokens_per_second, peak_, context_.world_size));
 }
 
 void RunRecords::step_memory(int64_t step, Communicator& communicator) {

@@ -57,7 +57,9 @@ class RunRecords {
   // (trainer/model_flops.h) and, with --tensorboard_dir, the event file and the configuration as text.
   void start(const RunStart& start);
   // The step's MFU from its tokens per second (all ranks'); 0 where the peak is unknown or off rank 0.
-  double model_flops_utilisation(double tokens_per_second) const;
+  // A peak the step outpaces is replaced or capped first (trainer/model_flops.h: outpaced_peak), and a
+  // "peak_flops" record (and TensorBoard text) says so: the MFU is never above 1.
+  double model_flops_utilisation(int64_t step, double tokens_per_second);
   // With --tensorboard_dir, after the ledger's end of a logged step (a collective, on every rank): the
   // step's tracked peak and the categories at it, on rank 0 and the largest over ranks.
   void step_memory(int64_t step, Communicator& communicator);
@@ -84,7 +86,7 @@ class RunRecords {
   MetricsLog metrics_;
   MemoryLedger ledger_;
   double flops_per_token_ = 0;
-  PeakFlops peak_;  // rank 0's; 0 elsewhere
+  PeakFlops peak_;  // rank 0's, the MFU's from the start or since a step outpaced it; 0 elsewhere
 };
 
 }  // namespace llm

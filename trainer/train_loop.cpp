@@ -371,7 +371,7 @@ void Training::log_step(int64_t step, const StepResult& result, double seconds) 
   record.peak_memory_bytes = ledger_.step_line_peak_bytes();
   record.peak_on_cuda = device_.is_cuda();
   record.peak_rss_bytes = peak_resident_bytes();
-  record.mfu = records_.model_flops_utilisation(record.tokens_per_second);
+  record.mfu = records_.model_flops_utilisation(step, record.tokens_per_second);
   record.projector_seconds = optimizer().last_projector_seconds();
   record.phase_seconds = result.phase_seconds;
   record.phase_step = result.phase_step;
