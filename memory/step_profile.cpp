@@ -76,17 +76,21 @@ ComputeRates profile_compute(const ModelConfig& model, const RunConfig& run, c10
     }
     for (at::Tensor parameter : network->parameters()) parameter.mutable_grad() = at::Tensor();
   }
+  // The later half of the passes: the heap grows to its steady size over the first ones, each faulting
+  // in new pages (a run's first steps are slower for the same reason).
+  const auto settled = [](const std::vector<double>& passes) {
+    return median(std::vector<double>(passes.begin() + static_cast<std::ptrdiff_t>(passes.size() / 2), passes.end()));
+  };
   ComputeRates rates;
-  rates.embed = {median(forward[0]), median(backward[0])};
-  rates.layer = {median(forward[1]), median(backward[1])};
-  rates.head = {median(forward[2]), median(backward[2])};
+  rates.embed = {settled(forward[0]), settled(backward[0])};
+  rates.layer = {settled(forward[1]), settled(backward[1])};
+  rates.head = {settled(forward[2]), settled(backward[2])};
   rates.threads = threads;
 
-  // The optimizer: the AdamW kernel over a layer's rows (at most 2^24), the median of five passes.
+  // The optimizer: the AdamW kernel over the model's rows, at least 2^22 (16 MiB an array: past the
+  // caches, as a step over the model's shards is) and at most 2^24, the median of five passes.
   if (device.is_cpu()) {
-    int64_t numel = 0;
-    for (const auto& named : network->unit_parameters(1)) numel += named.second.numel();
-    numel = std::min<int64_t>(numel, int64_t{1} << 24);
+    const int64_t numel = std::clamp<int64_t>(model.num_parameters(), int64_t{1} << 22, int64_t{1} << 24);
     const at::TensorOptions fp32 = at::TensorOptions().dtype(at::kFloat);
     at::Tensor master = at::randn({numel}, fp32), grad = at::randn({numel}, fp32), m = at::zeros({numel}, fp32),
                v = at::zeros({numel}, fp32);

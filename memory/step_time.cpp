@@ -144,6 +144,13 @@ StepTimeEstimate estimate_step_time(const ModelConfig& model, const RunConfig& r
     return comm;
   };
   const UnitComm embed = unit_comm(sizes.embed, 1), layer = unit_comm(sizes.layer, layers), head = unit_comm(sizes.head, 1);
+  // A unit's collectives a step: its gathers and its reduction (hybrid's across the groups besides).
+  if (S > 1 || run.sharding.strategy == ShardingStrategy::no_shard) {
+    const double per_unit = run.sharding.strategy == ShardingStrategy::no_shard
+                                ? 1.0
+                                : micro * (grad_op ? 1.0 : 2.0) + 1.0 + (is_hybrid(run.sharding.strategy) && G > 1 ? 1.0 : 0.0);
+    estimate.collectives = per_unit * (layers + 2);
+  }
   const double gathers = micro * (embed.gather_forward + embed.gather_backward + layers * (layer.gather_forward + layer.gather_backward) +
                                   head.gather_forward + head.gather_backward);
   const double reduces = embed.reduce + layers * layer.reduce + head.reduce;
@@ -217,6 +224,7 @@ nlohmann::json StepTimeEstimate::to_json() const {
   for (int p = 0; p < kPredictedPhases; ++p) by_phase[predicted_phase_name(p)] = phases[static_cast<size_t>(p)];
   return {{"step_seconds", step_seconds},          {"tokens_per_second", tokens_per_second},
           {"phase_s", by_phase},                   {"collective_seconds", collective_seconds},
+          {"collectives", collectives},
           {"inter_node_bytes", inter_node_bytes},  {"intra_node_bytes", intra_node_bytes},
           {"compute_source", compute_source},      {"link_source", link_source}};
 }

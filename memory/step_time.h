@@ -67,6 +67,7 @@ struct StepTimeEstimate {
   double step_seconds = 0;
   double tokens_per_second = 0;       // the whole job's
   double collective_seconds = 0;      // every collective's time, hidden or not
+  double collectives = 0;             // how many the model's units make a step (the step record's links count)
   double inter_node_bytes = 0;        // what this rank sends over the link between nodes a step
   double intra_node_bytes = 0;        // ... and inside its node
   std::string compute_source, link_source;
@@ -75,8 +76,9 @@ struct StepTimeEstimate {
 
 // Measures UnitTimes on `device` at the run's micro-batch, dtype and precision with `threads` threads:
 // a model of one decoder layer, each unit's forward and backward timed apart (as the trainer runs
-// them, unit by unit), repeated for about `seconds`, the median of each after one warm-up; and the
-// AdamW kernel over a layer's rows.
+// them, unit by unit), repeated for about `seconds`, the median of each over the later half of the
+// passes (the heap's growth over the first ones faults in new pages: a run's first steps are slower); and
+// the AdamW kernel over the model's rows (2^22 to 2^24 of them: past the caches, as a step is).
 ComputeRates profile_compute(const ModelConfig& model, const RunConfig& run, c10::Device device, double seconds,
                              int threads);
 // Each unit's FLOPs (forward 2 per matmul parameter and token plus the attention's 4 h S per token,
