@@ -15,6 +15,14 @@
 //   mpirun -np 4 build/communicator_bench [--min-bytes 1K] [--max-bytes 64M] [--step-factor 4]
 //          [--iters 20] [--warmup 5] [--dtype float32|bfloat16] [--op sum|average]
 //          [--collectives all_gather,reduce_scatter,all_reduce] [--backend auto|single|mpi|nccl]
+//          [--compute_ms MS]
+//
+// --compute_ms MS adds the wait row, what training's collectives meet beyond their bandwidth: each
+// rank computes MS milliseconds of its own CPU time, then all-reduces 4 bytes, --iters times. When the
+// ranks of a host outnumber its cores they take turns on them, and each collective also waits for the
+// ranks that are descheduled when it starts; the row reports that wait: the iteration's time less the
+// compute stretched by ranks / cores (the step-time model's stretch, memory/step_time.h), per
+// collective.
 #include <mpi.h>
 
 #include <algorithm>
@@ -22,7 +30,10 @@
 #include <cstdio>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include <time.h>
 
 #include <ATen/ATen.h>
 #include <CLI/CLI.hpp>
@@ -48,6 +59,7 @@ struct Options {
   std::string op = "sum";
   std::vector<std::string> collectives = {"all_gather", "reduce_scatter", "all_reduce"};
   std::string backend = "auto";
+  double compute_ms = 0;  // > 0: the wait row (below)
 };
 
 // "4096", "4K", "64M", "1G" (binary units).
@@ -277,6 +289,37 @@ void run_bench(const Options& options, const llm::World& world) {
       }
     }
   }
+  if (options.compute_ms > 0) {
+    const at::Tensor flag = at::ones({1}, at::TensorOptions().dtype(at::kFloat).device(device));
+    const auto spin = [&] {  // MS ms of this thread's own CPU time, however long that takes on the clock
+      timespec start{}, now{};
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &start);
+      double used = 0;
+      for (volatile uint64_t x = 0; used < options.compute_ms * 1e-3; ++x) {
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+        used = static_cast<double>(now.tv_sec - start.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec - start.tv_nsec);
+      }
+    };
+    for (int i = 0; i < options.warmup; ++i) {
+      spin();
+      comm->all_reduce(flag, op);
+    }
+    comm->barrier();
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < options.iters; ++i) {
+      spin();
+      comm->all_reduce(flag, op);
+    }
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / options.iters;
+    LLM_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const double stretch = std::max(1.0, static_cast<double>(world.local_size) / cores);
+    if (world.rank == 0)
+      std::printf("# collective wait: %.1f us a collective (%.1f ms of compute each, %d rank(s) on %d core(s): "
+                  "%.1f ms an iteration against %.1f ms stretched)\n",
+                  (seconds - options.compute_ms * 1e-3 * stretch) * 1e6, options.compute_ms, world.local_size, cores,
+                  seconds * 1e3, options.compute_ms * stretch);
+  }
   if (world.rank == 0) {
     for (const auto& [collective, sum_and_rows] : bus_bandwidth_sum)
       std::printf("# Avg bus bandwidth (%s): %.3f GB/s\n", collective.c_str(),
@@ -309,6 +352,9 @@ int main(int argc, char** argv) {
   app.add_option("--collectives", options.collectives, "which collectives, comma-separated")
       ->delimiter(',');
   app.add_option("--backend", options.backend, "auto, single, mpi or nccl");
+  app.add_option("--compute_ms", options.compute_ms,
+                 "the wait row: MS ms of CPU time per rank between 4-byte all-reduces (see the header)")
+      ->check(CLI::NonNegativeNumber);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& error) {
