@@ -557,6 +557,9 @@ int main(int argc, char** argv) {
     // As the trainer runs: freed host memory stays in the process (the HF-style rules make
     // temporaries every step; without this each would be a fresh, page-faulting mapping).
     llm::keep_freed_host_memory();
+    // Huge pages on every array of 2 MiB and more, as the trainer asks for its optimizer's buffers
+    // (common/host_memory.h advise_huge_pages); LibTorch reads this at its first allocation.
+    setenv("THP_MEM_ALLOC_ENABLE", "1", /*overwrite=*/0);
     // LibTorch's wheel ships the libgomp we link, so this is one thread pool for ours and LibTorch.
     omp_set_num_threads(threads);
     at::set_num_threads(threads);

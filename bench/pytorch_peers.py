@@ -435,7 +435,9 @@ def parse_args():
     p.add_argument("--threads", type=int, required=True)
     p.add_argument("--steps", type=int, required=True)
     p.add_argument("--ours", nargs="+", required=True, help="metrics.jsonl per round, in order")
-    p.add_argument("--theirs", nargs="+", required=True, help="peer JSONL per round, in order")
+    p.add_argument("--theirs", nargs="*", default=[], help="peer JSONL per round, in order (none: it died in every round)")
+    for flag in ("--retried", "--died", "--retried_tuned", "--died_tuned"):
+        p.add_argument(flag, default="", help="rounds (space-separated) where the peer died once, or twice")
     p.add_argument("--theirs_tuned", nargs="*", default=[],
                    help="peer JSONL per round run with our allocator policy through the environment")
     p.add_argument("--tuned_env", default="", help="the environment the tuned peer ran with")

@@ -79,8 +79,34 @@ def model_flops_per_token(config_path, parameters, length):
     return 6 * matmul_parameters + 12 * layers * hidden * length
 
 
+def peer_deaths(args):
+    """The rounds where a peer died once and ran again, or twice (bench/train_vs_pytorch.sh's run_theirs),
+    as lines for the table and fields for the JSON record."""
+    fields, lines = {}, []
+    for side, label, retried, died in (("pytorch", args.pytorch_label, args.retried, args.died),
+                                       ("pytorch_tuned", args.pytorch_label + " with our allocator policy",
+                                        args.retried_tuned, args.died_tuned)):
+        retried, died = [int(r) for r in retried.split()], [int(r) for r in died.split()]
+        fields.update({f"{side}_retried_rounds": retried, f"{side}_died_rounds": died})
+        if retried:
+            lines.append(f"   {label} died once and ran again in round(s) {', '.join(map(str, retried))}")
+        if died:
+            lines.append(f"   {label} DIED TWICE in round(s) {', '.join(map(str, died))}: its figure is over the "
+                         f"other rounds (logs: the round's .jsonl.died1.log and .died2.log)")
+    return fields, lines
+
+
 def run_summarize(args):
     ours = side_summary(args.ours, "ours")
+    deaths, death_lines = peer_deaths(args)
+    if not args.theirs:  # the plain peer died twice in every round: ours alone, and why
+        if args.json:
+            print(json.dumps({"comparison": args.comparison, "ours_s": ours["median"], **deaths}))
+            return
+        print(f"\n== {args.comparison}: {args.config}, {args.ranks} rank(s) x {args.threads} thread(s)")
+        print(f"   {args.ours_label:<34} {ours['median']:8.3f} s/step; no comparison:")
+        print("\n".join(death_lines))
+        return
     theirs = side_summary(args.theirs, "pytorch")
     # The same PyTorch run with our trainer's host-allocator policy put in by environment variables
     # (common/host_memory.h: keep freed memory, no per-block mappings): what of the difference is the
@@ -110,6 +136,7 @@ def run_summarize(args):
         "peak_gflops": args.peak_gflops, "first_loss_ours": ours["first_loss"],
         "first_loss_pytorch": theirs["first_loss"], "ln_vocab": ln_vocab, "first_losses_sane": agree,
         "machine": json.loads(args.machine) if args.machine else {},
+        **deaths,
     }
     # The same figure as the trainer's step line: this script's FLOPs per token on the trainer's own
     # peak (its start record) over each kept step's time, beside the trainer's own per-step MFU (medians).
@@ -174,6 +201,8 @@ def run_summarize(args):
     if record["pytorch_optimizer_fallback"]:
         print(f"   note: fused AdamW refused DTensors ({record['pytorch_optimizer_fallback']}); "
               "pytorch ran foreach=True")
+    for line in death_lines:
+        print(line)
     print(f"   first-step loss: ours {ours['first_loss']:.3f}, pytorch {theirs['first_loss']:.3f}, "
           f"ln(vocab) {ln_vocab:.3f}: {'both at init, as expected' if agree else 'NOT NEAR ln(vocab): check'}")
 

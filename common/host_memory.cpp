@@ -1,6 +1,9 @@
 #include "common/host_memory.h"
 
 #include <malloc.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 #include <cstdlib>
 
@@ -104,15 +107,32 @@ class CountingCPUAllocator final : public c10::Allocator {
 void install_host_memory_tracking() { CountingCPUAllocator::instance().install(); }
 
 void keep_freed_host_memory() {
-#if defined(__linux__)
-  setenv("THP_MEM_ALLOC_ENABLE", "1", /*overwrite=*/0);  // read by c10's alloc_cpu at its first use
-#endif
 #if defined(__GLIBC__)
   mallopt(M_MMAP_MAX, 0);  // no per-block mappings: every block from the heaps
   // Give the heap's top back only above 2 GiB free (mallopt takes an int: INT_MAX is the most).
   mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
 #endif
 }
+void advise_huge_pages(void* data, int64_t bytes) {
+#if defined(__linux__)
+  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(data) + kHuge - 1) & ~(kHuge - 1);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(data) + static_cast<uintptr_t>(bytes)) & ~(kHuge - 1);
+  if (data == nullptr || end <= begin) return;
+  // Advice only: a kernel without THP refuses it, which changes nothing. The heap may hand out pages
+  // an earlier buffer already faulted in as 4 KiB ones, which the advice alone leaves small: they are
+  // collapsed into huge pages now (MADV_COLLAPSE, Linux 6.1; older kernels leave them to khugepaged).
+  (void)madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+#ifndef MADV_COLLAPSE
+  constexpr int MADV_COLLAPSE = 25;
+#endif
+  (void)madvise(reinterpret_cast<void*>(begin), end - begin, MADV_COLLAPSE);
+#else
+  (void)data;
+  (void)bytes;
+#endif
+}
+
 bool host_memory_tracking_installed() { return CountingCPUAllocator::instance().active(); }
 HostMemoryCounters host_memory_counters() { return CountingCPUAllocator::instance().counters(); }
 void reset_host_window_peak() { CountingCPUAllocator::instance().reset_window(); }

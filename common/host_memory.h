@@ -41,13 +41,19 @@ void reset_host_window_peak();
 // every step (a unit's all-gather buffer and gathered weights, the reduce-scatter buffer, large
 // activations) is page-faulted and zeroed by the kernel anew each time. Measured at 4 CPU ranks of
 // llama_20m: 1.56-1.91 s per step before, 1.23 s after, peak RSS unchanged (docs/performance.md).
-// Also asks LibTorch for transparent huge pages on host buffers of 2 MiB and more
-// (THP_MEM_ALLOC_ENABLE=1, unless the environment already sets it: 0 turns it off), where the kernel
-// gives them on request (transparent_hugepage "madvise" or "always"): the host optimizer step streams
-// arrays of hundreds of MB, and with 4 KiB pages its page walks miss the caches. Measured with
-// build/bench/adamw_bench at 2^26 elements (1 GiB of AdamW arrays, 2 threads): 44-64 ms per step
-// without, 32-34 ms with (docs/performance.md).
 // Call once, first thing in main, before any tensor exists; a no-op outside glibc and Linux.
 void keep_freed_host_memory();
+
+// Transparent huge pages for one long-lived host buffer (the optimizer's masters, gradient shards and
+// state, which the host step streams: with 4 KiB pages its page walks miss the caches; build/bench/
+// adamw_bench at 2^26 elements, 2 threads: 44-64 ms a step without, 32-34 ms with), asked of the kernel
+// for the buffer's whole 2 MiB pages (madvise MADV_HUGEPAGE; given where transparent_hugepage is
+// "madvise" or "always"). Before the buffer's first write: pages already touched stay small. Not for
+// every buffer of 2 MiB and more, as LibTorch's THP_MEM_ALLOC_ENABLE=1 asks (which this trainer set
+// until issue 55): its 2 MiB-aligned blocks fragment the heap, which then grows for several steps,
+// each step's new huge pages faulted and zeroed in (llama_9m at one rank: the forward 0.37 s a
+// micro-batch in steps 1-4 against 0.094 s from step 7, and the peak RSS 907 MiB against 547 MiB).
+// A no-op for a buffer under 2 MiB, off the host, or outside Linux.
+void advise_huge_pages(void* data, int64_t bytes);
 
 }  // namespace llm

@@ -1,4 +1,5 @@
 #include "common/memory_stats.h"
+#include "common/host_memory.h"
 
 #include <sys/resource.h>
 #include <unistd.h>
@@ -158,7 +159,9 @@ at::Tensor exact_host_buffer(int64_t elements, at::ScalarType dtype, c10::Device
 #else
   (void)pinned_for;
 #endif
-  return at::empty({elements}, options);
+  at::Tensor buffer = at::empty({elements}, options);
+  advise_huge_pages(buffer.data_ptr(), static_cast<int64_t>(buffer.nbytes()));  // long-lived: offload's rows
+  return buffer;
 }
 
 at::Tensor exact_host_copy(const at::Tensor& from, c10::Device pinned_for) {

@@ -69,11 +69,10 @@ OptimizerOffload::OptimizerOffload(ShardedModel& model, const OptimizerSettings&
     ShardedUnit& unit = model.unit(u);
     LLM_REQUIRE(!unit.master_offloaded(), "offload", unit.name(), "the master is offloaded already");
     const int64_t numel = unit.layout().shard_numel;
-    const at::TensorOptions host = at::TensorOptions().dtype(at::kFloat).device(at::kCPU);
     // Master and state in pageable host memory: they never cross the bus. The buffers the copies
     // read or write are page-locked on CUDA, so the copies are DMA and asynchronous.
     // Device mode: the master crosses every step, so it is page-locked (on CUDA) too.
-    masters_.push_back(on_device ? exact_host_buffer(numel, at::kFloat, device) : at::empty({numel}, host));
+    masters_.push_back(exact_host_buffer(numel, at::kFloat, on_device ? device : c10::Device(c10::kCPU)));
     masters_.back().copy_(unit.master_shard());
     // Exact sizes (common/memory_stats.h): the caching host allocator would round each up to a
     // power of two, up to twice the pinned memory the estimate counts.

@@ -1,4 +1,5 @@
 #include "optim/shard_optimizer.h"
+#include "common/host_memory.h"
 
 #include <algorithm>
 
@@ -54,7 +55,9 @@ at::Tensor allocate_views(std::vector<ParameterState>& parameters,
                           at::Tensor ParameterState::*member, const at::TensorOptions& options) {
   int64_t total = 0;
   for (const auto& shape : shapes) total += StateShapes::numel(shape);
-  at::Tensor flat = at::zeros({total}, options);
+  at::Tensor flat = at::empty({total}, options);
+  if (flat.is_cpu()) advise_huge_pages(flat.data_ptr(), static_cast<int64_t>(flat.nbytes()));  // the host step streams it
+  flat.zero_();
   int64_t offset = 0;
   for (size_t i = 0; i < parameters.size(); ++i) {
     if (!shapes[i]) continue;

@@ -175,6 +175,21 @@ TEST(ModelFlops, TheBenchPrintsTheSameFigureAsTheTrainer) {
   const double trainer = record.at("ours_mfu_trainer").get<double>(), bench = record.at("ours_mfu_bench").get<double>();
   EXPECT_GT(trainer, 0);
   EXPECT_NEAR(bench, trainer, 1e-9 * trainer);
+  // A peer that died (issue 55): the rounds it ran again, and the rounds it died twice, are in the table
+  // and the record; a peer dead in every round leaves ours alone, said, rather than no table at all.
+  const std::string summarize = python.string() + " " + (testing::source_dir() / "bench/pytorch_peers.py").string() +
+                                " summarize --comparison died --config " + config +
+                                " --ranks 1 --batch 4 --length 16 --threads 1 --steps 7 --ours " + metrics + " " + metrics;
+  const auto some = testing::run_command(summarize + " --theirs " + metrics + " --retried 1 --died 2 --died_tuned '1 2'");
+  ASSERT_EQ(some.exit_code, 0) << some.output;
+  EXPECT_NE(some.output.find("pytorch died once and ran again in round(s) 1"), std::string::npos) << some.output;
+  EXPECT_NE(some.output.find("pytorch DIED TWICE in round(s) 2"), std::string::npos) << some.output;
+  EXPECT_NE(some.output.find("with our allocator policy DIED TWICE in round(s) 1, 2"), std::string::npos) << some.output;
+  const auto none = testing::run_command(summarize + " --died '1 2' --json");
+  ASSERT_EQ(none.exit_code, 0) << none.output;
+  const nlohmann::json alone = nlohmann::json::parse(none.output.substr(none.output.rfind("{\"comparison\"")));
+  EXPECT_EQ(alone.at("pytorch_died_rounds"), nlohmann::json::array({1, 2}));
+  EXPECT_GT(alone.at("ours_s").get<double>(), 0);
 }
 
 }  // namespace
