@@ -103,9 +103,11 @@ with open(sys.argv[7], "a") as out:
     out.write(f"{strategy.split()[0]}{'_node_copy' if node_copy else ''}{'_optimizer_across' if optimizer_across else ''} {measured}\n")
 # The counters carry each packet's Ethernet, IP and TCP headers (66 B a segment, 4.6 % of a full one),
 # the acknowledgements, MPI's own headers and the few scalars a step (the norm, the loss, the
-# straggler watch): at most 10 % over.
-assert 1.0 <= measured / between <= 1.10, (measured, between)
-assert 1.0 <= sent / counted <= 1.10, (sent, counted)
+# straggler watch): at most 10 % over. Under: by the noise of subtracting the 2-step run's counters
+# from the 6-step run's (start-up and connection traffic differ a little between two runs): 2 % at
+# most (hybrid_shard_grad_op once measured 0.6 % under the trainer's count on a loaded machine).
+assert 0.98 <= measured / between <= 1.10, (measured, between)
+assert 0.98 <= sent / counted <= 1.10, (sent, counted)
 PY
   done
   # Hybrid's groups are the nodes: what crosses is the gradient shard's all-reduce, at most 1/S of
