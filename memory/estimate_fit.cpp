@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "common/memory_stats.h"
 #include "memory/estimate_simulation.h"
+#include "memory/step_time.h"
 #include "model/recompute.h"
 
 namespace llm {
@@ -93,18 +94,9 @@ double added_seconds(const ModelConfig& model, const RunConfig& base, const RunC
              (options.inter_node_gbs * 1e9);
   if (run.activation_checkpointing_every > 0 && base.activation_checkpointing_every == 0)
     seconds += 2.0 * parameters * tokens / (device_tflops(options, device) * 1e12);
-  if (run.recompute != base.recompute && run.activation_checkpointing_every == 0) {
-    const RecomputeSet set = recompute_set(run.recompute);
-    const double h = static_cast<double>(model.hidden_size), I = static_cast<double>(model.intermediate_size);
-    const double kv = static_cast<double>(model.num_key_value_heads * model.head_dim());
-    const double S = static_cast<double>(run.data.max_length);
-    double flops = 0;  // per layer and token
-    if (set.norm) flops += 2 * 4 * h;
-    if (set.mlp) flops += 6 * h * I;
-    else if (set.swiglu) flops += 4 * I;
-    if (set.attention) flops += 4 * h * h + 4 * h * kv + 4 * h * S;
-    seconds += flops * static_cast<double>(model.num_hidden_layers) * tokens / (device_tflops(options, device) * 1e12);
-  }
+  if (run.recompute != base.recompute && run.activation_checkpointing_every == 0)
+    seconds += recomputed_flops_per_layer_token(model, run) * static_cast<double>(model.num_hidden_layers) * tokens /
+               (device_tflops(options, device) * 1e12);
   const double compute_bytes = static_cast<double>(ModelShape(model, run).compute_bytes());
   // The optimizer's offload, as the run steps it, less what the command's own costs already.
   const auto optimizer_offload = [&](const RunConfig& r) {

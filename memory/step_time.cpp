@@ -43,23 +43,28 @@ double ring_seconds(double steps, double chunk, double gbs, double latency) {
   return steps <= 0 ? 0.0 : steps * (latency + chunk / (gbs * 1e9));
 }
 
-// The share of a layer's forward FLOPs that --recompute runs again (estimate_fit.h's per-token FLOPs).
+// The share of a layer's forward FLOPs (its attention's and its MLP's) that --recompute runs again.
 double recomputed_share(const ModelConfig& model, const RunConfig& run) {
-  const RecomputeSet set = recompute_set(run.recompute);
-  if (!set.any()) return 0.0;
   const double h = static_cast<double>(model.hidden_size), I = static_cast<double>(model.intermediate_size);
   const double kv = static_cast<double>(model.num_key_value_heads * model.head_dim());
   const double S = static_cast<double>(run.data.max_length);
-  const double attention = 4 * h * h + 4 * h * kv + 4 * h * S, mlp = 6 * h * I;
-  double flops = 0;
-  if (set.norm) flops += 2 * 4 * h;
-  if (set.mlp) flops += mlp;
-  else if (set.swiglu) flops += 4 * I;
-  if (set.attention) flops += attention;
-  return flops / (attention + mlp);
+  return recomputed_flops_per_layer_token(model, run) / (4 * h * h + 4 * h * kv + 4 * h * S + 6 * h * I);
 }
 
 }  // namespace
+
+double recomputed_flops_per_layer_token(const ModelConfig& model, const RunConfig& run) {
+  const RecomputeSet set = recompute_set(run.recompute);
+  const double h = static_cast<double>(model.hidden_size), I = static_cast<double>(model.intermediate_size);
+  const double kv = static_cast<double>(model.num_key_value_heads * model.head_dim());
+  const double S = static_cast<double>(run.data.max_length);
+  double flops = 0;
+  if (set.norm) flops += 2 * 4 * h;
+  if (set.mlp) flops += 6 * h * I;
+  else if (set.swiglu) flops += 4 * I;
+  if (set.attention) flops += 4 * h * h + 4 * h * kv + 4 * h * S;
+  return flops;
+}
 
 const char* predicted_phase_name(int phase) {
   static const char* const names[kPredictedPhases] = {"forward", "backward", "collectives", "optimizer", "other"};

@@ -97,6 +97,10 @@ struct EstimateOptions;
 StepTimeEstimate predict_step_time(const ModelConfig& model, const RunConfig& run, const EstimateOptions& options,
                                    const std::string& device);
 
+// The forward FLOPs --recompute runs again, per layer and token (estimate_fit.h states them; the norm
+// and SwiGLU are memory-bound, which FLOPs undercount); 0 without --recompute.
+double recomputed_flops_per_layer_token(const ModelConfig& model, const RunConfig& run);
+
 // The Markdown section `trainer estimate` prints.
 std::string step_time_section(const StepTimeEstimate& estimate, const RunConfig& run, int world);
 
