@@ -4,7 +4,9 @@
 // llama_9m's peak RSS went 469, 594, 719, 844, 907 MiB over steps 1-5 and its forward took 0.37 s a
 // micro-batch there against 0.094 s from step 7. Huge pages now go to the optimizer's long-lived
 // buffers alone (common/host_memory.h advise_huge_pages). The step's memory, not its time, is what is
-// asserted: the peak RSS after the first step stays within 5 % of the first step's.
+// asserted: the peak RSS after the first step stays within 15 % of the first step's (the bug reached
+// 93 % by step 5). Without the bug the heap may still step up once by a few per cent: 469 -> 485 MiB
+// here, and 534 -> 574 MiB (7.5 %) at step 3 once under the full suite on CI, which a 5 % bound failed.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -26,7 +28,7 @@ TEST(HostHeap, ReachesItsSteadySizeInTheFirstStep) {
   ASSERT_EQ(steps.size(), 5u);
   const double first = steps.front().at("peak_rss_bytes").get<double>();
   for (const nlohmann::json& step : steps)
-    EXPECT_LE(step.at("peak_rss_bytes").get<double>(), 1.05 * first)
+    EXPECT_LE(step.at("peak_rss_bytes").get<double>(), 1.15 * first)
         << "step " << step.at("step") << ": the heap still grows after the first step";
 }
 
