@@ -163,13 +163,14 @@ case "$stage" in
     step plan "$PYTHON bench/gpu_bench.py plan --device $bench_device --work $bench_work --python $PYTHON > $bench_work/plan.tsv && cut -f1 $bench_work/plan.tsv"
     # BENCH_ONLY (an extended regular expression over the steps' names) runs a part of the plan, e.g.
     # a second sample of the speed runs: BENCH_ONLY='^(device|ours_llama_350m|pytorch_llama_350m)'
+    # summarize is told, and reports missing only the figures of the steps that ran.
     while IFS=$'\t' read -r name command; do
       [[ -z "${BENCH_ONLY:-}" || "$name" =~ ${BENCH_ONLY:-} ]] || continue
       step "$name" "$command"
     done < "$bench_work/plan.tsv"
     stage_deadline=""  # the summary runs whatever is left: it reads files, a few seconds
     step clocks_after "nvidia-smi -q -d CLOCK,POWER > $OUT/clocks_after.txt 2>&1 || echo 'no nvidia-smi' > $OUT/clocks_after.txt; head -30 $OUT/clocks_after.txt"
-    step summarize "$PYTHON bench/gpu_bench.py summarize --device $bench_device --work $bench_work --out $bench_work/results.json"
+    step summarize "$PYTHON bench/gpu_bench.py summarize --device $bench_device --work $bench_work --out $bench_work/results.json --only '${BENCH_ONLY:-}'"
     ;;
   *) echo "unknown stage $stage: probe, tests, smoke, sanitize or bench" >&2; exit 2 ;;
 esac
