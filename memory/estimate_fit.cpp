@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <functional>
 #include <thread>
 #include <cstdio>
@@ -25,7 +26,8 @@ struct Candidate {
   std::vector<std::string> flags;  // what to add to the command
   int64_t device_bytes = 0;        // the largest rank's peak (+ the CUDA runtime's memory)
   int64_t host_bytes = 0;          // the largest node's host memory
-  double added_seconds = 0;
+  StepTimeEstimate step;           // predicted (memory/step_time.h); for the fitting ones
+  double added_seconds = 0;        // its step's seconds less the command's
   bool fits = false;
 };
 
@@ -41,11 +43,6 @@ std::string gib(int64_t bytes) {
   return text;
 }
 
-double device_tflops(const EstimateOptions& options, const std::string& device) {
-  if (options.device_tflops > 0) return options.device_tflops;
-  return device == "cuda" ? 200.0 : 0.07;
-}
-
 }  // namespace
 
 double fit_host_gbs(const EstimateOptions& options, int world_size) {
@@ -56,75 +53,6 @@ double fit_host_gbs(const EstimateOptions& options, int world_size) {
 }
 
 namespace {
-
-// One node's bytes out to the other nodes a step (estimate_fit.h's model: ring collectives, the
-// ranks of a node consecutive, a group of whole nodes or inside one): 0 on one node.
-double bytes_between_nodes(const ModelConfig& model, const RunConfig& run, int world, int per_node) {
-  if (per_node <= 0 || per_node >= world) return 0.0;
-  const double parameters = static_cast<double>(model.num_parameters());
-  // no_shard: the ring all-reduce of every gradient leaves the node once.
-  if (run.sharding.strategy == ShardingStrategy::no_shard) return 2.0 * (world - 1) / world * 4.0 * parameters;
-  const double c = static_cast<double>(ModelShape(model, run).compute_bytes());
-  const double micro = static_cast<double>(std::max<int64_t>(1, run.data.gradient_accumulation));
-  const bool grad_op = within_group(run.sharding.strategy) == ShardingStrategy::shard_grad_op;
-  const int group = shard_world(run, world);
-  // The gathers a step over the group: forward and backward a micro-batch (shard_grad_op, or the
-  // node's copy for the backward: the forward's only).
-  const double gathers = (grad_op || run.sharding.backward_gather_size > 0 ? 1.0 : 2.0) * micro;
-  double out = 0;
-  if (group > per_node)  // the group's ring leaves each node once: (S - 1) shards a gather, and the reduce-scatter
-    out += (group - 1) * (gathers * c + 4.0) * parameters / group;
-  if (is_hybrid(run.sharding.strategy) && world > group) {
-    const double groups = static_cast<double>(world / group);
-    // Each rank of the node all-reduces its shard across the groups (or reduce-scatters and all-gathers it).
-    out += per_node * 2.0 * (groups - 1) / groups * 4.0 * parameters / group;
-  }
-  return out;
-}
-
-// The seconds the levers add to a step (estimate_fit.h states the model).
-double added_seconds(const ModelConfig& model, const RunConfig& base, const RunConfig& run, int world,
-                     const EstimateOptions& options, const std::string& device) {
-  const double parameters = static_cast<double>(model.num_parameters());
-  const double tokens = static_cast<double>(run.data.total_batch_size * run.data.max_length) / world;
-  double seconds = 0;
-  // The sharding across nodes: what a node sends to the others at --inter_node_gbs (negative: faster).
-  seconds += (bytes_between_nodes(model, run, world, options.ranks_per_node) -
-              bytes_between_nodes(model, base, world, options.ranks_per_node)) /
-             (options.inter_node_gbs * 1e9);
-  if (run.activation_checkpointing_every > 0 && base.activation_checkpointing_every == 0)
-    seconds += 2.0 * parameters * tokens / (device_tflops(options, device) * 1e12);
-  if (run.recompute != base.recompute && run.activation_checkpointing_every == 0)
-    seconds += recomputed_flops_per_layer_token(model, run) * static_cast<double>(model.num_hidden_layers) * tokens /
-               (device_tflops(options, device) * 1e12);
-  const double compute_bytes = static_cast<double>(ModelShape(model, run).compute_bytes());
-  // The optimizer's offload, as the run steps it, less what the command's own costs already.
-  const auto optimizer_offload = [&](const RunConfig& r) {
-    if (!offloads_optimizer(r.sharding.offload)) return 0.0;
-    const bool bf16_state = r.optimizer.state_dtype == "bfloat16";
-    // The ranks the optimizer's rows are split over: the whole world with the optimizer across groups.
-    const double ranks = r.sharding.optimizer_across_groups ? world : shard_world(r, world);
-    if (r.sharding.offload_step == OffloadStep::device)
-      return 2.0 * (4.0 + (bf16_state ? 4.0 : 8.0)) * parameters / ranks / (options.pcie_gbs * 1e9);
-    return (4.0 + compute_bytes) * parameters / ranks / (options.pcie_gbs * 1e9) +
-           (bf16_state ? 20.0 : 28.0) * parameters / ranks / (fit_host_gbs(options, world) * 1e9);
-  };
-  if (offloads_optimizer(run.sharding.offload) &&
-      (!offloads_optimizer(base.sharding.offload) || run.sharding.offload_step != base.sharding.offload_step ||
-       run.optimizer.state_dtype != base.optimizer.state_dtype ||
-       run.sharding.optimizer_across_groups != base.sharding.optimizer_across_groups))
-    seconds += optimizer_offload(run) - optimizer_offload(base);
-  if (offloads_parameters(run.sharding.offload) && !offloads_parameters(base.sharding.offload)) {
-    // Each gather copies the unit's rows in: twice a micro-batch (forward, backward) but for
-    // shard_grad_op; the optimizer on the device also copies the updated rows out once a step.
-    const double rows = compute_bytes * parameters / shard_world(run, world);
-    const double micro_batches =
-        static_cast<double>(std::max<int64_t>(1, run.data.total_batch_size / world / std::max<int64_t>(1, run.data.batch_size)));
-    const double gathers = (within_group(run.sharding.strategy) == ShardingStrategy::shard_grad_op ? 1.0 : 2.0) * micro_batches;
-    seconds += (gathers + (offloads_optimizer(run.sharding.offload) ? 0.0 : 1.0)) * rows / (options.pcie_gbs * 1e9);
-  }
-  return seconds;
-}
 
 // Every combination of the levers the command leaves off.
 // The sharding choices across nodes, the command's first: with full_shard or shard_grad_op on more
@@ -316,9 +244,17 @@ std::string run_fit_command(const ModelConfig& model, const RunConfig& run, cons
     for (const RankEstimate& rank : estimate.ranks)
       c.device_bytes = std::max(c.device_bytes, rank.peak_bytes + rank.runtime.total());
     for (const NodeEstimate& node : estimate.nodes) c.host_bytes = std::max(c.host_bytes, node.host_bytes);
-    c.added_seconds = added_seconds(model, run, c.run, world, options, device);
     c.fits = c.device_bytes > 0 && c.device_bytes <= budget && c.host_bytes <= host_budget;
   }
+  // The fitting ones' step times (memory/step_time.h), against the command's: with --profile each
+  // micro-batch's units are measured once.
+  ComputeRatesCache rates;
+  const StepTimeEstimate command_step = predict_step_time(model, run, options, device, &rates);
+  for (Candidate& c : all)
+    if (c.fits) {
+      c.step = predict_step_time(model, c.run, options, device, &rates);
+      c.added_seconds = c.step.step_seconds - command_step.step_seconds;
+    }
   std::vector<const Candidate*> fitting, estimated;
   for (const Candidate& c : all) {
     if (c.device_bytes == 0) continue;
@@ -337,9 +273,11 @@ std::string run_fit_command(const ModelConfig& model, const RunConfig& run, cons
                     "; more ranks, " + std::string(options.fit_precision ? "" : "bf16 (--fit_precision tries it), ") +
                     "or a shorter --max_length lower it further");
   }
-  // Cheapest first; among equals the larger micro-batch, then fewer levers.
-  std::stable_sort(fitting.begin(), fitting.end(), [&run](const Candidate* a, const Candidate* b) {
-    if (a->added_seconds != b->added_seconds) return a->added_seconds < b->added_seconds;
+  // Fastest first (to the microsecond: what the model cannot tell apart is a tie); among equals the
+  // command's precision, the larger micro-batch, then fewer levers.
+  const auto microseconds = [](const Candidate* c) { return std::llround(c->step.step_seconds * 1e6); };
+  std::stable_sort(fitting.begin(), fitting.end(), [&run, &microseconds](const Candidate* a, const Candidate* b) {
+    if (microseconds(a) != microseconds(b)) return microseconds(a) < microseconds(b);
     const bool a_keeps = a->run.precision.dtype == run.precision.dtype, b_keeps = b->run.precision.dtype == run.precision.dtype;
     if (a_keeps != b_keeps) return a_keeps;  // the command's arithmetic first
     if (a->run.data.batch_size != b->run.data.batch_size) return a->run.data.batch_size > b->run.data.batch_size;
@@ -353,30 +291,25 @@ std::string run_fit_command(const ModelConfig& model, const RunConfig& run, cons
                 model.name.c_str(), world, device.c_str(), options.memory_budget_gib, node_gib, fitting.size(),
                 estimated.size());
   out << line;
-  std::snprintf(line, sizeof(line),
-                "Cost model (seconds a lever adds to a step): checkpointing 2 P T FLOPs at %.3g TFLOP/s "
-                "(--device_tflops), --recompute its operations' forward FLOPs at the same rate; offload of the optimizer (4 + c) P / W bytes over PCIe at %.3g GB/s (--pcie_gbs) and the host "
-                "step's 28 P / W bytes (20 with bf16 state) at %.3g GB/s (%s), or, stepped on the device (--offload_step device), "
-                "master and moments both ways, 2 (4 + m) P / W bytes over PCIe; offload of the parameters c P / W bytes over PCIe per gather "
-                "(2 a micro-batch, 1 for shard_grad_op) and once more a step when the optimizer stays on the device; across nodes (--ranks_per_node) "
-                "a node's bytes out a step at %.3g GB/s (--inter_node_gbs): a group's ring (S - 1)(g c + 4) P / S where it spans nodes, "
-                "hybrid's all-reduce across the G groups 2 (G - 1) / G 4 P / S per rank of the node (negative: faster); bf16 state, the fused step "
-                "and a smaller micro-batch are not costed (ties: the command's precision, the larger micro-batch, then "
-                "fewer levers).\n",
-                device_tflops(options, device), options.pcie_gbs, fit_host_gbs(options, world),
-                options.host_gbs > 0 ? "--host_gbs" : "8 GB/s per core of the rank's share of the node, --host_cores",
-                options.inter_node_gbs);
+  out << "Ranked by the predicted step time (memory/step_time.h; docs/memory.md \"Step time\"). Compute: "
+      << command_step.compute_source << ". Links: " << command_step.link_source << ".\n";
+  std::snprintf(line, sizeof(line), "The command as it is: predicted %.4g s a step, %.4g tokens/s.\n", command_step.step_seconds,
+                command_step.tokens_per_second);
   out << line;
   const Candidate& best = *fitting.front();
   out << "\nAdd to the command: " << joined(best.flags) << "\n";
-  std::snprintf(line, sizeof(line), "  peak %s GiB per rank, host %s GiB per node, %+.3f s a step\n",
-                gib(best.device_bytes).c_str(), gib(best.host_bytes).c_str(), best.added_seconds);
+  std::snprintf(line, sizeof(line),
+                "  peak %s GiB per rank, host %s GiB per node, %+.4g s a step against the command as it is; "
+                "predicted %.4g s a step, %.4g tokens/s\n",
+                gib(best.device_bytes).c_str(), gib(best.host_bytes).c_str(), best.added_seconds, best.step.step_seconds,
+                best.step.tokens_per_second);
   out << line;
-  out << "\n| # | add | peak per rank (GiB) | host per node (GiB) | added s/step |\n|---:|---|---:|---:|---:|\n";
+  out << "\n| # | add | peak per rank (GiB) | host per node (GiB) | step (s) | tokens/s | against the command (s) |\n"
+         "|---:|---|---:|---:|---:|---:|---:|\n";
   for (size_t i = 0; i < fitting.size() && i < 10; ++i) {
-    std::snprintf(line, sizeof(line), "| %zu | %s | %s | %s | %+.3f |\n", i + 1, joined(fitting[i]->flags).c_str(),
-                  gib(fitting[i]->device_bytes).c_str(), gib(fitting[i]->host_bytes).c_str(),
-                  fitting[i]->added_seconds);
+    std::snprintf(line, sizeof(line), "| %zu | %s | %s | %s | %.4g | %.4g | %+.4g |\n", i + 1, joined(fitting[i]->flags).c_str(),
+                  gib(fitting[i]->device_bytes).c_str(), gib(fitting[i]->host_bytes).c_str(), fitting[i]->step.step_seconds,
+                  fitting[i]->step.tokens_per_second, fitting[i]->added_seconds);
     out << line;
   }
   if (fitting.size() > 10) out << "(" << fitting.size() - 10 << " more fit)\n";
@@ -393,6 +326,7 @@ std::vector<LeverAdvice> lowest_peak_levers(const ModelConfig& model, const RunC
   const MemoryEstimate as_is = estimate_memory(model, run, quiet);
   std::vector<LeverAdvice> advice(as_is.ranks.size());
   for (size_t r = 0; r < as_is.ranks.size(); ++r) advice[r].peak_bytes = advice[r].lowered_bytes = as_is.ranks[r].peak_bytes;
+  const double command_seconds = predict_step_time(model, run, options, device).step_seconds;
   for (Candidate& c : candidates(run, world, /*per_node=*/0, /*cuda=*/device == "cuda", /*precision_lever=*/false)) {
     if (c.flags.size() != 1) continue;  // one lever at a time
     try {
@@ -401,7 +335,7 @@ std::vector<LeverAdvice> lowest_peak_levers(const ModelConfig& model, const RunC
       continue;
     }
     const MemoryEstimate estimate = estimate_memory(model, c.run, quiet);
-    const double seconds = added_seconds(model, run, c.run, world, options, device);
+    const double seconds = predict_step_time(model, c.run, options, device).step_seconds - command_seconds;
     for (size_t r = 0; r < advice.size() && r < estimate.ranks.size(); ++r) {
       LeverAdvice& best = advice[r];
       const int64_t peak = estimate.ranks[r].peak_bytes;

@@ -26,34 +26,18 @@
 // Each combination is estimated as `trainer estimate` would (estimate.h); it fits when every rank's
 // peak (on CUDA plus the runtime's memory beside the tensors) is within the device budget and every
 // node's host memory within the host budget (default: the node's RAM). The fitting ones are ranked by
-// the seconds they add to a step, a stated model (per rank, W ranks, T tokens a rank takes a step,
-// P parameters, c the compute dtype's bytes):
-//   checkpointing   the forward of every block again: 2 P T FLOPs at --device_tflops
-//   recompute       the recomputed operations' forward FLOPs at --device_tflops, per layer and token:
-//                   norm 2 x 4h, SwiGLU 4I, MLP 6 h I, attention 4h^2 + 4 h kv + 4 h S (S the sequence
-//                   length); the norm and SwiGLU are memory-bound, which FLOPs undercount
-//   offload         (W: the ranks the rows are split over, the world's with the optimizer across
-//                   groups) of the optimizer, stepped on the host: (4 + c) P / W bytes over PCIe (gradients
-//                   down, parameters up) at --pcie_gbs, and the host step's 28 P / W bytes (20 with
-//                   bf16 state) at the host rate (fit_host_gbs); stepped on the device
-//                   (--offload_step device, tried wherever it is allowed: not with parameter
-//                   offload, AdamW when sharded): master and moments both ways, 2 (4 + m) P / W bytes
-//                   over PCIe (m: 8 with fp32 state, 4 with bf16), the kernel itself not costed; so
-//                   the host step wins on a host with cores to spare and the device step where a
-//                   rank's share of the host is small. Of the parameters: c P / W bytes in at each
-//                   gather (2 a micro-batch, 1 for shard_grad_op; no_shard P, not P / W) and once
-//                   out a step when the optimizer stays on the device; none overlapped
-//   sharding        a node's bytes out to the other nodes a step at --inter_node_gbs (default 25,
-//                   a 200 Gbit/s NIC), ring collectives with a node's ranks consecutive: a group that
-//                   spans nodes (S ranks) sends (S - 1)(g c + 4) P / S (g gathers a step: 2 a
-//                   micro-batch, 1 for shard_grad_op or with the node copy), hybrid's exchange across
-//                   the G groups 2 (G - 1) / G x 4 P / S per rank of the node, no_shard's all-reduce
-//                   2 (N - 1) / N x 4 P; the change from the command's, so a faster choice is negative.
-//                   Link latency and overlap with compute are not modelled (bench/multinode_links.sh
-//                   measures them)
-//   bf16 state, the fused step: nothing
-//   a smaller micro-batch: not costed; among equal costs the larger micro-batch, then fewer levers,
-//                   rank first
+// their predicted step time, fastest first: memory/step_time.h's model, the same `trainer estimate`
+// prints for one command (its compute measured by --profile, each micro-batch once, or the matmuls'
+// FLOPs at --device_tflops; the collectives over the links inside and between nodes; the optimizer and
+// the offload modes' copies and host step at --pcie_gbs and the host rate, fit_host_gbs). So
+// checkpointing and --recompute cost their recomputed forward, offload its PCIe bytes and host step
+// (or, with --offload_step device, master and moments over PCIe both ways), parameter offload its
+// copies at every gather, the sharding choices across nodes their bytes between nodes and the rings'
+// latency, a smaller micro-batch its extra gathers (and, measured by --profile, the device's speed at
+// that size; at a declared rate the FLOPs are the same). bf16 state and the fused step are not costed.
+// Steps within a microsecond tie; among ties the command's precision, the larger micro-batch, then
+// fewer levers rank first. Each row prints its step time and tokens a second, and its seconds against
+// the command's own prediction (negative: faster).
 // The best is printed as the flags to add, the fitting runners-up as a table. When nothing fits, a
 // UserError (exit 2) names the budget and the smallest peak any combination reaches, with its flags.
 #pragma once
@@ -86,7 +70,7 @@ struct LeverAdvice {
   std::string flags;            // what to add to the command
   int64_t peak_bytes = 0;       // the estimate's peak of the command as it is
   int64_t lowered_bytes = 0;    // ... and with the lever
-  double added_seconds = 0;     // the cost model's seconds a step
+  double added_seconds = 0;     // its predicted step less the command's (memory/step_time.h)
 };
 std::vector<LeverAdvice> lowest_peak_levers(const ModelConfig& model, const RunConfig& run, const EstimateOptions& options);
 

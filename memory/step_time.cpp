@@ -143,7 +143,10 @@ StepTimeEstimate estimate_step_time(const ModelConfig& model, const RunConfig& r
     comm.reduce = ring_seconds(S - 1, 4.0 * shard, rate(group_spans), links.latency_seconds);
     (group_spans ? estimate.inter_node_bytes : estimate.intra_node_bytes) += count * (S - 1) * 4.0 * shard;
     if (is_hybrid(run.sharding.strategy) && G > 1) {  // the shard across the groups: 2 (G - 1) chunks of 1/G
-      comm.reduce += ring_seconds(2.0 * (G - 1), 4.0 * shard / G, rate(world_spans), links.latency_seconds);
+      // Every rank of a node runs a ring of its own across the groups: between nodes they share the
+      // node's link.
+      const double across_gbs = world_spans ? links.inter_gbs / per_node : links.intra_gbs;
+      comm.reduce += ring_seconds(2.0 * (G - 1), 4.0 * shard / G, across_gbs, links.latency_seconds);
       (world_spans ? estimate.inter_node_bytes : estimate.intra_node_bytes) += count * 2.0 * (G - 1) * 4.0 * shard / G;
     }
     return comm;
@@ -161,6 +164,14 @@ StepTimeEstimate estimate_step_time(const ModelConfig& model, const RunConfig& r
   const double reduces = embed.reduce + layers * layer.reduce + head.reduce;
   estimate.collective_seconds = gathers + reduces;
   double exposed = estimate.collective_seconds;
+  // Parameter offload: every gather's rows come in over PCIe first, and the optimizer on the device
+  // sends the updated rows out once.
+  double parameter_copies = 0;
+  if (cuda && offloads_parameters(run.sharding.offload)) {
+    const double rows = c * static_cast<double>(model.num_parameters()) / S;
+    parameter_copies = (micro * (grad_op ? 1.0 : 2.0) + (offloads_optimizer(run.sharding.offload) ? 0.0 : 1.0)) * rows /
+                       (pcie_gbs * 1e9);
+  }
   if (cuda && run.sharding.prefetch) {
     // The first gather of each pass is waited for; each later one hides behind the unit before it,
     // each reduction behind the unit after it (the last unit's is waited for at the step's end).
@@ -173,6 +184,7 @@ StepTimeEstimate estimate_step_time(const ModelConfig& model, const RunConfig& r
                        hidden(embed.gather_backward, compute.layer.backward)) +
               hidden(head.reduce, compute.layer.backward) + layers * hidden(layer.reduce, compute.layer.backward) + embed.reduce;
   }
+  exposed += parameter_copies;
 
   // The optimizer over this rank's rows.
   const int optimizer_ranks = run.sharding.optimizer_across_groups ? world : S;
@@ -180,7 +192,10 @@ StepTimeEstimate estimate_step_time(const ModelConfig& model, const RunConfig& r
   double optimizer = rows * compute.optimizer_seconds_per_element;
   if (cuda && offloads_optimizer(run.sharding.offload)) {
     const bool bf16_state = run.optimizer.state_dtype == "bfloat16";
-    optimizer = rows * ((4.0 + c) / (pcie_gbs * 1e9) + (bf16_state ? 20.0 : 28.0) / (host_gbs * 1e9));
+    if (run.sharding.offload_step == OffloadStep::device)  // master and moments in and out, the kernel between
+      optimizer += rows * 2.0 * (4.0 + (bf16_state ? 4.0 : 8.0)) / (pcie_gbs * 1e9);
+    else
+      optimizer = rows * ((4.0 + c) / (pcie_gbs * 1e9) + (bf16_state ? 20.0 : 28.0) / (host_gbs * 1e9));
   }
   // The loss's average and the gradient norm's sum over the ranks: a one-element all-reduce each.
   const double other = world > 1 ? 2.0 * ring_seconds(2.0 * (world - 1), 4.0, rate(world_spans), links.latency_seconds) : 0.0;
@@ -193,7 +208,7 @@ StepTimeEstimate estimate_step_time(const ModelConfig& model, const RunConfig& r
 }
 
 StepTimeEstimate predict_step_time(const ModelConfig& model, const RunConfig& run, const EstimateOptions& options,
-                                   const std::string& device) {
+                                   const std::string& device, ComputeRatesCache* cache) {
   const bool cuda = device == "cuda";
   const int world = options.world_size;
   const int per_node = options.ranks_per_node > 0 ? std::min(options.ranks_per_node, world) : world;
@@ -203,10 +218,17 @@ StepTimeEstimate predict_step_time(const ModelConfig& model, const RunConfig& ru
                       : cuda                                ? 1
                                                             : std::max(1, cores / per_node);
   ComputeRates compute;
-  if (options.profile_seconds > 0)
-    compute = profile_compute(model, run, cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU),
-                              options.profile_seconds, threads);
-  else
+  if (options.profile_seconds > 0) {
+    const std::string key = std::to_string(run.data.batch_size) + "x" + std::to_string(run.data.max_length) + " " +
+                            to_string(run.precision.dtype) + " " + to_string(run.precision.mode);
+    if (cache != nullptr && cache->count(key) > 0) {
+      compute = cache->at(key);
+    } else {
+      compute = profile_compute(model, run, cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU),
+                                options.profile_seconds, threads);
+      if (cache != nullptr) cache->emplace(key, compute);
+    }
+  } else
     compute = declared_compute(model, run, options.device_tflops > 0 ? options.device_tflops : cuda ? 200.0 : 0.07,
                                cuda ? 3000.0 : 5.0);
   compute.threads = threads;
@@ -215,11 +237,17 @@ StepTimeEstimate predict_step_time(const ModelConfig& model, const RunConfig& ru
   links.inter_gbs = options.inter_node_gbs;
   links.latency_seconds = (options.link_latency_us > 0 ? options.link_latency_us : cuda ? 10.0 : 20.0) * 1e-6;
   links.ranks_per_node = options.ranks_per_node;
-  char text[200];
+  char text[256];
   std::snprintf(text, sizeof(text), "%g GB/s inside a node (%s), %g GB/s between nodes (--inter_node_gbs), %g us a ring step (%s)",
                 links.intra_gbs, options.intra_node_gbs > 0 ? "--intra_node_gbs" : "the default", links.inter_gbs,
                 links.latency_seconds * 1e6, options.link_latency_us > 0 ? "--link_latency_us" : "the default");
   links.source = text;
+  if (cuda) {
+    std::snprintf(text, sizeof(text), "; offload: PCIe at %g GB/s (--pcie_gbs), the host step at %g GB/s (%s)", options.pcie_gbs,
+                  fit_host_gbs(options, world),
+                  options.host_gbs > 0 ? "--host_gbs" : "8 GB/s per core of the rank's share of the node, --host_cores");
+    links.source += text;
+  }
   return estimate_step_time(model, run, world, device, compute, links, cuda ? 0 : cores, fit_host_gbs(options, world),
                             options.pcie_gbs);
 }

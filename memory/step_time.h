@@ -17,12 +17,19 @@
 //                intra-node link's. Per unit and step: full_shard gathers 2 M times (shard_grad_op M;
 //                the node copy's backward gathers over the node) in the compute dtype, reduce-scatters
 //                once in fp32; hybrid adds the all-reduce (or reduce-scatter and all-gather) of the
-//                shard across the G groups; no_shard all-reduces the whole gradient. On a CPU rank
+//                shard across the G groups (between nodes each rank of a node runs its own ring, so the
+//                node's link is shared by them); no_shard all-reduces the whole gradient. On a CPU rank
 //                every collective is in line (exposed); on CUDA a gather hides behind the unit before
 //                it and a reduce-scatter behind the unit after it, as the prefetch and the reduce
 //                stream allow, and only what exceeds that compute is exposed.
 //   optimizer    the rank's optimizer rows at the AdamW kernel's measured (or declared) seconds per
-//                element; offloaded on CUDA, the host step at --host_gbs and the copies at --pcie_gbs.
+//                element; offloaded on CUDA, the host step's 28 bytes an element (20 with bf16 state) at
+//                --host_gbs and (4 + c) bytes an element over PCIe at --pcie_gbs, or stepped on the device
+//                (--offload_step device) the kernel and master and moments over PCIe both ways,
+//                2 (4 + m) bytes an element (m: 8 with fp32 state, 4 with bf16).
+//   parameters'  offload (CUDA): each gather copies the unit's c-byte rows in over PCIe first (2 a
+//                micro-batch, 1 for shard_grad_op), and the updated rows go out once a step when the
+//                optimizer stays on the device; counted with the collectives, none of it hidden.
 //   other        the loss's and the gradient norm's all-reduces (latency).
 // What it leaves out: data loading, the first step's allocations, kernels' launch overhead beyond what
 // the profile sees, contention between collectives and compute for memory bandwidth, stragglers.
@@ -30,6 +37,7 @@
 #pragma once
 
 #include <array>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -93,9 +101,12 @@ StepTimeEstimate estimate_step_time(const ModelConfig& model, const RunConfig& r
 // The estimate's step time for `options` (world size, links, --profile or --device_tflops) on
 // `device` ("cpu" or "cuda"): the rates from the options' defaults (estimate.h), the rank's threads
 // as the trainer picks them (OMP_NUM_THREADS, else its share of the node's cores).
+// `cache`, where given, keeps the measured rates by what they depend on (micro-batch, sequence length,
+// dtype, precision), so --fit profiles each of its micro-batches once.
 struct EstimateOptions;
+using ComputeRatesCache = std::map<std::string, ComputeRates>;
 StepTimeEstimate predict_step_time(const ModelConfig& model, const RunConfig& run, const EstimateOptions& options,
-                                   const std::string& device);
+                                   const std::string& device, ComputeRatesCache* cache = nullptr);
 
 // The forward FLOPs --recompute runs again, per layer and token (estimate_fit.h states them; the norm
 // and SwiGLU are memory-bound, which FLOPs undercount); 0 without --recompute.

@@ -186,7 +186,7 @@ TEST(EstimateFit, WeighsHybridShardingAcrossNodes) {
   EXPECT_NE(roomy_flags.find("--sharding hybrid_shard --shard_group_size 8"), std::string::npos) << roomy.output;
   const std::regex negative(R"(GiB per node, -\d+\.\d+ s a step)");
   EXPECT_TRUE(std::regex_search(roomy.output, negative)) << "hybrid is faster: " << roomy.output;
-  EXPECT_NE(roomy.output.find("at 12.5 GB/s (--inter_node_gbs)"), std::string::npos) << roomy.output;
+  EXPECT_NE(roomy.output.find("12.5 GB/s between nodes (--inter_node_gbs)"), std::string::npos) << roomy.output;
   // The suggestion's estimate fits the budget.
   const auto estimate = run_command(testing::trainer_binary().string() + " estimate --config " +
                                     (testing::source_dir() / "configs/llama_7b.json").string() +

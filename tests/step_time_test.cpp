@@ -6,6 +6,10 @@
 // (launch/step_time_table.sh, docs/step_time.md).
 #include <gtest/gtest.h>
 
+#include <sstream>
+#include <utility>
+#include <vector>
+
 #include <nlohmann/json.hpp>
 
 #include "config/config.h"
@@ -71,11 +75,12 @@ TEST(StepTime, BytesAreTheShardingsAndHybridSendsAboutOneSthBetweenNodes) {
   const StepTimeEstimate flat = estimate_step_time(model, run_with(ShardingStrategy::full_shard), 4, "cpu", rates(), links(1, 1, 0, 4), 0, 1, 1);
   EXPECT_NEAR(flat.intra_node_bytes, 3.0 * 5 * 4 * P / 4, 1e-6 * P);
   EXPECT_EQ(flat.inter_node_bytes, 0);
-  // 2 nodes of 4: full_shard's ring crosses the nodes, hybrid's groups of a node send only the
-  // shard's all-reduce across: 2 (G - 1) / G x 4 P / S.
-  const StepTimeEstimate spans = estimate_step_time(model, run_with(ShardingStrategy::full_shard), 8, "cpu", rates(), links(1, 1, 0, 4), 0, 1, 1);
+  // 2 nodes of 4, a node's link out 10 times slower than inside it: full_shard's ring crosses the
+  // nodes, hybrid's groups of a node send only the shard's all-reduce across: 2 (G - 1) / G x 4 P / S
+  // (the node's 4 rings sharing its link).
+  const StepTimeEstimate spans = estimate_step_time(model, run_with(ShardingStrategy::full_shard), 8, "cpu", rates(), links(10, 1, 0, 4), 0, 1, 1);
   const StepTimeEstimate hybrid =
-      estimate_step_time(model, run_with(ShardingStrategy::hybrid_shard, 4), 8, "cpu", rates(), links(1, 1, 0, 4), 0, 1, 1);
+      estimate_step_time(model, run_with(ShardingStrategy::hybrid_shard, 4), 8, "cpu", rates(), links(10, 1, 0, 4), 0, 1, 1);
   EXPECT_NEAR(spans.inter_node_bytes, 7.0 * 5 * 4 * P / 8, 1e-6 * P);
   EXPECT_NEAR(hybrid.inter_node_bytes, 2.0 * 1 * 4 * P / 4 / 2, 1e-6 * P);
   EXPECT_LT(hybrid.inter_node_bytes, spans.inter_node_bytes / 4);
@@ -116,6 +121,27 @@ TEST(StepTime, OversubscribedCpuRanksShareTheCores) {
   EXPECT_NEAR(shared.phases[0], 2 * alone.phases[0], 1e-12);
 }
 
+// On CUDA the offload modes cost their copies: the parameters' rows in over PCIe at every gather (and
+// out once with the optimizer on the device), counted with the collectives; the optimizer stepped on
+// the host or, with --offload_step device, master and moments both ways over PCIe beside the kernel.
+TEST(StepTime, OffloadCostsItsCopiesOverPcieOnCuda) {
+  const ModelConfig model = micro();
+  const double P = static_cast<double>(model.num_parameters()), pcie = 10, host = 5;
+  RunConfig run = run_with(ShardingStrategy::full_shard);  // 2 micro-batches, fp32 compute (c = 4)
+  const auto step = [&](const RunConfig& r) { return estimate_step_time(model, r, 4, "cuda", rates(), links(100, 100, 0, 4), 0, host, pcie); };
+  const StepTimeEstimate resident = step(run);
+  run.sharding.offload = Offload::parameters;
+  const StepTimeEstimate parameters = step(run);
+  EXPECT_NEAR(parameters.phases[2] - resident.phases[2], (2 * 2 + 1) * 4 * P / 4 / (pcie * 1e9), 1e-12);
+  run.sharding.offload = Offload::optimizer;
+  const StepTimeEstimate host_step = step(run);
+  EXPECT_NEAR(host_step.phases[3], P / 4 * ((4 + 4) / (pcie * 1e9) + 28 / (host * 1e9)), 1e-12);
+  run.sharding.offload_step = OffloadStep::device;
+  const StepTimeEstimate device_step = step(run);
+  EXPECT_NEAR(device_step.phases[3] - resident.phases[3], P / 4 * 2 * (4 + 8) / (pcie * 1e9), 1e-12);
+  for (int phase : {0, 1}) EXPECT_DOUBLE_EQ(device_step.phases[phase], resident.phases[phase]);
+}
+
 std::string estimate_command(const std::string& flags) {
   return testing::trainer_binary().string() + " estimate --config " + (testing::source_dir() / "configs/llama_micro.json").string() +
          " --device cpu --max_length 32 --batch_size 2 " + flags;
@@ -137,6 +163,40 @@ TEST(StepTimeCommand, MeasuredOrDeclaredAndInSecondsAt65536Ranks) {
   ASSERT_EQ(wide.exit_code, 0) << wide.output;
   EXPECT_NE(wide.output.find("Step time (predicted"), std::string::npos) << wide.output;
   EXPECT_NE(wide.output.find("declared: 100 TFLOP/s"), std::string::npos) << wide.output;
+}
+
+// --fit ranks what fits by the predicted step: on 2 nodes of 2 CPU ranks over a slow link between them,
+// full_shard's command fits, but hybrid groups of a node send a quarter of its bytes across and come
+// first. Each row's step time is the estimate's own for the command with those flags (the same model,
+// not a second one), and the rows are in order of it.
+TEST(StepTimeCommand, FitRanksByThePredictedStepAndEachRowIsTheEstimatesOwn) {
+  const std::string flags = "--world_size 4 --ranks_per_node 2 --total_batch_size 8 --inter_node_gbs 0.025 --device_tflops 0.07";
+  const testing::CommandResult fit = testing::run_command(estimate_command(flags + " --fit --memory_budget_gib 4"));
+  ASSERT_EQ(fit.exit_code, 0) << fit.output;
+  std::vector<std::pair<std::string, double>> rows;  // each row's flags and predicted step seconds
+  std::istringstream lines(fit.output);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("| ", 0) != 0 || line.find(" | ") == std::string::npos || line.find("| # |") == 0) continue;
+    std::vector<std::string> cells;
+    for (size_t at = 1, next; (next = line.find(" |", at)) != std::string::npos; at = next + 2)
+      cells.push_back(line.substr(at + 1, next - at - 1));
+    ASSERT_EQ(cells.size(), 7u) << line;
+    rows.emplace_back(cells[1], std::stod(cells[4]));
+  }
+  ASSERT_GE(rows.size(), 3u) << fit.output;
+  EXPECT_NE(rows.front().first.find("--sharding hybrid_shard --shard_group_size 2"), std::string::npos) << fit.output;
+  for (size_t i = 1; i < rows.size(); ++i) EXPECT_LE(rows[i - 1].second, rows[i].second * (1 + 1e-3)) << fit.output;
+  const std::string marker = "The command as it is: predicted ";
+  ASSERT_NE(fit.output.find(marker), std::string::npos) << fit.output;
+  const double command = std::stod(fit.output.substr(fit.output.find(marker) + marker.size()));
+  EXPECT_GT(command, rows.front().second * 1.5) << fit.output;
+  for (const auto& [added, seconds] : {rows.front(), std::pair<std::string, double>("", command)}) {
+    const testing::CommandResult estimate = testing::run_command(estimate_command(flags + " --json " + added));
+    ASSERT_EQ(estimate.exit_code, 0) << estimate.output;
+    const double predicted =
+        nlohmann::json::parse(estimate.output.substr(estimate.output.find('{'))).at("step_time").at("step_seconds").get<double>();
+    EXPECT_NEAR(seconds, predicted, predicted * 1e-3) << added;
+  }
 }
 
 }  // namespace

@@ -145,7 +145,7 @@ void add_estimate_verb(CLI::App& app, NumberFlags& numbers, EstimateOptions& est
               NumberRange<double>{smallest_gib, kMaxEstimateGib, gib_range + ": one node's host memory for --fit"}));
   const std::string rate_range = "a number above 0 and at most 1e6";
   numbers.add(*estimate_app, "--device_tflops", estimate.device_tflops,
-              "the device's sustained TFLOP/s: --fit's recomputation, and the step time without --profile; default 200 "
+              "the device's sustained TFLOP/s: the step time (and --fit's ranking by it) without --profile; default 200 "
               "on CUDA, 0.07 on a CPU",
               NumberRange<double>{smallest_gib, 1e6, rate_range + " (TFLOP/s)"});
   verbs.rates.push_back(numbers.add(*estimate_app, "--pcie_gbs", estimate.pcie_gbs, "host-device bandwidth, GB/s, for offload (--fit, the step time)",
@@ -166,7 +166,8 @@ void add_estimate_verb(CLI::App& app, NumberFlags& numbers, EstimateOptions& est
               NumberRange<int>{1, 1 << 20, "a core count in [1, 1048576]"}));
   numbers.add(*estimate_app, "--profile", estimate.profile_seconds,
               "seconds to time each unit's forward and backward and the optimizer on this machine's device for the "
-              "step time (memory/step_time.h); default: none, the matmuls at --device_tflops",
+              "step time (memory/step_time.h), and for --fit's ranking (once for each micro-batch it tries); default: "
+              "none, the matmuls at --device_tflops",
               NumberRange<double>{smallest_gib, 3600, "a number of seconds above 0 and at most 3600"});
   verbs.rates.push_back(numbers.add(*estimate_app, "--intra_node_gbs", estimate.intra_node_gbs,
               "the links inside a node, GB/s each way per rank, for the step time; default 2 on a CPU (MPI's shared "

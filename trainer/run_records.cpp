@@ -237,7 +237,7 @@ std::string RunRecords::peak_line(const RankMemorySummary& rank, const LeverAdvi
   if (lever == nullptr) return line + "no estimate of what would lower it";
   if (lever->flags.empty()) return line + "no single lever lowers its estimated peak";
   char cost[64];
-  std::snprintf(cost, sizeof(cost), "%+.3f s a step", lever->added_seconds);
+  std::snprintf(cost, sizeof(cost), "%+.4g s a step predicted", lever->added_seconds);
   return line + "lowers it most: " + lever->flags + " (estimate " + human_bytes(lever->peak_bytes) + " -> " +
          human_bytes(lever->lowered_bytes) + ", " + cost + ")";
 }
