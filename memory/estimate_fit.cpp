@@ -26,7 +26,7 @@ struct Candidate {
   std::vector<std::string> flags;  // what to add to the command
   int64_t device_bytes = 0;        // the largest rank's peak (+ the CUDA runtime's memory)
   int64_t host_bytes = 0;          // the largest node's host memory
-  StepTimeEstimate step;           // predicted (memory/step_time.h); for the fitting ones
+  StepTimeEstimate step{};         // predicted (memory/step_time.h); for the fitting ones
   double added_seconds = 0;        // its step's seconds less the command's
   bool fits = false;
 };

@@ -6,6 +6,10 @@
 // (launch/step_time_table.sh, docs/step_time.md).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <sstream>
 #include <utility>
 #include <vector>
@@ -197,6 +201,47 @@ TEST(StepTimeCommand, FitRanksByThePredictedStepAndEachRowIsTheEstimatesOwn) {
         nlohmann::json::parse(estimate.output.substr(estimate.output.find('{'))).at("step_time").at("step_seconds").get<double>();
     EXPECT_NEAR(seconds, predicted, predicted * 1e-3) << added;
   }
+}
+
+// Every run checks the prediction: its end record and memory_report.md put the measured step (the
+// medians after the first step) beside the step time `trainer estimate` predicts for the same flags at
+// the run's peak (its start record's peak_flops as --device_tflops), phase by phase.
+TEST(StepTimeRun, TheEndRecordAndTheReportPutTheMeasuredStepBesideTheEstimates) {
+  testing::ScratchDir dir("step_time_run");
+  const std::string flags = "--device cpu --max_length 32 --batch_size 2 --total_batch_size 4";
+  const testing::CommandResult run = testing::run_command(
+      "OMP_NUM_THREADS=1 " + testing::trainer_binary().string() + " --config " +
+      (testing::source_dir() / "configs/llama_micro.json").string() + " " + flags +
+      " --eval_every 0 --num_training_steps 4 --run_dir " + (dir / "run").string());
+  ASSERT_EQ(run.exit_code, 0) << run.output;
+  const nlohmann::json end = testing::read_metrics_events(dir / "run", "end").at(0);
+  const nlohmann::json start = testing::read_metrics_events(dir / "run", "start").at(0);
+  const nlohmann::json& step_time = end.at("step_time");
+  ASSERT_TRUE(step_time.is_object()) << end.dump();
+  EXPECT_EQ(step_time.at("steps").get<int>(), 3);  // the logged steps after the first
+  std::vector<double> steps;
+  for (const nlohmann::json& step : testing::read_metrics_events(dir / "run", "train"))
+    if (step.at("step").get<int>() > 1) steps.push_back(step.at("step_time_s").get<double>());
+  std::sort(steps.begin(), steps.end());
+  EXPECT_DOUBLE_EQ(step_time.at("measured").at("step_seconds").get<double>(), steps[1]);
+  const double peak_tflops = start.at("peak_flops").get<double>() / 1e12;
+  ASSERT_GT(peak_tflops, 0) << start.dump();
+  char tflops[64];
+  std::snprintf(tflops, sizeof(tflops), "%.17g", peak_tflops);
+  const testing::CommandResult estimate = testing::run_command(
+      "OMP_NUM_THREADS=1 " + estimate_command("--world_size 1 --total_batch_size 4 --json --device_tflops " + std::string(tflops)));
+  ASSERT_EQ(estimate.exit_code, 0) << estimate.output;
+  const nlohmann::json predicted = nlohmann::json::parse(estimate.output.substr(estimate.output.find('{'))).at("step_time");
+  for (const char* phase : {"forward", "backward", "collectives", "optimizer", "other"}) {
+    EXPECT_NEAR(step_time.at("predicted").at("phase_s").at(phase).get<double>(), predicted.at("phase_s").at(phase).get<double>(),
+                1e-6 * predicted.at("step_seconds").get<double>() + 1e-12)
+        << phase;
+    EXPECT_TRUE(step_time.at("measured").at("phase_s").contains(phase)) << phase;
+  }
+  std::ifstream report(dir / "run" / "memory_report.md");
+  const std::string text((std::istreambuf_iterator<char>(report)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("## Step time: measured and predicted"), std::string::npos) << text;
+  EXPECT_NE(text.find("| forward | "), std::string::npos) << text;
 }
 
 }  // namespace

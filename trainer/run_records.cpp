@@ -3,9 +3,11 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <vector>
 
@@ -13,6 +15,7 @@
 #include "common/log.h"
 #include "memory/categories.h"
 #include "memory/estimate_fit.h"
+#include "memory/step_time.h"
 #include "optim/shard_optimizer.h"
 #include "sharding/communicator.h"
 #include "sharding/sharded_model.h"
@@ -198,13 +201,76 @@ void RunRecords::finish(int64_t steps, int64_t steps_run, const ShardedModel& mo
                     {"checkpoint", preemption_checkpoint.empty() ? nlohmann::json() : nlohmann::json(preemption_checkpoint)}});
   else {
     nlohmann::json end = {{"event", "end"}, {"steps", steps}, {"final_loss", final_loss},
-                          {"final_eval_loss", final_eval_loss}, {"peak_memory_bytes", ledger_.step_line_peak_bytes()}};
+                          {"final_eval_loss", final_eval_loss}, {"peak_memory_bytes", ledger_.step_line_peak_bytes()},
+                          {"step_time", step_time_}};
     if (!stopped_by.empty()) {  // --stop_at_step or --max_runtime: an end before the last step, saved
       end["stopped_by"] = stopped_by;
       end["checkpoint"] = preemption_checkpoint.empty() ? nlohmann::json() : nlohmann::json(preemption_checkpoint);
     }
     metrics_.write(end);
   }
+}
+
+void RunRecords::observe_step(const StepRecord& record) {
+  if (context_.rank == 0 && record.phase_seconds) step_phases_.emplace_back(record.step_seconds, *record.phase_seconds);
+}
+
+nlohmann::json RunRecords::step_time_comparison(int ranks_per_node) const {
+  // The first logged step pays the allocator's and the libraries' first calls: the medians leave it out.
+  if (step_phases_.size() < 2) return nullptr;
+  std::vector<double> steps;
+  std::vector<std::vector<double>> phases(kStepPhases);
+  for (size_t i = 1; i < step_phases_.size(); ++i) {
+    steps.push_back(step_phases_[i].first);
+    for (int p = 0; p < kStepPhases; ++p) phases[static_cast<size_t>(p)].push_back(step_phases_[i].second[static_cast<size_t>(p)]);
+  }
+  nlohmann::json measured_phases = nlohmann::json::object();
+  for (int p = 0; p < kStepPhases; ++p)
+    measured_phases[to_string(static_cast<StepPhase>(p))] = median(phases[static_cast<size_t>(p)]);
+  EstimateOptions options;
+  options.world_size = context_.world_size;
+  options.device = context_.device.is_cuda() ? "cuda" : "cpu";
+  options.ranks_per_node = ranks_per_node < context_.world_size ? ranks_per_node : 0;
+  if (peak_.flops_per_second > 0) options.device_tflops = peak_.flops_per_second / 1e12;
+  try {
+    const StepTimeEstimate predicted = predict_step_time(model_config_, run_, options, options.device);
+    return {{"steps", steps.size()}, {"measured", {{"step_seconds", median(steps)}, {"phase_s", measured_phases}}},
+            {"predicted", predicted.to_json()},
+            {"predicted_over_measured", predicted.step_seconds / std::max(1e-12, median(steps))}};
+  } catch (const std::exception& error) {
+    log::warn("no predicted step time to compare: {}", error.what());
+    return nullptr;
+  }
+}
+
+// The step time beside its prediction: a section of RUN_DIR/memory_report.md and a log line (rank 0).
+void RunRecords::append_step_time_report(const nlohmann::json& comparison) const {
+  const nlohmann::json& measured = comparison.at("measured");
+  const nlohmann::json& predicted = comparison.at("predicted");
+  std::ostringstream section;
+  char line[256];
+  std::snprintf(line, sizeof(line),
+                "\n## Step time: measured and predicted\n\nMeasured: the median over the %zu logged steps after the first "
+                "(metrics.jsonl phase_s). Predicted: `trainer estimate`'s step time (memory/step_time.h) for this run, ",
+                comparison.at("steps").get<size_t>());
+  section << line << "the compute " << predicted.at("compute_source").get<std::string>() << "; the links "
+          << predicted.at("link_source").get<std::string>() << " (`trainer estimate --profile` measures the compute instead).\n\n"
+          << "| phase | measured (s) | predicted (s) | predicted / measured |\n|---|---:|---:|---:|\n";
+  const auto row = [&](const std::string& name, double have, double want) {
+    std::snprintf(line, sizeof(line), "| %s | %.4g | %.4g | %s |\n", name.c_str(), have, want,
+                  have > 0 ? (std::to_string(std::lround(100 * want / have)) + " %").c_str() : "n/a");
+    section << line;
+  };
+  for (int p = 0; p < kStepPhases; ++p) {
+    const std::string name = to_string(static_cast<StepPhase>(p));
+    row(name, measured.at("phase_s").at(name).get<double>(), predicted.at("phase_s").at(name).get<double>());
+  }
+  row("step", measured.at("step_seconds").get<double>(), predicted.at("step_seconds").get<double>());
+  std::ofstream((fs::path(run_.logging.run_dir) / "memory_report.md").string(), std::ios::app) << section.str();
+  log::info("step time: {:.4g} s measured (the median after the first step), {:.4g} s predicted by trainer estimate's "
+            "model at the run's peak ({:.0f} %; memory_report.md has the phases)",
+            measured.at("step_seconds").get<double>(), predicted.at("step_seconds").get<double>(),
+            100.0 * comparison.at("predicted_over_measured").get<double>());
 }
 
 // Per rank, the lever that lowers the estimated peak most (memory/estimate_fit.h); none when the
@@ -238,8 +304,12 @@ std::string RunRecords::peak_line(const RankMemorySummary& rank, const LeverAdvi
   if (lever->flags.empty()) return line + "no single lever lowers its estimated peak";
   char cost[64];
   std::snprintf(cost, sizeof(cost), "%+.4g s a step predicted", lever->added_seconds);
+  // At a declared rate a smaller micro-batch computes the same FLOPs: only its extra gathers cost.
+  const std::string measure = lever->flags.find("--batch_size") != std::string::npos
+                                  ? "; at the peak a smaller micro-batch computes the same FLOPs: `trainer estimate --profile` times it"
+                                  : "";
   return line + "lowers it most: " + lever->flags + " (estimate " + human_bytes(lever->peak_bytes) + " -> " +
-         human_bytes(lever->lowered_bytes) + ", " + cost + ")";
+         human_bytes(lever->lowered_bytes) + ", " + cost + measure + ")";
 }
 
 // The end of the run's ledger (collective): rank 0 writes RUN_DIR/memory_report.md, and every rank's
@@ -252,6 +322,13 @@ void RunRecords::finish_memory_ledger(int64_t steps_run, Communicator& communica
               << to_string(run_.sharding.strategy) << ", " << context_.world_size << " rank(s) on " << context_.device.str()
               << ", batch " << run_.data.batch_size << " x " << run_.data.max_length << " tokens, " << steps_run << " step(s).";
   const std::vector<RankMemorySummary> summaries = ledger_.finish(communicator, "Memory report", description.str());
+  if (context_.rank == 0) {
+    std::vector<int> ranks_on(summaries.size() + 1, 0);
+    for (const RankMemorySummary& rank : summaries)
+      if (rank.node >= 0 && static_cast<size_t>(rank.node) < ranks_on.size()) ++ranks_on[static_cast<size_t>(rank.node)];
+    step_time_ = step_time_comparison(*std::max_element(ranks_on.begin(), ranks_on.end()));
+    if (!step_time_.is_null()) append_step_time_report(step_time_);
+  }
   const std::vector<LeverAdvice> advice = context_.rank == 0 ? lever_advice() : std::vector<LeverAdvice>();
   nlohmann::json ranks = nlohmann::json::array(), nodes = nlohmann::json::array();
   for (const RankMemorySummary& rank : summaries) {

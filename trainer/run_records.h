@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <c10/core/Device.h>
@@ -66,6 +67,9 @@ class RunRecords {
   // Every rank's persistent training state, counted from the buffers that exist after a step (a
   // collective): one "sharded_state" record with a row per rank.
   void sharded_state(const ShardedModel& model, const ShardOptimizer& optimizer, Communicator& communicator);
+  // A logged step's time and phases (rank 0 keeps them): the end compares their medians with the
+  // predicted step (step_time_comparison).
+  void observe_step(const StepRecord& record);
   // A preemption signal during start-up: the run stops before its first step.
   void preempted_before_first_step(int64_t start_step, int signal);
   // The end of the run (a collective): the memory ledger's summary (rank 0 writes
@@ -79,6 +83,11 @@ class RunRecords {
   void finish_memory_ledger(int64_t steps_run, Communicator& communicator);
   std::vector<LeverAdvice> lever_advice() const;
   std::string peak_line(const RankMemorySummary& rank, const LeverAdvice* lever) const;
+  // The measured step (the medians over the logged steps after the first) beside the step time
+  // `trainer estimate` predicts for this run (memory/step_time.h) at the MFU's peak; null with fewer
+  // than two logged steps. ranks_per_node from the ledger's hosts.
+  nlohmann::json step_time_comparison(int ranks_per_node) const;
+  void append_step_time_report(const nlohmann::json& comparison) const;
 
   const ModelConfig& model_config_;
   const RunConfig& run_;
@@ -87,6 +96,8 @@ class RunRecords {
   MemoryLedger ledger_;
   double flops_per_token_ = 0;
   PeakFlops peak_;  // rank 0's, the MFU's from the start or since a step outpaced it; 0 elsewhere
+  std::vector<std::pair<double, PhaseSeconds>> step_phases_;  // rank 0's logged steps: seconds, phases
+  nlohmann::json step_time_;                                   // step_time_comparison's, for the end record
 };
 
 }  // namespace llm

@@ -394,6 +394,7 @@ void Training::log_step(int64_t step, const StepResult& result, double seconds) 
     record.offload_wait_seconds = times.wait_seconds;
     write_offload_trace();
   }
+  records_.observe_step(record);
   records_.metrics().log_step(record);
 }
 
