@@ -20,7 +20,9 @@ bash tests/multinode/link_bytes_test.sh build/trainer "${MPIEXEC:-mpirun}" --ben
   echo "${ROUNDS:-2} rounds a row. Step time and tokens/s: the trainer's step records, the median over the steps"
   echo "after the first, then over the rounds (min-max beside). Bytes between nodes: both nodes' eth0 counters"
   echo "over a 5-step run less a 2-step one, a step; the time to send them: the busier direction's half at the"
-  echo "rate. All ranks' bytes: the trainer's count (docs/sharding.md has the formulas both follow)."
+  echo "rate. All ranks' bytes: the trainer's count (docs/sharding.md has the formulas both follow). Predicted:"
+  echo "\`trainer estimate --profile 1\` for the row's flags (memory/step_time.h), the link between nodes at the rate,"
+  echo "each node half of this machine's cores, the links inside a node and the latency at their defaults."
   echo
   cat "$table"
 } > "$out"

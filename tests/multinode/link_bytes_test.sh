@@ -130,8 +130,20 @@ fi
 # after the first step; the spread over rounds beside it).
 command -v tc >/dev/null || skip "no tc here (iproute2)"
 rounds=${ROUNDS:-2}
-echo "| link between nodes | strategy | step time s (median over rounds; min-max) | tokens/s | MB between nodes a step | s to send them at the rate | MB sent by all ranks (trainer's count) |" > "$bench_out"
-echo "|---|---|---:|---:|---:|---:|---:|" >> "$bench_out"
+echo "| link between nodes | strategy | step time s (median over rounds; min-max) | predicted s (trainer estimate) | predicted / measured | tokens/s | MB between nodes a step | s to send them at the rate | MB sent by all ranks (trainer's count) |" > "$bench_out"
+echo "|---|---|---:|---:|---:|---:|---:|---:|---:|" >> "$bench_out"
+# The step time `trainer estimate` predicts for each row (memory/step_time.h): the units timed here
+# (--profile), the link between nodes at the shaped rate, each node half of this machine's cores.
+cores=$(( $(nproc --all) / 2 > 0 ? $(nproc --all) / 2 : 1 ))
+predict() {  # RATE SHARDING...: prints the predicted step seconds, or nan
+  local gbs
+  gbs=$("$PY" -c "import re, sys; n, u = re.fullmatch(r'(\d+)(gbit|mbit)', sys.argv[1]).groups(); print(int(n) * (1e9 if u == 'gbit' else 1e6) / 8e9)" "$1")
+  shift
+  "$TRAINER" estimate --config "$SOURCE/configs/$config.json" --device cpu --max_length 32 --batch_size 2 --total_batch_size 16 \
+    --world_size 4 --ranks_per_node 2 --host_cores "$cores" --inter_node_gbs "$gbs" --profile 1 --json --sharding "$@" 2>/dev/null \
+    | "$PY" -c "import json, sys; t = sys.stdin.read(); print(json.loads(t[t.index('{'):])['step_time']['step_seconds'])" \
+    || echo nan
+}
 for rate in 1gbit 200mbit; do
   for k in 1 2; do
     ip netns exec "trn${tag}_$k" tc qdisc replace dev eth0 root tbf rate "$rate" burst 256kb latency 400ms \
@@ -147,9 +159,12 @@ for rate in 1gbit 200mbit; do
       run "${name}_${rate}_${round}" 5 --sharding $strategy
       echo "$short $grown" > "$work/${name}_${rate}_${round}.bytes"
     done
-    "$PY" - "$work" "$name" "$rate" "$rounds" "$strategy" >> "$bench_out" <<'PY' || fail "$name at $rate: no table row"
+    # shellcheck disable=SC2086  # the strategy's words are flags
+    predicted=$(predict "$rate" $strategy)
+    "$PY" - "$work" "$name" "$rate" "$rounds" "$strategy" "$predicted" >> "$bench_out" <<'PY' || fail "$name at $rate: no table row"
 import json, statistics, sys
 work, name, rate, rounds, strategy = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+predicted = float(sys.argv[6])
 times, rates, between, counted = [], [], [], []
 for r in range(1, rounds + 1):
     steps = [json.loads(l) for l in open(f"{work}/{name}_{rate}_{r}/metrics.jsonl")]
@@ -163,7 +178,8 @@ bits = {"1gbit": 1e9, "200mbit": 2e8}[rate]
 # Both directions run at the rate at once: the busier node's half of the bytes sets the time.
 wire = statistics.median(between) / 2 * 8 / bits
 print(f"| {rate.replace('gbit', ' Gbit/s').replace('mbit', ' Mbit/s')} | {strategy} | {statistics.median(times):.3f} "
-      f"({min(times):.3f}-{max(times):.3f}) | {statistics.median(rates):.0f} | {statistics.median(between) / 1e6:.2f} | "
+      f"({min(times):.3f}-{max(times):.3f}) | {predicted:.3f} | {predicted / statistics.median(times):.2f} | "
+      f"{statistics.median(rates):.0f} | {statistics.median(between) / 1e6:.2f} | "
       f"{wire:.3f} | {statistics.median(counted) / 1e6:.2f} |")
 PY
   done
