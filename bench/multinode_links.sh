@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Hybrid sharding against full_shard between nodes: the namespace cluster (tests/multinode), 2 nodes x 2
 # ranks, the link between the nodes shaped by tc to 1 Gbit/s and to 200 Mbit/s, each strategy side by
-# side in one run: step time, tokens a second, and the bytes that explain them (between nodes from the
-# interfaces' counters, all ranks' from the trainer's own count). Needs root (network namespaces).
+# side in one run: step time beside `trainer estimate`'s predicted step (issue 54), tokens a second, and
+# the bytes that explain them (between nodes from the interfaces' counters, all ranks' from the
+# trainer's own count). Needs root (network namespaces).
 #   bash bench/multinode_links.sh [OUT.md] [CONFIG]     (default docs/bench/multinode_links.md, llama_9m)
 #   ROUNDS=3 bash bench/multinode_links.sh ...          (rounds per row; default 2)
 set -eu

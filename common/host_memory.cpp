@@ -12,6 +12,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include <ATen/ATen.h>
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 
@@ -136,5 +137,11 @@ void advise_huge_pages(void* data, int64_t bytes) {
 bool host_memory_tracking_installed() { return CountingCPUAllocator::instance().active(); }
 HostMemoryCounters host_memory_counters() { return CountingCPUAllocator::instance().counters(); }
 void reset_host_window_peak() { CountingCPUAllocator::instance().reset_window(); }
+
+at::Tensor empty_streamed(at::IntArrayRef sizes, const at::TensorOptions& options) {
+  at::Tensor buffer = at::empty(sizes, options);
+  if (buffer.is_cpu()) advise_huge_pages(buffer.data_ptr(), static_cast<int64_t>(buffer.nbytes()));
+  return buffer;
+}
 
 }  // namespace llm

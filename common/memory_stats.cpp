@@ -159,9 +159,7 @@ at::Tensor exact_host_buffer(int64_t elements, at::ScalarType dtype, c10::Device
 #else
   (void)pinned_for;
 #endif
-  at::Tensor buffer = at::empty({elements}, options);
-  advise_huge_pages(buffer.data_ptr(), static_cast<int64_t>(buffer.nbytes()));  // long-lived: offload's rows
-  return buffer;
+  return empty_streamed({elements}, options);  // long-lived: offload's rows
 }
 
 at::Tensor exact_host_copy(const at::Tensor& from, c10::Device pinned_for) {

@@ -55,8 +55,7 @@ at::Tensor allocate_views(std::vector<ParameterState>& parameters,
                           at::Tensor ParameterState::*member, const at::TensorOptions& options) {
   int64_t total = 0;
   for (const auto& shape : shapes) total += StateShapes::numel(shape);
-  at::Tensor flat = at::empty({total}, options);
-  if (flat.is_cpu()) advise_huge_pages(flat.data_ptr(), static_cast<int64_t>(flat.nbytes()));  // the host step streams it
+  at::Tensor flat = empty_streamed({total}, options);  // the host step streams it
   flat.zero_();
   int64_t offset = 0;
   for (size_t i = 0; i < parameters.size(); ++i) {

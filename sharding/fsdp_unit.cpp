@@ -106,17 +106,15 @@ ShardedUnit::ShardedUnit(std::string name, std::vector<std::pair<std::string, at
     at::NoGradGuard no_grad;
     const at::TensorOptions fp32 = parameters_.front().second.options().dtype(at::kFloat);
     // Each world shard of the block (one: this rank's shard) from the parameters' rows.
-    at::Tensor rows = at::empty({groups * layout_.shard_numel}, fp32);
     // The optimizer streams the master and the gradient shard every step (common/host_memory.h).
-    if (rows.is_cpu()) advise_huge_pages(rows.data_ptr(), static_cast<int64_t>(rows.nbytes()));
+    at::Tensor rows = empty_streamed({groups * layout_.shard_numel}, fp32);
     for (int j = 0; j < groups; ++j) {
       const FlatShardLayout layout = blocks ? world_layout(world_shard_index(communicator_.rank(), j, groups)) : layout_;
       copy_rows_into(layout, rows.narrow(0, j * layout_.shard_numel, layout_.shard_numel));
     }
     if (blocks) block_ = rows;
     master_ = blocks ? rows.narrow(0, replicas_->rank() * layout_.shard_numel, layout_.shard_numel) : rows;
-    gradient_ = at::empty({layout_.shard_numel}, fp32);
-    if (gradient_.is_cpu()) advise_huge_pages(gradient_.data_ptr(), static_cast<int64_t>(gradient_.nbytes()));
+    gradient_ = empty_streamed({layout_.shard_numel}, fp32);
     gradient_.zero_();
     gradient_options_ = gradient_.options();
   }
