@@ -23,7 +23,7 @@
 # The bound is the model's FLOPs per step (6N + 12LHT) over a measured fp32 GEMM peak.
 #
 # Knobs: CONFIG (configs/llama_20m.json), STEPS (10), ROUNDS (3), BATCH_1 (8), BATCH_4 (2 per rank),
-# LENGTH (128), SKIP_4 (1 = no 4-rank part), RUNS_DIR (runs/train_vs_pytorch), BUILD_DIR, TRAINER_PYTHON.
+# LENGTH (128), SKIP_4 (1 = no 4-rank part), SKIP_1 (1 = no 1-rank part), RUNS_DIR (runs/train_vs_pytorch), BUILD_DIR, TRAINER_PYTHON.
 # About 8 minutes on two idle cores with the defaults. Progress goes
 # to stderr, the comparison to stdout; every run's files stay in RUNS_DIR.
 set -euo pipefail
@@ -38,6 +38,7 @@ BATCH_1=${BATCH_1:-8}
 BATCH_4=${BATCH_4:-2}
 LENGTH=${LENGTH:-128}
 SKIP_4=${SKIP_4:-0}
+SKIP_1=${SKIP_1:-0}
 JSON=${JSON:-0}
 RUNS=${RUNS_DIR:-runs/train_vs_pytorch}
 THREADS_1=2   # the 1-rank comparison: 2 threads in one process
@@ -163,7 +164,9 @@ compare() {  # name ranks threads batch ours_label pytorch_label
 started=$(date +%s)
 say "$machine_line; $CONFIG, $STEPS steps x $ROUNDS rounds; load $(load)"
 [ "$JSON" = 1 ] || echo "machine: $machine_line"
-compare 1rank_vs_eager_fused_adamw 1 "$THREADS_1" "$BATCH_1" "ours (1 process)" "pytorch eager"
+if [ "$SKIP_1" != 1 ]; then
+  compare 1rank_vs_eager_fused_adamw 1 "$THREADS_1" "$BATCH_1" "ours (1 process)" "pytorch eager"
+fi
 if [ "$SKIP_4" != 1 ]; then
   compare 4rank_vs_fsdp2 4 "$THREADS_4" "$BATCH_4" "ours (mpirun -np 4, full_shard)" "pytorch FSDP2"
 fi
