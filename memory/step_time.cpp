@@ -7,6 +7,9 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "common/device.h"
+#include "common/errors.h"
+#include "common/log.h"
 #include "memory/estimate.h"
 #include "memory/estimate_fit.h"
 #include "memory/estimate_shapes.h"
@@ -218,7 +221,15 @@ StepTimeEstimate predict_step_time(const ModelConfig& model, const RunConfig& ru
                       : cuda                                ? 1
                                                             : std::max(1, cores / per_node);
   ComputeRates compute;
+  // --profile times this machine's device: a CUDA estimate profiled on a machine without a GPU is the
+  // user's mistake, said as one (ATen's "no CUDA backend" and its stack were what came before).
+  LLM_REQUIRE(options.profile_seconds <= 0 || !cuda || visible_gpu_count() > 0, "command line", "--profile",
+              "times the units on this machine's device, and this machine has no CUDA device for a --device cuda "
+              "estimate: run the estimate where the GPU is, or give the device's rate instead (--device_tflops T)");
   if (options.profile_seconds > 0) {
+    if (cache != nullptr)
+      log::info("step time: timing the units at a micro-batch of {} x {} for {} s (--profile)", run.data.batch_size,
+                run.data.max_length, options.profile_seconds);
     const std::string key = std::to_string(run.data.batch_size) + "x" + std::to_string(run.data.max_length) + " " +
                             to_string(run.precision.dtype) + " " + to_string(run.precision.mode);
     if (cache != nullptr && cache->count(key) > 0) {

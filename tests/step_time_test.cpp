@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/device.h"
 #include "config/config.h"
 #include "memory/step_time.h"
 #include "model/model_config.h"
@@ -167,6 +168,20 @@ TEST(StepTimeCommand, MeasuredOrDeclaredAndInSecondsAt65536Ranks) {
   ASSERT_EQ(wide.exit_code, 0) << wide.output;
   EXPECT_NE(wide.output.find("Step time (predicted"), std::string::npos) << wide.output;
   EXPECT_NE(wide.output.find("declared: 100 TFLOP/s"), std::string::npos) << wide.output;
+}
+
+// --profile times this machine's device: a CUDA estimate profiled where there is no GPU is exit 2
+// naming --profile and what to give instead, not ATen's stack (skipped where a GPU is visible).
+TEST(StepTimeCommand, ProfilingACudaEstimateWithoutAGpuSaysWhatToGiveInstead) {
+  if (visible_gpu_count() > 0) GTEST_SKIP() << "a GPU is visible: the profile runs on it";
+  for (const char* fit : {"", " --fit --memory_budget_gib 1"}) {
+    const testing::CommandResult profiled =
+        testing::run_command(estimate_command(std::string("--world_size 1 --device cuda --profile 1") + fit));
+    EXPECT_EQ(profiled.exit_code, 2) << profiled.output;
+    EXPECT_NE(profiled.output.find("--profile"), std::string::npos) << profiled.output;
+    EXPECT_NE(profiled.output.find("--device_tflops"), std::string::npos) << profiled.output;
+    EXPECT_EQ(profiled.output.find("empty_strided"), std::string::npos) << profiled.output;
+  }
 }
 
 // --fit ranks what fits by the predicted step: on 2 nodes of 2 CPU ranks over a slow link between them,
