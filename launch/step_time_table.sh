@@ -54,7 +54,9 @@ ROWS=(
   echo "OMP_NUM_THREADS=$OMP_NUM_THREADS, llama_9m, 8 x 128 tokens a step, $STEPS steps a run, $ROUNDS runs a row)."
   echo "Links probed with communicator_bench at 4 ranks: ${GBS} GB/s, ${LATENCY_US} us a ring step."
   echo "Predicted: \`trainer estimate --profile 3\` (memory/step_time.h). Measured: the median over the runs of each"
-  echo "run's median step_time_s after step $SKIP. Error: predicted / measured - 1."
+  echo "run's median step_time_s after step $SKIP. Error: predicted / measured - 1. The rows between nodes (the"
+  echo "namespace cluster, the link shaped by tc): \`bash bench/multinode_links.sh\`, docs/bench/multinode_links.md;"
+  echo "--fit's pick measured against the command: \`bash bench/fit_speed.sh\`, docs/bench/fit_speed.md."
   echo
   echo "| row | predicted s | measured s (runs) | error | predicted forward / backward / collectives / optimizer | measured |"
   echo "|---|---:|---:|---:|---|---|"
