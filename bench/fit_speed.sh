@@ -18,18 +18,13 @@ rounds=${ROUNDS:-3}
 steps=${STEPS:-5}
 source "$(dirname "$0")/../tests/cluster_test_lib.sh" build/trainer "${MPIEXEC:-mpirun}"
 source "$SOURCE/tests/multinode/namespaces.sh"
-command -v tc >/dev/null || skip "no tc here (iproute2)"
 cluster_start 10.81.0 2
-for k in 1 2; do
-  ip netns exec "trn${tag}_$k" tc qdisc replace dev eth0 root tbf rate "$rate" burst 256kb latency 400ms \
-    || skip "cannot shape a link here (tc qdisc tbf)"
-done
-gbs=$("$PY" -c "import sys, re; n, u = re.fullmatch(r'(\d+)(gbit|mbit)', sys.argv[1]).groups(); print(int(n) * (1e9 if u == 'gbit' else 1e6) / 8e9)" "$rate")
+cluster_shape "$rate"
+gbs=$(rate_gbs "$rate")
 # The run: the multi-node bench's shape (tests/multinode/link_bytes_test.sh), 2 micro-batches a step.
 shape=(--config "$SOURCE/configs/$config.json" --device cpu --max_length 32 --batch_size 2 --total_batch_size 16)
 # Each node of the cluster is half of this machine: its cores are the machine's over the two nodes.
-cores=$(( $(nproc --all) / 2 > 0 ? $(nproc --all) / 2 : 1 ))
-fit_flags=(--world_size 4 --ranks_per_node 2 --host_cores "$cores" --inter_node_gbs "$gbs" --profile 2
+fit_flags=(--world_size 4 --ranks_per_node 2 --host_cores "$(node_cores)" --inter_node_gbs "$gbs" --profile 2
            --fit --memory_budget_gib 2)
 "$TRAINER" estimate "${shape[@]}" "${fit_flags[@]}" > "$work/fit.txt" 2>&1 || fail "estimate --fit: $(tail -n 5 "$work/fit.txt")"
 # The command as given, the named flags, and the table's other rows that change only the sharding.

@@ -14,7 +14,6 @@
 #include "common/memory_stats.h"
 #include "memory/estimate_simulation.h"
 #include "memory/step_time.h"
-#include "model/recompute.h"
 
 namespace llm {
 namespace {

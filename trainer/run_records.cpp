@@ -212,31 +212,42 @@ void RunRecords::finish(int64_t steps, int64_t steps_run, const ShardedModel& mo
 }
 
 void RunRecords::observe_step(const StepRecord& record) {
-  if (context_.rank == 0 && record.phase_seconds) step_phases_.emplace_back(record.step_seconds, *record.phase_seconds);
+  if (context_.rank != 0 || !record.phase_seconds) return;
+  // The first logged step pays the allocator's and the libraries' first calls: the medians leave it out.
+  if (!first_step_observed_) {
+    first_step_observed_ = true;
+    return;
+  }
+  step_phases_.emplace_back(record.step_seconds, *record.phase_seconds);
+  if (step_phases_.size() > kStepTimeWindow) step_phases_.pop_front();
 }
 
-nlohmann::json RunRecords::step_time_comparison(int ranks_per_node) const {
-  // The first logged step pays the allocator's and the libraries' first calls: the medians leave it out.
-  if (step_phases_.size() < 2) return nullptr;
-  std::vector<double> steps;
-  std::vector<std::vector<double>> phases(kStepPhases);
-  for (size_t i = 1; i < step_phases_.size(); ++i) {
-    steps.push_back(step_phases_[i].first);
-    for (int p = 0; p < kStepPhases; ++p) phases[static_cast<size_t>(p)].push_back(step_phases_[i].second[static_cast<size_t>(p)]);
-  }
-  nlohmann::json measured_phases = nlohmann::json::object();
-  for (int p = 0; p < kStepPhases; ++p)
-    measured_phases[to_string(static_cast<StepPhase>(p))] = median(phases[static_cast<size_t>(p)]);
+EstimateOptions RunRecords::estimate_options(int ranks_per_node) const {
   EstimateOptions options;
   options.world_size = context_.world_size;
   options.device = context_.device.is_cuda() ? "cuda" : "cpu";
   options.ranks_per_node = ranks_per_node < context_.world_size ? ranks_per_node : 0;
   if (peak_.flops_per_second > 0) options.device_tflops = peak_.flops_per_second / 1e12;
+  return options;
+}
+
+nlohmann::json RunRecords::step_time_comparison(const EstimateOptions& options) const {
+  if (step_phases_.empty()) return nullptr;
+  std::vector<double> steps;
+  std::vector<std::vector<double>> phases(kStepPhases);
+  for (const auto& [seconds, by_phase] : step_phases_) {
+    steps.push_back(seconds);
+    for (int p = 0; p < kStepPhases; ++p) phases[static_cast<size_t>(p)].push_back(by_phase[static_cast<size_t>(p)]);
+  }
+  nlohmann::json measured_phases = nlohmann::json::object();
+  for (int p = 0; p < kStepPhases; ++p)
+    measured_phases[to_string(static_cast<StepPhase>(p))] = median(phases[static_cast<size_t>(p)]);
+  const double measured = median(steps);
   try {
     const StepTimeEstimate predicted = predict_step_time(model_config_, run_, options, options.device);
-    return {{"steps", steps.size()}, {"measured", {{"step_seconds", median(steps)}, {"phase_s", measured_phases}}},
+    return {{"steps", steps.size()}, {"measured", {{"step_seconds", measured}, {"phase_s", measured_phases}}},
             {"predicted", predicted.to_json()},
-            {"predicted_over_measured", predicted.step_seconds / std::max(1e-12, median(steps))}};
+            {"predicted_over_measured", predicted.step_seconds / std::max(1e-12, measured)}};
   } catch (const std::exception& error) {
     log::warn("no predicted step time to compare: {}", error.what());
     return nullptr;
@@ -275,10 +286,7 @@ void RunRecords::append_step_time_report(const nlohmann::json& comparison) const
 
 // Per rank, the lever that lowers the estimated peak most (memory/estimate_fit.h); none when the
 // estimate cannot be made (its reason logged).
-std::vector<LeverAdvice> RunRecords::lever_advice() const {
-  EstimateOptions options;
-  options.world_size = context_.world_size;
-  options.device = context_.device.is_cuda() ? "cuda" : "cpu";
+std::vector<LeverAdvice> RunRecords::lever_advice(const EstimateOptions& options) const {
   try {
     return lowest_peak_levers(model_config_, run_, options);
   } catch (const std::exception& error) {
@@ -322,14 +330,18 @@ void RunRecords::finish_memory_ledger(int64_t steps_run, Communicator& communica
               << to_string(run_.sharding.strategy) << ", " << context_.world_size << " rank(s) on " << context_.device.str()
               << ", batch " << run_.data.batch_size << " x " << run_.data.max_length << " tokens, " << steps_run << " step(s).";
   const std::vector<RankMemorySummary> summaries = ledger_.finish(communicator, "Memory report", description.str());
+  const std::vector<NodeMemorySummary> node_summaries = by_node(summaries);
+  std::vector<LeverAdvice> advice;
   if (context_.rank == 0) {
-    std::vector<int> ranks_on(summaries.size() + 1, 0);
-    for (const RankMemorySummary& rank : summaries)
-      if (rank.node >= 0 && static_cast<size_t>(rank.node) < ranks_on.size()) ++ranks_on[static_cast<size_t>(rank.node)];
-    step_time_ = step_time_comparison(*std::max_element(ranks_on.begin(), ranks_on.end()));
+    // This run as `trainer estimate` takes it, for the step time beside the measured one and the
+    // pricing of the lever that lowers the peak (one model, one set of rates).
+    size_t ranks_per_node = 0;
+    for (const NodeMemorySummary& node : node_summaries) ranks_per_node = std::max(ranks_per_node, node.ranks.size());
+    const EstimateOptions options = estimate_options(static_cast<int>(ranks_per_node));
+    step_time_ = step_time_comparison(options);
     if (!step_time_.is_null()) append_step_time_report(step_time_);
+    advice = lever_advice(options);
   }
-  const std::vector<LeverAdvice> advice = context_.rank == 0 ? lever_advice() : std::vector<LeverAdvice>();
   nlohmann::json ranks = nlohmann::json::array(), nodes = nlohmann::json::array();
   for (const RankMemorySummary& rank : summaries) {
     ranks.push_back(rank.to_json());
@@ -340,7 +352,7 @@ void RunRecords::finish_memory_ledger(int64_t steps_run, Communicator& communica
                                           {"added_seconds", lever->added_seconds}};
     if (context_.rank == 0) log::info("{}", peak_line(rank, lever));
   }
-  for (const NodeMemorySummary& node : by_node(summaries)) nodes.push_back(node.to_json());
+  for (const NodeMemorySummary& node : node_summaries) nodes.push_back(node.to_json());
   metrics_.write({{"event", "memory"}, {"ranks", ranks}, {"nodes", nodes}});
 }
 

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <string>
 #include <utility>
 #include <vector>
@@ -81,12 +82,15 @@ class RunRecords {
 
  private:
   void finish_memory_ledger(int64_t steps_run, Communicator& communicator);
-  std::vector<LeverAdvice> lever_advice() const;
+  // This run as `trainer estimate` takes it: world, device, ranks a node (from the ledger's hosts) and
+  // the MFU's peak as --device_tflops.
+  EstimateOptions estimate_options(int ranks_per_node) const;
+  std::vector<LeverAdvice> lever_advice(const EstimateOptions& options) const;
   std::string peak_line(const RankMemorySummary& rank, const LeverAdvice* lever) const;
-  // The measured step (the medians over the logged steps after the first) beside the step time
-  // `trainer estimate` predicts for this run (memory/step_time.h) at the MFU's peak; null with fewer
-  // than two logged steps. ranks_per_node from the ledger's hosts.
-  nlohmann::json step_time_comparison(int ranks_per_node) const;
+  // The measured step (the medians over the logged steps after the first, the last kStepTimeWindow
+  // of them) beside the step time `trainer estimate` predicts for this run (memory/step_time.h);
+  // null with fewer than two logged steps.
+  nlohmann::json step_time_comparison(const EstimateOptions& options) const;
   void append_step_time_report(const nlohmann::json& comparison) const;
 
   const ModelConfig& model_config_;
@@ -96,7 +100,11 @@ class RunRecords {
   MemoryLedger ledger_;
   double flops_per_token_ = 0;
   PeakFlops peak_;  // rank 0's, the MFU's from the start or since a step outpaced it; 0 elsewhere
-  std::vector<std::pair<double, PhaseSeconds>> step_phases_;  // rank 0's logged steps: seconds, phases
+  // Rank 0's logged steps after the first (seconds, phases), the last kStepTimeWindow: a long run's
+  // records stay bounded.
+  static constexpr size_t kStepTimeWindow = 1000;
+  bool first_step_observed_ = false;
+  std::deque<std::pair<double, PhaseSeconds>> step_phases_;
   nlohmann::json step_time_;                                   // step_time_comparison's, for the end record
 };
 

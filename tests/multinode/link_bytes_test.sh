@@ -128,27 +128,22 @@ fi
 # The bench: each node's eth0 shaped (tc's token bucket on its egress, so each direction between the
 # nodes runs at RATE), every strategy at each rate, ROUNDS rounds (the median step time is the one
 # after the first step; the spread over rounds beside it).
-command -v tc >/dev/null || skip "no tc here (iproute2)"
 rounds=${ROUNDS:-2}
 echo "| link between nodes | strategy | step time s (median over rounds; min-max) | predicted s (trainer estimate) | predicted / measured | tokens/s | MB between nodes a step | s to send them at the rate | MB sent by all ranks (trainer's count) |" > "$bench_out"
 echo "|---|---|---:|---:|---:|---:|---:|---:|---:|" >> "$bench_out"
 # The step time `trainer estimate` predicts for each row (memory/step_time.h): the units timed here
 # (--profile), the link between nodes at the shaped rate, each node half of this machine's cores.
-cores=$(( $(nproc --all) / 2 > 0 ? $(nproc --all) / 2 : 1 ))
 predict() {  # RATE SHARDING...: prints the predicted step seconds, or nan
   local gbs
-  gbs=$("$PY" -c "import re, sys; n, u = re.fullmatch(r'(\d+)(gbit|mbit)', sys.argv[1]).groups(); print(int(n) * (1e9 if u == 'gbit' else 1e6) / 8e9)" "$1")
+  gbs=$(rate_gbs "$1")
   shift
   "$TRAINER" estimate --config "$SOURCE/configs/$config.json" --device cpu --max_length 32 --batch_size 2 --total_batch_size 16 \
-    --world_size 4 --ranks_per_node 2 --host_cores "$cores" --inter_node_gbs "$gbs" --profile 1 --json --sharding "$@" 2>/dev/null \
+    --world_size 4 --ranks_per_node 2 --host_cores "$(node_cores)" --inter_node_gbs "$gbs" --profile 1 --json --sharding "$@" 2>/dev/null \
     | "$PY" -c "import json, sys; t = sys.stdin.read(); print(json.loads(t[t.index('{'):])['step_time']['step_seconds'])" \
     || echo nan
 }
 for rate in 1gbit 200mbit; do
-  for k in 1 2; do
-    ip netns exec "trn${tag}_$k" tc qdisc replace dev eth0 root tbf rate "$rate" burst 256kb latency 400ms \
-      || skip "cannot shape a link here (tc qdisc tbf)"
-  done
+  cluster_shape "$rate"
   for strategy in "${strategies[@]}"; do
     name=${strategy%% *}
     [[ "$strategy" == *backward_gather* ]] && name=${name}_node_copy

@@ -6,6 +6,10 @@
 #                              tag, bridge, work, nodes[] (namespace names) and across[] (mpirun's flags)
 #   cluster_node K ADDRESS     one more namespace trn<tag>_K at ADDRESS (a launch node)
 #   hostfile NODES RANKS       a hostfile of NODES nodes with RANKS slots each; prints its path
+#   cluster_shape RATE         every node's eth0 sends at RATE (tc's form: 1gbit, 200mbit; a token
+#                              bucket on its egress, so each direction between two nodes runs at RATE)
+#   rate_gbs RATE              RATE in GB/s, as `trainer estimate --inter_node_gbs` takes it
+#   node_cores                 this machine's cores over the nodes: one node's share (at least 1)
 # Needs root (ip netns, unshare): skip (exit 77) naming what is missing otherwise. Scripts that run
 # side by side pass different NETs (each bridge routes its /24 on the host).
 command -v ip >/dev/null && command -v unshare >/dev/null || skip "no ip or unshare here (iproute2, util-linux)"
@@ -63,3 +67,21 @@ hostfile() {  # nodes ranks_per_node
   echo "$work/hosts_$1"
 }
 export OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+cluster_shape() {  # RATE
+  command -v tc >/dev/null || skip "no tc here (iproute2)"
+  local ns
+  for ns in "${nodes[@]}"; do
+    ip netns exec "$ns" tc qdisc replace dev eth0 root tbf rate "$1" burst 256kb latency 400ms \
+      || skip "cannot shape a link here (tc qdisc tbf)"
+  done
+}
+
+rate_gbs() {  # RATE
+  "$PY" -c "import re, sys; n, u = re.fullmatch(r'(\d+)(gbit|mbit)', sys.argv[1]).groups(); print(int(n) * (1e9 if u == 'gbit' else 1e6) / 8e9)" "$1"
+}
+
+node_cores() {
+  local cores=$(( $(nproc --all) / ${#nodes[@]} ))
+  echo $(( cores > 0 ? cores : 1 ))
+}
