@@ -227,14 +227,13 @@ StepTimeEstimate predict_step_time(const ModelConfig& model, const RunConfig& ru
               "times the units on this machine's device, and this machine has no CUDA device for a --device cuda "
               "estimate: run the estimate where the GPU is, or give the device's rate instead (--device_tflops T)");
   if (options.profile_seconds > 0) {
-    if (cache != nullptr)
-      log::info("step time: timing the units at a micro-batch of {} x {} for {} s (--profile)", run.data.batch_size,
-                run.data.max_length, options.profile_seconds);
     const std::string key = std::to_string(run.data.batch_size) + "x" + std::to_string(run.data.max_length) + " " +
                             to_string(run.precision.dtype) + " " + to_string(run.precision.mode);
     if (cache != nullptr && cache->count(key) > 0) {
       compute = cache->at(key);
     } else {
+      log::info("step time: timing the units at a micro-batch of {} x {} for {} s (--profile)", run.data.batch_size,
+                run.data.max_length, options.profile_seconds);
       compute = profile_compute(model, run, cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU),
                                 options.profile_seconds, threads);
       if (cache != nullptr) cache->emplace(key, compute);
