@@ -15,7 +15,11 @@
 //   mpirun -np 4 build/communicator_bench [--min-bytes 1K] [--max-bytes 64M] [--step-factor 4]
 //          [--iters 20] [--warmup 5] [--dtype float32|bfloat16] [--op sum|average]
 //          [--collectives all_gather,reduce_scatter,all_reduce] [--backend auto|single|mpi|nccl]
-//          [--compute_ms MS]
+//          [--compute_ms MS] [--jsonl FILE] [--cold_bytes 64M]
+//
+// --jsonl FILE also writes each row as a JSON line (collective, bytes, ranks, seconds, busbw_gbs,
+// wrong, backend, device, dtype, ranks_on_host): the table `trainer estimate --collective_table FILE`
+// reads for the step time's collectives inside a node (memory/collective_table.h).
 //
 // --compute_ms MS adds the wait row, what training's collectives meet beyond their bandwidth: each
 // rank computes MS milliseconds of its own CPU time, then all-reduces 4 bytes, --iters times. When the
@@ -28,6 +32,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <string>
 #include <thread>
@@ -37,6 +42,7 @@
 
 #include <ATen/ATen.h>
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <torch/cuda.h>
 
 #include "common/errors.h"
@@ -60,6 +66,8 @@ struct Options {
   std::vector<std::string> collectives = {"all_gather", "reduce_scatter", "all_reduce"};
   std::string backend = "auto";
   double compute_ms = 0;  // > 0: the wait row (below)
+  std::string jsonl;      // non-empty: the rows as JSON lines too
+  std::string cold_bytes;  // non-empty: cycle through buffers of at least this many bytes a rank
 };
 
 // "4096", "4K", "64M", "1G" (binary units).
@@ -123,8 +131,8 @@ struct Row {
 
 class Bench {
  public:
-  Bench(Communicator& comm, at::ScalarType dtype, ReduceOp op, int iters, int warmup)
-      : comm_(comm), dtype_(dtype), op_(op), iters_(iters), warmup_(warmup) {}
+  Bench(Communicator& comm, at::ScalarType dtype, ReduceOp op, int iters, int warmup, int64_t cold_bytes)
+      : comm_(comm), dtype_(dtype), op_(op), iters_(iters), warmup_(warmup), cold_bytes_(cold_bytes) {}
 
   Row measure(const std::string& collective, int64_t bytes) {
     const int ranks = comm_.world_size();
@@ -136,9 +144,16 @@ class Bench {
     row.count = count;
     row.bytes = count * element_size;
 
-    Buffers buffers = allocate(collective, count, per_rank);
-    const auto run_once = [&] { run(collective, buffers); };
-    for (int i = 0; i < warmup_; ++i) run_once();
+    // --cold_bytes: enough sets of buffers, used in turn, that each collective finds its data out of
+    // the caches, as training's do (a unit's shard was last touched a whole pass ago).
+    const int64_t set_bytes = row.bytes + (collective == "all_reduce" ? 0 : row.bytes / ranks);
+    const int64_t sets = std::clamp<int64_t>((cold_bytes_ + set_bytes - 1) / set_bytes, 1, 256);
+    std::vector<Buffers> all;
+    for (int64_t s = 0; s < sets; ++s) all.push_back(allocate(collective, count, per_rank));
+    Buffers& buffers = all.front();
+    int64_t next = 0;
+    const auto run_once = [&] { run(collective, all[static_cast<size_t>(next++ % sets)]); };
+    for (int i = 0; i < std::max<int64_t>(warmup_, sets); ++i) run_once();
     synchronize();
     comm_.barrier();
     const auto start = std::chrono::steady_clock::now();
@@ -215,6 +230,7 @@ class Bench {
   at::ScalarType dtype_;
   ReduceOp op_;
   int iters_, warmup_;
+  int64_t cold_bytes_;
 };
 
 std::unique_ptr<Communicator> make_backend(const std::string& backend, const llm::World& world,
@@ -268,7 +284,13 @@ void run_bench(const Options& options, const llm::World& world) {
                 "count", "type", "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
     std::fflush(stdout);
   }
-  Bench bench(*comm, dtype, op, options.iters, options.warmup);
+  std::ofstream jsonl;
+  if (world.rank == 0 && !options.jsonl.empty()) {
+    jsonl.open(options.jsonl, std::ios::trunc);
+    LLM_REQUIRE(jsonl.good(), "communicator_bench", "--jsonl", "cannot write '" + options.jsonl + "'");
+  }
+  Bench bench(*comm, dtype, op, options.iters, options.warmup,
+              options.cold_bytes.empty() ? 0 : parse_bytes("--cold_bytes", options.cold_bytes));
   std::map<std::string, std::pair<double, int>> bus_bandwidth_sum;  // collective -> (sum, rows)
   int64_t total_wrong = 0;
   for (const std::string& collective : options.collectives) {
@@ -286,6 +308,15 @@ void run_bench(const Options& options, const llm::World& world) {
                     collective == "all_gather" ? "none" : options.op.c_str(), row.seconds * 1e6,
                     algbw, busbw, static_cast<long long>(row.wrong));
         std::fflush(stdout);
+        if (jsonl.is_open())
+          jsonl << nlohmann::json{{"collective", collective},     {"bytes", row.bytes},
+                                  {"ranks", world.world_size},    {"seconds", row.seconds},
+                                  {"busbw_gbs", busbw},           {"wrong", row.wrong},
+                                  {"backend", comm->backend_name()}, {"device", device.str()},
+                                  {"dtype", options.dtype},       {"ranks_on_host", world.local_size}}
+                       .dump()
+                << "\n"
+                << std::flush;
       }
     }
   }
@@ -352,6 +383,11 @@ int main(int argc, char** argv) {
   app.add_option("--collectives", options.collectives, "which collectives, comma-separated")
       ->delimiter(',');
   app.add_option("--backend", options.backend, "auto, single, mpi or nccl");
+  app.add_option("--cold_bytes", options.cold_bytes,
+                 "cycle through enough buffers, at least this many bytes a rank (e.g. 64M, past the last-level "
+                 "cache), that each collective reads its data from memory as training's do");
+  app.add_option("--jsonl", options.jsonl,
+                 "also write the rows as JSON lines to FILE (trainer estimate --collective_table FILE)");
   app.add_option("--compute_ms", options.compute_ms,
                  "the wait row: MS ms of CPU time per rank between 4-byte all-reduces (see the header)")
       ->check(CLI::NonNegativeNumber);

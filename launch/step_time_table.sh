@@ -5,9 +5,9 @@
 # carry the warm-up: oneDNN's first primitives, and the host heap growing to its steady size, a step's
 # new pages faulted in for the first several steps: llama_9m's forward takes 0.37 s a micro-batch in
 # steps 1-4 and 0.094 s from step 7 at one rank). The links inside the node are probed first with
-# build/bench/communicator_bench at the ranks of the 4-rank rows (its all-gather and reduce-scatter bus
-# bandwidth at 1 MiB, its latency at 4 KiB), and passed to the estimate as --intra_node_gbs and
-# --link_latency_us. Writes a Markdown table (default docs/step_time.md) with the commit, the probe and
+# build/bench/communicator_bench at the ranks of the 4-rank rows, every collective from 4 KiB to 64 MiB
+# (--jsonl), and the rows passed to the estimate as --collective_table (kept beside OUT as
+# OUT's name .collectives.jsonl). Writes a Markdown table (default docs/step_time.md) with the commit, the probe and
 # each row's predicted and measured step and phases.
 #
 #   bash launch/step_time_table.sh [OUT]        # ROUNDS=3 STEPS=16 SKIP=8 BUILD_DIR=build; on an idle machine
@@ -24,14 +24,19 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS
 PY=$(command -v python3)
 MODEL="--config configs/llama_9m.json --device cpu --max_length 128 --eval_every 0 --total_batch_size 8"
 
-# The probe: 4 ranks, as the 4-rank rows.
-mpirun --oversubscribe -np 4 "$BUILD/bench/communicator_bench" --collectives all_gather,reduce_scatter \
-  --min-bytes 4K --max-bytes 1M --step-factor 256 --iters 20 > "$WORK/probe.txt"
-read -r GBS LATENCY_US < <("$PY" - "$WORK/probe.txt" <<'EOF'
-import sys
-rows = [l.split() for l in open(sys.argv[1]) if l.strip() and not l.startswith('#')]
-big = [float(r[7]) for r in rows if int(r[1]) == 1048576]
-small = [float(r[5]) for r in rows if int(r[1]) == 4096]
+# The probe: 4 ranks, as the 4-rank rows, every size from 4 KiB to 64 MiB (the units' collectives
+# fall between), averaging as the trainer's reductions do, each from buffers out of the caches (64 MiB
+# of them a rank, twice the last-level cache here) as training's are. Its rows are the estimate's
+# --collective_table; the bus bandwidth at 1 MiB and the latency at 4 KiB are printed beside them.
+mpirun --oversubscribe -np 4 "$BUILD/bench/communicator_bench" --collectives all_gather,reduce_scatter,all_reduce \
+  --min-bytes 4K --max-bytes 64M --step-factor 2 --iters 10 --op average --cold_bytes 64M --jsonl "$WORK/table.jsonl" \
+  > "$WORK/probe.txt"
+cp "$WORK/table.jsonl" "${OUT%.md}.collectives.jsonl"
+read -r GBS LATENCY_US < <("$PY" - "$WORK/table.jsonl" <<'EOF'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+big = [r["busbw_gbs"] for r in rows if r["bytes"] == 1048576 and r["collective"] != "all_reduce"]
+small = [r["seconds"] * 1e6 for r in rows if r["bytes"] == 4096 and r["collective"] != "all_reduce"]
 # A ring step's latency: the 4 KiB collective's time over its n - 1 = 3 steps.
 print(sum(big) / len(big), sum(small) / len(small) / 3)
 EOF
@@ -52,7 +57,9 @@ ROWS=(
   echo
   echo "Made by \`bash launch/step_time_table.sh\` at commit $(git rev-parse --short HEAD) on $(date -u +%F) ($(nproc --all) cores,"
   echo "OMP_NUM_THREADS=$OMP_NUM_THREADS, llama_9m, 8 x 128 tokens a step, $STEPS steps a run, $ROUNDS runs a row)."
-  echo "Links probed with communicator_bench at 4 ranks: ${GBS} GB/s, ${LATENCY_US} us a ring step."
+  echo "Links probed with communicator_bench at 4 ranks (\`--jsonl\`, 4 KiB to 64 MiB, kept as $(basename "${OUT%.md}").collectives.jsonl):"
+  echo "the estimate takes each collective at its measured time for its size (\`--collective_table\`);"
+  echo "for reference, ${GBS} GB/s of bus bandwidth at 1 MiB and ${LATENCY_US} us a ring step at 4 KiB."
   echo "Predicted: \`trainer estimate --profile 3\` (memory/step_time.h). Measured: the median over the runs of each"
   echo "run's median step_time_s after step $SKIP. Error: predicted / measured - 1. The rows between nodes (the"
   echo "namespace cluster, the link shaped by tc): \`bash bench/multinode_links.sh\`, docs/bench/multinode_links.md;"
@@ -67,7 +74,7 @@ for row in "${ROWS[@]}"; do
   [ "$ranks" -gt 1 ] && launch=(mpirun --oversubscribe -np "$ranks" "$BUILD/trainer")
   # shellcheck disable=SC2086
   "$BUILD/trainer" estimate $MODEL $flags --world_size "$ranks" --profile 3 --intra_node_gbs "$GBS" \
-    --link_latency_us "$LATENCY_US" --json > "$WORK/estimate.json"
+    --link_latency_us "$LATENCY_US" --collective_table "$WORK/table.jsonl" --json > "$WORK/estimate.json"
   for round in $(seq "$ROUNDS"); do
     rm -rf "$WORK/run"
     # shellcheck disable=SC2086

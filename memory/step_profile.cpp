@@ -11,10 +11,12 @@
 
 #include "common/autocast.h"
 #include "common/device.h"
+#include "common/step_timer.h"
 #include "memory/categories.h"
 #include "memory/step_time.h"
 #include "model/cross_entropy.h"
 #include "model/llama.h"
+#include "model/units.h"
 #include "optim/adamw.h"
 
 namespace llm {
@@ -22,11 +24,20 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
-
 // Everything queued on the device so far is done (a read of one element; nothing to wait for on a CPU).
 void settle(const at::Tensor& tensor) {
   if (tensor.is_cuda()) read_to_host(tensor.detach().flatten()[0].to(at::kFloat));
+}
+
+// The most parameters one unit holds (the embedding or the head, on most configs).
+int64_t largest_unit_numel(const ModelConfig& model) {
+  int64_t largest = 0;
+  for (const UnitSpec& unit : describe_units(model)) {
+    int64_t numel = 0;
+    for (const ParameterSpec& parameter : unit.parameters) numel += parameter.numel();
+    largest = std::max(largest, numel);
+  }
+  return largest;
 }
 
 }  // namespace
@@ -104,6 +115,23 @@ ComputeRates profile_compute(const ModelConfig& model, const RunConfig& run, c10
     rates.optimizer_seconds_per_element = median(passes) / static_cast<double>(numel);
   } else {
     rates.optimizer_seconds_per_element = 28.0 / 3e12;  // HBM at about 3 TB/s: the kernel reads and writes 28 B
+  }
+  // A unit's staging copies (the gathered rows into the parameters, the gradients into the flat
+  // buffer a reduction sends): a copy as large as the largest unit's fp32 rows, at least 16 MiB (past
+  // the caches, as those copies are), the median of five passes; per byte read and written.
+  {
+    const int64_t numel = std::clamp<int64_t>(largest_unit_numel(model), int64_t{1} << 22, int64_t{1} << 26);
+    const at::TensorOptions fp32 = at::TensorOptions().dtype(at::kFloat).device(device);
+    const at::Tensor from = at::ones({numel}, fp32);
+    at::Tensor to = at::empty({numel}, fp32);
+    std::vector<double> passes;
+    for (int pass = 0; pass < 6; ++pass) {
+      const Clock::time_point start = Clock::now();
+      to.copy_(from);
+      settle(to);
+      if (pass > 0) passes.push_back(seconds_since(start));
+    }
+    rates.copy_seconds_per_byte = median(passes) / (8.0 * static_cast<double>(numel));
   }
   at::set_num_threads(previous_threads);
   char text[160];

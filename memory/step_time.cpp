@@ -10,6 +10,7 @@
 #include "common/device.h"
 #include "common/errors.h"
 #include "common/log.h"
+#include "memory/collective_table.h"
 #include "memory/estimate.h"
 #include "memory/estimate_fit.h"
 #include "memory/estimate_shapes.h"
@@ -85,6 +86,7 @@ ComputeRates declared_compute(const ModelConfig& model, const RunConfig& run, do
   rates.layer.backward = 2 * rates.layer.forward;
   rates.head.backward = 2 * rates.head.forward;
   rates.optimizer_seconds_per_element = 28.0 / (memory_gbs * 1e9);
+  rates.copy_seconds_per_byte = 1.0 / (memory_gbs * 1e9);
   char text[160];
   std::snprintf(text, sizeof(text), "declared: %g TFLOP/s for the matmuls (--device_tflops), the optimizer at %g GB/s",
                 tflops, memory_gbs);
@@ -120,6 +122,15 @@ StepTimeEstimate estimate_step_time(const ModelConfig& model, const RunConfig& r
   const int S = shard_world(run, world), G = world / std::max(1, S);
   const double c = static_cast<double>(ModelShape(model, run).compute_bytes());
   const auto rate = [&](bool spans) { return spans ? links.inter_gbs : links.intra_gbs; };
+  // One collective of `bytes` (nccl-tests' size) over `ranks`: inside a node the measured table's
+  // time where it has the collective, else a ring of `steps` steps of `chunk` bytes at `gbs`.
+  const auto collective = [&](const char* kind, double ranks, double bytes, bool spans, double steps, double chunk,
+                              double gbs) {
+    if (!spans && links.intra_table != nullptr)
+      if (const std::optional<double> measured = links.intra_table->seconds(kind, bytes, static_cast<int>(ranks)))
+        return *measured;
+    return ring_seconds(steps, chunk, gbs, links.latency_seconds);
+  };
   const bool group_spans = S > per_node, world_spans = world > per_node;
   const bool grad_op = within_group(run.sharding.strategy) == ShardingStrategy::shard_grad_op;
   const int node_copy = run.sharding.backward_gather_size;
@@ -130,26 +141,31 @@ StepTimeEstimate estimate_step_time(const ModelConfig& model, const RunConfig& r
   const auto unit_comm = [&](double numel, double count) {
     UnitComm comm;
     if (run.sharding.strategy == ShardingStrategy::no_shard) {
-      comm.reduce = ring_seconds(2.0 * (world - 1), 4.0 * numel / world, rate(world_spans), links.latency_seconds);
+      comm.reduce = collective("all_reduce", world, 4.0 * numel, world_spans, 2.0 * (world - 1), 4.0 * numel / world,
+                               rate(world_spans));
       (world_spans ? estimate.inter_node_bytes : estimate.intra_node_bytes) += count * 2.0 * (world - 1) * 4.0 * numel / world;
       return comm;
     }
     const double shard = numel / S;
+    // The staging copies: the gathered rows into the parameters, the gradients into the flat buffer
+    // (none at S = 1: the unit is whole on its rank).
+    const double copy_rate = S > 1 ? compute.copy_seconds_per_byte * stretch : 0.0;
+    const double copy_out = 2.0 * c * numel * copy_rate, copy_in = (c + 4.0) * numel * copy_rate;
     const auto gather = [&](double ranks, double rows, bool spans, double times) {
       (spans ? estimate.inter_node_bytes : estimate.intra_node_bytes) += count * times * (ranks - 1) * rows * c;
-      return ring_seconds(ranks - 1, rows * c, rate(spans), links.latency_seconds);
+      return collective("all_gather", ranks, ranks * rows * c, spans, ranks - 1, rows * c, rate(spans)) + copy_out;
     };
     comm.gather_forward = gather(S, shard, group_spans, micro);
     if (!grad_op)
       comm.gather_backward = node_copy > 0 ? gather(node_copy, numel / node_copy, false, micro)
                                            : gather(S, shard, group_spans, micro);
-    comm.reduce = ring_seconds(S - 1, 4.0 * shard, rate(group_spans), links.latency_seconds);
+    comm.reduce = collective("reduce_scatter", S, 4.0 * numel, group_spans, S - 1, 4.0 * shard, rate(group_spans)) + copy_in;
     (group_spans ? estimate.inter_node_bytes : estimate.intra_node_bytes) += count * (S - 1) * 4.0 * shard;
     if (is_hybrid(run.sharding.strategy) && G > 1) {  // the shard across the groups: 2 (G - 1) chunks of 1/G
       // Every rank of a node runs a ring of its own across the groups: between nodes they share the
       // node's link.
       const double across_gbs = world_spans ? links.inter_gbs / per_node : links.intra_gbs;
-      comm.reduce += ring_seconds(2.0 * (G - 1), 4.0 * shard / G, across_gbs, links.latency_seconds);
+      comm.reduce += collective("all_reduce", G, 4.0 * shard, world_spans, 2.0 * (G - 1), 4.0 * shard / G, across_gbs);
       (world_spans ? estimate.inter_node_bytes : estimate.intra_node_bytes) += count * 2.0 * (G - 1) * 4.0 * shard / G;
     }
     return comm;
@@ -201,7 +217,8 @@ StepTimeEstimate estimate_step_time(const ModelConfig& model, const RunConfig& r
       optimizer = rows * ((4.0 + c) / (pcie_gbs * 1e9) + (bf16_state ? 20.0 : 28.0) / (host_gbs * 1e9));
   }
   // The loss's average and the gradient norm's sum over the ranks: a one-element all-reduce each.
-  const double other = world > 1 ? 2.0 * ring_seconds(2.0 * (world - 1), 4.0, rate(world_spans), links.latency_seconds) : 0.0;
+  const double other =
+      world > 1 ? 2.0 * collective("all_reduce", world, 4.0, world_spans, 2.0 * (world - 1), 4.0, rate(world_spans)) : 0.0;
 
   estimate.phases = {micro * forward * stretch, micro * backward * stretch, exposed, optimizer * stretch, other};
   for (double seconds : estimate.phases) estimate.step_seconds += seconds;
@@ -247,11 +264,14 @@ StepTimeEstimate predict_step_time(const ModelConfig& model, const RunConfig& ru
   links.inter_gbs = options.inter_node_gbs;
   links.latency_seconds = (options.link_latency_us > 0 ? options.link_latency_us : cuda ? 10.0 : 20.0) * 1e-6;
   links.ranks_per_node = options.ranks_per_node;
+  if (!options.collective_table.empty()) links.intra_table = &load_collective_table(options.collective_table);
   char text[256];
   std::snprintf(text, sizeof(text), "%g GB/s inside a node (%s), %g GB/s between nodes (--inter_node_gbs), %g us a ring step (%s)",
                 links.intra_gbs, options.intra_node_gbs > 0 ? "--intra_node_gbs" : "the default", links.inter_gbs,
                 links.latency_seconds * 1e6, options.link_latency_us > 0 ? "--link_latency_us" : "the default");
   links.source = text;
+  if (links.intra_table != nullptr)
+    links.source += "; inside a node the collectives measured in " + links.intra_table->source + " (--collective_table)";
   if (cuda) {
     std::snprintf(text, sizeof(text), "; offload: PCIe at %g GB/s (--pcie_gbs), the host step at %g GB/s (%s)", options.pcie_gbs,
                   fit_host_gbs(options, world),

@@ -14,14 +14,19 @@
 //                cores) share them: the compute is stretched by that ratio.
 //   collectives  ring collectives, each (n - 1) steps of one chunk: latency + chunk / bandwidth, the
 //                inter-node link's when the communicator spans nodes (--ranks_per_node), else the
-//                intra-node link's. Per unit and step: full_shard gathers 2 M times (shard_grad_op M;
+//                intra-node link's, or inside a node the measured table's time at the collective's
+//                size (--collective_table, memory/collective_table.h). Per unit and step: full_shard gathers 2 M times (shard_grad_op M;
 //                the node copy's backward gathers over the node) in the compute dtype, reduce-scatters
 //                once in fp32; hybrid adds the all-reduce (or reduce-scatter and all-gather) of the
 //                shard across the G groups (between nodes each rank of a node runs its own ring, so the
 //                node's link is shared by them); no_shard all-reduces the whole gradient. On a CPU rank
 //                every collective is in line (exposed); on CUDA a gather hides behind the unit before
 //                it and a reduce-scatter behind the unit after it, as the prefetch and the reduce
-//                stream allow, and only what exceeds that compute is exposed.
+//                stream allow, and only what exceeds that compute is exposed. Each sharded gather
+//                also copies the gathered rows into the parameters' storage (2 c bytes a parameter
+//                read and written) and each reduction first copies the gradients into the flat buffer
+//                it sends ((c + 4) bytes a parameter), at the device's measured copy rate (--profile;
+//                declared: the optimizer's memory rate), stretched as the compute on a shared CPU.
 //   optimizer    the rank's optimizer rows at the AdamW kernel's measured (or declared) seconds per
 //                element; offloaded on CUDA, the host step's 28 bytes an element (20 with bf16 state) at
 //                --host_gbs and (4 + c) bytes an element over PCIe at --pcie_gbs, or stepped on the device
@@ -55,14 +60,20 @@ struct UnitTimes {
 struct ComputeRates {
   UnitTimes embed, layer, head;    // head: the logits and the loss
   double optimizer_seconds_per_element = 0;  // the device's optimizer step, per fp32 shard element
+  double copy_seconds_per_byte = 0;          // a copy on the device, per byte read and written
   int threads = 1;                 // the threads a rank computes with (what the profile ran at)
   std::string source;              // "--profile 3 s on cpu, 2 thread(s)" or "declared: ..."
 };
+
+struct CollectiveTable;
 
 struct LinkRates {
   double intra_gbs = 0, inter_gbs = 0;  // GB/s each way, per rank
   double latency_seconds = 0;           // per ring step
   int ranks_per_node = 0;               // 0: every rank on one node
+  // Collectives inside a node as measured (--collective_table, memory/collective_table.h): where it
+  // has the collective, its time at the size replaces the ring's intra_gbs and latency.
+  const CollectiveTable* intra_table = nullptr;
   std::string source;
 };
 

@@ -18,6 +18,7 @@
 
 #include "common/device.h"
 #include "config/config.h"
+#include "memory/collective_table.h"
 #include "memory/step_time.h"
 #include "model/model_config.h"
 #include "tests/test_util.h"
@@ -126,6 +127,105 @@ TEST(StepTime, OversubscribedCpuRanksShareTheCores) {
   EXPECT_NEAR(shared.phases[0], 2 * alone.phases[0], 1e-12);
 }
 
+// The measured table (memory/collective_table.h): exact at its rows, a power law between them, the
+// smallest's time below, the largest's bandwidth above, and another rank count at the same bus
+// bandwidth; a collective it lacks is none (the ring model takes it).
+TEST(CollectiveTable, InterpolatesLogLogAndKeepsTheBusBandwidthAcrossRankCounts) {
+  const CollectiveTable table = parse_collective_table(
+      "{\"collective\": \"all_gather\", \"bytes\": 4096, \"ranks\": 4, \"seconds\": 4e-5}\n"
+      "\n"
+      "{\"collective\": \"all_gather\", \"bytes\": 1024, \"ranks\": 4, \"seconds\": 1e-5, \"wrong\": 0}\n"
+      "{\"collective\": \"all_gather\", \"bytes\": 16384, \"ranks\": 4, \"seconds\": 6.4e-4}\n",
+      "table.jsonl");
+  EXPECT_EQ(table.ranks, 4);
+  EXPECT_DOUBLE_EQ(*table.seconds("all_gather", 1024, 4), 1e-5);
+  EXPECT_DOUBLE_EQ(*table.seconds("all_gather", 4096, 4), 4e-5);
+  EXPECT_NEAR(*table.seconds("all_gather", 2048, 4), 2e-5, 1e-15);          // linear between 1 and 4 KiB
+  EXPECT_NEAR(*table.seconds("all_gather", 8192, 4), 1.6e-4, 1e-15);        // t ~ b^2 between 4 and 16 KiB
+  EXPECT_DOUBLE_EQ(*table.seconds("all_gather", 16, 4), 1e-5);              // below: the latency floor
+  EXPECT_NEAR(*table.seconds("all_gather", 65536, 4), 4 * 6.4e-4, 1e-15);   // above: the last bandwidth
+  EXPECT_NEAR(*table.seconds("all_gather", 4096, 2), 4e-5 * 0.5 / 0.75, 1e-15);
+  EXPECT_DOUBLE_EQ(*table.seconds("all_gather", 4096, 1), 0.0);
+  EXPECT_FALSE(table.seconds("reduce_scatter", 4096, 4).has_value());
+  EXPECT_NE(table.source.find("table.jsonl (4 ranks: all_gather 1024-16384 B)"), std::string::npos) << table.source;
+}
+
+// A table of one bus bandwidth B at every size is the ring at B with no latency: the same collectives to
+// the rounding, for each strategy on one node. Across nodes the table is not used (it was measured
+// inside one), and a slower table inside the node is exactly slower.
+TEST(StepTime, MeasuredCollectivesReplaceTheRingInsideANodeOnly) {
+  const ModelConfig model = micro();
+  const double B = 2e9, N = 4;
+  std::string rows;
+  for (double bytes = 4; bytes <= 1e10; bytes *= 4)
+    for (const char* kind : {"all_gather", "reduce_scatter", "all_reduce"}) {
+      const double factor = std::string(kind) == "all_reduce" ? 2 * (N - 1) / N : (N - 1) / N;
+      char line[200];
+      std::snprintf(line, sizeof(line), "{\"collective\": \"%s\", \"bytes\": %.0f, \"ranks\": 4, \"seconds\": %.17g}\n", kind,
+                    bytes, bytes * factor / B);
+      rows += line;
+    }
+  const CollectiveTable table = parse_collective_table(rows, "flat.jsonl");
+  for (const RunConfig& run : {run_with(ShardingStrategy::full_shard), run_with(ShardingStrategy::shard_grad_op),
+                               run_with(ShardingStrategy::no_shard), run_with(ShardingStrategy::hybrid_shard, 2)}) {
+    LinkRates measured = links(0.001, 0.001, 1.0, 4);  // the ring's own rates would be far slower
+    measured.intra_table = &table;
+    const StepTimeEstimate ring = estimate_step_time(model, run, 4, "cpu", rates(), links(B / 1e9, 1, 0, 4), 0, 1, 1);
+    const StepTimeEstimate from_table = estimate_step_time(model, run, 4, "cpu", rates(), measured, 0, 1, 1);
+    EXPECT_NEAR(from_table.collective_seconds, ring.collective_seconds, 1e-9 * ring.collective_seconds)
+        << to_string(run.sharding.strategy);
+    EXPECT_GT(from_table.collective_seconds, 0) << to_string(run.sharding.strategy);
+    EXPECT_EQ(from_table.intra_node_bytes, ring.intra_node_bytes);
+  }
+  // 2 nodes of 4: full_shard's rings span the nodes, so the table (inside a node) takes none of them.
+  LinkRates spanning = links(3, 0.5, 1e-5, 4);
+  const StepTimeEstimate ring = estimate_step_time(model, run_with(ShardingStrategy::full_shard), 8, "cpu", rates(), spanning, 0, 1, 1);
+  spanning.intra_table = &table;
+  const StepTimeEstimate with_table = estimate_step_time(model, run_with(ShardingStrategy::full_shard), 8, "cpu", rates(), spanning, 0, 1, 1);
+  EXPECT_DOUBLE_EQ(with_table.collective_seconds, ring.collective_seconds);
+  // Every row twice as slow: the collectives inside the node take twice as long.
+  const CollectiveTable slow = parse_collective_table(
+      [&] {
+        std::string doubled;
+        std::istringstream in(rows);
+        for (std::string line; std::getline(in, line);) {
+          nlohmann::json row = nlohmann::json::parse(line);
+          row["seconds"] = 2 * row["seconds"].get<double>();
+          doubled += row.dump() + "\n";
+        }
+        return doubled;
+      }(),
+      "slow.jsonl");
+  LinkRates fast_rates = links(1, 1, 0, 4), slow_rates = links(1, 1, 0, 4);
+  fast_rates.intra_table = &table;
+  slow_rates.intra_table = &slow;
+  const RunConfig run = run_with(ShardingStrategy::full_shard);
+  EXPECT_NEAR(estimate_step_time(model, run, 4, "cpu", rates(), slow_rates, 0, 1, 1).collective_seconds,
+              2 * estimate_step_time(model, run, 4, "cpu", rates(), fast_rates, 0, 1, 1).collective_seconds, 1e-12);
+}
+
+// A sharded unit's gather copies the gathered rows into the parameters (2 c bytes a parameter) and its
+// reduction copies the gradients into the flat buffer it sends ((c + 4) bytes), at the measured copy
+// rate, stretched as compute on an oversubscribed CPU; no_shard's fp32 gradients are the shard (none).
+TEST(StepTime, GathersAndReductionsCostTheirStagingCopies) {
+  const ModelConfig model = micro();
+  const double P = static_cast<double>(model.num_parameters());
+  ComputeRates copying = rates();
+  copying.copy_seconds_per_byte = 1e-10;
+  copying.threads = 1;
+  const auto extra = [&](const RunConfig& run, int cores) {
+    return estimate_step_time(model, run, 4, "cpu", copying, links(1, 1, 0, 4), cores, 1, 1).collective_seconds -
+           estimate_step_time(model, run, 4, "cpu", rates(), links(1, 1, 0, 4), cores, 1, 1).collective_seconds;
+  };
+  // fp32 (c = 4), two micro-batches: full_shard gathers each unit 2 x 2 times, shard_grad_op 2 times.
+  EXPECT_NEAR(extra(run_with(ShardingStrategy::full_shard), 0), (2 * 2 * 8 + 8) * P * 1e-10, 1e-9 * P * 1e-10);
+  EXPECT_NEAR(extra(run_with(ShardingStrategy::shard_grad_op), 0), (2 * 8 + 8) * P * 1e-10, 1e-9 * P * 1e-10);
+  EXPECT_NEAR(extra(run_with(ShardingStrategy::hybrid_shard, 2), 0), (2 * 2 * 8 + 8) * P * 1e-10, 1e-9 * P * 1e-10);
+  EXPECT_DOUBLE_EQ(extra(run_with(ShardingStrategy::no_shard), 0), 0.0);
+  // 4 ranks of one thread on 2 cores: twice as long.
+  EXPECT_NEAR(extra(run_with(ShardingStrategy::full_shard), 2), 2 * (2 * 2 * 8 + 8) * P * 1e-10, 1e-9 * P * 1e-10);
+}
+
 // On CUDA the offload modes cost their copies: the parameters' rows in over PCIe at every gather (and
 // out once with the optimizer on the device), counted with the collectives; the optimizer stepped on
 // the host or, with --offload_step device, master and moments both ways over PCIe beside the kernel.
@@ -182,6 +282,67 @@ TEST(StepTimeCommand, ProfilingACudaEstimateWithoutAGpuSaysWhatToGiveInstead) {
     EXPECT_NE(profiled.output.find("--device_tflops"), std::string::npos) << profiled.output;
     EXPECT_EQ(profiled.output.find("empty_strided"), std::string::npos) << profiled.output;
   }
+}
+
+// --collective_table: a good table is named in the links' source and moves the collectives; each bad
+// one is exit 2 naming the file, the line and the field (docs/errors.md); without the step time the
+// flag is refused, as the other rates are.
+TEST(StepTimeCommand, ACollectiveTableIsUsedAndEveryBadOneIsExitTwo) {
+  const testing::ScratchDir dir("collective_table");
+  const auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir / name) << text;
+    return (dir / name).string();
+  };
+  const std::string slow = write("slow.jsonl",
+                                 "{\"collective\": \"all_gather\", \"bytes\": 4096, \"ranks\": 2, \"seconds\": 0.5}\n"
+                                 "{\"collective\": \"reduce_scatter\", \"bytes\": 4096, \"ranks\": 2, \"seconds\": 0.5}\n");
+  const auto step = [&](const std::string& flags) {
+    const testing::CommandResult result = testing::run_command(estimate_command("--world_size 2 --device_tflops 0.07 --json " + flags));
+    EXPECT_EQ(result.exit_code, 0) << result.output;
+    return nlohmann::json::parse(result.output.substr(result.output.find('{'))).at("step_time");
+  };
+  const nlohmann::json ring = step(""), measured = step("--collective_table " + slow);
+  EXPECT_NE(measured.at("link_source").get<std::string>().find(slow + " (2 ranks: all_gather 4096-4096 B reduce_scatter 4096-4096 B)"),
+            std::string::npos) << measured.dump();
+  // Half a second a collective, at least (the micro model's units are under 4 KiB or scaled above it).
+  EXPECT_GE(measured.at("collective_seconds").get<double>(), 0.5 * measured.at("collectives").get<double>() - 1e-9);
+  EXPECT_LT(ring.at("collective_seconds").get<double>(), 0.1);
+
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {(dir / "absent.jsonl").string(), "--collective_table: cannot read"},
+      {dir.path().string(), "--collective_table: cannot read"},
+      {write("empty.jsonl", "\n"), "empty.jsonl: rows: has none"},
+      {write("text.jsonl", "collective,bytes\n"), "text.jsonl line 1: json: is not a JSON object"},
+      {write("array.jsonl", "[1, 2]\n"), "array.jsonl line 1: json: is not a JSON object"},
+      {write("kind.jsonl", "{\"collective\": \"broadcast\", \"bytes\": 4, \"ranks\": 2, \"seconds\": 1}\n"),
+       "kind.jsonl line 1: collective: must be"},
+      {write("bytes.jsonl", "{\"collective\": \"all_gather\", \"bytes\": 0, \"ranks\": 2, \"seconds\": 1}\n"),
+       "bytes.jsonl line 1: bytes: must be a whole number of bytes above 0"},
+      {write("ranks.jsonl", "{\"collective\": \"all_gather\", \"bytes\": 4, \"ranks\": 1, \"seconds\": 1}\n"),
+       "ranks.jsonl line 1: ranks: must be a rank count in [2, 1048576]"},
+      {write("seconds.jsonl", "{\"collective\": \"all_gather\", \"bytes\": 4, \"ranks\": 2, \"seconds\": -1}\n"),
+       "seconds.jsonl line 1: seconds: must be a time above 0"},
+      {write("missing.jsonl", "{\"collective\": \"all_gather\", \"bytes\": 4, \"ranks\": 2}\n"),
+       "missing.jsonl line 1: seconds: missing"},
+      {write("wrong.jsonl", "{\"collective\": \"all_gather\", \"bytes\": 4, \"ranks\": 2, \"seconds\": 1, \"wrong\": 3}\n"),
+       "wrong.jsonl line 1: wrong: the probe counted wrong elements"},
+      {write("mixed.jsonl", "{\"collective\": \"all_gather\", \"bytes\": 4, \"ranks\": 2, \"seconds\": 1}\n"
+                            "{\"collective\": \"all_gather\", \"bytes\": 8, \"ranks\": 4, \"seconds\": 1}\n"),
+       "mixed.jsonl line 2: ranks: is 4 where the rows above are 2"},
+      {write("twice.jsonl", "{\"collective\": \"all_gather\", \"bytes\": 4, \"ranks\": 2, \"seconds\": 1}\n"
+                            "{\"collective\": \"all_gather\", \"bytes\": 4, \"ranks\": 2, \"seconds\": 2}\n"),
+       "twice.jsonl line 2: bytes: all_gather of 4 bytes is in the table twice"},
+  };
+  for (const auto& [path, message] : bad)
+    for (const char* fit : {"", " --fit --memory_budget_gib 1"}) {
+      const testing::CommandResult result = testing::run_command(
+          estimate_command("--world_size 2 --device_tflops 0.07 --collective_table " + path + fit));
+      EXPECT_EQ(result.exit_code, 2) << path << fit << ": " << result.output;
+      EXPECT_NE(result.output.find(message), std::string::npos) << path << fit << ": " << result.output;
+    }
+  const testing::CommandResult unused = testing::run_command(estimate_command("--world_size 2 --collective_table " + slow));
+  EXPECT_EQ(unused.exit_code, 2) << unused.output;
+  EXPECT_NE(unused.output.find("--collective_table: only shapes --fit's costs"), std::string::npos) << unused.output;
 }
 
 // --fit ranks what fits by the predicted step: on 2 nodes of 2 CPU ranks over a slow link between them,
