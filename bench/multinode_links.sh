@@ -22,8 +22,10 @@ bash tests/multinode/link_bytes_test.sh build/trainer "${MPIEXEC:-mpirun}" --ben
   echo "after the first, then over the rounds (min-max beside). Bytes between nodes: both nodes' eth0 counters"
   echo "over a 5-step run less a 2-step one, a step; the time to send them: the busier direction's half at the"
   echo "rate. All ranks' bytes: the trainer's count (docs/sharding.md has the formulas both follow). Predicted:"
-  echo "\`trainer estimate --profile 1\` for the row's flags (memory/step_time.h), the link between nodes at the rate,"
-  echo "each node half of this machine's cores, the links inside a node and the latency at their defaults."
+  echo "\`trainer estimate --profile 1\` for the row's flags (memory/step_time.h), each node half of this machine's"
+  echo "cores, the collectives at the times \`communicator_bench --jsonl\` measured with the run's transports and"
+  echo "algorithms: 2 ranks inside a node (\`--collective_table\`), 4 ranks across the 2 nodes at the row's rate"
+  echo "(\`--collective_table_between\`), 4 KiB to 64 MiB and 16 MiB, from buffers out of the caches."
   echo
   cat "$table"
 } > "$out"

@@ -28,9 +28,22 @@ MODEL="--config configs/llama_9m.json --device cpu --max_length 128 --eval_every
 # fall between), averaging as the trainer's reductions do, each from buffers out of the caches (64 MiB
 # of them a rank, twice the last-level cache here) as training's are. Its rows are the estimate's
 # --collective_table; the bus bandwidth at 1 MiB and the latency at 4 KiB are printed beside them.
-mpirun --oversubscribe -np 4 "$BUILD/bench/communicator_bench" --collectives all_gather,reduce_scatter,all_reduce \
-  --min-bytes 4K --max-bytes 64M --step-factor 2 --iters 10 --op average --cold_bytes 64M --jsonl "$WORK/table.jsonl" \
-  > "$WORK/probe.txt"
+# Three probes, each row the median of the three (one probe's row of 16 MiB varied by 1.6x on this
+# machine).
+for probe in 1 2 3; do
+  mpirun --oversubscribe -np 4 "$BUILD/bench/communicator_bench" --collectives all_gather,reduce_scatter,all_reduce \
+    --min-bytes 4K --max-bytes 64M --step-factor 2 --iters 10 --op average --cold_bytes 64M \
+    --jsonl "$WORK/probe.$probe.jsonl" > "$WORK/probe.$probe.txt"
+done
+"$PY" - "$WORK" > "$WORK/table.jsonl" <<'EOF'
+import json, statistics, sys
+probes = [[json.loads(l) for l in open(f"{sys.argv[1]}/probe.{p}.jsonl") if l.strip()] for p in (1, 2, 3)]
+for rows in zip(*probes):
+    row = dict(rows[0])
+    row["seconds"] = statistics.median(r["seconds"] for r in rows)
+    row["busbw_gbs"] = statistics.median(r["busbw_gbs"] for r in rows)
+    print(json.dumps(row))
+EOF
 cp "$WORK/table.jsonl" "${OUT%.md}.collectives.jsonl"
 read -r GBS LATENCY_US < <("$PY" - "$WORK/table.jsonl" <<'EOF'
 import json, sys
@@ -57,7 +70,7 @@ ROWS=(
   echo
   echo "Made by \`bash launch/step_time_table.sh\` at commit $(git rev-parse --short HEAD) on $(date -u +%F) ($(nproc --all) cores,"
   echo "OMP_NUM_THREADS=$OMP_NUM_THREADS, llama_9m, 8 x 128 tokens a step, $STEPS steps a run, $ROUNDS runs a row)."
-  echo "Links probed with communicator_bench at 4 ranks (\`--jsonl\`, 4 KiB to 64 MiB, kept as $(basename "${OUT%.md}").collectives.jsonl):"
+  echo "Links probed with communicator_bench at 4 ranks (\`--jsonl\`, 4 KiB to 64 MiB from cold buffers, each row the median of 3 probes, kept as $(basename "${OUT%.md}").collectives.jsonl):"
   echo "the estimate takes each collective at its measured time for its size (\`--collective_table\`);"
   echo "for reference, ${GBS} GB/s of bus bandwidth at 1 MiB and ${LATENCY_US} us a ring step at 4 KiB."
   echo "Predicted: \`trainer estimate --profile 3\` (memory/step_time.h). Measured: the median over the runs of each"

@@ -108,7 +108,7 @@ CollectiveTable parse_collective_table(const std::string& text, const std::strin
   return table;
 }
 
-const CollectiveTable& load_collective_table(const std::string& path) {
+const CollectiveTable& load_collective_table(const std::string& path, const std::string& flag) {
   static std::mutex mutex;
   static std::map<std::string, CollectiveTable> loaded;
   const std::lock_guard<std::mutex> lock(mutex);
@@ -116,7 +116,7 @@ const CollectiveTable& load_collective_table(const std::string& path) {
   if (found != loaded.end()) return found->second;
   std::error_code error;
   std::ifstream in(path, std::ios::binary);
-  LLM_REQUIRE(std::filesystem::is_regular_file(path, error) && in.good(), kCommandLine, "--collective_table", "cannot read '" + path + "' (no such file, or not readable)");
+  LLM_REQUIRE(std::filesystem::is_regular_file(path, error) && in.good(), kCommandLine, flag, "cannot read '" + path + "' (no such file, or not readable)");
   std::ostringstream text;
   text << in.rdbuf();
   return loaded.emplace(path, parse_collective_table(text.str(), path)).first->second;

@@ -1,7 +1,10 @@
 // Collectives as measured, for the step-time model (memory/step_time.h): `trainer estimate
 // --collective_table FILE` reads the rows `build/bench/communicator_bench --jsonl FILE` writes (one
 // JSON object a line: collective, bytes, ranks, seconds, ...), and a collective inside a node takes
-// the table's time at its size instead of the ring model's bandwidth and latency.
+// the table's time at its size instead of the ring model's bandwidth and latency;
+// --collective_table_between FILE likewise for the collectives whose ranks span nodes (a probe over
+// ranks on several nodes), hybrid's rings across the groups `ranks per node` times over, as that many
+// share the node's link at once.
 //
 // Why a table and not one bandwidth: on the 2-core CI machine, 4 ranks over MPI's shared memory
 // reduce-scatter 1 MiB at 2.8 GB/s of bus bandwidth and 16 MiB at 0.37 (the sum runs from memory, not
@@ -38,7 +41,7 @@ struct CollectiveTable {
 
 // Reads communicator_bench's JSON lines; a bad file, line or row is a UserError naming the file, the
 // line and the field. Cached by path: --fit asks for it once per candidate.
-const CollectiveTable& load_collective_table(const std::string& path);
+const CollectiveTable& load_collective_table(const std::string& path, const std::string& flag = "--collective_table");
 CollectiveTable parse_collective_table(const std::string& text, const std::string& path);
 
 }  // namespace llm

@@ -79,6 +79,9 @@ struct EstimateOptions {
   // --collective_table FILE: communicator_bench --jsonl's rows; the collectives inside a node at their
   // measured times (memory/collective_table.h); empty: the ring model alone.
   std::string collective_table;
+  // --collective_table_between FILE: the same measured over ranks on several nodes, for the collectives
+  // that span nodes; empty: the ring over --inter_node_gbs.
+  std::string collective_table_between;
 };
 
 // One phase's window: the largest total inside it, and the categories at its closing point.

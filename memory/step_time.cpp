@@ -122,13 +122,15 @@ StepTimeEstimate estimate_step_time(const ModelConfig& model, const RunConfig& r
   const int S = shard_world(run, world), G = world / std::max(1, S);
   const double c = static_cast<double>(ModelShape(model, run).compute_bytes());
   const auto rate = [&](bool spans) { return spans ? links.inter_gbs : links.intra_gbs; };
-  // One collective of `bytes` (nccl-tests' size) over `ranks`: inside a node the measured table's
-  // time where it has the collective, else a ring of `steps` steps of `chunk` bytes at `gbs`.
+  // One collective of `bytes` (nccl-tests' size) over `ranks`: the measured table's time (inside a
+  // node or across nodes, as the ranks span) where it has the collective, `sharing` times over when
+  // that many such collectives share the link at once; else a ring of `steps` steps of `chunk` bytes
+  // at `gbs` (the sharing already in it).
   const auto collective = [&](const char* kind, double ranks, double bytes, bool spans, double steps, double chunk,
-                              double gbs) {
-    if (!spans && links.intra_table != nullptr)
-      if (const std::optional<double> measured = links.intra_table->seconds(kind, bytes, static_cast<int>(ranks)))
-        return *measured;
+                              double gbs, double sharing = 1.0) {
+    if (const CollectiveTable* table = spans ? links.inter_table : links.intra_table)
+      if (const std::optional<double> measured = table->seconds(kind, bytes, static_cast<int>(ranks)))
+        return sharing * *measured;
     return ring_seconds(steps, chunk, gbs, links.latency_seconds);
   };
   const bool group_spans = S > per_node, world_spans = world > per_node;
@@ -165,7 +167,8 @@ StepTimeEstimate estimate_step_time(const ModelConfig& model, const RunConfig& r
       // Every rank of a node runs a ring of its own across the groups: between nodes they share the
       // node's link.
       const double across_gbs = world_spans ? links.inter_gbs / per_node : links.intra_gbs;
-      comm.reduce += collective("all_reduce", G, 4.0 * shard, world_spans, 2.0 * (G - 1), 4.0 * shard / G, across_gbs);
+      comm.reduce += collective("all_reduce", G, 4.0 * shard, world_spans, 2.0 * (G - 1), 4.0 * shard / G, across_gbs,
+                                world_spans ? per_node : 1.0);
       (world_spans ? estimate.inter_node_bytes : estimate.intra_node_bytes) += count * 2.0 * (G - 1) * 4.0 * shard / G;
     }
     return comm;
@@ -265,6 +268,8 @@ StepTimeEstimate predict_step_time(const ModelConfig& model, const RunConfig& ru
   links.latency_seconds = (options.link_latency_us > 0 ? options.link_latency_us : cuda ? 10.0 : 20.0) * 1e-6;
   links.ranks_per_node = options.ranks_per_node;
   if (!options.collective_table.empty()) links.intra_table = &load_collective_table(options.collective_table);
+  if (!options.collective_table_between.empty())
+    links.inter_table = &load_collective_table(options.collective_table_between, "--collective_table_between");
   char text[256];
   std::snprintf(text, sizeof(text), "%g GB/s inside a node (%s), %g GB/s between nodes (--inter_node_gbs), %g us a ring step (%s)",
                 links.intra_gbs, options.intra_node_gbs > 0 ? "--intra_node_gbs" : "the default", links.inter_gbs,
@@ -272,6 +277,8 @@ StepTimeEstimate predict_step_time(const ModelConfig& model, const RunConfig& ru
   links.source = text;
   if (links.intra_table != nullptr)
     links.source += "; inside a node the collectives measured in " + links.intra_table->source + " (--collective_table)";
+  if (links.inter_table != nullptr)
+    links.source += "; across nodes the collectives measured in " + links.inter_table->source + " (--collective_table_between)";
   if (cuda) {
     std::snprintf(text, sizeof(text), "; offload: PCIe at %g GB/s (--pcie_gbs), the host step at %g GB/s (%s)", options.pcie_gbs,
                   fit_host_gbs(options, world),

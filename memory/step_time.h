@@ -14,8 +14,9 @@
 //                cores) share them: the compute is stretched by that ratio.
 //   collectives  ring collectives, each (n - 1) steps of one chunk: latency + chunk / bandwidth, the
 //                inter-node link's when the communicator spans nodes (--ranks_per_node), else the
-//                intra-node link's, or inside a node the measured table's time at the collective's
-//                size (--collective_table, memory/collective_table.h). Per unit and step: full_shard gathers 2 M times (shard_grad_op M;
+//                intra-node link's, or the measured table's time at the collective's size
+//                (--collective_table inside a node, --collective_table_between across nodes;
+//                memory/collective_table.h). Per unit and step: full_shard gathers 2 M times (shard_grad_op M;
 //                the node copy's backward gathers over the node) in the compute dtype, reduce-scatters
 //                once in fp32; hybrid adds the all-reduce (or reduce-scatter and all-gather) of the
 //                shard across the G groups (between nodes each rank of a node runs its own ring, so the
@@ -74,6 +75,9 @@ struct LinkRates {
   // Collectives inside a node as measured (--collective_table, memory/collective_table.h): where it
   // has the collective, its time at the size replaces the ring's intra_gbs and latency.
   const CollectiveTable* intra_table = nullptr;
+  // ... and the collectives whose ranks span nodes (--collective_table_between: measured over ranks on
+  // several nodes, as the run's spanning rings are), in place of inter_gbs and the latency.
+  const CollectiveTable* inter_table = nullptr;
   std::string source;
 };
 

@@ -150,21 +150,29 @@ TEST(CollectiveTable, InterpolatesLogLogAndKeepsTheBusBandwidthAcrossRankCounts)
   EXPECT_NE(table.source.find("table.jsonl (4 ranks: all_gather 1024-16384 B)"), std::string::npos) << table.source;
 }
 
-// A table of one bus bandwidth B at every size is the ring at B with no latency: the same collectives to
-// the rounding, for each strategy on one node. Across nodes the table is not used (it was measured
-// inside one), and a slower table inside the node is exactly slower.
-TEST(StepTime, MeasuredCollectivesReplaceTheRingInsideANodeOnly) {
-  const ModelConfig model = micro();
-  const double B = 2e9, N = 4;
+// A table of 4 ranks at one bus bandwidth, every size from 4 bytes to 10 GB.
+std::string flat_rows(double gbs_bytes) {
+  const double N = 4;
   std::string rows;
   for (double bytes = 4; bytes <= 1e10; bytes *= 4)
     for (const char* kind : {"all_gather", "reduce_scatter", "all_reduce"}) {
       const double factor = std::string(kind) == "all_reduce" ? 2 * (N - 1) / N : (N - 1) / N;
       char line[200];
       std::snprintf(line, sizeof(line), "{\"collective\": \"%s\", \"bytes\": %.0f, \"ranks\": 4, \"seconds\": %.17g}\n", kind,
-                    bytes, bytes * factor / B);
+                    bytes, bytes * factor / gbs_bytes);
       rows += line;
     }
+  return rows;
+}
+
+// A table of one bus bandwidth B at every size is the ring at B with no latency: the same collectives to
+// the rounding, for each strategy on one node. The table inside a node takes no ring that spans nodes;
+// the table between nodes takes those, hybrid's rings across the groups once for each rank of a node
+// sharing its link, as the ring model's per-rank share of the link. A slower table is exactly slower.
+TEST(StepTime, MeasuredCollectivesReplaceTheRingsInsideAndBetweenNodes) {
+  const ModelConfig model = micro();
+  const double B = 2e9;
+  const std::string rows = flat_rows(B);
   const CollectiveTable table = parse_collective_table(rows, "flat.jsonl");
   for (const RunConfig& run : {run_with(ShardingStrategy::full_shard), run_with(ShardingStrategy::shard_grad_op),
                                run_with(ShardingStrategy::no_shard), run_with(ShardingStrategy::hybrid_shard, 2)}) {
@@ -177,12 +185,26 @@ TEST(StepTime, MeasuredCollectivesReplaceTheRingInsideANodeOnly) {
     EXPECT_GT(from_table.collective_seconds, 0) << to_string(run.sharding.strategy);
     EXPECT_EQ(from_table.intra_node_bytes, ring.intra_node_bytes);
   }
-  // 2 nodes of 4: full_shard's rings span the nodes, so the table (inside a node) takes none of them.
+  // 2 nodes of 4: full_shard's rings span the nodes, so the table inside a node takes none of them.
   LinkRates spanning = links(3, 0.5, 1e-5, 4);
   const StepTimeEstimate ring = estimate_step_time(model, run_with(ShardingStrategy::full_shard), 8, "cpu", rates(), spanning, 0, 1, 1);
   spanning.intra_table = &table;
   const StepTimeEstimate with_table = estimate_step_time(model, run_with(ShardingStrategy::full_shard), 8, "cpu", rates(), spanning, 0, 1, 1);
   EXPECT_DOUBLE_EQ(with_table.collective_seconds, ring.collective_seconds);
+  // The table between nodes takes them: at B between and 10 B inside, the same as the rings at those
+  // rates, hybrid's rings across the groups included (4 of them sharing a node's link).
+  for (const RunConfig& run : {run_with(ShardingStrategy::full_shard), run_with(ShardingStrategy::hybrid_shard, 4),
+                               run_with(ShardingStrategy::hybrid_shard, 2), run_with(ShardingStrategy::no_shard)}) {
+    const StepTimeEstimate rings = estimate_step_time(model, run, 8, "cpu", rates(), links(10 * B / 1e9, B / 1e9, 0, 4), 0, 1, 1);
+    LinkRates both = links(0.001, 0.001, 1.0, 4);
+    both.inter_table = &table;
+    const CollectiveTable inside = parse_collective_table(flat_rows(10 * B), "inside.jsonl");
+    both.intra_table = &inside;
+    const StepTimeEstimate tables = estimate_step_time(model, run, 8, "cpu", rates(), both, 0, 1, 1);
+    EXPECT_NEAR(tables.collective_seconds, rings.collective_seconds, 1e-9 * rings.collective_seconds)
+        << to_string(run.sharding.strategy) << " " << run.sharding.group_size;
+    EXPECT_GT(tables.inter_node_bytes, 0);
+  }
   // Every row twice as slow: the collectives inside the node take twice as long.
   const CollectiveTable slow = parse_collective_table(
       [&] {
@@ -340,6 +362,15 @@ TEST(StepTimeCommand, ACollectiveTableIsUsedAndEveryBadOneIsExitTwo) {
       EXPECT_EQ(result.exit_code, 2) << path << fit << ": " << result.output;
       EXPECT_NE(result.output.find(message), std::string::npos) << path << fit << ": " << result.output;
     }
+  // Between nodes (2 nodes of one rank): the same rows, named as the table between nodes.
+  const nlohmann::json between = step("--ranks_per_node 1 --collective_table_between " + slow);
+  EXPECT_NE(between.at("link_source").get<std::string>().find("across nodes the collectives measured in " + slow),
+            std::string::npos) << between.dump();
+  EXPECT_GE(between.at("collective_seconds").get<double>(), 0.5 * between.at("collectives").get<double>() - 1e-9);
+  const testing::CommandResult absent = testing::run_command(estimate_command(
+      "--world_size 2 --device_tflops 0.07 --collective_table_between " + (dir / "absent.jsonl").string()));
+  EXPECT_EQ(absent.exit_code, 2) << absent.output;
+  EXPECT_NE(absent.output.find("--collective_table_between: cannot read"), std::string::npos) << absent.output;
   const testing::CommandResult unused = testing::run_command(estimate_command("--world_size 2 --collective_table " + slow));
   EXPECT_EQ(unused.exit_code, 2) << unused.output;
   EXPECT_NE(unused.output.find("--collective_table: only shapes --fit's costs"), std::string::npos) << unused.output;

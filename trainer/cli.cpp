@@ -181,6 +181,11 @@ void add_estimate_verb(CLI::App& app, NumberFlags& numbers, EstimateOptions& est
       "collectives measured inside a node (the JSON lines `mpirun -np N build/bench/communicator_bench --jsonl FILE` "
       "writes): the step time takes each collective inside a node at its measured time for its size, in place of "
       "--intra_node_gbs and --link_latency_us"));
+  verbs.rates.push_back(estimate_app->add_option(
+      "--collective_table_between", estimate.collective_table_between,
+      "the same measured over ranks on several nodes (e.g. mpirun -np 4 over 2 nodes): the step time takes each "
+      "collective whose ranks span nodes at its measured time, hybrid's rings across the groups once for each of "
+      "a node's ranks (they share its link), in place of --inter_node_gbs"));
   verbs.estimate = estimate_app;
 }
 

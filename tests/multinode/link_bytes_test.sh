@@ -132,18 +132,28 @@ rounds=${ROUNDS:-2}
 echo "| link between nodes | strategy | step time s (median over rounds; min-max) | predicted s (trainer estimate) | predicted / measured | tokens/s | MB between nodes a step | s to send them at the rate | MB sent by all ranks (trainer's count) |" > "$bench_out"
 echo "|---|---|---:|---:|---:|---:|---:|---:|---:|" >> "$bench_out"
 # The step time `trainer estimate` predicts for each row (memory/step_time.h): the units timed here
-# (--profile), the link between nodes at the shaped rate, each node half of this machine's cores.
+# (--profile), each node half of this machine's cores, the collectives as communicator_bench measures
+# them with the run's transports and algorithms (--jsonl): inside a node (2 ranks on one node, once) and
+# spanning the nodes (4 ranks on 2, at each rate), from buffers out of the caches.
+probe() {  # NODES RANKS MAX OUT
+  "$MPIEXEC" --hostfile "$(hostfile "$1" 2)" -np "$2" "${fixed[@]}" "$(dirname "$TRAINER")/bench/communicator_bench" \
+    --min-bytes 4K --max-bytes "$3" --step-factor 2 --iters 3 --warmup 1 --op average --cold_bytes 64M --jsonl "$4" \
+    > "$4.txt" 2>&1 || fail "communicator_bench over $2 rank(s) on $1 node(s): $(tail -n 5 "$4.txt")"
+}
+probe 1 2 64M "$work/inside.jsonl"
 predict() {  # RATE SHARDING...: prints the predicted step seconds, or nan
-  local gbs
-  gbs=$(rate_gbs "$1")
+  local gbs rate=$1
+  gbs=$(rate_gbs "$rate")
   shift
   "$TRAINER" estimate --config "$SOURCE/configs/$config.json" --device cpu --max_length 32 --batch_size 2 --total_batch_size 16 \
-    --world_size 4 --ranks_per_node 2 --host_cores "$(node_cores)" --inter_node_gbs "$gbs" --profile 1 --json --sharding "$@" 2>/dev/null \
+    --world_size 4 --ranks_per_node 2 --host_cores "$(node_cores)" --inter_node_gbs "$gbs" --profile 1 \
+    --collective_table "$work/inside.jsonl" --collective_table_between "$work/between_$rate.jsonl" --json --sharding "$@" 2>/dev/null \
     | "$PY" -c "import json, sys; t = sys.stdin.read(); print(json.loads(t[t.index('{'):])['step_time']['step_seconds'])" \
     || echo nan
 }
 for rate in 1gbit 200mbit; do
   cluster_shape "$rate"
+  probe 2 4 16M "$work/between_$rate.jsonl"
   for strategy in "${strategies[@]}"; do
     name=${strategy%% *}
     [[ "$strategy" == *backward_gather* ]] && name=${name}_node_copy
