@@ -366,7 +366,19 @@ def run_fsdp2(args):
                        "torch": torch.__version__, "batch": args.batch, "length": args.length})
         out.write({"event": "train", "step": step, "loss": loss, "grad_norm": grad_norm.item(), **times})
     log(f"optimizer AdamW({implementation}=True)")
+    # Leave without the interpreter's finalization. A gloo worker thread (ProcessGroupGloo::runLoop)
+    # still holds the last all-reduce's AsyncWork, whose tensors hold Python objects: when it frees them
+    # during Py_FinalizeEx it takes the GIL, CPython ends the thread (pthread_exit), and the forced
+    # unwind through a noexcept destructor is std::terminate, "terminate called without an active
+    # exception", SIGABRT: 4 to 5 runs in 15 of this peer on the 2-core machine (a core file's stack,
+    # docs/performance.md; pytorch/pytorch PR 179291 describes the same). destroy_process_group()
+    # does not end it: FSDP2's mesh keeps the group alive. Every record is written and flushed by now,
+    # and the barrier has every rank past its last collective.
+    dist.barrier()
     dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -84,10 +84,11 @@ run_ours() {  # ranks threads batch dir
 }
 
 # Their side: the peer writes the same JSONL shape to OUT, and checks its model against our run's.
-# A peer that dies is run once more (FSDP2 over gloo on 4 oversubscribed processes has died with
-# "terminate called without an active exception" in a rank, SIGABRT, about one run in six): its
-# first log is kept as OUT.died.log. Dying twice is status 1, which the comparison reports for that
-# round instead of dropping the whole table.
+# A peer that dies is run once more: its first log is kept as OUT.died1.log. Dying twice is status 1,
+# which the comparison reports for that round instead of dropping the whole table. (FSDP2 over gloo
+# used to die in a rank at exit, "terminate called without an active exception", SIGABRT, in 8 of 23
+# runs: gloo's worker thread freed the last all-reduce's tensors during the interpreter's finalization.
+# The peer now leaves with os._exit after a barrier, bench/pytorch_peers.py; 0 of 15 since.)
 run_theirs() {  # ranks threads batch out ours_metrics [environment]
   local ranks=$1 threads=$2 batch=$3 out=$4 ours_metrics=$5 environment=${6:-} launcher=("$PY") mode=eager attempt
   (( ranks > 1 )) && launcher=("$PY" -m torch.distributed.run --standalone --nproc_per_node "$ranks") mode=fsdp2

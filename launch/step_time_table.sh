@@ -45,6 +45,15 @@ for rows in zip(*probes):
     print(json.dumps(row))
 EOF
 cp "$WORK/table.jsonl" "${OUT%.md}.collectives.jsonl"
+# The wait of each collective for the last rank (ranks sharing cores arrive apart): communicator_bench's
+# wait row, each rank computing WAIT_COMPUTE_MS of its own CPU time between collectives (about a unit's
+# forward or backward on these rows: a step's compute over its collectives), the median of three.
+WAIT_COMPUTE_MS=${WAIT_COMPUTE_MS:-6}
+WAIT_US=$(for probe in 1 2 3; do
+  mpirun --oversubscribe -np 4 "$BUILD/bench/communicator_bench" --collectives all_reduce --min-bytes 4 --max-bytes 4 \
+    --iters 100 --compute_ms "$WAIT_COMPUTE_MS" | sed -n 's/^# collective wait: \([-0-9.]*\) us.*/\1/p'
+done | sort -g | sed -n 2p)
+WAIT_US=$("$PY" -c "print(max(0.0, float('$WAIT_US')))")
 read -r GBS LATENCY_US < <("$PY" - "$WORK/table.jsonl" <<'EOF'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
@@ -54,7 +63,7 @@ small = [r["seconds"] * 1e6 for r in rows if r["bytes"] == 4096 and r["collectiv
 print(sum(big) / len(big), sum(small) / len(small) / 3)
 EOF
 )
-echo "[step_time] probe: ${GBS} GB/s bus bandwidth at 1 MiB, ${LATENCY_US} us a ring step"
+echo "[step_time] probe: ${GBS} GB/s bus bandwidth at 1 MiB, ${LATENCY_US} us a ring step, ${WAIT_US} us a collective's wait"
 
 ROWS=(
   "1 rank|1|--batch_size 4"
@@ -73,6 +82,7 @@ ROWS=(
   echo "Links probed with communicator_bench at 4 ranks (\`--jsonl\`, 4 KiB to 64 MiB from cold buffers, each row the median of 3 probes, kept as $(basename "${OUT%.md}").collectives.jsonl):"
   echo "the estimate takes each collective at its measured time for its size (\`--collective_table\`);"
   echo "for reference, ${GBS} GB/s of bus bandwidth at 1 MiB and ${LATENCY_US} us a ring step at 4 KiB."
+  echo "Each collective's wait for the last rank: ${WAIT_US} us (\`--collective_wait_us\`; communicator_bench --compute_ms $WAIT_COMPUTE_MS, the median of 3)."
   echo "Predicted: \`trainer estimate --profile 3\` (memory/step_time.h). Measured: the median over the runs of each"
   echo "run's median step_time_s after step $SKIP. Error: predicted / measured - 1. The rows between nodes (the"
   echo "namespace cluster, the link shaped by tc): \`bash bench/multinode_links.sh\`, docs/bench/multinode_links.md;"
@@ -87,7 +97,7 @@ for row in "${ROWS[@]}"; do
   [ "$ranks" -gt 1 ] && launch=(mpirun --oversubscribe -np "$ranks" "$BUILD/trainer")
   # shellcheck disable=SC2086
   "$BUILD/trainer" estimate $MODEL $flags --world_size "$ranks" --profile 3 --intra_node_gbs "$GBS" \
-    --link_latency_us "$LATENCY_US" --collective_table "$WORK/table.jsonl" --json > "$WORK/estimate.json"
+    --link_latency_us "$LATENCY_US" --collective_table "$WORK/table.jsonl" --collective_wait_us "$WAIT_US" --json > "$WORK/estimate.json"
   for round in $(seq "$ROUNDS"); do
     rm -rf "$WORK/run"
     # shellcheck disable=SC2086

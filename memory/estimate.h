@@ -76,6 +76,9 @@ struct EstimateOptions {
   double profile_seconds = 0;
   double intra_node_gbs = 0;
   double link_latency_us = 0;
+  // --collective_wait_us: each collective's wait for the last rank to arrive (ranks sharing cores
+  // arrive apart); `communicator_bench --compute_ms MS` measures it; 0: none.
+  double collective_wait_us = 0;
   // --collective_table FILE: communicator_bench --jsonl's rows; the collectives inside a node at their
   // measured times (memory/collective_table.h); empty: the ring model alone.
   std::string collective_table;

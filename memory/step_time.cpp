@@ -206,7 +206,7 @@ StepTimeEstimate estimate_step_time(const ModelConfig& model, const RunConfig& r
                        hidden(embed.gather_backward, compute.layer.backward)) +
               hidden(head.reduce, compute.layer.backward) + layers * hidden(layer.reduce, compute.layer.backward) + embed.reduce;
   }
-  exposed += parameter_copies;
+  exposed += parameter_copies + estimate.collectives * links.wait_seconds;
 
   // The optimizer over this rank's rows.
   const int optimizer_ranks = run.sharding.optimizer_across_groups ? world : S;
@@ -267,6 +267,7 @@ StepTimeEstimate predict_step_time(const ModelConfig& model, const RunConfig& ru
   links.inter_gbs = options.inter_node_gbs;
   links.latency_seconds = (options.link_latency_us > 0 ? options.link_latency_us : cuda ? 10.0 : 20.0) * 1e-6;
   links.ranks_per_node = options.ranks_per_node;
+  links.wait_seconds = world > 1 ? options.collective_wait_us * 1e-6 : 0.0;
   if (!options.collective_table.empty()) links.intra_table = &load_collective_table(options.collective_table);
   if (!options.collective_table_between.empty())
     links.inter_table = &load_collective_table(options.collective_table_between, "--collective_table_between");
@@ -275,6 +276,11 @@ StepTimeEstimate predict_step_time(const ModelConfig& model, const RunConfig& ru
                 links.intra_gbs, options.intra_node_gbs > 0 ? "--intra_node_gbs" : "the default", links.inter_gbs,
                 links.latency_seconds * 1e6, options.link_latency_us > 0 ? "--link_latency_us" : "the default");
   links.source = text;
+  if (links.wait_seconds > 0) {
+    std::snprintf(text, sizeof(text), "; %g us a collective waiting for the last rank (--collective_wait_us)",
+                  options.collective_wait_us);
+    links.source += text;
+  }
   if (links.intra_table != nullptr)
     links.source += "; inside a node the collectives measured in " + links.intra_table->source + " (--collective_table)";
   if (links.inter_table != nullptr)

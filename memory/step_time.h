@@ -36,6 +36,8 @@
 //   parameters'  offload (CUDA): each gather copies the unit's c-byte rows in over PCIe first (2 a
 //                micro-batch, 1 for shard_grad_op), and the updated rows go out once a step when the
 //                optimizer stays on the device; counted with the collectives, none of it hidden.
+//                Each collective also waits for the last rank to arrive (--collective_wait_us:
+//                ranks that share cores arrive apart; communicator_bench --compute_ms measures it).
 //   other        the loss's and the gradient norm's all-reduces (latency).
 // What it leaves out: data loading, the first step's allocations, kernels' launch overhead beyond what
 // the profile sees, contention between collectives and compute for memory bandwidth, stragglers.
@@ -71,6 +73,7 @@ struct CollectiveTable;
 struct LinkRates {
   double intra_gbs = 0, inter_gbs = 0;  // GB/s each way, per rank
   double latency_seconds = 0;           // per ring step
+  double wait_seconds = 0;              // per collective: the wait for the last rank (--collective_wait_us)
   int ranks_per_node = 0;               // 0: every rank on one node
   // Collectives inside a node as measured (--collective_table, memory/collective_table.h): where it
   // has the collective, its time at the size replaces the ring's intra_gbs and latency.

@@ -145,9 +145,10 @@ TEST(PaddedVocabulary, BothFormsCountTheFirstVColumnsAndZeroThePadsGradient) {
     ASSERT_EQ(leaf.grad().sizes(), leaf.sizes());
     expect_all_close(leaf.grad().narrow(1, 0, vocab), reference_logits.grad(), 1e-9, 2e-5, "counted columns");
     EXPECT_EQ(leaf.grad().narrow(1, vocab, padded - vocab).count_nonzero().item<int64_t>(), 0);
-    if (form == CrossEntropyForm::single_pass)
+    if (form == CrossEntropyForm::single_pass) {
       EXPECT_EQ(logits.detach().narrow(1, vocab, padded - vocab).count_nonzero().item<int64_t>(), 0)
           << "the pads of the logits the gradient was written over";
+    }
     at::NoGradGuard no_grad;
     EXPECT_NEAR(causal_lm_loss(buffer_values, labels, form, vocab).item<double>(), reference.item<double>(),
                 2e-6 * std::abs(reference.item<double>()))

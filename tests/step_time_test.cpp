@@ -226,6 +226,21 @@ TEST(StepTime, MeasuredCollectivesReplaceTheRingsInsideAndBetweenNodes) {
               2 * estimate_step_time(model, run, 4, "cpu", rates(), fast_rates, 0, 1, 1).collective_seconds, 1e-12);
 }
 
+// Each collective waits for the last rank (--collective_wait_us): the exposed collectives grow by the
+// step's collectives times the wait, nothing else does.
+TEST(StepTime, EachCollectiveWaitsForTheLastRank) {
+  const ModelConfig model = micro();
+  for (const RunConfig& run : {run_with(ShardingStrategy::full_shard), run_with(ShardingStrategy::no_shard)}) {
+    LinkRates waiting = links(1, 1, 0, 4);
+    waiting.wait_seconds = 1e-3;
+    const StepTimeEstimate plain = estimate_step_time(model, run, 4, "cpu", rates(), links(1, 1, 0, 4), 0, 1, 1);
+    const StepTimeEstimate waited = estimate_step_time(model, run, 4, "cpu", rates(), waiting, 0, 1, 1);
+    EXPECT_GT(plain.collectives, 0);
+    EXPECT_NEAR(waited.phases[2] - plain.phases[2], plain.collectives * 1e-3, 1e-12) << to_string(run.sharding.strategy);
+    EXPECT_NEAR(waited.step_seconds - plain.step_seconds, plain.collectives * 1e-3, 1e-12);
+  }
+}
+
 // A sharded unit's gather copies the gathered rows into the parameters (2 c bytes a parameter) and its
 // reduction copies the gradients into the flat buffer it sends ((c + 4) bytes), at the measured copy
 // rate, stretched as compute on an oversubscribed CPU; no_shard's fp32 gradients are the shard (none).
@@ -371,6 +386,15 @@ TEST(StepTimeCommand, ACollectiveTableIsUsedAndEveryBadOneIsExitTwo) {
       "--world_size 2 --device_tflops 0.07 --collective_table_between " + (dir / "absent.jsonl").string()));
   EXPECT_EQ(absent.exit_code, 2) << absent.output;
   EXPECT_NE(absent.output.find("--collective_table_between: cannot read"), std::string::npos) << absent.output;
+  // The wait: named in the links, at least the collectives times it; a negative one refused.
+  const nlohmann::json waited = step("--collective_wait_us 200000");
+  EXPECT_NE(waited.at("link_source").get<std::string>().find("200000 us a collective waiting for the last rank"), std::string::npos)
+      << waited.dump();
+  EXPECT_GE(waited.at("phase_s").at("collectives").get<double>(), 0.2 * waited.at("collectives").get<double>() - 1e-9);
+  const testing::CommandResult negative =
+      testing::run_command(estimate_command("--world_size 2 --device_tflops 0.07 --collective_wait_us -1"));
+  EXPECT_EQ(negative.exit_code, 2) << negative.output;
+  EXPECT_NE(negative.output.find("--collective_wait_us"), std::string::npos) << negative.output;
   const testing::CommandResult unused = testing::run_command(estimate_command("--world_size 2 --collective_table " + slow));
   EXPECT_EQ(unused.exit_code, 2) << unused.output;
   EXPECT_NE(unused.output.find("--collective_table: only shapes --fit's costs"), std::string::npos) << unused.output;

@@ -176,6 +176,10 @@ void add_estimate_verb(CLI::App& app, NumberFlags& numbers, EstimateOptions& est
   verbs.rates.push_back(numbers.add(*estimate_app, "--link_latency_us", estimate.link_latency_us,
               "each ring step's latency, microseconds, for the step time; default 20 on a CPU, 10 on CUDA",
               NumberRange<double>{smallest_gib, 1e6, "a number above 0 and at most 1e6 (microseconds)"}));
+  verbs.rates.push_back(numbers.add(*estimate_app, "--collective_wait_us", estimate.collective_wait_us,
+              "each collective's wait for the last rank to arrive, microseconds, for the step time (ranks that share "
+              "cores arrive apart; `mpirun -np N build/bench/communicator_bench --compute_ms MS` measures it); default 0",
+              NumberRange<double>{0, 1e7, "a number of microseconds in [0, 1e7]"}));
   verbs.rates.push_back(estimate_app->add_option(
       "--collective_table", estimate.collective_table,
       "collectives measured inside a node (the JSON lines `mpirun -np N build/bench/communicator_bench --jsonl FILE` "
