@@ -303,8 +303,12 @@ def plan(device, work, python):
     for case in cases(device):
         flags = " ".join(map(q, training_flags(case, device)))
         estimate = os.path.join(work, case.name + ".estimate.json")
+        # The runs' step time predicted beside their memory (issue 54's GPU rows): the units timed on
+        # the GPU for 2 s (--profile) where the run is measured too; on a CPU (the dry run) at the
+        # declared rate, which costs nothing and takes the same path.
+        profile = "" if not case.run else " --profile 2" if device == "cuda" else " --device_tflops 0.07"
         steps.append((f"estimate_{case.name}",
-                      f"trainer estimate {flags} --world_size 1 --json > {q(estimate)} && echo wrote {q(estimate)}"))
+                      f"trainer estimate {flags} --world_size 1{profile} --json > {q(estimate)} && echo wrote {q(estimate)}"))
     for case in cases(device):
         if not case.run:
             continue
@@ -449,6 +453,12 @@ def summarize(device, work):
         entry = {"case": case.name, "config": case.config, "mode": case.mode(), "offload": case.offload, "offload_parameters": case.params,
                  "batch": case.batch, "length": case.length, "tokens_per_step": case.tokens_per_step(),
                  "steps": case.steps, "warmup_steps": WARMUP_STEPS, "ours": ours}
+        # `trainer estimate --profile`'s step time for the same flags, beside the measured step.
+        predicted = ((load_json(os.path.join(work, case.name + ".estimate.json")) or {}).get("step_time") or {})
+        entry["predicted_step_s"] = predicted.get("step_seconds")
+        entry["predicted_phase_s"] = predicted.get("phase_s")
+        entry["predicted_over_measured"] = (predicted["step_seconds"] / ours["step_s"]
+                                            if ours and predicted.get("step_seconds") else None)
         if case.peer:
             theirs = side(load_jsonl(os.path.join(work, case.name + ".pytorch.jsonl")), case, config_path,
                           device_info, "torch.cuda.max_memory_allocated")

@@ -63,6 +63,16 @@ def markdown(results):
                          "| | | | |")
             lines.append(f"| | | | tokens/s ours / pytorch compiled | | "
                          f"{number(entry.get('ours_over_compiled_tokens_per_s'), '.3f')} | | | | |")
+    predicted = [e for e in results.get("speed", []) if e.get("predicted_step_s")]
+    if predicted:
+        lines.append("\n### Step time: `trainer estimate --profile 2` against the measured step (issue 54)\n")
+        lines.append("| model | mode | batch x length | predicted s/step | measured s/step | predicted / measured |")
+        lines.append("|---|---|---|---:|---:|---:|")
+        for entry in predicted:
+            measured = (entry.get("ours") or {}).get("step_s")
+            lines.append(f"| {entry['config']} | {mode(entry)} | {entry['batch']} x {entry['length']} | "
+                         f"{entry['predicted_step_s']:.4f} | {number(measured, '.4f')} | "
+                         f"{number(entry.get('predicted_over_measured'), '.3f')} |")
     lines.append("\nPeak memory: ours is metrics.jsonl's peak_memory_bytes (on CUDA the caching allocator's peak "
                  "allocated bytes, on CPU the peak RSS); pytorch's is torch.cuda.max_memory_allocated (the peak "
                  "RSS on CPU).\n")
