@@ -15,7 +15,7 @@
 //   mpirun -np 4 build/communicator_bench [--min-bytes 1K] [--max-bytes 64M] [--step-factor 4]
 //          [--iters 20] [--warmup 5] [--dtype float32|bfloat16] [--op sum|average]
 //          [--collectives all_gather,reduce_scatter,all_reduce] [--backend auto|single|mpi|nccl]
-//          [--compute_ms MS] [--jsonl FILE] [--cold_bytes 64M]
+//          [--compute_ms MS] [--jsonl FILE] [--cold_bytes 64M] [--group_size G [--groups_strided]]
 //
 // --jsonl FILE also writes each row as a JSON line (collective, bytes, ranks, seconds, busbw_gbs,
 // wrong, backend, device, dtype, ranks_on_host): the table `trainer estimate --collective_table FILE`
@@ -68,6 +68,8 @@ struct Options {
   double compute_ms = 0;  // > 0: the wait row (below)
   std::string jsonl;      // non-empty: the rows as JSON lines too
   std::string cold_bytes;  // non-empty: cycle through buffers of at least this many bytes a rank
+  int group_size = 0;       // > 0: groups of this many ranks, each running the collectives at once
+  bool groups_strided = false;
 };
 
 // "4096", "4K", "64M", "1G" (binary units).
@@ -265,16 +267,30 @@ void run_bench(const Options& options, const llm::World& world) {
       use_gpu ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(world.local_rank))
               : c10::Device(c10::kCPU);
   llm::process_identity().device = device.str();
-  const std::unique_ptr<Communicator> comm = make_backend(options.backend, world, device);
+  const std::unique_ptr<Communicator> world_comm = make_backend(options.backend, world, device);
+  // --group_size G: the world split into groups of G that run each collective at once, as hybrid
+  // sharding's groups do (consecutive ranks: the groups inside the nodes; --groups_strided: ranks r,
+  // r + W / G, ...: the rings across the groups).
+  std::unique_ptr<Communicator> group_comm;
+  if (options.group_size > 0) {
+    LLM_REQUIRE(options.group_size >= 2 && world.world_size % options.group_size == 0, "communicator_bench",
+                "--group_size", "must be at least 2 and divide the " + std::to_string(world.world_size) + " ranks");
+    const int groups = world.world_size / options.group_size;
+    group_comm = world_comm->split(options.groups_strided ? world.rank % groups : world.rank / options.group_size,
+                                   world.rank);
+  }
+  Communicator* const comm = group_comm ? group_comm.get() : world_comm.get();
+  const int ranks = comm->world_size();
 
   std::vector<int64_t> sizes;
   for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= options.step_factor)
     sizes.push_back(bytes);
 
   if (world.rank == 0) {
-    std::printf("# communicator_bench: backend %s, %d rank(s), %d on this host, device %s\n",
-                comm->backend_name().c_str(), world.world_size, world.local_size,
-                device.str().c_str());
+    std::printf("# communicator_bench: backend %s, %d rank(s), %d on this host, device %s; each collective over %d "
+                "rank(s), %d group(s) at once%s\n",
+                comm->backend_name().c_str(), world.world_size, world.local_size, device.str().c_str(), ranks,
+                world.world_size / ranks, options.groups_strided ? " (strided)" : "");
     std::printf("# dtype %s, op %s, %d warm-up + %d timed iterations per row; time is the "
                 "slowest rank's mean\n",
                 options.dtype.c_str(), options.op.c_str(), options.warmup, options.iters);
@@ -297,7 +313,7 @@ void run_bench(const Options& options, const llm::World& world) {
     for (int64_t bytes : sizes) {
       const Row row = bench.measure(collective, bytes);
       const double algbw = static_cast<double>(row.bytes) / row.seconds / 1e9;
-      const double busbw = algbw * bus_factor(collective, world.world_size);
+      const double busbw = algbw * bus_factor(collective, ranks);
       bus_bandwidth_sum[collective].first += busbw;
       bus_bandwidth_sum[collective].second += 1;
       total_wrong += row.wrong;
@@ -310,10 +326,11 @@ void run_bench(const Options& options, const llm::World& world) {
         std::fflush(stdout);
         if (jsonl.is_open())
           jsonl << nlohmann::json{{"collective", collective},     {"bytes", row.bytes},
-                                  {"ranks", world.world_size},    {"seconds", row.seconds},
+                                  {"ranks", ranks},               {"seconds", row.seconds},
                                   {"busbw_gbs", busbw},           {"wrong", row.wrong},
                                   {"backend", comm->backend_name()}, {"device", device.str()},
-                                  {"dtype", options.dtype},       {"ranks_on_host", world.local_size}}
+                                  {"dtype", options.dtype},       {"ranks_on_host", world.local_size},
+                                  {"groups", world.world_size / ranks}}
                        .dump()
                 << "\n"
                 << std::flush;
@@ -326,10 +343,13 @@ void run_bench(const Options& options, const llm::World& world) {
       timespec start{}, now{};
       clock_gettime(CLOCK_THREAD_CPUTIME_ID, &start);
       double used = 0;
-      for (volatile uint64_t x = 0; used < options.compute_ms * 1e-3; ++x) {
+      volatile uint64_t sink = 0;
+      for (uint64_t x = 0; used < options.compute_ms * 1e-3; ++x) {
+        sink = x;
         clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
         used = static_cast<double>(now.tv_sec - start.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec - start.tv_nsec);
       }
+      (void)sink;
     };
     for (int i = 0; i < options.warmup; ++i) {
       spin();
@@ -383,6 +403,10 @@ int main(int argc, char** argv) {
   app.add_option("--collectives", options.collectives, "which collectives, comma-separated")
       ->delimiter(',');
   app.add_option("--backend", options.backend, "auto, single, mpi or nccl");
+  app.add_option("--group_size", options.group_size,
+                 "split the ranks into groups of this many, each running every collective at once (hybrid "
+                 "sharding's groups): consecutive ranks, or with --groups_strided ranks r, r + W/G, ...");
+  app.add_flag("--groups_strided", options.groups_strided, "--group_size's groups across the consecutive ones");
   app.add_option("--cold_bytes", options.cold_bytes,
                  "cycle through enough buffers, at least this many bytes a rank (e.g. 64M, past the last-level "
                  "cache), that each collective reads its data from memory as training's do");

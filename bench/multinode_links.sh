@@ -24,7 +24,7 @@ bash tests/multinode/link_bytes_test.sh build/trainer "${MPIEXEC:-mpirun}" --ben
   echo "rate. All ranks' bytes: the trainer's count (docs/sharding.md has the formulas both follow). Predicted:"
   echo "\`trainer estimate --profile 1\` for the row's flags (memory/step_time.h), each node half of this machine's"
   echo "cores, the collectives at the times \`communicator_bench --jsonl\` measured with the run's transports and"
-  echo "algorithms: 2 ranks inside a node (\`--collective_table\`), 4 ranks across the 2 nodes at the row's rate"
+  echo "algorithms: each node's 2 ranks at once (\`--collective_table\`, \`--group_size 2\`), 4 ranks across the 2 nodes at the row's rate"
   echo "(\`--collective_table_between\`), 4 KiB to 64 MiB and 16 MiB, from buffers out of the caches."
   echo
   cat "$table"

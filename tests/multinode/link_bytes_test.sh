@@ -133,14 +133,17 @@ echo "| link between nodes | strategy | step time s (median over rounds; min-max
 echo "|---|---|---:|---:|---:|---:|---:|---:|---:|" >> "$bench_out"
 # The step time `trainer estimate` predicts for each row (memory/step_time.h): the units timed here
 # (--profile), each node half of this machine's cores, the collectives as communicator_bench measures
-# them with the run's transports and algorithms (--jsonl): inside a node (2 ranks on one node, once) and
-# spanning the nodes (4 ranks on 2, at each rate), from buffers out of the caches.
-probe() {  # NODES RANKS MAX OUT
-  "$MPIEXEC" --hostfile "$(hostfile "$1" 2)" -np "$2" "${fixed[@]}" "$(dirname "$TRAINER")/bench/communicator_bench" \
-    --min-bytes 4K --max-bytes "$3" --step-factor 2 --iters 3 --warmup 1 --op average --cold_bytes 64M --jsonl "$4" \
-    > "$4.txt" 2>&1 || fail "communicator_bench over $2 rank(s) on $1 node(s): $(tail -n 5 "$4.txt")"
+# them with the run's transports and algorithms (--jsonl): inside a node (each node's 2 ranks at once,
+# as hybrid's groups run: --group_size 2, once) and spanning the nodes (4 ranks on 2, at each rate),
+# from buffers out of the caches.
+probe() {  # MAX OUT [communicator_bench flags]
+  local max=$1 out=$2
+  shift 2
+  "$MPIEXEC" --hostfile "$(hostfile 2 2)" -np 4 "${fixed[@]}" "$(dirname "$TRAINER")/bench/communicator_bench" \
+    --min-bytes 4K --max-bytes "$max" --step-factor 2 --iters 3 --warmup 1 --op average --cold_bytes 64M --jsonl "$out" \
+    "$@" > "$out.txt" 2>&1 || fail "communicator_bench $*: $(tail -n 5 "$out.txt")"
 }
-probe 1 2 64M "$work/inside.jsonl"
+probe 64M "$work/inside.jsonl" --group_size 2
 predict() {  # RATE SHARDING...: prints the predicted step seconds, or nan
   local gbs rate=$1
   gbs=$(rate_gbs "$rate")
@@ -153,7 +156,7 @@ predict() {  # RATE SHARDING...: prints the predicted step seconds, or nan
 }
 for rate in 1gbit 200mbit; do
   cluster_shape "$rate"
-  probe 2 4 16M "$work/between_$rate.jsonl"
+  probe 16M "$work/between_$rate.jsonl"
   for strategy in "${strategies[@]}"; do
     name=${strategy%% *}
     [[ "$strategy" == *backward_gather* ]] && name=${name}_node_copy
