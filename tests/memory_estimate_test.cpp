@@ -7,7 +7,6 @@
 #include <fstream>
 #include <functional>
 #include <sstream>
-#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -242,10 +241,8 @@ TEST(EstimateCommand, BadInputIsExitTwo) {
   EXPECT_EQ(unknown.exit_code, 2) << unknown.output;
   EXPECT_NE(unknown.output.find("--no_such_flag"), std::string::npos) << unknown.output;
   // --fit's flags without --fit (issue 44), the rates without it or the step time (54): refused, not unused.
-  for (const std::string& flag : std::vector<std::string>{"--fit_precision", "--host_budget_gib 64", "--host_cores 64",
-                                                          "--host_gbs 20", "--pcie_gbs 25", "--inter_node_gbs 50",
-                                                          "--intra_node_gbs 5", "--link_latency_us 3",
-                                                          "--collective_wait_us 500"}) {
+  for (const std::string& flag : std::vector<std::string>{"--fit_precision", "--host_budget_gib 64", "--host_cores 64", "--host_gbs 20",
+       "--pcie_gbs 25", "--inter_node_gbs 50", "--intra_node_gbs 5", "--link_latency_us 3", "--collective_wait_us 500"}) {
     auto unused = run_command(testing::trainer_binary().string() + " estimate --config " +
                               (testing::source_dir() / "configs/llama_micro.json").string() + " " + flag);
     EXPECT_EQ(unused.exit_code, 2) << flag << ": " << unused.output;
