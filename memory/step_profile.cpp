@@ -16,7 +16,6 @@
 #include "memory/step_time.h"
 #include "model/cross_entropy.h"
 #include "model/llama.h"
-#include "model/units.h"
 #include "optim/adamw.h"
 
 namespace llm {
@@ -27,17 +26,6 @@ using Clock = std::chrono::steady_clock;
 // Everything queued on the device so far is done (a read of one element; nothing to wait for on a CPU).
 void settle(const at::Tensor& tensor) {
   if (tensor.is_cuda()) read_to_host(tensor.detach().flatten()[0].to(at::kFloat));
-}
-
-// The most parameters one unit holds (the embedding or the head, on most configs).
-int64_t largest_unit_numel(const ModelConfig& model) {
-  int64_t largest = 0;
-  for (const UnitSpec& unit : describe_units(model)) {
-    int64_t numel = 0;
-    for (const ParameterSpec& parameter : unit.parameters) numel += parameter.numel();
-    largest = std::max(largest, numel);
-  }
-  return largest;
 }
 
 }  // namespace
@@ -120,7 +108,7 @@ ComputeRates profile_compute(const ModelConfig& model, const RunConfig& run, c10
   // buffer a reduction sends): a copy as large as the largest unit's fp32 rows, at least 16 MiB (past
   // the caches, as those copies are), the median of five passes; per byte read and written.
   {
-    const int64_t numel = std::clamp<int64_t>(largest_unit_numel(model), int64_t{1} << 22, int64_t{1} << 26);
+    const int64_t numel = std::clamp<int64_t>(largest_unit_parameters(model), int64_t{1} << 22, int64_t{1} << 26);
     const at::TensorOptions fp32 = at::TensorOptions().dtype(at::kFloat).device(device);
     const at::Tensor from = at::ones({numel}, fp32);
     at::Tensor to = at::empty({numel}, fp32);

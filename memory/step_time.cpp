@@ -42,6 +42,15 @@ UnitSizes unit_sizes(const ModelConfig& model) {
   return sizes;
 }
 
+}  // namespace
+
+int64_t largest_unit_parameters(const ModelConfig& model) {
+  const UnitSizes sizes = unit_sizes(model);
+  return static_cast<int64_t>(std::max({sizes.embed, sizes.layer, sizes.head}));
+}
+
+namespace {
+
 // A ring collective of `steps` steps each moving `chunk` bytes.
 double ring_seconds(double steps, double chunk, double gbs, double latency) {
   return steps <= 0 ? 0.0 : steps * (latency + chunk / (gbs * 1e9));

@@ -126,6 +126,10 @@ using ComputeRatesCache = std::map<std::string, ComputeRates>;
 StepTimeEstimate predict_step_time(const ModelConfig& model, const RunConfig& run, const EstimateOptions& options,
                                    const std::string& device, ComputeRatesCache* cache = nullptr);
 
+// The most parameters one unit holds (the embedding or the head, on most configs): the size of the
+// copy --profile times for the staging copies.
+int64_t largest_unit_parameters(const ModelConfig& model);
+
 // The forward FLOPs --recompute runs again, per layer and token (estimate_fit.h states them; the norm
 // and SwiGLU are memory-bound, which FLOPs undercount); 0 without --recompute.
 double recomputed_flops_per_layer_token(const ModelConfig& model, const RunConfig& run);
