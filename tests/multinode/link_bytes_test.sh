@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The bytes between nodes, read from the interfaces' own counters (not the trainer's), against the
 # formulas of docs/sharding.md, on the namespace cluster (tests/multinode/namespaces.sh): 2 nodes x 2
-# ranks, each strategy, the per-step bytes as the difference of a 2-step and a 6-step run (what start-up,
+# ranks, each strategy, the per-step bytes as the difference of a 1-step and a 5-step run (what start-up,
 # the first step's one-off work and the end send cancels). Open MPI's collectives are fixed so the
 # formulas are the algorithms' (all-gather and all-reduce: ring; reduce-scatter: recursive halving),
 # and its shared-memory transport is left out, so the ranks of a node talk over the node's loopback:
@@ -55,11 +55,11 @@ if [ -z "$bench_out" ]; then
     name=${strategy%% *}
     [[ "$strategy" == *backward_gather* ]] && name=${name}_node_copy
     [[ "$strategy" == *optimizer_across* ]] && name=${name}_optimizer_across
-    run "${name}_2" 2 --sharding $strategy
+    run "${name}_1" 1 --sharding $strategy
     short=$grown
-    run "${name}_6" 6 --sharding $strategy
+    run "${name}_5" 5 --sharding $strategy
     long=$grown
-    "$PY" - "$work/${name}_6/metrics.jsonl" "$strategy" $short $long "$work/between" <<'PY' || fail "$name: the bytes between nodes are not the formula's"
+    "$PY" - "$work/${name}_5/metrics.jsonl" "$strategy" $short $long "$work/between" <<'PY' || fail "$name: the bytes between nodes are not the formula's"
 import json, statistics, sys
 path, strategy = sys.argv[1], sys.argv[2]
 short_eth, short_lo, long_eth, long_lo = map(int, sys.argv[3:7])
@@ -103,8 +103,8 @@ with open(sys.argv[7], "a") as out:
     out.write(f"{strategy.split()[0]}{'_node_copy' if node_copy else ''}{'_optimizer_across' if optimizer_across else ''} {measured}\n")
 # The counters carry each packet's Ethernet, IP and TCP headers (66 B a segment, 4.6 % of a full one),
 # the acknowledgements, MPI's own headers and the few scalars a step (the norm, the loss, the
-# straggler watch): at most 10 % over. Under: by the noise of subtracting the 2-step run's counters
-# from the 6-step run's (start-up and connection traffic differ a little between two runs): 2 % at
+# straggler watch): at most 10 % over. Under: by the noise of subtracting the 1-step run's counters
+# from the 5-step run's (start-up and connection traffic differ a little between two runs): 2 % at
 # most (hybrid_shard_grad_op once measured 0.6 % under the trainer's count on a loaded machine).
 assert 0.98 <= measured / between <= 1.10, (measured, between)
 assert 0.98 <= sent / counted <= 1.10, (sent, counted)
