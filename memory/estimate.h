@@ -85,6 +85,10 @@ struct EstimateOptions {
   // --collective_table_between FILE: the same measured over ranks on several nodes, for the collectives
   // that span nodes; empty: the ring over --inter_node_gbs.
   std::string collective_table_between;
+  // --collective_table_across FILE: hybrid's collectives across the groups as measured with all of a
+  // node's rings at once (communicator_bench --group_size G --groups_strided over the nodes); empty:
+  // the table between nodes or --inter_node_gbs, shared by the node's ranks.
+  std::string collective_table_across;
 };
 
 // One phase's window: the largest total inside it, and the categories at its closing point.

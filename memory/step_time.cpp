@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <sstream>
 
 #include "common/device.h"
@@ -174,10 +175,24 @@ StepTimeEstimate estimate_step_time(const ModelConfig& model, const RunConfig& r
     (group_spans ? estimate.inter_node_bytes : estimate.intra_node_bytes) += count * (S - 1) * 4.0 * shard;
     if (is_hybrid(run.sharding.strategy) && G > 1) {  // the shard across the groups: 2 (G - 1) chunks of 1/G
       // Every rank of a node runs a ring of its own across the groups: between nodes they share the
-      // node's link.
+      // node's link. Measured so (--collective_table_across: all the node's rings at once), the table's
+      // time as it is: an all-reduce, or with the optimizer across the groups the reduce-scatter into
+      // the world shard and the all-gather of the stepped shards. Else the table between nodes' or the
+      // link's time, once for each of the node's ranks.
+      std::optional<double> measured;
+      if (world_spans && links.across_table != nullptr) {
+        if (!run.sharding.optimizer_across_groups) {
+          measured = links.across_table->seconds("all_reduce", 4.0 * shard, G);
+        } else {
+          const std::optional<double> scatter = links.across_table->seconds("reduce_scatter", 4.0 * shard, G);
+          const std::optional<double> publish = links.across_table->seconds("all_gather", 4.0 * shard, G);
+          if (scatter && publish) measured = *scatter + *publish;
+        }
+      }
       const double across_gbs = world_spans ? links.inter_gbs / per_node : links.intra_gbs;
-      comm.reduce += collective("all_reduce", G, 4.0 * shard, world_spans, 2.0 * (G - 1), 4.0 * shard / G, across_gbs,
-                                world_spans ? per_node : 1.0);
+      comm.reduce += measured ? *measured
+                              : collective("all_reduce", G, 4.0 * shard, world_spans, 2.0 * (G - 1), 4.0 * shard / G,
+                                           across_gbs, world_spans ? per_node : 1.0);
       (world_spans ? estimate.inter_node_bytes : estimate.intra_node_bytes) += count * 2.0 * (G - 1) * 4.0 * shard / G;
     }
     return comm;
@@ -280,6 +295,8 @@ StepTimeEstimate predict_step_time(const ModelConfig& model, const RunConfig& ru
   if (!options.collective_table.empty()) links.intra_table = &load_collective_table(options.collective_table);
   if (!options.collective_table_between.empty())
     links.inter_table = &load_collective_table(options.collective_table_between, "--collective_table_between");
+  if (!options.collective_table_across.empty())
+    links.across_table = &load_collective_table(options.collective_table_across, "--collective_table_across");
   char text[256];
   std::snprintf(text, sizeof(text), "%g GB/s inside a node (%s), %g GB/s between nodes (--inter_node_gbs), %g us a ring step (%s)",
                 links.intra_gbs, options.intra_node_gbs > 0 ? "--intra_node_gbs" : "the default", links.inter_gbs,
@@ -294,6 +311,8 @@ StepTimeEstimate predict_step_time(const ModelConfig& model, const RunConfig& ru
     links.source += "; inside a node the collectives measured in " + links.intra_table->source + " (--collective_table)";
   if (links.inter_table != nullptr)
     links.source += "; across nodes the collectives measured in " + links.inter_table->source + " (--collective_table_between)";
+  if (links.across_table != nullptr)
+    links.source += "; hybrid's rings across the groups measured in " + links.across_table->source + " (--collective_table_across)";
   if (cuda) {
     std::snprintf(text, sizeof(text), "; offload: PCIe at %g GB/s (--pcie_gbs), the host step at %g GB/s (%s)", options.pcie_gbs,
                   fit_host_gbs(options, world),

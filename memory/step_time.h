@@ -15,7 +15,8 @@
 //   collectives  ring collectives, each (n - 1) steps of one chunk: latency + chunk / bandwidth, the
 //                inter-node link's when the communicator spans nodes (--ranks_per_node), else the
 //                intra-node link's, or the measured table's time at the collective's size
-//                (--collective_table inside a node, --collective_table_between across nodes;
+//                (--collective_table inside a node, --collective_table_between across nodes,
+//                --collective_table_across for hybrid's rings across the groups;
 //                memory/collective_table.h). Per unit and step: full_shard gathers 2 M times (shard_grad_op M;
 //                the node copy's backward gathers over the node) in the compute dtype, reduce-scatters
 //                once in fp32; hybrid adds the all-reduce (or reduce-scatter and all-gather) of the
@@ -81,6 +82,10 @@ struct LinkRates {
   // ... and the collectives whose ranks span nodes (--collective_table_between: measured over ranks on
   // several nodes, as the run's spanning rings are), in place of inter_gbs and the latency.
   const CollectiveTable* inter_table = nullptr;
+  // ... and hybrid's collectives across the groups when they span nodes (--collective_table_across:
+  // measured with every rank of a node running its ring at once, as the run's do: communicator_bench
+  // --group_size G --groups_strided), in place of the table between nodes or inter_gbs shared.
+  const CollectiveTable* across_table = nullptr;
   std::string source;
 };
 

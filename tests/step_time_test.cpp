@@ -150,16 +150,16 @@ TEST(CollectiveTable, InterpolatesLogLogAndKeepsTheBusBandwidthAcrossRankCounts)
   EXPECT_NE(table.source.find("table.jsonl (4 ranks: all_gather 1024-16384 B)"), std::string::npos) << table.source;
 }
 
-// A table of 4 ranks at one bus bandwidth, every size from 4 bytes to 10 GB.
-std::string flat_rows(double gbs_bytes) {
-  const double N = 4;
+// A table of `ranks` ranks at one bus bandwidth, every size from 4 bytes to 10 GB.
+std::string flat_rows(double gbs_bytes, int ranks = 4) {
+  const double N = ranks;
   std::string rows;
   for (double bytes = 4; bytes <= 1e10; bytes *= 4)
     for (const char* kind : {"all_gather", "reduce_scatter", "all_reduce"}) {
       const double factor = std::string(kind) == "all_reduce" ? 2 * (N - 1) / N : (N - 1) / N;
       char line[200];
-      std::snprintf(line, sizeof(line), "{\"collective\": \"%s\", \"bytes\": %.0f, \"ranks\": 4, \"seconds\": %.17g}\n", kind,
-                    bytes, bytes * factor / gbs_bytes);
+      std::snprintf(line, sizeof(line), "{\"collective\": \"%s\", \"bytes\": %.0f, \"ranks\": %d, \"seconds\": %.17g}\n",
+                    kind, bytes, ranks, bytes * factor / gbs_bytes);
       rows += line;
     }
   return rows;
@@ -224,6 +224,78 @@ TEST(StepTime, MeasuredCollectivesReplaceTheRingsInsideAndBetweenNodes) {
   const RunConfig run = run_with(ShardingStrategy::full_shard);
   EXPECT_NEAR(estimate_step_time(model, run, 4, "cpu", rates(), slow_rates, 0, 1, 1).collective_seconds,
               2 * estimate_step_time(model, run, 4, "cpu", rates(), fast_rates, 0, 1, 1).collective_seconds, 1e-12);
+}
+
+// `rows` with the seconds of `kind`'s rows times `factor`.
+std::string scaled(const std::string& rows, const std::string& kind, double factor) {
+  std::string out;
+  std::istringstream in(rows);
+  for (std::string line; std::getline(in, line);) {
+    nlohmann::json row = nlohmann::json::parse(line);
+    if (row["collective"] == kind) row["seconds"] = factor * row["seconds"].get<double>();
+    out += row.dump() + "\n";
+  }
+  return out;
+}
+
+// Hybrid's rings across the groups, 2 nodes of 2 (groups of 2, one per node, 2 groups): measured with
+// both of a node's rings at once (--collective_table_across), they take that table's times as they are.
+// At the bus bandwidth the table between nodes shares among a node's ranks (B / 2), the same step; each
+// row's time counted once per unit and step (doubling the all-reduce's rows adds exactly what they
+// held); with the optimizer across the groups the reduce-scatter's and the all-gather's rows instead;
+// no other strategy and no run on one node reads it.
+TEST(StepTime, HybridsRingsAcrossTheGroupsTakeTheTableMeasuredWithTheNodesRingsAtOnce) {
+  const ModelConfig model = micro();
+  const double B = 2e9;
+  const CollectiveTable between = parse_collective_table(flat_rows(B), "between.jsonl");
+  const std::string across_rows = flat_rows(B / 2, 2);
+  const CollectiveTable across = parse_collective_table(across_rows, "across.jsonl");
+  const auto step = [&](const RunConfig& run, const CollectiveTable* table, int per_node = 2) {
+    LinkRates rates_given = links(100, 0.001, 0, per_node);  // the ring's own rate between nodes far slower
+    rates_given.inter_table = &between;
+    rates_given.across_table = table;
+    return estimate_step_time(model, run, 4, "cpu", rates(), rates_given, 0, 1, 1);
+  };
+  RunConfig across_optimizer = run_with(ShardingStrategy::hybrid_shard, 2);
+  across_optimizer.sharding.optimizer_across_groups = true;
+  for (const RunConfig& run : {run_with(ShardingStrategy::hybrid_shard, 2), run_with(ShardingStrategy::hybrid_shard_grad_op, 2),
+                               across_optimizer}) {
+    const std::string name = std::string(to_string(run.sharding.strategy)) +
+                             (run.sharding.optimizer_across_groups ? " across" : "");
+    const StepTimeEstimate shared = step(run, nullptr), measured = step(run, &across);
+    EXPECT_NEAR(measured.collective_seconds, shared.collective_seconds, 1e-9 * shared.collective_seconds) << name;
+    EXPECT_EQ(measured.inter_node_bytes, shared.inter_node_bytes) << name;
+    // What the units' across collectives took from the table, by doubling their rows.
+    const std::vector<const char*> kinds = run.sharding.optimizer_across_groups
+                                               ? std::vector<const char*>{"reduce_scatter", "all_gather"}
+                                               : std::vector<const char*>{"all_reduce"};
+    double taken = 0;
+    for (const char* kind : kinds) {
+      const CollectiveTable doubled = parse_collective_table(scaled(across_rows, kind, 2.0), "doubled.jsonl");
+      const double grown = step(run, &doubled).collective_seconds - measured.collective_seconds;
+      EXPECT_GT(grown, 0) << name << " " << kind;
+      taken += grown;
+    }
+    // Each unit's shard (numel / 2, fp32) at the table's bus bandwidth B / 2: an all-reduce of b bytes
+    // over 2 ranks 2 b / B, a reduce-scatter and an all-gather b / B each; all units, 4 P / B.
+    EXPECT_NEAR(taken, 4.0 * static_cast<double>(model.num_parameters()) / B, 1e-9 * taken) << name;
+    // The kinds it does not make leave it unchanged: every row but theirs doubled.
+    std::string others = across_rows;
+    for (const char* kind : {"all_reduce", "reduce_scatter", "all_gather"})
+      if (std::find_if(kinds.begin(), kinds.end(), [&](const char* k) { return std::string(k) == kind; }) == kinds.end())
+        others = scaled(others, kind, 2.0);
+    const CollectiveTable other_rows = parse_collective_table(others, "others.jsonl");
+    EXPECT_DOUBLE_EQ(step(run, &other_rows).collective_seconds, measured.collective_seconds) << name;
+  }
+  // full_shard and no_shard make no collective across groups; hybrid on one node runs them inside it.
+  const CollectiveTable slow = parse_collective_table(scaled(scaled(scaled(across_rows, "all_reduce", 50), "all_gather", 50),
+                                                             "reduce_scatter", 50), "slow.jsonl");
+  for (const RunConfig& run : {run_with(ShardingStrategy::full_shard), run_with(ShardingStrategy::no_shard)})
+    EXPECT_DOUBLE_EQ(step(run, &slow).collective_seconds, step(run, nullptr).collective_seconds) << to_string(run.sharding.strategy);
+  EXPECT_DOUBLE_EQ(step(run_with(ShardingStrategy::hybrid_shard, 2), &slow, 4).collective_seconds,
+                   step(run_with(ShardingStrategy::hybrid_shard, 2), nullptr, 4).collective_seconds);
+  EXPECT_GT(step(run_with(ShardingStrategy::hybrid_shard, 2), &slow).collective_seconds,
+            2 * step(run_with(ShardingStrategy::hybrid_shard, 2), nullptr).collective_seconds);
 }
 
 // Each collective waits for the last rank (--collective_wait_us): the exposed collectives grow by the
@@ -386,6 +458,28 @@ TEST(StepTimeCommand, ACollectiveTableIsUsedAndEveryBadOneIsExitTwo) {
       "--world_size 2 --device_tflops 0.07 --collective_table_between " + (dir / "absent.jsonl").string()));
   EXPECT_EQ(absent.exit_code, 2) << absent.output;
   EXPECT_NE(absent.output.find("--collective_table_between: cannot read"), std::string::npos) << absent.output;
+  // Hybrid's rings across the groups (2 nodes of 2, the optimizer across the groups: the table's
+  // reduce-scatter and all-gather, half a second each, for every unit): named, and read as the others.
+  const auto hybrid = [&](const std::string& flags) {
+    const testing::CommandResult result = testing::run_command(estimate_command(
+        "--world_size 4 --ranks_per_node 2 --device_tflops 0.07 --json --sharding hybrid_shard --shard_group_size 2 "
+        "--shard_optimizer_across_groups" + flags));
+    EXPECT_EQ(result.exit_code, 0) << result.output;
+    return nlohmann::json::parse(result.output.substr(result.output.find('{'))).at("step_time");
+  };
+  const nlohmann::json across = hybrid(" --collective_table_across " + slow), shared = hybrid("");
+  EXPECT_NE(across.at("link_source").get<std::string>().find("hybrid's rings across the groups measured in " + slow),
+            std::string::npos) << across.dump();
+  EXPECT_GE(across.at("collective_seconds").get<double>(), 3 * 1.0) << across.dump();  // embed, a layer, the head
+  EXPECT_LT(shared.at("collective_seconds").get<double>(), 1.0) << shared.dump();
+  for (const std::string& path : {(dir / "absent.jsonl").string(), write("kind_across.jsonl", "{\"collective\": \"broadcast\"}\n")}) {
+    const testing::CommandResult refused = testing::run_command(
+        estimate_command("--world_size 2 --device_tflops 0.07 --collective_table_across " + path));
+    EXPECT_EQ(refused.exit_code, 2) << refused.output;
+    EXPECT_NE(refused.output.find(path.find("absent") != std::string::npos ? "--collective_table_across: cannot read"
+                                                                             : "kind_across.jsonl line 1: collective: must be"),
+              std::string::npos) << refused.output;
+  }
   // The wait: named in the links, at least the collectives times it; a negative one refused.
   const nlohmann::json waited = step("--collective_wait_us 200000");
   EXPECT_NE(waited.at("link_source").get<std::string>().find("200000 us a collective waiting for the last rank"), std::string::npos)

@@ -190,6 +190,12 @@ void add_estimate_verb(CLI::App& app, NumberFlags& numbers, EstimateOptions& est
       "the same measured over ranks on several nodes (e.g. mpirun -np 4 over 2 nodes): the step time takes each "
       "collective whose ranks span nodes at its measured time, hybrid's rings across the groups once for each of "
       "a node's ranks (they share its link), in place of --inter_node_gbs"));
+  verbs.rates.push_back(estimate_app->add_option(
+      "--collective_table_across", estimate.collective_table_across,
+      "hybrid's collectives across the groups measured as the run makes them, every rank of a node running its ring "
+      "across the nodes at once (mpirun -np 4 over 2 nodes, communicator_bench --group_size 2 --groups_strided): the "
+      "step time takes the all-reduce (with --shard_optimizer_across_groups the reduce-scatter and the all-gather) at "
+      "its measured time, in place of --collective_table_between"));
   verbs.estimate = estimate_app;
 }
 
