@@ -25,7 +25,8 @@ bash tests/multinode/link_bytes_test.sh build/trainer "${MPIEXEC:-mpirun}" --ben
   echo "\`trainer estimate --profile 1\` for the row's flags (memory/step_time.h), each node half of this machine's"
   echo "cores, the collectives at the times \`communicator_bench --jsonl\` measured with the run's transports and"
   echo "algorithms: each node's 2 ranks at once (\`--collective_table\`, \`--group_size 2\`), 4 ranks across the 2 nodes at the row's rate"
-  echo "(\`--collective_table_between\`), 4 KiB to 64 MiB and 16 MiB, from buffers out of the caches."
+  echo "(\`--collective_table_between\`), and hybrid's two rings across the nodes at once at the row's rate (\`--collective_table_across\`,"
+  echo "\`--group_size 2 --groups_strided\`), 4 KiB to 64 MiB and 16 MiB, from buffers out of the caches."
   echo
   cat "$table"
 } > "$out"

@@ -135,7 +135,8 @@ echo "|---|---|---:|---:|---:|---:|---:|---:|---:|" >> "$bench_out"
 # (--profile), each node half of this machine's cores, the collectives as communicator_bench measures
 # them with the run's transports and algorithms (--jsonl): inside a node (each node's 2 ranks at once,
 # as hybrid's groups run: --group_size 2, once) and spanning the nodes (4 ranks on 2, at each rate),
-# from buffers out of the caches.
+# from buffers out of the caches; and hybrid's rings across the groups as they run, both of a node's
+# ranks in a ring of their own across the nodes at once (--group_size 2 --groups_strided, at each rate).
 probe() {  # MAX OUT [communicator_bench flags]
   local max=$1 out=$2
   shift 2
@@ -150,13 +151,15 @@ predict() {  # RATE SHARDING...: prints the predicted step seconds, or nan
   shift
   "$TRAINER" estimate --config "$SOURCE/configs/$config.json" --device cpu --max_length 32 --batch_size 2 --total_batch_size 16 \
     --world_size 4 --ranks_per_node 2 --host_cores "$(node_cores)" --inter_node_gbs "$gbs" --profile 1 \
-    --collective_table "$work/inside.jsonl" --collective_table_between "$work/between_$rate.jsonl" --json --sharding "$@" 2>/dev/null \
+    --collective_table "$work/inside.jsonl" --collective_table_between "$work/between_$rate.jsonl" \
+    --collective_table_across "$work/across_$rate.jsonl" --json --sharding "$@" 2>/dev/null \
     | "$PY" -c "import json, sys; t = sys.stdin.read(); print(json.loads(t[t.index('{'):])['step_time']['step_seconds'])" \
     || echo nan
 }
 for rate in 1gbit 200mbit; do
   cluster_shape "$rate"
   probe 16M "$work/between_$rate.jsonl"
+  probe 16M "$work/across_$rate.jsonl" --group_size 2 --groups_strided  # hybrid's two rings across at once
   for strategy in "${strategies[@]}"; do
     name=${strategy%% *}
     [[ "$strategy" == *backward_gather* ]] && name=${name}_node_copy
