@@ -60,14 +60,13 @@ void time_passes(const at::Tensor& logits, const at::Tensor& labels, int runs) {
     const auto started = Clock::now();
     for (int64_t begin = 0; begin < rows; begin += per_block) {
       const int64_t n = std::min(rows, begin + per_block) - begin;
+      const at::Tensor x = logits.narrow(0, begin, n), target = labels.narrow(0, begin, n).unsqueeze(1);
       auto at = Clock::now();
       const auto lap = [&](int pass) {
         const auto now = Clock::now();
         spent[pass] += std::chrono::duration<double>(now - at).count();
         at = now;
       };
-      const at::Tensor x = logits.narrow(0, begin, n), target = labels.narrow(0, begin, n).unsqueeze(1);
-      at = Clock::now();
       const at::Tensor max = x.amax(1, true);
       lap(0);
       at::Tensor exponentials = gradient.narrow(0, begin, n);
