@@ -7,7 +7,7 @@
 // busbw corrects algbw for the data a ring must move, so it can be compared against the hardware's
 // link bandwidth whatever the collective and rank count: busbw = algbw * 2(n-1)/n for all_reduce,
 // algbw * (n-1)/n for all_gather and reduce_scatter. Time is the mean over the timed iterations
-// of the slowest rank.
+// of the slowest rank (with --apart, the median over iterations timed one at a time).
 //
 // On CPU the backend is MPI (shared memory within a host), on GPUs NCCL, for one rank the world
 // of one (a copy), unless --backend says otherwise.
@@ -16,10 +16,17 @@
 //          [--iters 20] [--warmup 5] [--dtype float32|bfloat16] [--op sum|average]
 //          [--collectives all_gather,reduce_scatter,all_reduce] [--backend auto|single|mpi|nccl]
 //          [--compute_ms MS] [--jsonl FILE] [--cold_bytes 64M] [--group_size G [--groups_strided]]
+//          [--apart]
 //
 // --jsonl FILE also writes each row as a JSON line (collective, bytes, ranks, seconds, busbw_gbs,
 // wrong, backend, device, dtype, ranks_on_host): the table `trainer estimate --collective_table FILE`
 // reads for the step time's collectives inside a node (memory/collective_table.h).
+//
+// --apart times each iteration on its own, every rank starting it after a barrier over the world, and
+// takes the median over the iterations of the slowest rank's time instead of the mean of a loop run
+// back to back: training's collectives come one at a time between compute, and on a link shaped by a
+// token bucket, back-to-back reduce-scatters across two nodes took 0.76-1.25 s for 16 MiB where the
+// same ones inside a run took 0.54-0.74 s but for an outlier in four (docs/memory.md).
 //
 // --compute_ms MS adds the wait row, what training's collectives meet beyond their bandwidth: each
 // rank computes MS milliseconds of its own CPU time, then all-reduces 4 bytes, --iters times. When the
@@ -70,6 +77,7 @@ struct Options {
   std::string cold_bytes;  // non-empty: cycle through buffers of at least this many bytes a rank
   int group_size = 0;       // > 0: groups of this many ranks, each running the collectives at once
   bool groups_strided = false;
+  bool apart = false;  // each iteration after a barrier, the median of the slowest rank's times
 };
 
 // "4096", "4K", "64M", "1G" (binary units).
@@ -133,8 +141,10 @@ struct Row {
 
 class Bench {
  public:
-  Bench(Communicator& comm, at::ScalarType dtype, ReduceOp op, int iters, int warmup, int64_t cold_bytes)
-      : comm_(comm), dtype_(dtype), op_(op), iters_(iters), warmup_(warmup), cold_bytes_(cold_bytes) {}
+  Bench(Communicator& comm, at::ScalarType dtype, ReduceOp op, int iters, int warmup, int64_t cold_bytes,
+        bool apart)
+      : comm_(comm), dtype_(dtype), op_(op), iters_(iters), warmup_(warmup), cold_bytes_(cold_bytes),
+        apart_(apart) {}
 
   Row measure(const std::string& collective, int64_t bytes) {
     const int ranks = comm_.world_size();
@@ -157,14 +167,7 @@ class Bench {
     const auto run_once = [&] { run(collective, all[static_cast<size_t>(next++ % sets)]); };
     for (int i = 0; i < std::max<int64_t>(warmup_, sets); ++i) run_once();
     synchronize();
-    comm_.barrier();
-    const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < iters_; ++i) run_once();
-    synchronize();
-    double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters_;
-    LLM_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
-    row.seconds = seconds;
+    row.seconds = apart_ ? time_apart(run_once) : time_back_to_back(run_once);
 
     int64_t wrong = check(collective, buffers, count, per_rank);
     LLM_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD));
@@ -196,6 +199,36 @@ class Bench {
 
   void synchronize() const {
     if (comm_.device().is_cuda()) torch::cuda::synchronize(comm_.device().index());
+  }
+
+  // The mean over a loop of iterations run back to back, the slowest rank's.
+  template <typename Once>
+  double time_back_to_back(const Once& run_once) {
+    comm_.barrier();
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < iters_; ++i) run_once();
+    synchronize();
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() / iters_;
+    LLM_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+    return seconds;
+  }
+
+  // --apart: each iteration after a barrier over the world (every group starts at once), timed on its
+  // own; the median over the iterations of the slowest rank's time.
+  template <typename Once>
+  double time_apart(const Once& run_once) {
+    std::vector<double> seconds(static_cast<size_t>(iters_));
+    for (double& each : seconds) {
+      LLM_CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD));
+      const auto start = std::chrono::steady_clock::now();
+      run_once();
+      synchronize();
+      each = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+    LLM_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, seconds.data(), iters_, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+    std::sort(seconds.begin(), seconds.end());
+    const size_t middle = seconds.size() / 2;
+    return seconds.size() % 2 == 1 ? seconds[middle] : 0.5 * (seconds[middle - 1] + seconds[middle]);
   }
 
   // Runs the collective once more on fresh pattern inputs and counts wrong elements on this rank.
@@ -233,6 +266,7 @@ class Bench {
   ReduceOp op_;
   int iters_, warmup_;
   int64_t cold_bytes_;
+  bool apart_;
 };
 
 std::unique_ptr<Communicator> make_backend(const std::string& backend, const llm::World& world,
@@ -292,8 +326,9 @@ void run_bench(const Options& options, const llm::World& world) {
                 comm->backend_name().c_str(), world.world_size, world.local_size, device.str().c_str(), ranks,
                 world.world_size / ranks, options.groups_strided ? " (strided)" : "");
     std::printf("# dtype %s, op %s, %d warm-up + %d timed iterations per row; time is the "
-                "slowest rank's mean\n",
-                options.dtype.c_str(), options.op.c_str(), options.warmup, options.iters);
+                "slowest rank's %s\n",
+                options.dtype.c_str(), options.op.c_str(), options.warmup, options.iters,
+                options.apart ? "median over iterations run apart (--apart)" : "mean over iterations back to back");
     std::printf("# busbw = algbw * 2(n-1)/n (all_reduce), algbw * (n-1)/n (all_gather, "
                 "reduce_scatter); #wrong must be 0\n#\n");
     std::printf("# %-15s %12s %12s %9s %8s %11s %11s %11s %8s\n", "collective", "size(B)",
@@ -306,7 +341,7 @@ void run_bench(const Options& options, const llm::World& world) {
     LLM_REQUIRE(jsonl.good(), "communicator_bench", "--jsonl", "cannot write '" + options.jsonl + "'");
   }
   Bench bench(*comm, dtype, op, options.iters, options.warmup,
-              options.cold_bytes.empty() ? 0 : parse_bytes("--cold_bytes", options.cold_bytes));
+              options.cold_bytes.empty() ? 0 : parse_bytes("--cold_bytes", options.cold_bytes), options.apart);
   std::map<std::string, std::pair<double, int>> bus_bandwidth_sum;  // collective -> (sum, rows)
   int64_t total_wrong = 0;
   for (const std::string& collective : options.collectives) {
@@ -407,6 +442,9 @@ int main(int argc, char** argv) {
                  "split the ranks into groups of this many, each running every collective at once (hybrid "
                  "sharding's groups): consecutive ranks, or with --groups_strided ranks r, r + W/G, ...");
   app.add_flag("--groups_strided", options.groups_strided, "--group_size's groups across the consecutive ones");
+  app.add_flag("--apart", options.apart,
+               "time each iteration on its own after a barrier and report the median over them (the slowest "
+               "rank's), as training's collectives come one at a time, instead of the mean of a loop");
   app.add_option("--cold_bytes", options.cold_bytes,
                  "cycle through enough buffers, at least this many bytes a rank (e.g. 64M, past the last-level "
                  "cache), that each collective reads its data from memory as training's do");

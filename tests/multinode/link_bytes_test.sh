@@ -137,11 +137,14 @@ echo "|---|---|---:|---:|---:|---:|---:|---:|---:|" >> "$bench_out"
 # as hybrid's groups run: --group_size 2, once) and spanning the nodes (4 ranks on 2, at each rate),
 # from buffers out of the caches; and hybrid's rings across the groups as they run, both of a node's
 # ranks in a ring of their own across the nodes at once (--group_size 2 --groups_strided, at each rate).
+# Each collective is timed apart (--apart: after a barrier, the median of the iterations), as the run's
+# come one at a time: back to back, the 16 MiB reduce-scatter across the nodes at 200 Mbit/s took
+# 0.76-1.25 s, apart 0.76-0.77, inside the run 0.54-1.33 with a median of 0.73 (docs/memory.md).
 probe() {  # MAX OUT [communicator_bench flags]
   local max=$1 out=$2
   shift 2
   "$MPIEXEC" --hostfile "$(hostfile 2 2)" -np 4 "${fixed[@]}" "$(dirname "$TRAINER")/bench/communicator_bench" \
-    --min-bytes 4K --max-bytes "$max" --step-factor 2 --iters 3 --warmup 1 --op average --cold_bytes 64M --jsonl "$out" \
+    --min-bytes 4K --max-bytes "$max" --step-factor 2 --iters 3 --warmup 1 --op average --cold_bytes 64M --apart --jsonl "$out" \
     "$@" > "$out.txt" 2>&1 || fail "communicator_bench $*: $(tail -n 5 "$out.txt")"
 }
 probe 64M "$work/inside.jsonl" --group_size 2
@@ -165,7 +168,7 @@ for rate in 1gbit 200mbit; do
     [[ "$strategy" == *backward_gather* ]] && name=${name}_node_copy
     [[ "$strategy" == *optimizer_across* ]] && name=${name}_optimizer_across
     for round in $(seq 1 "$rounds"); do
-      run "${name}_${rate}_${round}_short" 2 --sharding $strategy
+      run "${name}_${rate}_${round}_short" 1 --sharding $strategy
       short=$grown
       run "${name}_${rate}_${round}" 5 --sharding $strategy
       echo "$short $grown" > "$work/${name}_${rate}_${round}.bytes"
@@ -184,7 +187,7 @@ for r in range(1, rounds + 1):
     rates.append(statistics.median(s["tokens_per_s"] for s in steps))
     counted.append(4 * statistics.median(sum(s["links"][k]["bytes"] for k in ("group", "across", "node")) for s in steps))
     short_eth, _, long_eth, _ = map(int, open(f"{work}/{name}_{rate}_{r}.bytes").read().split())
-    between.append((long_eth - short_eth) / 3.0)
+    between.append((long_eth - short_eth) / 4.0)
 bits = {"1gbit": 1e9, "200mbit": 2e8}[rate]
 # Both directions run at the rate at once: the busier node's half of the bytes sets the time.
 wire = statistics.median(between) / 2 * 8 / bits
