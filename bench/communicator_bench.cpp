@@ -314,6 +314,7 @@ void run_bench(const Options& options, const llm::World& world) {
                                    world.rank);
   }
   Communicator* const comm = group_comm ? group_comm.get() : world_comm.get();
+  comm->set_label("bench");  // named in stall messages; LLM_DEBUG_DELAY_COLLECTIVE=RANK:bench:N:S holds a rank back
   const int ranks = comm->world_size();
 
   std::vector<int64_t> sizes;

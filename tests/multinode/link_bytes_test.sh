@@ -137,14 +137,14 @@ echo "|---|---|---:|---:|---:|---:|---:|---:|---:|" >> "$bench_out"
 # as hybrid's groups run: --group_size 2, once) and spanning the nodes (4 ranks on 2, at each rate),
 # from buffers out of the caches; and hybrid's rings across the groups as they run, both of a node's
 # ranks in a ring of their own across the nodes at once (--group_size 2 --groups_strided, at each rate).
-# Each collective is timed apart (--apart: after a barrier, the median of the iterations), as the run's
-# come one at a time: back to back, the 16 MiB reduce-scatter across the nodes at 200 Mbit/s took
-# 0.76-1.25 s, apart 0.76-0.77, inside the run 0.54-1.33 with a median of 0.73 (docs/memory.md).
+# Each collective is timed apart (--apart: after a barrier, the median of 9 iterations), as the run's
+# come one at a time (docs/memory.md: back to back, the 16 MiB reduce-scatter across the nodes at
+# 200 Mbit/s ran up to 1.5x slower than the same ones inside a run).
 probe() {  # MAX OUT [communicator_bench flags]
   local max=$1 out=$2
   shift 2
   "$MPIEXEC" --hostfile "$(hostfile 2 2)" -np 4 "${fixed[@]}" "$(dirname "$TRAINER")/bench/communicator_bench" \
-    --min-bytes 4K --max-bytes "$max" --step-factor 2 --iters 3 --warmup 1 --op average --cold_bytes 64M --apart --jsonl "$out" \
+    --min-bytes 4K --max-bytes "$max" --step-factor 2 --iters 9 --warmup 1 --op average --cold_bytes 64M --apart --jsonl "$out" \
     "$@" > "$out.txt" 2>&1 || fail "communicator_bench $*: $(tail -n 5 "$out.txt")"
 }
 probe 64M "$work/inside.jsonl" --group_size 2
