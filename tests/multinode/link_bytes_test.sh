@@ -137,15 +137,30 @@ echo "|---|---|---:|---:|---:|---:|---:|---:|---:|" >> "$bench_out"
 # as hybrid's groups run: --group_size 2, once) and spanning the nodes (4 ranks on 2, at each rate),
 # from buffers out of the caches; and hybrid's rings across the groups as they run, both of a node's
 # ranks in a ring of their own across the nodes at once (--group_size 2 --groups_strided, at each rate).
-# Each collective is timed apart (--apart: after a barrier, the median of 9 iterations), as the run's
+# Each collective is timed apart (--apart: after a barrier, the median of 5 iterations), as the run's
 # come one at a time (docs/memory.md: back to back, the 16 MiB reduce-scatter across the nodes at
-# 200 Mbit/s ran up to 1.5x slower than the same ones inside a run).
+# 200 Mbit/s ran up to 1.5x slower than the same ones inside a run), and each row is the median of
+# three probes (4 ranks on 2 cores: one probe's row can be a scheduler's tick or two off). The tables
+# are kept beside the bench's table (OUT.inside.jsonl, OUT.between_RATE.jsonl, OUT.across_RATE.jsonl).
 probe() {  # MAX OUT [communicator_bench flags]
-  local max=$1 out=$2
+  local max=$1 out=$2 k
   shift 2
-  "$MPIEXEC" --hostfile "$(hostfile 2 2)" -np 4 "${fixed[@]}" "$(dirname "$TRAINER")/bench/communicator_bench" \
-    --min-bytes 4K --max-bytes "$max" --step-factor 2 --iters 9 --warmup 1 --op average --cold_bytes 64M --apart --jsonl "$out" \
-    "$@" > "$out.txt" 2>&1 || fail "communicator_bench $*: $(tail -n 5 "$out.txt")"
+  for k in 1 2 3; do
+    "$MPIEXEC" --hostfile "$(hostfile 2 2)" -np 4 "${fixed[@]}" "$(dirname "$TRAINER")/bench/communicator_bench" \
+      --min-bytes 4K --max-bytes "$max" --step-factor 2 --iters 5 --warmup 1 --op average --cold_bytes 64M --apart \
+      --jsonl "$out.$k" "$@" > "$out.$k.txt" 2>&1 || fail "communicator_bench $*: $(tail -n 5 "$out.$k.txt")"
+  done
+  "$PY" - "$out" <<'PY' > "$out" || fail "$out: the probes' rows differ"
+import json, statistics, sys
+probes = [[json.loads(l) for l in open(f"{sys.argv[1]}.{k}") if l.strip()] for k in (1, 2, 3)]
+for rows in zip(*probes):
+    assert len({(r["collective"], r["bytes"]) for r in rows}) == 1, rows
+    row = dict(rows[0])
+    row["seconds"] = statistics.median(r["seconds"] for r in rows)
+    row["busbw_gbs"] = statistics.median(r["busbw_gbs"] for r in rows)
+    print(json.dumps(row))
+PY
+  cp "$out" "$bench_out.$(basename "$out")"
 }
 probe 64M "$work/inside.jsonl" --group_size 2
 predict() {  # RATE SHARDING...: prints the predicted step seconds, or nan
