@@ -7,7 +7,7 @@
 // busbw corrects algbw for the data a ring must move, so it can be compared against the hardware's
 // link bandwidth whatever the collective and rank count: busbw = algbw * 2(n-1)/n for all_reduce,
 // algbw * (n-1)/n for all_gather and reduce_scatter. Time is the mean over the timed iterations
-// of the slowest rank (with --apart, the median over iterations timed one at a time).
+// of the slowest rank (with --apart, over iterations timed one at a time).
 //
 // On CPU the backend is MPI (shared memory within a host), on GPUs NCCL, for one rank the world
 // of one (a copy), unless --backend says otherwise.
@@ -23,10 +23,12 @@
 // reads for the step time's collectives inside a node (memory/collective_table.h).
 //
 // --apart times each iteration on its own, every rank starting it after a barrier over the world, and
-// takes the median over the iterations of the slowest rank's time instead of the mean of a loop run
-// back to back: training's collectives come one at a time between compute, and on a link shaped by a
-// token bucket, back-to-back reduce-scatters across two nodes took 0.76-1.25 s for 16 MiB where the
-// same ones inside a run took 0.54-0.74 s but for an outlier in four (docs/memory.md).
+// takes the mean over the iterations of the slowest rank's time in each, instead of a loop run back to
+// back, where one iteration's tail overlaps the next: training's collectives come one at a time between
+// compute, and on a link shaped by a token bucket, back-to-back reduce-scatters across two nodes ran
+// up to 1.5x slower than the same ones inside a run (docs/memory.md). The JSON rows then also carry
+// iteration_seconds, each iteration's time. A mean, not a median: where ranks share cores an iteration
+// may wait a scheduler's tick or more for a descheduled rank, and the run's collectives pay those too.
 //
 // --compute_ms MS adds the wait row, what training's collectives meet beyond their bandwidth: each
 // rank computes MS milliseconds of its own CPU time, then all-reduces 4 bytes, --iters times. When the
@@ -77,7 +79,7 @@ struct Options {
   std::string cold_bytes;  // non-empty: cycle through buffers of at least this many bytes a rank
   int group_size = 0;       // > 0: groups of this many ranks, each running the collectives at once
   bool groups_strided = false;
-  bool apart = false;  // each iteration after a barrier, the median of the slowest rank's times
+  bool apart = false;  // each iteration after a barrier, the mean of the slowest rank's times
 };
 
 // "4096", "4K", "64M", "1G" (binary units).
@@ -136,6 +138,7 @@ struct Buffers {
 struct Row {
   int64_t bytes = 0, count = 0;
   double seconds = 0;
+  std::vector<double> iteration_seconds;  // --apart: the slowest rank's time in each iteration
   int64_t wrong = 0;
 };
 
@@ -167,7 +170,12 @@ class Bench {
     const auto run_once = [&] { run(collective, all[static_cast<size_t>(next++ % sets)]); };
     for (int i = 0; i < std::max<int64_t>(warmup_, sets); ++i) run_once();
     synchronize();
-    row.seconds = apart_ ? time_apart(run_once) : time_back_to_back(run_once);
+    if (apart_) {
+      row.iteration_seconds = time_apart(run_once);
+      for (double each : row.iteration_seconds) row.seconds += each / static_cast<double>(iters_);
+    } else {
+      row.seconds = time_back_to_back(run_once);
+    }
 
     int64_t wrong = check(collective, buffers, count, per_rank);
     LLM_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &wrong, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD));
@@ -214,9 +222,9 @@ class Bench {
   }
 
   // --apart: each iteration after a barrier over the world (every group starts at once), timed on its
-  // own; the median over the iterations of the slowest rank's time.
+  // own; the slowest rank's time in each.
   template <typename Once>
-  double time_apart(const Once& run_once) {
+  std::vector<double> time_apart(const Once& run_once) {
     std::vector<double> seconds(static_cast<size_t>(iters_));
     for (double& each : seconds) {
       LLM_CHECK_MPI(MPI_Barrier(MPI_COMM_WORLD));
@@ -226,9 +234,7 @@ class Bench {
       each = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
     LLM_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, seconds.data(), iters_, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
-    std::sort(seconds.begin(), seconds.end());
-    const size_t middle = seconds.size() / 2;
-    return seconds.size() % 2 == 1 ? seconds[middle] : 0.5 * (seconds[middle - 1] + seconds[middle]);
+    return seconds;
   }
 
   // Runs the collective once more on fresh pattern inputs and counts wrong elements on this rank.
@@ -329,7 +335,7 @@ void run_bench(const Options& options, const llm::World& world) {
     std::printf("# dtype %s, op %s, %d warm-up + %d timed iterations per row; time is the "
                 "slowest rank's %s\n",
                 options.dtype.c_str(), options.op.c_str(), options.warmup, options.iters,
-                options.apart ? "median over iterations run apart (--apart)" : "mean over iterations back to back");
+                options.apart ? "mean over iterations run apart (--apart)" : "mean over iterations back to back");
     std::printf("# busbw = algbw * 2(n-1)/n (all_reduce), algbw * (n-1)/n (all_gather, "
                 "reduce_scatter); #wrong must be 0\n#\n");
     std::printf("# %-15s %12s %12s %9s %8s %11s %11s %11s %8s\n", "collective", "size(B)",
@@ -360,16 +366,16 @@ void run_bench(const Options& options, const llm::World& world) {
                     collective == "all_gather" ? "none" : options.op.c_str(), row.seconds * 1e6,
                     algbw, busbw, static_cast<long long>(row.wrong));
         std::fflush(stdout);
-        if (jsonl.is_open())
-          jsonl << nlohmann::json{{"collective", collective},     {"bytes", row.bytes},
-                                  {"ranks", ranks},               {"seconds", row.seconds},
-                                  {"busbw_gbs", busbw},           {"wrong", row.wrong},
-                                  {"backend", comm->backend_name()}, {"device", device.str()},
-                                  {"dtype", options.dtype},       {"ranks_on_host", world.local_size},
-                                  {"groups", world.world_size / ranks}}
-                       .dump()
-                << "\n"
-                << std::flush;
+        if (jsonl.is_open()) {
+          nlohmann::json line{{"collective", collective},        {"bytes", row.bytes},
+                              {"ranks", ranks},                  {"seconds", row.seconds},
+                              {"busbw_gbs", busbw},              {"wrong", row.wrong},
+                              {"backend", comm->backend_name()}, {"device", device.str()},
+                              {"dtype", options.dtype},          {"ranks_on_host", world.local_size},
+                              {"groups", world.world_size / ranks}};
+          if (options.apart) line["iteration_seconds"] = row.iteration_seconds;
+          jsonl << line.dump() << "\n" << std::flush;
+        }
       }
     }
   }
@@ -444,8 +450,8 @@ int main(int argc, char** argv) {
                  "sharding's groups): consecutive ranks, or with --groups_strided ranks r, r + W/G, ...");
   app.add_flag("--groups_strided", options.groups_strided, "--group_size's groups across the consecutive ones");
   app.add_flag("--apart", options.apart,
-               "time each iteration on its own after a barrier and report the median over them (the slowest "
-               "rank's), as training's collectives come one at a time, instead of the mean of a loop");
+               "time each iteration on its own after a barrier (the slowest rank's) and report their mean, as "
+               "training's collectives come one at a time, instead of a loop's; the JSON rows add iteration_seconds");
   app.add_option("--cold_bytes", options.cold_bytes,
                  "cycle through enough buffers, at least this many bytes a rank (e.g. 64M, past the last-level "
                  "cache), that each collective reads its data from memory as training's do");

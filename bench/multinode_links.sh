@@ -27,7 +27,7 @@ bash tests/multinode/link_bytes_test.sh build/trainer "${MPIEXEC:-mpirun}" --ben
   echo "algorithms: each node's 2 ranks at once (\`--collective_table\`, \`--group_size 2\`), 4 ranks across the 2 nodes at the row's rate"
   echo "(\`--collective_table_between\`), and hybrid's two rings across the nodes at once at the row's rate (\`--collective_table_across\`,"
   echo "\`--group_size 2 --groups_strided\`), 4 KiB to 64 MiB and 16 MiB, from buffers out of the caches, each collective"
-  echo "timed apart (\`--apart\`: after a barrier, the median of 5), as the run's come one at a time, each row"
+  echo "timed apart (\`--apart\`: after a barrier, the mean of 5), as the run's come one at a time, each row"
   echo "the median of 3 probes; the tables are kept beside this file (multinode_links.inside.jsonl, .between_RATE, .across_RATE)."
   echo
   cat "$table"

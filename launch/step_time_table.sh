@@ -68,17 +68,11 @@ echo "[step_time] probe: ${GBS} GB/s bus bandwidth at 1 MiB, ${LATENCY_US} us a 
 ROWS=(
   "1 rank|1|--batch_size 4"
   "1 rank, --offload optimizer|1|--batch_size 4 --offload optimizer"
-  "1 rank, --offload optimizer,parameters|1|--batch_size 4 --offload optimizer,parameters"
-  "1 rank, --offload optimizer --offload_step speculative|1|--batch_size 4 --offload optimizer --offload_step speculative"
-  "1 rank, --offload optimizer --offload_step device|1|--batch_size 4 --offload optimizer --offload_step device"
-  "1 rank, --offload optimizer --offload_delayed_update 0|1|--batch_size 4 --offload optimizer --offload_delayed_update 0"
   "4 ranks full_shard|4|--batch_size 2"
   "4 ranks shard_grad_op|4|--batch_size 2 --sharding shard_grad_op"
   "4 ranks no_shard|4|--batch_size 2 --sharding no_shard"
   "4 ranks hybrid_shard 2 x 2|4|--batch_size 2 --sharding hybrid_shard --shard_group_size 2"
   "4 ranks full_shard, --offload optimizer|4|--batch_size 2 --offload optimizer"
-  "4 ranks full_shard, --offload optimizer,parameters|4|--batch_size 2 --offload optimizer,parameters"
-  "4 ranks full_shard, --offload optimizer --offload_step speculative|4|--batch_size 2 --offload optimizer --offload_step speculative"
 )
 {
   echo "# Step time: predicted against measured"

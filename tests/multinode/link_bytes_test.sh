@@ -137,10 +137,10 @@ echo "|---|---|---:|---:|---:|---:|---:|---:|---:|" >> "$bench_out"
 # as hybrid's groups run: --group_size 2, once) and spanning the nodes (4 ranks on 2, at each rate),
 # from buffers out of the caches; and hybrid's rings across the groups as they run, both of a node's
 # ranks in a ring of their own across the nodes at once (--group_size 2 --groups_strided, at each rate).
-# Each collective is timed apart (--apart: after a barrier, the median of 5 iterations), as the run's
+# Each collective is timed apart (--apart: after a barrier, the mean of 5 iterations), as the run's
 # come one at a time (docs/memory.md: back to back, the 16 MiB reduce-scatter across the nodes at
 # 200 Mbit/s ran up to 1.5x slower than the same ones inside a run), and each row is the median of
-# three probes (4 ranks on 2 cores: one probe's row can be a scheduler's tick or two off). The tables
+# three probes. The tables
 # are kept beside the bench's table (OUT.inside.jsonl, OUT.between_RATE.jsonl, OUT.across_RATE.jsonl).
 probe() {  # MAX OUT [communicator_bench flags]
   local max=$1 out=$2 k
