@@ -11,11 +11,12 @@ cd "$(dirname "$0")/.."
 out=${1:-docs/bench/multinode_links.md}
 config=${2:-llama_9m}
 table=$(mktemp)
+# The tree the bench runs (before it writes its own table, which would read as a change).
+dirty=$(git status --porcelain --untracked-files=no | grep -q . && echo " with uncommitted changes" || true)
 bash tests/multinode/link_bytes_test.sh build/trainer "${MPIEXEC:-mpirun}" --bench "$table" "$config"
 {
   echo "# Hybrid sharding between nodes: bench/multinode_links.sh"
   echo
-  dirty=$(git status --porcelain --untracked-files=no | grep -q . && echo " with uncommitted changes" || true)
   echo "Made $(date -u +%Y-%m-%d) at commit $(git rev-parse --short HEAD)$dirty on this machine ($(nproc --all) cores), $config,"
   echo "4 ranks on 2 namespace nodes (tests/multinode), micro-batch 2 x 32 tokens, 2 micro-batches a step,"
   echo "${ROUNDS:-2} rounds a row. Step time and tokens/s: the trainer's step records, the median over the steps"
