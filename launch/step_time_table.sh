@@ -35,15 +35,7 @@ for probe in 1 2 3; do
     --min-bytes 4K --max-bytes 64M --step-factor 2 --iters 10 --op average --cold_bytes 64M \
     --jsonl "$WORK/probe.$probe.jsonl" > "$WORK/probe.$probe.txt"
 done
-"$PY" - "$WORK" > "$WORK/table.jsonl" <<'EOF'
-import json, statistics, sys
-probes = [[json.loads(l) for l in open(f"{sys.argv[1]}/probe.{p}.jsonl") if l.strip()] for p in (1, 2, 3)]
-for rows in zip(*probes):
-    row = dict(rows[0])
-    row["seconds"] = statistics.median(r["seconds"] for r in rows)
-    row["busbw_gbs"] = statistics.median(r["busbw_gbs"] for r in rows)
-    print(json.dumps(row))
-EOF
+"$PY" launch/median_of_probes.py "$WORK"/probe.{1,2,3}.jsonl > "$WORK/table.jsonl"
 cp "$WORK/table.jsonl" "${OUT%.md}.collectives.jsonl"
 # The wait of each collective for the last rank (ranks sharing cores arrive apart): communicator_bench's
 # wait row, each rank computing WAIT_COMPUTE_MS of its own CPU time between collectives (about a unit's

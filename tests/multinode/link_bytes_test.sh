@@ -140,8 +140,8 @@ echo "|---|---|---:|---:|---:|---:|---:|---:|---:|" >> "$bench_out"
 # Each collective is timed apart (--apart: after a barrier, the mean of 5 iterations), as the run's
 # come one at a time (docs/memory.md: back to back, the 16 MiB reduce-scatter across the nodes at
 # 200 Mbit/s ran up to 1.5x slower than the same ones inside a run), and each row is the median of
-# three probes. The tables
-# are kept beside the bench's table (OUT.inside.jsonl, OUT.between_RATE.jsonl, OUT.across_RATE.jsonl).
+# three probes (launch/median_of_probes.py). The tables are kept beside the bench's table
+# (OUT.inside.jsonl, OUT.between_RATE.jsonl, OUT.across_RATE.jsonl).
 probe() {  # MAX OUT [communicator_bench flags]
   local max=$1 out=$2 k
   shift 2
@@ -150,16 +150,7 @@ probe() {  # MAX OUT [communicator_bench flags]
       --min-bytes 4K --max-bytes "$max" --step-factor 2 --iters 5 --warmup 1 --op average --cold_bytes 64M --apart \
       --jsonl "$out.$k" "$@" > "$out.$k.txt" 2>&1 || fail "communicator_bench $*: $(tail -n 5 "$out.$k.txt")"
   done
-  "$PY" - "$out" <<'PY' > "$out" || fail "$out: the probes' rows differ"
-import json, statistics, sys
-probes = [[json.loads(l) for l in open(f"{sys.argv[1]}.{k}") if l.strip()] for k in (1, 2, 3)]
-for rows in zip(*probes):
-    assert len({(r["collective"], r["bytes"]) for r in rows}) == 1, rows
-    row = dict(rows[0])
-    row["seconds"] = statistics.median(r["seconds"] for r in rows)
-    row["busbw_gbs"] = statistics.median(r["busbw_gbs"] for r in rows)
-    print(json.dumps(row))
-PY
+  "$PY" "$SOURCE/launch/median_of_probes.py" "$out".{1,2,3} > "$out" || fail "$out: the probes do not merge"
   cp "$out" "$bench_out.$(basename "$out")"
 }
 probe 64M "$work/inside.jsonl" --group_size 2
