@@ -10,7 +10,7 @@
 # OUT's name .collectives.jsonl). Writes a Markdown table (default docs/step_time.md) with the commit, the probe and
 # each row's predicted and measured step and phases.
 #
-#   bash launch/step_time_table.sh [OUT]        # ROUNDS=3 STEPS=16 SKIP=8 BUILD_DIR=build; on an idle machine
+#   bash launch/step_time_table.sh [OUT]        # ROUNDS=3 STEPS=16 SKIP=8 BUILD_DIR=build ONLY=REGEX; on an idle machine
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-docs/step_time.md}
@@ -57,15 +57,32 @@ EOF
 )
 echo "[step_time] probe: ${GBS} GB/s bus bandwidth at 1 MiB, ${LATENCY_US} us a ring step, ${WAIT_US} us a collective's wait"
 
-ROWS=(
-  "1 rank|1|--batch_size 4"
-  "1 rank, --offload optimizer|1|--batch_size 4 --offload optimizer"
-  "4 ranks full_shard|4|--batch_size 2"
-  "4 ranks shard_grad_op|4|--batch_size 2 --sharding shard_grad_op"
-  "4 ranks no_shard|4|--batch_size 2 --sharding no_shard"
-  "4 ranks hybrid_shard 2 x 2|4|--batch_size 2 --sharding hybrid_shard --shard_group_size 2"
-  "4 ranks full_shard, --offload optimizer|4|--batch_size 2 --offload optimizer"
+# Every strategy with and without each offload mode (on a CPU there is no PCIe: the modes differ by where
+# and when the host step runs and what it copies): at 1 rank, and at 4 ranks for each strategy.
+MODES=(
+  "|"
+  ", --offload optimizer|--offload optimizer"
+  ", --offload optimizer,parameters|--offload optimizer,parameters"
+  ", --offload_step speculative|--offload optimizer --offload_step speculative"
+  ", --offload_step device|--offload optimizer --offload_step device"
+  ", --offload_delayed_update 0|--offload optimizer --offload_delayed_update 0"
 )
+ROWS=()
+for strategy in "1 rank|1|--batch_size 4" "4 ranks full_shard|4|--batch_size 2" \
+                "4 ranks shard_grad_op|4|--batch_size 2 --sharding shard_grad_op" \
+                "4 ranks no_shard|4|--batch_size 2 --sharding no_shard" \
+                "4 ranks hybrid_shard 2 x 2|4|--batch_size 2 --sharding hybrid_shard --shard_group_size 2"; do
+  IFS='|' read -r name ranks flags <<< "$strategy"
+  for mode in "${MODES[@]}"; do
+    ROWS+=("$name${mode%%|*}|$ranks|$flags ${mode#*|}")
+  done
+done
+# ONLY=REGEX: the rows whose names match (a partial table, for a look before the whole one).
+if [ -n "${ONLY:-}" ]; then
+  picked=()
+  for row in "${ROWS[@]}"; do [[ "${row%%|*}" =~ $ONLY ]] && picked+=("$row"); done
+  ROWS=("${picked[@]}")
+fi
 {
   echo "# Step time: predicted against measured"
   echo

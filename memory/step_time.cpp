@@ -146,6 +146,10 @@ StepTimeEstimate estimate_step_time(const ModelConfig& model, const RunConfig& r
   const bool group_spans = S > per_node, world_spans = world > per_node;
   const bool grad_op = within_group(run.sharding.strategy) == ShardingStrategy::shard_grad_op;
   const int node_copy = run.sharding.backward_gather_size;
+  // Parameter offload: a unit is gathered even where it is whole (one rank; no_shard, then planned as
+  // full_shard: copied in and freed around each use, sharding/sharded_model.cpp), its rows copied into
+  // the parameters at each gather.
+  const bool offload_rows = offloads_parameters(run.sharding.offload);
   struct UnitComm {
     double gather_forward = 0, gather_backward = 0, reduce = 0;  // one of each
   };
@@ -156,12 +160,13 @@ StepTimeEstimate estimate_step_time(const ModelConfig& model, const RunConfig& r
       comm.reduce = collective("all_reduce", world, 4.0 * numel, world_spans, 2.0 * (world - 1), 4.0 * numel / world,
                                rate(world_spans));
       (world_spans ? estimate.inter_node_bytes : estimate.intra_node_bytes) += count * 2.0 * (world - 1) * 4.0 * numel / world;
+      if (offload_rows) comm.gather_forward = comm.gather_backward = 2.0 * c * numel * compute.copy_seconds_per_byte * stretch;
       return comm;
     }
     const double shard = numel / S;
     // The staging copies: the gathered rows into the parameters, the gradients into the flat buffer
-    // (none at S = 1: the unit is whole on its rank).
-    const double copy_rate = S > 1 ? compute.copy_seconds_per_byte * stretch : 0.0;
+    // (none at S = 1, where the unit is whole on its rank, unless its parameters are offloaded).
+    const double copy_rate = S > 1 || offload_rows ? compute.copy_seconds_per_byte * stretch : 0.0;
     const double copy_out = 2.0 * c * numel * copy_rate, copy_in = (c + 4.0) * numel * copy_rate;
     const auto gather = [&](double ranks, double rows, bool spans, double times) {
       (spans ? estimate.inter_node_bytes : estimate.intra_node_bytes) += count * times * (ranks - 1) * rows * c;
@@ -213,7 +218,7 @@ StepTimeEstimate estimate_step_time(const ModelConfig& model, const RunConfig& r
   // Parameter offload: every gather's rows come in over PCIe first, and the optimizer on the device
   // sends the updated rows out once.
   double parameter_copies = 0;
-  if (cuda && offloads_parameters(run.sharding.offload)) {
+  if (cuda && offload_rows) {  // on a CPU rank the host shard is the gather's own send buffer: no copy
     const double rows = c * static_cast<double>(model.num_parameters()) / S;
     parameter_copies = (micro * (grad_op ? 1.0 : 2.0) + (offloads_optimizer(run.sharding.offload) ? 0.0 : 1.0)) * rows /
                        (pcie_gbs * 1e9);
@@ -236,12 +241,17 @@ StepTimeEstimate estimate_step_time(const ModelConfig& model, const RunConfig& r
   const int optimizer_ranks = run.sharding.optimizer_across_groups ? world : S;
   const double rows = static_cast<double>(model.num_parameters()) / optimizer_ranks;
   double optimizer = rows * compute.optimizer_seconds_per_element;
-  if (cuda && offloads_optimizer(run.sharding.offload)) {
+  if (offloads_optimizer(run.sharding.offload)) {
     const bool bf16_state = run.optimizer.state_dtype == "bfloat16";
+    // A byte between device and host memory: over PCIe on CUDA; on a CPU rank both are the same
+    // memory, and the byte is read and written by a copy at the measured copy rate.
+    const double host_byte = cuda ? 1.0 / (pcie_gbs * 1e9) : 2.0 * compute.copy_seconds_per_byte;
     if (run.sharding.offload_step == OffloadStep::device)  // master and moments in and out, the kernel between
-      optimizer += rows * 2.0 * (4.0 + (bf16_state ? 4.0 : 8.0)) / (pcie_gbs * 1e9);
-    else
-      optimizer = rows * ((4.0 + c) / (pcie_gbs * 1e9) + (bf16_state ? 20.0 : 28.0) / (host_gbs * 1e9));
+      optimizer += rows * 2.0 * (4.0 + (bf16_state ? 4.0 : 8.0)) * host_byte;
+    else if (cuda)  // the gradient shard in, the updated rows out, the step at the host's rate
+      optimizer = rows * ((4.0 + c) * host_byte + (bf16_state ? 20.0 : 28.0) / (host_gbs * 1e9));
+    else  // the same copies, and the same kernel as without offload (on a worker thread)
+      optimizer += rows * (4.0 + c) * host_byte;
   }
   // The loss's average and the gradient norm's sum over the ranks: a one-element all-reduce each.
   const double other =

@@ -356,6 +356,36 @@ TEST(StepTime, OffloadCostsItsCopiesOverPcieOnCuda) {
   for (int phase : {0, 1}) EXPECT_DOUBLE_EQ(device_step.phases[phase], resident.phases[phase]);
 }
 
+// On a CPU rank host and device memory are one: offload's copies are copies in memory, each byte read
+// and written at the measured copy rate (no PCIe), and a whole unit with its parameters offloaded is
+// gathered (its rows copied into the parameters) at each use.
+TEST(StepTime, OffloadCostsItsCopiesAtTheCopyRateOnACpu) {
+  const ModelConfig model = micro();
+  const double P = static_cast<double>(model.num_parameters()), copy = 1e-10;
+  ComputeRates compute = rates();
+  compute.copy_seconds_per_byte = copy;
+  const auto step = [&](const RunConfig& r, int world) {
+    return estimate_step_time(model, r, world, "cpu", compute, links(100, 100, 0, world), 0, 5, 10);
+  };
+  const auto near = [](double got, double want) { EXPECT_NEAR(got, want, 1e-9 * want) << got << " against " << want; };
+  RunConfig run = run_with(ShardingStrategy::full_shard);  // 2 micro-batches, fp32 compute (c = 4)
+  const StepTimeEstimate whole = step(run, 1);
+  EXPECT_EQ(whole.phases[2], 0);  // one rank, resident units: nothing gathered, nothing copied
+  run.sharding.offload = Offload::parameters;
+  // 2 micro-batches x 2 gathers, 4 B a parameter read and written; the reduction's copy of the
+  // gradients into the unit's flat buffer (4 B in, 4 out), as a gathered unit's
+  near(step(run, 1).phases[2], (2 * 2 * (2 * 4 * P) + (4 + 4) * P) * copy);
+  run.sharding.offload = Offload::optimizer;
+  near(step(run, 1).phases[3] - whole.phases[3], P * (4 + 4) * 2 * copy);  // the gradient in, the rows out
+  run.sharding.offload_step = OffloadStep::device;
+  near(step(run, 1).phases[3] - whole.phases[3], P * 2 * (4 + 8) * 2 * copy);  // master and moments in and out
+  // no_shard with its parameters offloaded is planned as full_shard: each use's rows copied in.
+  RunConfig replicated = run_with(ShardingStrategy::no_shard);
+  const StepTimeEstimate kept = step(replicated, 4);
+  replicated.sharding.offload = Offload::parameters;
+  near(step(replicated, 4).phases[2] - kept.phases[2], 2 * 2 * (2 * 4 * P) * copy);
+}
+
 std::string estimate_command(const std::string& flags) {
   return testing::trainer_binary().string() + " estimate --config " + (testing::source_dir() / "configs/llama_micro.json").string() +
          " --device cpu --max_length 32 --batch_size 2 " + flags;
