@@ -34,27 +34,35 @@ counters() {  # the bytes sent on each node's eth0 and lo, summed over the nodes
   done
   echo "$eth $lo"
 }
-run() {  # NAME STEPS SHARDING...: trains; sets grown to the counters' growth "ETH0 LO"
+run() {  # NAME STEPS SHARDING...: trains; sets grown to the counters' growth "ETH0 LO", wall to its seconds
   local name=$1 steps=$2
   shift 2
-  local before after
+  local before after start
   before=$(counters)
+  start=$(date +%s.%N)
   timeout 300 "$MPIEXEC" --hostfile "$(hostfile 2 2)" -np 4 "${fixed[@]}" "$TRAINER" \
     --config "$SOURCE/configs/$config.json" --device cpu --max_length 32 --batch_size 2 --total_batch_size 16 \
     --eval_every 0 --eval_batches 1 --warmup_steps 0 --num_training_steps "$steps" "$@" \
     --run_dir "$work/$name" > "$work/$name.log" 2>&1 || fail "$name: $(tail -n 5 "$work/$name.log")"
+  wall=$("$PY" -c "import sys, time; print(time.time() - float(sys.argv[1]))" "$start")
   after=$(counters)
   set -- $before $after
   grown="$(( $3 - $1 )) $(( $4 - $2 ))"
 }
 strategies=("full_shard" "full_shard --backward_gather_size 2" "shard_grad_op" "hybrid_shard --shard_group_size 2"
             "hybrid_shard --shard_group_size 2 --shard_optimizer_across_groups" "hybrid_shard_grad_op --shard_group_size 2")
+row_name() {  # STRATEGY: the runs' name, one word
+  local name=${1%% *}
+  [[ "$1" == *backward_gather* ]] && name=${name}_node_copy
+  [[ "$1" == *optimizer_across* ]] && name=${name}_optimizer_across
+  [[ "$1" == *"--offload optimizer"* ]] && name=${name}_offload
+  [[ "$1" == *"--offload_step speculative"* ]] && name=${name}_speculative
+  echo "$name"
+}
 
 if [ -z "$bench_out" ]; then
   for strategy in "${strategies[@]}"; do
-    name=${strategy%% *}
-    [[ "$strategy" == *backward_gather* ]] && name=${name}_node_copy
-    [[ "$strategy" == *optimizer_across* ]] && name=${name}_optimizer_across
+    name=$(row_name "$strategy")
     run "${name}_1" 1 --sharding $strategy
     short=$grown
     run "${name}_5" 5 --sharding $strategy
@@ -128,9 +136,13 @@ fi
 # The bench: each node's eth0 shaped (tc's token bucket on its egress, so each direction between the
 # nodes runs at RATE), every strategy at each rate, ROUNDS rounds (the median step time is the one
 # after the first step; the spread over rounds beside it).
+# The bench adds the optimizer offloaded (a CPU has no PCIe: the host step's place and time differ, not
+# the bytes), to full_shard and to hybrid, with the host step after backward and speculative in it.
 rounds=${ROUNDS:-2}
-echo "| link between nodes | strategy | step time s (median over rounds; min-max) | predicted s (trainer estimate) | predicted / measured | tokens/s | MB between nodes a step | s to send them at the rate | MB sent by all ranks (trainer's count) |" > "$bench_out"
-echo "|---|---|---:|---:|---:|---:|---:|---:|---:|" >> "$bench_out"
+strategies+=("full_shard --offload optimizer" "hybrid_shard --shard_group_size 2 --offload optimizer"
+             "hybrid_shard --shard_group_size 2 --offload optimizer --offload_step speculative")
+echo "| link between nodes | strategy | step time s (median over rounds; min-max) | wall-clock s a step | predicted s (trainer estimate) | predicted / measured | tokens/s | MB between nodes a step | s to send them at the rate | MB sent by all ranks (trainer's count) |" > "$bench_out"
+echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|" >> "$bench_out"
 # The step time `trainer estimate` predicts for each row (memory/step_time.h): the units timed here
 # (--profile), each node half of this machine's cores, the collectives as communicator_bench measures
 # them with the run's transports and algorithms (--jsonl): inside a node (each node's 2 ranks at once,
@@ -170,14 +182,13 @@ for rate in 1gbit 200mbit; do
   probe 16M "$work/between_$rate.jsonl"
   probe 16M "$work/across_$rate.jsonl" --group_size 2 --groups_strided  # hybrid's two rings across at once
   for strategy in "${strategies[@]}"; do
-    name=${strategy%% *}
-    [[ "$strategy" == *backward_gather* ]] && name=${name}_node_copy
-    [[ "$strategy" == *optimizer_across* ]] && name=${name}_optimizer_across
+    name=$(row_name "$strategy")
     for round in $(seq 1 "$rounds"); do
       run "${name}_${rate}_${round}_short" 1 --sharding $strategy
-      short=$grown
+      short=$grown short_wall=$wall
       run "${name}_${rate}_${round}" 5 --sharding $strategy
       echo "$short $grown" > "$work/${name}_${rate}_${round}.bytes"
+      echo "$short_wall $wall" > "$work/${name}_${rate}_${round}.wall"
     done
     # shellcheck disable=SC2086  # the strategy's words are flags
     predicted=$(predict "$rate" $strategy)
@@ -185,7 +196,7 @@ for rate in 1gbit 200mbit; do
 import json, statistics, sys
 work, name, rate, rounds, strategy = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
 predicted = float(sys.argv[6])
-times, rates, between, counted = [], [], [], []
+times, walls, rates, between, counted = [], [], [], [], []
 for r in range(1, rounds + 1):
     steps = [json.loads(l) for l in open(f"{work}/{name}_{rate}_{r}/metrics.jsonl")]
     steps = [s for s in steps if s.get("event") == "train"][1:]
@@ -194,11 +205,14 @@ for r in range(1, rounds + 1):
     counted.append(4 * statistics.median(sum(s["links"][k]["bytes"] for k in ("group", "across", "node")) for s in steps))
     short_eth, _, long_eth, _ = map(int, open(f"{work}/{name}_{rate}_{r}.bytes").read().split())
     between.append((long_eth - short_eth) / 4.0)
+    # From outside the trainer: the 5-step run's wall-clock less the 1-step run's, over the 4 steps more.
+    short_wall, long_wall = map(float, open(f"{work}/{name}_{rate}_{r}.wall").read().split())
+    walls.append((long_wall - short_wall) / 4.0)
 bits = {"1gbit": 1e9, "200mbit": 2e8}[rate]
 # Both directions run at the rate at once: the busier node's half of the bytes sets the time.
 wire = statistics.median(between) / 2 * 8 / bits
 print(f"| {rate.replace('gbit', ' Gbit/s').replace('mbit', ' Mbit/s')} | {strategy} | {statistics.median(times):.3f} "
-      f"({min(times):.3f}-{max(times):.3f}) | {predicted:.3f} | {predicted / statistics.median(times):.2f} | "
+      f"({min(times):.3f}-{max(times):.3f}) | {statistics.median(walls):.3f} | {predicted:.3f} | {predicted / statistics.median(times):.2f} | "
       f"{statistics.median(rates):.0f} | {statistics.median(between) / 1e6:.2f} | "
       f"{wire:.3f} | {statistics.median(counted) / 1e6:.2f} |")
 PY
