@@ -26,7 +26,8 @@ bash tests/multinode/link_bytes_test.sh build/trainer "${MPIEXEC:-mpirun}" --ben
   echo "on a CPU the same bytes; the host step's place and time differ. Bytes between nodes: both nodes' eth0 counters"
   echo "over a 5-step run less a 1-step one, a step; the time to send them: the busier direction's half at the"
   echo "rate. All ranks' bytes: the trainer's count (docs/sharding.md has the formulas both follow). Predicted:"
-  echo "\`trainer estimate --profile 1\` for the row's flags (memory/step_time.h), each node half of this machine's"
+  echo "\`trainer estimate --profile 1\` for the row's flags (memory/step_time.h), the units profiled once for every row (\`--profile_cache\`,"
+  echo "kept as multinode_links.profile.json), each node half of this machine's"
   echo "cores, the collectives at the times \`communicator_bench --jsonl\` measured with the run's transports and"
   echo "algorithms: each node's 2 ranks at once (\`--collective_table\`, \`--group_size 2\`), 4 ranks across the 2 nodes at the row's rate"
   echo "(\`--collective_table_between\`), and hybrid's two rings across the nodes at once at the row's rate (\`--collective_table_across\`,"
@@ -36,6 +37,6 @@ bash tests/multinode/link_bytes_test.sh build/trainer "${MPIEXEC:-mpirun}" --ben
   echo
   cat "$table"
 } > "$out"
-for kept in "$table".*.jsonl; do mv "$kept" "${out%.md}.${kept#"$table".}"; done  # the probes' tables
+for kept in "$table".*.jsonl "$table".profile.json; do mv "$kept" "${out%.md}.${kept#"$table".}"; done  # the probes' tables, the profile
 rm -f "$table"
 echo "wrote $out and its probes' tables (${out%.md}.*.jsonl)"

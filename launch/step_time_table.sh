@@ -7,7 +7,8 @@
 # steps 1-4 and 0.094 s from step 7 at one rank). The links inside the node are probed first with
 # build/bench/communicator_bench at the ranks of the 4-rank rows, every collective from 4 KiB to 64 MiB
 # (--jsonl), and the rows passed to the estimate as --collective_table (kept beside OUT as
-# OUT's name .collectives.jsonl). Writes a Markdown table (default docs/step_time.md) with the commit, the probe and
+# OUT's name .collectives.jsonl). The units are profiled once for each micro-batch (--profile_cache, kept
+# as OUT's name .profile.json), so the rows differ only by what the model prices. Writes a Markdown table (default docs/step_time.md) with the commit, the probe and
 # each row's predicted and measured step and phases.
 #
 #   bash launch/step_time_table.sh [OUT]        # ROUNDS=3 STEPS=16 SKIP=8 BUILD_DIR=build ONLY=REGEX; on an idle machine
@@ -92,7 +93,8 @@ fi
   echo "the estimate takes each collective at its measured time for its size (\`--collective_table\`);"
   echo "for reference, ${GBS} GB/s of bus bandwidth at 1 MiB and ${LATENCY_US} us a ring step at 4 KiB."
   echo "Each collective's wait for the last rank: ${WAIT_US} us (\`--collective_wait_us\`; communicator_bench --compute_ms $WAIT_COMPUTE_MS, the median of 3)."
-  echo "Predicted: \`trainer estimate --profile 3\` (memory/step_time.h). Measured: the median over the runs of each"
+  echo "Predicted: \`trainer estimate --profile 3\` (memory/step_time.h), each micro-batch's units profiled once for the whole table"
+  echo "(\`--profile_cache\`, kept as $(basename "${OUT%.md}").profile.json): the rows differ by what the model prices, not by the profile's noise. Measured: the median over the runs of each"
   echo "run's median step_time_s after step $SKIP. Error: predicted / measured - 1. The rows between nodes (the"
   echo "namespace cluster, the link shaped by tc): \`bash bench/multinode_links.sh\`, docs/bench/multinode_links.md;"
   echo "--fit's pick measured against the command: \`bash bench/fit_speed.sh\`, docs/bench/fit_speed.md."
@@ -105,7 +107,7 @@ for row in "${ROWS[@]}"; do
   launch=("$BUILD/trainer")
   [ "$ranks" -gt 1 ] && launch=(mpirun --oversubscribe -np "$ranks" "$BUILD/trainer")
   # shellcheck disable=SC2086
-  "$BUILD/trainer" estimate $MODEL $flags --world_size "$ranks" --profile 3 --intra_node_gbs "$GBS" \
+  "$BUILD/trainer" estimate $MODEL $flags --world_size "$ranks" --profile 3 --profile_cache "$WORK/profile.json" --intra_node_gbs "$GBS" \
     --link_latency_us "$LATENCY_US" --collective_table "$WORK/table.jsonl" --collective_wait_us "$WAIT_US" --json > "$WORK/estimate.json"
   for round in $(seq "$ROUNDS"); do
     rm -rf "$WORK/run"
@@ -136,4 +138,5 @@ EOF
   echo "[step_time] $(tail -1 "$WORK/table.md")"
 done
 cp "$WORK/table.md" "$OUT"
+cp "$WORK/profile.json" "${OUT%.md}.profile.json"
 echo "[step_time] $OUT"

@@ -74,6 +74,9 @@ struct EstimateOptions {
   // on a CPU, MPI's shared memory; 150 on CUDA) and each ring step's latency (--link_latency_us,
   // 0: 20 us on a CPU, 10 on CUDA).
   double profile_seconds = 0;
+  // --profile_cache FILE: --profile's measurement kept in FILE and reused by a later estimate of the
+  // same units (memory/step_time.h); empty: every estimate profiles.
+  std::string profile_cache;
   double intra_node_gbs = 0;
   double link_latency_us = 0;
   // --collective_wait_us: each collective's wait for the last rank to arrive (ranks sharing cores

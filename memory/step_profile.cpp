@@ -1,8 +1,12 @@
 // `trainer estimate --profile SECONDS`: each unit kind's forward and backward, and the AdamW kernel,
 // timed on the local device (memory/step_time.h).
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -11,6 +15,7 @@
 
 #include "common/autocast.h"
 #include "common/device.h"
+#include "common/errors.h"
 #include "common/step_timer.h"
 #include "memory/categories.h"
 #include "memory/step_time.h"
@@ -127,6 +132,99 @@ ComputeRates profile_compute(const ModelConfig& model, const RunConfig& run, c10
                 device.str().c_str(), threads, forward[0].size());
   rates.source = text;
   return rates;
+}
+
+namespace {
+
+constexpr const char* kProfileCacheFormat = "trainer profile cache 1";
+
+// FNV-1a over the model's config: the same text, the same digits, on every build (std::hash is not).
+std::string digest(const std::string& text) {
+  uint64_t hash = 1469598103934665603ull;
+  for (unsigned char byte : text) hash = (hash ^ byte) * 1099511628211ull;
+  char hex[17];
+  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(hash));
+  return hex;
+}
+
+nlohmann::json unit_json(const UnitTimes& unit) { return nlohmann::json::array({unit.forward, unit.backward}); }
+
+}  // namespace
+
+std::string profile_cache_key(const ModelConfig& model, const RunConfig& run, const std::string& device, int threads,
+                              double seconds) {
+  std::ostringstream key;
+  key << device << " threads=" << threads << " micro_batch=" << run.data.batch_size << "x" << run.data.max_length << " "
+      << to_string(run.precision.dtype) << " " << to_string(run.precision.mode) << " profile=" << seconds
+      << "s model=" << digest(model.to_json().dump());
+  return key.str();
+}
+
+std::optional<ComputeRates> read_profile_cache(const std::string& path, const std::string& key) {
+  if (!std::filesystem::exists(path)) return std::nullopt;
+  std::ifstream in(path);
+  LLM_REQUIRE(in.good(), path, "--profile_cache", "cannot be read");
+  nlohmann::json cache;
+  try {
+    cache = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& error) {
+    fail_user(path, "--profile_cache", std::string("is not JSON (") + error.what() + "): remove it, or name another file");
+  }
+  LLM_REQUIRE(cache.is_object() && cache.value("format", "") == kProfileCacheFormat && cache.contains("entries") &&
+                  cache.at("entries").is_object(),
+              path, "--profile_cache",
+              std::string("is not a profile cache (an object with \"format\": \"") + kProfileCacheFormat +
+                  "\" and its \"entries\"): remove it, or name another file");
+  const nlohmann::json& entries = cache.at("entries");
+  if (!entries.contains(key)) return std::nullopt;
+  const nlohmann::json& entry = entries.at(key);
+  ComputeRates rates;
+  try {
+    const auto unit = [&](const char* name) {
+      const nlohmann::json& times = entry.at(name);
+      if (!times.is_array() || times.size() != 2) throw std::invalid_argument(std::string(name) + " is not [forward, backward]");
+      return UnitTimes{times.at(0).get<double>(), times.at(1).get<double>()};
+    };
+    rates.embed = unit("embed");
+    rates.layer = unit("layer");
+    rates.head = unit("head");
+    rates.optimizer_seconds_per_element = entry.at("optimizer_seconds_per_element").get<double>();
+    rates.copy_seconds_per_byte = entry.at("copy_seconds_per_byte").get<double>();
+    rates.source = entry.at("source").get<std::string>();
+  } catch (const std::exception& error) {
+    fail_user(path, "--profile_cache", "entry \"" + key + "\" is not a profile (" + error.what() +
+                                           "): remove the file, or name another");
+  }
+  for (double seconds : {rates.embed.forward, rates.embed.backward, rates.layer.forward, rates.layer.backward,
+                         rates.head.forward, rates.head.backward, rates.optimizer_seconds_per_element,
+                         rates.copy_seconds_per_byte})
+    LLM_REQUIRE(std::isfinite(seconds) && seconds >= 0, path, "--profile_cache",
+                "entry \"" + key + "\" has a time that is negative or not finite: remove the file, or name another");
+  return rates;
+}
+
+void write_profile_cache(const std::string& path, const std::string& key, const ComputeRates& rates) {
+  nlohmann::json cache = {{"format", kProfileCacheFormat}, {"entries", nlohmann::json::object()}};
+  if (std::filesystem::exists(path)) {
+    std::ifstream in(path);
+    cache = nlohmann::json::parse(in);  // read_profile_cache checked it before the profile ran
+  }
+  cache["entries"][key] = {{"embed", unit_json(rates.embed)},
+                           {"layer", unit_json(rates.layer)},
+                           {"head", unit_json(rates.head)},
+                           {"optimizer_seconds_per_element", rates.optimizer_seconds_per_element},
+                           {"copy_seconds_per_byte", rates.copy_seconds_per_byte},
+                           {"source", rates.source}};
+  // Whole or not at all: a temporary beside it, renamed over it.
+  const std::string partial = path + ".partial";
+  {
+    std::ofstream out(partial);
+    out << cache.dump(2) << "\n";
+    LLM_REQUIRE(out.good(), path, "--profile_cache", "cannot be written (its folder must exist and be writable)");
+  }
+  std::error_code error;
+  std::filesystem::rename(partial, path, error);
+  LLM_REQUIRE(!error, path, "--profile_cache", "cannot be written: " + error.message());
 }
 
 }  // namespace llm

@@ -283,13 +283,23 @@ StepTimeEstimate predict_step_time(const ModelConfig& model, const RunConfig& ru
   if (options.profile_seconds > 0) {
     const std::string key = std::to_string(run.data.batch_size) + "x" + std::to_string(run.data.max_length) + " " +
                             to_string(run.precision.dtype) + " " + to_string(run.precision.mode);
+    const std::string kept_key = profile_cache_key(model, run, device, threads, options.profile_seconds);
+    std::optional<ComputeRates> kept;
+    if (!options.profile_cache.empty()) kept = read_profile_cache(options.profile_cache, kept_key);
     if (cache != nullptr && cache->count(key) > 0) {
       compute = cache->at(key);
+    } else if (kept) {
+      compute = *kept;
+      compute.source += " (kept in " + options.profile_cache + ")";
+      log::info("step time: the units at a micro-batch of {} x {} as profiled before ({})", run.data.batch_size,
+                run.data.max_length, options.profile_cache);
+      if (cache != nullptr) cache->emplace(key, compute);
     } else {
       log::info("step time: timing the units at a micro-batch of {} x {} for {} s (--profile)", run.data.batch_size,
                 run.data.max_length, options.profile_seconds);
       compute = profile_compute(model, run, cuda ? c10::Device(c10::kCUDA, 0) : c10::Device(c10::kCPU),
                                 options.profile_seconds, threads);
+      if (!options.profile_cache.empty()) write_profile_cache(options.profile_cache, kept_key, compute);
       if (cache != nullptr) cache->emplace(key, compute);
     }
   } else

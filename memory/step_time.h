@@ -47,6 +47,7 @@
 
 #include <array>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -112,6 +113,18 @@ struct StepTimeEstimate {
 // the AdamW kernel over the model's rows (2^22 to 2^24 of them: past the caches, as a step is).
 ComputeRates profile_compute(const ModelConfig& model, const RunConfig& run, c10::Device device, double seconds,
                              int threads);
+// --profile_cache FILE: a profile kept by what it measured (the device, the threads, the micro-batch,
+// the dtype and precision, the profile's seconds and the model's config), so that estimates of several
+// commands over the same units price them with one measurement (launch/step_time_table.sh's rows):
+// the file is JSON, {"format": "trainer profile cache 1", "entries": {KEY: {"embed": [forward,
+// backward], "layer": [...], "head": [...], "optimizer_seconds_per_element", "copy_seconds_per_byte",
+// "source"}}}. Reading: nothing for a file that does not exist or has no such entry; exit 2 (the
+// user's error) for one that is not such JSON. Writing adds the entry, the file replaced whole.
+std::string profile_cache_key(const ModelConfig& model, const RunConfig& run, const std::string& device, int threads,
+                              double seconds);
+std::optional<ComputeRates> read_profile_cache(const std::string& path, const std::string& key);
+void write_profile_cache(const std::string& path, const std::string& key, const ComputeRates& rates);
+
 // Each unit's FLOPs (forward 2 per matmul parameter and token plus the attention's 4 h S per token,
 // backward twice that) at `tflops`, and the optimizer's bytes (28 a parameter for AdamW) at `memory_gbs`.
 ComputeRates declared_compute(const ModelConfig& model, const RunConfig& run, double tflops, double memory_gbs);

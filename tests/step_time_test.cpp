@@ -364,16 +364,13 @@ TEST(StepTime, OffloadCostsItsCopiesAtTheCopyRateOnACpu) {
   const double P = static_cast<double>(model.num_parameters()), copy = 1e-10;
   ComputeRates compute = rates();
   compute.copy_seconds_per_byte = copy;
-  const auto step = [&](const RunConfig& r, int world) {
-    return estimate_step_time(model, r, world, "cpu", compute, links(100, 100, 0, world), 0, 5, 10);
-  };
+  const auto step = [&](const RunConfig& r, int world) { return estimate_step_time(model, r, world, "cpu", compute, links(100, 100, 0, world), 0, 5, 10); };
   const auto near = [](double got, double want) { EXPECT_NEAR(got, want, 1e-9 * want) << got << " against " << want; };
   RunConfig run = run_with(ShardingStrategy::full_shard);  // 2 micro-batches, fp32 compute (c = 4)
   const StepTimeEstimate whole = step(run, 1);
   EXPECT_EQ(whole.phases[2], 0);  // one rank, resident units: nothing gathered, nothing copied
   run.sharding.offload = Offload::parameters;
-  // 2 micro-batches x 2 gathers, 4 B a parameter read and written; the reduction's copy of the
-  // gradients into the unit's flat buffer (4 B in, 4 out), as a gathered unit's
+  // 2 micro-batches x 2 gathers (4 B a parameter read and written), the reduction's copy of the gradients (4 B in, 4 out)
   near(step(run, 1).phases[2], (2 * 2 * (2 * 4 * P) + (4 + 4) * P) * copy);
   run.sharding.offload = Offload::optimizer;
   near(step(run, 1).phases[3] - whole.phases[3], P * (4 + 4) * 2 * copy);  // the gradient in, the rows out

@@ -35,6 +35,7 @@ struct Verbs {
   CLI::Option* context_sweep = nullptr;  // report: only with --techniques
   std::vector<CLI::Option*> fit_only;    // estimate: flags that only shape --fit's suggestions
   std::vector<CLI::Option*> rates;       // estimate: the rates --fit's costs and the step time use
+  CLI::Option* profile_cache = nullptr;  // estimate: only with --profile
   std::string max_shard_size = "5GB";    // export: read as text, turned into bytes after parsing
 };
 
@@ -169,6 +170,11 @@ void add_estimate_verb(CLI::App& app, NumberFlags& numbers, EstimateOptions& est
               "step time (memory/step_time.h), and for --fit's ranking (once for each micro-batch it tries); default: "
               "none, the matmuls at --device_tflops",
               NumberRange<double>{smallest_gib, 3600, "a number of seconds above 0 and at most 3600"});
+  verbs.profile_cache = estimate_app->add_option(
+      "--profile_cache", estimate.profile_cache,
+      "with --profile: keep the profile in FILE (JSON) and take it from there when an earlier estimate of the same "
+      "units (device, threads, micro-batch, dtype, precision, --profile seconds, model) measured them, so that "
+      "estimates of several commands price them with one measurement");
   verbs.rates.push_back(numbers.add(*estimate_app, "--intra_node_gbs", estimate.intra_node_gbs,
               "the links inside a node, GB/s each way per rank, for the step time; default 2 on a CPU (MPI's shared "
               "memory), 150 on CUDA",
@@ -328,6 +334,11 @@ Command parse_command_line(int argc, const char* const* argv) {
     command.kind = Command::Kind::export_model;
     return command;
   }
+  if (verbs.estimate->parsed() && verbs.profile_cache->count() > 0 && command.estimate.profile_cache.empty())
+    fail_user(kCommandLine, "--profile_cache", "names no file: give the JSON file to keep the profile in");
+  if (verbs.estimate->parsed() && verbs.profile_cache->count() > 0 && command.estimate.profile_seconds <= 0)
+    fail_user(kCommandLine, "--profile_cache",
+              "keeps what --profile measures, and this estimate has no --profile: add --profile SECONDS, or leave it out");
   if (verbs.estimate->parsed() && !command.estimate.fit) {
     for (const CLI::Option* flag : verbs.fit_only)  // given without --fit, it would be silently unused
       if (flag->count() > 0)

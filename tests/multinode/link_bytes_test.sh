@@ -153,7 +153,8 @@ echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|" >> "$bench_out"
 # come one at a time (docs/memory.md: back to back, the 16 MiB reduce-scatter across the nodes at
 # 200 Mbit/s ran up to 1.5x slower than the same ones inside a run), and each row is the median of
 # three probes (launch/median_of_probes.py). The tables are kept beside the bench's table
-# (OUT.inside.jsonl, OUT.between_RATE.jsonl, OUT.across_RATE.jsonl).
+# (OUT.inside.jsonl, OUT.between_RATE.jsonl, OUT.across_RATE.jsonl). The units are profiled once, for the
+# first row's estimate, and every row's estimate prices them so (--profile_cache, kept as OUT.profile.json).
 probe() {  # MAX OUT [communicator_bench flags]
   local max=$1 out=$2 k
   shift 2
@@ -171,7 +172,7 @@ predict() {  # RATE SHARDING...: prints the predicted step seconds, or nan
   gbs=$(rate_gbs "$rate")
   shift
   "$TRAINER" estimate --config "$SOURCE/configs/$config.json" --device cpu --max_length 32 --batch_size 2 --total_batch_size 16 \
-    --world_size 4 --ranks_per_node 2 --host_cores "$(node_cores)" --inter_node_gbs "$gbs" --profile 1 \
+    --world_size 4 --ranks_per_node 2 --host_cores "$(node_cores)" --inter_node_gbs "$gbs" --profile 1 --profile_cache "$work/profile.json" \
     --collective_table "$work/inside.jsonl" --collective_table_between "$work/between_$rate.jsonl" \
     --collective_table_across "$work/across_$rate.jsonl" --json --sharding "$@" 2>/dev/null \
     | "$PY" -c "import json, sys; t = sys.stdin.read(); print(json.loads(t[t.index('{'):])['step_time']['step_seconds'])" \
@@ -218,4 +219,5 @@ print(f"| {rate.replace('gbit', ' Gbit/s').replace('mbit', ' Mbit/s')} | {strate
 PY
   done
 done
+cp "$work/profile.json" "$bench_out.profile.json"
 echo "wrote $bench_out"
