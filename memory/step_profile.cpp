@@ -4,9 +4,10 @@
 #include <cmath>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
+#include <unistd.h>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -16,6 +17,9 @@
 #include "common/autocast.h"
 #include "common/device.h"
 #include "common/errors.h"
+#include "common/input_paths.h"
+#include "common/json_file.h"
+#include "common/output_files.h"
 #include "common/step_timer.h"
 #include "memory/categories.h"
 #include "memory/step_time.h"
@@ -149,6 +153,30 @@ std::string digest(const std::string& text) {
 
 nlohmann::json unit_json(const UnitTimes& unit) { return nlohmann::json::array({unit.forward, unit.backward}); }
 
+// The cache file's JSON, checked: an empty cache for a missing file; exit 2 naming the flag for one
+// that is not a regular file (a fifo would block), not JSON (nesting bounded as every reader's,
+// common/json_file.h) or not a profile cache.
+nlohmann::json read_cache_file(const std::string& path) {
+  const std::string problem = regular_file_problem(path);
+  if (problem == "is missing") return {{"format", kProfileCacheFormat}, {"entries", nlohmann::json::object()}};
+  LLM_REQUIRE(problem.empty(), path, "--profile_cache", problem + ": name a JSON file, or a new one");
+  std::ifstream in(path);
+  LLM_REQUIRE(in.good(), path, "--profile_cache", "cannot be read");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  nlohmann::json cache;
+  try {
+    cache = parse_json_text(text, path);
+  } catch (const nlohmann::json::exception& error) {
+    fail_user(path, "--profile_cache", std::string("is not JSON (") + error.what() + "): remove it, or name another file");
+  }
+  LLM_REQUIRE(cache.is_object() && cache.value("format", "") == kProfileCacheFormat && cache.contains("entries") &&
+                  cache.at("entries").is_object(),
+              path, "--profile_cache",
+              std::string("is not a profile cache (an object with \"format\": \"") + kProfileCacheFormat +
+                  "\" and its \"entries\"): remove it, or name another file");
+  return cache;
+}
+
 }  // namespace
 
 std::string profile_cache_key(const ModelConfig& model, const RunConfig& run, const std::string& device, int threads,
@@ -161,20 +189,7 @@ std::string profile_cache_key(const ModelConfig& model, const RunConfig& run, co
 }
 
 std::optional<ComputeRates> read_profile_cache(const std::string& path, const std::string& key) {
-  if (!std::filesystem::exists(path)) return std::nullopt;
-  std::ifstream in(path);
-  LLM_REQUIRE(in.good(), path, "--profile_cache", "cannot be read");
-  nlohmann::json cache;
-  try {
-    cache = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& error) {
-    fail_user(path, "--profile_cache", std::string("is not JSON (") + error.what() + "): remove it, or name another file");
-  }
-  LLM_REQUIRE(cache.is_object() && cache.value("format", "") == kProfileCacheFormat && cache.contains("entries") &&
-                  cache.at("entries").is_object(),
-              path, "--profile_cache",
-              std::string("is not a profile cache (an object with \"format\": \"") + kProfileCacheFormat +
-                  "\" and its \"entries\"): remove it, or name another file");
+  const nlohmann::json cache = read_cache_file(path);
   const nlohmann::json& entries = cache.at("entries");
   if (!entries.contains(key)) return std::nullopt;
   const nlohmann::json& entry = entries.at(key);
@@ -204,27 +219,20 @@ std::optional<ComputeRates> read_profile_cache(const std::string& path, const st
 }
 
 void write_profile_cache(const std::string& path, const std::string& key, const ComputeRates& rates) {
-  nlohmann::json cache = {{"format", kProfileCacheFormat}, {"entries", nlohmann::json::object()}};
-  if (std::filesystem::exists(path)) {
-    std::ifstream in(path);
-    cache = nlohmann::json::parse(in);  // read_profile_cache checked it before the profile ran
-  }
+  // Read again: another estimate may have added an entry since this one read the file.
+  nlohmann::json cache = read_cache_file(path);
   cache["entries"][key] = {{"embed", unit_json(rates.embed)},
                            {"layer", unit_json(rates.layer)},
                            {"head", unit_json(rates.head)},
                            {"optimizer_seconds_per_element", rates.optimizer_seconds_per_element},
                            {"copy_seconds_per_byte", rates.copy_seconds_per_byte},
                            {"source", rates.source}};
-  // Whole or not at all: a temporary beside it, renamed over it.
-  const std::string partial = path + ".partial";
-  {
-    std::ofstream out(partial);
-    out << cache.dump(2) << "\n";
-    LLM_REQUIRE(out.good(), path, "--profile_cache", "cannot be written (its folder must exist and be writable)");
+  // Whole or not at all, through a staging file of this process's own (several estimates may write it).
+  try {
+    write_file_atomically(path, cache.dump(2) + "\n", {.staging_suffix = "." + std::to_string(::getpid()) + ".tmp"});
+  } catch (const WriteError& error) {
+    fail_user(path, "--profile_cache", "cannot be written: " + error.reason() + " (its folder must exist and be writable)");
   }
-  std::error_code error;
-  std::filesystem::rename(partial, path, error);
-  LLM_REQUIRE(!error, path, "--profile_cache", "cannot be written: " + error.message());
 }
 
 }  // namespace llm

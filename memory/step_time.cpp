@@ -283,10 +283,12 @@ StepTimeEstimate predict_step_time(const ModelConfig& model, const RunConfig& ru
   if (options.profile_seconds > 0) {
     const std::string key = std::to_string(run.data.batch_size) + "x" + std::to_string(run.data.max_length) + " " +
                             to_string(run.precision.dtype) + " " + to_string(run.precision.mode);
+    // The file only where this process has not profiled those units yet (--fit asks once a candidate).
     const std::string kept_key = profile_cache_key(model, run, device, threads, options.profile_seconds);
+    const bool in_process = cache != nullptr && cache->count(key) > 0;
     std::optional<ComputeRates> kept;
-    if (!options.profile_cache.empty()) kept = read_profile_cache(options.profile_cache, kept_key);
-    if (cache != nullptr && cache->count(key) > 0) {
+    if (!in_process && !options.profile_cache.empty()) kept = read_profile_cache(options.profile_cache, kept_key);
+    if (in_process) {
       compute = cache->at(key);
     } else if (kept) {
       compute = *kept;
