@@ -5,6 +5,8 @@
 // micro-batch) are measured and added. Every bad use is exit 2 naming the flag.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <fstream>
 #include <string>
 
@@ -69,6 +71,8 @@ TEST(ProfileCache, EveryBadUseIsExitTwoNamingTheFlag) {
   for (auto& [key, value] : broken.at("entries").items()) value.erase("head");
   nlohmann::json negative = nlohmann::json::parse(testing::read_text(good));
   for (auto& [key, value] : negative.at("entries").items()) value["copy_seconds_per_byte"] = -1.0;
+  const std::string fifo = (scratch / "fifo.json").string();  // read, it would block the estimate
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   const struct {
     std::string flags, says;
   } cases[] = {
@@ -76,6 +80,7 @@ TEST(ProfileCache, EveryBadUseIsExitTwoNamingTheFlag) {
       {"--profile 0.2 --device_tflops 1 --profile_cache ''", "names no file"},
       {"--profile 0.2 --profile_cache " + write("text.json", "not json"), "is not JSON"},
       {"--profile 0.2 --profile_cache " + write("array.json", "[1, 2]"), "is not a profile cache"},
+      {"--profile 0.2 --profile_cache " + fifo, "is a fifo, not a regular file"},
       {"--profile 0.2 --profile_cache " + write("broken.json", broken.dump()), "is not a profile"},
       {"--profile 0.2 --profile_cache " + write("negative.json", negative.dump()), "negative or not finite"},
       {"--profile 0.2 --profile_cache " + (scratch / "no_such_folder" / "profile.json").string(), "cannot be written"},
