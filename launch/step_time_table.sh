@@ -95,36 +95,47 @@ fi
   echo "Each collective's wait for the last rank: ${WAIT_US} us (\`--collective_wait_us\`; communicator_bench --compute_ms $WAIT_COMPUTE_MS, the median of 3)."
   echo "Predicted: \`trainer estimate --profile 3\` (memory/step_time.h), each micro-batch's units profiled once for the whole table"
   echo "(\`--profile_cache\`, kept as $(basename "${OUT%.md}").profile.json): the rows differ by what the model prices, not by the profile's noise. Measured: the median over the runs of each"
-  echo "run's median step_time_s after step $SKIP. Error: predicted / measured - 1. The rows between nodes (the"
+  echo "run's median step_time_s after step $SKIP, the runs round by round (round r of every row before round r + 1 of any)."
+  echo "Error: predicted / measured - 1. The rows between nodes (the"
   echo "namespace cluster, the link shaped by tc): \`bash bench/multinode_links.sh\`, docs/bench/multinode_links.md;"
   echo "--fit's pick measured against the command: \`bash bench/fit_speed.sh\`, docs/bench/fit_speed.md."
   echo
   echo "| row | predicted s | measured s (runs) | error | predicted forward / backward / collectives / optimizer | measured |"
   echo "|---|---:|---:|---:|---|---|"
 } > "$WORK/table.md"
-for row in "${ROWS[@]}"; do
-  IFS='|' read -r name ranks flags <<< "$row"
-  launch=("$BUILD/trainer")
-  [ "$ranks" -gt 1 ] && launch=(mpirun --oversubscribe -np "$ranks" "$BUILD/trainer")
+# Every row's estimate first, then the runs round by round: round r of every row before round r + 1 of
+# any, so a drift of the machine over the table's quarter hour lands on every row alike, not on one
+# row's runs (the 4-rank hybrid row's runs once spread 0.33-0.415 s, run back to back).
+for i in "${!ROWS[@]}"; do
+  IFS='|' read -r name ranks flags <<< "${ROWS[$i]}"
   # shellcheck disable=SC2086
   "$BUILD/trainer" estimate $MODEL $flags --world_size "$ranks" --profile 3 --profile_cache "$WORK/profile.json" --intra_node_gbs "$GBS" \
-    --link_latency_us "$LATENCY_US" --collective_table "$WORK/table.jsonl" --collective_wait_us "$WAIT_US" --json > "$WORK/estimate.json"
-  for round in $(seq "$ROUNDS"); do
+    --link_latency_us "$LATENCY_US" --collective_table "$WORK/table.jsonl" --collective_wait_us "$WAIT_US" --json > "$WORK/estimate.$i.json"
+done
+for round in $(seq "$ROUNDS"); do
+  for i in "${!ROWS[@]}"; do
+    IFS='|' read -r name ranks flags <<< "${ROWS[$i]}"
+    launch=("$BUILD/trainer")
+    [ "$ranks" -gt 1 ] && launch=(mpirun --oversubscribe -np "$ranks" "$BUILD/trainer")
     rm -rf "$WORK/run"
     # shellcheck disable=SC2086
     "${launch[@]}" $MODEL $flags --num_training_steps "$STEPS" --run_dir "$WORK/run" > "$WORK/run.log" 2>&1 \
       || { echo "[step_time] $name: the run failed (see below)" >&2; tail -20 "$WORK/run.log" >&2; exit 1; }
-    cp "$WORK/run/metrics.jsonl" "$WORK/metrics.$round.jsonl"
+    cp "$WORK/run/metrics.jsonl" "$WORK/metrics.$i.$round.jsonl"
+    echo "[step_time] round $round/$ROUNDS, row $((i + 1))/${#ROWS[@]}: $name"
   done
-  "$PY" - "$name" "$WORK" "$ROUNDS" "$SKIP" >> "$WORK/table.md" <<'EOF'
+done
+for i in "${!ROWS[@]}"; do
+  IFS='|' read -r name ranks flags <<< "${ROWS[$i]}"
+  "$PY" - "$name" "$WORK" "$ROUNDS" "$SKIP" "$i" >> "$WORK/table.md" <<'EOF'
 import json, statistics, sys
-name, work, rounds, skip = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-text = open(f"{work}/estimate.json").read()
+name, work, rounds, skip, row = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+text = open(f"{work}/estimate.{row}.json").read()
 step = json.loads(text[text.index('{'):])["step_time"]
 phases = ["forward", "backward", "collectives", "optimizer"]
 runs, by_phase = [], {p: [] for p in phases}
 for r in range(1, rounds + 1):
-    train = [json.loads(l) for l in open(f"{work}/metrics.{r}.jsonl")]
+    train = [json.loads(l) for l in open(f"{work}/metrics.{row}.{r}.jsonl")]
     train = [e for e in train if e.get("event") == "train" and e["step"] > skip]
     runs.append(statistics.median(e["step_time_s"] for e in train))
     for p in phases:
