@@ -19,7 +19,8 @@ bash tests/multinode/link_bytes_test.sh build/trainer "${MPIEXEC:-mpirun}" --ben
   echo
   echo "Made $(date -u +%Y-%m-%d) at commit $(git rev-parse --short HEAD)$dirty on this machine ($(nproc --all) cores), $config,"
   echo "4 ranks on 2 namespace nodes (tests/multinode), micro-batch 2 x 32 tokens, 2 micro-batches a step,"
-  echo "${ROUNDS:-2} rounds a row. Step time and tokens/s: the trainer's step records, the median over the steps"
+  echo "${ROUNDS:-2} rounds a row, run round by round (round r of every row at a rate before round r + 1 of any)."
+  echo "Step time and tokens/s: the trainer's step records, the median over the steps"
   echo "after the first, then over the rounds (min-max beside). Wall-clock a step, from outside the trainer: the 5-step"
   echo "run's time less the 1-step run's, over 4 (start-up, the first step and the end cancel), the median over the rounds."
   echo "The optimizer offloaded (\`--offload optimizer\`, the host step after backward or \`--offload_step speculative\` in it):"

@@ -182,15 +182,25 @@ for rate in 1gbit 200mbit; do
   cluster_shape "$rate"
   probe 16M "$work/between_$rate.jsonl"
   probe 16M "$work/across_$rate.jsonl" --group_size 2 --groups_strided  # hybrid's two rings across at once
-  for strategy in "${strategies[@]}"; do
-    name=$(row_name "$strategy")
-    for round in $(seq 1 "$rounds"); do
+  # Round by round: round r of every row before round r + 1 of any, so a drift of the shaped link (the
+  # probe's 8 MiB all-reduce across the nodes at 200 Mbit/s moved from 0.998 to 0.921 s between two
+  # benches, and 0.88-1.14 s over 14 probes in ten minutes) lands on every row alike, not on one row's
+  # runs made back to back.
+  for round in $(seq 1 "$rounds"); do
+    for strategy in "${strategies[@]}"; do
+      name=$(row_name "$strategy")
+      # shellcheck disable=SC2086  # the strategy's words are flags
       run "${name}_${rate}_${round}_short" 1 --sharding $strategy
       short=$grown short_wall=$wall
+      # shellcheck disable=SC2086
       run "${name}_${rate}_${round}" 5 --sharding $strategy
       echo "$short $grown" > "$work/${name}_${rate}_${round}.bytes"
       echo "$short_wall $wall" > "$work/${name}_${rate}_${round}.wall"
+      echo "[bench] $rate, round $round/$rounds: $strategy" >&2
     done
+  done
+  for strategy in "${strategies[@]}"; do
+    name=$(row_name "$strategy")
     # shellcheck disable=SC2086  # the strategy's words are flags
     predicted=$(predict "$rate" $strategy)
     "$PY" - "$work" "$name" "$rate" "$rounds" "$strategy" "$predicted" >> "$bench_out" <<'PY' || fail "$name at $rate: no table row"
