@@ -30,7 +30,7 @@ def rows_of(path):
         if set(cells[0]) <= set("-: "):
             continue
         cell = dict(zip(columns, cells))
-        predicted = float(next(v for k, v in cell.items() if k.startswith("predicted s")))
+        predicted = float(next(v for k, v in cell.items() if k.startswith("predicted s")).split(" ")[0])  # "0.33" or "0.33 (rounds)"
         if "strategy" in cell:  # the cluster bench: a row a link rate and strategy, the spread over the rounds
             measured, fastest, slowest = map(float, re.match(r"([\d.]+) \(([\d.]+)-([\d.]+)\)",
                                                               cell[next(k for k in cell if k.startswith("step time s"))]).groups())

@@ -7,8 +7,8 @@
 # steps 1-4 and 0.094 s from step 7 at one rank). The links inside the node are probed first with
 # build/bench/communicator_bench at the ranks of the 4-rank rows, every collective from 4 KiB to 64 MiB
 # (--jsonl), and the rows passed to the estimate as --collective_table (kept beside OUT as
-# OUT's name .collectives.jsonl). The units are profiled once for each micro-batch (--profile_cache, kept
-# as OUT's name .profile.json), so the rows differ only by what the model prices. Writes a Markdown table (default docs/step_time.md) with the commit, the probe and
+# OUT's name .collectives.jsonl). Each round profiles the units once for each micro-batch (--profile_cache,
+# kept as OUT's name .profile.ROUND.json), so a round's rows differ only by what the model prices. Writes a Markdown table (default docs/step_time.md) with the commit, the probe and
 # each row's predicted and measured step and phases.
 #
 #   bash launch/step_time_table.sh [OUT]        # ROUNDS=3 STEPS=16 SKIP=8 BUILD_DIR=build ONLY=REGEX; on an idle machine
@@ -93,26 +93,31 @@ fi
   echo "the estimate takes each collective at its measured time for its size (\`--collective_table\`);"
   echo "for reference, ${GBS} GB/s of bus bandwidth at 1 MiB and ${LATENCY_US} us a ring step at 4 KiB."
   echo "Each collective's wait for the last rank: ${WAIT_US} us (\`--collective_wait_us\`; communicator_bench --compute_ms $WAIT_COMPUTE_MS, the median of 3)."
-  echo "Predicted: \`trainer estimate --profile 3\` (memory/step_time.h), each micro-batch's units profiled once for the whole table"
-  echo "(\`--profile_cache\`, kept as $(basename "${OUT%.md}").profile.json): the rows differ by what the model prices, not by the profile's noise. Measured: the median over the runs of each"
+  echo "Predicted: \`trainer estimate --profile 3\` (memory/step_time.h), each micro-batch's units profiled once a round, before the round's runs"
+  echo "(\`--profile_cache\`, kept as $(basename "${OUT%.md}").profile.ROUND.json): a round's rows differ by what the model prices, not by the profile's noise;"
+  echo "a row's prediction is the median of its rounds' (each beside it). Measured: the median over the runs of each"
   echo "run's median step_time_s after step $SKIP, the runs round by round (round r of every row before round r + 1 of any)."
   echo "Error: predicted / measured - 1. The rows between nodes (the"
   echo "namespace cluster, the link shaped by tc): \`bash bench/multinode_links.sh\`, docs/bench/multinode_links.md;"
   echo "--fit's pick measured against the command: \`bash bench/fit_speed.sh\`, docs/bench/fit_speed.md."
   echo
-  echo "| row | predicted s | measured s (runs) | error | predicted forward / backward / collectives / optimizer | measured |"
+  echo "| row | predicted s (rounds) | measured s (runs) | error | predicted forward / backward / collectives / optimizer | measured |"
   echo "|---|---:|---:|---:|---|---|"
 } > "$WORK/table.md"
-# Every row's estimate first, then the runs round by round: round r of every row before round r + 1 of
-# any, so a drift of the machine over the table's quarter hour lands on every row alike, not on one
-# row's runs (the 4-rank hybrid row's runs once spread 0.33-0.415 s, run back to back).
-for i in "${!ROWS[@]}"; do
-  IFS='|' read -r name ranks flags <<< "${ROWS[$i]}"
-  # shellcheck disable=SC2086
-  "$BUILD/trainer" estimate $MODEL $flags --world_size "$ranks" --profile 3 --profile_cache "$WORK/profile.json" --intra_node_gbs "$GBS" \
-    --link_latency_us "$LATENCY_US" --collective_table "$WORK/table.jsonl" --collective_wait_us "$WAIT_US" --json > "$WORK/estimate.$i.json"
-done
+# Round by round: round r of every row before round r + 1 of any, so a drift of the machine over the
+# table's quarter hour lands on every row alike, not on one row's runs (the 4-rank hybrid row's runs
+# once spread 0.33-0.415 s, run back to back). Each round profiles the units first (once for each
+# micro-batch, --profile_cache: the rows differ by what the model prices, not by the profile's noise)
+# and estimates every row from that profile, before its runs: the machine's speed drifts as much as
+# the runs' (one table's single profile put the forward at 0.088 s, its runs took 0.09-0.12 s), so a row's
+# prediction is the median of its rounds' as its measured step is the median of its runs.
 for round in $(seq "$ROUNDS"); do
+  for i in "${!ROWS[@]}"; do
+    IFS='|' read -r name ranks flags <<< "${ROWS[$i]}"
+    # shellcheck disable=SC2086
+    "$BUILD/trainer" estimate $MODEL $flags --world_size "$ranks" --profile 3 --profile_cache "$WORK/profile.$round.json" --intra_node_gbs "$GBS" \
+      --link_latency_us "$LATENCY_US" --collective_table "$WORK/table.jsonl" --collective_wait_us "$WAIT_US" --json > "$WORK/estimate.$i.$round.json"
+  done
   for i in "${!ROWS[@]}"; do
     IFS='|' read -r name ranks flags <<< "${ROWS[$i]}"
     launch=("$BUILD/trainer")
@@ -130,9 +135,11 @@ for i in "${!ROWS[@]}"; do
   "$PY" - "$name" "$WORK" "$ROUNDS" "$SKIP" "$i" >> "$WORK/table.md" <<'EOF'
 import json, statistics, sys
 name, work, rounds, skip, row = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
-text = open(f"{work}/estimate.{row}.json").read()
-step = json.loads(text[text.index('{'):])["step_time"]
 phases = ["forward", "backward", "collectives", "optimizer"]
+steps = []
+for r in range(1, rounds + 1):
+    text = open(f"{work}/estimate.{row}.{r}.json").read()
+    steps.append(json.loads(text[text.index('{'):])["step_time"])
 runs, by_phase = [], {p: [] for p in phases}
 for r in range(1, rounds + 1):
     train = [json.loads(l) for l in open(f"{work}/metrics.{row}.{r}.jsonl")]
@@ -141,13 +148,16 @@ for r in range(1, rounds + 1):
     for p in phases:
         by_phase[p].append(statistics.median(e["phase_s"][p] for e in train))
 measured = statistics.median(runs)
-predicted = step["step_seconds"]
+predicted = statistics.median(s["step_seconds"] for s in steps)
 fmt = lambda xs: " / ".join(f"{x:.3g}" for x in xs)
-print(f"| {name} | {predicted:.3g} | {measured:.3g} ({', '.join(f'{x:.3g}' for x in runs)}) | {100 * (predicted / measured - 1):+.0f} % "
-      f"| {fmt(step['phase_s'][p] for p in phases)} | {fmt(statistics.median(by_phase[p]) for p in phases)} |")
+each = ", ".join(f"{s['step_seconds']:.3g}" for s in steps)
+print(f"| {name} | {predicted:.3g} ({each}) | {measured:.3g} "
+      f"({', '.join(f'{x:.3g}' for x in runs)}) | {100 * (predicted / measured - 1):+.0f} % "
+      f"| {fmt(statistics.median(s['phase_s'][p] for s in steps) for p in phases)} | {fmt(statistics.median(by_phase[p]) for p in phases)} |")
 EOF
   echo "[step_time] $(tail -1 "$WORK/table.md")"
 done
 cp "$WORK/table.md" "$OUT"
-cp "$WORK/profile.json" "${OUT%.md}.profile.json"
+rm -f "${OUT%.md}.profile.json" "${OUT%.md}".profile.*.json
+for round in $(seq "$ROUNDS"); do cp "$WORK/profile.$round.json" "${OUT%.md}.profile.$round.json"; done
 echo "[step_time] $OUT"
