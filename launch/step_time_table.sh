@@ -136,12 +136,10 @@ for i in "${!ROWS[@]}"; do
 import json, statistics, sys
 name, work, rounds, skip, row = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 phases = ["forward", "backward", "collectives", "optimizer"]
-steps = []
+steps, runs, by_phase = [], [], {p: [] for p in phases}
 for r in range(1, rounds + 1):
     text = open(f"{work}/estimate.{row}.{r}.json").read()
     steps.append(json.loads(text[text.index('{'):])["step_time"])
-runs, by_phase = [], {p: [] for p in phases}
-for r in range(1, rounds + 1):
     train = [json.loads(l) for l in open(f"{work}/metrics.{row}.{r}.jsonl")]
     train = [e for e in train if e.get("event") == "train" and e["step"] > skip]
     runs.append(statistics.median(e["step_time_s"] for e in train))
@@ -158,6 +156,6 @@ EOF
   echo "[step_time] $(tail -1 "$WORK/table.md")"
 done
 cp "$WORK/table.md" "$OUT"
-rm -f "${OUT%.md}.profile.json" "${OUT%.md}".profile.*.json
+rm -f "${OUT%.md}".profile.*.json  # a table of more rounds before left more
 for round in $(seq "$ROUNDS"); do cp "$WORK/profile.$round.json" "${OUT%.md}.profile.$round.json"; done
 echo "[step_time] $OUT"
